@@ -1,0 +1,74 @@
+"""Codec registry: codec ID -> codec instance, as in the table of ``spec/codecs.md``.
+
+IDs are never reused. A reader that meets an ID it does not know raises
+:class:`~s4format.errors.UnsupportedCodecError`; a known codec whose optional library is missing
+raises the same error naming the extra to install.
+"""
+
+from __future__ import annotations
+
+from s4format.codecs.abc import Codec, Encoded
+from s4format.errors import UnsupportedCodecError
+
+# The registered IDs of .s4w v1 (spec/codecs.md). 0 is never a valid ID.
+RAW = 1
+BITPACK = 2
+ZSTD = 3
+RANS = 4
+GDEFLATE = 5
+NVCOMP_ANS = 6
+
+NAMES = {RAW: "raw", BITPACK: "bitpack", ZSTD: "zstd", RANS: "rans", GDEFLATE: "gdeflate",
+         NVCOMP_ANS: "nvcomp-ans"}
+
+_REGISTRY: dict[int, Codec] = {}
+
+
+def register(codec: Codec) -> Codec:
+    if codec.codec_id in _REGISTRY:
+        raise ValueError(f"codec ID {codec.codec_id} registered twice")
+    _REGISTRY[codec.codec_id] = codec
+    return codec
+
+
+def get(codec_id: int) -> Codec:
+    _load_builtin()
+    try:
+        return _REGISTRY[codec_id]
+    except KeyError:
+        name = NAMES.get(codec_id)
+        if name is None:
+            raise UnsupportedCodecError(
+                f"unknown codec ID {codec_id}; this reader knows {sorted(NAMES)}") from None
+        raise UnsupportedCodecError(
+            f"codec {name!r} (ID {codec_id}) is not available in this installation") from None
+
+
+def available() -> dict[int, Codec]:
+    _load_builtin()
+    return dict(_REGISTRY)
+
+
+def name_of(codec_id: int) -> str:
+    return NAMES.get(codec_id, f"unknown-{codec_id}")
+
+
+_loaded = False
+
+
+def _load_builtin() -> None:
+    # Imported lazily so that a codec module may import this registry at import time.
+    global _loaded
+    if _loaded:
+        return
+    _loaded = True
+    from s4format.codecs import bitpack, raw, zstd  # noqa: F401
+    for optional in ("rans", "gdeflate"):
+        try:
+            __import__(f"s4format.codecs.{optional}")
+        except ImportError:
+            pass
+
+
+__all__ = ["Codec", "Encoded", "register", "get", "available", "name_of", "NAMES",
+           "RAW", "BITPACK", "ZSTD", "RANS", "GDEFLATE", "NVCOMP_ANS"]

@@ -1,0 +1,58 @@
+"""The codec contract. Every codec in ``s4format.codecs`` implements :class:`Codec`.
+
+A codec turns one *plane* (a flat run of bytes, ``np.ndarray`` of ``uint8``) into stored bytes
+and back. The contract, which the shared checks in ``tests/codecs/common.py`` enforce on every
+codec:
+
+* ``encode(plane)`` returns an :class:`Encoded` (payload + codec parameters) or ``None`` when the
+  codec cannot represent this plane (bitpack on bytes other than 0/1) or would not pay. It is a
+  pure function of its input: the same plane gives the same bytes on every machine.
+* ``decode(payload, decoded_len, params)`` returns exactly ``decoded_len`` bytes, or raises an
+  :class:`~s4format.errors.S4Error` subclass (``CodecError`` for a bad stream). It never reads
+  outside ``payload``, never hangs and never allocates more than ``decoded_len`` plus a bounded
+  workspace: callers have checked ``decoded_len`` against :meth:`max_decoded_len` first.
+* ``max_decoded_len(stored_len)`` is the largest plane the codec can produce from ``stored_len``
+  stored bytes; the reader refuses larger declared lengths before allocating anything.
+
+Codec IDs come from the registry table in ``spec/codecs.md`` and are never reused.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Encoded:
+    payload: bytes | np.ndarray
+    params: bytes = b""
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.payload) if isinstance(self.payload, bytes) else int(self.payload.nbytes)
+
+
+class Codec(ABC):
+    codec_id: ClassVar[int]
+    name: ClassVar[str]
+
+    @abstractmethod
+    def encode(self, plane: np.ndarray) -> Encoded | None:
+        """Code a contiguous ``uint8`` plane; ``None`` if this codec does not apply to it."""
+
+    @abstractmethod
+    def decode(self, payload: np.ndarray, decoded_len: int, params: bytes) -> np.ndarray:
+        """Return the ``decoded_len`` plane bytes (``uint8``) coded in ``payload``."""
+
+    @abstractmethod
+    def max_decoded_len(self, stored_len: int) -> int:
+        """Upper bound on the decoded length of a plane stored in ``stored_len`` bytes."""
+
+    def estimate(self, plane: np.ndarray) -> int | None:
+        """Cheap estimate of the stored size, for choosing codecs; default: encode for real."""
+        enc = self.encode(plane)
+        return None if enc is None else enc.nbytes

@@ -1,0 +1,45 @@
+"""Codec 2, ``bitpack``: a plane whose every byte is 0 or 1 stored as one bit per byte.
+
+Bit ``i`` of the plane lands in stored byte ``i // 8`` at bit position ``i % 8`` (LSB first);
+the unused high bits of the last byte must be zero. Sign planes and ``bool`` tensors use it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from s4format.codecs import BITPACK, register
+from s4format.codecs.abc import Codec, Encoded
+from s4format.errors import CodecError
+
+
+class BitpackCodec(Codec):
+    codec_id = BITPACK
+    name = "bitpack"
+
+    def encode(self, plane: np.ndarray) -> Encoded | None:
+        if plane.size and int(plane.max()) > 1:
+            return None
+        return Encoded(np.packbits(plane, bitorder="little"))
+
+    def decode(self, payload: np.ndarray, decoded_len: int, params: bytes) -> np.ndarray:
+        if params:
+            raise CodecError(f"bitpack takes no parameters, got {len(params)} bytes")
+        if len(payload) != (decoded_len + 7) // 8:
+            raise CodecError(f"bitpack plane of {decoded_len} bits must store "
+                             f"{(decoded_len + 7) // 8} bytes, stores {len(payload)}")
+        tail = decoded_len % 8
+        if tail and int(payload[-1]) >> tail:
+            raise CodecError("bitpack padding bits in the last byte are not zero")
+        return np.unpackbits(payload, count=decoded_len, bitorder="little")
+
+    def max_decoded_len(self, stored_len: int) -> int:
+        return stored_len * 8
+
+    def estimate(self, plane: np.ndarray) -> int | None:
+        if plane.size and int(plane.max()) > 1:
+            return None
+        return (plane.size + 7) // 8
+
+
+register(BitpackCodec())

@@ -1,0 +1,34 @@
+"""Codec 1, ``raw``: the plane bytes stored as they are. Always applicable; the floor of every
+codec choice, so a plane never stores more than its own length."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from s4format.codecs import RAW, register
+from s4format.codecs.abc import Codec, Encoded
+from s4format.errors import CodecError
+
+
+class RawCodec(Codec):
+    codec_id = RAW
+    name = "raw"
+
+    def encode(self, plane: np.ndarray) -> Encoded:
+        return Encoded(plane)
+
+    def decode(self, payload: np.ndarray, decoded_len: int, params: bytes) -> np.ndarray:
+        if params:
+            raise CodecError(f"raw takes no parameters, got {len(params)} bytes")
+        if len(payload) != decoded_len:
+            raise CodecError(f"raw plane stores {len(payload)} bytes but declares {decoded_len}")
+        return payload
+
+    def max_decoded_len(self, stored_len: int) -> int:
+        return stored_len
+
+    def estimate(self, plane: np.ndarray) -> int:
+        return int(plane.nbytes)
+
+
+register(RawCodec())

@@ -1,0 +1,58 @@
+"""Codec 3, ``zstd``: one Zstandard frame (RFC 8878) holding the whole plane.
+
+The frame must declare its content size, equal to the plane's decoded length; the reader checks
+that before decompressing, so a hostile frame cannot make it allocate more than declared.
+Parameter bytes (optional, ignored by readers): one signed byte, the compression level used.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import zstandard
+
+from s4format.codecs import ZSTD, register
+from s4format.codecs.abc import Codec, Encoded
+from s4format.errors import CodecError
+
+# RFC 8878: a block holds at most 128 KiB; the smallest block (an RLE block) takes 4 bytes.
+_MAX_EXPANSION = (128 * 1024) // 4
+_FRAME_SLACK = 18
+
+
+class ZstdCodec(Codec):
+    codec_id = ZSTD
+    name = "zstd"
+
+    def __init__(self, level: int = 3) -> None:
+        self.level = level
+        self._compressor = zstandard.ZstdCompressor(level=level, write_content_size=True,
+                                                    write_checksum=False)
+
+    def encode(self, plane: np.ndarray) -> Encoded:
+        payload = self._compressor.compress(np.ascontiguousarray(plane).data)
+        return Encoded(payload, bytes([self.level & 0xFF]))
+
+    def decode(self, payload: np.ndarray, decoded_len: int, params: bytes) -> np.ndarray:
+        if len(params) > 1:
+            raise CodecError(f"zstd parameters are at most 1 byte, got {len(params)}")
+        buf = payload.tobytes() if isinstance(payload, np.ndarray) else bytes(payload)
+        try:
+            declared = zstandard.frame_content_size(buf)
+        except zstandard.ZstdError as exc:
+            raise CodecError(f"zstd frame header is invalid: {exc}") from None
+        if declared != decoded_len:
+            raise CodecError(f"zstd frame declares {declared} content bytes, plane declares "
+                             f"{decoded_len} (-1 means the frame omits its size)")
+        try:
+            out = zstandard.ZstdDecompressor().decompress(buf, max_output_size=decoded_len)
+        except zstandard.ZstdError as exc:
+            raise CodecError(f"zstd stream is corrupt: {exc}") from None
+        if len(out) != decoded_len:
+            raise CodecError(f"zstd produced {len(out)} bytes, expected {decoded_len}")
+        return np.frombuffer(out, dtype=np.uint8)
+
+    def max_decoded_len(self, stored_len: int) -> int:
+        return stored_len * _MAX_EXPANSION + _FRAME_SLACK
+
+
+register(ZstdCodec())

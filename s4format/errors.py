@@ -1,0 +1,69 @@
+"""The error hierarchy of the .s4w format, rooted in :class:`S4Error`.
+
+Every problem a reader or writer detects in data it was handed raises one of these, never a
+bare ``ValueError``/``IndexError``/``struct.error``. Messages say what was wrong, where (file,
+tensor, plane, offset) and, where useful, what the user can do. The spec (``spec/validation.md``)
+names the class each validation rule raises.
+"""
+
+from __future__ import annotations
+
+
+class S4Error(Exception):
+    """Root of every error raised for bad input, bad files or failed storage."""
+
+
+class FormatError(S4Error):
+    """The bytes are not a well-formed .s4w file (structure, sizes, offsets, encodings)."""
+
+
+class BadMagicError(FormatError):
+    """The file does not start or end with the .s4w magic (not .s4w, or damaged in transit)."""
+
+
+class TruncatedError(FormatError):
+    """The file is shorter than its own structures say it must be."""
+
+
+class LimitError(FormatError):
+    """A declared size, count or depth exceeds a limit of the spec or of the reader."""
+
+
+class CodecError(FormatError):
+    """A plane's stored bytes are not a valid stream for its codec."""
+
+
+class ChecksumError(S4Error):
+    """A checksum over stored bytes (header, index, footer or plane) does not match."""
+
+
+class ContentHashError(ChecksumError):
+    """A tensor's decoded raw bytes do not match the content hash in its record."""
+
+
+class UnsupportedError(S4Error):
+    """The file is valid but uses something this reader does not implement."""
+
+
+class UnsupportedVersionError(UnsupportedError):
+    """The file's major version is not one this reader understands."""
+
+
+class UnsupportedFeatureError(UnsupportedError):
+    """A must-understand flag or a layout/transform ID is unknown to this reader."""
+
+
+class UnsupportedCodecError(UnsupportedError):
+    """A plane names a codec ID this reader does not know, or whose extra is not installed."""
+
+
+class UnsupportedObjectError(UnsupportedError):
+    """An object in the tree cannot be encoded (writer) or is of a refused kind (reader)."""
+
+
+class ParentMismatchError(S4Error):
+    """A delta's parent is missing or is not the checkpoint the delta was made against."""
+
+
+class StorageError(S4Error):
+    """Reading or committing bytes to a store (local disk, S3) failed."""
