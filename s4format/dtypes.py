@@ -64,7 +64,7 @@ def by_code(code: int) -> DType:
     try:
         return BY_CODE[code]
     except KeyError:
-        raise FormatError(f"unknown dtype code {code}; v1 defines codes 1..{max(BY_CODE)}") from None
+        raise FormatError(f"unknown dtype code {code}; v1 defines 1..{max(BY_CODE)}") from None
 
 
 def by_name(name: str) -> DType:
@@ -80,4 +80,4 @@ def from_numpy(dtype: np.dtype) -> DType:
     try:
         return _FROM_NUMPY[key]
     except KeyError:
-        raise FormatError(f"numpy dtype {dtype} has no .s4w dtype; pass an s4format.Tensor") from None
+        raise FormatError(f"numpy dtype {dtype} has no .s4w dtype; wrap it in a Tensor") from None

@@ -7,6 +7,8 @@ raises the same error naming the extra to install.
 
 from __future__ import annotations
 
+import contextlib
+
 from s4format.codecs.abc import Codec, Encoded
 from s4format.errors import UnsupportedCodecError
 
@@ -64,11 +66,22 @@ def _load_builtin() -> None:
     _loaded = True
     from s4format.codecs import bitpack, raw, zstd  # noqa: F401
     for optional in ("rans", "gdeflate"):
-        try:
+        with contextlib.suppress(ImportError):
             __import__(f"s4format.codecs.{optional}")
-        except ImportError:
-            pass
 
 
-__all__ = ["Codec", "Encoded", "register", "get", "available", "name_of", "NAMES",
-           "RAW", "BITPACK", "ZSTD", "RANS", "GDEFLATE", "NVCOMP_ANS"]
+__all__ = [
+    "BITPACK",
+    "GDEFLATE",
+    "NAMES",
+    "NVCOMP_ANS",
+    "RANS",
+    "RAW",
+    "ZSTD",
+    "Codec",
+    "Encoded",
+    "available",
+    "get",
+    "name_of",
+    "register",
+]

@@ -1,0 +1,437 @@
+"""Codec 4, ``rans``: S4 rANS, the open order-0 entropy coder of exponent planes (``spec/rans.md``).
+
+This module owns the CPU reference encoder and decoder of the S4 rANS stream. The spec is
+normative; this code follows it step by step and names its constants after it. Invariants:
+
+* One frequency table per plane (12-bit precision, sums to 4096), built by the spec's integer
+  normalisation, so the GPU encoder emits the very same bytes.
+* A block of ``2**log2_block`` symbols is coded by 32 interleaved lanes (symbol ``i`` of the block
+  goes to lane ``i % 32``); blocks are independent, so both sides run them in parallel
+  (``prange``) and the output does not depend on the thread count.
+* Decoding validates every length, offset and state before indexing: numba does not bounds-check,
+  so the kernels only ever see indices that the Python-side checks have proven in range. A bad
+  stream raises :class:`~s4format.errors.CodecError`; it never crashes, hangs or over-allocates.
+* The kernels read and write little-endian words through native numpy views, which assumes a
+  little-endian host (every platform numba supports).
+"""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+from numba import njit, prange
+
+from s4format.codecs import RANS, register
+from s4format.codecs.abc import Codec, Encoded
+from s4format.errors import CodecError, LimitError
+
+LANES = 32
+PROB_BITS = 12
+PROB_SCALE = 1 << PROB_BITS
+STATE_LOW = 1 << 15                      # states live in [STATE_LOW, STATE_HIGH)
+STATE_HIGH = 1 << 31
+WORD_BITS = 16
+# Encoder renormalises while x >= freq << _XMAX_SHIFT, so that the coded state stays < 2**31.
+_XMAX_SHIFT = 31 - PROB_BITS
+
+MODE_RAW = 0
+MODE_CONST = 1
+MODE_RANS = 2
+HEADER = struct.Struct("<BBHQ")          # mode, log2_block, reserved (0), symbol count n
+HEADER_SIZE = HEADER.size                # 12
+LOG2_BLOCK_MIN = 5
+LOG2_BLOCK_MAX = 20
+LOG2_BLOCK_DEFAULT = 16
+MAX_SYMBOLS = 1 << 48                    # keeps count * 4096 exact in int64 during normalisation
+BITMAP_SIZE = 32
+BLOCK_OVERHEAD = 4 + 4 * LANES           # word count + 32 final states per block, in bytes
+
+_ERR_STATE, _ERR_UNDERFLOW, _ERR_LEFTOVER, _ERR_FINAL = 1, 2, 3, 4
+_ERR_TEXT = {
+    _ERR_STATE: "a final state lies outside [2^15, 2^31)",
+    _ERR_UNDERFLOW: "the decoder needs more words than the block stores",
+    _ERR_LEFTOVER: "words are left over after the block's first row",
+    _ERR_FINAL: "a lane does not end in the initial state 2^15",
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# Frequency table: normalisation and its compact encoding (spec/rans.md, "Frequency table")
+
+
+def normalise(counts: np.ndarray) -> np.ndarray:
+    """Scale symbol counts to integer frequencies summing to 4096 (spec's exact procedure).
+
+    Every present symbol is reserved a frequency of 1; the remaining ``4096 - k`` are shared in
+    proportion to the counts by floor division, and the few left over go one each to the largest
+    remainders, ties to the lower symbol. Integer-only, so every implementation agrees.
+    """
+    counts = np.asarray(counts, dtype=np.int64)
+    total = int(counts.sum())
+    present = counts > 0
+    k = int(present.sum())
+    if k == 0:
+        raise ValueError("cannot normalise an empty histogram")
+    spare = PROB_SCALE - k
+    share = counts * spare
+    freqs = share // total + present
+    remainder = share % total
+    leftover = PROB_SCALE - int(freqs.sum())
+    # lexsort sorts by the last key first: largest remainder, then lowest symbol.
+    order = np.lexsort((np.arange(256), -remainder))
+    order = order[present[order]][:leftover]
+    freqs[order] += 1
+    return freqs
+
+
+def table_bytes(freqs: np.ndarray) -> bytes:
+    """Presence bitmap (32 bytes, LSB first) + u16 LE frequency per present symbol, 4-aligned."""
+    present = freqs > 0
+    bitmap = np.packbits(present, bitorder="little").tobytes()
+    body = freqs[present].astype("<u2").tobytes()
+    pad = -(BITMAP_SIZE + len(body)) % 4
+    return bitmap + body + bytes(pad)
+
+
+def _parse_table(buf: np.ndarray, pos: int) -> tuple[np.ndarray, int]:
+    """Read and validate the table at ``pos``; return (freqs[256], position after it)."""
+    if len(buf) < pos + BITMAP_SIZE:
+        raise CodecError("rans stream ends inside the frequency table's presence bitmap")
+    present = np.unpackbits(buf[pos:pos + BITMAP_SIZE], bitorder="little").astype(bool)
+    k = int(present.sum())
+    if k == 0:
+        raise CodecError("rans frequency table marks no symbol present")
+    body = pos + BITMAP_SIZE
+    size = BITMAP_SIZE + 2 * k
+    end = pos + size + (-size % 4)
+    if len(buf) < end:
+        raise CodecError(f"rans stream ends inside the frequency table ({k} symbols)")
+    freqs = np.zeros(256, dtype=np.int64)
+    freqs[present] = buf[body:body + 2 * k].view("<u2")
+    if int(freqs[present].min()) < 1:
+        raise CodecError("rans frequency table gives a present symbol frequency 0")
+    if int(freqs.sum()) != PROB_SCALE:
+        raise CodecError(f"rans frequencies sum to {int(freqs.sum())}, must sum to 4096")
+    if buf[body + 2 * k:end].any():
+        raise CodecError("rans frequency table padding is not zero")
+    return freqs, end
+
+
+def _encoder_table(freqs: np.ndarray) -> np.ndarray:
+    """Per symbol: x_max, reciprocal, shift, bias, 4096 - freq (exact division by multiply).
+
+    The reciprocal form computes exactly ``(x // f) * 4096 + x % f + cum`` for x < 2**31
+    (F. Giesen's rANS encoder), avoiding a hardware divide per symbol.
+    """
+    tab = np.zeros((256, 5), dtype=np.int64)
+    cum = np.concatenate(([0], np.cumsum(freqs)[:-1]))
+    for s in np.flatnonzero(freqs):
+        f, c = int(freqs[s]), int(cum[s])
+        if f == 1:
+            rcp, shift, bias = (1 << 32) - 1, 0, c + PROB_SCALE - 1
+        else:
+            bits = (f - 1).bit_length()          # ceil(log2 f)
+            rcp, shift, bias = ((1 << (bits + 31)) + f - 1) // f, bits - 1, c
+        tab[s] = (f << _XMAX_SHIFT, rcp, shift, bias, PROB_SCALE - f)
+    return tab
+
+
+def _decoder_table(freqs: np.ndarray) -> np.ndarray:
+    """Slot -> (freq - 1) << 20 | (slot - cum) << 8 | symbol, one load per decoded symbol."""
+    tab = np.empty(PROB_SCALE, dtype=np.uint32)
+    cum = 0
+    for s in np.flatnonzero(freqs):
+        f = int(freqs[s])
+        tab[cum:cum + f] = ((f - 1) << 20) | (np.arange(f, dtype=np.uint32) << 8) | s
+        cum += f
+    return tab
+
+
+# ---------------------------------------------------------------------------------------------
+# Kernels. States are held as int64: values stay below 2**31, and signed arithmetic avoids
+# numba's uint64/int64 promotion to float.
+
+
+@njit(cache=True)
+def _histogram(plane: np.ndarray) -> np.ndarray:
+    # Four sub-histograms break the store-to-load dependency on runs of one symbol.
+    h = np.zeros((4, 256), dtype=np.int64)
+    n = plane.size
+    n4 = n - n % 4
+    for i in range(0, n4, 4):
+        h[0, plane[i]] += 1
+        h[1, plane[i + 1]] += 1
+        h[2, plane[i + 2]] += 1
+        h[3, plane[i + 3]] += 1
+    for i in range(n4, n):
+        h[0, plane[i]] += 1
+    return h.sum(axis=0)
+
+
+@njit(cache=True)
+def _blocks_constant(plane: np.ndarray, log2_block: int) -> bool:
+    n = plane.size
+    for start in range(0, n, 1 << log2_block):
+        end = min(start + (1 << log2_block), n)
+        first = plane[start]
+        for i in range(start + 1, end):
+            if plane[i] != first:
+                return False
+    return True
+
+
+@njit(cache=True, parallel=True)
+def _encode_blocks(plane: np.ndarray, log2_block: int, tab: np.ndarray, scratch: np.ndarray,
+                   counts: np.ndarray, states: np.ndarray) -> None:
+    """Encode every block; block b's words go to scratch[b << log2_block:] (<= 1 per symbol)."""
+    n = plane.size
+    for b in prange(counts.size):
+        # Parfor indices may be unsigned; mixing them with int64 would promote to float.
+        start = np.int64(b) << log2_block
+        end = min(start + (1 << log2_block), n)
+        x = np.full(LANES, STATE_LOW, dtype=np.int64)
+        w = start
+        for row in range(start, end, LANES):
+            for lane in range(min(LANES, end - row)):
+                s = plane[row + lane]
+                xv = x[lane]
+                # Lanes renormalise in lane order within a row: the warp-ballot order.
+                if xv >= tab[s, 0]:
+                    scratch[w] = xv & 0xFFFF
+                    w += 1
+                    xv >>= WORD_BITS
+                q = ((xv * tab[s, 1]) >> 32) >> tab[s, 2]
+                x[lane] = xv + tab[s, 3] + q * tab[s, 4]
+        counts[b] = w - start
+        for lane in range(LANES):
+            states[b * LANES + lane] = x[lane]
+
+
+@njit(cache=True, parallel=True)
+def _gather_words(scratch: np.ndarray, log2_block: int, counts: np.ndarray, offsets: np.ndarray,
+                  words: np.ndarray) -> None:
+    for b in prange(counts.size):
+        src = np.int64(b) << log2_block
+        words[offsets[b]:offsets[b] + counts[b]] = scratch[src:src + counts[b]]
+
+
+@njit(cache=True)
+def _decode_block(words: np.ndarray, lo: int, hi: int, x: np.ndarray, dtab: np.ndarray,
+                  out: np.ndarray, start: int, end: int) -> int:
+    """Decode symbols [start, end) from lane states x, popping words[hi-1] down to words[lo].
+
+    Precondition (checked by the caller): lo <= hi <= words.size, end <= out.size.
+    """
+    for lane in range(LANES):
+        if x[lane] < STATE_LOW or x[lane] >= STATE_HIGH:
+            return _ERR_STATE
+    p = hi
+    last = start + ((end - start - 1) // LANES) * LANES
+    for row in range(last, start - 1, -LANES):
+        m = min(LANES, end - row)
+        # With at least m words left no pop in this row can underflow, so the hot path needs
+        # no check and may read words[p - 1] unconditionally (it stays >= lo).
+        safe = p - lo >= m
+        for lane in range(m - 1, -1, -1):
+            xv = x[lane]
+            e = np.int64(dtab[xv & (PROB_SCALE - 1)])
+            xv = ((e >> 20) + 1) * (xv >> PROB_BITS) + ((e >> 8) & (PROB_SCALE - 1))
+            out[row + lane] = e & 0xFF
+            if xv < STATE_LOW:
+                if not safe and p == lo:
+                    return _ERR_UNDERFLOW
+                p -= 1
+                xv = (xv << WORD_BITS) | np.int64(words[p])
+            x[lane] = xv
+    if p != lo:
+        return _ERR_LEFTOVER
+    for lane in range(LANES):
+        if x[lane] != STATE_LOW:
+            return _ERR_FINAL
+    return 0
+
+
+@njit(cache=True, parallel=True)
+def _decode_blocks(words: np.ndarray, offsets: np.ndarray, states: np.ndarray, dtab: np.ndarray,
+                   log2_block: int, out: np.ndarray, errors: np.ndarray) -> None:
+    n = out.size
+    for b in prange(errors.size):
+        start = np.int64(b) << log2_block
+        end = min(start + (1 << log2_block), n)
+        x = states[b * LANES:(b + 1) * LANES].astype(np.int64)
+        errors[b] = _decode_block(words, offsets[b], offsets[b + 1], x, dtab, out, start, end)
+
+
+# ---------------------------------------------------------------------------------------------
+# Stream assembly and parsing
+
+
+def _n_blocks(n: int, log2_block: int) -> int:
+    return (n + (1 << log2_block) - 1) >> log2_block
+
+
+def _raw_stream(plane: np.ndarray, log2_block: int) -> np.ndarray:
+    out = np.empty(HEADER_SIZE + plane.size, dtype=np.uint8)
+    out[:HEADER_SIZE] = np.frombuffer(HEADER.pack(MODE_RAW, log2_block, 0, plane.size), np.uint8)
+    out[HEADER_SIZE:] = plane
+    return out
+
+
+def _const_stream(plane: np.ndarray, log2_block: int) -> np.ndarray:
+    head = HEADER.pack(MODE_CONST, log2_block, 0, plane.size)
+    firsts = plane[::1 << log2_block]
+    return np.concatenate((np.frombuffer(head, np.uint8), firsts))
+
+
+def _rans_stream(plane: np.ndarray, log2_block: int, freqs: np.ndarray) -> np.ndarray:
+    n = plane.size
+    nb = _n_blocks(n, log2_block)
+    scratch = np.empty(n, dtype=np.uint16)
+    counts = np.empty(nb, dtype=np.int64)
+    states = np.empty(nb * LANES, dtype=np.int64)
+    _encode_blocks(plane, log2_block, _encoder_table(freqs), scratch, counts, states)
+    offsets = np.zeros(nb + 1, dtype=np.int64)
+    np.cumsum(counts, out=offsets[1:])
+    table = table_bytes(freqs)
+    words_at = HEADER_SIZE + len(table) + BLOCK_OVERHEAD * nb
+    out = np.empty(words_at + 2 * int(offsets[-1]), dtype=np.uint8)
+    out[:HEADER_SIZE] = np.frombuffer(HEADER.pack(MODE_RANS, log2_block, 0, n), np.uint8)
+    pos = HEADER_SIZE + len(table)
+    out[HEADER_SIZE:pos] = np.frombuffer(table, np.uint8)
+    out[pos:pos + 4 * nb] = counts.astype("<u4").view(np.uint8)
+    pos += 4 * nb
+    out[pos:words_at] = states.astype("<u4").view(np.uint8)
+    _gather_words(scratch, log2_block, counts, offsets, out[words_at:].view(np.uint16))
+    return out
+
+
+def _u32_array(buf: np.ndarray, pos: int, count: int) -> np.ndarray:
+    return buf[pos:pos + 4 * count].view("<u4").astype(np.int64)
+
+
+class RansCodec(Codec):
+    """S4 rANS; ``log2_block`` is the encoder's block size (the decoder reads it per stream)."""
+
+    codec_id = RANS
+    name = "rans"
+
+    def __init__(self, log2_block: int = LOG2_BLOCK_DEFAULT) -> None:
+        if not LOG2_BLOCK_MIN <= log2_block <= LOG2_BLOCK_MAX:
+            raise ValueError(f"log2_block must be in [{LOG2_BLOCK_MIN}, {LOG2_BLOCK_MAX}]")
+        self.log2_block = log2_block
+
+    def encode(self, plane: np.ndarray) -> Encoded:
+        plane = np.ascontiguousarray(plane, dtype=np.uint8).reshape(-1)
+        n = plane.size
+        if n >= MAX_SYMBOLS:
+            raise LimitError(f"rans planes hold fewer than 2^48 bytes, got {n}")
+        if n == 0:
+            return Encoded(_raw_stream(plane, self.log2_block))
+        counts = _histogram(plane)
+        if np.count_nonzero(counts) == 1:
+            return Encoded(_const_stream(plane, LOG2_BLOCK_MAX))
+        if _blocks_constant(plane, self.log2_block):
+            return Encoded(_const_stream(plane, self.log2_block))
+        stream = _rans_stream(plane, self.log2_block, normalise(counts))
+        if stream.size >= HEADER_SIZE + n:
+            return Encoded(_raw_stream(plane, self.log2_block))
+        return Encoded(stream)
+
+    def decode(self, payload: np.ndarray, decoded_len: int, params: bytes) -> np.ndarray:
+        if params:
+            raise CodecError(f"rans takes no parameters, got {len(params)} bytes")
+        buf = np.frombuffer(payload, np.uint8) if isinstance(payload, bytes | bytearray) \
+            else np.ascontiguousarray(payload, dtype=np.uint8).reshape(-1)
+        if buf.size < HEADER_SIZE:
+            raise CodecError(f"rans stream of {buf.size} bytes is shorter than its 12-byte header")
+        mode, log2_block, reserved, n = HEADER.unpack_from(buf[:HEADER_SIZE].tobytes())
+        if reserved:
+            raise CodecError("rans header reserved field is not zero")
+        if not LOG2_BLOCK_MIN <= log2_block <= LOG2_BLOCK_MAX:
+            raise CodecError(f"rans log2_block {log2_block} outside [5, 20]")
+        if n != decoded_len:
+            raise CodecError(f"rans stream holds {n} symbols, plane declares {decoded_len}")
+        nb = _n_blocks(n, log2_block)
+        if mode == MODE_RAW:
+            _expect_size(buf, HEADER_SIZE + n, "RAW")
+            return buf[HEADER_SIZE:].copy()
+        if mode == MODE_CONST:
+            _expect_size(buf, HEADER_SIZE + nb, "CONST")
+            return np.repeat(buf[HEADER_SIZE:], _block_lengths(n, log2_block))
+        if mode == MODE_RANS:
+            return _decode_rans(buf, n, log2_block)
+        raise CodecError(f"rans mode {mode} is not RAW (0), CONST (1) or RANS (2)")
+
+    def max_decoded_len(self, stored_len: int) -> int:
+        # CONST is the densest mode: one stored byte per block of at most 2**20 symbols.
+        return max(0, stored_len - HEADER_SIZE) << LOG2_BLOCK_MAX
+
+    def estimate(self, plane: np.ndarray) -> int:
+        """Stored size predicted from the histogram, without encoding (spec/rans.md, "Estimate").
+
+        The RANS term is the exact cross-entropy of the plane under the normalised table plus
+        header, table and per-block overhead; it overshoots the real size by the information
+        the final states carry (about 32 bytes per block) and undershoots per-block CONST.
+        """
+        plane = np.ascontiguousarray(plane, dtype=np.uint8).reshape(-1)
+        n = plane.size
+        if n == 0:
+            return HEADER_SIZE
+        counts = _histogram(plane)
+        if np.count_nonzero(counts) == 1:
+            return HEADER_SIZE + _n_blocks(n, LOG2_BLOCK_MAX)
+        freqs = normalise(counts)
+        present = counts > 0
+        bits = float(np.sum(counts[present] * (PROB_BITS - np.log2(freqs[present]))))
+        nb = _n_blocks(n, self.log2_block)
+        rans = (HEADER_SIZE + len(table_bytes(freqs)) + BLOCK_OVERHEAD * nb
+                + 2 * int(np.ceil(bits / WORD_BITS)))
+        return min(rans, HEADER_SIZE + n)
+
+
+def _expect_size(buf: np.ndarray, size: int, mode: str) -> None:
+    if buf.size != size:
+        raise CodecError(f"rans {mode} stream must be {size} bytes, is {buf.size}")
+
+
+def _block_lengths(n: int, log2_block: int) -> np.ndarray:
+    nb = _n_blocks(n, log2_block)
+    lengths = np.full(nb, 1 << log2_block, dtype=np.int64)
+    if nb:
+        lengths[-1] = n - ((nb - 1) << log2_block)
+    return lengths
+
+
+def _decode_rans(buf: np.ndarray, n: int, log2_block: int) -> np.ndarray:
+    freqs, pos = _parse_table(buf, HEADER_SIZE)
+    nb = _n_blocks(n, log2_block)
+    words_at = pos + BLOCK_OVERHEAD * nb
+    if buf.size < words_at:
+        raise CodecError(f"rans stream of {buf.size} bytes ends before the word area of its "
+                         f"{nb} blocks (needs {words_at})")
+    counts = _u32_array(buf, pos, nb)
+    lengths = _block_lengths(n, log2_block)
+    over = np.flatnonzero(counts > lengths)
+    if over.size:
+        b = int(over[0])
+        raise CodecError(f"rans block {b} stores {int(counts[b])} words for {int(lengths[b])} "
+                         "symbols (at most one word per symbol)")
+    offsets = np.zeros(nb + 1, dtype=np.int64)
+    np.cumsum(counts, out=offsets[1:])
+    _expect_size(buf, words_at + 2 * int(offsets[-1]), "RANS")
+    states = _u32_array(buf, pos + 4 * nb, nb * LANES)
+    words = buf[words_at:].view("<u2")
+    if not words.flags.aligned:
+        words = words.copy()
+    out = np.empty(n, dtype=np.uint8)
+    errors = np.zeros(nb, dtype=np.int64)
+    _decode_blocks(words, offsets, states, _decoder_table(freqs), log2_block, out, errors)
+    bad = np.flatnonzero(errors)
+    if bad.size:
+        b = int(bad[0])
+        raise CodecError(f"rans block {b} of {nb} is corrupt: {_ERR_TEXT[int(errors[b])]}")
+    return out
+
+
+register(RansCodec())

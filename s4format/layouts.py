@@ -1,0 +1,129 @@
+"""Plane layouts (``spec/planes.md``): how a tensor's raw bytes split into planes and back.
+
+A layout sees the raw bytes as ``n`` little-endian *words* of ``word`` bytes and cuts each word
+into bit fields; plane ``k`` holds field ``k`` of every word, one byte per word (the sign plane
+too: one byte 0/1 per word, which the ``bitpack`` codec stores as bits). The generic ``BYTES``
+layout takes byte ``j`` of every element as plane ``j``. Split and merge are exact inverses for
+every bit pattern; merge refuses plane bytes with bits outside their field, so every file has
+exactly one meaning.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from s4format.errors import FormatError, UnsupportedFeatureError
+
+# Plane kinds (spec/planes.md). The plane record's ``index`` distinguishes planes of one kind.
+KIND_RAW = 0
+KIND_SIGN = 1
+KIND_EXPONENT = 2
+KIND_MANTISSA = 3
+KIND_BYTE = 4
+KIND_NAMES = {KIND_RAW: "raw", KIND_SIGN: "sign", KIND_EXPONENT: "exponent",
+              KIND_MANTISSA: "mantissa", KIND_BYTE: "byte"}
+
+
+def plane_label(kind: int, index: int) -> str:
+    """The plane's name in messages and the CLI: sign, exponent, mantissa0, byte3, raw."""
+    name = KIND_NAMES.get(kind, f"kind{kind}")
+    return name + (str(index) if kind in (KIND_MANTISSA, KIND_BYTE) else "")
+
+
+@dataclass(frozen=True)
+class Field:
+    kind: int
+    index: int
+    shift: int
+    bits: int
+
+    @property
+    def label(self) -> str:
+        return plane_label(self.kind, self.index)
+
+
+@dataclass(frozen=True)
+class Layout:
+    layout_id: int
+    name: str
+    word: int  # bytes per word; 0 = the dtype's item size (BYTES layout)
+    fields: tuple[Field, ...]
+
+    def word_size(self, itemsize: int) -> int:
+        return self.word or itemsize
+
+    def planes(self, itemsize: int) -> tuple[Field, ...]:
+        if self.layout_id == BYTES.layout_id:
+            return tuple(Field(KIND_BYTE, j, 8 * j, 8) for j in range(itemsize))
+        return self.fields
+
+    def check_applies(self, raw_nbytes: int, itemsize: int) -> int:
+        """Number of words, or FormatError when the raw length is not whole words."""
+        w = self.word_size(itemsize)
+        if raw_nbytes % w:
+            raise FormatError(f"layout {self.name} needs whole {w}-byte words, "
+                              f"raw length {raw_nbytes} is not a multiple")
+        return raw_nbytes // w
+
+    def split(self, raw: np.ndarray, itemsize: int) -> list[np.ndarray]:
+        """Cut raw bytes (uint8, C-contiguous) into planes, one uint8 array per field."""
+        w = self.word_size(itemsize)
+        n = self.check_applies(raw.size, itemsize)
+        if self.layout_id == RAW.layout_id:
+            return [raw]
+        if self.layout_id == BYTES.layout_id:
+            rows = raw.reshape(n, w)
+            return [np.ascontiguousarray(rows[:, j]) for j in range(w)]
+        words = raw.view(_UINT[w])
+        return [((words >> f.shift) & ((1 << f.bits) - 1)).astype(np.uint8) for f in self.fields]
+
+    def merge(self, planes: list[np.ndarray], raw_nbytes: int, itemsize: int) -> np.ndarray:
+        """Inverse of :meth:`split`; returns ``raw_nbytes`` bytes."""
+        w = self.word_size(itemsize)
+        n = self.check_applies(raw_nbytes, itemsize)
+        if self.layout_id == RAW.layout_id:
+            return planes[0]
+        if self.layout_id == BYTES.layout_id:
+            out = np.empty((n, w), dtype=np.uint8)
+            for j, p in enumerate(planes):
+                out[:, j] = p
+            return out.reshape(-1)
+        words = np.zeros(n, dtype=_UINT[w])
+        for f, p in zip(self.fields, planes):
+            if f.bits < 8 and p.size and int(p.max()) >> f.bits:
+                raise FormatError(f"{f.label} plane holds values wider than its {f.bits} bits")
+            words |= p.astype(_UINT[w]) << f.shift
+        return words.view(np.uint8)
+
+
+_UINT = {2: np.dtype("<u2"), 4: np.dtype("<u4")}
+
+RAW = Layout(0, "raw", 1, (Field(KIND_RAW, 0, 0, 8),))
+BF16 = Layout(1, "bf16", 2, (Field(KIND_SIGN, 0, 15, 1), Field(KIND_EXPONENT, 0, 7, 8),
+                             Field(KIND_MANTISSA, 0, 0, 7)))
+FP16 = Layout(2, "fp16", 2, (Field(KIND_SIGN, 0, 15, 1), Field(KIND_EXPONENT, 0, 10, 5),
+                             Field(KIND_MANTISSA, 0, 8, 2), Field(KIND_MANTISSA, 1, 0, 8)))
+FP32 = Layout(3, "fp32", 4, (Field(KIND_SIGN, 0, 31, 1), Field(KIND_EXPONENT, 0, 23, 8),
+                             Field(KIND_MANTISSA, 0, 16, 7), Field(KIND_MANTISSA, 1, 8, 8),
+                             Field(KIND_MANTISSA, 2, 0, 8)))
+BYTES = Layout(4, "bytes", 0, ())
+
+BY_ID = {lay.layout_id: lay for lay in (RAW, BF16, FP16, FP32, BYTES)}
+
+# The layout a writer uses by default for each dtype name (others: BYTES if itemsize > 1).
+PREFERRED = {"bfloat16": BF16, "float16": FP16, "complex32": FP16, "float32": FP32,
+             "complex64": FP32}
+
+
+def by_id(layout_id: int) -> Layout:
+    try:
+        return BY_ID[layout_id]
+    except KeyError:
+        raise UnsupportedFeatureError(
+            f"unknown plane layout ID {layout_id}; v1 defines {sorted(BY_ID)}") from None
+
+
+def preferred(dtype_name: str, itemsize: int) -> Layout:
+    return PREFERRED.get(dtype_name, BYTES if itemsize > 1 else RAW)

@@ -1,0 +1,200 @@
+"""The object tree around tensors (``spec/objects.md``): a safe, spec'd encoding, no pickle.
+
+Encodes None, bool, int (any size), float (bit-exact, NaN payloads included), str, bytes, list,
+tuple, dict, ``collections.OrderedDict``, tensor references and *typed* values — a registered name
+plus a value — which the torch layer uses for ``torch.Size``, dtypes, devices and views. Anything
+else is refused with the key path of the offending object. Decoding never constructs anything
+but these types; an unknown typed name comes back as an opaque :class:`Typed`.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+from s4format.errors import FormatError, LimitError, UnsupportedObjectError
+
+MAX_DEPTH = 256
+
+T_NONE, T_FALSE, T_TRUE, T_INT, T_BIGINT, T_FLOAT, T_STR, T_BYTES = range(8)
+T_LIST, T_TUPLE, T_DICT, T_TENSOR, T_TYPED, T_ODICT = range(8, 14)
+
+_I64_MIN, _I64_MAX = -(1 << 63), (1 << 63) - 1
+
+
+@dataclass(frozen=True)
+class TensorRef:
+    """A reference to entry ``index`` of the file's tensor table."""
+    index: int
+
+
+@dataclass(frozen=True)
+class Typed:
+    """A value of a registered type (spec/objects.md, "Typed values"), e.g. ``torch.Size``."""
+    name: str
+    value: Any
+
+
+def encode(obj: Any) -> bytes:
+    out = bytearray()
+    _encode(obj, out, "<root>", 0)
+    return bytes(out)
+
+
+def _encode(obj: Any, out: bytearray, path: str, depth: int) -> None:
+    if depth > MAX_DEPTH:
+        raise UnsupportedObjectError(f"object tree deeper than {MAX_DEPTH} at {path}")
+    t = type(obj)
+    if obj is None:
+        out.append(T_NONE)
+    elif t is bool:
+        out.append(T_TRUE if obj else T_FALSE)
+    elif t is int:
+        if _I64_MIN <= obj <= _I64_MAX:
+            out.append(T_INT)
+            out += struct.pack("<q", obj)
+        else:
+            raw = obj.to_bytes((obj.bit_length() + 8) // 8, "little", signed=True)
+            out.append(T_BIGINT)
+            out += struct.pack("<I", len(raw)) + raw
+    elif t is float:
+        out.append(T_FLOAT)
+        out += struct.pack("<d", obj)
+    elif t is str:
+        try:
+            raw = obj.encode("utf-8")
+        except UnicodeEncodeError:
+            raise UnsupportedObjectError(f"string at {path} is not valid Unicode") from None
+        out.append(T_STR)
+        out += struct.pack("<I", len(raw)) + raw
+    elif t is bytes:
+        out.append(T_BYTES)
+        out += struct.pack("<I", len(obj)) + obj
+    elif t is list or t is tuple:
+        out.append(T_LIST if t is list else T_TUPLE)
+        out += struct.pack("<I", len(obj))
+        for i, item in enumerate(obj):
+            _encode(item, out, f"{path}[{i}]", depth + 1)
+    elif t is dict or t is OrderedDict:
+        out.append(T_DICT if t is dict else T_ODICT)
+        out += struct.pack("<I", len(obj))
+        for key, value in obj.items():
+            _check_key(key, path)
+            _encode(key, out, f"{path}.<key {key!r}>", depth + 1)
+            _encode(value, out, f"{path}[{key!r}]", depth + 1)
+    elif t is TensorRef:
+        out.append(T_TENSOR)
+        out += struct.pack("<I", obj.index)
+    elif t is Typed:
+        name = obj.name.encode("utf-8")
+        out.append(T_TYPED)
+        out += struct.pack("<H", len(name)) + name
+        _encode(obj.value, out, f"{path}<{obj.name}>", depth + 1)
+    else:
+        raise UnsupportedObjectError(
+            f"cannot store object of type {t.__module__}.{t.__qualname__} at {path}: "
+            "only None, bool, int, float, str, bytes, list, tuple, dict, OrderedDict and "
+            "tensors are stored")
+
+
+def _check_key(key: Any, path: str) -> None:
+    if type(key) in (str, int, float, bool, bytes, TensorRef) or key is None:
+        return
+    if type(key) is tuple:
+        for k in key:
+            _check_key(k, path)
+        return
+    raise UnsupportedObjectError(f"dict key of type {type(key).__name__} at {path} is not stored")
+
+
+class _Decoder:
+    def __init__(self, data: bytes, tensor_count: int) -> None:
+        self.data = memoryview(data)
+        self.pos = 0
+        self.tensor_count = tensor_count
+
+    def take(self, n: int) -> memoryview:
+        if n > len(self.data) - self.pos:
+            raise FormatError(f"object tree truncated: needs {n} bytes at tree offset {self.pos}, "
+                              f"{len(self.data) - self.pos} left")
+        chunk = self.data[self.pos:self.pos + n]
+        self.pos += n
+        return chunk
+
+    def u32(self) -> int:
+        return struct.unpack("<I", self.take(4))[0]
+
+    def count(self, min_item: int) -> int:
+        n = self.u32()
+        # Every item takes at least min_item bytes: refuse counts the remaining bytes cannot hold
+        # before building anything of that size.
+        if n * min_item > len(self.data) - self.pos:
+            raise FormatError(f"object tree declares {n} items at tree offset {self.pos - 4}, "
+                              "more than its remaining bytes can hold")
+        return n
+
+    def node(self, depth: int) -> Any:
+        if depth > MAX_DEPTH:
+            raise LimitError(f"object tree nested deeper than {MAX_DEPTH}")
+        at = self.pos
+        tag = self.take(1)[0]
+        if tag == T_NONE:
+            return None
+        if tag in (T_FALSE, T_TRUE):
+            return tag == T_TRUE
+        if tag == T_INT:
+            return struct.unpack("<q", self.take(8))[0]
+        if tag == T_BIGINT:
+            raw = self.take(self.u32())
+            value = int.from_bytes(raw, "little", signed=True)
+            if _I64_MIN <= value <= _I64_MAX or len(raw) != (value.bit_length() + 8) // 8:
+                raise FormatError(f"non-canonical big integer at tree offset {at}")
+            return value
+        if tag == T_FLOAT:
+            return struct.unpack("<d", self.take(8))[0]
+        if tag == T_STR:
+            try:
+                return str(self.take(self.u32()), "utf-8")
+            except UnicodeDecodeError:
+                raise FormatError(f"string at tree offset {at} is not valid UTF-8") from None
+        if tag == T_BYTES:
+            return bytes(self.take(self.u32()))
+        if tag in (T_LIST, T_TUPLE):
+            items = [self.node(depth + 1) for _ in range(self.count(1))]
+            return items if tag == T_LIST else tuple(items)
+        if tag in (T_DICT, T_ODICT):
+            result: dict = {} if tag == T_DICT else OrderedDict()
+            for _ in range(self.count(2)):
+                key = self.node(depth + 1)
+                try:
+                    if key in result:
+                        raise FormatError(f"duplicate dict key {key!r} at tree offset {at}")
+                except TypeError:
+                    raise FormatError(f"unhashable dict key at tree offset {at}") from None
+                result[key] = self.node(depth + 1)
+            return result
+        if tag == T_TENSOR:
+            index = self.u32()
+            if index >= self.tensor_count:
+                raise FormatError(f"tensor reference {index} at tree offset {at} is out of "
+                                  f"range ({self.tensor_count} tensors)")
+            return TensorRef(index)
+        if tag == T_TYPED:
+            (n,) = struct.unpack("<H", self.take(2))
+            try:
+                name = str(self.take(n), "utf-8")
+            except UnicodeDecodeError:
+                raise FormatError(f"typed-value name at tree offset {at} is not UTF-8") from None
+            return Typed(name, self.node(depth + 1))
+        raise FormatError(f"unknown object tag {tag} at tree offset {at}")
+
+
+def decode(data: bytes, tensor_count: int) -> Any:
+    """Decode a tree; every tensor reference must be below ``tensor_count``."""
+    dec = _Decoder(data, tensor_count)
+    obj = dec.node(0)
+    if dec.pos != len(dec.data):
+        raise FormatError(f"object tree has {len(dec.data) - dec.pos} trailing bytes")
+    return obj

@@ -1,0 +1,266 @@
+"""Reading .s4w files: header and footer checks, the index, random access to any tensor.
+
+A :class:`Reader` reads the header, the footer and the index once (three reads, so it works the
+same over S3 ranged GETs), validates every record, and then decodes single tensors on demand.
+Deltas need their parent: pass it as ``parent=`` (another Reader, itself possibly a delta).
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from typing import Any
+
+import numpy as np
+from construct import ConstructError
+
+from s4format import codecs, hashing, objtree
+from s4format.errors import (
+    BadMagicError,
+    ChecksumError,
+    ContentHashError,
+    FormatError,
+    LimitError,
+    ParentMismatchError,
+    TruncatedError,
+    UnsupportedFeatureError,
+    UnsupportedVersionError,
+)
+from s4format.records import TensorInfo, check_no_overlap, tensor_info
+from s4format.schema import (
+    END_MAGIC,
+    FOOTER_SIZE,
+    HEADER_SIZE,
+    KNOWN_REQUIRED_FLAGS,
+    MAGIC,
+    MAJOR,
+    NO_PARENT,
+    Footer,
+    Header,
+    Index,
+)
+from s4format.source import ByteSource, open_source
+from s4format.tensor import Tensor
+
+MAX_INDEX_SIZE = 256 << 20
+MAX_ALIGN_LOG2 = 16
+
+
+def checkpoint_id(content_hashes: list[bytes]) -> bytes:
+    """The identity deltas name their parent by: XXH3-128 of the u32 tensor count followed by
+    every tensor's content hash in index order."""
+    return hashing.xxhash.xxh3_128_digest(struct.pack("<I", len(content_hashes))
+                                          + b"".join(content_hashes))
+
+
+class Reader:
+    def __init__(self, source: str | os.PathLike[str] | bytes | ByteSource, *,
+                 parent: Reader | None = None, verify: bool = True,
+                 max_index_size: int = MAX_INDEX_SIZE) -> None:
+        self.source = open_source(source)
+        self.name = self.source.name
+        self.verify_hashes = verify
+        self._read_header()
+        self._read_footer(max_index_size)
+        self._read_index()
+        self.checkpoint_id = checkpoint_id([t.content_hash for t in self.tensors])
+        self._by_name = {t.name: i for i, t in enumerate(self.tensors)}
+        self.parent: Reader | None = None
+        if parent is not None:
+            self.attach_parent(parent)
+
+    # -- structure -------------------------------------------------------------------------
+
+    def _read_header(self) -> None:
+        size = self.source.size()
+        head = self.source.read_at(0, min(size, HEADER_SIZE)).tobytes()
+        if head[:8] != MAGIC[:len(head)]:
+            raise BadMagicError(f"{self.name}: not a .s4w file ({_describe_magic(head)})")
+        if size < HEADER_SIZE + FOOTER_SIZE:
+            raise TruncatedError(f"{self.name}: {size} bytes is shorter than a header and footer "
+                                 f"({HEADER_SIZE + FOOTER_SIZE}); the file is truncated")
+        h = Header.parse(head)
+        if h.major != MAJOR:
+            raise UnsupportedVersionError(
+                f"{self.name}: format version {h.major}.{h.minor}; this reader understands major "
+                f"version {MAJOR} only — upgrade s4weights to read it")
+        if h.checksum != hashing.bytes_checksum(head[:24]):
+            raise ChecksumError(f"{self.name}: header checksum mismatch (bytes 0..31 damaged)")
+        if h.required_flags & ~KNOWN_REQUIRED_FLAGS:
+            raise UnsupportedFeatureError(
+                f"{self.name}: must-understand flags {h.required_flags:#010x} are not known to "
+                "this reader; upgrade s4weights to read this file")
+        if h.reserved != bytes(3):
+            raise FormatError(f"{self.name}: reserved header bytes are not zero")
+        if h.align_log2 > MAX_ALIGN_LOG2:
+            raise LimitError(f"{self.name}: alignment 2^{h.align_log2} exceeds 2^{MAX_ALIGN_LOG2}")
+        self.header = h
+        self.version = (h.major, h.minor)
+        self.alignment = 1 << h.align_log2
+
+    def _read_footer(self, max_index_size: int) -> None:
+        size = self.source.size()
+        raw = self.source.read_at(size - FOOTER_SIZE, FOOTER_SIZE).tobytes()
+        if raw[-8:] != END_MAGIC:
+            raise TruncatedError(f"{self.name}: no footer at the end of the file: truncated, or "
+                                 "the save that wrote it did not finish")
+        f = Footer.parse(raw)
+        if f.checksum != hashing.bytes_checksum(raw[:24]):
+            raise ChecksumError(f"{self.name}: footer checksum mismatch (last {FOOTER_SIZE} bytes)")
+        if f.index_length > min(max_index_size, size):
+            raise LimitError(f"{self.name}: index of {f.index_length} bytes exceeds the limit of "
+                             f"{min(max_index_size, size)}")
+        if f.index_offset < HEADER_SIZE or f.index_offset + f.index_length != size - FOOTER_SIZE:
+            raise FormatError(f"{self.name}: index at {f.index_offset} of {f.index_length} bytes "
+                              f"does not end where the footer starts ({size - FOOTER_SIZE})")
+        self.footer = f
+        self.data_end = f.index_offset
+
+    def _read_index(self) -> None:
+        f = self.footer
+        raw = self.source.read_at(f.index_offset, f.index_length).tobytes()
+        if hashing.bytes_checksum(raw) != f.index_checksum:
+            raise ChecksumError(f"{self.name}: index checksum mismatch (bytes "
+                                f"{f.index_offset}..{f.index_offset + f.index_length})")
+        try:
+            idx = Index.parse(raw)
+        except ConstructError as exc:
+            raise FormatError(f"{self.name}: malformed index: {_short(exc)}") from None
+        for ext in idx.extensions:
+            if ext.required:
+                raise UnsupportedFeatureError(
+                    f"{self.name}: must-understand index extension {ext.tag!r} is unknown")
+        tensors = [tensor_info(rec, f"{self.name}: tensor {i} {rec.name!r}", self.data_end,
+                               self.alignment) for i, rec in enumerate(idx.tensors)]
+        names = set()
+        for t in tensors:
+            if t.name in names:
+                raise FormatError(f"{self.name}: tensor name {t.name!r} appears twice")
+            names.add(t.name)
+        check_no_overlap(tensors)
+        self.tensors: list[TensorInfo] = tensors
+        self.parent_id: bytes | None = None if idx.parent_id == NO_PARENT else bytes(idx.parent_id)
+        if self.parent_id is None and any(t.is_delta for t in tensors):
+            raise FormatError(f"{self.name}: delta tensors but no parent checkpoint ID")
+        self.tree = objtree.decode(idx.tree, len(tensors))
+        meta = objtree.decode(idx.metadata, 0)
+        if not isinstance(meta, dict) or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in meta.items()):
+            raise FormatError(f"{self.name}: metadata must be a dict of str to str")
+        self.metadata: dict[str, str] = meta
+
+    # -- parents ---------------------------------------------------------------------------
+
+    def attach_parent(self, parent: Reader) -> None:
+        if self.parent_id is None:
+            raise ParentMismatchError(f"{self.name} is not a delta; it takes no parent")
+        if parent.checkpoint_id != self.parent_id:
+            raise ParentMismatchError(
+                f"{self.name} is a delta against checkpoint {self.parent_id.hex()}, but "
+                f"{parent.name} is checkpoint {parent.checkpoint_id.hex()}")
+        self.parent = parent
+        self._parent_by_hash = {t.content_hash: i for i, t in enumerate(parent.tensors)}
+
+    def _parent_bytes(self, t: TensorInfo) -> np.ndarray:
+        if self.parent is None:
+            raise ParentMismatchError(
+                f"{self.name}: tensor {t.name!r} is a delta; open the file with its parent "
+                f"checkpoint {self.parent_id.hex() if self.parent_id else '?'}")
+        i = self._parent_by_hash.get(t.parent_hash)
+        if i is None or self.parent.tensors[i].raw_nbytes != t.raw_nbytes:
+            raise ParentMismatchError(f"{self.name}: parent {self.parent.name} holds no tensor "
+                                      f"with hash {t.parent_hash.hex()} of {t.raw_nbytes} bytes "
+                                      f"for delta {t.name!r}")
+        return self.parent.read_raw(i)
+
+    # -- payloads --------------------------------------------------------------------------
+
+    def index_of(self, name: str) -> int:
+        try:
+            return self._by_name[name]
+        except KeyError:
+            raise KeyError(f"{self.name} has no tensor named {name!r}") from None
+
+    def read_plane(self, t: TensorInfo, plane_no: int) -> np.ndarray:
+        p = t.planes[plane_no]
+        stored = self.source.read_at(p.offset, p.stored_len)
+        if hashing.plane_checksum(stored) != p.checksum:
+            raise ChecksumError(f"{self.name}: tensor {t.name!r} plane {p.label}: checksum of "
+                                f"the {p.stored_len} stored bytes at offset {p.offset} mismatch")
+        out = codecs.get(p.codec).decode(stored, p.decoded_len, p.params)
+        if out.shape != (p.decoded_len,):
+            raise FormatError(f"{self.name}: tensor {t.name!r} plane {p.label} decoded to "
+                              f"{out.size} bytes, declared {p.decoded_len}")
+        return out
+
+    def read_raw(self, i: int) -> np.ndarray:
+        """The tensor's raw bytes (uint8), checked against its content hash when verifying."""
+        t = self.tensors[i]
+        planes = [self.read_plane(t, k) for k in range(len(t.planes))]
+        raw = t.layout.merge(planes, t.raw_nbytes, t.dtype.itemsize)
+        if t.is_delta:
+            raw = np.bitwise_xor(raw, self._parent_bytes(t))
+        elif not raw.flags.writeable or (raw.base is not None and raw.size != raw.base.size):
+            raw = raw.copy()
+        if self.verify_hashes and hashing.content_hash(raw) != t.content_hash:
+            raise ContentHashError(f"{self.name}: tensor {t.name!r} content hash mismatch after "
+                                   "decoding: the file is corrupt or its parent is wrong")
+        return raw
+
+    def read(self, key: int | str) -> Tensor:
+        i = self.index_of(key) if isinstance(key, str) else key
+        t = self.tensors[i]
+        return Tensor(t.dtype, t.shape, self.read_raw(i))
+
+    def load(self) -> Any:
+        """The object tree with every tensor reference replaced by its :class:`Tensor`."""
+        cache: dict[int, Tensor] = {}
+
+        def tensor(ref: objtree.TensorRef) -> Tensor:
+            if ref.index not in cache:
+                cache[ref.index] = self.read(ref.index)
+            return cache[ref.index]
+
+        return resolve_refs(self.tree, tensor)
+
+    def close(self) -> None:
+        close = getattr(self.source, "close", None)
+        if close:
+            close()
+
+    def __enter__(self) -> Reader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def resolve_refs(obj: Any, tensor) -> Any:
+    """Rebuild a decoded tree with ``tensor(ref)`` in place of each TensorRef."""
+    t = type(obj)
+    if t is objtree.TensorRef:
+        return tensor(obj)
+    if t is list:
+        return [resolve_refs(x, tensor) for x in obj]
+    if t is tuple:
+        return tuple(resolve_refs(x, tensor) for x in obj)
+    if t is dict or t.__name__ == "OrderedDict":
+        return t((k, resolve_refs(v, tensor)) for k, v in obj.items())
+    if t is objtree.Typed:
+        return objtree.Typed(obj.name, resolve_refs(obj.value, tensor))
+    return obj
+
+
+def _describe_magic(head: bytes) -> str:
+    if head.startswith(b"\x89S4W\r\r\n") or head.startswith(b"\x89S4W\n\x1a") or \
+            head.startswith(b"\x89S4W\r\n\x1a\r\n"):
+        return "its magic bytes show text-mode damage (line endings converted); transfer it " \
+               "in binary mode"
+    if head.startswith(b"\x89S4W"):
+        return "its magic is damaged"
+    return f"starts with {head[:8]!r}"
+
+
+def _short(exc: Exception) -> str:
+    text = str(exc).strip().splitlines()
+    return text[-1] if text else type(exc).__name__

@@ -1,0 +1,114 @@
+"""Validated views of the index: :class:`PlaneInfo`, :class:`TensorInfo` and the checks that
+turn a parsed index into them (``spec/validation.md``). Every rule runs before any payload is
+read or any buffer sized from the file is allocated; sizes are Python ints, so no arithmetic can
+overflow."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+
+from s4format import codecs, dtypes, layouts
+from s4format.dtypes import DType
+from s4format.errors import FormatError, LimitError, UnsupportedFeatureError
+from s4format.layouts import Layout
+from s4format.schema import HEADER_SIZE, TRANSFORM_NONE, TRANSFORM_XOR
+
+MAX_NDIM = 64
+MAX_RAW_NBYTES = 1 << 62
+
+
+@dataclass(frozen=True)
+class PlaneInfo:
+    kind: int
+    index: int
+    codec: int
+    params: bytes
+    offset: int
+    stored_len: int
+    decoded_len: int
+    checksum: int
+
+    @property
+    def label(self) -> str:
+        return layouts.plane_label(self.kind, self.index)
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    dtype: DType
+    shape: tuple[int, ...]
+    layout: Layout
+    transform: int
+    raw_nbytes: int
+    content_hash: bytes
+    parent_hash: bytes | None
+    planes: tuple[PlaneInfo, ...]
+
+    @property
+    def stored_nbytes(self) -> int:
+        return sum(p.stored_len for p in self.planes)
+
+    @property
+    def is_delta(self) -> bool:
+        return self.transform == TRANSFORM_XOR
+
+
+def tensor_info(rec, where: str, data_end: int, alignment: int) -> TensorInfo:
+    """Check one parsed tensor record against the spec's rules and the file's data section."""
+    if rec.flags:
+        raise UnsupportedFeatureError(f"{where}: reserved tensor flags {rec.flags:#x} are set")
+    dtype = dtypes.by_code(rec.dtype)
+    if rec.ndim > MAX_NDIM:
+        raise LimitError(f"{where}: {rec.ndim} dimensions, the limit is {MAX_NDIM}")
+    shape = tuple(int(s) for s in rec.shape)
+    expected = math.prod(shape) * dtype.itemsize
+    if expected > MAX_RAW_NBYTES or rec.raw_nbytes > MAX_RAW_NBYTES:
+        raise LimitError(f"{where}: raw size {max(expected, rec.raw_nbytes)} exceeds 2^62 bytes")
+    if rec.raw_nbytes != expected:
+        raise FormatError(f"{where}: raw_nbytes {rec.raw_nbytes} != {expected} for "
+                          f"{dtype.name}{list(shape)}")
+    if rec.transform not in (TRANSFORM_NONE, TRANSFORM_XOR):
+        raise UnsupportedFeatureError(f"{where}: unknown transform {rec.transform}")
+    layout = layouts.by_id(rec.layout)
+    words = layout.check_applies(rec.raw_nbytes, dtype.itemsize)
+    fields = layout.planes(dtype.itemsize)
+    if len(rec.planes) != len(fields):
+        raise FormatError(f"{where}: layout {layout.name} has {len(fields)} planes, "
+                          f"record lists {len(rec.planes)}")
+    planes = []
+    for field, p in zip(fields, rec.planes):
+        info = PlaneInfo(p.kind, p.index, p.codec, bytes(p.params), p.offset, p.stored_len,
+                         p.decoded_len, p.checksum)
+        at = f"{where} plane {info.label}"
+        if (p.kind, p.index) != (field.kind, field.index):
+            raise FormatError(f"{at}: layout {layout.name} expects plane {field.label} here")
+        want = rec.raw_nbytes if layout is layouts.RAW else words
+        if p.decoded_len != want:
+            raise FormatError(f"{at}: decoded length {p.decoded_len}, layout needs {want}")
+        codec = codecs.get(p.codec)
+        if p.decoded_len > codec.max_decoded_len(p.stored_len):
+            raise LimitError(f"{at}: declares {p.decoded_len} decoded bytes from {p.stored_len} "
+                             f"stored, beyond what codec {codec.name} can produce")
+        if p.offset < HEADER_SIZE or p.offset % alignment:
+            raise FormatError(f"{at}: offset {p.offset} is not an aligned offset in the data "
+                              f"section (alignment {alignment})")
+        if p.offset + p.stored_len > data_end:
+            raise FormatError(f"{at}: bytes {p.offset}..{p.offset + p.stored_len} run past the "
+                              f"data section, which ends at {data_end}")
+        planes.append(info)
+    return TensorInfo(rec.name, dtype, shape, layout, rec.transform, rec.raw_nbytes,
+                      bytes(rec.content_hash),
+                      bytes(rec.parent_hash) if rec.parent_hash is not None else None,
+                      tuple(planes))
+
+
+def check_no_overlap(tensors: list[TensorInfo]) -> None:
+    spans = sorted((p.offset, p.offset + p.stored_len, t.name, p.label)
+                   for t in tensors for p in t.planes if p.stored_len)
+    for (s0, e0, t0, l0), (s1, _e1, t1, l1) in itertools.pairwise(spans):
+        if s1 < e0:
+            raise FormatError(f"plane {t0}/{l0} (bytes {s0}..{e0}) overlaps plane {t1}/{l1} "
+                              f"starting at {s1}")

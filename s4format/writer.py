@@ -1,0 +1,238 @@
+"""Writing .s4w files as a stream: header first, planes as they are coded, the index and footer
+last, so the output can be a pipe or an S3 multipart upload and sizes need not be known ahead.
+
+Per tensor the writer tries the dtype's plane layout and keeps it only if the coded planes are
+no larger than the raw bytes; otherwise it stores one raw plane. So a tensor's stored payload
+never exceeds its raw size; the fixed overhead per tensor is its index record plus alignment
+padding (``spec/format.md``, "Size guarantee"). Given a parent, a tensor is stored as the XOR
+delta against the parent's bytes only when that codes smaller.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from dataclasses import dataclass
+from typing import Any, BinaryIO
+
+import numpy as np
+
+from s4format import hashing, layouts, objtree, policy
+from s4format.errors import FormatError, StorageError
+from s4format.layouts import Layout
+from s4format.policy import check_policy as policy_check
+from s4format.reader import checkpoint_id
+from s4format.schema import (
+    MAGIC,
+    MAJOR,
+    MINOR,
+    NO_PARENT,
+    TRANSFORM_NONE,
+    TRANSFORM_XOR,
+    Footer,
+    Header,
+    Index,
+)
+from s4format.tensor import Tensor
+
+DEFAULT_ALIGN_LOG2 = 6
+# Tensors smaller than this are stored as one plane: per-plane padding and records would cost
+# more than splitting can save.
+SPLIT_MIN = 4096
+
+
+@dataclass(frozen=True)
+class WriteResult:
+    checkpoint_id: bytes
+    file_size: int
+    raw_nbytes: int
+    stored_nbytes: int
+    tensor_count: int
+
+
+@dataclass
+class _Coded:
+    layout: Layout
+    planes: list[tuple[int, int, int, int, np.ndarray | bytes, bytes]]  # kind, index, codec,
+    # decoded_len, payload, params
+
+    @property
+    def stored(self) -> int:
+        return sum(len(p[4]) if isinstance(p[4], bytes) else p[4].nbytes for p in self.planes)
+
+
+class Writer:
+    """Stream a .s4w file to ``sink`` (a path or a binary file object opened for writing).
+
+    Call sequence: ``add(name, tensor[, parent=...])`` for each tensor (returns the
+    :class:`~s4format.objtree.TensorRef` to put in the tree), optionally ``set_tree(obj)`` and
+    ``set_metadata({...})``, then ``close()`` which writes the index and footer.
+    """
+
+    def __init__(self, sink: str | os.PathLike[str] | BinaryIO, *, policy: str = "auto",
+                 align_log2: int = DEFAULT_ALIGN_LOG2, parent_id: bytes | None = None) -> None:
+        self.policy = policy_check(policy)
+        if not 0 <= align_log2 <= 16:
+            raise ValueError("align_log2 must be in 0..16")
+        self._own = isinstance(sink, (str, os.PathLike))
+        self._f: BinaryIO = open(sink, "wb") if self._own else sink  # noqa: SIM115
+        self._pos = 0
+        self._align = 1 << align_log2
+        self._records: list[dict[str, Any]] = []
+        self._names: set[str] = set()
+        self._tree: Any = None
+        self._metadata: dict[str, str] = {}
+        self._parent_id = parent_id
+        self._raw_total = 0
+        self._stored_total = 0
+        self._closed = False
+        self._write(_sealed(Header, dict(magic=MAGIC, major=MAJOR, minor=MINOR, required_flags=0,
+                                         optional_flags=0, align_log2=align_log2,
+                                         reserved=bytes(3))))
+
+    def _write(self, data: bytes | np.ndarray | memoryview) -> None:
+        try:
+            self._f.write(data)
+        except OSError as exc:
+            raise StorageError(f"write failed at offset {self._pos}: {exc}") from exc
+        self._pos += len(data) if not isinstance(data, np.ndarray) else data.nbytes
+
+    def _pad(self) -> None:
+        gap = -self._pos % self._align
+        if gap:
+            self._write(bytes(gap))
+
+    def add(self, name: str, tensor: Tensor | np.ndarray, *,
+            parent: Tensor | np.ndarray | None = None) -> objtree.TensorRef:
+        """Code and write one tensor. With ``parent`` (same dtype and byte length, from the
+        checkpoint named by ``parent_id``), store the XOR delta if that is smaller."""
+        if self._closed:
+            raise ValueError("writer is closed")
+        if name in self._names:
+            raise FormatError(f"tensor name {name!r} is used twice")
+        t = tensor if isinstance(tensor, Tensor) else Tensor.from_numpy(tensor)
+        raw = t.data
+        coded = self._code(raw, t)
+        transform, parent_hash = TRANSFORM_NONE, None
+        if parent is not None:
+            if self._parent_id is None:
+                raise ValueError("a parent tensor needs the writer's parent_id")
+            p = parent if isinstance(parent, Tensor) else Tensor.from_numpy(parent)
+            if p.nbytes != t.nbytes:
+                raise ValueError(f"parent of {name!r} has {p.nbytes} bytes, tensor {t.nbytes}")
+            delta = self._code(np.bitwise_xor(raw, p.data), t)
+            if delta.stored < coded.stored:
+                coded, transform, parent_hash = delta, TRANSFORM_XOR, hashing.content_hash(p.data)
+        planes = []
+        for kind, index, cid, decoded_len, payload, params in coded.planes:
+            self._pad()
+            offset = self._pos
+            buf = payload if isinstance(payload, bytes) else np.ascontiguousarray(payload)
+            self._write(buf)
+            planes.append(dict(kind=kind, index=index, codec=cid, params=params, offset=offset,
+                               stored_len=len(buf) if isinstance(buf, bytes) else buf.nbytes,
+                               decoded_len=decoded_len, checksum=hashing.plane_checksum(buf)))
+        self._records.append(dict(
+            name=name, dtype=t.dtype.code, layout=coded.layout.layout_id, transform=transform,
+            flags=0, ndim=len(t.shape), shape=list(t.shape), raw_nbytes=t.nbytes,
+            content_hash=hashing.content_hash(raw), parent_hash=parent_hash, planes=planes))
+        self._names.add(name)
+        self._raw_total += t.nbytes
+        self._stored_total += coded.stored
+        return objtree.TensorRef(len(self._records) - 1)
+
+    def _code(self, raw: np.ndarray, t: Tensor) -> _Coded:
+        layout = layouts.preferred(t.dtype.name, t.dtype.itemsize)
+        if raw.size >= SPLIT_MIN and raw.size % layout.word_size(t.dtype.itemsize) == 0 \
+                and layout is not layouts.RAW:
+            fields = layout.planes(t.dtype.itemsize)
+            parts = layout.split(raw, t.dtype.itemsize)
+            planes = []
+            for f, plane in zip(fields, parts):
+                cid, enc = policy.encode_plane(plane, f.kind, self.policy)
+                planes.append((f.kind, f.index, cid, plane.size, enc.payload, enc.params))
+            coded = _Coded(layout, planes)
+            if coded.stored <= raw.size:
+                return coded
+        cid, enc = policy.encode_plane(raw, layouts.KIND_RAW, self.policy)
+        return _Coded(layouts.RAW, [(layouts.KIND_RAW, 0, cid, raw.size, enc.payload,
+                                     enc.params)])
+
+    def set_tree(self, tree: Any) -> None:
+        self._tree = tree
+
+    def set_metadata(self, metadata: dict[str, str]) -> None:
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
+            raise TypeError("metadata must map str to str")
+        self._metadata = dict(metadata)
+
+    def close(self) -> WriteResult:
+        if self._closed:
+            raise ValueError("writer is closed")
+        tree = objtree.encode(self._tree)
+        index = Index.build(dict(
+            tensors=self._records, parent_id=self._parent_id or NO_PARENT, tree=tree,
+            metadata=objtree.encode(self._metadata), extensions=[]))
+        index_offset = self._pos
+        self._write(index)
+        self._write(_sealed(Footer, dict(index_offset=index_offset, index_length=len(index),
+                                         index_checksum=hashing.bytes_checksum(index))))
+        self._closed = True
+        if self._own:
+            self._f.close()
+        return WriteResult(checkpoint_id([r["content_hash"] for r in self._records]), self._pos,
+                           self._raw_total, self._stored_total, len(self._records))
+
+    def abort(self) -> None:
+        self._closed = True
+        if self._own:
+            self._f.close()
+
+    def __enter__(self) -> Writer:
+        return self
+
+    def __exit__(self, exc_type, *rest: object) -> None:
+        if self._closed:
+            return
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+
+def _sealed(struct_, fields: dict[str, Any]) -> bytes:
+    """Build a fixed struct whose ``checksum`` field is the XXH3-64 of its first 24 bytes."""
+    draft = struct_.build({**fields, "checksum": 0})
+    return struct_.build({**fields, "checksum": hashing.bytes_checksum(draft[:24])})
+
+
+def write(sink: str | os.PathLike[str] | BinaryIO, tree: Any, *, policy: str = "auto",
+          metadata: dict[str, str] | None = None) -> WriteResult:
+    """Write a tree whose leaves may be numpy arrays or :class:`Tensor`s (named by key path)."""
+    with Writer(sink, policy=policy) as w:
+        w.set_tree(_attach(tree, w, "", {}))
+        if metadata:
+            w.set_metadata(metadata)
+        return w.close()
+
+
+def dumps(tree: Any, **kwargs: Any) -> bytes:
+    buf = io.BytesIO()
+    write(buf, tree, **kwargs)
+    return buf.getvalue()
+
+
+def _attach(obj: Any, w: Writer, path: str, seen: dict[int, objtree.TensorRef]) -> Any:
+    if isinstance(obj, (Tensor, np.ndarray)):
+        if id(obj) not in seen:
+            seen[id(obj)] = w.add(path or "<root>", obj)
+        return seen[id(obj)]
+    t = type(obj)
+    if t is list or t is tuple:
+        return t(_attach(x, w, f"{path}.{i}" if path else str(i), seen) for i, x in enumerate(obj))
+    if t is dict or t.__name__ == "OrderedDict":
+        return t((k, _attach(v, w, f"{path}.{k}" if path else str(k), seen))
+                 for k, v in obj.items())
+    if t is objtree.Typed:
+        return objtree.Typed(obj.name, _attach(obj.value, w, path, seen))
+    return obj
