@@ -1,0 +1,5 @@
+import sys
+
+from s4format.cli import main
+
+sys.exit(main())

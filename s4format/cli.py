@@ -1,0 +1,124 @@
+"""``python -m s4format``: inspect, verify (and, later, conformance) on .s4w files."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from s4format import codecs
+from s4format.errors import S4Error
+from s4format.reader import Reader
+from s4format.verify import verify
+
+
+def _ratio(stored: int, raw: int) -> float | None:
+    return stored / raw if raw else None
+
+
+def describe(reader: Reader) -> dict[str, Any]:
+    tensors = []
+    for t in reader.tensors:
+        tensors.append(dict(
+            name=t.name, dtype=t.dtype.name, shape=list(t.shape), layout=t.layout.name,
+            raw_bytes=t.raw_nbytes, stored_bytes=t.stored_nbytes,
+            ratio=_ratio(t.stored_nbytes, t.raw_nbytes),
+            delta_parent=t.parent_hash.hex() if t.parent_hash else None,
+            content_hash=t.content_hash.hex(),
+            planes=[dict(plane=p.label, codec=codecs.name_of(p.codec), offset=p.offset,
+                         stored_bytes=p.stored_len, decoded_bytes=p.decoded_len)
+                    for p in t.planes]))
+    raw = sum(t.raw_nbytes for t in reader.tensors)
+    stored = sum(t.stored_nbytes for t in reader.tensors)
+    h = reader.header
+    return dict(
+        file=reader.name, version=f"{h.major}.{h.minor}", required_flags=h.required_flags,
+        optional_flags=h.optional_flags, alignment=reader.alignment,
+        file_bytes=reader.source.size(), checkpoint_id=reader.checkpoint_id.hex(),
+        delta_parent=reader.parent_id.hex() if reader.parent_id else None,
+        metadata=reader.metadata, tensors=tensors,
+        totals=dict(tensors=len(tensors), raw_bytes=raw, stored_bytes=stored,
+                    ratio=_ratio(stored, raw), file_ratio=_ratio(reader.source.size(), raw)))
+
+
+def _fmt_ratio(r: float | None) -> str:
+    return "-" if r is None else f"{r:.4f}"
+
+
+def print_inspect(d: dict[str, Any], out=sys.stdout) -> None:
+    w = out.write
+    w(f"{d['file']}: .s4w {d['version']}, flags required={d['required_flags']:#x} "
+      f"optional={d['optional_flags']:#x}, alignment {d['alignment']}\n")
+    w(f"checkpoint {d['checkpoint_id']}"
+      + (f", delta against {d['delta_parent']}" if d["delta_parent"] else ", full (no parent)")
+      + "\n")
+    for k, v in d["metadata"].items():
+        w(f"  {k}: {v}\n")
+    for t in d["tensors"]:
+        delta = f"  delta of {t['delta_parent'][:16]}" if t["delta_parent"] else ""
+        w(f"{t['name']}  {t['dtype']}{t['shape']}  {t['layout']}  raw {t['raw_bytes']}  "
+          f"stored {t['stored_bytes']}  ratio {_fmt_ratio(t['ratio'])}{delta}\n")
+        for p in t["planes"]:
+            w(f"    {p['plane']:<10} {p['codec']:<9} {p['decoded_bytes']:>14} -> "
+              f"{p['stored_bytes']:>14}  @{p['offset']}\n")
+    tot = d["totals"]
+    w(f"total: {tot['tensors']} tensors, raw {tot['raw_bytes']} bytes, stored "
+      f"{tot['stored_bytes']} bytes, ratio {_fmt_ratio(tot['ratio'])}, file {d['file_bytes']} "
+      f"bytes (file/raw {_fmt_ratio(tot['file_ratio'])})\n")
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    with Reader(args.file, verify=False) as r:
+        d = describe(r)
+    if args.json:
+        json.dump(d, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        print_inspect(d)
+    return 0
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    parent = Reader(args.parent) if args.parent else None
+    with Reader(args.file, parent=parent) as r:
+        problems = verify(r)
+        for p in problems:
+            print(p, file=sys.stderr)
+        if problems:
+            print(f"{args.file}: INVALID, {len(problems)} problem(s)", file=sys.stderr)
+            return 1
+        print(f"{args.file}: OK, {len(r.tensors)} tensors, every checksum and content hash "
+              "verified")
+        return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m s4format",
+                                 description="Inspect and verify .s4w checkpoint files.")
+    sub = ap.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("inspect", help="list version, flags, tensors, planes, codecs and ratios",
+                       description="Print the structure of a .s4w file without decoding it.")
+    p.add_argument("file", help="path of the .s4w file")
+    p.add_argument("--json", action="store_true", help="machine-readable JSON output")
+    p.set_defaults(func=cmd_inspect)
+    p = sub.add_parser("verify", help="decode everything and check every checksum and hash",
+                       description="Decode every tensor, check every plane checksum, content "
+                                   "hash and padding byte. Exit status 0 when valid, 1 when a "
+                                   "problem is found (each named by tensor and plane), 2 when "
+                                   "the file cannot be opened at all.")
+    p.add_argument("file", help="path of the .s4w file")
+    p.add_argument("--parent", help="the delta's parent .s4w file (to check delta tensors)")
+    p.set_defaults(func=cmd_verify)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except S4Error as exc:
+        print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:
+        return 0
