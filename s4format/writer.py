@@ -48,6 +48,11 @@ class WriteResult:
     raw_nbytes: int
     stored_nbytes: int
     tensor_count: int
+    parent_id: bytes | None  # None when no tensor ended up as a delta
+    delta_count: int
+    # What the payload would have been with every tensor coded alone (equal to stored_nbytes
+    # when no parent was given): the measure of what deltas saved.
+    full_stored_nbytes: int
 
 
 @dataclass
@@ -85,6 +90,8 @@ class Writer:
         self._parent_id = parent_id
         self._raw_total = 0
         self._stored_total = 0
+        self._full_total = 0
+        self._deltas = 0
         self._closed = False
         self._write(_sealed(Header, dict(magic=MAGIC, major=MAJOR, minor=MINOR, required_flags=0,
                                          optional_flags=0, align_log2=align_log2,
@@ -113,6 +120,7 @@ class Writer:
         t = tensor if isinstance(tensor, Tensor) else Tensor.from_numpy(tensor)
         raw = t.data
         coded = self._code(raw, t)
+        self._full_total += coded.stored
         transform, parent_hash = TRANSFORM_NONE, None
         if parent is not None:
             if self._parent_id is None:
@@ -123,6 +131,7 @@ class Writer:
             delta = self._code(np.bitwise_xor(raw, p.data), t)
             if delta.stored < coded.stored:
                 coded, transform, parent_hash = delta, TRANSFORM_XOR, hashing.content_hash(p.data)
+                self._deltas += 1
         planes = []
         for kind, index, cid, decoded_len, payload, params in coded.planes:
             self._pad()
@@ -170,8 +179,10 @@ class Writer:
         if self._closed:
             raise ValueError("writer is closed")
         tree = objtree.encode(self._tree)
+        # A file in which no tensor chose the delta depends on nothing: it is a base.
+        parent_id = self._parent_id if self._deltas else None
         index = Index.build(dict(
-            tensors=self._records, parent_id=self._parent_id or NO_PARENT, tree=tree,
+            tensors=self._records, parent_id=parent_id or NO_PARENT, tree=tree,
             metadata=objtree.encode(self._metadata), extensions=[]))
         index_offset = self._pos
         self._write(index)
@@ -181,7 +192,8 @@ class Writer:
         if self._own:
             self._f.close()
         return WriteResult(checkpoint_id([r["content_hash"] for r in self._records]), self._pos,
-                           self._raw_total, self._stored_total, len(self._records))
+                           self._raw_total, self._stored_total, len(self._records), parent_id,
+                           self._deltas, self._full_total)
 
     def abort(self) -> None:
         self._closed = True
