@@ -196,11 +196,13 @@ def _encode_blocks(plane: np.ndarray, log2_block: int, tab: np.ndarray, scratch:
             for lane in range(min(LANES, end - row)):
                 s = plane[row + lane]
                 xv = x[lane]
-                # Lanes renormalise in lane order within a row: the warp-ballot order.
-                if xv >= tab[s, 0]:
-                    scratch[w] = xv & 0xFFFF
-                    w += 1
-                    xv >>= WORD_BITS
+                # Lanes renormalise in lane order within a row: the warp-ballot order. The
+                # store is unconditional (branch-free: the branch is unpredictable); w never
+                # passes the current symbol's index, so it stays inside this block's region.
+                need = np.int64(xv >= tab[s, 0])
+                scratch[w] = xv & 0xFFFF
+                w += need
+                xv >>= need << 4
                 q = ((xv * tab[s, 1]) >> 32) >> tab[s, 2]
                 x[lane] = xv + tab[s, 3] + q * tab[s, 4]
         counts[b] = w - start
@@ -214,6 +216,31 @@ def _gather_words(scratch: np.ndarray, log2_block: int, counts: np.ndarray, offs
     for b in prange(counts.size):
         src = np.int64(b) << log2_block
         words[offsets[b]:offsets[b] + counts[b]] = scratch[src:src + counts[b]]
+
+
+@njit(cache=True, inline="always")
+def _decode_step(xv: int, dtab: np.ndarray, out: np.ndarray, at: int) -> int:
+    """Emit the symbol of state xv at out[at]; return the state before renormalisation."""
+    e = np.int64(dtab[xv & (PROB_SCALE - 1)])
+    out[at] = e & 0xFF
+    return ((e >> 20) + 1) * (xv >> PROB_BITS) + ((e >> 8) & (PROB_SCALE - 1))
+
+
+@njit(cache=True, inline="always")
+def _decode_row_fast(words: np.ndarray, p: int, x: np.ndarray, dtab: np.ndarray,
+                     out: np.ndarray, row: int) -> int:
+    """Decode one full row; the caller guarantees >= 32 words remain below p.
+
+    So words[p - 1] is always readable, and the pop is a branch-free select (a pop happens for
+    about one symbol in six, too irregular for the branch predictor).
+    """
+    for lane in range(LANES - 1, -1, -1):
+        xv = _decode_step(x[lane], dtab, out, row + lane)
+        w = np.int64(words[p - 1])
+        need = xv < STATE_LOW
+        p -= need
+        x[lane] = ((xv << WORD_BITS) | w) if need else xv
+    return p
 
 
 @njit(cache=True)
@@ -230,16 +257,13 @@ def _decode_block(words: np.ndarray, lo: int, hi: int, x: np.ndarray, dtab: np.n
     last = start + ((end - start - 1) // LANES) * LANES
     for row in range(last, start - 1, -LANES):
         m = min(LANES, end - row)
-        # With at least m words left no pop in this row can underflow, so the hot path needs
-        # no check and may read words[p - 1] unconditionally (it stays >= lo).
-        safe = p - lo >= m
+        if m == LANES and p - lo >= LANES:
+            p = _decode_row_fast(words, p, x, dtab, out, row)
+            continue
         for lane in range(m - 1, -1, -1):
-            xv = x[lane]
-            e = np.int64(dtab[xv & (PROB_SCALE - 1)])
-            xv = ((e >> 20) + 1) * (xv >> PROB_BITS) + ((e >> 8) & (PROB_SCALE - 1))
-            out[row + lane] = e & 0xFF
+            xv = _decode_step(x[lane], dtab, out, row + lane)
             if xv < STATE_LOW:
-                if not safe and p == lo:
+                if p == lo:
                     return _ERR_UNDERFLOW
                 p -= 1
                 xv = (xv << WORD_BITS) | np.int64(words[p])
