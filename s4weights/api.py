@@ -1,0 +1,115 @@
+"""``save`` and ``load``: drop-in replacements for ``torch.save`` and ``torch.load``.
+
+``save(obj, f)`` writes one self-contained .s4w file (to a path, atomically, or to a binary file
+object). ``load(f, map_location=None)`` reads it back; loading is always safe, like
+``weights_only=True``: nothing in the file can make the loader run code.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import torch
+
+import s4format
+from s4format.source import BufferSource, ByteSource
+from s4format.writer import Writer, WriteResult
+from s4weights import progress
+from s4weights.store.local import LocalStore
+from s4weights.torchtree import Flattened, Unflattener, flatten
+
+log = logging.getLogger("s4weights")
+
+FileLike = str | os.PathLike[str] | BinaryIO
+
+
+def producer_metadata() -> dict[str, str]:
+    return {"producer": f"s4weights {s4format.__version__}", "torch": str(torch.__version__)}
+
+
+def write_flattened(flat: Flattened, sink: BinaryIO, *, policy: str = "auto",
+                    parent_id: bytes | None = None, parents: dict[str, Any] | None = None,
+                    metadata: dict[str, str] | None = None, show: bool | None = None
+                    ) -> WriteResult:
+    """Code and stream every tensor of ``flat`` into ``sink``. ``parents`` maps a tensor name to
+    the parent's :class:`~s4format.Tensor` of that name (delta against ``parent_id``)."""
+    total = sum(t.nbytes for _, t in flat.tensors)
+    with progress.bar("s4weights save", total, show) as bar:
+        w = Writer(sink, policy=policy, parent_id=parent_id)
+        for name, tensor in flat.tensors:
+            parent = (parents or {}).get(name)
+            if parent is not None and (parent.dtype != tensor.dtype
+                                       or parent.nbytes != tensor.nbytes):
+                parent = None
+            w.add(name, tensor, parent=parent)
+            bar.update(tensor.nbytes)
+        w.set_tree(flat.tree)
+        w.set_metadata({**producer_metadata(), **(metadata or {})})
+        return w.close()
+
+
+def save(obj: Any, f: FileLike, *, policy: str = "auto", metadata: dict[str, str] | None = None,
+         progress: bool | None = None) -> WriteResult:
+    """Save ``obj`` (a state dict, optimizer state, any tree of tensors and plain values).
+
+    ``f`` is a path (written atomically: a failed save leaves any previous file intact) or a
+    binary file object open for writing. ``policy`` is the codec choice, ``"auto"`` (smallest)
+    or ``"seed"``. Raises :class:`s4format.UnsupportedObjectError` naming the key path of any
+    object that cannot be stored.
+    """
+    t0 = time.perf_counter()
+    flat = flatten(obj)
+    if isinstance(f, (str, os.PathLike)):
+        path = Path(f)
+        store = LocalStore(path.parent)
+        with store.writer(path.name) as sink:
+            result = write_flattened(flat, sink, policy=policy, metadata=metadata, show=progress)
+    else:
+        result = write_flattened(flat, f, policy=policy, metadata=metadata, show=progress)
+    log.info("saved %d tensors: %d raw -> %d stored bytes in %.3f s", result.tensor_count,
+             result.raw_nbytes, result.stored_nbytes, time.perf_counter() - t0)
+    return result
+
+
+def _source(f: FileLike | bytes | ByteSource) -> ByteSource | str | os.PathLike[str]:
+    if isinstance(f, (str, os.PathLike, ByteSource)):
+        return f
+    if isinstance(f, (bytes, bytearray, memoryview)):
+        return BufferSource(f)
+    if isinstance(f, io.BytesIO):
+        return BufferSource(f.getbuffer())
+    return BufferSource(f.read(), name=getattr(f, "name", "<file object>"))
+
+
+def read_tree(reader: s4format.Reader, map_location: Any = None, *, strict: bool = True,
+              show: bool | None = None) -> Any:
+    total = sum(t.raw_nbytes for t in reader.tensors)
+    with progress.bar("s4weights load", total, show) as bar:
+        def tensor(i: int) -> s4format.Tensor:
+            t = reader.read(i)
+            bar.update(t.nbytes)
+            return t
+        return Unflattener(tensor, map_location, strict=strict).walk(reader.tree)
+
+
+def load(f: FileLike | bytes, map_location: Any = None, *, weights_only: bool | None = None,
+         parent: FileLike | s4format.Reader | None = None, strict: bool = True,
+         verify: bool = True, progress: bool | None = None, **_torch_kwargs: Any) -> Any:
+    """Load what :func:`save` wrote. ``map_location`` works as in ``torch.load`` (a device, a
+    string, a dict from saved to target location, or a callable). Loading never runs code from
+    the file, whatever ``weights_only`` says. ``parent`` is needed only for a delta file.
+    ``verify`` checks every tensor's content hash (default on)."""
+    if weights_only is False:
+        log.debug("weights_only=False: s4weights never unpickles; loading safely anyway")
+    parent_reader = parent if isinstance(parent, s4format.Reader) or parent is None \
+        else s4format.Reader(_source(parent), verify=verify)
+    t0 = time.perf_counter()
+    with s4format.Reader(_source(f), parent=parent_reader, verify=verify) as reader:
+        obj = read_tree(reader, map_location, strict=strict, show=progress)
+    log.info("loaded %s in %.3f s", reader.name, time.perf_counter() - t0)
+    return obj

@@ -1,0 +1,224 @@
+"""Checkpoint chains: a base and deltas against the previous checkpoint, in one store.
+
+Objects under the store root::
+
+    data/<step:012d>.s4w          the checkpoint file (committed first)
+    manifests/<step:012d>.json    the manifest (committed last, create-if-absent)
+
+A checkpoint exists exactly when its manifest does. The manifest names the parent step and
+parent checkpoint ID; the .s4w file names its parent by checkpoint ID too, and the reader
+refuses a parent whose ID differs. Retention deletes manifests first, then files, and never
+removes a checkpoint that a kept delta depends on.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+import s4format
+from s4format.errors import FormatError, ParentMismatchError, StorageError
+from s4weights.api import read_tree, write_flattened
+from s4weights.store import Store, open_store
+from s4weights.torchtree import flatten
+
+log = logging.getLogger("s4weights")
+
+MANIFEST_FORMAT = "s4weights-checkpoint"
+MANIFEST_VERSION = 1
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    step: int
+    file: str
+    checkpoint_id: str
+    parent_step: int | None
+    parent_id: str | None
+    base_step: int
+    depth: int  # deltas between this checkpoint and its base (0 for a base)
+    raw_bytes: int
+    stored_bytes: int
+    file_bytes: int
+    full_stored_bytes: int  # payload had every tensor been coded alone
+    created: float
+
+    @property
+    def is_base(self) -> bool:
+        return self.parent_step is None
+
+    def to_json(self) -> bytes:
+        return json.dumps({"format": MANIFEST_FORMAT, "version": MANIFEST_VERSION,
+                           **asdict(self)}, indent=1).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes, name: str) -> CheckpointInfo:
+        try:
+            d = json.loads(data)
+            if d.pop("format") != MANIFEST_FORMAT or d.pop("version") != MANIFEST_VERSION:
+                raise ValueError("not an s4weights v1 manifest")
+            return cls(**d)
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            raise FormatError(f"manifest {name} is malformed: {exc}") from None
+
+
+def _manifest_name(step: int) -> str:
+    return f"manifests/{step:012d}.json"
+
+
+def _data_name(step: int) -> str:
+    return f"data/{step:012d}.s4w"
+
+
+# Raw bytes of the last checkpoint this process saved, per store: the parent of the next delta
+# without re-reading it. Holds one copy of the state in host memory.
+_PARENT_CACHE: dict[str, tuple[str, dict[str, s4format.Tensor]]] = {}
+
+
+def list_checkpoints(url_or_dir: Any) -> list[CheckpointInfo]:
+    """Every committed checkpoint under the store, by step."""
+    store = open_store(url_or_dir)
+    return [CheckpointInfo.from_json(store.get(n), n)
+            for n in store.list("manifests/") if n.endswith(".json")]
+
+
+def _by_step(infos: list[CheckpointInfo]) -> dict[int, CheckpointInfo]:
+    return {i.step: i for i in infos}
+
+
+def _chain(step: int, infos: dict[int, CheckpointInfo]) -> list[CheckpointInfo]:
+    """The checkpoints to open for ``step``, base first."""
+    chain = [infos[step]]
+    while chain[-1].parent_step is not None:
+        parent = infos.get(chain[-1].parent_step)
+        if parent is None:
+            raise ParentMismatchError(
+                f"checkpoint step {chain[-1].step} is a delta of step {chain[-1].parent_step}, "
+                "which is missing from the store")
+        if parent.checkpoint_id != chain[-1].parent_id:
+            raise ParentMismatchError(
+                f"checkpoint step {chain[-1].step} expects parent {chain[-1].parent_id}, but "
+                f"step {parent.step} is {parent.checkpoint_id}")
+        chain.append(parent)
+        if len(chain) > len(infos):
+            raise FormatError("checkpoint manifests form a cycle")
+    return chain[::-1]
+
+
+def _open_chain(store: Store, chain: list[CheckpointInfo], verify: bool) -> s4format.Reader:
+    reader = None
+    for info in chain:
+        reader = s4format.Reader(store.source(info.file), parent=reader, verify=verify)
+        if reader.checkpoint_id.hex() != info.checkpoint_id:
+            raise ParentMismatchError(f"{info.file} is checkpoint {reader.checkpoint_id.hex()}, "
+                                      f"its manifest says {info.checkpoint_id}")
+    assert reader is not None
+    return reader
+
+
+def _parent_tensors(store: Store, parent: CheckpointInfo, infos: dict[int, CheckpointInfo]
+                    ) -> dict[str, s4format.Tensor]:
+    cached = _PARENT_CACHE.get(store.url)
+    if cached and cached[0] == parent.checkpoint_id:
+        return cached[1]
+    reader = _open_chain(store, _chain(parent.step, infos), verify=True)
+    return {t.name: reader.read(i) for i, t in enumerate(reader.tensors)}
+
+
+def save_checkpoint(state: Any, url_or_dir: Any, step: int, *, keyframe_interval: int = 10,
+                    delta: bool = True, min_delta_gain: float = 0.05, keep_last: int | None = None,
+                    policy: str = "auto", metadata: dict[str, str] | None = None,
+                    progress: bool | None = None) -> CheckpointInfo:
+    """Save ``state`` as checkpoint ``step``: a delta against the latest checkpoint when allowed
+    (chain shorter than ``keyframe_interval`` files, and the previous delta saved at least
+    ``min_delta_gain`` of a full save), else a new base. Each tensor is stored as a delta only
+    where the XOR codes smaller. ``keep_last`` applies retention afterwards."""
+    if step < 0:
+        raise ValueError("step must be >= 0")
+    store = open_store(url_or_dir)
+    infos = _by_step(list_checkpoints(store))
+    if step in infos:
+        raise StorageError(f"checkpoint step {step} already exists in {store.url}")
+    latest = infos[max(infos)] if infos else None
+    parent = None
+    if delta and latest is not None and latest.step < step \
+            and latest.depth + 2 <= keyframe_interval and _delta_paid(latest, min_delta_gain):
+        parent = latest
+    flat = flatten(state)
+    parents = _parent_tensors(store, parent, infos) if parent else None
+    t0 = time.perf_counter()
+    with store.writer(_data_name(step)) as sink:
+        result = write_flattened(
+            flat, sink, policy=policy, parent_id=bytes.fromhex(parent.checkpoint_id)
+            if parent else None, parents=parents, metadata=metadata, show=progress)
+    used = parent if result.parent_id is not None else None
+    info = CheckpointInfo(
+        step=step, file=_data_name(step), checkpoint_id=result.checkpoint_id.hex(),
+        parent_step=used.step if used else None, parent_id=used.checkpoint_id if used else None,
+        base_step=used.base_step if used else step, depth=used.depth + 1 if used else 0,
+        raw_bytes=result.raw_nbytes, stored_bytes=result.stored_nbytes,
+        file_bytes=result.file_size, full_stored_bytes=result.full_stored_nbytes,
+        created=time.time())
+    store.put_atomic(_manifest_name(step), info.to_json(), if_absent=True)
+    _PARENT_CACHE[store.url] = (info.checkpoint_id,
+                                {name: _copy(t) for name, t in flat.tensors})
+    log.info("checkpoint step %d: %s, %d -> %d bytes in %.3f s", step,
+             f"delta of step {info.parent_step}" if used else "base", info.raw_bytes,
+             info.file_bytes, time.perf_counter() - t0)
+    if keep_last is not None:
+        steps = sorted([*infos, step])
+        retain(store, steps[-keep_last:])
+    return info
+
+
+def _delta_paid(info: CheckpointInfo, min_gain: float) -> bool:
+    if info.is_base:
+        return True
+    return info.stored_bytes <= (1.0 - min_gain) * info.full_stored_bytes
+
+
+def _copy(t: s4format.Tensor) -> s4format.Tensor:
+    # The caller's tensors keep training after the save; the parent must be a snapshot.
+    return s4format.Tensor(t.dtype, t.shape, np.array(t.data, copy=True))
+
+
+def load_checkpoint(url_or_dir: Any, step: int | None = None, *, map_location: Any = None,
+                    strict: bool = True, verify: bool = True, progress: bool | None = None
+                    ) -> Any:
+    """Load checkpoint ``step`` (default: the latest), resolving its delta chain."""
+    store = open_store(url_or_dir)
+    infos = _by_step(list_checkpoints(store))
+    if not infos:
+        raise StorageError(f"no checkpoints in {store.url}")
+    if step is None:
+        step = max(infos)
+    if step not in infos:
+        raise StorageError(f"no checkpoint step {step} in {store.url}; "
+                           f"steps there: {sorted(infos)}")
+    reader = _open_chain(store, _chain(step, infos), verify)
+    return read_tree(reader, map_location, strict=strict, show=progress)
+
+
+def retain(url_or_dir: Any, keep_steps: list[int]) -> list[int]:
+    """Delete every checkpoint not in ``keep_steps`` and not needed by a kept one (its chain
+    back to the base). Returns the deleted steps."""
+    store = open_store(url_or_dir)
+    infos = _by_step(list_checkpoints(store))
+    needed: set[int] = set()
+    for s in keep_steps:
+        if s in infos:
+            needed.update(i.step for i in _chain(s, infos))
+    doomed = sorted(set(infos) - needed)
+    for s in doomed:
+        store.delete(_manifest_name(s))
+    for s in doomed:
+        store.delete(infos[s].file)
+    cached = _PARENT_CACHE.get(store.url)
+    if cached and cached[0] not in {infos[s].checkpoint_id for s in needed}:
+        del _PARENT_CACHE[store.url]
+    return doomed

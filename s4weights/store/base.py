@@ -1,0 +1,74 @@
+"""The store interface: where checkpoint bytes live (local directories now, S3 next).
+
+A store holds named objects (``/``-separated names under its root). The call sequence of a save
+is: ``writer(name)`` -> write the file sequentially -> ``commit()`` (the object appears whole,
+atomically) or ``abort()`` (nothing appears); then ``put_atomic(manifest_name, bytes)`` marks the
+checkpoint as existing. Readers only trust objects whose manifest exists, so a save killed at
+any point leaves no half checkpoint visible and never touches earlier ones.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import BinaryIO
+
+from s4format.source import ByteSource
+
+
+class ObjectWriter(ABC):
+    """A sequential writer for one object; invisible to readers until :meth:`commit`."""
+
+    @abstractmethod
+    def write(self, data: bytes | memoryview) -> int: ...
+
+    @abstractmethod
+    def commit(self) -> None: ...
+
+    @abstractmethod
+    def abort(self) -> None: ...
+
+    def __enter__(self) -> ObjectWriter:
+        return self
+
+    def __exit__(self, exc_type, *rest: object) -> None:
+        if exc_type is None:
+            self.commit()
+        else:
+            self.abort()
+
+
+class Store(ABC):
+    url: str
+
+    @abstractmethod
+    def writer(self, name: str) -> ObjectWriter:
+        """Start writing object ``name``; replaces an existing object only on commit."""
+
+    @abstractmethod
+    def put_atomic(self, name: str, data: bytes, *, if_absent: bool = False) -> None:
+        """Write a small object in one step. With ``if_absent``, fail with StorageError if it
+        already exists (the conditional put that commits a manifest)."""
+
+    @abstractmethod
+    def get(self, name: str) -> bytes:
+        """The whole object (small objects: manifests); StorageError if missing."""
+
+    @abstractmethod
+    def source(self, name: str) -> ByteSource:
+        """Random access to a (large) object for :class:`s4format.Reader`."""
+
+    @abstractmethod
+    def list(self, prefix: str = "") -> list[str]:
+        """Names of committed objects under ``prefix``, sorted."""
+
+    @abstractmethod
+    def delete(self, name: str) -> None:
+        """Remove an object; missing objects are not an error."""
+
+    def exists(self, name: str) -> bool:
+        return name in self.list(name)
+
+
+def as_binary_io(w: ObjectWriter) -> BinaryIO:
+    """ObjectWriter already has ``write``; this only narrows the type for the s4format Writer."""
+    return w  # type: ignore[return-value]

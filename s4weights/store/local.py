@@ -1,0 +1,138 @@
+"""Local directories as a store, with crash-safe commits.
+
+Commit = write to a temporary file in the same directory, fsync it, rename it over the final
+name, fsync the directory. A crash before the rename leaves only a ``.tmp-*`` file that readers
+never list; a crash after it leaves the complete object. Temporary files of dead writers are
+swept by :meth:`LocalStore.sweep`.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import time
+from pathlib import Path
+
+from s4format.errors import StorageError
+from s4format.source import ByteSource, FileSource
+from s4weights.store.base import ObjectWriter, Store
+
+TMP_PREFIX = ".tmp-"
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class _LocalWriter(ObjectWriter):
+    def __init__(self, final: Path) -> None:
+        self.final = final
+        final.parent.mkdir(parents=True, exist_ok=True)
+        self.tmp = final.parent / f"{TMP_PREFIX}{secrets.token_hex(8)}-{final.name}"
+        try:
+            self._f = open(self.tmp, "xb")  # noqa: SIM115
+        except OSError as exc:
+            raise StorageError(f"cannot create {self.tmp}: {exc.strerror}") from exc
+        self._done = False
+
+    def write(self, data: bytes | memoryview) -> int:
+        try:
+            return self._f.write(data)
+        except OSError as exc:
+            self.abort()
+            raise StorageError(f"writing {self.final} failed: {exc.strerror}") from exc
+
+    def commit(self, *, exclusive: bool = False) -> None:
+        """Publish the object; ``exclusive`` fails if it exists (``os.link`` never replaces)."""
+        if self._done:
+            return
+        try:
+            self._f.flush()
+            os.fsync(self._f.fileno())
+            self._f.close()
+            if exclusive:
+                os.link(self.tmp, self.final)
+                self.tmp.unlink()
+            else:
+                os.replace(self.tmp, self.final)
+            _fsync_dir(self.final.parent)
+        except FileExistsError:
+            self.abort()
+            raise StorageError(f"{self.final} already exists") from None
+        except OSError as exc:
+            self.abort()
+            raise StorageError(f"committing {self.final} failed: {exc.strerror}") from exc
+        self._done = True
+
+    def abort(self) -> None:
+        if self._done:
+            return
+        self._done = True
+        if not self._f.closed:
+            self._f.close()
+        self.tmp.unlink(missing_ok=True)
+
+
+class LocalStore(Store):
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root)
+        self.url = self.root.resolve().as_uri()
+
+    def _path(self, name: str) -> Path:
+        parts = name.split("/")
+        if not name or any(p in ("", ".", "..") or p.startswith(TMP_PREFIX) for p in parts):
+            raise StorageError(f"invalid object name {name!r}")
+        return self.root.joinpath(*parts)
+
+    def writer(self, name: str) -> ObjectWriter:
+        return _LocalWriter(self._path(name))
+
+    def put_atomic(self, name: str, data: bytes, *, if_absent: bool = False) -> None:
+        w = _LocalWriter(self._path(name))
+        w.write(data)
+        w.commit(exclusive=if_absent)
+
+    def get(self, name: str) -> bytes:
+        try:
+            return self._path(name).read_bytes()
+        except OSError as exc:
+            raise StorageError(f"cannot read {self._path(name)}: {exc.strerror}") from exc
+
+    def source(self, name: str) -> ByteSource:
+        return FileSource(self._path(name))
+
+    def list(self, prefix: str = "") -> list[str]:
+        if not self.root.is_dir():
+            return []
+        out = []
+        for dirpath, _dirs, files in os.walk(self.root):
+            rel = Path(dirpath).relative_to(self.root)
+            for f in files:
+                if f.startswith(TMP_PREFIX):
+                    continue
+                name = (rel / f).as_posix().removeprefix("./")
+                if name.startswith(prefix):
+                    out.append(name)
+        return sorted(out)
+
+    def delete(self, name: str) -> None:
+        self._path(name).unlink(missing_ok=True)
+
+    def exists(self, name: str) -> bool:
+        return self._path(name).is_file()
+
+    def sweep(self, older_than_s: float = 3600.0) -> int:
+        """Remove temporary files left by writers that died more than ``older_than_s`` ago."""
+        removed = 0
+        cutoff = time.time() - older_than_s
+        for dirpath, _dirs, files in os.walk(self.root):
+            for f in files:
+                p = Path(dirpath) / f
+                if f.startswith(TMP_PREFIX) and p.stat().st_mtime < cutoff:
+                    p.unlink(missing_ok=True)
+                    removed += 1
+        return removed

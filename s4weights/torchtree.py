@@ -1,0 +1,296 @@
+"""Torch objects <-> the s4format object tree (``spec/objects.md``, "Typed values").
+
+Saving walks the caller's object and replaces each tensor by a stored tensor: a plain CPU tensor
+that owns its whole storage becomes a bare tensor reference; anything else (views, tensors
+sharing storage, non-contiguous or CUDA tensors, Parameters) becomes an ``s4.view`` of its
+storage, so storage shared on save is shared again on load. Known torch and numpy values map to
+registered typed names. Everything else is refused with its key path, unless the caller
+registered a converter for its type with :func:`register_type` — loading only ever runs such
+registered converters, never code named by the file.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from s4format import dtypes
+from s4format.errors import FormatError, UnsupportedObjectError
+from s4format.objtree import TensorRef, Typed
+from s4format.tensor import Tensor
+
+VIEW = "s4.view"
+ATTRS = "s4.attrs"
+
+
+@dataclass(frozen=True)
+class _Converter:
+    cls: type
+    encode: Callable[[Any], Any]
+    decode: Callable[[Any], Any]
+
+
+_CONVERTERS: dict[str, _Converter] = {}
+
+
+def register_type(name: str, cls: type, encode: Callable[[Any], Any],
+                  decode: Callable[[Any], Any]) -> None:
+    """Opt in to storing instances of ``cls``: ``encode(obj)`` returns a storable value (which
+    may hold tensors), ``decode(value)`` rebuilds the object on load. Stored under the typed
+    name ``name``, which must not start with ``torch.``, ``numpy.`` or ``s4.``."""
+    if name.split(".")[0] in ("torch", "numpy", "s4"):
+        raise ValueError(f"typed name {name!r} is reserved")
+    _CONVERTERS[name] = _Converter(cls, encode, decode)
+
+
+def torch_dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def raw_bytes(t: torch.Tensor) -> np.ndarray:
+    """The tensor's elements in C order as a uint8 numpy array (copied off the GPU if needed)."""
+    flat = t.detach().reshape(-1)
+    if flat.device.type != "cpu":
+        flat = flat.cpu()
+    if not flat.is_contiguous():
+        flat = flat.contiguous()
+    if flat.numel() == 0:
+        return np.zeros(0, dtype=np.uint8)
+    return flat.view(torch.uint8).numpy()
+
+
+def _storage_bytes(t: torch.Tensor) -> np.ndarray:
+    storage = t.untyped_storage()
+    if storage.device.type != "cpu":
+        storage = storage.cpu()
+    return torch.empty(0, dtype=torch.uint8).set_(storage).numpy()
+
+
+@dataclass
+class Flattened:
+    """What :func:`flatten` produced: the tree and the tensors to store, in order."""
+    tree: Any
+    tensors: list[tuple[str, Tensor]]
+
+
+class _Flattener:
+    def __init__(self) -> None:
+        self.tensors: list[tuple[str, Tensor]] = []
+        self.storages: dict[tuple[str, int], TensorRef] = {}
+        self.owners: dict[tuple[str, int], int] = {}
+
+    def count_owners(self, obj: Any) -> None:
+        # First pass: how many tensors point at each storage, so that only an unshared storage
+        # is stored as a plain tensor.
+        if isinstance(obj, torch.Tensor):
+            key = _storage_key(obj)
+            self.owners[key] = self.owners.get(key, 0) + 1
+        elif isinstance(obj, (list, tuple)):
+            for x in obj:
+                self.count_owners(x)
+        elif isinstance(obj, dict):
+            for x in obj.values():
+                self.count_owners(x)
+
+    def add(self, path: str, tensor: Tensor) -> TensorRef:
+        self.tensors.append((path or "<root>", tensor))
+        return TensorRef(len(self.tensors) - 1)
+
+    def tensor(self, t: torch.Tensor, path: str) -> Any:
+        name = torch_dtype_name(t.dtype)
+        if name not in dtypes.BY_NAME or t.is_sparse or t.is_quantized or t.is_nested:
+            raise UnsupportedObjectError(f"tensor at {path or '<root>'} has unsupported "
+                                         f"dtype/layout {t.dtype}/{t.layout}")
+        dt = dtypes.BY_NAME[name]
+        key = _storage_key(t)
+        storage_nbytes = t.untyped_storage().nbytes()
+        plain = (t.device.type == "cpu" and type(t) is torch.Tensor and not t.requires_grad
+                 and self.owners.get(key, 1) == 1 and t.storage_offset() == 0
+                 and t.is_contiguous() and t.numel() * dt.itemsize == storage_nbytes)
+        if plain:
+            return self.add(path, Tensor(dt, tuple(t.shape), raw_bytes(t)))
+        ref = self.storages.get(key)
+        if ref is None:
+            data = _storage_bytes(t)
+            ref = self.add(path, Tensor(dtypes.BY_NAME["uint8"], (data.size,), data))
+            self.storages[key] = ref
+        return Typed(VIEW, {
+            "storage": ref, "dtype": name, "offset": t.storage_offset(),
+            "shape": tuple(t.shape), "stride": tuple(t.stride()), "device": str(t.device),
+            "requires_grad": bool(t.requires_grad),
+            "parameter": isinstance(t, torch.nn.Parameter)})
+
+    def walk(self, obj: Any, path: str) -> Any:
+        t = type(obj)
+        if isinstance(obj, torch.Tensor):
+            return self.tensor(obj, path)
+        if obj is None or t in (bool, int, float, str, bytes):
+            return obj
+        if t is torch.Size:
+            return Typed("torch.Size", tuple(obj))
+        if t is torch.dtype:
+            return Typed("torch.dtype", torch_dtype_name(obj))
+        if t is torch.device:
+            return Typed("torch.device", str(obj))
+        if isinstance(obj, np.ndarray) and t is np.ndarray:
+            return Typed("numpy.ndarray", self.add(path, Tensor.from_numpy(obj)))
+        if isinstance(obj, np.generic):
+            return Typed("numpy.scalar", self.add(path, Tensor.from_numpy(np.asarray(obj))))
+        if t is list or t is tuple:
+            return t(self.walk(x, _join(path, i)) for i, x in enumerate(obj))
+        if t is dict or t is OrderedDict:
+            out = t((k, self.walk(v, _join(path, k))) for k, v in obj.items())
+            attrs = getattr(obj, "__dict__", None)
+            if attrs:
+                return Typed(ATTRS, (out, {k: self.walk(v, _join(path, k))
+                                           for k, v in attrs.items()}))
+            return out
+        for name, conv in _CONVERTERS.items():
+            if t is conv.cls:
+                return Typed(name, self.walk(conv.encode(obj), path))
+        raise UnsupportedObjectError(
+            f"cannot save object of type {t.__module__}.{t.__qualname__} at "
+            f"{path or '<root>'}: s4weights stores tensors, numpy arrays, dicts, lists, tuples, "
+            "str, int, float, bool, None, bytes, torch.Size/dtype/device; register a converter "
+            "with s4weights.register_type to store other types")
+
+
+def _storage_key(t: torch.Tensor) -> tuple[str, int]:
+    return (str(t.device), t.untyped_storage().data_ptr())
+
+
+def _join(path: str, key: Any) -> str:
+    return f"{path}.{key}" if path else str(key)
+
+
+def flatten(obj: Any) -> Flattened:
+    f = _Flattener()
+    f.count_owners(obj)
+    return Flattened(f.walk(obj, ""), f.tensors)
+
+
+MapLocation = Any
+
+
+def _target_device(saved: str, map_location: MapLocation) -> torch.device:
+    if map_location is None:
+        return torch.device(saved)
+    if callable(map_location) and not isinstance(map_location, (str, torch.device, dict)):
+        # torch.load's convention: called with (storage, location); we hand a CPU tensor
+        # and the saved location string; a returned tensor's device is used.
+        result = map_location(torch.empty(0), saved)
+        if isinstance(result, torch.Tensor):
+            return result.device
+        return torch.device(saved) if result is None else torch.device(result)
+    if isinstance(map_location, dict):
+        return torch.device(map_location.get(saved, saved))
+    return torch.device(map_location)
+
+
+class Unflattener:
+    """Rebuilds torch objects from a decoded tree; ``tensor(i)`` yields stored tensor ``i``."""
+
+    def __init__(self, tensor: Callable[[int], Tensor], map_location: MapLocation = None,
+                 strict: bool = True) -> None:
+        self._tensor = tensor
+        self._map_location = map_location
+        self._strict = strict
+        self._storages: dict[tuple[int, str], torch.UntypedStorage] = {}
+        self._plain: dict[int, torch.Tensor] = {}
+
+    def _stored(self, i: int) -> torch.Tensor:
+        t = self._tensor(i)
+        dt = getattr(torch, t.dtype.name, None)
+        if not isinstance(dt, torch.dtype):
+            raise UnsupportedObjectError(f"this torch has no dtype {t.dtype.name}")
+        data = torch.from_numpy(t.data) if t.data.size else torch.empty(0, dtype=torch.uint8)
+        return data.view(dt).reshape(t.shape)
+
+    def plain(self, ref: TensorRef) -> torch.Tensor:
+        if ref.index not in self._plain:
+            dev = _target_device("cpu", self._map_location)
+            self._plain[ref.index] = self._stored(ref.index).to(dev)
+        return self._plain[ref.index]
+
+    def view(self, v: dict[str, Any]) -> torch.Tensor:
+        try:
+            ref, dname, offset = v["storage"], v["dtype"], v["offset"]
+            shape, stride = tuple(v["shape"]), tuple(v["stride"])
+            device = _target_device(v["device"], self._map_location)
+        except (KeyError, TypeError, RuntimeError) as exc:
+            raise FormatError(f"malformed {VIEW} value: {exc}") from None
+        dt = getattr(torch, dname, None) if isinstance(dname, str) else None
+        if not isinstance(ref, TensorRef) or not isinstance(dt, torch.dtype):
+            raise FormatError(f"malformed {VIEW} value (storage {ref!r}, dtype {dname!r})")
+        key = (ref.index, str(device))
+        if key not in self._storages:
+            self._storages[key] = self._stored(ref.index).reshape(-1).untyped_storage() \
+                .to(device=device) if device.type != "cpu" else \
+                self._stored(ref.index).untyped_storage()
+        storage = self._storages[key]
+        itemsize = torch.empty(0, dtype=dt).element_size()
+        _check_view(offset, shape, stride, itemsize, storage.nbytes())
+        out = torch.empty(0, dtype=dt, device=device).set_(storage, offset, shape, stride)
+        if v.get("parameter"):
+            return torch.nn.Parameter(out, requires_grad=bool(v.get("requires_grad")))
+        if v.get("requires_grad"):
+            out.requires_grad_(True)
+        return out
+
+    def walk(self, obj: Any) -> Any:
+        t = type(obj)
+        if t is TensorRef:
+            return self.plain(obj)
+        if t is list or t is tuple:
+            return t(self.walk(x) for x in obj)
+        if t is dict or t is OrderedDict:
+            return t((k, self.walk(v)) for k, v in obj.items())
+        if t is Typed:
+            return self.typed(obj)
+        return obj
+
+    def typed(self, obj: Typed) -> Any:
+        name, value = obj.name, obj.value
+        if name == VIEW and isinstance(value, dict):
+            return self.view(value)
+        if name == "torch.Size" and isinstance(value, tuple):
+            return torch.Size(value)
+        if name == "torch.dtype" and isinstance(getattr(torch, str(value), None), torch.dtype):
+            return getattr(torch, value)
+        if name == "torch.device" and isinstance(value, str):
+            return torch.device(value)
+        if name in ("numpy.ndarray", "numpy.scalar") and isinstance(value, TensorRef):
+            arr = self._tensor(value.index).to_numpy()
+            return arr.copy() if name == "numpy.ndarray" else arr[()]
+        if name == ATTRS and isinstance(value, tuple) and len(value) == 2:
+            inner, attrs = self.walk(value[0]), self.walk(value[1])
+            if isinstance(inner, OrderedDict) and isinstance(attrs, dict):
+                for k, v in attrs.items():
+                    setattr(inner, k, v)
+                return inner
+        conv = _CONVERTERS.get(name)
+        if conv is not None:
+            return conv.decode(self.walk(value))
+        if self._strict:
+            raise UnsupportedObjectError(f"stored object of type {name!r} is not known here: "
+                                         "register it with s4weights.register_type, or load "
+                                         "with strict=False to get it as an opaque Typed value")
+        return Typed(name, self.walk(value))
+
+
+def _check_view(offset: Any, shape: tuple, stride: tuple, itemsize: int, nbytes: int) -> None:
+    ints = all(type(x) is int for x in (offset, *shape, *stride))
+    if not ints or len(shape) != len(stride) or offset < 0 or any(s < 0 for s in shape) \
+            or any(s < 0 for s in stride):
+        raise FormatError(f"{VIEW}: bad geometry offset={offset} shape={shape} stride={stride}")
+    if any(s == 0 for s in shape):
+        return
+    last = offset + sum((n - 1) * s for n, s in zip(shape, stride))
+    if (last + 1) * itemsize > nbytes:
+        raise FormatError(f"{VIEW}: view reaches element {last}, beyond its storage of "
+                          f"{nbytes} bytes")
