@@ -237,7 +237,7 @@ def dumps(tree: Any, **kwargs: Any) -> bytes:
 def _attach(obj: Any, w: Writer, path: str, seen: dict[int, objtree.TensorRef]) -> Any:
     if isinstance(obj, (Tensor, np.ndarray)):
         if id(obj) not in seen:
-            seen[id(obj)] = w.add(path or "<root>", obj)
+            seen[id(obj)] = w.add(_unique_name(path or "<root>", w), obj)
         return seen[id(obj)]
     t = type(obj)
     if t is list or t is tuple:
@@ -248,3 +248,13 @@ def _attach(obj: Any, w: Writer, path: str, seen: dict[int, objtree.TensorRef]) 
     if t is objtree.Typed:
         return objtree.Typed(obj.name, _attach(obj.value, w, path, seen))
     return obj
+
+
+def _unique_name(name: str, w: Writer) -> str:
+    # Key paths can collide ("a.b" as one key and as a nested path, 1 and "1") while tensor
+    # names must be unique: a later tensor on a taken path gets a "#n" suffix.
+    candidate, n = name, 1
+    while candidate in w._names:
+        n += 1
+        candidate = f"{name}#{n}"
+    return candidate
