@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from s4format import codecs, dtypes, layouts
 from s4format.dtypes import DType
-from s4format.errors import FormatError, LimitError, UnsupportedFeatureError
+from s4format.errors import FormatError, LimitError, S4Error, UnsupportedFeatureError
 from s4format.layouts import Layout
 from s4format.schema import HEADER_SIZE, TRANSFORM_NONE, TRANSFORM_XOR
 
@@ -60,7 +60,7 @@ def tensor_info(rec, where: str, data_end: int, alignment: int) -> TensorInfo:
     """Check one parsed tensor record against the spec's rules and the file's data section."""
     if rec.flags:
         raise UnsupportedFeatureError(f"{where}: reserved tensor flags {rec.flags:#x} are set")
-    dtype = dtypes.by_code(rec.dtype)
+    dtype = _located(where, dtypes.by_code, rec.dtype)
     if rec.ndim > MAX_NDIM:
         raise LimitError(f"{where}: {rec.ndim} dimensions, the limit is {MAX_NDIM}")
     shape = tuple(int(s) for s in rec.shape)
@@ -72,8 +72,8 @@ def tensor_info(rec, where: str, data_end: int, alignment: int) -> TensorInfo:
                           f"{dtype.name}{list(shape)}")
     if rec.transform not in (TRANSFORM_NONE, TRANSFORM_XOR):
         raise UnsupportedFeatureError(f"{where}: unknown transform {rec.transform}")
-    layout = layouts.by_id(rec.layout)
-    words = layout.check_applies(rec.raw_nbytes, dtype.itemsize)
+    layout = _located(where, layouts.by_id, rec.layout)
+    words = _located(where, lambda n: layout.check_applies(n, dtype.itemsize), rec.raw_nbytes)
     fields = layout.planes(dtype.itemsize)
     if len(rec.planes) != len(fields):
         raise FormatError(f"{where}: layout {layout.name} has {len(fields)} planes, "
@@ -88,7 +88,7 @@ def tensor_info(rec, where: str, data_end: int, alignment: int) -> TensorInfo:
         want = rec.raw_nbytes if layout is layouts.RAW else words
         if p.decoded_len != want:
             raise FormatError(f"{at}: decoded length {p.decoded_len}, layout needs {want}")
-        codec = codecs.get(p.codec)
+        codec = _located(at, codecs.get, p.codec)
         if p.decoded_len > codec.max_decoded_len(p.stored_len):
             raise LimitError(f"{at}: declares {p.decoded_len} decoded bytes from {p.stored_len} "
                              f"stored, beyond what codec {codec.name} can produce")
@@ -103,6 +103,14 @@ def tensor_info(rec, where: str, data_end: int, alignment: int) -> TensorInfo:
                       bytes(rec.content_hash),
                       bytes(rec.parent_hash) if rec.parent_hash is not None else None,
                       tuple(planes))
+
+
+def _located(where: str, lookup, key: int):
+    """``lookup(key)``, with its error saying which file, tensor and plane named the key."""
+    try:
+        return lookup(key)
+    except S4Error as exc:
+        raise type(exc)(f"{where}: {exc}") from None
 
 
 def check_no_overlap(tensors: list[TensorInfo]) -> None:
