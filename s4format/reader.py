@@ -181,12 +181,19 @@ class Reader:
         except KeyError:
             raise KeyError(f"{self.name} has no tensor named {name!r}") from None
 
-    def read_plane(self, t: TensorInfo, plane_no: int) -> np.ndarray:
+    def read_stored(self, t: TensorInfo, plane_no: int) -> np.ndarray:
+        """A plane's stored bytes, checksum verified (codecs only ever see verified bytes)."""
         p = t.planes[plane_no]
         stored = self.source.read_at(p.offset, p.stored_len)
         if hashing.plane_checksum(stored) != p.checksum:
             raise ChecksumError(f"{self.name}: tensor {t.name!r} plane {p.label}: checksum of "
                                 f"the {p.stored_len} stored bytes at offset {p.offset} mismatch")
+        return stored
+
+    def read_plane(self, t: TensorInfo, plane_no: int) -> np.ndarray:
+        """A plane's decoded bytes."""
+        p = t.planes[plane_no]
+        stored = self.read_stored(t, plane_no)
         out = codecs.get(p.codec).decode(stored, p.decoded_len, p.params)
         if out.shape != (p.decoded_len,):
             raise FormatError(f"{self.name}: tensor {t.name!r} plane {p.label} decoded to "

@@ -11,6 +11,7 @@ delta against the parent's bytes only when that codes smaller.
 from __future__ import annotations
 
 import io
+import math
 import os
 from dataclasses import dataclass
 from typing import Any, BinaryIO
@@ -18,6 +19,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from s4format import hashing, layouts, objtree, policy
+from s4format.dtypes import DType
 from s4format.errors import FormatError, StorageError
 from s4format.layouts import Layout
 from s4format.policy import check_policy as policy_check
@@ -55,15 +57,50 @@ class WriteResult:
     full_stored_nbytes: int
 
 
-@dataclass
-class _Coded:
+@dataclass(frozen=True)
+class CodedPlane:
+    """One plane ready to write. ``checksum`` may come from whoever coded it (the GPU path);
+    the writer computes it when it is None."""
+    kind: int
+    index: int
+    codec: int
+    decoded_len: int
+    payload: np.ndarray | bytes
+    params: bytes = b""
+    checksum: int | None = None
+
+    @property
+    def stored_len(self) -> int:
+        return len(self.payload) if isinstance(self.payload, bytes) else self.payload.nbytes
+
+
+@dataclass(frozen=True)
+class CodedTensor:
     layout: Layout
-    planes: list[tuple[int, int, int, int, np.ndarray | bytes, bytes]]  # kind, index, codec,
-    # decoded_len, payload, params
+    planes: tuple[CodedPlane, ...]
 
     @property
     def stored(self) -> int:
-        return sum(len(p[4]) if isinstance(p[4], bytes) else p[4].nbytes for p in self.planes)
+        return sum(p.stored_len for p in self.planes)
+
+
+def code_tensor(raw: np.ndarray, dtype: DType, policy_name: str = "auto") -> CodedTensor:
+    """The CPU coder: split ``raw`` by the dtype's preferred layout and code each plane; one
+    coded raw plane instead when splitting would store more than the raw bytes."""
+    layout = layouts.preferred(dtype.name, dtype.itemsize)
+    if raw.size >= SPLIT_MIN and raw.size % layout.word_size(dtype.itemsize) == 0 \
+            and layout is not layouts.RAW:
+        fields = layout.planes(dtype.itemsize)
+        planes = []
+        for f, plane in zip(fields, layout.split(raw, dtype.itemsize)):
+            cid, enc = policy.encode_plane(plane, f.kind, policy_name)
+            planes.append(CodedPlane(f.kind, f.index, cid, plane.size, enc.payload, enc.params))
+        coded = CodedTensor(layout, tuple(planes))
+        if coded.stored <= raw.size:
+            return coded
+    cid, enc = policy.encode_plane(raw, layouts.KIND_RAW, policy_name)
+    return CodedTensor(layouts.RAW, (CodedPlane(layouts.KIND_RAW, 0, cid, raw.size, enc.payload,
+                                                enc.params),))
 
 
 class Writer:
@@ -118,54 +155,55 @@ class Writer:
         if name in self._names:
             raise FormatError(f"tensor name {name!r} is used twice")
         t = tensor if isinstance(tensor, Tensor) else Tensor.from_numpy(tensor)
-        raw = t.data
-        coded = self._code(raw, t)
-        self._full_total += coded.stored
-        transform, parent_hash = TRANSFORM_NONE, None
+        coded = code_tensor(t.data, t.dtype, self.policy)
+        full = coded.stored
+        parent_hash = None
         if parent is not None:
             if self._parent_id is None:
                 raise ValueError("a parent tensor needs the writer's parent_id")
             p = parent if isinstance(parent, Tensor) else Tensor.from_numpy(parent)
             if p.nbytes != t.nbytes:
                 raise ValueError(f"parent of {name!r} has {p.nbytes} bytes, tensor {t.nbytes}")
-            delta = self._code(np.bitwise_xor(raw, p.data), t)
+            delta = code_tensor(np.bitwise_xor(t.data, p.data), t.dtype, self.policy)
             if delta.stored < coded.stored:
-                coded, transform, parent_hash = delta, TRANSFORM_XOR, hashing.content_hash(p.data)
-                self._deltas += 1
+                coded, parent_hash = delta, hashing.content_hash(p.data)
+        return self.add_coded(name, t.dtype, t.shape, coded, hashing.content_hash(t.data),
+                              parent_hash=parent_hash, full_stored=full)
+
+    def add_coded(self, name: str, dtype: DType, shape: tuple[int, ...], coded: CodedTensor,
+                  content_hash: bytes, *, parent_hash: bytes | None = None,
+                  full_stored: int | None = None) -> objtree.TensorRef:
+        """Write a tensor someone else coded (the GPU path). ``parent_hash`` marks it as an XOR
+        delta against the parent tensor with that content hash; ``full_stored`` is what it
+        would have stored coded alone (for the delta statistics)."""
+        if self._closed:
+            raise ValueError("writer is closed")
+        if name in self._names:
+            raise FormatError(f"tensor name {name!r} is used twice")
+        if parent_hash is not None and self._parent_id is None:
+            raise ValueError("a delta tensor needs the writer's parent_id")
         planes = []
-        for kind, index, cid, decoded_len, payload, params in coded.planes:
+        for p in coded.planes:
             self._pad()
             offset = self._pos
-            buf = payload if isinstance(payload, bytes) else np.ascontiguousarray(payload)
+            buf = p.payload if isinstance(p.payload, bytes) else np.ascontiguousarray(p.payload)
             self._write(buf)
-            planes.append(dict(kind=kind, index=index, codec=cid, params=params, offset=offset,
-                               stored_len=len(buf) if isinstance(buf, bytes) else buf.nbytes,
-                               decoded_len=decoded_len, checksum=hashing.plane_checksum(buf)))
+            checksum = hashing.plane_checksum(buf) if p.checksum is None else p.checksum
+            planes.append(dict(kind=p.kind, index=p.index, codec=p.codec, params=p.params,
+                               offset=offset, stored_len=p.stored_len,
+                               decoded_len=p.decoded_len, checksum=checksum))
+        raw_nbytes = math.prod(shape) * dtype.itemsize
         self._records.append(dict(
-            name=name, dtype=t.dtype.code, layout=coded.layout.layout_id, transform=transform,
-            flags=0, ndim=len(t.shape), shape=list(t.shape), raw_nbytes=t.nbytes,
-            content_hash=hashing.content_hash(raw), parent_hash=parent_hash, planes=planes))
+            name=name, dtype=dtype.code, layout=coded.layout.layout_id,
+            transform=TRANSFORM_NONE if parent_hash is None else TRANSFORM_XOR, flags=0,
+            ndim=len(shape), shape=list(shape), raw_nbytes=raw_nbytes,
+            content_hash=content_hash, parent_hash=parent_hash, planes=planes))
         self._names.add(name)
-        self._raw_total += t.nbytes
+        self._raw_total += raw_nbytes
         self._stored_total += coded.stored
+        self._full_total += coded.stored if full_stored is None else full_stored
+        self._deltas += parent_hash is not None
         return objtree.TensorRef(len(self._records) - 1)
-
-    def _code(self, raw: np.ndarray, t: Tensor) -> _Coded:
-        layout = layouts.preferred(t.dtype.name, t.dtype.itemsize)
-        if raw.size >= SPLIT_MIN and raw.size % layout.word_size(t.dtype.itemsize) == 0 \
-                and layout is not layouts.RAW:
-            fields = layout.planes(t.dtype.itemsize)
-            parts = layout.split(raw, t.dtype.itemsize)
-            planes = []
-            for f, plane in zip(fields, parts):
-                cid, enc = policy.encode_plane(plane, f.kind, self.policy)
-                planes.append((f.kind, f.index, cid, plane.size, enc.payload, enc.params))
-            coded = _Coded(layout, planes)
-            if coded.stored <= raw.size:
-                return coded
-        cid, enc = policy.encode_plane(raw, layouts.KIND_RAW, self.policy)
-        return _Coded(layouts.RAW, [(layouts.KIND_RAW, 0, cid, raw.size, enc.payload,
-                                     enc.params)])
 
     def set_tree(self, tree: Any) -> None:
         self._tree = tree
