@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from s4format.errors import S4Error
 from s4format.reader import Reader
+from s4format.records import TensorInfo
 from s4format.schema import HEADER_SIZE
 
 
@@ -29,22 +30,28 @@ def verify(reader: Reader) -> list[Problem]:
     """Decode every tensor and check the padding; returns the problems found (empty: valid)."""
     problems: list[Problem] = []
     for i, t in enumerate(reader.tensors):
-        for k, p in enumerate(t.planes):
-            try:
-                reader.read_plane(t, k)
-            except S4Error as exc:
-                problems.append(Problem(t.name, p.label, str(exc)))
-        if any(pr.tensor == t.name for pr in problems):
-            continue
         if t.is_delta and reader.parent is None:
-            problems.append(Problem(t.name, None, f"{reader.name}: tensor {t.name!r} is a delta "
-                                    "and was not checked: give its parent (--parent)"))
+            problems.extend(_check_planes(reader, t) or [Problem(
+                t.name, None, f"{reader.name}: tensor {t.name!r} is a delta and was not "
+                "checked: give its parent (--parent)")])
             continue
         try:
             reader.read_raw(i)
         except S4Error as exc:
-            problems.append(Problem(t.name, None, str(exc)))
+            # Decode plane by plane only for a tensor that failed, to name the damaged plane:
+            # a valid file is decoded once.
+            problems.extend(_check_planes(reader, t) or [Problem(t.name, None, str(exc))])
     problems.extend(_check_gaps(reader))
+    return problems
+
+
+def _check_planes(reader: Reader, t: TensorInfo) -> list[Problem]:
+    problems = []
+    for k, p in enumerate(t.planes):
+        try:
+            reader.read_plane(t, k)
+        except S4Error as exc:
+            problems.append(Problem(t.name, p.label, str(exc)))
     return problems
 
 

@@ -1,0 +1,82 @@
+"""verify(): every plane, content hash and padding byte; problems named by tensor and plane."""
+
+from __future__ import annotations
+
+import pytest
+
+import s4format
+from s4format import Reader
+from s4format.verify import Problem
+from tests.format import craft
+from tests.format.common import small_file
+
+BLOB = small_file()
+
+
+def test_valid_file_has_no_problems_and_decodes_each_plane_once(monkeypatch) -> None:
+    calls = []
+    real = Reader.read_plane
+
+    def counting(self, t, k):
+        calls.append((t.name, k))
+        return real(self, t, k)
+    monkeypatch.setattr(Reader, "read_plane", counting)
+    with Reader(BLOB) as r:
+        assert s4format.verify(r) == []
+        planes = [(t.name, k) for t in r.tensors for k in range(len(t.planes))]
+    assert calls == planes
+
+
+def test_damaged_planes_of_several_tensors_are_all_listed() -> None:
+    parts = craft.parse(BLOB)
+    blob = bytearray(BLOB)
+    for t, k in ((0, 0), (3, 0), (3, 2)):
+        p = parts.tensors[t]["planes"][k]
+        blob[p["offset"] + p["stored_len"] - 1] ^= 0x80
+    with Reader(bytes(blob)) as r:
+        problems = s4format.verify(r)
+    assert [(p.tensor, p.plane) for p in problems] == \
+        [("model.w", "raw"), ("emb", "sign"), ("emb", "mantissa0")]
+    assert all("checksum of the" in p.message for p in problems)
+
+
+def test_unaccounted_bytes_between_planes() -> None:
+    # Move the data section's last plane 128 bytes later: a hole no alignment padding explains.
+    parts = craft.parse(BLOB)
+    exponent, last = parts.tensors[3]["planes"][1:]
+    at = last["offset"] - 32
+    parts.data = parts.data[:at] + bytes(128) + parts.data[at:]
+    last["offset"] += 128
+    hole_start = exponent["offset"] + exponent["stored_len"]
+    with Reader(craft.build(parts)) as r:
+        assert r.read("emb").data.tobytes() == Reader(BLOB).read("emb").data.tobytes()
+        problems = s4format.verify(r)
+    assert [str(p) for p in problems] == \
+        [f"{last['offset'] - hole_start} unaccounted bytes at offset {hole_start} (more than "
+         "alignment padding)"]
+
+
+def test_delta_without_parent_is_reported_not_checked() -> None:
+    parent = Reader(BLOB)
+    child = craft.parse(BLOB)
+    w = child.tensors[0]
+    w["transform"], w["parent_hash"] = 1, w["content_hash"]
+    child.index["parent_id"] = parent.checkpoint_id
+    with Reader(craft.build(child)) as r:
+        problems = s4format.verify(r)
+    assert problems == [Problem("model.w", None, "<buffer>: tensor 'model.w' is a delta and was "
+                                                 "not checked: give its parent (--parent)")]
+
+
+def test_problem_prints_as_its_message() -> None:
+    assert str(Problem("t", "raw", "bad")) == "bad"
+
+
+@pytest.mark.parametrize("align_log2", [0, 12])
+def test_files_of_any_alignment_verify_clean(align_log2: int, tmp_path) -> None:
+    path = tmp_path / "a.s4w"
+    with s4format.Writer(path, align_log2=align_log2) as w:
+        w.add("a", Reader(BLOB).read("emb"))
+        w.add("b", Reader(BLOB).read("model.mask"))
+    with Reader(path) as r:
+        assert s4format.verify(r) == []
