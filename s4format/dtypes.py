@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from s4format.errors import FormatError
+from s4format.errors import FormatError, UnsupportedFeatureError
 
 
 @dataclass(frozen=True)
@@ -64,7 +64,8 @@ def by_code(code: int) -> DType:
     try:
         return BY_CODE[code]
     except KeyError:
-        raise FormatError(f"unknown dtype code {code}; v1 defines 1..{max(BY_CODE)}") from None
+        raise UnsupportedFeatureError(
+            f"unknown dtype code {code}; this reader knows 1..{max(BY_CODE)}") from None
 
 
 def by_name(name: str) -> DType:

@@ -99,14 +99,17 @@ def _encode(obj: Any, out: bytearray, path: str, depth: int) -> None:
             "tensors are stored")
 
 
+def _is_key(key: Any) -> bool:
+    """Dict keys: None, bool, int, float, str, bytes, tensor references and tuples of these."""
+    if key is None or type(key) in (str, int, float, bool, bytes, TensorRef):
+        return True
+    return type(key) is tuple and all(_is_key(k) for k in key)
+
+
 def _check_key(key: Any, path: str) -> None:
-    if type(key) in (str, int, float, bool, bytes, TensorRef) or key is None:
-        return
-    if type(key) is tuple:
-        for k in key:
-            _check_key(k, path)
-        return
-    raise UnsupportedObjectError(f"dict key of type {type(key).__name__} at {path} is not stored")
+    if not _is_key(key):
+        raise UnsupportedObjectError(
+            f"dict key of type {type(key).__name__} at {path} is not stored")
 
 
 class _Decoder:
@@ -168,6 +171,9 @@ class _Decoder:
             result: dict = {} if tag == T_DICT else OrderedDict()
             for _ in range(self.count(2)):
                 key = self.node(depth + 1)
+                if not _is_key(key):
+                    raise FormatError(f"dict key of type {type(key).__name__} at tree offset "
+                                      f"{at} is not allowed")
                 try:
                     if key in result:
                         raise FormatError(f"duplicate dict key {key!r} at tree offset {at}")

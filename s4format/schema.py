@@ -2,7 +2,7 @@
 
 construct describes only the headers and tables; plane payloads are read by offset into numpy
 buffers. Parsing here checks shape only (lengths, counts, constants); the semantic rules
-(offsets, overlaps, sizes, IDs) live in :mod:`s4format.validate`.
+(offsets, overlaps, sizes, IDs) live in :mod:`s4format.records` and :mod:`s4format.reader`.
 """
 
 from __future__ import annotations

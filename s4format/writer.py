@@ -20,10 +20,11 @@ import numpy as np
 
 from s4format import hashing, layouts, objtree, policy
 from s4format.dtypes import DType
-from s4format.errors import FormatError, StorageError
+from s4format.errors import FormatError, LimitError, StorageError
 from s4format.layouts import Layout
 from s4format.policy import check_policy as policy_check
-from s4format.reader import checkpoint_id
+from s4format.reader import MAX_INDEX_SIZE, checkpoint_id
+from s4format.records import MAX_NDIM, MAX_RAW_NBYTES
 from s4format.schema import (
     MAGIC,
     MAJOR,
@@ -41,6 +42,7 @@ DEFAULT_ALIGN_LOG2 = 6
 # Tensors smaller than this are stored as one plane: per-plane padding and records would cost
 # more than splitting can save.
 SPLIT_MIN = 4096
+MAX_NAME_BYTES = 0xFFFF
 
 
 @dataclass(frozen=True)
@@ -182,6 +184,7 @@ class Writer:
             raise FormatError(f"tensor name {name!r} is used twice")
         if parent_hash is not None and self._parent_id is None:
             raise ValueError("a delta tensor needs the writer's parent_id")
+        _check_limits(name, shape, dtype, coded)
         planes = []
         for p in coded.planes:
             self._pad()
@@ -217,11 +220,15 @@ class Writer:
         if self._closed:
             raise ValueError("writer is closed")
         tree = objtree.encode(self._tree)
+        if len(tree) > MAX_INDEX_SIZE:
+            raise LimitError(f"object tree of {len(tree)} bytes exceeds the index limit")
         # A file in which no tensor chose the delta depends on nothing: it is a base.
         parent_id = self._parent_id if self._deltas else None
         index = Index.build(dict(
             tensors=self._records, parent_id=parent_id or NO_PARENT, tree=tree,
             metadata=objtree.encode(self._metadata), extensions=[]))
+        if len(index) > MAX_INDEX_SIZE:
+            raise LimitError(f"index of {len(index)} bytes exceeds {MAX_INDEX_SIZE}")
         index_offset = self._pos
         self._write(index)
         self._write(_sealed(Footer, dict(index_offset=index_offset, index_length=len(index),
@@ -248,6 +255,23 @@ class Writer:
             self.close()
         else:
             self.abort()
+
+
+def _check_limits(name: str, shape: tuple[int, ...], dtype: DType, coded: CodedTensor) -> None:
+    """Refuse what a reader would refuse (spec/validation.md), before writing a byte of it."""
+    raw_nbytes = math.prod(shape) * dtype.itemsize
+    if len(name.encode("utf-8")) > MAX_NAME_BYTES:
+        raise LimitError(f"tensor name of {len(name.encode())} bytes exceeds {MAX_NAME_BYTES}")
+    if len(shape) > MAX_NDIM or raw_nbytes > MAX_RAW_NBYTES or any(s < 0 for s in shape):
+        raise LimitError(f"tensor {name!r}: shape {list(shape)} is beyond the format's limits")
+    if coded.stored > raw_nbytes and coded.layout is not layouts.RAW:
+        raise LimitError(f"tensor {name!r}: coded planes store {coded.stored} bytes, more than "
+                         f"its {raw_nbytes} raw bytes; store it with the raw layout")
+    coded.layout.check_applies(raw_nbytes, dtype.itemsize)
+    want = len(coded.layout.planes(dtype.itemsize))
+    if len(coded.planes) != want:
+        raise FormatError(f"tensor {name!r}: layout {coded.layout.name} needs {want} planes, "
+                          f"got {len(coded.planes)}")
 
 
 def _sealed(struct_, fields: dict[str, Any]) -> bytes:

@@ -18,6 +18,7 @@ from s4format.errors import CodecError
 _MAX_EXPANSION = (128 * 1024) // 4
 _FRAME_SLACK = 18
 _SAMPLES, _SAMPLE = 8, 64 * 1024
+_FRAME_MAGIC = b"\x28\xb5\x2f\xfd"
 
 
 class ZstdCodec(Codec):
@@ -37,6 +38,8 @@ class ZstdCodec(Codec):
         if len(params) > 1:
             raise CodecError(f"zstd parameters are at most 1 byte, got {len(params)}")
         buf = payload.tobytes() if isinstance(payload, np.ndarray) else bytes(payload)
+        if buf[:4] != _FRAME_MAGIC:
+            raise CodecError("zstd plane does not start with a Zstandard frame")
         try:
             declared = zstandard.frame_content_size(buf)
         except zstandard.ZstdError as exc:
@@ -44,10 +47,17 @@ class ZstdCodec(Codec):
         if declared != decoded_len:
             raise CodecError(f"zstd frame declares {declared} content bytes, plane declares "
                              f"{decoded_len} (-1 means the frame omits its size)")
+        # decompressobj, not decompress: it reports bytes after the frame, which the spec
+        # forbids. The frame's declared size (checked above) bounds what it allocates.
+        dec = zstandard.ZstdDecompressor().decompressobj()
         try:
-            out = zstandard.ZstdDecompressor().decompress(buf, max_output_size=decoded_len)
+            out = dec.decompress(buf)
         except zstandard.ZstdError as exc:
             raise CodecError(f"zstd stream is corrupt: {exc}") from None
+        if not dec.eof:
+            raise CodecError("zstd frame is truncated")
+        if dec.unused_data:
+            raise CodecError(f"{len(dec.unused_data)} bytes follow the zstd frame")
         if len(out) != decoded_len:
             raise CodecError(f"zstd produced {len(out)} bytes, expected {decoded_len}")
         return np.frombuffer(out, dtype=np.uint8)
