@@ -229,9 +229,10 @@ class Unflattener:
             raise FormatError(f"malformed {VIEW} value (storage {ref!r}, dtype {dname!r})")
         key = (ref.index, str(device))
         if key not in self._storages:
-            self._storages[key] = self._stored(ref.index).reshape(-1).untyped_storage() \
-                .to(device=device) if device.type != "cpu" else \
-                self._stored(ref.index).untyped_storage()
+            # Tensor.to, not UntypedStorage.to: the latter fails for devices without a
+            # storage module (e.g. "meta").
+            self._storages[key] = self._stored(ref.index).reshape(-1).to(device) \
+                .untyped_storage()
         storage = self._storages[key]
         itemsize = torch.empty(0, dtype=dt).element_size()
         _check_view(offset, shape, stride, itemsize, storage.nbytes())
