@@ -47,6 +47,7 @@ class BufferSource:
 class FileSource:
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.name = str(path)
+        self._fd = -1  # so close() from __del__ works when the open below fails
         try:
             self._fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
         except OSError as exc:
