@@ -88,6 +88,8 @@ class _Flattener:
         # First pass: how many tensors point at each storage, so that only an unshared storage
         # is stored as a plain tensor.
         if isinstance(obj, torch.Tensor):
+            if obj.layout != torch.strided:
+                return  # refused by tensor(), with its path; has no storage to count
             key = _storage_key(obj)
             self.owners[key] = self.owners.get(key, 0) + 1
         elif isinstance(obj, (list, tuple)):
@@ -103,7 +105,8 @@ class _Flattener:
 
     def tensor(self, t: torch.Tensor, path: str) -> Any:
         name = torch_dtype_name(t.dtype)
-        if name not in dtypes.BY_NAME or t.is_sparse or t.is_quantized or t.is_nested:
+        if name not in dtypes.BY_NAME or t.layout != torch.strided or t.is_quantized \
+                or t.is_nested:
             raise UnsupportedObjectError(f"tensor at {path or '<root>'} has unsupported "
                                          f"dtype/layout {t.dtype}/{t.layout}")
         dt = dtypes.BY_NAME[name]
