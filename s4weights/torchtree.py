@@ -141,9 +141,9 @@ class _Flattener:
         if t is torch.device:
             return Typed("torch.device", str(obj))
         if isinstance(obj, np.ndarray) and t is np.ndarray:
-            return Typed("numpy.ndarray", self.add(path, Tensor.from_numpy(obj)))
+            return Typed("numpy.ndarray", self.add(path, _from_numpy(obj, path)))
         if isinstance(obj, np.generic):
-            return Typed("numpy.scalar", self.add(path, Tensor.from_numpy(np.asarray(obj))))
+            return Typed("numpy.scalar", self.add(path, _from_numpy(np.asarray(obj), path)))
         if t is list or t is tuple:
             return t(self.walk(x, _join(path, i)) for i, x in enumerate(obj))
         if t is dict or t is OrderedDict:
@@ -161,6 +161,15 @@ class _Flattener:
             f"{path or '<root>'}: s4weights stores tensors, numpy arrays, dicts, lists, tuples, "
             "str, int, float, bool, None, bytes, torch.Size/dtype/device; register a converter "
             "with s4weights.register_type to store other types")
+
+
+def _from_numpy(arr: np.ndarray, path: str) -> Tensor:
+    try:
+        return Tensor.from_numpy(arr)
+    except FormatError:
+        raise UnsupportedObjectError(f"cannot save numpy array of dtype {arr.dtype} at "
+                                     f"{path or '<root>'}: numpy arrays of bool, int, uint, "
+                                     "float and complex dtypes are stored") from None
 
 
 def _storage_key(t: torch.Tensor) -> tuple[str, int]:
