@@ -81,6 +81,7 @@ class Flattened:
 class _Flattener:
     def __init__(self) -> None:
         self.tensors: list[tuple[str, Tensor]] = []
+        self.names: set[str] = set()
         self.storages: dict[tuple[str, int], TensorRef] = {}
         self.owners: dict[tuple[str, int], int] = {}
 
@@ -100,7 +101,14 @@ class _Flattener:
                 self.count_owners(x)
 
     def add(self, path: str, tensor: Tensor) -> TensorRef:
-        self.tensors.append((path or "<root>", tensor))
+        # Key paths can collide ("a.b" as one key and as a nested path, 1 and "1") while
+        # tensor names must be unique: a later tensor on a taken path gets a "#n" suffix.
+        name, n = path or "<root>", 1
+        while name in self.names:
+            n += 1
+            name = f"{path or '<root>'}#{n}"
+        self.names.add(name)
+        self.tensors.append((name, tensor))
         return TensorRef(len(self.tensors) - 1)
 
     def tensor(self, t: torch.Tensor, path: str) -> Any:
