@@ -30,6 +30,7 @@ ATTRS = "s4.attrs"
 
 @dataclass(frozen=True)
 class _Converter:
+    name: str
     cls: type
     encode: Callable[[Any], Any]
     decode: Callable[[Any], Any]
@@ -45,7 +46,11 @@ def register_type(name: str, cls: type, encode: Callable[[Any], Any],
     name ``name``, which must not start with ``torch.``, ``numpy.`` or ``s4.``."""
     if name.split(".")[0] in ("torch", "numpy", "s4"):
         raise ValueError(f"typed name {name!r} is reserved")
-    _CONVERTERS[name] = _Converter(cls, encode, decode)
+    _CONVERTERS[name] = _Converter(name, cls, encode, decode)
+
+
+def _converter_of(cls: type) -> _Converter | None:
+    return next((c for c in _CONVERTERS.values() if c.cls is cls), None)
 
 
 def torch_dtype_name(dtype: torch.dtype) -> str:
@@ -82,6 +87,7 @@ class _Flattener:
     def __init__(self) -> None:
         self.tensors: list[tuple[str, Tensor]] = []
         self.names: set[str] = set()
+        self.encoded: dict[int, tuple[Any, Any]] = {}
         self.storages: dict[tuple[str, int], TensorRef] = {}
         self.owners: dict[tuple[str, int], int] = {}
 
@@ -99,6 +105,17 @@ class _Flattener:
         elif isinstance(obj, dict):
             for x in obj.values():
                 self.count_owners(x)
+        else:
+            conv = _converter_of(type(obj))
+            if conv is not None:
+                self.count_owners(self.encode(obj, conv))
+
+    def encode(self, obj: Any, conv: _Converter) -> Any:
+        # Once per object: count_owners must see the tensors a converter returns, and walk must
+        # store those same tensors. The object is kept so its id stays unique.
+        if id(obj) not in self.encoded:
+            self.encoded[id(obj)] = (obj, conv.encode(obj))
+        return self.encoded[id(obj)][1]
 
     def add(self, path: str, tensor: Tensor) -> TensorRef:
         # Key paths can collide ("a.b" as one key and as a nested path, 1 and "1") while
@@ -161,9 +178,9 @@ class _Flattener:
                 return Typed(ATTRS, (out, {k: self.walk(v, _join(path, k))
                                            for k, v in attrs.items()}))
             return out
-        for name, conv in _CONVERTERS.items():
-            if t is conv.cls:
-                return Typed(name, self.walk(conv.encode(obj), path))
+        conv = _converter_of(t)
+        if conv is not None:
+            return Typed(conv.name, self.walk(self.encode(obj, conv), path))
         raise UnsupportedObjectError(
             f"cannot save object of type {t.__module__}.{t.__qualname__} at "
             f"{path or '<root>'}: s4weights stores tensors, numpy arrays, dicts, lists, tuples, "
