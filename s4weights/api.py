@@ -20,6 +20,7 @@ import s4format
 from s4format.source import BufferSource, ByteSource
 from s4format.writer import Writer, WriteResult
 from s4weights import progress
+from s4weights.store.base import Store
 from s4weights.store.local import LocalStore
 from s4weights.torchtree import Flattened, Unflattener, flatten
 
@@ -57,17 +58,17 @@ def save(obj: Any, f: FileLike, *, policy: str = "auto", metadata: dict[str, str
          progress: bool | None = None) -> WriteResult:
     """Save ``obj`` (a state dict, optimizer state, any tree of tensors and plain values).
 
-    ``f`` is a path (written atomically: a failed save leaves any previous file intact) or a
-    binary file object open for writing. ``policy`` is the codec choice, ``"auto"`` (smallest)
-    or ``"seed"``. Raises :class:`s4format.UnsupportedObjectError` naming the key path of any
-    object that cannot be stored.
+    ``f`` is a path or ``s3://bucket/key`` URL (written atomically: a failed save leaves any
+    previous file intact) or a binary file object open for writing. ``policy`` is the codec
+    choice, ``"auto"`` (smallest) or ``"seed"``. Raises
+    :class:`s4format.UnsupportedObjectError` naming the key path of any object that cannot be
+    stored.
     """
     t0 = time.perf_counter()
     flat = flatten(obj)
     if isinstance(f, (str, os.PathLike)):
-        path = Path(f)
-        store = LocalStore(path.parent)
-        with store.writer(path.name) as sink:
+        store, name = _store_and_name(f)
+        with store.writer(name) as sink:
             result = write_flattened(flat, sink, policy=policy, metadata=metadata, show=progress)
     else:
         result = write_flattened(flat, f, policy=policy, metadata=metadata, show=progress)
@@ -76,7 +77,19 @@ def save(obj: Any, f: FileLike, *, policy: str = "auto", metadata: dict[str, str
     return result
 
 
+def _store_and_name(f: str | os.PathLike[str]) -> tuple[Store, str]:
+    """The store holding the file ``f`` (a path or an ``s3://bucket/key`` URL) and its name."""
+    if isinstance(f, str) and f.startswith("s3://"):
+        from s4weights.store.s3 import open_object
+        return open_object(f)
+    path = Path(f)
+    return LocalStore(path.parent), path.name
+
+
 def _source(f: FileLike | bytes | ByteSource) -> ByteSource | str | os.PathLike[str]:
+    if isinstance(f, str) and f.startswith("s3://"):
+        store, name = _store_and_name(f)
+        return store.source(name)
     if isinstance(f, (str, os.PathLike, ByteSource)):
         return f
     if isinstance(f, (bytes, bytearray, memoryview)):

@@ -1,0 +1,522 @@
+"""S3 (and S3-compatible servers) as a store: ``s3://bucket/prefix``.
+
+Writes stream: an object writer buffers one part, uploads full parts on a small thread pool
+(at most ``max_concurrency`` in flight, so memory stays near ``part_size * (max_concurrency + 1)``)
+and completes the multipart upload only after every part succeeded; any failure, or ``abort()``,
+aborts the upload so no parts are left behind. An object smaller than one part at commit is sent
+with a single PutObject. ``put_atomic(if_absent=True)`` is a conditional PutObject
+(``If-None-Match: *``), which AWS S3 and SeaweedFS (>= 4.x, checked by the tests) enforce
+atomically. Reads are ranged GETs, split across threads when large, pinned to the ETag seen at
+open so a concurrently replaced object fails loudly instead of mixing two versions.
+
+Retries happen at two levels, both bounded by ``max_attempts``: botocore's ``standard`` (or
+``adaptive``) mode for throttling and 5xx answers, and our own loop with jittered exponential
+backoff around part uploads, ranged GETs and commits for what botocore cannot replay — a
+connection that resets while a response body streams in. Every request names ``self.bucket``;
+object names are validated, so no byte goes anywhere else. Errors surface as
+:class:`~s4format.errors.StorageError` naming ``s3://bucket/key``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from typing import Any, TypeVar
+from urllib.parse import urlparse
+
+import numpy as np
+
+from s4format.errors import StorageError, TruncatedError
+from s4weights.store.base import ObjectWriter, Store
+
+log = logging.getLogger("s4weights")
+
+MiB = 1 << 20
+MIN_PART_SIZE = 5 * MiB  # S3's minimum for every part but the last
+MAX_PARTS = 10_000
+TAIL_CACHE = 1 * MiB  # footer + index: fetched once per source
+READ_CHUNK = 8 * MiB  # reads larger than this are split across threads
+
+# Error codes worth another attempt; anything else (403, 404, 412, ...) is final.
+_RETRY_CODES = frozenset({
+    "SlowDown", "Throttling", "ThrottlingException", "RequestTimeout", "RequestTimeTooSkewed",
+    "InternalError", "ServiceUnavailable", "503", "500", "502", "504", "BadDigest",
+    "IncompleteBody", "XAmzContentSHA256Mismatch"})
+
+T = TypeVar("T")
+
+
+def _botocore() -> Any:
+    try:
+        import boto3
+        import botocore.exceptions
+    except ImportError as exc:  # pragma: no cover - exercised only without the extra
+        raise StorageError("s3:// URLs need boto3: pip install 's4weights[s3]'") from exc
+    return boto3, botocore
+
+
+def _error_code(exc: BaseException) -> str:
+    response = getattr(exc, "response", None) or {}
+    code = str(response.get("Error", {}).get("Code", ""))
+    return code or str(response.get("ResponseMetadata", {}).get("HTTPStatusCode", ""))
+
+
+def _transient(exc: BaseException) -> bool:
+    _, botocore = _botocore()
+    e = botocore.exceptions
+    if isinstance(exc, e.ClientError):
+        return _error_code(exc) in _RETRY_CODES
+    # Connection resets, timeouts and bodies cut short (urllib3 errors arrive wrapped in these
+    # or as OSError subclasses).
+    import urllib3.exceptions
+    return isinstance(exc, (e.ConnectionError, e.ResponseStreamingError, e.IncompleteReadError,
+                            e.HTTPClientError, urllib3.exceptions.HTTPError, OSError))
+
+
+def _describe(exc: BaseException) -> str:
+    code = _error_code(exc)
+    if code:
+        msg = getattr(exc, "response", {}).get("Error", {}).get("Message", "")
+        return f"{code}: {msg}" if msg else code
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _parse_url(url: str) -> tuple[str, str]:
+    parsed = urlparse(url)
+    if parsed.scheme != "s3" or not parsed.netloc:
+        raise ValueError(f"not an s3://bucket/prefix URL: {url!r}")
+    if parsed.query or parsed.fragment:
+        raise ValueError(f"s3 URL {url!r} may not carry a query or fragment")
+    return parsed.netloc, parsed.path.strip("/")
+
+
+class S3Store(Store):
+    """Objects under ``s3://bucket/prefix``. ``client`` is a ready boto3 S3 client; otherwise
+    one is built from ``session``/``profile``, ``endpoint_url`` and ``region`` on top of the
+    standard AWS configuration (environment credentials, ``~/.aws``, ``AWS_ENDPOINT_URL``,
+    ``AWS_CA_BUNDLE``)."""
+
+    def __init__(self, bucket: str, prefix: str = "", *, client: Any = None,
+                 session: Any = None, profile: str | None = None,
+                 endpoint_url: str | None = None, region: str | None = None,
+                 sse: str | None = None, sse_kms_key_id: str | None = None,
+                 part_size: int = 8 * MiB, max_concurrency: int = 4, max_attempts: int = 5,
+                 retry_mode: str = "standard") -> None:
+        if sse not in (None, "AES256", "aws:kms"):
+            raise ValueError(f"sse must be None, 'AES256' or 'aws:kms', not {sse!r}")
+        if sse_kms_key_id and sse != "aws:kms":
+            raise ValueError("sse_kms_key_id needs sse='aws:kms'")
+        if part_size < MIN_PART_SIZE:
+            raise ValueError(f"part_size must be at least {MIN_PART_SIZE} bytes (S3's minimum)")
+        if max_concurrency < 1 or max_attempts < 1:
+            raise ValueError("max_concurrency and max_attempts must be >= 1")
+        self.bucket = bucket
+        self.prefix = prefix.strip("/")
+        self.url = f"s3://{bucket}/{self.prefix}".rstrip("/")
+        self.part_size = part_size
+        self.max_concurrency = max_concurrency
+        self.max_attempts = max_attempts
+        self._sse: dict[str, str] = {}
+        if sse:
+            self._sse["ServerSideEncryption"] = sse
+        if sse_kms_key_id:
+            self._sse["SSEKMSKeyId"] = sse_kms_key_id
+        self.client = client if client is not None else self._make_client(
+            session, profile, endpoint_url, region, retry_mode)
+        self._pool: ThreadPoolExecutor | None = None
+        self._pool_lock = threading.Lock()
+
+    @classmethod
+    def from_url(cls, url: str, **kwargs: Any) -> S3Store:
+        """``s3://bucket`` or ``s3://bucket/prefix``; keyword arguments as for the class."""
+        bucket, prefix = _parse_url(url)
+        return cls(bucket, prefix, **kwargs)
+
+    def _make_client(self, session: Any, profile: str | None, endpoint_url: str | None,
+                     region: str | None, retry_mode: str) -> Any:
+        boto3, botocore = _botocore()
+        from botocore.config import Config
+        try:
+            session = session or boto3.session.Session(profile_name=profile)
+            config = Config(retries={"mode": retry_mode, "total_max_attempts": self.max_attempts},
+                            max_pool_connections=max(10, 2 * self.max_concurrency + 2))
+            return session.client("s3", endpoint_url=endpoint_url, region_name=region,
+                                  config=config)
+        except botocore.exceptions.BotoCoreError as exc:
+            raise StorageError(f"{self.url}: cannot configure the S3 client: {exc}") from exc
+
+    # -- plumbing -------------------------------------------------------------------------
+
+    def key(self, name: str) -> str:
+        parts = name.split("/")
+        if not name or any(p in ("", ".", "..") for p in parts):
+            raise StorageError(f"invalid object name {name!r}")
+        return f"{self.prefix}/{name}" if self.prefix else name
+
+    def _where(self, key: str) -> str:
+        return f"s3://{self.bucket}/{key}"
+
+    def pool(self) -> ThreadPoolExecutor:
+        with self._pool_lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self.max_concurrency,
+                                                thread_name_prefix="s4w-s3-read")
+            return self._pool
+
+    def call(self, what: str, key: str, fn: Callable[[], T]) -> T:
+        """Run ``fn`` with bounded, jittered exponential backoff on transient failures;
+        anything else (or the last failure) becomes a StorageError naming the object."""
+        _, botocore = _botocore()
+        import urllib3.exceptions
+        attempts = self.max_attempts
+        for attempt in range(1, attempts + 1):
+            try:
+                return fn()
+            except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError,
+                    urllib3.exceptions.HTTPError, OSError) as exc:
+                if isinstance(exc, botocore.exceptions.NoCredentialsError):
+                    raise StorageError(f"{what} {self._where(key)}: no AWS credentials found "
+                                       "(set AWS_PROFILE or AWS_ACCESS_KEY_ID/"
+                                       "AWS_SECRET_ACCESS_KEY)") from exc
+                if attempt == attempts or not _transient(exc):
+                    raise StorageError(f"{what} {self._where(key)} failed after {attempt} "
+                                       f"attempt(s): {_describe(exc)}") from exc
+                delay = min(2.0, 0.05 * 2 ** (attempt - 1)) * (0.5 + random.random())
+                log.debug("%s %s: %s; retrying in %.2f s", what, self._where(key),
+                          _describe(exc), delay)
+                time.sleep(delay)
+        raise AssertionError("unreachable")
+
+    def _is_code(self, exc: BaseException, *codes: str) -> bool:
+        cause = exc.__cause__ if isinstance(exc, StorageError) else exc
+        return cause is not None and _error_code(cause) in codes
+
+    # -- Store ----------------------------------------------------------------------------
+
+    def writer(self, name: str) -> ObjectWriter:
+        return _S3Writer(self, self.key(name))
+
+    def put_atomic(self, name: str, data: bytes, *, if_absent: bool = False) -> None:
+        key = self.key(name)
+        cond = {"IfNoneMatch": "*"} if if_absent else {}
+        try:
+            self.call("put", key, lambda: self.client.put_object(
+                Bucket=self.bucket, Key=key, Body=data, **cond, **self._sse))
+        except StorageError as exc:
+            if not self._is_code(exc, "PreconditionFailed", "412"):
+                raise
+            # A retried conditional put whose first attempt landed (the answer was lost) meets
+            # its own object; that is success. Anything else there is a real conflict.
+            if self._get_or_none(key) != data:
+                raise StorageError(f"{self._where(key)} already exists") from None
+
+    def _get_or_none(self, key: str) -> bytes | None:
+        try:
+            return self._get(key)
+        except StorageError as exc:
+            if self._is_code(exc, "NoSuchKey", "404"):
+                return None
+            raise
+
+    def _get(self, key: str) -> bytes:
+        return self.call("get", key, lambda: self.client.get_object(
+            Bucket=self.bucket, Key=key)["Body"].read())
+
+    def get(self, name: str) -> bytes:
+        key = self.key(name)
+        data = self._get_or_none(key)
+        if data is None:
+            raise StorageError(f"{self._where(key)} does not exist")
+        return data
+
+    def source(self, name: str) -> S3Source:
+        return S3Source(self, self.key(name))
+
+    def list(self, prefix: str = "") -> list[str]:
+        base = f"{self.prefix}/" if self.prefix else ""
+
+        def pages() -> list[str]:
+            keys = []
+            paginator = self.client.get_paginator("list_objects_v2")
+            for page in paginator.paginate(Bucket=self.bucket, Prefix=base + prefix):
+                keys.extend(o["Key"] for o in page.get("Contents", ()))
+            return keys
+
+        keys = self.call("list", base + prefix, pages)
+        return sorted(k[len(base):] for k in keys if not k.endswith("/"))
+
+    def delete(self, name: str) -> None:
+        key = self.key(name)
+        self.call("delete", key, lambda: self.client.delete_object(Bucket=self.bucket, Key=key))
+
+    def exists(self, name: str) -> bool:
+        key = self.key(name)
+        try:
+            self.call("head", key, lambda: self.client.head_object(Bucket=self.bucket, Key=key))
+        except StorageError as exc:
+            if self._is_code(exc, "NoSuchKey", "404", "NotFound"):
+                return False
+            raise
+        return True
+
+    def pending_uploads(self) -> list[dict[str, Any]]:
+        """Multipart uploads under the prefix that were neither completed nor aborted."""
+        base = f"{self.prefix}/" if self.prefix else ""
+
+        def pages() -> list[dict[str, Any]]:
+            out = []
+            paginator = self.client.get_paginator("list_multipart_uploads")
+            for page in paginator.paginate(Bucket=self.bucket, Prefix=base):
+                out.extend(page.get("Uploads", ()))
+            return out
+
+        return self.call("list uploads", base, pages)
+
+    def sweep(self, older_than_s: float = 3600.0) -> int:
+        """Abort multipart uploads under the prefix started more than ``older_than_s`` ago
+        (left by processes that died mid-save); returns how many were aborted."""
+        cutoff = time.time() - older_than_s
+        stale = [u for u in self.pending_uploads() if u["Initiated"].timestamp() < cutoff]
+        for u in stale:
+            self.call("abort upload", u["Key"], lambda u=u: self.client.abort_multipart_upload(
+                Bucket=self.bucket, Key=u["Key"], UploadId=u["UploadId"]))
+        return len(stale)
+
+
+class _S3Writer(ObjectWriter):
+    """Streams one object; see the module docstring for the memory bound and failure rules."""
+
+    def __init__(self, store: S3Store, key: str) -> None:
+        self.store = store
+        self.key = key
+        self._buf = bytearray(store.part_size)
+        self._fill = 0
+        self._upload_id: str | None = None
+        self._inflight: dict[Future[dict[str, Any]], int] = {}
+        self._parts: list[dict[str, Any]] = []
+        self._pool: ThreadPoolExecutor | None = None
+        self._done = False
+        self.parts_uploaded = 0
+
+    def _part_size(self, number: int) -> int:
+        # Parts grow x2 every 1000 so 10,000 parts reach ~1000x part_size * 1000 bytes.
+        return self.store.part_size << ((number - 1) // 1000)
+
+    def write(self, data: bytes | memoryview) -> int:
+        if self._done:
+            raise StorageError(f"{self.store._where(self.key)}: write after commit/abort")
+        mv = memoryview(data).cast("B")
+        pos, n = 0, len(mv)
+        try:
+            while pos < n:
+                take = min(len(self._buf) - self._fill, n - pos)
+                self._buf[self._fill:self._fill + take] = mv[pos:pos + take]
+                self._fill += take
+                pos += take
+                if self._fill == len(self._buf):
+                    self._send_part()
+        except BaseException:
+            self.abort()
+            raise
+        return n
+
+    def _send_part(self, *, last: bool = False) -> None:
+        if self._upload_id is None:
+            self._upload_id = self.store.call(
+                "start upload", self.key, lambda: self.store.client.create_multipart_upload(
+                    Bucket=self.store.bucket, Key=self.key, ChecksumAlgorithm="CRC32",
+                    **self.store._sse)["UploadId"])
+            self._pool = ThreadPoolExecutor(self.store.max_concurrency,
+                                            thread_name_prefix="s4w-s3-part")
+        assert self._pool is not None
+        # Bounded queue: wait for a slot before handing the buffer over, so at most
+        # max_concurrency parts plus the one being filled are held.
+        while len(self._inflight) >= self.store.max_concurrency:
+            self._reap(wait(self._inflight, return_when=FIRST_COMPLETED).done)
+        number = len(self._parts) + len(self._inflight) + 1
+        if number > MAX_PARTS:
+            raise StorageError(f"{self.store._where(self.key)}: more than {MAX_PARTS} parts")
+        if last:
+            body, self._buf = self._buf[:self._fill], bytearray()
+        else:
+            body, self._buf = self._buf, bytearray(self._part_size(number + 1))
+        self._fill = 0
+        self._inflight[self._pool.submit(self._upload_part, number, body)] = number
+
+    def _upload_part(self, number: int, body: bytearray) -> dict[str, Any]:
+        s = self.store
+        r = s.call(f"upload part {number} of", self.key, lambda: s.client.upload_part(
+            Bucket=s.bucket, Key=self.key, UploadId=self._upload_id, PartNumber=number,
+            Body=body, ChecksumAlgorithm="CRC32"))
+        return {"PartNumber": number, "ETag": r["ETag"], "ChecksumCRC32": r["ChecksumCRC32"]}
+
+    def _reap(self, done: set[Future[dict[str, Any]]]) -> None:
+        for f in done:
+            del self._inflight[f]
+            self._parts.append(f.result())  # raises the part's StorageError
+            self.parts_uploaded += 1
+
+    def commit(self) -> None:
+        if self._done:
+            return
+        s = self.store
+        try:
+            if self._upload_id is None:
+                body = bytes(self._buf[:self._fill])
+                s.call("put", self.key, lambda: s.client.put_object(
+                    Bucket=s.bucket, Key=self.key, Body=body, **s._sse))
+            else:
+                if self._fill:
+                    self._send_part(last=True)
+                self._reap(wait(self._inflight).done)
+                self._complete()
+        except BaseException:
+            self.abort()
+            raise
+        self._done = True
+        self._shutdown()
+
+    def _complete(self) -> None:
+        s = self.store
+        parts = sorted(self._parts, key=lambda p: p["PartNumber"])
+        try:
+            s.call("complete upload", self.key, lambda: s.client.complete_multipart_upload(
+                Bucket=s.bucket, Key=self.key, UploadId=self._upload_id,
+                MultipartUpload={"Parts": parts}))
+        except StorageError as exc:
+            # A retried complete whose first attempt succeeded finds no upload any more; the
+            # object's multipart ETag (MD5 of the part MD5s, "-N") tells whether it is ours.
+            if not s._is_code(exc, "NoSuchUpload") or self._etag_now() != _multipart_etag(parts):
+                raise
+        self._upload_id = None
+
+    def _etag_now(self) -> str | None:
+        s = self.store
+        try:
+            return s.call("head", self.key, lambda: s.client.head_object(
+                Bucket=s.bucket, Key=self.key))["ETag"]
+        except StorageError:
+            return None
+
+    def abort(self) -> None:
+        if self._done:
+            return
+        self._done = True
+        self._buf = bytearray()
+        s = self.store
+        if self._pool is not None:
+            for f in self._inflight:
+                f.cancel()
+            # Parts still uploading could land after an abort and resurrect storage; wait.
+            wait(self._inflight)
+        self._shutdown()
+        if self._upload_id is not None:
+            try:
+                s.call("abort upload", self.key, lambda: s.client.abort_multipart_upload(
+                    Bucket=s.bucket, Key=self.key, UploadId=self._upload_id))
+            except StorageError as exc:
+                if not s._is_code(exc, "NoSuchUpload"):
+                    log.warning("%s; S3Store.sweep() or a bucket lifecycle rule will remove "
+                                "its parts", exc)
+            self._upload_id = None
+
+    def _shutdown(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+        self._inflight.clear()
+
+
+def _multipart_etag(parts: list[dict[str, Any]]) -> str:
+    digest = hashlib.md5(b"".join(bytes.fromhex(p["ETag"].strip('"')) for p in parts),
+                         usedforsecurity=False)
+    return f'"{digest.hexdigest()}-{len(parts)}"'
+
+
+class S3Source:
+    """A :class:`~s4format.source.ByteSource` over one S3 object, by ranged GETs."""
+
+    def __init__(self, store: S3Store, key: str) -> None:
+        self.store = store
+        self.key = key
+        self.name = store._where(key)
+        head = store.call("head", key, lambda: store.client.head_object(
+            Bucket=store.bucket, Key=key))
+        self._size = int(head["ContentLength"])
+        self._etag = head.get("ETag")
+        self._tail: np.ndarray | None = None
+        self._tail_start = max(0, self._size - TAIL_CACHE)
+        self._tail_lock = threading.Lock()
+        self._count_lock = threading.Lock()
+        self.bytes_fetched = 0
+        self.requests = 0
+
+    def size(self) -> int:
+        return self._size
+
+    def read_at(self, offset: int, length: int) -> np.ndarray:
+        if offset < 0 or length < 0 or offset + length > self._size:
+            raise TruncatedError(f"{self.name}: read of {length} bytes at offset {offset} runs "
+                                 f"past the end ({self._size} bytes)")
+        if length == 0:
+            return np.empty(0, dtype=np.uint8)
+        if offset >= self._tail_start:
+            with self._tail_lock:
+                if self._tail is None:
+                    self._tail = self._fetch(self._tail_start, self._size - self._tail_start)
+            start = offset - self._tail_start
+            return self._tail[start:start + length]
+        if length <= READ_CHUNK:
+            return self._fetch(offset, length)
+        out = np.empty(length, dtype=np.uint8)
+        chunks = [(a, min(READ_CHUNK, length - a)) for a in range(0, length, READ_CHUNK)]
+
+        def one(a: int, n: int) -> None:
+            out[a:a + n] = self._fetch(offset + a, n)
+
+        for f in [self.store.pool().submit(one, a, n) for a, n in chunks]:
+            f.result()
+        return out
+
+    def _fetch(self, offset: int, length: int) -> np.ndarray:
+        s = self.store
+        pin = {"IfMatch": self._etag} if self._etag else {}
+
+        def get() -> bytes:
+            r = s.client.get_object(Bucket=s.bucket, Key=self.key,
+                                    Range=f"bytes={offset}-{offset + length - 1}", **pin)
+            data = r["Body"].read()
+            with self._count_lock:
+                self.bytes_fetched += len(data)
+                self.requests += 1
+            if len(data) != length:
+                raise OSError(f"short body: {len(data)} of {length} bytes")
+            return data
+
+        try:
+            data = s.call(f"read {length} bytes at {offset} of", self.key, get)
+        except StorageError as exc:
+            if s._is_code(exc, "PreconditionFailed", "412"):
+                raise StorageError(f"{self.name} was replaced while it was being read") from exc
+            raise
+        return np.frombuffer(data, dtype=np.uint8)
+
+    def close(self) -> None:
+        pass
+
+
+def open_object(url: str, **kwargs: Any) -> tuple[S3Store, str]:
+    """The store holding ``s3://bucket/dir/name`` and the object's name in it."""
+    bucket, path = _parse_url(url)
+    prefix, _, name = path.rpartition("/")
+    if not name:
+        raise ValueError(f"{url!r} names no object")
+    return S3Store(bucket, prefix, **kwargs), name
+
+
+__all__ = ["S3Source", "S3Store", "open_object"]
