@@ -8,7 +8,7 @@ import sys
 from typing import Any
 
 from s4format import codecs
-from s4format.errors import S4Error
+from s4format.errors import S4Error, StorageError
 from s4format.reader import Reader
 from s4format.verify import verify
 
@@ -68,8 +68,21 @@ def print_inspect(d: dict[str, Any], out=sys.stdout) -> None:
       f"bytes (file/raw {_fmt_ratio(tot['file_ratio'])})\n")
 
 
+def _source(path: str) -> Any:
+    """A local path as is; an ``s3://bucket/key`` URL through s4weights' S3 store (lazily
+    imported: it needs boto3, and s4format itself does not)."""
+    if not path.startswith("s3://"):
+        return path
+    try:
+        from s4weights.store.s3 import open_object
+        store, name = open_object(path)
+    except (ImportError, ValueError) as exc:
+        raise StorageError(f"cannot open {path}: {exc}") from exc
+    return store.source(name)
+
+
 def cmd_inspect(args: argparse.Namespace) -> int:
-    with Reader(args.file, verify=False) as r:
+    with Reader(_source(args.file), verify=False) as r:
         d = describe(r)
     if args.json:
         json.dump(d, sys.stdout, indent=2)
@@ -80,8 +93,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    parent = Reader(args.parent) if args.parent else None
-    with Reader(args.file, parent=parent) as r:
+    parent = Reader(_source(args.parent)) if args.parent else None
+    with Reader(_source(args.file), parent=parent) as r:
         problems = verify(r)
         for p in problems:
             print(p, file=sys.stderr)
@@ -99,7 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="command", required=True)
     p = sub.add_parser("inspect", help="list version, flags, tensors, planes, codecs and ratios",
                        description="Print the structure of a .s4w file without decoding it.")
-    p.add_argument("file", help="path of the .s4w file")
+    p.add_argument("file", help="path or s3://bucket/key URL of the .s4w file")
     p.add_argument("--json", action="store_true", help="machine-readable JSON output")
     p.set_defaults(func=cmd_inspect)
     p = sub.add_parser("verify", help="decode everything and check every checksum and hash",
@@ -107,7 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "hash and padding byte. Exit status 0 when valid, 1 when a "
                                    "problem is found (each named by tensor and plane), 2 when "
                                    "the file cannot be opened at all.")
-    p.add_argument("file", help="path of the .s4w file")
+    p.add_argument("file", help="path or s3://bucket/key URL of the .s4w file")
     p.add_argument("--parent", help="the delta's parent .s4w file (to check delta tensors)")
     p.set_defaults(func=cmd_verify)
     return ap
