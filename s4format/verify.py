@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from s4format import hashing
 from s4format.errors import S4Error
 from s4format.reader import Reader
 from s4format.records import TensorInfo
@@ -36,11 +37,16 @@ def verify(reader: Reader) -> list[Problem]:
                 "checked: give its parent (--parent)")])
             continue
         try:
-            reader.read_raw(i)
+            raw = reader.read_raw(i)
         except S4Error as exc:
             # Decode plane by plane only for a tensor that failed, to name the damaged plane:
             # a valid file is decoded once.
             problems.extend(_check_planes(reader, t) or [Problem(t.name, None, str(exc))])
+            continue
+        # verify always checks content hashes, also on a reader opened with verify=False.
+        if not reader.verify_hashes and hashing.content_hash(raw) != t.content_hash:
+            problems.append(Problem(t.name, None, f"{reader.name}: tensor {t.name!r} content "
+                                    "hash mismatch after decoding: the file is corrupt"))
     problems.extend(_check_gaps(reader))
     return problems
 

@@ -68,6 +68,21 @@ def test_delta_without_parent_is_reported_not_checked() -> None:
                                                  "not checked: give its parent (--parent)")]
 
 
+@pytest.mark.parametrize("check_hashes", [True, False])
+def test_content_hash_is_checked_whatever_the_reader_was_opened_with(check_hashes: bool) -> None:
+    # model.w's raw plane rewritten with a valid plane checksum: only its content hash can tell.
+    parts = craft.parse(BLOB)
+    payload = bytearray(craft.plane_bytes(parts, 0, 0))
+    payload[0] ^= 1
+    craft.set_plane_bytes(parts, 0, 0, bytes(payload))
+    with Reader(craft.build(parts), verify=check_hashes) as r:
+        if not check_hashes:
+            assert r.read("model.w").data.tobytes() == bytes(payload)
+        problems = s4format.verify(r)
+    assert [(p.tensor, p.plane) for p in problems] == [("model.w", None)]
+    assert "<buffer>: tensor 'model.w' content hash mismatch after decoding" in problems[0].message
+
+
 def test_problem_prints_as_its_message() -> None:
     assert str(Problem("t", "raw", "bad")) == "bad"
 
