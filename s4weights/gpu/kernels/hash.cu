@@ -1,0 +1,55 @@
+// XXH3-64 digests of 64 KiB leaves (spec/format.md, "Hashes"): one warp per leaf. Segment s
+// covers bytes [ptr[s], ptr[s] + len[s]) and owns digests [first[s], first[s + 1]); the host
+// hashes the digests into the root (content hash or plane checksum).
+#include "xxh3.cuh"
+
+#define LEAF 65536
+
+// Warp-cooperative XXH3-64 of one input longer than 240 bytes: lanes 8g + i (g = 0..3) sum the
+// contributions of stripes g, g + 4, ... to accumulator i; the sums meet by shuffles before each
+// scramble. Matches xxh3_long exactly (additions inside a block commute).
+__device__ u64 xxh3_long_warp(const u8* in, u64 len, int lane) {
+    const int i = lane & 7, g = lane >> 3;
+    u64 init[8];
+    xxh3_acc_init(init);
+    u64 acc = init[i];
+    const u64 nb = xxh3_full_blocks(len);
+    for (u64 b = 0; b < nb; b++) {
+        const u8* blk = in + b * XXH_BLOCK;
+        u64 sum = 0;
+        for (int s = g; s < XXH_STRIPES_PER_BLOCK; s += 4)
+            sum += xxh3_stripe_lane(blk + s * XXH_STRIPE, 8 * s, i);
+        sum += __shfl_xor_sync(0xFFFFFFFFu, sum, 8);
+        sum += __shfl_xor_sync(0xFFFFFFFFu, sum, 16);
+        acc = xxh3_scramble_lane(acc + sum, i);
+    }
+    const u8* blk = in + nb * XXH_BLOCK;
+    const int ts = xxh3_tail_stripes(len);
+    u64 sum = 0;
+    for (int s = g; s < ts; s += 4) sum += xxh3_stripe_lane(blk + s * XXH_STRIPE, 8 * s, i);
+    sum += __shfl_xor_sync(0xFFFFFFFFu, sum, 8);
+    sum += __shfl_xor_sync(0xFFFFFFFFu, sum, 16);
+    acc += sum + xxh3_stripe_lane(in + len - XXH_STRIPE, XXH_LAST_STRIPE_SOFF, i);
+    u64 all[8];
+    for (int k = 0; k < 8; k++) all[k] = __shfl_sync(0xFFFFFFFFu, acc, k);
+    return xxh3_merge(all, len);
+}
+
+extern "C" __global__ void leaf_digests(int nseg, const u64* ptr, const u64* len,
+                                        const i64* first, u64* out) {
+    const i64 leaf = (blockIdx.x * (i64)blockDim.x + threadIdx.x) >> 5;
+    const int lane = threadIdx.x & 31;
+    if (leaf >= first[nseg]) return;
+    int lo = 0, hi = nseg - 1;  // the segment whose leaves include `leaf`
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) >> 1;
+        if (first[mid] <= leaf) lo = mid; else hi = mid - 1;
+    }
+    const u64 off = (u64)(leaf - first[lo]) * LEAF;
+    const u64 n = len[lo] - off < LEAF ? len[lo] - off : LEAF;
+    const u8* in = (const u8*)ptr[lo] + off;
+    u64 h;
+    if (n > 240) h = xxh3_long_warp(in, n, lane);
+    else h = xxh3_64(in, n);
+    if (lane == 0) out[leaf] = h;
+}
