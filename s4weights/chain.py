@@ -113,10 +113,21 @@ def _chain(step: int, infos: dict[int, CheckpointInfo]) -> list[CheckpointInfo]:
 def _open_chain(store: Store, chain: list[CheckpointInfo], verify: bool) -> s4format.Reader:
     reader = None
     for info in chain:
-        reader = s4format.Reader(store.source(info.file), parent=reader, verify=verify)
-        if reader.checkpoint_id.hex() != info.checkpoint_id:
-            raise ParentMismatchError(f"{info.file} is checkpoint {reader.checkpoint_id.hex()}, "
+        try:
+            source = store.source(info.file)
+        except StorageError as exc:
+            if info is chain[-1]:
+                raise
+            raise ParentMismatchError(
+                f"checkpoint step {chain[-1].step} needs step {info.step} of its chain, whose "
+                f"file cannot be read: {exc}") from exc
+        child = s4format.Reader(source, verify=verify)
+        if child.checkpoint_id.hex() != info.checkpoint_id:
+            raise ParentMismatchError(f"{info.file} is checkpoint {child.checkpoint_id.hex()}, "
                                       f"its manifest says {info.checkpoint_id}")
+        if reader is not None:
+            child.attach_parent(reader)
+        reader = child
     assert reader is not None
     return reader
 
