@@ -37,13 +37,14 @@ class Typed:
     value: Any
 
 
-def encode(obj: Any) -> bytes:
+def encode(obj: Any, tensor_count: int = 1 << 32) -> bytes:
+    """Encode a tree whose tensor references are all below ``tensor_count``."""
     out = bytearray()
-    _encode(obj, out, "<root>", 0)
+    _encode(obj, out, "<root>", 0, tensor_count)
     return bytes(out)
 
 
-def _encode(obj: Any, out: bytearray, path: str, depth: int) -> None:
+def _encode(obj: Any, out: bytearray, path: str, depth: int, refs: int) -> None:
     if depth > MAX_DEPTH:
         raise UnsupportedObjectError(f"object tree deeper than {MAX_DEPTH} at {path}")
     t = type(obj)
@@ -76,22 +77,31 @@ def _encode(obj: Any, out: bytearray, path: str, depth: int) -> None:
         out.append(T_LIST if t is list else T_TUPLE)
         out += struct.pack("<I", len(obj))
         for i, item in enumerate(obj):
-            _encode(item, out, f"{path}[{i}]", depth + 1)
+            _encode(item, out, f"{path}[{i}]", depth + 1, refs)
     elif t is dict or t is OrderedDict:
         out.append(T_DICT if t is dict else T_ODICT)
         out += struct.pack("<I", len(obj))
         for key, value in obj.items():
             _check_key(key, path)
-            _encode(key, out, f"{path}.<key {key!r}>", depth + 1)
-            _encode(value, out, f"{path}[{key!r}]", depth + 1)
+            _encode(key, out, f"{path}.<key {key!r}>", depth + 1, refs)
+            _encode(value, out, f"{path}[{key!r}]", depth + 1, refs)
     elif t is TensorRef:
+        if type(obj.index) is not int or not 0 <= obj.index < refs:
+            raise UnsupportedObjectError(f"tensor reference {obj.index!r} at {path} is out of "
+                                         f"range ({refs} tensors)")
         out.append(T_TENSOR)
         out += struct.pack("<I", obj.index)
     elif t is Typed:
-        name = obj.name.encode("utf-8")
+        try:
+            name = obj.name.encode("utf-8")
+        except (AttributeError, UnicodeEncodeError):
+            raise UnsupportedObjectError(f"typed-value name {obj.name!r} at {path} is not a "
+                                         "valid Unicode str") from None
+        if len(name) > 0xFFFF:
+            raise UnsupportedObjectError(f"typed-value name at {path} is over 65535 bytes")
         out.append(T_TYPED)
         out += struct.pack("<H", len(name)) + name
-        _encode(obj.value, out, f"{path}<{obj.name}>", depth + 1)
+        _encode(obj.value, out, f"{path}<{obj.name}>", depth + 1, refs)
     else:
         raise UnsupportedObjectError(
             f"cannot store object of type {t.__module__}.{t.__qualname__} at {path}: "

@@ -219,7 +219,7 @@ class Writer:
     def close(self) -> WriteResult:
         if self._closed:
             raise ValueError("writer is closed")
-        tree = objtree.encode(self._tree)
+        tree = objtree.encode(self._tree, len(self._records))
         if len(tree) > MAX_INDEX_SIZE:
             raise LimitError(f"object tree of {len(tree)} bytes exceeds the index limit")
         # A file in which no tensor chose the delta depends on nothing: it is a base.
