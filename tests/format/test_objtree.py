@@ -7,7 +7,8 @@ import builtins
 import math
 import pickle
 import struct
-from collections import OrderedDict, defaultdict
+from collections import OrderedDict, defaultdict, namedtuple
+from enum import IntEnum
 
 import numpy as np
 import pytest
@@ -19,6 +20,13 @@ from tests.format import craft
 from tests.format.common import assert_same_tree, small_file
 
 BLOB = small_file()
+
+
+class _Level(IntEnum):
+    HIGH = 1
+
+
+_Pair = namedtuple("_Pair", "a b")
 
 
 @pytest.mark.parametrize(("value", "encoded"), [
@@ -60,6 +68,22 @@ def test_float_bit_patterns_are_kept(bits: int) -> None:
     value = struct.unpack("<d", struct.pack("<Q", bits))[0]
     back = decode(encode(value), 0)
     assert struct.pack("<d", back) == struct.pack("<Q", bits)
+
+
+def test_nan_keys_are_never_duplicates() -> None:
+    nan = struct.pack("<d", math.nan)
+    data = b"\x0a\x02\x00\x00\x00" + (b"\x05" + nan + b"\x00") * 2
+    back = decode(data, 0)
+    assert len(back) == 2 and all(math.isnan(k) for k in back)
+    assert encode(back) == data
+
+
+def test_tensor_references_must_be_below_the_tensor_count() -> None:
+    assert encode([TensorRef(0), TensorRef(2)], 3) == \
+        b"\x08\x02\x00\x00\x00\x0b\x00\x00\x00\x00\x0b\x02\x00\x00\x00"
+    with pytest.raises(UnsupportedObjectError, match=r"tensor reference 3 at <root>\[1\] is out "
+                                                     r"of range \(3 tensors\)"):
+        encode([TensorRef(0), TensorRef(3)], 3)
 
 
 def test_ordered_dict_and_dict_keep_their_type_and_order() -> None:
@@ -121,6 +145,13 @@ def test_reader_refuses_nesting_beyond_the_limit(depth: int) -> None:
     (b"\x0a\x01\x00\x00\x00\x09\x01\x00\x00\x00\x0a\x00\x00\x00\x00\x00",
      "dict key of type tuple at tree offset 0 is not allowed"),
     (b"\x0b\x04\x00\x00\x00", "tensor reference 4 at tree offset 0 is out of range (4 tensors)"),
+    # Keys are equal as Python values: True == 1 == 1.0, 0 == -0.0.
+    (b"\x0a\x02\x00\x00\x00\x02\x00\x03" + struct.pack("<q", 1) + b"\x00",
+     "duplicate dict key 1 at tree offset 0"),
+    (b"\x0a\x02\x00\x00\x00\x05" + struct.pack("<d", 0.0) + b"\x00\x05"
+     + struct.pack("<d", -0.0) + b"\x00", "duplicate dict key -0.0"),
+    (b"\x0d\x02\x00\x00\x00\x09\x01\x00\x00\x00\x02\x00\x09\x01\x00\x00\x00\x05"
+     + struct.pack("<d", 1.0) + b"\x00", r"duplicate dict key (1.0,)"),
 ])
 def test_malformed_trees(data: bytes, message: str) -> None:
     with pytest.raises(FormatError, match=message.replace("(", r"\(").replace(")", r"\)")):
@@ -135,6 +166,17 @@ def test_malformed_trees(data: bytes, message: str) -> None:
     ({frozenset(): 1}, "dict key of type frozenset at <root>"),
     ({(1, (2, frozenset())): 1}, "dict key of type tuple at <root> is not stored"),
     ("\ud800", "string at <root> is not valid Unicode"),
+    (_Level.HIGH, "type tests.format.test_objtree._Level at <root>"),
+    (_Pair(1, 2), "type tests.format.test_objtree._Pair at <root>"),
+    ([1j], "type builtins.complex"),
+    ({"f": len}, "builtin_function_or_method"),
+    ({"m": math}, "type builtins.module"),
+    ({"c": int}, "type builtins.type"),
+    ({"r": TensorRef(-1)}, r"tensor reference -1 at <root>\['r'\] is out of range"),
+    ({"r": TensorRef(2**32)}, "tensor reference 4294967296 at"),
+    (Typed("\ud800", 1), r"typed-value name '\\ud800' at <root> is not a valid Unicode str"),
+    (Typed(b"torch.Size", 1), "typed-value name b'torch.Size' at <root> is not a valid"),
+    ([Typed("x" * 65536, 1)], r"typed-value name at <root>\[0\] is over 65535 bytes"),
 ])
 def test_unstorable_objects_are_refused_with_their_path(value, message: str) -> None:
     with pytest.raises(UnsupportedObjectError, match=message):

@@ -107,6 +107,27 @@ def test_metadata_must_map_str_to_str() -> None:
         w.set_metadata({"epoch": 3})
 
 
+def test_tree_referring_to_a_tensor_that_was_not_added_is_refused() -> None:
+    with pytest.raises(s4format.UnsupportedObjectError,
+                       match=r"tensor reference 5 at <root>\['x'\] is out of range \(0 tensors\)"):
+        s4format.dumps({"x": s4format.TensorRef(5)})
+    w = Writer(io.BytesIO())
+    w.set_tree([w.add("a", np.zeros(2, "<f4")), s4format.TensorRef(1)])
+    with pytest.raises(s4format.UnsupportedObjectError,
+                       match=r"reference 1 at <root>\[1\] is out of range \(1 tensors\)"):
+        w.close()
+    w.abort()
+
+
+def test_empty_tensor_name() -> None:
+    buf = io.BytesIO()
+    with Writer(buf) as w:
+        w.set_tree(w.add("", np.arange(3, dtype="<i2")))
+    with Reader(buf.getvalue()) as r:
+        assert [t.name for t in r.tensors] == [""]
+        assert r.load().data.tobytes() == np.arange(3, dtype="<i2").tobytes()
+
+
 def test_unstorable_object_names_its_key_path() -> None:
     with pytest.raises(s4format.UnsupportedObjectError,
                        match=r"builtins.set at <root>\['opt'\]\[0\]"):
