@@ -120,6 +120,14 @@ def test_incompressible_data_costs_at_most_record_and_padding(tensors, policy: s
             assert r.read(t.name).data.tobytes() == want.data.tobytes()
     overhead = len(blob) - HEADER_SIZE - FOOTER_SIZE - bare_index - stored
     assert 0 <= overhead <= allowance
+    # The bound of spec/format.md §14, from the fields alone.
+    records = sum(32 + len(rec["name"].encode()) + 8 * rec["ndim"]
+                  + 16 * (rec["parent_hash"] is not None)
+                  + sum(38 + len(p["params"]) for p in rec["planes"]) for rec in parts.tensors)
+    planes = sum(len(rec["planes"]) for rec in parts.tensors)
+    assert len(blob) <= sum(t.nbytes for t in tensors) + 32 + 40 + 34 \
+        + len(parts.index["tree"]) + len(parts.index["metadata"]) + records \
+        + planes * ((1 << align_log2) - 1)
 
 
 BLOB = small_file()
