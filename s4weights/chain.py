@@ -151,6 +151,9 @@ def save_checkpoint(state: Any, url_or_dir: Any, step: int, *, keyframe_interval
     where the XOR codes smaller. ``keep_last`` applies retention afterwards."""
     if step < 0:
         raise ValueError("step must be >= 0")
+    if keep_last is not None and keep_last < 1:
+        # steps[-0:] would keep every checkpoint, the opposite of what 0 asks.
+        raise ValueError("keep_last must be >= 1 (the checkpoint being saved is kept)")
     store = open_store(url_or_dir)
     infos = _by_step(list_checkpoints(store))
     if step in infos:
