@@ -1,0 +1,373 @@
+"""Checkpoint chains: bases and XOR deltas, retention, keyframes, and every way a parent can be
+missing or wrong."""
+
+from __future__ import annotations
+
+import io
+import os
+import random
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+import s4format
+import s4weights
+from s4weights import chain
+from tests.weights.common import assert_same, clone_tree, seed_all
+
+
+@pytest.fixture(autouse=True)
+def _fresh_parent_cache():
+    chain._PARENT_CACHE.clear()
+    yield
+    chain._PARENT_CACHE.clear()
+
+
+class _Run:
+    """A small model that keeps training; ``state()`` is what a training loop checkpoints."""
+
+    def __init__(self, seed: int = 0) -> None:
+        seed_all(seed)
+        # Weights of 64x64 are split into planes, where XOR deltas of small updates pay.
+        self.model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.BatchNorm1d(64),
+                                         torch.nn.ReLU(), torch.nn.Linear(64, 32))
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-4)
+
+    def train(self, steps: int = 1) -> None:
+        for _ in range(steps):
+            self.model(torch.randn(16, 64)).pow(2).mean().backward()
+            self.opt.step()
+            self.opt.zero_grad(set_to_none=True)
+
+    def state(self, step: int) -> dict[str, Any]:
+        return {"model": self.model.state_dict(), "optimizer": self.opt.state_dict(),
+                "step": step, "rng": torch.get_rng_state()}
+
+
+def _check_chain_invariants(root: Path, interval: int) -> dict[int, s4weights.CheckpointInfo]:
+    infos = {i.step: i for i in s4weights.list_checkpoints(root)}
+    assert list(infos) == sorted(infos)
+    for info in infos.values():
+        assert info.depth < interval
+        assert info.file == f"data/{info.step:012d}.s4w"
+        assert (root / info.file).is_file()
+        if info.is_base:
+            assert (info.parent_id, info.depth, info.base_step) == (None, 0, info.step)
+        else:
+            parent = infos[info.parent_step]  # a kept delta's parent is never deleted
+            assert parent.checkpoint_id == info.parent_id
+            assert info.depth == parent.depth + 1 and info.base_step == parent.base_step
+    return infos
+
+
+def test_long_chain_with_random_retention_reloads_every_kept_step_exactly(tmp_path: Path
+                                                                          ) -> None:
+    rnd = random.Random(1234)
+    run = _Run()
+    interval = 4
+    saved: dict[int, Any] = {}
+    kinds = []
+    for step in range(20):
+        run.train(rnd.randint(1, 2))
+        if rnd.random() < 0.25:
+            chain._PARENT_CACHE.clear()  # another process: the parent is re-read from the store
+        state = run.state(step)
+        info = s4weights.save_checkpoint(state, tmp_path, step, keyframe_interval=interval)
+        saved[step] = clone_tree(state)
+        kinds.append("base" if info.is_base else "delta")
+        assert info.raw_bytes > 0 and info.file_bytes == (tmp_path / info.file).stat().st_size
+        if step % 5 == 4:
+            listed = sorted(saved)
+            keep = rnd.sample(listed, k=rnd.randint(1, 3))
+            deleted = s4weights.retain(tmp_path, keep)
+            assert set(keep).isdisjoint(deleted)
+            for s in deleted:
+                del saved[s]
+        infos = _check_chain_invariants(tmp_path, interval)
+        assert set(infos) == set(saved)
+    assert kinds.count("delta") >= 10  # training states do chain
+    assert kinds.count("base") >= 20 // interval
+    for step in saved:
+        assert_same(s4weights.load_checkpoint(tmp_path, step), saved[step])
+    chain._PARENT_CACHE.clear()
+    assert_same(s4weights.load_checkpoint(tmp_path), saved[max(saved)])
+
+
+def test_keep_last_keeps_the_newest_and_the_bases_they_need(tmp_path: Path) -> None:
+    run = _Run(1)
+    saved = {}
+    for step in range(0, 30, 3):
+        run.train()
+        state = run.state(step)
+        s4weights.save_checkpoint(state, tmp_path, step, keyframe_interval=3, keep_last=2)
+        saved[step] = clone_tree(state)
+        infos = _check_chain_invariants(tmp_path, 3)
+        newest = sorted(saved)[-2:]
+        assert set(newest) <= set(infos)
+        needed = set()
+        for s in newest:
+            while s is not None:
+                needed.add(s)
+                s = infos[s].parent_step
+        assert set(infos) == needed
+    for step, info in _check_chain_invariants(tmp_path, 3).items():
+        assert_same(s4weights.load_checkpoint(tmp_path, step), saved[step])
+        assert info.step in saved
+
+
+def test_keep_last_below_one_is_refused_before_saving(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="keep_last must be >= 1"):
+        s4weights.save_checkpoint({"x": torch.ones(2)}, tmp_path, 0, keep_last=0)
+    assert s4weights.list_checkpoints(tmp_path) == []
+
+
+def test_keyframe_interval_bounds_the_depth(tmp_path: Path) -> None:
+    run = _Run(2)
+    depths = []
+    for step in range(9):
+        run.train()
+        depths.append(s4weights.save_checkpoint(run.state(step), tmp_path, step,
+                                                keyframe_interval=3).depth)
+    assert depths == [0, 1, 2, 0, 1, 2, 0, 1, 2]
+    one = tmp_path / "one"
+    assert [s4weights.save_checkpoint(run.state(s), one, s, keyframe_interval=1).depth
+            for s in range(3)] == [0, 0, 0]
+
+
+def test_a_delta_that_did_not_pay_min_delta_gain_is_followed_by_a_base(tmp_path: Path) -> None:
+    run = _Run(9)
+    infos = []
+    for step in range(4):
+        run.train()
+        infos.append(s4weights.save_checkpoint(run.state(step), tmp_path, step,
+                                               min_delta_gain=0.5))
+    assert infos[1].stored_bytes > 0.5 * infos[1].full_stored_bytes
+    assert [i.depth for i in infos] == [0, 1, 0, 1]
+
+
+def test_delta_false_saves_a_base(tmp_path: Path) -> None:
+    run = _Run(3)
+    s4weights.save_checkpoint(run.state(0), tmp_path, 0)
+    run.train()
+    assert s4weights.save_checkpoint(run.state(1), tmp_path, 1, delta=False).is_base
+
+
+def test_deltas_are_smaller_than_full_saves(tmp_path: Path) -> None:
+    run = _Run(4)
+    s4weights.save_checkpoint(run.state(0), tmp_path, 0)
+    run.train()
+    info = s4weights.save_checkpoint(run.state(1), tmp_path, 1)
+    assert not info.is_base
+    assert info.stored_bytes < info.full_stored_bytes
+
+
+def test_rerandomised_state_is_never_bigger_than_a_full_save(tmp_path: Path) -> None:
+    gen = torch.Generator().manual_seed(0)
+    for step in range(4):
+        state = {"w": torch.randn(256, 256, generator=gen), "b": torch.randn(300, generator=gen),
+                 "h": torch.randn(128, 64, generator=gen).to(torch.bfloat16), "step": step}
+        info = s4weights.save_checkpoint(state, tmp_path, step)
+        full = s4weights.save(state, io.BytesIO()).file_size
+        assert info.file_bytes <= full + 64
+        assert info.is_base  # no tensor gained from the delta: the file depends on nothing
+        assert_same(s4weights.load_checkpoint(tmp_path, step), state)
+
+
+def test_partly_changed_state_deltas_only_the_tensors_that_gain(tmp_path: Path) -> None:
+    gen = torch.Generator().manual_seed(0)
+    fixed = torch.randn(128, 128, generator=gen)
+    s4weights.save_checkpoint({"fixed": fixed, "noise": torch.randn(4096, generator=gen)},
+                              tmp_path, 0)
+    state = {"fixed": fixed.clone(), "noise": torch.randn(4096, generator=gen)}
+    info = s4weights.save_checkpoint(state, tmp_path, 1)
+    with s4format.Reader(tmp_path / info.file) as r:
+        assert [t.is_delta for t in r.tensors] == [True, False]
+    assert info.file_bytes <= s4weights.save(state, io.BytesIO()).file_size
+    assert_same(s4weights.load_checkpoint(tmp_path, 1), state)
+
+
+def test_parent_cache_and_store_reads_give_identical_files(tmp_path: Path) -> None:
+    run = _Run(5)
+    for step in range(4):
+        run.train()
+        state = run.state(step)
+        s4weights.save_checkpoint(state, tmp_path / "cached", step)
+        chain._PARENT_CACHE.clear()
+        s4weights.save_checkpoint(state, tmp_path / "reread", step)
+        chain._PARENT_CACHE.clear()
+    for step in range(4):
+        name = f"data/{step:012d}.s4w"
+        assert (tmp_path / "cached" / name).read_bytes() == \
+            (tmp_path / "reread" / name).read_bytes()
+
+
+def test_list_checkpoints_and_file_urls(tmp_path: Path) -> None:
+    assert s4weights.list_checkpoints(tmp_path / "nothing") == []
+    run = _Run(6)
+    url = (tmp_path / "store").as_uri()
+    for step in (5, 10, 20):
+        run.train()
+        s4weights.save_checkpoint(run.state(step), url, step)
+    infos = s4weights.list_checkpoints(tmp_path / "store")
+    assert [i.step for i in infos] == [5, 10, 20]
+    assert [i.parent_step for i in infos] == [None, 5, 10]
+    assert s4weights.load_checkpoint(url)["step"] == 20
+
+
+def test_missing_steps_and_existing_steps_raise_storage_errors(tmp_path: Path) -> None:
+    with pytest.raises(s4weights.StorageError, match="no checkpoints in file://"):
+        s4weights.load_checkpoint(tmp_path)
+    s4weights.save_checkpoint({"x": torch.ones(3)}, tmp_path, 1)
+    s4weights.save_checkpoint({"x": torch.ones(3)}, tmp_path, 2)
+    with pytest.raises(s4weights.StorageError,
+                       match=r"no checkpoint step 7 .*steps there: \[1, 2\]"):
+        s4weights.load_checkpoint(tmp_path, 7)
+    with pytest.raises(s4weights.StorageError, match="checkpoint step 2 already exists"):
+        s4weights.save_checkpoint({"x": torch.zeros(3)}, tmp_path, 2)
+    with pytest.raises(ValueError, match="step must be >= 0"):
+        s4weights.save_checkpoint({"x": torch.zeros(3)}, tmp_path, -1)
+
+
+def test_a_step_older_than_the_latest_is_saved_as_a_base(tmp_path: Path) -> None:
+    s4weights.save_checkpoint({"x": torch.arange(1000.0)}, tmp_path, 10)
+    info = s4weights.save_checkpoint({"x": torch.arange(1000.0) + 1}, tmp_path, 5)
+    assert info.is_base
+    assert s4weights.load_checkpoint(tmp_path)["x"][0].item() == 0.0
+
+
+def test_retain_keeps_the_chain_of_a_kept_delta(tmp_path: Path) -> None:
+    run = _Run(7)
+    for step in range(5):
+        run.train()
+        s4weights.save_checkpoint(run.state(step), tmp_path, step, keyframe_interval=10)
+    assert s4weights.retain(tmp_path, [3]) == [4]
+    assert [i.step for i in s4weights.list_checkpoints(tmp_path)] == [0, 1, 2, 3]
+    assert sorted(os.listdir(tmp_path / "data")) == [f"{s:012d}.s4w" for s in range(4)]
+    assert s4weights.retain(tmp_path, [99]) == [0, 1, 2, 3]
+    assert s4weights.list_checkpoints(tmp_path) == []
+
+
+# -- wrong or missing parents --------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def _template(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[int, Any]]:
+    root = tmp_path_factory.mktemp("template")
+    run = _Run(8)
+    saved = {}
+    for step in range(3):
+        run.train()
+        info = s4weights.save_checkpoint(run.state(step), root, step)
+        assert info.depth == step
+        saved[step] = clone_tree(run.state(step))
+    chain._PARENT_CACHE.clear()
+    return root, saved
+
+
+@pytest.fixture
+def two_deltas(tmp_path: Path, _template: tuple[Path, dict[int, Any]]
+               ) -> tuple[_Run, dict[int, Any]]:
+    """A base and two deltas on it in ``tmp_path``; the run that made them, to go on."""
+    shutil.copytree(_template[0], tmp_path, dirs_exist_ok=True)
+    run = _Run(8)
+    run.train(3)
+    return run, _template[1]
+
+
+@pytest.mark.parametrize("remove", ["manifest", "data", "both"])
+def test_deleted_parent_raises_parent_mismatch(
+        tmp_path: Path, two_deltas: tuple[_Run, dict[int, Any]], remove: str) -> None:
+    if remove in ("manifest", "both"):
+        (tmp_path / "manifests" / f"{1:012d}.json").unlink()
+    if remove in ("data", "both"):
+        (tmp_path / "data" / f"{1:012d}.s4w").unlink()
+    with pytest.raises(s4weights.ParentMismatchError, match=r"step 2 .*step 1") as info:
+        s4weights.load_checkpoint(tmp_path, 2)
+    assert "missing" in str(info.value) or "cannot" in str(info.value)
+    # The base is untouched and still loads.
+    assert s4weights.load_checkpoint(tmp_path, 0)["step"] == 0
+
+
+def test_parent_data_replaced_by_another_checkpoint_raises_parent_mismatch(
+        tmp_path: Path, two_deltas: tuple[_Run, dict[int, Any]]) -> None:
+    _, saved = two_deltas
+    shutil.copyfile(tmp_path / "data" / f"{0:012d}.s4w", tmp_path / "data" / f"{1:012d}.s4w")
+    with pytest.raises(s4weights.ParentMismatchError, match="its manifest says"):
+        s4weights.load_checkpoint(tmp_path, 2)
+    assert_same(s4weights.load_checkpoint(tmp_path, 0), saved[0])
+
+
+def test_parent_replaced_with_its_manifest_raises_parent_mismatch(
+        tmp_path: Path, two_deltas: tuple[_Run, dict[int, Any]]) -> None:
+    other = tmp_path / "other"
+    s4weights.save_checkpoint({"x": torch.ones(5)}, other, 1)
+    for sub, name in (("data", f"{1:012d}.s4w"), ("manifests", f"{1:012d}.json")):
+        shutil.copyfile(other / sub / name, tmp_path / sub / name)
+    with pytest.raises(s4weights.ParentMismatchError, match="checkpoint step 2 expects parent"):
+        s4weights.load_checkpoint(tmp_path, 2)
+
+
+def test_saving_after_the_parent_vanished_starts_a_new_base_or_fails_cleanly(
+        tmp_path: Path, two_deltas: tuple[_Run, dict[int, Any]]) -> None:
+    run, _ = two_deltas
+    (tmp_path / "data" / f"{2:012d}.s4w").unlink()  # the latest's data, manifest kept
+    run.train()
+    state = run.state(3)
+    try:
+        info = s4weights.save_checkpoint(state, tmp_path, 3)
+    except s4weights.S4Error:
+        assert 3 not in [i.step for i in s4weights.list_checkpoints(tmp_path)]
+    else:
+        assert info.is_base
+        assert_same(s4weights.load_checkpoint(tmp_path, 3), state)
+
+
+def test_load_of_a_delta_file_needs_its_parent(
+        tmp_path: Path, two_deltas: tuple[_Run, dict[int, Any]]) -> None:
+    _, saved = two_deltas
+    data = tmp_path / "data"
+    with pytest.raises(s4weights.ParentMismatchError, match="is a delta; open the file with"):
+        s4weights.load(data / f"{1:012d}.s4w")
+    assert_same(s4weights.load(data / f"{1:012d}.s4w", parent=data / f"{0:012d}.s4w"),
+                saved[1])
+    with pytest.raises(s4weights.ParentMismatchError, match="is a delta against checkpoint"):
+        s4weights.load(data / f"{2:012d}.s4w", parent=data / f"{0:012d}.s4w")
+    with pytest.raises(s4weights.ParentMismatchError, match="is not a delta"):
+        s4weights.load(data / f"{0:012d}.s4w", parent=data / f"{1:012d}.s4w")
+
+
+@pytest.mark.parametrize("keep", [0.5, 0.99])
+def test_truncated_delta_file_raises_truncated_error(
+        tmp_path: Path, two_deltas: tuple[_Run, dict[int, Any]], keep: float) -> None:
+    path = tmp_path / "data" / f"{2:012d}.s4w"
+    blob = path.read_bytes()
+    path.write_bytes(blob[:int(len(blob) * keep)])
+    with pytest.raises(s4format.TruncatedError, match="truncated") as info:
+        s4weights.load_checkpoint(tmp_path, 2)
+    assert isinstance(info.value, s4weights.S4Error)
+
+
+def test_corrupted_parent_bytes_are_caught(
+        tmp_path: Path, two_deltas: tuple[_Run, dict[int, Any]]) -> None:
+    path = tmp_path / "data" / f"{0:012d}.s4w"
+    blob = bytearray(path.read_bytes())
+    blob[200] ^= 0xFF  # a payload byte of the base
+    path.write_bytes(bytes(blob))
+    with pytest.raises(s4format.ChecksumError):
+        s4weights.load_checkpoint(tmp_path, 2)
+
+
+def test_a_fresh_process_chains_onto_an_existing_store(
+        tmp_path: Path, two_deltas: tuple[_Run, dict[int, Any]]) -> None:
+    run, saved = two_deltas
+    run.train()
+    state = run.state(3)
+    info = s4weights.save_checkpoint(state, tmp_path, 3)  # cache is empty: reads 0..2
+    assert (info.parent_step, info.depth) == (2, 3)
+    chain._PARENT_CACHE.clear()
+    assert_same(s4weights.load_checkpoint(tmp_path, 3), clone_tree(state))
+    assert np.array_equal(s4weights.load_checkpoint(tmp_path, 1)["rng"].numpy(),
+                          saved[1]["rng"].numpy())
