@@ -19,6 +19,7 @@ object names are validated, so no byte goes anywhere else. Errors surface as
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import logging
 import random
@@ -71,6 +72,8 @@ def _transient(exc: BaseException) -> bool:
     e = botocore.exceptions
     if isinstance(exc, e.ClientError):
         return _error_code(exc) in _RETRY_CODES
+    if isinstance(exc, e.SSLError):
+        return False  # an untrusted certificate does not become trusted by retrying
     # Connection resets, timeouts and bodies cut short (urllib3 errors arrive wrapped in these
     # or as OSError subclasses).
     import urllib3.exceptions
@@ -136,6 +139,15 @@ class S3Store(Store):
         """``s3://bucket`` or ``s3://bucket/prefix``; keyword arguments as for the class."""
         bucket, prefix = _parse_url(url)
         return cls(bucket, prefix, **kwargs)
+
+    def child(self, sub: str) -> S3Store:
+        """The store under ``prefix/sub``, sharing this one's client and settings."""
+        other = copy.copy(self)
+        other.prefix = self.key(sub.strip("/"))
+        other.url = f"s3://{self.bucket}/{other.prefix}"
+        other._pool = None
+        other._pool_lock = threading.Lock()
+        return other
 
     def _make_client(self, session: Any, profile: str | None, endpoint_url: str | None,
                      region: str | None, retry_mode: str) -> Any:

@@ -1,0 +1,5 @@
+import sys
+
+from s4weights.cli import main
+
+sys.exit(main())

@@ -1,0 +1,180 @@
+"""``python -m s4weights``: the checkpoint registry — list and verify runs under a store URL.
+
+A *run* is any directory (or S3 prefix) holding ``manifests/``; ``URL`` may be a run or any
+prefix above runs (``s3://bucket/team``, ``./checkpoints``). Only committed checkpoints (those
+with a manifest) are shown; ``.s4w`` files without one are counted as uncommitted leftovers.
+
+    python -m s4weights list URL [--json]
+    python -m s4weights verify URL [--step N]
+
+``verify`` exits 0 when every checked file is valid, 1 when a problem is found, 2 when the
+store cannot be read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict
+from typing import Any
+
+from s4format.errors import S4Error, StorageError
+from s4format.verify import verify
+from s4weights.chain import CheckpointInfo, _by_step, _chain, _open_chain, list_checkpoints
+from s4weights.store import LocalStore, Store, open_store
+
+MANIFESTS = "manifests/"
+
+
+def _run_names(store: Store) -> tuple[list[str], set[str]]:
+    """Runs (relative prefixes, ``""`` for the root) and every object name under the store."""
+    names = store.list()
+    runs = set()
+    for n in names:
+        head, sep, _ = n.rpartition(MANIFESTS)
+        if sep and n.endswith(".json") and (not head or head.endswith("/")):
+            runs.add(head.rstrip("/"))
+    return sorted(runs), set(names)
+
+
+def _sub(store: Store, run: str) -> Store:
+    if not run:
+        return store
+    if isinstance(store, LocalStore):
+        return LocalStore(store.root / run)
+    from s4weights.store.s3 import S3Store
+    assert isinstance(store, S3Store)
+    return store.child(run)
+
+
+def _ratio(num: int, den: int) -> str:
+    return f"{num / den:.4f}" if den else "-"
+
+
+def _run_summary(store: Store, run: str, names: set[str]) -> dict[str, Any]:
+    infos = list_checkpoints(_sub(store, run))
+    pre = f"{run}/" if run else ""
+    committed = {pre + i.file for i in infos}
+    leftovers = sorted(n for n in names if n.startswith(pre + "data/") and n.endswith(".s4w")
+                       and n not in committed)
+    return dict(run=f"{store.url}/{run}".rstrip("/") if run else store.url,
+                checkpoints=[asdict(i) for i in infos],
+                chains=sum(i.is_base for i in infos),
+                raw_bytes=sum(i.raw_bytes for i in infos),
+                file_bytes=sum(i.file_bytes for i in infos),
+                uncommitted=leftovers)
+
+
+def _print_run(d: dict[str, Any]) -> None:
+    w = sys.stdout.write
+    n = len(d["checkpoints"])
+    w(f"run {d['run']}: {n} checkpoint(s) in {d['chains']} chain(s), {d['file_bytes']} bytes "
+      f"stored for {d['raw_bytes']} raw (ratio {_ratio(d['file_bytes'], d['raw_bytes'])})\n")
+    w(f"  {'step':>10}  {'kind':<6} {'parent':>10} {'base':>10} {'depth':>5} {'raw':>14} "
+      f"{'file':>14}  {'ratio':<7} checkpoint\n")
+    for c in d["checkpoints"]:
+        kind = "base" if c["parent_step"] is None else "delta"
+        parent = "-" if c["parent_step"] is None else str(c["parent_step"])
+        w(f"  {c['step']:>10}  {kind:<6} {parent:>10} {c['base_step']:>10} {c['depth']:>5} "
+          f"{c['raw_bytes']:>14} {c['file_bytes']:>14}  "
+          f"{_ratio(c['file_bytes'], c['raw_bytes']):<7} {c['checkpoint_id'][:16]}\n")
+    if d["uncommitted"]:
+        w(f"  {len(d['uncommitted'])} uncommitted file(s) (no manifest): "
+          f"{', '.join(d['uncommitted'])}\n")
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    store = open_store(args.url)
+    runs, names = _run_names(store)
+    summaries = [_run_summary(store, r, names) for r in runs]
+    if args.json:
+        json.dump(summaries, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    elif not summaries:
+        print(f"no checkpoints under {store.url}")
+    else:
+        for d in summaries:
+            _print_run(d)
+    return 0
+
+
+def _verify_one(store: Store, info: CheckpointInfo, infos: dict[int, CheckpointInfo]
+                ) -> list[str]:
+    where = f"{store.url}: step {info.step} ({info.file})"
+    try:
+        reader = _open_chain(store, _chain(info.step, infos), verify=True)
+        problems = [str(p) for p in verify(reader)]
+        if reader.source.size() != info.file_bytes:
+            problems.append(f"{info.file} is {reader.source.size()} bytes, its manifest says "
+                            f"{info.file_bytes}")
+    except S4Error as exc:
+        problems = [f"{type(exc).__name__}: {exc}"]
+    return [f"{where}: {p}" for p in problems]
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    store = open_store(args.url)
+    runs, _ = _run_names(store)
+    if not runs:
+        raise StorageError(f"no checkpoints under {store.url}")
+    problems: list[str] = []
+    checked = 0
+    for run in runs:
+        sub = _sub(store, run)
+        infos = _by_step(list_checkpoints(sub))
+        if args.step is not None:
+            if args.step not in infos:
+                continue
+            # The step's whole chain, each file checked against its own parent.
+            todo = [i.step for i in _chain(args.step, infos)]
+        else:
+            todo = sorted(infos)
+        for step in todo:
+            found = _verify_one(sub, infos[step], infos)
+            problems.extend(found)
+            checked += 1
+            print(f"{sub.url}: step {step}: {'INVALID' if found else 'OK'}")
+    if args.step is not None and not checked:
+        raise StorageError(f"no checkpoint step {args.step} under {store.url}")
+    for p in problems:
+        print(p, file=sys.stderr)
+    if problems:
+        print(f"{len(problems)} problem(s) in {checked} checkpoint file(s)", file=sys.stderr)
+        return 1
+    print(f"{checked} checkpoint file(s) verified: every checksum, content hash and parent "
+          "link is valid")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m s4weights",
+                                 description="List and verify checkpoint runs in a store "
+                                             "(a directory, file:// or s3://bucket/prefix).")
+    sub = ap.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("list", help="runs, checkpoints and chains under URL",
+                       description="For every run under URL: each committed checkpoint's step, "
+                                   "base/delta, parent, chain depth, sizes and ratio.")
+    p.add_argument("url", help="directory, file:// or s3://bucket/prefix URL")
+    p.add_argument("--json", action="store_true", help="machine-readable JSON output")
+    p.set_defaults(func=cmd_list)
+    p = sub.add_parser("verify", help="decode and check every checkpoint's chain",
+                       description="Decode every tensor of every checkpoint (or of the chain of "
+                                   "--step) and check every checksum, content hash and parent "
+                                   "link. Exit status 0 when valid, 1 when a problem is found, "
+                                   "2 when the store cannot be read.")
+    p.add_argument("url", help="directory, file:// or s3://bucket/prefix URL")
+    p.add_argument("--step", type=int, help="verify only this checkpoint and its chain")
+    p.set_defaults(func=cmd_verify)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except S4Error as exc:
+        print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:
+        return 0
