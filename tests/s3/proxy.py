@@ -1,9 +1,11 @@
 """A loopback TCP proxy that counts bytes and injects faults between a client and the server.
 
-It never parses the traffic it relays, so it works for HTTP and HTTPS alike. Faults are chosen
-per accepted connection: ``drop_rate`` of them are reset (RST) after a random number of relayed
-bytes, mid-request or mid-response; ``slowdown_rate`` of them (plain HTTP only) get their first
-request answered with ``503 SlowDown`` and are closed, as S3 does when it throttles.
+It never parses the traffic it relays, so it works for HTTP and HTTPS alike. Clients keep
+connections alive, so faults cannot be chosen per request; instead, with ``mean_drop_after`` set,
+every connection is reset (RST) after an exponentially distributed number of relayed bytes —
+a constant fault rate per byte, mid-request or mid-response — and the churn this causes gives
+fresh connections, ``slowdown_rate`` of which (plain HTTP only) get their first request answered
+with ``503 SlowDown`` and are closed, as S3 does when it throttles.
 """
 
 from __future__ import annotations
@@ -43,12 +45,11 @@ def _reset(sock: socket.socket) -> None:
 
 
 class FaultProxy:
-    def __init__(self, target_port: int, *, drop_rate: float = 0.0, slowdown_rate: float = 0.0,
-                 max_drop_after: int = 4 << 20, seed: int = 0) -> None:
+    def __init__(self, target_port: int, *, mean_drop_after: int | None = None,
+                 slowdown_rate: float = 0.0, seed: int = 0) -> None:
         self.target = ("127.0.0.1", target_port)
-        self.drop_rate = drop_rate
+        self.mean_drop_after = mean_drop_after
         self.slowdown_rate = slowdown_rate
-        self.max_drop_after = max_drop_after
         self.stats = ProxyStats()
         self._rng = random.Random(seed)
         self._rng_lock = threading.Lock()
@@ -61,8 +62,8 @@ class FaultProxy:
     def endpoint(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def set_faults(self, drop_rate: float, slowdown_rate: float) -> None:
-        self.drop_rate, self.slowdown_rate = drop_rate, slowdown_rate
+    def set_faults(self, mean_drop_after: int | None, slowdown_rate: float) -> None:
+        self.mean_drop_after, self.slowdown_rate = mean_drop_after, slowdown_rate
 
     def reset_counts(self) -> None:
         with self.stats.lock:
@@ -79,13 +80,13 @@ class FaultProxy:
             except OSError:
                 return
             self.stats.add("connections")
+            mean = self.mean_drop_after
             with self._rng_lock:
-                roll = self._rng.random()
-                budget = self._rng.randrange(1, self.max_drop_after)
-            if roll < self.slowdown_rate:
+                slowdown = self._rng.random() < self.slowdown_rate
+                drop_after = 1 + int(self._rng.expovariate(1 / mean)) if mean else None
+            if slowdown:
                 threading.Thread(target=self._slowdown, args=(client,), daemon=True).start()
             else:
-                drop_after = budget if roll < self.slowdown_rate + self.drop_rate else None
                 threading.Thread(target=self._relay, args=(client, drop_after),
                                  daemon=True).start()
 
