@@ -22,7 +22,7 @@ from s4format.writer import Writer, WriteResult
 from s4weights import progress
 from s4weights.store.base import Store
 from s4weights.store.local import LocalStore
-from s4weights.torchtree import Flattened, Unflattener, flatten
+from s4weights.torchtree import DeviceTensor, Flattened, Unflattener, flatten
 
 log = logging.getLogger("s4weights")
 
@@ -35,19 +35,29 @@ def producer_metadata() -> dict[str, str]:
 
 def write_flattened(flat: Flattened, sink: BinaryIO, *, policy: str = "auto",
                     parent_id: bytes | None = None, parents: dict[str, Any] | None = None,
-                    metadata: dict[str, str] | None = None, show: bool | None = None
-                    ) -> WriteResult:
+                    metadata: dict[str, str] | None = None, show: bool | None = None,
+                    device: str = "auto") -> WriteResult:
     """Code and stream every tensor of ``flat`` into ``sink``. ``parents`` maps a tensor name to
-    the parent's :class:`~s4format.Tensor` of that name (delta against ``parent_id``)."""
+    the parent's :class:`~s4format.Tensor` of that name (delta against ``parent_id``).
+    ``device``: ``"auto"`` codes CUDA tensors on the GPU when the GPU path is available,
+    ``"cuda"`` requires it, ``"cpu"`` codes everything on the CPU (same file format)."""
+    from s4weights import gpu
+
     total = sum(t.nbytes for _, t in flat.tensors)
     with progress.bar("s4weights save", total, show) as bar:
         w = Writer(sink, policy=policy, parent_id=parent_id)
+        coded = gpu.coded_in_order(flat.tensors, policy, device, set(parents or ()))
         for name, tensor in flat.tensors:
             parent = (parents or {}).get(name)
             if parent is not None and (parent.dtype != tensor.dtype
                                        or parent.nbytes != tensor.nbytes):
                 parent = None
-            w.add(name, tensor, parent=parent)
+            done = coded.get(name)
+            if done is not None and parent is None:
+                w.add_coded(name, tensor.dtype, tensor.shape, *next(done))
+            else:
+                w.add(name, tensor.to_host() if isinstance(tensor, DeviceTensor) else tensor,
+                      parent=parent)
             bar.update(tensor.nbytes)
         w.set_tree(flat.tree)
         w.set_metadata({**producer_metadata(), **(metadata or {})})
@@ -55,23 +65,25 @@ def write_flattened(flat: Flattened, sink: BinaryIO, *, policy: str = "auto",
 
 
 def save(obj: Any, f: FileLike, *, policy: str = "auto", metadata: dict[str, str] | None = None,
-         progress: bool | None = None) -> WriteResult:
+         progress: bool | None = None, device: str = "auto") -> WriteResult:
     """Save ``obj`` (a state dict, optimizer state, any tree of tensors and plain values).
 
     ``f`` is a path or ``s3://bucket/key`` URL (written atomically: a failed save leaves any
     previous file intact) or a binary file object open for writing. ``policy`` is the codec
     choice, ``"auto"`` (smallest) or ``"seed"``. Raises
     :class:`s4format.UnsupportedObjectError` naming the key path of any object that cannot be
-    stored.
+    stored. ``device`` picks where CUDA tensors are coded (``"auto"``, ``"cuda"``, ``"cpu"``).
     """
     t0 = time.perf_counter()
     flat = flatten(obj)
     if isinstance(f, (str, os.PathLike)):
         store, name = _store_and_name(f)
         with store.writer(name) as sink:
-            result = write_flattened(flat, sink, policy=policy, metadata=metadata, show=progress)
+            result = write_flattened(flat, sink, policy=policy, metadata=metadata,
+                                     show=progress, device=device)
     else:
-        result = write_flattened(flat, f, policy=policy, metadata=metadata, show=progress)
+        result = write_flattened(flat, f, policy=policy, metadata=metadata, show=progress,
+                                 device=device)
     log.info("saved %d tensors: %d raw -> %d stored bytes in %.3f s", result.tensor_count,
              result.raw_nbytes, result.stored_nbytes, time.perf_counter() - t0)
     return result
@@ -100,29 +112,36 @@ def _source(f: FileLike | bytes | ByteSource) -> ByteSource | str | os.PathLike[
 
 
 def read_tree(reader: s4format.Reader, map_location: Any = None, *, strict: bool = True,
-              show: bool | None = None) -> Any:
+              show: bool | None = None, device: str = "auto") -> Any:
+    from s4weights import gpu
+
     total = sum(t.raw_nbytes for t in reader.tensors)
     with progress.bar("s4weights load", total, show) as bar:
         def tensor(i: int) -> s4format.Tensor:
             t = reader.read(i)
             bar.update(t.nbytes)
             return t
-        return Unflattener(tensor, map_location, strict=strict).walk(reader.tree)
+        return Unflattener(tensor, map_location, strict=strict,
+                           device_tensor=gpu.loader_for(reader, device, bar.update)
+                           ).walk(reader.tree)
 
 
 def load(f: FileLike | bytes, map_location: Any = None, *, weights_only: bool | None = None,
          parent: FileLike | s4format.Reader | None = None, strict: bool = True,
-         verify: bool = True, progress: bool | None = None, **_torch_kwargs: Any) -> Any:
+         verify: bool = True, progress: bool | None = None, device: str = "auto",
+         **_torch_kwargs: Any) -> Any:
     """Load what :func:`save` wrote. ``map_location`` works as in ``torch.load`` (a device, a
     string, a dict from saved to target location, or a callable). Loading never runs code from
     the file, whatever ``weights_only`` says. ``parent`` is needed only for a delta file.
-    ``verify`` checks every tensor's content hash (default on)."""
+    ``verify`` checks every tensor's content hash (default on). ``device``: ``"auto"`` decodes
+    tensors bound for a CUDA device on the GPU when the GPU path is available, ``"cuda"``
+    requires it, ``"cpu"`` decodes on the CPU and copies."""
     if weights_only is False:
         log.debug("weights_only=False: s4weights never unpickles; loading safely anyway")
     parent_reader = parent if isinstance(parent, s4format.Reader) or parent is None \
         else s4format.Reader(_source(parent), verify=verify)
     t0 = time.perf_counter()
     with s4format.Reader(_source(f), parent=parent_reader, verify=verify) as reader:
-        obj = read_tree(reader, map_location, strict=strict, show=progress)
+        obj = read_tree(reader, map_location, strict=strict, show=progress, device=device)
     log.info("loaded %s in %.3f s", reader.name, time.perf_counter() - t0)
     return obj

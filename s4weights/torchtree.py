@@ -76,16 +76,44 @@ def _storage_bytes(t: torch.Tensor) -> np.ndarray:
     return torch.empty(0, dtype=torch.uint8).set_(storage).numpy()
 
 
+@dataclass(frozen=True, eq=False)
+class DeviceTensor:
+    """A stored tensor whose bytes still live on a CUDA device (the storage of CUDA tensors),
+    so the GPU coder can code it in place; ``to_host()`` is the :class:`Tensor` for the CPU
+    coder. Typed by the tensor viewing it when the storage holds whole elements."""
+    dtype: dtypes.DType
+    shape: tuple[int, ...]
+    device_bytes: torch.Tensor  # flat uint8 view of the whole storage
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.device_bytes.numel())
+
+    @property
+    def data(self) -> np.ndarray:
+        return self.device_bytes.cpu().numpy()
+
+    def to_host(self) -> Tensor:
+        return Tensor(self.dtype, self.shape, self.data)
+
+
+def _device_storage(t: torch.Tensor, dt: dtypes.DType) -> DeviceTensor:
+    storage = t.untyped_storage()
+    flat = torch.empty(0, dtype=torch.uint8, device=t.device).set_(storage)
+    typed = dt if storage.nbytes() % dt.itemsize == 0 else dtypes.BY_NAME["uint8"]
+    return DeviceTensor(typed, (storage.nbytes() // typed.itemsize,), flat)
+
+
 @dataclass
 class Flattened:
     """What :func:`flatten` produced: the tree and the tensors to store, in order."""
     tree: Any
-    tensors: list[tuple[str, Tensor]]
+    tensors: list[tuple[str, Tensor | DeviceTensor]]
 
 
 class _Flattener:
     def __init__(self) -> None:
-        self.tensors: list[tuple[str, Tensor]] = []
+        self.tensors: list[tuple[str, Tensor | DeviceTensor]] = []
         self.names: set[str] = set()
         self.encoded: dict[int, tuple[Any, Any]] = {}
         self.storages: dict[tuple[str, int], TensorRef] = {}
@@ -117,7 +145,7 @@ class _Flattener:
             self.encoded[id(obj)] = (obj, conv.encode(obj))
         return self.encoded[id(obj)][1]
 
-    def add(self, path: str, tensor: Tensor) -> TensorRef:
+    def add(self, path: str, tensor: Tensor | DeviceTensor) -> TensorRef:
         # Key paths can collide ("a.b" as one key and as a nested path, 1 and "1") while
         # tensor names must be unique: a later tensor on a taken path gets a "#n" suffix.
         name, n = path or "<root>", 1
@@ -144,8 +172,11 @@ class _Flattener:
             return self.add(path, Tensor(dt, tuple(t.shape), raw_bytes(t)))
         ref = self.storages.get(key)
         if ref is None:
-            data = _storage_bytes(t)
-            ref = self.add(path, Tensor(dtypes.BY_NAME["uint8"], (data.size,), data))
+            if t.device.type == "cuda":
+                ref = self.add(path, _device_storage(t, dt))
+            else:
+                data = _storage_bytes(t)
+                ref = self.add(path, Tensor(dtypes.BY_NAME["uint8"], (data.size,), data))
             self.storages[key] = ref
         return Typed(VIEW, {
             "storage": ref, "dtype": name, "offset": t.storage_offset(),
@@ -233,14 +264,20 @@ class Unflattener:
     """Rebuilds torch objects from a decoded tree; ``tensor(i)`` yields stored tensor ``i``."""
 
     def __init__(self, tensor: Callable[[int], Tensor], map_location: MapLocation = None,
-                 strict: bool = True) -> None:
+                 strict: bool = True,
+                 device_tensor: Callable[[int, torch.device], torch.Tensor] | None = None
+                 ) -> None:
         self._tensor = tensor
+        # Decodes stored tensor i straight onto a CUDA device (the GPU path), when given.
+        self._device_tensor = device_tensor
         self._map_location = map_location
         self._strict = strict
         self._storages: dict[tuple[int, str], torch.UntypedStorage] = {}
         self._plain: dict[int, torch.Tensor] = {}
 
-    def _stored(self, i: int) -> torch.Tensor:
+    def _stored(self, i: int, device: torch.device | None = None) -> torch.Tensor:
+        if device is not None and device.type == "cuda" and self._device_tensor is not None:
+            return self._device_tensor(i, device)
         t = self._tensor(i)
         dt = getattr(torch, t.dtype.name, None)
         if not isinstance(dt, torch.dtype):
@@ -251,7 +288,7 @@ class Unflattener:
     def plain(self, ref: TensorRef) -> torch.Tensor:
         if ref.index not in self._plain:
             dev = _target_device("cpu", self._map_location)
-            self._plain[ref.index] = self._stored(ref.index).to(dev)
+            self._plain[ref.index] = self._stored(ref.index, dev).to(dev)
         return self._plain[ref.index]
 
     def view(self, v: dict[str, Any]) -> torch.Tensor:
@@ -268,7 +305,7 @@ class Unflattener:
         if key not in self._storages:
             # Tensor.to, not UntypedStorage.to: the latter fails for devices without a
             # storage module (e.g. "meta").
-            self._storages[key] = self._stored(ref.index).reshape(-1).to(device) \
+            self._storages[key] = self._stored(ref.index, device).reshape(-1).to(device) \
                 .untyped_storage()
         storage = self._storages[key]
         itemsize = torch.empty(0, dtype=dt).element_size()

@@ -1,0 +1,265 @@
+"""GPU benchmark (run on the H200 by bench/gpu_run.sh): S4 vs nvCOMP ANS float mode vs nvCOMP
+GDeflate on (a) one 1 GiB bf16 tensor N(0, 0.02), (b) the training state of a ~100M-parameter
+transformer trained a few hundred steps (bf16 weights, fp32 master weights, AdamW state), and
+(c) end to end: s4weights.save/load of (b) vs torch.save/torch.load to local disk and to memory.
+
+Every figure is a median after warm-up, timed with CUDA events (host syncs inside the S4 path are
+part of what is timed); every run checks bit-exactness. The table is printed last and written
+to $OUT/gpu_results.json when $OUT is set.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).parents[1]))
+
+import s4format
+import s4weights
+from s4format.writer import Writer
+from s4weights.gpu import decode
+from s4weights.gpu.encode import Encoder, Item
+
+REPS = int(os.environ.get("S4_BENCH_REPS", "5"))
+ROWS: list[dict] = []
+
+
+def timed(fn, reps: int = REPS) -> tuple[float, object]:
+    fn()  # warm-up (compiles kernels, fills allocator caches)
+    times, out = [], None
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        a.record()
+        out = fn()
+        b.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(b) / 1e3)
+    return statistics.median(times), out
+
+
+def row(case: str, codec: str, raw: int, stored: int, enc_s: float, dec_s: float,
+        exact: bool, **extra) -> None:
+    r = dict(case=case, codec=codec, raw_bytes=raw, stored_bytes=stored,
+             ratio=round(stored / raw, 4), enc_GBps=round(raw / enc_s / 1e9, 1),
+             dec_GBps=round(raw / dec_s / 1e9, 1), exact=exact, **extra)
+    ROWS.append(r)
+    print(json.dumps(r), flush=True)
+
+
+# -- S4 on a list of device tensors -----------------------------------------------------------
+
+def s4_items(tensors: dict[str, torch.Tensor]) -> list[Item]:
+    from s4format import dtypes
+    return [Item(dtypes.BY_NAME[str(t.dtype).removeprefix("torch.")], tuple(t.shape),
+                 t.reshape(-1).view(torch.uint8)) for t in tensors.values()]
+
+
+def s4_case(case: str, tensors: dict[str, torch.Tensor], mantissa: str) -> None:
+    enc = Encoder("auto", mantissa=mantissa)
+    raw = sum(t.numel() * t.element_size() for t in tensors.values())
+
+    def encode() -> bytes:
+        buf = io.BytesIO()
+        with Writer(buf) as w:
+            for name, c in zip(tensors, enc.code(s4_items(tensors))):
+                t = tensors[name]
+                w.add_coded(name, s4_items({name: t})[0].dtype, tuple(t.shape), c.coded,
+                            c.content_hash)
+            w.set_tree({k: s4format.objtree.TensorRef(i) for i, k in enumerate(tensors)})
+        return buf.getvalue()
+
+    enc_s, blob = timed(encode)
+    reader = s4format.Reader(blob)
+    outs = [torch.empty(t.numel() * t.element_size(), dtype=torch.uint8, device="cuda")
+            for t in tensors.values()]
+
+    def dec() -> None:
+        for i in range(len(outs)):
+            decode.read_tensor(reader, i, out=outs[i])
+
+    dec_s, _ = timed(dec)
+    exact = all(torch.equal(o, t.reshape(-1).view(torch.uint8))
+                for o, t in zip(outs, tensors.values()))
+    stored = sum(p.stored_len for t in reader.tensors for p in t.planes)
+    row(case, f"s4 (mantissa={mantissa})", raw, stored, enc_s, dec_s, exact,
+        file_bytes=len(blob))
+
+
+# -- nvCOMP ------------------------------------------------------------------------------------
+
+def nvcomp_case(case: str, tensors: dict[str, torch.Tensor], algorithm: str) -> None:
+    from nvidia import nvcomp
+    stream = torch.cuda.current_stream().cuda_stream
+    raw = sum(t.numel() * t.element_size() for t in tensors.values())
+    codecs = {}
+    for dt in {t.dtype for t in tensors.values()}:
+        kw = {}
+        if algorithm == "ANS":
+            kw["data_type"] = "<f4" if dt == torch.float32 else "<f2"
+        codecs[dt] = nvcomp.Codec(algorithm=algorithm, cuda_stream=stream, **kw)
+    arrays = {k: nvcomp.as_array(t.reshape(-1).view(torch.uint8) if algorithm != "ANS"
+                                 else t.reshape(-1).view(torch.int16 if t.element_size() == 2
+                                                         else torch.int32).view(
+                                     torch.float16 if t.element_size() == 2 else torch.float32),
+                                 stream) for k, t in tensors.items()}
+
+    def enc():
+        return {k: codecs[tensors[k].dtype].encode(a) for k, a in arrays.items()}
+
+    enc_s, comp = timed(enc)
+    stored = sum(c.buffer_size for c in comp.values())
+
+    def dec():
+        return {k: codecs[tensors[k].dtype].decode(c) for k, c in comp.items()}
+
+    dec_s, outs = timed(dec)
+    exact = all(torch.equal(torch.as_tensor(outs[k], device="cuda").view(torch.uint8)
+                            .reshape(-1), t.reshape(-1).view(torch.uint8))
+                for k, t in tensors.items())
+    row(case, f"nvcomp {algorithm}", raw, stored, enc_s, dec_s, exact)
+
+
+# -- (b) a trained transformer -----------------------------------------------------------------
+
+def trained_state(steps: int = 200) -> dict:
+    torch.manual_seed(0)
+    d, layers, vocab, seq, batch = 768, 12, 32000, 256, 16
+    layer = torch.nn.TransformerEncoderLayer(d, 12, 4 * d, batch_first=True, norm_first=True)
+    model = torch.nn.ModuleDict({
+        "emb": torch.nn.Embedding(vocab, d),
+        "body": torch.nn.TransformerEncoder(layer, layers, enable_nested_tensor=False),
+        "head": torch.nn.Linear(d, vocab)}).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
+    mask = torch.nn.Transformer.generate_square_subsequent_mask(seq, device="cuda")
+    for _ in range(steps):
+        x = torch.randint(0, vocab // 8, (batch, seq + 1), device="cuda")
+        x = (x * 7 + torch.arange(seq + 1, device="cuda")) % vocab  # learnable structure
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            h = model["body"](model["emb"](x[:, :-1]), mask=mask, is_causal=True)
+            loss = torch.nn.functional.cross_entropy(model["head"](h).flatten(0, 1).float(),
+                                                     x[:, 1:].flatten())
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    nparams = sum(p.numel() for p in model.parameters())
+    print(f"trained {nparams / 1e6:.1f}M parameters for {steps} steps, loss {loss.item():.3f}",
+          flush=True)
+    master = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    return {"weights_bf16": {k: v.to(torch.bfloat16) for k, v in master.items()},
+            "master_fp32": master, "optimizer": opt.state_dict()}
+
+
+def flat_tensors(state, prefix: str = "") -> dict[str, torch.Tensor]:
+    out = {}
+    if isinstance(state, torch.Tensor):
+        if state.is_cuda and state.dtype in (torch.bfloat16, torch.float16, torch.float32) \
+                and state.numel() > 1:
+            out[prefix] = state.contiguous()
+    elif isinstance(state, dict):
+        for k, v in state.items():
+            out.update(flat_tensors(v, f"{prefix}.{k}" if prefix else str(k)))
+    elif isinstance(state, (list, tuple)):
+        for i, v in enumerate(state):
+            out.update(flat_tensors(v, f"{prefix}.{i}"))
+    return out
+
+
+def same_state(a, b) -> bool:
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape and \
+            a.device == b.device and torch.equal(a.reshape(-1).view(torch.uint8),
+                                                 b.reshape(-1).view(torch.uint8))
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(same_state(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(same_state(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+def end_to_end(state: dict) -> None:
+    raw = sum(t.numel() * t.element_size() for t in flat_tensors(state).values())
+    tmp = Path(tempfile.mkdtemp(prefix="s4bench"))
+    cases = {
+        "s4weights disk": (lambda: s4weights.save(state, tmp / "x.s4w"),
+                           lambda: s4weights.load(tmp / "x.s4w", map_location="cuda"),
+                           lambda: (tmp / "x.s4w").stat().st_size),
+        "torch disk": (lambda: torch.save(state, tmp / "x.pt"),
+                       lambda: torch.load(tmp / "x.pt", map_location="cuda"),
+                       lambda: (tmp / "x.pt").stat().st_size),
+    }
+    mem: dict[str, io.BytesIO] = {}
+
+    def s4_mem_save():
+        mem["s4"] = io.BytesIO()
+        s4weights.save(state, mem["s4"])
+
+    def torch_mem_save():
+        mem["pt"] = io.BytesIO()
+        torch.save(state, mem["pt"])
+
+    cases["s4weights memory"] = (s4_mem_save, lambda: s4weights.load(
+        mem["s4"].getvalue(), map_location="cuda"), lambda: len(mem["s4"].getvalue()))
+    cases["torch memory"] = (torch_mem_save, lambda: torch.load(
+        io.BytesIO(mem["pt"].getvalue()), map_location="cuda"), lambda: len(mem["pt"].getvalue()))
+    for name, (save, load, size) in cases.items():
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        save_s, _ = timed(save, reps=3)
+        save_peak = torch.cuda.max_memory_allocated() - base
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        load_s, got = timed(load, reps=3)
+        load_peak = torch.cuda.max_memory_allocated() - base
+        row("(c) end to end", name, raw, size(), save_s, load_s, same_state(state, got),
+            save_s=round(save_s, 3), load_s=round(load_s, 3),
+            save_peak_extra_MiB=round(save_peak / 2**20),
+            load_peak_extra_MiB=round(load_peak / 2**20))
+        del got
+
+
+def main() -> None:
+    torch.cuda.init()
+    print(torch.cuda.get_device_name(), torch.__version__, flush=True)
+    x = (torch.randn(1 << 29, device="cuda") * 0.02).to(torch.bfloat16)  # 1 GiB
+    one = {"w": x}
+    for m in ("rans", "auto"):
+        s4_case("(a) 1 GiB bf16", one, m)
+    for alg in ("ANS", "GDeflate"):
+        nvcomp_case("(a) 1 GiB bf16", one, alg)
+    del x, one
+    torch.cuda.empty_cache()
+    state = trained_state(int(os.environ.get("S4_BENCH_STEPS", "200")))
+    tensors = flat_tensors(state)
+    print(f"state: {len(tensors)} tensors, "
+          f"{sum(t.numel() * t.element_size() for t in tensors.values()) / 2**30:.2f} GiB",
+          flush=True)
+    for m in ("rans", "auto"):
+        s4_case("(b) training state", tensors, m)
+    for alg in ("ANS", "GDeflate"):
+        nvcomp_case("(b) training state", tensors, alg)
+    end_to_end(state)
+    print(f"\n{'case':20} {'codec':24} {'ratio':>7} {'enc GB/s':>9} {'dec GB/s':>9} exact")
+    for r in ROWS:
+        print(f"{r['case']:20} {r['codec']:24} {r['ratio']:7.4f} {r['enc_GBps']:9.1f} "
+              f"{r['dec_GBps']:9.1f} {r['exact']}")
+    out = os.environ.get("OUT")
+    if out:
+        Path(out, "gpu_results.json").write_text(json.dumps(
+            dict(device=torch.cuda.get_device_name(), date=time.strftime("%Y-%m-%d"),
+                 rows=ROWS), indent=1))
+
+
+if __name__ == "__main__":
+    np.seterr(all="ignore")
+    main()

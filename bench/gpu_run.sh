@@ -1,0 +1,14 @@
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD
+# Everything the GPU machine runs, in one go (from the repo root, with .whl/ carried; fetch the
+# wheels here first with `bash ../shared/scripts/gpu-wheels.sh`): GPU tests, then the benchmark.
+# Logs and bench/gpu.py's JSON land in $OUT.
+set -o pipefail
+export OUT=${OUT:-/tmp/s4-gpu-out} PYTHONUNBUFFERED=1
+mkdir -p "$OUT"
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv | tee "$OUT/gpu_info.txt"
+python3 -m pytest -q -m gpu tests/gpu ${S4_PYTEST_ARGS:-} 2>&1 | tee "$OUT/gpu_tests.log"
+tests=$?
+python3 bench/gpu.py 2>&1 | tee "$OUT/gpu_bench.log"
+bench=$?
+echo "tests exit $tests, bench exit $bench"
+exit $(( tests || bench ))

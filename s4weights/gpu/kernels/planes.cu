@@ -1,0 +1,199 @@
+// Plane split and merge (spec/planes.md) for the bf16, fp16 and fp32 layouts, batched: one
+// launch covers many tensors through a chunk table (chunk -> tensor segment, first element).
+//
+// split: reads each element once and writes the packed sign bits (the bitpack codec's stored
+// form: bit i of the plane is bit i % 8 of byte i / 8), one byte plane per other field, and
+// per-segment byte histograms of those planes (plus the count of set sign bits), which the host
+// needs for the codec choice and the rANS frequency tables.
+// merge: the inverse; it reads the sign plane as packed bits or as bytes and flags any plane
+// byte with bits outside its field (spec: merge MUST reject those).
+//
+// Every thread handles 8 consecutive elements, so its sign bits are exactly one stored byte and
+// its plane bytes one 8-byte store. Words are read and written as integers, never as floats
+// (NaN payloads survive).
+#include "common.cuh"
+
+#define SPLIT_THREADS 256
+#define SPLIT_WARPS (SPLIT_THREADS / 32)
+#define CHUNK_ELEMS 65536   // elements per CTA; a multiple of 8 * SPLIT_THREADS
+
+template <int L> struct Lay;
+// bf16: sign 15 | exponent 14-7 | mantissa0 6-0
+template <> struct Lay<1> {
+    typedef u16 W;
+    static constexpr int NP = 2;
+    static __device__ __forceinline__ int shift(int k) { return k == 0 ? 7 : 0; }
+    static __device__ __forceinline__ u32 mask(int k) { return k == 0 ? 0xFFu : 0x7Fu; }
+};
+// fp16: sign 15 | exponent 14-10 | mantissa0 9-8 | mantissa1 7-0
+template <> struct Lay<2> {
+    typedef u16 W;
+    static constexpr int NP = 3;
+    static __device__ __forceinline__ int shift(int k) { return k == 0 ? 10 : (k == 1 ? 8 : 0); }
+    static __device__ __forceinline__ u32 mask(int k) { return k == 0 ? 0x1Fu : (k == 1 ? 0x3u : 0xFFu); }
+};
+// fp32: sign 31 | exponent 30-23 | mantissa0 22-16 | mantissa1 15-8 | mantissa2 7-0
+template <> struct Lay<3> {
+    typedef u32 W;
+    static constexpr int NP = 4;
+    static __device__ __forceinline__ int shift(int k) { return k == 0 ? 23 : (k == 1 ? 16 : (k == 2 ? 8 : 0)); }
+    static __device__ __forceinline__ u32 mask(int k) { return k == 0 ? 0xFFu : (k == 1 ? 0x7Fu : 0xFFu); }
+};
+
+// Segment table, one entry per tensor, as parallel arrays:
+//   src/dst[s]     the tensor's words (split reads, merge writes)
+//   n[s]           elements
+//   planes[s*5+k]  k = 0: sign (packed bits or bytes), 1..: the byte planes in layout order
+//   hist           u64[nseg][4][256] byte histograms of planes 1..NP; sign_ones u64[nseg]
+template <int L>
+__device__ void split_impl(const int* chunk_seg, const i64* chunk_start, const u64* src,
+                           const i64* nelem, const u64* planes, u64* hist, u64* sign_ones) {
+    typedef typename Lay<L>::W W;
+    constexpr int NP = Lay<L>::NP;
+    __shared__ u32 h[SPLIT_WARPS][NP][256];
+    const int tid = threadIdx.x, warp = tid >> 5;
+    for (int i = tid; i < SPLIT_WARPS * NP * 256; i += SPLIT_THREADS) (&h[0][0][0])[i] = 0;
+    __syncthreads();
+
+    const int seg = chunk_seg[blockIdx.x];
+    const i64 n = nelem[seg];
+    const i64 c0 = chunk_start[blockIdx.x];
+    const i64 c1 = c0 + CHUNK_ELEMS < n ? c0 + CHUNK_ELEMS : n;
+    const W* in = (const W*)src[seg];
+    u8* sign = (u8*)planes[seg * 5];
+    const bool vec = ((u64)in & 15) == 0;
+    u32 ones = 0;
+    for (i64 e = c0 + 8 * (i64)tid; e < c1; e += 8 * SPLIT_THREADS) {
+        W w[8];
+        const int m = c1 - e < 8 ? (int)(c1 - e) : 8;
+        if (m == 8 && vec) {
+            if (sizeof(W) == 2) {
+                uint4 v = *(const uint4*)(in + e);
+                const W* p = (const W*)&v;
+                for (int j = 0; j < 8; j++) w[j] = p[j];
+            } else {
+                uint4 v0 = *(const uint4*)(in + e), v1 = *(const uint4*)(in + e + 4);
+                w[0] = v0.x; w[1] = v0.y; w[2] = v0.z; w[3] = v0.w;
+                w[4] = v1.x; w[5] = v1.y; w[6] = v1.z; w[7] = v1.w;
+            }
+        } else {
+            for (int j = 0; j < 8; j++) w[j] = j < m ? in[e + j] : (W)0;
+        }
+        u32 sbits = 0;
+        for (int j = 0; j < 8; j++) sbits |= (u32)(w[j] >> (8 * sizeof(W) - 1)) << j;
+        sign[e >> 3] = (u8)sbits;
+        ones += __popc(sbits);
+        for (int k = 0; k < NP; k++) {
+            u8* out = (u8*)planes[seg * 5 + 1 + k];
+            u64 packed = 0;
+            for (int j = 0; j < 8; j++) {
+                u32 b = ((u32)w[j] >> Lay<L>::shift(k)) & Lay<L>::mask(k);
+                packed |= (u64)b << (8 * j);
+                if (j < m) atomicAdd(&h[warp][k][b], 1u);
+            }
+            if (m == 8) *(u64*)(out + e) = packed;
+            else for (int j = 0; j < m; j++) out[e + j] = (u8)(packed >> (8 * j));
+        }
+    }
+    for (int off = 16; off; off >>= 1) ones += __shfl_xor_sync(0xFFFFFFFFu, ones, off);
+    if ((tid & 31) == 0 && ones) atomicAdd(&sign_ones[seg], (u64)ones);
+    __syncthreads();
+    for (int i = tid; i < NP * 256; i += SPLIT_THREADS) {
+        u32 t = 0;
+        for (int wi = 0; wi < SPLIT_WARPS; wi++) t += h[wi][i >> 8][i & 255];
+        if (t) atomicAdd(&hist[(u64)seg * 1024 + i], (u64)t);
+    }
+}
+
+template <int L>
+__device__ void merge_impl(const int* chunk_seg, const i64* chunk_start, const u64* dst,
+                           const i64* nelem, const u64* planes, const u8* sign_packed,
+                           int* errors) {
+    typedef typename Lay<L>::W W;
+    constexpr int NP = Lay<L>::NP;
+    const int seg = chunk_seg[blockIdx.x];
+    const i64 n = nelem[seg];
+    const i64 c0 = chunk_start[blockIdx.x];
+    const i64 c1 = c0 + CHUNK_ELEMS < n ? c0 + CHUNK_ELEMS : n;
+    W* out = (W*)dst[seg];
+    const u8* sign = (const u8*)planes[seg * 5];
+    const bool packed_sign = sign_packed[seg] != 0;
+    const bool vec = ((u64)out & 15) == 0;
+    u32 bad = 0;
+    for (i64 e = c0 + 8 * (i64)threadIdx.x; e < c1; e += 8 * SPLIT_THREADS) {
+        const int m = c1 - e < 8 ? (int)(c1 - e) : 8;
+        W w[8];
+        u32 sb = 0;
+        if (packed_sign) {
+            sb = sign[e >> 3];
+            if (m < 8) bad |= sb >> m;  // padding bits of the last byte must be zero
+        }
+        for (int j = 0; j < 8; j++) {
+            u32 s = packed_sign ? (sb >> j) & 1u : (j < m ? sign[e + j] : 0u);
+            if (!packed_sign) bad |= s >> 1;
+            w[j] = (W)((u32)s << (8 * sizeof(W) - 1));
+        }
+        for (int k = 0; k < NP; k++) {
+            const u8* p = (const u8*)planes[seg * 5 + 1 + k];
+            u64 v = 0;
+            if (m == 8 && (((u64)(p + e)) & 7) == 0) v = *(const u64*)(p + e);
+            else for (int j = 0; j < m; j++) v |= (u64)p[e + j] << (8 * j);
+            for (int j = 0; j < 8; j++) {
+                u32 b = (u32)(v >> (8 * j)) & 0xFFu;
+                bad |= b & ~Lay<L>::mask(k);
+                w[j] |= (W)(b << Lay<L>::shift(k));
+            }
+        }
+        if (m == 8 && vec) {
+            if (sizeof(W) == 2) {
+                uint4 v;
+                W* q = (W*)&v;
+                for (int j = 0; j < 8; j++) q[j] = w[j];
+                *(uint4*)(out + e) = v;
+            } else {
+                *(uint4*)(out + e) = make_uint4(w[0], w[1], w[2], w[3]);
+                *(uint4*)(out + e + 4) = make_uint4(w[4], w[5], w[6], w[7]);
+            }
+        } else {
+            for (int j = 0; j < m; j++) out[e + j] = w[j];
+        }
+    }
+    if (bad) atomicExch(&errors[seg], 1);
+}
+
+#define S4_SPLIT(L, NAME)                                                                      \
+    extern "C" __global__ void __launch_bounds__(SPLIT_THREADS) NAME(                          \
+        const int* cs, const i64* c0, const u64* src, const i64* n, const u64* planes,         \
+        u64* hist, u64* ones) { split_impl<L>(cs, c0, src, n, planes, hist, ones); }
+#define S4_MERGE(L, NAME)                                                                      \
+    extern "C" __global__ void __launch_bounds__(SPLIT_THREADS) NAME(                          \
+        const int* cs, const i64* c0, const u64* dst, const i64* n, const u64* planes,         \
+        const u8* packed, int* err) { merge_impl<L>(cs, c0, dst, n, planes, packed, err); }
+S4_SPLIT(1, split_bf16)
+S4_SPLIT(2, split_fp16)
+S4_SPLIT(3, split_fp32)
+S4_MERGE(1, merge_bf16)
+S4_MERGE(2, merge_fp16)
+S4_MERGE(3, merge_fp32)
+
+// Bytes 0/1 from packed bits (a sign plane that rANS codes needs its byte form).
+extern "C" __global__ void unpack_bits(const u8* bits, u8* out, i64 n) {
+    for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x)
+        out[i] = (bits[i >> 3] >> (i & 7)) & 1;
+}
+
+// out = a ^ b over n bytes (XOR delta against a parent tensor).
+extern "C" __global__ void xor_bytes(const u8* a, const u8* b, u8* out, i64 n) {
+    const i64 stride = (i64)gridDim.x * blockDim.x;
+    const i64 t = blockIdx.x * (i64)blockDim.x + threadIdx.x;
+    if ((((u64)a | (u64)b | (u64)out) & 15) == 0) {
+        const i64 nv = n >> 4;
+        for (i64 i = t; i < nv; i += stride) {
+            uint4 x = ((const uint4*)a)[i], y = ((const uint4*)b)[i];
+            ((uint4*)out)[i] = make_uint4(x.x ^ y.x, x.y ^ y.y, x.z ^ y.z, x.w ^ y.w);
+        }
+        for (i64 i = (nv << 4) + t; i < n; i += stride) out[i] = a[i] ^ b[i];
+    } else {
+        for (i64 i = t; i < n; i += stride) out[i] = a[i] ^ b[i];
+    }
+}

@@ -1,0 +1,133 @@
+// S4 rANS (spec/rans.md), one warp per block of 2^log2_block symbols, 32 lanes = 32 states.
+// Byte-identical to the CPU reference encoder: same table, same exact division by reciprocal,
+// same word order (within a row, renormalising lanes in lane order: one ballot per row, a lane's
+// word index is the words before the row plus the popcount of the lower lanes' ballot bits).
+//
+// Blocks of many planes go into one launch through a block table built on the host (pointers
+// per block). The encoder writes a block's words to its own scratch region (at most one word
+// per symbol) and its word count, 32 final states, first symbol and "not constant" flag; the
+// host then knows every stream size and assembles the streams with the copy kernel.
+#include "common.cuh"
+
+#define RANS_WARPS 4          // warps (blocks of symbols) per CTA
+#define STAGE 512             // symbols staged in shared memory per warp step (16 rows)
+
+struct EncSym {  // per symbol: renormalise while x >= xmax; x' = x + bias + q * cmpl
+    u32 xmax, rcp, bias, shift_cmpl;  // shift in bits 0-7, 4096 - freq in bits 8-23
+};
+
+__device__ __forceinline__ u32 lanemask_lt() {
+    u32 m;
+    asm("mov.u32 %0, %%lanemask_lt;" : "=r"(m));
+    return m;
+}
+__device__ __forceinline__ u32 lanemask_gt() {
+    u32 m;
+    asm("mov.u32 %0, %%lanemask_gt;" : "=r"(m));
+    return m;
+}
+
+extern "C" __global__ void __launch_bounds__(RANS_WARPS * 32)
+rans_encode(int nblocks, const u64* blk_src, const u32* blk_len, const u64* blk_tab,
+            const u64* blk_scratch, u32* counts, u32* states, u8* firsts, u8* varied) {
+    __shared__ __align__(16) u8 stage[RANS_WARPS][STAGE];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int b = blockIdx.x * RANS_WARPS + warp;
+    if (b >= nblocks) return;
+    const u8* src = (const u8*)blk_src[b];
+    const u32 len = blk_len[b];
+    const EncSym* tab = (const EncSym*)blk_tab[b];
+    u16* words = (u16*)blk_scratch[b];
+    u8* st = stage[warp];
+    const bool vec = ((u64)src & 15) == 0;
+    const u8 first = src[0];
+    u32 x = 1u << 15, w = 0, diff = 0;
+    for (u32 base = 0; base < len; base += STAGE) {
+        const u32 chunk = len - base < STAGE ? len - base : STAGE;
+        __syncwarp();
+        if (vec && chunk == STAGE) {
+            ((uint4*)st)[lane] = ((const uint4*)(src + base))[lane];
+        } else {
+            for (u32 i = lane; i < chunk; i += 32) st[i] = src[base + i];
+        }
+        __syncwarp();
+        for (u32 r = 0; r < chunk; r += 32) {
+            const bool active = r + lane < chunk;
+            const u32 s = active ? st[r + lane] : first;
+            diff |= s != first;
+            const uint4 e = __ldg((const uint4*)(tab + s));
+            const bool need = active && x >= e.x;
+            const u32 ballot = __ballot_sync(0xFFFFFFFFu, need);
+            if (need) {
+                words[w + __popc(ballot & lanemask_lt())] = (u16)(x & 0xFFFF);
+                x >>= 16;
+            }
+            if (active) {
+                const u32 q = (u32)(((u64)x * e.y) >> 32) >> (e.w & 0xFF);
+                x = x + e.z + q * (e.w >> 8);
+            }
+            w += __popc(ballot);
+        }
+    }
+    states[(u64)b * 32 + lane] = x;
+    const u32 any = __ballot_sync(0xFFFFFFFFu, diff);
+    if (lane == 0) {
+        counts[b] = w;
+        firsts[b] = first;
+        varied[b] = any != 0;
+    }
+}
+
+// Decode one block per warp straight into its output bytes. mode 0: RANS (words, states,
+// decode table); mode 1: CONST (fill with `fill`). Errors per block, numbered as the CPU
+// reference: 1 state out of range, 2 word underflow, 3 words left over, 4 wrong final state.
+extern "C" __global__ void __launch_bounds__(RANS_WARPS * 32)
+rans_decode(int nblocks, const u8* blk_mode, const u8* blk_fill, const u64* blk_words,
+            const u32* blk_count, const u64* blk_states, const u64* blk_dtab, const u64* blk_out,
+            const u32* blk_len, int* errors) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int b = blockIdx.x * RANS_WARPS + warp;
+    if (b >= nblocks) return;
+    u8* out = (u8*)blk_out[b];
+    const u32 len = blk_len[b];
+    if (blk_mode[b] == 1) {
+        const u8 v = blk_fill[b];
+        for (u32 i = lane; i < len; i += 32) out[i] = v;
+        return;
+    }
+    const u16* words = (const u16*)blk_words[b];
+    const u32* dtab = (const u32*)blk_dtab[b];
+    u32 x = ((const u32*)blk_states[b])[lane];
+    int err = (x < (1u << 15) || x >= (1u << 31)) ? 1 : 0;
+    if (__any_sync(0xFFFFFFFFu, err)) {
+        if (lane == 0) errors[b] = 1;
+        return;
+    }
+    i64 p = blk_count[b];
+    const u32 last = ((len - 1) / 32) * 32;
+    for (i64 r = last; r >= 0; r -= 32) {
+        const bool active = r + lane < len;
+        u32 need = 0;
+        if (active) {
+            const u32 e = __ldg(dtab + (x & 4095u));
+            out[r + lane] = (u8)(e & 0xFF);
+            x = ((e >> 20) + 1) * (x >> 12) + ((e >> 8) & 4095u);
+            need = x < (1u << 15);
+        }
+        const u32 ballot = __ballot_sync(0xFFFFFFFFu, need);
+        const int total = __popc(ballot);
+        if (total > p) {
+            if (lane == 0) errors[b] = 2;
+            return;
+        }
+        if (need) {
+            const i64 idx = p - 1 - __popc(ballot & lanemask_gt());
+            x = (x << 16) | words[idx];
+        }
+        p -= total;
+    }
+    if (p != 0) err = 3;
+    else if (x != (1u << 15)) err = 4;
+    const u32 bad = __ballot_sync(0xFFFFFFFFu, err != 0);
+    if (bad && lane == 0) errors[b] = p != 0 ? 3 : 4;
+}

@@ -1,0 +1,91 @@
+"""Pure planning for the CUDA path (no CUDA needed, tested on CPU): which tensors the GPU codes,
+how they are batched into groups under a workspace bound, the chunk tables of the split and
+merge kernels, and the block tables of the rANS kernels.
+
+Groups are windows of consecutive tensors: the writer must add tensors in the order of the
+flattened tree (tensor references are positions), so batching never reorders. Inside a group,
+one split launch per layout covers all its tensors through a chunk table.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from s4format import layouts
+from s4format.writer import SPLIT_MIN
+
+CHUNK_ELEMS = 65536  # kernels/planes.cu: elements per CTA of split and merge
+GIB = 1 << 30
+MIN_WORKSPACE = 64 << 20
+# Device bytes per raw byte a group needs at most: planes (1x), rANS scratch (up to 2 bytes per
+# plane byte), GDeflate output (about 1x of the mantissa planes) and the compacted payloads (1x).
+WORKSPACE_FACTOR = 5
+
+GPU_LAYOUTS = {layouts.BF16.layout_id: 2, layouts.FP16.layout_id: 2, layouts.FP32.layout_id: 4}
+SPLIT_DTYPES = {"bfloat16": layouts.BF16, "float16": layouts.FP16, "float32": layouts.FP32}
+
+
+def default_workspace(total_bytes: int) -> int:
+    """min(1 GiB, 10% of the state), but at least 64 MiB so small states form one group."""
+    return min(GIB, max(MIN_WORKSPACE, total_bytes // 10))
+
+
+def gpu_layout(dtype_name: str, nbytes: int) -> layouts.Layout | None:
+    """The layout the GPU splits a tensor with, or None when the CPU coder handles it (other
+    dtypes, and tensors below the writer's split threshold, which are stored as one plane)."""
+    lay = SPLIT_DTYPES.get(dtype_name)
+    if lay is None or nbytes < SPLIT_MIN:
+        return None
+    return lay
+
+
+def groups(nbytes: list[int], workspace: int) -> list[range]:
+    """Consecutive windows whose estimated device workspace stays under ``workspace``; a tensor
+    too large for it forms a group of its own."""
+    out: list[range] = []
+    start, used = 0, 0
+    for i, n in enumerate(nbytes):
+        need = WORKSPACE_FACTOR * n
+        if i > start and used + need > workspace:
+            out.append(range(start, i))
+            start, used = i, 0
+        used += need
+    if start < len(nbytes):
+        out.append(range(start, len(nbytes)))
+    return out
+
+
+def chunk_table(nelems: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """(segment of each chunk, first element of each chunk) for split/merge launches."""
+    counts = [(n + CHUNK_ELEMS - 1) // CHUNK_ELEMS for n in nelems]
+    seg = np.repeat(np.arange(len(nelems), dtype=np.int32), counts)
+    first = np.concatenate([np.arange(c, dtype=np.int64) * CHUNK_ELEMS for c in counts]) \
+        if counts else np.zeros(0, dtype=np.int64)
+    return seg, first.astype(np.int64)
+
+
+@dataclass(frozen=True)
+class BlockTable:
+    """One row per rANS block of a batch of planes: where its symbols are and how many."""
+    plane: np.ndarray   # int64: which plane of the batch
+    start: np.ndarray   # int64: first symbol inside the plane
+    length: np.ndarray  # uint32: symbols in the block
+    first: np.ndarray   # int64[planes + 1]: the batch's first block of each plane
+
+    @property
+    def size(self) -> int:
+        return int(self.plane.size)
+
+
+def block_table(lengths: list[int], log2_block: int) -> BlockTable:
+    b = 1 << log2_block
+    counts = np.array([(n + b - 1) >> log2_block for n in lengths], dtype=np.int64)
+    first = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(counts, out=first[1:])
+    plane = np.repeat(np.arange(len(lengths), dtype=np.int64), counts)
+    start = (np.arange(int(first[-1]), dtype=np.int64) - first[plane]) << log2_block
+    n = np.asarray(lengths, dtype=np.int64)[plane] if plane.size else np.zeros(0, np.int64)
+    length = np.minimum(n - start, b).astype(np.uint32)
+    return BlockTable(plane, start, length, first)

@@ -1,0 +1,44 @@
+"""Pure planning of the CUDA path (runs without a GPU): groups, chunk and block tables,
+workspace sizing, which tensors the GPU splits."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from s4format import layouts
+from s4weights.gpu import plan
+
+
+def test_workspace_is_a_tenth_of_the_state_between_64_mib_and_1_gib() -> None:
+    assert plan.default_workspace(0) == 64 << 20
+    assert plan.default_workspace(5 << 30) == (5 << 30) // 10
+    assert plan.default_workspace(100 << 30) == 1 << 30
+
+
+def test_groups_keep_order_cover_everything_and_respect_the_bound() -> None:
+    sizes = [10, 10, 10, 100, 5, 5, 1000, 1]
+    got = plan.groups(sizes, workspace=plan.WORKSPACE_FACTOR * 30)
+    assert [list(g) for g in got] == [[0, 1, 2], [3], [4, 5], [6], [7]]
+    assert plan.groups([], 100) == []
+
+
+def test_gpu_splits_float_dtypes_from_the_writers_threshold() -> None:
+    assert plan.gpu_layout("bfloat16", 4096) is layouts.BF16
+    assert plan.gpu_layout("float32", 1 << 20) is layouts.FP32
+    assert plan.gpu_layout("float16", 4094) is None
+    assert plan.gpu_layout("int64", 1 << 20) is None
+
+
+def test_chunk_table_covers_each_segment_once() -> None:
+    seg, first = plan.chunk_table([1, plan.CHUNK_ELEMS, plan.CHUNK_ELEMS + 1, 0])
+    assert seg.tolist() == [0, 1, 2, 2]
+    assert first.tolist() == [0, 0, 0, plan.CHUNK_ELEMS]
+
+
+def test_block_table_matches_the_spec_block_split() -> None:
+    bt = plan.block_table([100, 0, 64, 65], log2_block=5)
+    assert bt.first.tolist() == [0, 4, 4, 6, 9]
+    assert bt.plane.tolist() == [0, 0, 0, 0, 2, 2, 3, 3, 3]
+    assert bt.start.tolist() == [0, 32, 64, 96, 0, 32, 0, 32, 64]
+    assert bt.length.tolist() == [32, 32, 32, 4, 32, 32, 32, 32, 1]
+    assert bt.length.dtype == np.uint32
