@@ -47,9 +47,9 @@ DEFAULT_LEVEL = 1  # measured: levels 1-6 give the same mantissa ratio; 1 is the
 MIN_LEVEL, MAX_LEVEL = 0, 12  # nvcomp/native/gdeflate_cpu.h
 # Pages compressed per library call: bounds the workspace at about 16 MiB for any plane size.
 _BATCH_PAGES = 256
-# Zero bytes after each page in the decoder's input. A hostile page can leave the decoder
-# copying up to one page of output from past its end and then reading zeros until it fails
-# (measured: under 4 KiB); twice the page size keeps every over-read inside our buffer.
+# Zero bytes after each page in the decoder's input. Measured (spec/gdeflate.md, section 7):
+# behind hostile 64 KiB pages 32 KiB of zeros was sometimes overrun, 64 KiB never was; twice
+# that keeps the library's over-read inside our buffer with margin.
 _INPUT_PAD = 2 * PAGE_SIZE
 # Pages sampled by estimate() on planes larger than this many pages.
 _ESTIMATE_PAGES = 8
