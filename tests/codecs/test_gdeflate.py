@@ -348,3 +348,23 @@ class TestWithoutLibrary:
                               timeout=60)
         assert done.returncode == 0, done.stderr
         assert "s4weights[gdeflate]" in done.stdout
+
+
+@requires_library
+def test_incompressible_pages_do_not_overrun_the_output_slots() -> None:
+    # nvCOMP's compressCPUGetMaxOutputChunkSize under-reports: random pages compressed past it
+    # and corrupted the heap (glibc abort). Run in a child so a regression shows as a crash.
+    code = textwrap.dedent("""
+        import numpy as np
+        from s4format.codecs.gdeflate import GDeflateCodec
+        codec = GDeflateCodec()
+        for seed in range(4):
+            plane = np.random.default_rng(seed).integers(0, 256, 64 * 65536, dtype=np.uint8)
+            enc = codec.encode(plane)
+            out = codec.decode(np.frombuffer(bytes(enc.payload), np.uint8), plane.size, b"")
+            assert np.array_equal(out, plane)
+        print("ok")
+    """)
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr[-2000:]
