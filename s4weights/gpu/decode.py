@@ -47,10 +47,14 @@ def read_tensor(reader: Reader, i: int, out: torch.Tensor | None = None) -> torc
         if raw.size:
             out.copy_(torch.from_numpy(raw))
         return out
+    prof = runtime.Profile("decode")
     stored, at, host = _upload(reader, t)
+    prof.mark("read+h2d")
     _check_planes(reader, t, stored, at)
+    prof.mark("checksums")
     keep: list[object] = [host]
     ptrs, packed = _planes(reader, t, stored, at, host, keep)
+    prof.mark("planes")
     word = t.layout.word_size(t.dtype.itemsize)
     n = t.raw_nbytes // word
     if n:
@@ -67,12 +71,15 @@ def read_tensor(reader: Reader, i: int, out: torch.Tensor | None = None) -> torc
             raise FormatError(f"{reader.name}: tensor {t.name!r}: a plane holds values wider "
                               "than its field")
     del keep
+    prof.mark("merge")
     if reader.verify_hashes:
         digests, _first = runtime.leaf_digests([out.data_ptr()], [t.raw_nbytes])
         d = digests.cpu().numpy().view(np.uint64)[:(t.raw_nbytes + 65535) // 65536]
         if content_hash_from_leaves(t.raw_nbytes, d) != t.content_hash:
             raise ContentHashError(f"{reader.name}: tensor {t.name!r} content hash mismatch "
                                    "after decoding on the GPU")
+        prof.mark("content hash")
+    prof.report()
     return out
 
 

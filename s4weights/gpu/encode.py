@@ -99,17 +99,23 @@ class Encoder:
     # -- stage 1: split, histograms, content hashes ---------------------------------------
 
     def _group(self, items: list[Item]) -> list[Coded]:
+        prof = runtime.Profile("encode")
         digests, first = runtime.leaf_digests([i.data.data_ptr() for i in items],
                                               [i.nbytes for i in items])
+        prof.mark("content leaves")
         planes_buf, planes = self._split(items)
+        prof.mark("split")
         hashes = digests.cpu().numpy().view(np.uint64)
         content = [content_hash_from_leaves(it.nbytes, hashes[first[k]:first[k + 1]])
                    for k, it in enumerate(items)]
         # -- stage 2: codec choice and encoding
         rans_out, gd = self._encode(planes)
+        prof.mark("encode")
         # -- stage 3: sizes, fallbacks, assembly
         cpu = self._finalise(items, planes, rans_out, gd)
+        prof.mark("finalise")
         host, payload_at, digests2, dfirst, cpu_at = self._assemble(items, planes, cpu)
+        prof.mark("assemble+d2h")
         del planes_buf, rans_out, gd
         results = []
         pi = 0
@@ -130,6 +136,8 @@ class Encoder:
                                                payload, p.params, checksum))
                 pi += 1
             results.append(Coded(CodedTensor(it.layout, tuple(coded_planes)), content[k]))
+        prof.mark("results")
+        prof.report()
         return results
 
     def _split(self, items: list[Item]) -> tuple[torch.Tensor, list[_Plane]]:
@@ -365,9 +373,14 @@ class Encoder:
         digests, dfirst = runtime.leaf_digests([base + int(offs[j]) for j in range(len(live))],
                                                [p.size for p in live])
         host = self._pinned_buffer(total)
+        torch.cuda.current_stream().synchronize()
+        prof = runtime.Profile("assemble")
+        prof.mark("copy+hash kernels")
         host[:total].copy_(out[:total], non_blocking=True)
         d = digests.cpu().numpy().view(np.uint64)  # synchronises the stream
         torch.cuda.current_stream().synchronize()
+        prof.mark(f"d2h {total} bytes")
+        prof.report()
         del d_blob
         planes[:] = live
         return host.numpy(), offs, d, dfirst, cpu_at
@@ -399,7 +412,8 @@ def rans_stream(plane: torch.Tensor, log2_block: int = rans.LOG2_BLOCK_DEFAULT) 
         r = enc._rans([p])
     enc._rans_payload(p, r)
     if p.pieces is None:
-        return np.concatenate([np.frombuffer(p.prefix, np.uint8), plane.cpu().numpy()])
+        head = ranshost.header(rans.MODE_RAW, log2_block, n)
+        return np.concatenate([np.frombuffer(head, np.uint8), plane.cpu().numpy()])
     size = sum(length for _a, length in p.pieces)
     out = runtime.device_empty(size)
     at = np.cumsum([0] + [length for _a, length in p.pieces])[:-1]

@@ -101,9 +101,10 @@ class _DeviceSpan:
     """A raw device address range as a __cuda_array_interface__ uint8 array."""
 
     def __init__(self, address: int, nbytes: int) -> None:
+        # No "stream" key: the work is ordered on the codec's stream, which is torch's.
         self.__cuda_array_interface__ = {
             "shape": (nbytes,), "typestr": "|u1", "data": (address, False), "version": 3,
-            "strides": None, "stream": torch.cuda.current_stream().cuda_stream}
+            "strides": None}
 
 
 def decompress(stored: torch.Tensor, entries: np.ndarray, offsets: np.ndarray, out_ptr: int,

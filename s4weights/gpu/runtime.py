@@ -9,6 +9,9 @@ the path composes with the caller's stream and memory accounting.
 from __future__ import annotations
 
 import functools
+import os
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -63,7 +66,10 @@ def device_empty(nbytes: int) -> torch.Tensor:
 
 def to_device(a: np.ndarray) -> torch.Tensor:
     """A small host table on the device (the copy is ordered on the current stream)."""
-    host = torch.from_numpy(np.ascontiguousarray(a).reshape(-1).view(np.uint8))
+    a = np.ascontiguousarray(a)
+    if not a.flags.writeable:
+        a = a.copy()
+    host = torch.from_numpy(a.reshape(-1).view(np.uint8))
     return host.to("cuda", non_blocking=False)
 
 
@@ -104,3 +110,25 @@ def leaf_digests(ptrs: list[int], lengths: list[int]) -> tuple[torch.Tensor, np.
         launch("hash", "leaf_digests", (total + warps_per_cta - 1) // warps_per_cta,
                32 * warps_per_cta, np.int32(len(ptrs)), ptr(p), ptr(n), ptr(f), ptr(out))
     return out, first
+
+
+class Profile:
+    """Stage timings (device synchronised) printed to stderr when $S4_GPU_PROFILE is set."""
+
+    def __init__(self, what: str) -> None:
+        self.on = bool(os.environ.get("S4_GPU_PROFILE"))
+        self.what = what
+        self.marks: list[tuple[str, float]] = []
+        self.t = time.perf_counter()
+
+    def mark(self, stage: str) -> None:
+        if self.on:
+            torch.cuda.synchronize()
+            now = time.perf_counter()
+            self.marks.append((stage, now - self.t))
+            self.t = now
+
+    def report(self) -> None:
+        if self.on:
+            print(f"[s4 gpu {self.what}] " + ", ".join(f"{s} {1e3 * t:.1f} ms"
+                                                      for s, t in self.marks), file=sys.stderr)

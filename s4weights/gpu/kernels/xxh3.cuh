@@ -40,10 +40,12 @@
 
 // The secret lives in constant memory on the device and in a plain array on the host.
 #if defined(__CUDACC__) || defined(__CUDACC_RTC__)
-__device__ __constant__ u8 xxh_secret_dev[XXH_SECRET_SIZE] = {XXH_SECRET_BYTES};
+// A global array, not __constant__: lanes read different offsets, which constant memory
+// would serialise.
+__device__ __align__(16) u8 xxh_secret_dev[XXH_SECRET_SIZE] = {XXH_SECRET_BYTES};
 #endif
 #if !defined(__CUDACC_RTC__)
-static const u8 xxh_secret_host[XXH_SECRET_SIZE] = {XXH_SECRET_BYTES};
+alignas(16) static const u8 xxh_secret_host[XXH_SECRET_SIZE] = {XXH_SECRET_BYTES};
 #endif
 #if defined(__CUDA_ARCH__)
 #define XXH_SECRET_ARR xxh_secret_dev
