@@ -1,0 +1,1047 @@
+"""Generate the .s4w v1 conformance vectors into ``conformance/v1/`` (or ``--out DIR``).
+
+Deterministic: fixed seeds (PCG64's raw bit stream, which numpy keeps stable), no timestamps,
+sorted JSON. Expected tensor bytes are hashed from the arrays built here, *before* writing, and
+trees are converted from the Python objects given to the writer: nothing expected comes from our
+reader. Vectors of a released version are frozen: an existing file is never overwritten with
+different bytes unless ``--force`` is given (see ``README.md``).
+
+    python -m conformance.generate [--out DIR] [--force]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import io
+import json
+import struct
+import sys
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import zstandard
+
+from conformance import craft
+from s4format import codecs, dtypes, hashing, layouts
+from s4format.codecs.rans import MODE_CONST, MODE_RANS, MODE_RAW, RansCodec
+from s4format.conformance import tree_to_json
+from s4format.layouts import Layout
+from s4format.objtree import TensorRef, Typed
+from s4format.tensor import Tensor
+from s4format.writer import CodedPlane, CodedTensor, Writer
+
+SUITE = Path(__file__).resolve().parent / "v1"
+SIZE_BUDGET = 8 << 20
+
+
+# -- deterministic data -----------------------------------------------------------------------
+
+def bits(seed: int, n: int) -> np.ndarray:
+    """``n`` uint64 words of PCG64's raw output: stable across numpy versions."""
+    return np.random.PCG64(seed).random_raw(n).astype(np.uint64) if n else np.zeros(0, np.uint64)
+
+
+def rand_bytes(seed: int, n: int) -> np.ndarray:
+    return bits(seed, (n + 7) // 8).view(np.uint8)[:n].copy()
+
+
+def weights_bf16(seed: int, n: int) -> np.ndarray:
+    """bf16 bit patterns shaped like trained weights: random sign and mantissa, an exponent
+    around 2^-6 with a geometric tail (low entropy, as real exponent planes are)."""
+    r = bits(seed, n)
+    sign = (r >> np.uint64(63)).astype(np.uint16)
+    mant = (r & np.uint64(0x7F)).astype(np.uint16)
+    tail = np.minimum((r >> np.uint64(7)) & np.uint64(0xFFFF), np.uint64(0xFFFF))
+    drop = np.zeros(n, dtype=np.uint16)
+    for k in range(6):  # P(drop >= k+1) = 2^-(k+1)
+        drop += ((tail >> np.uint64(k)) & np.uint64(1) == 0).astype(np.uint16) * (drop == k)
+    exp = (121 - drop).astype(np.uint16)
+    return (sign << 15) | (exp << 7) | mant
+
+
+def weights_f32(seed: int, n: int) -> np.ndarray:
+    """fp32 patterns: the bf16 weights above with 16 random low mantissa bits."""
+    hi = weights_bf16(seed, n).astype(np.uint32) << 16
+    return hi | (bits(seed + 1, n) & np.uint64(0xFFFF)).astype(np.uint32)
+
+
+# -- vectors ----------------------------------------------------------------------------------
+
+@dataclass
+class TensorSpec:
+    """A tensor to write: its raw bytes as built here, and optionally a forced coding."""
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    raw: np.ndarray  # uint8
+    coded: CodedTensor | None = None  # None: our writer's own choice
+    parent: np.ndarray | None = None  # raw bytes of the parent tensor (delta candidates)
+
+    def expected(self) -> dict[str, Any]:
+        return dict(name=self.name, dtype=self.dtype, shape=list(self.shape),
+                    sha256=hashlib.sha256(self.raw.tobytes()).hexdigest())
+
+
+@dataclass
+class Vector:
+    id: str
+    description: str
+    rules: list[str]
+    data: bytes
+    expect: str = "valid"
+    error: str | None = None
+    tensors: list[dict[str, Any]] | None = None
+    tree: Any = None
+    parent: str | None = None
+    file: str | None = None  # defaults to id + ".s4w"; vectors may share a file
+    tags: list[str] = field(default_factory=list)
+
+    def entry(self) -> dict[str, Any]:
+        e: dict[str, Any] = dict(id=self.id, file=self.file or f"{self.id}.s4w",
+                                 description=self.description, rules=self.rules,
+                                 expect=self.expect)
+        if self.expect == "valid":
+            e.update(tensors=self.tensors, tree=self.tree)
+        else:
+            e["error"] = self.error
+        if self.parent:
+            e["parent"] = self.parent
+        e["codecs"] = sorted(codecs_used(self.data))
+        if self.tags:
+            e["tags"] = self.tags
+        return e
+
+
+def codecs_used(blob: bytes) -> set[str]:
+    try:
+        parts = craft.parse(blob)
+    except Exception:
+        return set()
+    return {codecs.name_of(p["codec"]) for t in parts.tensors for p in t["planes"]}
+
+
+def write_file(tensors: list[TensorSpec], tree: Any = None, *, align_log2: int = 6,
+               parent_id: bytes | None = None, metadata: dict[str, str] | None = None) -> bytes:
+    buf = io.BytesIO()
+    w = Writer(buf, align_log2=align_log2, parent_id=parent_id)
+    for t in tensors:
+        dt = dtypes.by_name(t.dtype)
+        if t.coded is not None:
+            w.add_coded(t.name, dt, t.shape, t.coded, hashing.content_hash(t.raw))
+        else:
+            parent = None if t.parent is None else Tensor(dt, t.shape, t.parent)
+            w.add(t.name, Tensor(dt, t.shape, t.raw), parent=parent)
+    w.set_tree(tree)
+    if metadata:
+        w.set_metadata(metadata)
+    w.close()
+    return buf.getvalue()
+
+
+def valid(vid: str, description: str, rules: list[str], tensors: list[TensorSpec],
+          tree: Any = None, tags: list[str] | None = None, **kw: Any) -> Vector:
+    if tree is None:
+        tree = {t.name: TensorRef(i) for i, t in enumerate(tensors)}
+    data = write_file(tensors, tree, **kw)
+    return Vector(vid, description, rules, data, tensors=[t.expected() for t in tensors],
+                  tree=tree_to_json(tree), tags=tags or [])
+
+
+def force(raw: np.ndarray, dtype: str, layout: Layout, plane_codecs: list[Any],
+          modes: dict[int, int] | None = None) -> CodedTensor:
+    """Code ``raw`` with ``layout`` and the given codec per plane (a codec ID, a codec instance
+    or a callable returning (payload, params)); ``modes`` maps plane number -> the rANS mode
+    byte its stream must have (checked: vectors must exercise what they claim)."""
+    dt = dtypes.by_name(dtype)
+    fields = layout.planes(dt.itemsize)
+    planes = []
+    for k, (f, plane) in enumerate(zip(fields, layout.split(raw, dt.itemsize), strict=True)):
+        c = plane_codecs[k]
+        if callable(c) and not hasattr(c, "encode"):
+            payload, params, cid = c(plane)
+        else:
+            codec = codecs.get(c) if isinstance(c, int) else c
+            enc = codec.encode(plane)
+            if enc is None:
+                raise ValueError(f"codec {codec.name} declined plane {f.label} of {dtype}")
+            payload, params, cid = bytes(np.asarray(enc.payload, np.uint8).tobytes()
+                                         if not isinstance(enc.payload, bytes)
+                                         else enc.payload), enc.params, codec.codec_id
+        if modes and k in modes and payload[0] != modes[k]:
+            raise AssertionError(f"plane {f.label}: rANS mode {payload[0]}, wanted {modes[k]}")
+        planes.append(CodedPlane(f.kind, f.index, cid, plane.size, payload, params))
+    return CodedTensor(layout, tuple(planes))
+
+
+def zstd_frame(*, checksum: bool = False, level: int = 3, params: bytes = b"\x03"):
+    def code(plane: np.ndarray) -> tuple[bytes, bytes, int]:
+        cctx = zstandard.ZstdCompressor(level=level, write_checksum=checksum,
+                                        write_content_size=True)
+        return cctx.compress(plane.tobytes()), params, codecs.ZSTD
+    return code
+
+
+# -- valid vectors ----------------------------------------------------------------------------
+
+def dtype_vectors() -> list[Vector]:
+    out = []
+    for dt in dtypes.BY_CODE.values():
+        small = rand_bytes(100 + dt.code, 6 * dt.itemsize)
+        # Big enough for the writer to split, and compressible so the split is kept.
+        big = np.repeat(rand_bytes(200 + dt.code, 512 * dt.itemsize).reshape(512, dt.itemsize),
+                        4, axis=0).reshape(-1)
+        if dt.name in ("bfloat16",):
+            big = weights_bf16(dt.code, 2048).view(np.uint8)
+        elif dt.name in ("float32", "complex64"):
+            big = weights_f32(dt.code, big.size // 4).view(np.uint8)
+        n_big = big.size // dt.itemsize
+        tensors = [TensorSpec("small", dt.name, (2, 3), small),
+                   TensorSpec("big", dt.name, (n_big,), big)]
+        out.append(valid(f"dtype_{dt.name}", f"{dt.name} (code {dt.code}): a 2x3 tensor (raw "
+                         "layout) and a larger one in the writer's layout for the dtype",
+                         ["format.md#5", "planes.md"], tensors))
+    return out
+
+
+def codec_vectors() -> list[Vector]:
+    out = []
+    w = weights_bf16(1, 5000).view(np.uint8).copy()
+    out.append(valid("codec_raw_bitpack_zstd", "bf16 split: sign bitpack, exponent zstd "
+                     "(params 03), mantissa raw; a bool tensor bitpacked with n % 8 != 0",
+                     ["codecs.md#1", "codecs.md#2", "codecs.md#3"],
+                     [TensorSpec("w", "bfloat16", (50, 100), w,
+                                 force(w, "bfloat16", layouts.BF16,
+                                       [codecs.BITPACK, codecs.ZSTD, codecs.RAW])),
+                      TensorSpec("mask", "bool", (1001,), (rand_bytes(2, 1001) & 1),
+                                 force(rand_bytes(2, 1001) & 1, "bool", layouts.RAW,
+                                       [codecs.BITPACK]))]))
+    z = weights_bf16(3, 3000).view(np.uint8).copy()
+    out.append(valid("codec_zstd_variants", "zstd frames: empty params, a frame with "
+                     "Content_Checksum, level 19 (params ignored by readers)", ["codecs.md#3"],
+                     [TensorSpec("a", "bfloat16", (3000,), z,
+                                 force(z, "bfloat16", layouts.BF16,
+                                       [zstd_frame(params=b""), zstd_frame(checksum=True),
+                                        zstd_frame(level=19, params=b"\x13")]))]))
+    # rANS: one vector per mode, the mode byte checked when the vector is built.
+    n = 5000
+    exp_rans = weights_bf16(4, n).view(np.uint8).copy()
+    one_binade = (weights_bf16(5, n) & np.uint16(0x807F)) | np.uint16(0x3F80)
+    per_block = ((weights_bf16(6, n) & np.uint16(0x807F))
+                 | ((np.arange(n) // 256 % 5 + 118).astype(np.uint16) << 7))
+    r8 = RansCodec(8)
+    out.append(valid("rans_modes", "S4 rANS in each mode: RANS (log2_block 8, 20 blocks, the "
+                     "last partial), CONST with one symbol (log2_block 20), CONST per block "
+                     "(5 symbols, one per 256-symbol block), RAW (uniform bytes), and RAW of "
+                     "an empty plane",
+                     ["rans.md#2", "rans.md#5", "rans.md#6", "rans.md#7"],
+                     [TensorSpec("rans", "bfloat16", (n,), exp_rans,
+                                 force(exp_rans, "bfloat16", layouts.BF16,
+                                       [codecs.BITPACK, r8, r8], {1: MODE_RANS, 2: MODE_RAW})),
+                      TensorSpec("const", "bfloat16", (n,), one_binade.view(np.uint8),
+                                 force(one_binade.view(np.uint8), "bfloat16", layouts.BF16,
+                                       [r8, r8, codecs.RAW], {1: MODE_CONST})),
+                      TensorSpec("block_const", "bfloat16", (n,), per_block.view(np.uint8),
+                                 force(per_block.view(np.uint8), "bfloat16", layouts.BF16,
+                                       [codecs.BITPACK, r8, codecs.RAW], {1: MODE_CONST})),
+                      TensorSpec("raw_mode", "float32", (n,), weights_f32(7, n).view(np.uint8),
+                                 force(weights_f32(7, n).view(np.uint8), "float32",
+                                       layouts.FP32, [codecs.BITPACK, r8, codecs.RAW,
+                                                      codecs.RAW, r8], {4: MODE_RAW})),
+                      TensorSpec("empty", "bfloat16", (0,), np.zeros(0, np.uint8),
+                                 force(np.zeros(0, np.uint8), "bfloat16", layouts.RAW, [r8],
+                                       {0: MODE_RAW}))]))
+    # GDeflate: page 0 compressible, page 1 random (stored RAW), page 2 partial (100 bytes).
+    n = 2 * 65536 + 100
+    low = (rand_bytes(8, n) & 0x0F)
+    low[65536:131072] = rand_bytes(9, 65536)
+    h = (np.uint16(0x3C00) | low.astype(np.uint16))
+    gd = codecs.get(codecs.GDEFLATE)
+    out.append(valid("gdeflate_pages", "GDeflate: a 3-page mantissa plane (a compressed page, "
+                     "a RAW page of random bytes, a partial 100-byte page) and an empty plane "
+                     "(page_count 0)", ["gdeflate.md#3", "gdeflate.md#5"],
+                     [TensorSpec("h", "float16", (n,), h.view(np.uint8),
+                                 force(h.view(np.uint8), "float16", layouts.FP16,
+                                       [codecs.BITPACK, codecs.RANS, codecs.RANS, gd])),
+                      TensorSpec("empty", "float16", (0, 7), np.zeros(0, np.uint8),
+                                 force(np.zeros(0, np.uint8), "float16", layouts.RAW,
+                                       [gd]))]))
+    return out
+
+
+def layout_vectors() -> list[Vector]:
+    """Any layout applies to any dtype whose raw length is whole words (planes.md)."""
+    def mk(name: str, dtype: str, layout: Layout, seed: int) -> TensorSpec:
+        size = dtypes.by_name(dtype).itemsize
+        # 16 random elements repeated: every plane compresses, so the split keeps the size
+        # guarantee (format.md §14) whatever the layout.
+        raw = np.tile(rand_bytes(seed, 16 * size), 2048 // size)
+        fields = layout.planes(size)
+        plane_codecs = [codecs.BITPACK if f.kind == layouts.KIND_SIGN else codecs.ZSTD
+                        for f in fields]
+        return TensorSpec(name, dtype, (raw.size // size,), raw,
+                          force(raw, dtype, layout, plane_codecs))
+    tensors = [mk("bf16_on_int16", "int16", layouts.BF16, 1),
+               mk("fp16_on_complex32", "complex32", layouts.FP16, 2),
+               mk("fp32_on_int32", "int32", layouts.FP32, 3),
+               mk("fp32_on_complex64", "complex64", layouts.FP32, 4),
+               mk("bytes_on_complex128", "complex128", layouts.BYTES, 5),
+               mk("bytes_on_bfloat16", "bfloat16", layouts.BYTES, 6),
+               mk("bytes_on_uint8", "uint8", layouts.BYTES, 7),
+               mk("bf16_on_uint8", "uint8", layouts.BF16, 8),
+               mk("raw_on_float64", "float64", layouts.RAW, 9)]
+    return [valid("layouts_any_dtype", "every layout on dtypes it is not the writer's choice "
+                  "for (bf16 on int16 and uint8, fp32 on int32, bytes on complex128 with 16 "
+                  "planes, ...); sign planes bitpacked, the others zstd",
+                  ["planes.md#layout-registry"], tensors)]
+
+
+def shape_vectors() -> list[Vector]:
+    z = np.zeros(0, np.uint8)
+    f32 = dtypes.by_name("float32")
+    tensors = [
+        TensorSpec("scalar_f32", "float32", (), np.array([-2.5], "<f4").view(np.uint8)),
+        TensorSpec("scalar_i64", "int64", (), np.array([-(2 ** 63)], "<i8").view(np.uint8)),
+        TensorSpec("scalar_bool", "bool", (), np.array([1], np.uint8)),
+        TensorSpec("empty_1d", "float32", (0,), z),
+        TensorSpec("wide_empty", "float32", (0, 2 ** 40), z),
+        TensorSpec("empty_wide", "bfloat16", (2 ** 40, 0), z),
+        TensorSpec("empty_mid", "int64", (3, 0, 5), z),
+        TensorSpec("empty_split", "float32", (0, 4), z,
+                   force(z, "float32", layouts.FP32, [codecs.RAW, codecs.BITPACK, codecs.RAW,
+                                                      codecs.RAW, codecs.RAW])),
+        TensorSpec("empty_zstd", "float32", (0,), z,
+                   force(z, "float32", layouts.RAW, [zstd_frame()])),
+        TensorSpec("ones_64d", "float32", (1,) * 64, np.array([7.0], "<f4").view(np.uint8)),
+        TensorSpec("ones_63d_by_3", "int16", (1,) * 63 + (3,),
+                   np.array([1, -1, 32767], "<i2").view(np.uint8)),
+        TensorSpec("", "uint8", (1,), np.array([42], np.uint8)),
+        TensorSpec("名前/ünïcödé 🙂 \x00 nul", "int8", (2,), np.array([1, 255], np.uint8)),
+    ]
+    assert f32.itemsize == 4
+    return [valid("shapes_edge", "0-d tensors, empty tensors incl. shapes (0, 2^40) and "
+                  "(2^40, 0), an empty tensor split into five zero-length planes, 64 dims of "
+                  "size 1, an empty name and a Unicode name with NUL",
+                  ["format.md#41-tensorrecord", "validation.md#T3", "validation.md#T4",
+                   "validation.md#X2"], tensors)]
+
+
+def alignment_vectors() -> list[Vector]:
+    out = []
+    for a in (0, 1, 3, 12, 16):
+        w = weights_bf16(20 + a, 2048).view(np.uint8).copy()
+        tensors = [TensorSpec("b", "uint8", (13,), rand_bytes(30 + a, 13)),
+                   TensorSpec("c", "int16", (3,), rand_bytes(40 + a, 6))]
+        if a < 16:  # at 2^16 each of its planes would cost up to 64 KiB of padding
+            tensors.insert(0, TensorSpec("w", "bfloat16", (2048,), w))
+        out.append(valid(f"align_{a}", f"align_log2 = {a} (alignment {1 << a})",
+                         ["format.md#alignment", "validation.md#P5"], tensors, align_log2=a))
+    return out
+
+
+def container_vectors() -> list[Vector]:
+    """Valid files that use the freedom the spec gives writers and readers must accept."""
+    out = []
+    base = valid("x", "", [], [TensorSpec("a", "float32", (4,), np.arange(4, dtype="<f4")
+                                          .view(np.uint8)),
+                               TensorSpec("b", "int16", (3,), np.array([5, -5, 0], "<i2")
+                                          .view(np.uint8))])
+
+    def variant(vid: str, description: str, rules: list[str], edit: Callable) -> None:
+        parts = craft.parse(base.data)
+        edited = edit(parts)
+        blob = craft.build(parts) if edited is None else edited
+        out.append(Vector(vid, description, rules, blob, tensors=base.tensors, tree=base.tree))
+
+    variant("minor_version_9", "minor version 9: every minor of major 1 is read",
+            ["README.md#versioning", "validation.md#H3"],
+            lambda p: p.header.update(minor=9))
+    variant("optional_flags_all", "every optional flag bit set: ignored",
+            ["format.md#flags", "validation.md#H5"],
+            lambda p: p.header.update(optional_flags=0xFFFFFFFF))
+    variant("extension_optional", "an index extension with required = 0 and an unknown tag",
+            ["format.md#11-index-extensions", "validation.md#I3"],
+            lambda p: p.index["extensions"].append(dict(tag="future", required=0,
+                                                        data=b"ignored")))
+
+    def reorder(p: craft.Parts) -> bytes:
+        # Plane payloads in reverse index order: the data section's order is free.
+        t0, t1 = p.tensors[0]["planes"][0], p.tensors[1]["planes"][0]
+        d0, d1 = craft.plane_bytes(p, 0, 0), craft.plane_bytes(p, 1, 0)
+        p.data = bytes(32) + d1 + bytes(64 - len(d1)) + d0
+        t1["offset"], t0["offset"] = 64, 128
+        p.data = p.data[:96 + len(d0)]
+        return craft.build(p)
+    variant("planes_reordered", "plane payloads stored in reverse index order",
+            ["format.md#3-data-section"], reorder)
+    meta = {"framework": "torch 2.4", "step": "1200", "": "empty key", "ünï": "cödé"}
+    out.append(valid("metadata", "non-empty metadata (str -> str, Unicode, empty key)",
+                     ["format.md#44-metadata", "validation.md#X5"],
+                     [TensorSpec("a", "uint8", (3,), np.array([1, 2, 3], np.uint8))],
+                     metadata=meta))
+    out.append(Vector("appendix_a", "the annotated file of format.md Appendix A, byte for byte",
+                      ["format.md#appendix-a-a-complete-file-annotated"], appendix_a(),
+                      tensors=[dict(name="w", dtype="float32", shape=[2],
+                                    sha256=hashlib.sha256(np.array([0.0, 1.0], "<f4")
+                                                          .tobytes()).hexdigest())],
+                      tree=tree_to_json({"w": TensorRef(0)})))
+    return out
+
+
+def appendix_a() -> bytes:
+    blob = write_file([TensorSpec("w", "float32", (2,), np.array([0.0, 1.0], "<f4")
+                                  .view(np.uint8))], {"w": TensorRef(0)})
+    assert len(blob) == 246 and blob[24:32].hex() == "955f36f4166f1672", "Appendix A changed"
+    return blob
+
+
+def tree_vectors() -> list[Vector]:
+    t0 = TensorSpec("t", "float32", (2, 2), np.arange(4, dtype="<f4").view(np.uint8))
+    t1 = TensorSpec("s", "int64", (), np.array([7], "<i8").view(np.uint8))
+    nan_payload = struct.unpack("<d", struct.pack("<Q", 0x7FF0000000000001))[0]
+    neg_qnan = struct.unpack("<d", struct.pack("<Q", 0xFFF8DEADBEEF0001))[0]
+    tree = {
+        "none": None, "false": False, "true": True,
+        "ints": [0, 1, -1, 2 ** 63 - 1, -(2 ** 63)],
+        "bigints": [2 ** 63, -(2 ** 63) - 1, 2 ** 64, -(2 ** 64), 2 ** 200 + 12345, -(3 ** 99),
+                    2 ** 64 - 1, 255 << 64],
+        "floats": [0.0, -0.0, 1.5, float("inf"), float("-inf"), nan_payload, neg_qnan,
+                   5e-324, 1.7976931348623157e308],
+        "str": "plain ascii", "unicode": "日本語 ü 🙂 \x00", "empty_str": "",
+        "bytes": bytes(range(256)), "empty_bytes": b"",
+        "list": [1, [2, [3, []]]], "tuple": (1, "two", (3.0,), ()), "empty_dict": {},
+        "odict": OrderedDict([("z", 1), ("a", 2), ("m", OrderedDict())]),
+        "keys": {None: 1, True: 2, 0: 3, 2.5: 4, "s": 5, b"b": 6, (1, ("x", None)): 7,
+                 TensorRef(1): 8, -(2 ** 70): 9},
+        "refs": [TensorRef(0), TensorRef(0), TensorRef(1)],
+        "typed": [Typed("torch.Size", (2, 2)), Typed("torch.dtype", "bfloat16"),
+                  Typed("torch.device", "cuda:0"), Typed("numpy.ndarray", TensorRef(0)),
+                  Typed("numpy.scalar", TensorRef(1)),
+                  Typed("s4.view", {"storage": TensorRef(0), "dtype": "float32", "offset": 1,
+                                    "shape": (2,), "stride": (2,), "device": "cpu",
+                                    "requires_grad": False, "parameter": True}),
+                  Typed("s4.attrs", ({"w": TensorRef(0)}, {"_metadata": {"": {"version": 1}}})),
+                  Typed("user.unknown.Thing", {"kept": "opaque"})],
+    }
+    deep: Any = "bottom"
+    for i in range(256):
+        deep = [deep] if i % 2 else (deep,)
+    return [valid("tree_all_tags", "an object tree with every tag: None, bools, i64 extremes, "
+                  "big ints, floats (-0.0, infinities, NaN payloads, subnormal), str, bytes, "
+                  "list, tuple, dict, ordered dict, tensor references (repeated), every typed "
+                  "name of the registry plus an unknown one (opaque), keys of every allowed "
+                  "kind", ["objects.md#encoding", "objects.md#rules", "objects.md#typed-values"],
+                  [t0, t1], tree),
+            valid("tree_depth_256", "a tree nested to depth 256, the limit (the leaf is at "
+                  "depth 256)", ["objects.md#rules"], [], deep)]
+
+
+def f32_specials() -> np.ndarray:
+    vals = [0x00000000, 0x80000000, 0x7F800000, 0xFF800000, 0x7FC00000, 0xFFC00000,
+            0x7F800001, 0xFF800001, 0x7FBFFFFF, 0xFFBFFFFF, 0x7FFFFFFF, 0xFFFFFFFF,
+            0x7FC00001, 0x7FA12345, 0x00000001, 0x80000001, 0x007FFFFF, 0x807FFFFF,
+            0x00800000, 0x80800000, 0x7F7FFFFF, 0xFF7FFFFF, 0x3F800000, 0xBF800000,
+            0x00400000, 0x34000000]
+    for sign in (0, 0x80000000):
+        for quiet in (0, 0x00400000):
+            for b in range(22):  # one payload bit at a time, quiet and signalling
+                vals.append(sign | 0x7F800000 | quiet | (1 << b))
+    return np.array(vals, dtype="<u4")
+
+
+def f64_specials() -> np.ndarray:
+    vals = [0, 1 << 63, 0x7FF0000000000000, 0xFFF0000000000000, 0x7FF8000000000000,
+            0xFFF8000000000000, 0x7FF0000000000001, 0x7FF7FFFFFFFFFFFF, 0xFFFFFFFFFFFFFFFF,
+            0x7FF8DEADBEEF0001, 1, (1 << 63) | 1, 0x000FFFFFFFFFFFFF, 0x0010000000000000,
+            0x7FEFFFFFFFFFFFFF, 0xFFEFFFFFFFFFFFFF]
+    vals += [0x7FF0000000000000 | (1 << b) for b in range(52)]
+    return np.array(vals, dtype="<u8")
+
+
+def adversarial_vectors() -> list[Vector]:
+    out = []
+    every = np.arange(65536, dtype="<u2")
+    perm = np.argsort(bits(77, 65536), kind="stable").astype("<u2")
+    for dt, lay in (("bfloat16", layouts.BF16), ("float16", layouts.FP16)):
+        nplanes = len(lay.fields)
+        tensors = [TensorSpec("sequential", dt, (256, 256), every.view(np.uint8)),
+                   TensorSpec("shuffled", dt, (65536,), perm.view(np.uint8)),
+                   TensorSpec("split_forced", dt, (65536,), every.view(np.uint8),
+                              force(every.view(np.uint8), dt, lay,
+                                    [codecs.BITPACK] + [RansCodec(7)] * (nplanes - 2)
+                                    + [codecs.RAW], {k: MODE_CONST for k in (1, nplanes - 2)}))]
+        out.append(valid(f"{dt}_all_patterns", f"all 65,536 {dt} bit patterns: in order and "
+                         "shuffled (writer's coding), and split with rANS CONST per "
+                         "128-symbol block and the low mantissa plane raw",
+                         ["planes.md", "format.md#41-tensorrecord"], tensors,
+                         tags=["adversarial"]))
+    f32 = f32_specials()
+    f32_big = np.tile(f32, -(-1024 // f32.size))  # >= 4096 bytes: the writer splits it
+    f64 = f64_specials()
+    tensors = [
+        TensorSpec("f32", "float32", (f32.size,), f32.view(np.uint8)),
+        TensorSpec("f32_split", "float32", (f32_big.size,), f32_big.view(np.uint8),
+                   force(f32_big.view(np.uint8), "float32", layouts.FP32,
+                         [codecs.BITPACK, codecs.RANS, codecs.RANS, codecs.ZSTD, codecs.ZSTD])),
+        TensorSpec("f32_tiled", "float32", (f32_big.size,), f32_big.view(np.uint8)),
+        TensorSpec("f64", "float64", (f64.size,), f64.view(np.uint8)),
+        TensorSpec("c64", "complex64", (f32_big.size // 2,), f32_big.view(np.uint8),
+                   force(f32_big.view(np.uint8), "complex64", layouts.FP32,
+                         [codecs.BITPACK, codecs.ZSTD, codecs.ZSTD, codecs.ZSTD, codecs.ZSTD])),
+        TensorSpec("bool_bytes", "bool", (256,), np.arange(256, dtype=np.uint8)),
+    ]
+    for name in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz",
+                 "float8_e8m0fnu", "float4_e2m1fn_x2", "int8", "uint8"):
+        tensors.append(TensorSpec(f"all_{name}", name, (16, 16), np.arange(256, dtype=np.uint8)))
+    out.append(valid("float_specials", "fp32 NaNs of every class (quiet, signalling, each "
+                     "payload bit, both signs), +-Inf, +-0, subnormals, extremes — plain, "
+                     "split, and tiled past the split threshold; the same for fp64; complex64 "
+                     "with NaN parts; bool bytes 0..255 (stored as they are); all 256 patterns "
+                     "of every 1-byte dtype", ["planes.md#fp32-nan-with-payload-0x7fa12345",
+                                               "format.md#41-tensorrecord"],
+                     tensors, tags=["adversarial"]))
+    return out
+
+
+def delta_vectors() -> list[Vector]:
+    w = weights_bf16(40, 4096).view(np.uint8).copy()
+    w2 = w.copy()
+    w2[::97] ^= 1  # a few mantissa bits change: the XOR delta is mostly zero
+    f = weights_f32(41, 2048).view(np.uint8).copy()
+    other = rand_bytes(42, 4096)
+    base_t = [TensorSpec("w", "bfloat16", (4096,), w), TensorSpec("f", "float32", (2048,), f),
+              TensorSpec("gone", "uint8", (4096,), other)]
+    base = valid("delta_base", "a base checkpoint (parent of delta_child)", ["format.md#10"],
+                 base_t)
+    parent_id = checkpoint_id(base_t)
+    child_t = [TensorSpec("w", "bfloat16", (4096,), w2, parent=w),
+               TensorSpec("f", "float32", (2048,), f, parent=f),
+               TensorSpec("new", "int32", (1024,), rand_bytes(43, 4096))]
+    child = valid("delta_child", "a delta: w and f are XOR deltas against delta_base, new is "
+                  "stored in full", ["format.md#10", "validation.md#A2", "validation.md#R5",
+                                     "validation.md#R6"], child_t, parent_id=parent_id)
+    child.parent = "delta_base.s4w"
+    kinds = [t["transform"] for t in craft.parse(child.data).tensors]
+    assert kinds == [1, 1, 0], kinds
+    other_t = [TensorSpec("w", "bfloat16", (4096,), w2)]
+    other_base = valid("delta_other_base", "another base checkpoint (the wrong parent)",
+                       ["format.md#9"], other_t)
+    return [base, child, other_base]
+
+
+def checkpoint_id(tensors: list[TensorSpec]) -> bytes:
+    import xxhash
+    return xxhash.xxh3_128_digest(struct.pack("<I", len(tensors)) + b"".join(
+        hashing.content_hash(t.raw) for t in tensors))
+
+
+# -- must-fail vectors ------------------------------------------------------------------------
+
+def fail(vid: str, description: str, rules: list[str], error: str, data: bytes,
+         parent: str | None = None, file: str | None = None) -> Vector:
+    return Vector(vid, description, rules, data, expect="error", error=error, parent=parent,
+                  file=file)
+
+
+def edited(blob: bytes, edit: Callable[[craft.Parts], Any]) -> bytes:
+    parts = craft.parse(blob)
+    result = edit(parts)
+    return result if isinstance(result, bytes) else craft.build(parts)
+
+
+def patch(blob: bytes, at: int, new: bytes) -> bytes:
+    at = at % len(blob)
+    return blob[:at] + new + blob[at + len(new):]
+
+
+def header_vectors(tiny: bytes) -> list[Vector]:
+    h = lambda **kw: edited(tiny, lambda p: p.header.update(**kw))  # noqa: E731
+    rest = tiny[8:]
+    return [
+        fail("magic_png", "a PNG signature instead of the magic", ["validation.md#H1"],
+             "BadMagicError", b"\x89PNG\r\n\x1a\n" + rest),
+        fail("magic_high_bit_stripped", "magic byte 0 as a 7-bit channel leaves it (09)",
+             ["validation.md#H1"], "BadMagicError", b"\x09" + tiny[1:]),
+        fail("magic_lf_to_crlf", "the file after a Unix->DOS text conversion: 0A -> 0D 0A "
+             "(in the magic and everywhere else)", ["format.md#magic", "validation.md#H1"],
+             "BadMagicError", tiny.replace(b"\n", b"\r\n")),
+        fail("magic_crlf_to_lf", "the file after a DOS->Unix text conversion: 0D 0A -> 0A",
+             ["format.md#magic", "validation.md#H1"], "BadMagicError",
+             tiny.replace(b"\r\n", b"\n")),
+        fail("empty_file", "0 bytes", ["validation.md#H2"], "TruncatedError", b""),
+        fail("magic_prefix_only", "the first 5 bytes of the magic and nothing else",
+             ["validation.md#H1", "validation.md#H2"], "TruncatedError", tiny[:5]),
+        fail("short_71", "a 71-byte file starting with a valid header", ["validation.md#H2"],
+             "TruncatedError", tiny[:71]),
+        fail("major_2", "major version 2 (checksum correct)", ["validation.md#H3"],
+             "UnsupportedVersionError", h(major=2)),
+        fail("major_0", "major version 0 (checksum correct)", ["validation.md#H3"],
+             "UnsupportedVersionError", h(major=0)),
+        fail("major_2_bad_checksum", "major version 2 and a header checksum for version 1: the "
+             "version is checked first", ["validation.md#H3", "validation.md#H4"],
+             "UnsupportedVersionError", patch(tiny, 8, b"\x02\x00")),
+        fail("header_checksum", "header checksum with one bit flipped", ["validation.md#H4"],
+             "ChecksumError", patch(tiny, 24, bytes([tiny[24] ^ 1]))),
+        fail("header_byte_damaged", "align_log2 changed without updating the checksum",
+             ["validation.md#H4"], "ChecksumError", patch(tiny, 20, b"\x07")),
+        fail("required_flag_bit0", "must-understand flag bit 0 set", ["validation.md#H5"],
+             "UnsupportedFeatureError", h(required_flags=1)),
+        fail("required_flag_bit31", "must-understand flag bit 31 set", ["validation.md#H5"],
+             "UnsupportedFeatureError", h(required_flags=1 << 31)),
+        fail("header_reserved", "reserved header byte 22 is 01", ["validation.md#H6"],
+             "FormatError", h(reserved=b"\x00\x01\x00")),
+        fail("align_log2_17", "align_log2 = 17", ["validation.md#H7"], "LimitError",
+             h(align_log2=17)),
+        fail("align_log2_255", "align_log2 = 255", ["validation.md#H7"], "LimitError",
+             h(align_log2=255)),
+    ]
+
+
+def footer_vectors(tiny: bytes) -> list[Vector]:
+    size = len(tiny)
+    foot = craft.plain(craft.Footer.parse(tiny[-40:]))
+
+    def with_footer(**kw: int) -> bytes:
+        return tiny[:-40] + craft.seal(craft.Footer, {**foot, **kw})
+    return [
+        fail("end_magic_damaged", "the end magic's last byte changed", ["validation.md#F1"],
+             "TruncatedError", patch(tiny, -1, b"E")),
+        fail("trailing_garbage", "16 bytes appended after the footer", ["validation.md#F1"],
+             "TruncatedError", tiny + bytes(16)),
+        fail("footer_checksum", "footer checksum with one bit flipped", ["validation.md#F2"],
+             "ChecksumError", patch(tiny, -16, bytes([tiny[-16] ^ 0x80]))),
+        fail("index_length_over_size", "index_length = file size + 1", ["validation.md#F3"],
+             "LimitError", with_footer(index_length=size + 1)),
+        fail("index_length_2p63", "index_length = 2^63", ["validation.md#F3"], "LimitError",
+             with_footer(index_length=1 << 63)),
+        fail("index_offset_wrong", "the index does not end where the footer starts",
+             ["validation.md#F4"], "FormatError",
+             with_footer(index_offset=foot["index_offset"] - 1)),
+        fail("index_offset_in_header", "index_offset 16 (inside the header)",
+             ["validation.md#F4"], "FormatError",
+             with_footer(index_offset=16, index_length=size - 56)),
+        fail("index_offset_wraps", "index_offset = 2^64 - 1: index_offset + index_length wraps "
+             "a 64-bit sum", ["validation.md#F4", "validation.md#arithmetic"], "FormatError",
+             with_footer(index_offset=(1 << 64) - 1)),
+    ]
+
+
+def index_vectors(tiny: bytes) -> list[Vector]:
+    parts = craft.parse(tiny)
+    idx = craft.Index.build(parts.index)
+
+    def raw_index(new: bytes) -> bytes:
+        return craft.build(craft.parse(tiny), index=new)
+
+    def t(**kw: Any) -> bytes:
+        return edited(tiny, lambda p: p.tensors[0].update(**kw))
+
+    def pl(**kw: Any) -> bytes:
+        return edited(tiny, lambda p: p.tensors[0]["planes"][0].update(**kw))
+    name_at = idx.index(b"\x01\x00w") + 2
+    ext = dict(tag="future", required=1, data=b"")
+    return [
+        fail("index_checksum", "index checksum (footer) with one bit flipped",
+             ["validation.md#I1"], "ChecksumError", patch(tiny, -24, bytes([tiny[-24] ^ 4]))),
+        fail("index_byte_damaged", "a byte of the index changed, checksum not updated",
+             ["validation.md#I1"], "ChecksumError", patch(tiny, len(tiny) - 41,
+                                                          bytes([tiny[-41] ^ 1]))),
+        fail("index_magic", "index magic S4IY", ["validation.md#I2"], "FormatError",
+             raw_index(b"S4IY" + idx[4:])),
+        fail("index_trailing_byte", "one byte after the last extension", ["validation.md#I2"],
+             "FormatError", raw_index(idx + b"\x00")),
+        fail("index_cut_short", "the index ends inside the extension count",
+             ["validation.md#I2"], "FormatError", raw_index(idx[:-1])),
+        fail("tensor_count_too_big", "tensor_count 2 with one record",
+             ["validation.md#I2"], "FormatError", raw_index(idx[:4] + b"\x02" + idx[5:])),
+        fail("name_not_utf8", "a tensor name that is not UTF-8 (FF)", ["validation.md#I2"],
+             "FormatError", raw_index(idx[:name_at] + b"\xff" + idx[name_at + 1:])),
+        fail("extension_required", "an unknown must-understand extension",
+             ["validation.md#I3"], "UnsupportedFeatureError",
+             edited(tiny, lambda p: p.index["extensions"].append(ext))),
+        fail("tensor_flags", "tensor record flags = 1", ["validation.md#T1"],
+             "UnsupportedFeatureError", t(flags=1)),
+        fail("dtype_0", "dtype code 0", ["validation.md#T2"], "UnsupportedFeatureError",
+             t(dtype=0)),
+        fail("dtype_23", "dtype code 23 (unassigned)", ["validation.md#T2"],
+             "UnsupportedFeatureError", t(dtype=23)),
+        fail("ndim_65", "65 dimensions of size 1", ["validation.md#T3"], "LimitError",
+             t(ndim=65, shape=[1] * 63 + [2, 1])),
+        fail("raw_nbytes_2p63", "raw_nbytes = 2^63", ["validation.md#T4"], "LimitError",
+             t(raw_nbytes=1 << 63)),
+        fail("shape_product_overflow", "shape (2^32, 2^32, 2^32): the product wraps 64 bits "
+             "to 0", ["validation.md#T4", "validation.md#arithmetic"], "LimitError",
+             t(ndim=3, shape=[1 << 32] * 3, raw_nbytes=0)),
+        fail("raw_nbytes_mismatch", "raw_nbytes 12 for a float32 [2]", ["validation.md#T5"],
+             "FormatError", t(raw_nbytes=12)),
+        fail("transform_2", "transform 2 (unassigned)", ["validation.md#T6"],
+             "UnsupportedFeatureError", t(transform=2)),
+        fail("layout_5", "layout 5 (unassigned)", ["validation.md#T7"],
+             "UnsupportedFeatureError", t(layout=5)),
+        fail("layout_word_mismatch", "uint8 [3] with the bf16 layout (2-byte words)",
+             ["validation.md#T8"], "FormatError",
+             t(dtype=2, shape=[3], raw_nbytes=3, layout=1)),
+        fail("plane_count_wrong", "the fp32 layout with one plane record",
+             ["validation.md#T9"], "FormatError", t(layout=3)),
+        fail("plane_kind_wrong", "plane record kind exponent where the raw layout has raw",
+             ["validation.md#P1"], "FormatError", pl(kind=2)),
+        fail("decoded_len_wrong", "decoded_len 4 for an 8-byte raw plane",
+             ["validation.md#P2"], "FormatError", pl(decoded_len=4)),
+        fail("codec_0", "codec ID 0 (never assigned)", ["validation.md#P3"],
+             "UnsupportedCodecError", pl(codec=0)),
+        fail("codec_7", "codec ID 7 (unassigned)", ["validation.md#P3"],
+             "UnsupportedCodecError", pl(codec=7)),
+        fail("codec_65535", "codec ID 65535", ["validation.md#P3"], "UnsupportedCodecError",
+             pl(codec=65535)),
+        fail("declared_2p62", "uint8 shape (2^62,): raw_nbytes 2^62 (the limit) from an "
+             "8-byte raw plane", ["validation.md#T4", "validation.md#P4"], "LimitError",
+             edited(tiny, lambda p: (p.tensors[0].update(dtype=2, shape=[1 << 62],
+                                                         raw_nbytes=1 << 62),
+                                     p.tensors[0]["planes"][0].update(decoded_len=1 << 62)))),
+        fail("declared_2p62_plus_1", "uint8 shape (2^62 + 1,)", ["validation.md#T4"],
+             "LimitError",
+             edited(tiny, lambda p: (p.tensors[0].update(dtype=2, shape=[(1 << 62) + 1],
+                                                         raw_nbytes=(1 << 62) + 1)))),
+        fail("declared_zstd_over_bound", "a zstd plane declaring more than 32768 x stored + 18 "
+             "bytes", ["validation.md#P4", "codecs.md#3"], "LimitError",
+             edited(tiny, lambda p: (p.tensors[0].update(dtype=2, shape=[8 * 32768 + 19],
+                                                         raw_nbytes=8 * 32768 + 19),
+                                     p.tensors[0]["planes"][0].update(
+                                         codec=3, decoded_len=8 * 32768 + 19)))),
+        fail("stored_len_2p64_minus_1", "a zstd plane with stored_len 2^64 - 1 (offset + "
+             "stored_len wraps 64 bits)", ["validation.md#P6", "validation.md#arithmetic"],
+             "FormatError", pl(codec=3, stored_len=(1 << 64) - 1)),
+        fail("stored_len_2p63", "a raw plane with stored_len 2^63 and decoded_len matching "
+             "the tensor", ["validation.md#P4", "validation.md#P6"], "FormatError",
+             pl(stored_len=1 << 63)),
+        fail("offset_unaligned", "plane offset 65 with alignment 64", ["validation.md#P5"],
+             "FormatError", pl(offset=65)),
+        fail("offset_in_header", "plane offset 0", ["validation.md#P5"], "FormatError",
+             edited(tiny, lambda p: (p.header.update(align_log2=0),
+                                     p.tensors[0]["planes"][0].update(offset=0)))),
+        fail("plane_past_data", "a plane that runs into the index", ["validation.md#P6"],
+             "FormatError", pl(offset=128)),
+        fail("plane_offset_wraps", "offset 2^64 - 64: offset + stored_len wraps 64 bits",
+             ["validation.md#P6", "validation.md#arithmetic"], "FormatError",
+             pl(offset=(1 << 64) - 64)),
+    ]
+
+
+def cross_vectors(two: bytes) -> list[Vector]:
+    def tree(raw: bytes) -> bytes:
+        return edited(two, lambda p: p.index.update(tree=raw))
+
+    def meta(raw: bytes) -> bytes:
+        return edited(two, lambda p: p.index.update(metadata=raw))
+    s = lambda text: b"\x06" + struct.pack("<I", len(text)) + text  # noqa: E731
+    deep = b"\x08\x01\x00\x00\x00" * 257 + b"\x00"
+    return [
+        fail("duplicate_names", "two tensors named a", ["validation.md#X1"], "FormatError",
+             edited(two, lambda p: p.tensors[1].update(name="a"))),
+        fail("planes_overlap", "two planes at the same offset", ["validation.md#X2"],
+             "FormatError", edited(two, lambda p: p.tensors[1]["planes"][0].update(
+                 offset=p.tensors[0]["planes"][0]["offset"]))),
+        fail("delta_without_parent_id", "a tensor with transform 1 in a file with no parent",
+             ["validation.md#X3"], "FormatError",
+             edited(two, lambda p: p.tensors[0].update(transform=1, parent_hash=bytes(16)))),
+        fail("tree_unknown_tag", "object tag 0E", ["validation.md#X4", "objects.md#encoding"],
+             "FormatError", tree(b"\x0e")),
+        fail("tree_trailing", "a byte after the root node", ["objects.md#rules"],
+             "FormatError", tree(b"\x00\x00")),
+        fail("tree_empty", "an empty tree field", ["objects.md#rules"], "FormatError",
+             tree(b"")),
+        fail("tree_depth_257", "lists nested 257 deep", ["objects.md#rules"], "LimitError",
+             tree(deep)),
+        fail("tree_count_too_big", "a list claiming 2^32 - 1 items", ["objects.md#rules"],
+             "FormatError", tree(b"\x08\xff\xff\xff\xff\x00")),
+        fail("tree_bigint_in_i64", "tag 04 for the value 1", ["objects.md#rules"],
+             "FormatError", tree(b"\x04\x01\x00\x00\x00\x01")),
+        fail("tree_bigint_long", "2^64 as a big int with a redundant byte",
+             ["objects.md#rules"], "FormatError",
+             tree(b"\x04\x0a\x00\x00\x00" + (1 << 64).to_bytes(10, "little"))),
+        fail("tree_dup_keys", "dict keys 1 and True (equal)", ["objects.md#rules"],
+             "FormatError", tree(b"\x0a\x02\x00\x00\x00\x03" + (1).to_bytes(8, "little")
+                                 + b"\x00\x02\x00")),
+        fail("tree_list_key", "a list as a dict key", ["objects.md#rules"], "FormatError",
+             tree(b"\x0a\x01\x00\x00\x00\x08\x00\x00\x00\x00\x00")),
+        fail("tree_ref_out_of_range", "tensor reference 2 of 2 tensors", ["objects.md#rules"],
+             "FormatError", tree(b"\x0b\x02\x00\x00\x00")),
+        fail("tree_bad_utf8", "a surrogate (ED A0 80) in a string", ["objects.md#rules"],
+             "FormatError", tree(s(b"\xed\xa0\x80"))),
+        fail("tree_truncated", "a string whose length runs past the field",
+             ["objects.md#rules"], "FormatError", tree(b"\x06\x05\x00\x00\x00ab")),
+        fail("metadata_list", "metadata that is a list", ["validation.md#X5"], "FormatError",
+             meta(b"\x08\x00\x00\x00\x00")),
+        fail("metadata_int_value", "metadata {'k': 1}", ["validation.md#X5"], "FormatError",
+             meta(b"\x0a\x01\x00\x00\x00" + s(b"k") + b"\x03" + bytes(8))),
+        fail("metadata_tensor_ref", "metadata {'k': tensor 0}", ["validation.md#X5"],
+             "FormatError", meta(b"\x0a\x01\x00\x00\x00" + s(b"k") + b"\x0b" + bytes(4))),
+    ]
+
+
+def read_vectors() -> list[Vector]:
+    """R rules: the file opens; reading a tensor fails."""
+    n = 4087  # n % 8 = 7: the bitpacked sign plane has unused high bits
+    w = weights_bf16(60, n).view(np.uint8).copy()
+    H_N = 66000  # two GDeflate pages, the second partial
+    h = (np.uint16(0x3C00) | (rand_bytes(61, H_N) & 0x01).astype(np.uint16)).view(np.uint8)
+    r8 = RansCodec(8)
+    base = write_file([
+        TensorSpec("w", "bfloat16", (n,), w, force(w, "bfloat16", layouts.BF16,
+                                                   [codecs.BITPACK, r8, codecs.ZSTD],
+                                                   {1: MODE_RANS})),
+        TensorSpec("h", "float16", (H_N,), h,
+                   force(h, "float16", layouts.FP16, [r8, r8, r8,
+                                                      codecs.get(codecs.GDEFLATE)],
+                         {0: MODE_CONST, 1: MODE_CONST, 2: MODE_CONST})),
+        TensorSpec("r", "int32", (4,), np.arange(4, dtype="<i4").view(np.uint8)),
+    ])
+    W_SIGN, W_EXP, W_MANT = (0, 0), (0, 1), (0, 2)
+    H_MANT1, _R_RAW = (1, 3), (2, 0)
+
+    def payload_edit(plane: tuple[int, int], fn: Callable[[bytearray], Any]) -> bytes:
+        """Edit a plane's stored bytes in place (same length), checksum fixed."""
+        def edit(p: craft.Parts) -> None:
+            b = bytearray(craft.plane_bytes(p, *plane))
+            fn(b)
+            craft.set_plane_bytes(p, *plane, bytes(b))
+        return edited(base, edit)
+
+    def replace(plane: tuple[int, int], new: bytes | Callable[[bytes], bytes],
+                params: bytes | None = None) -> bytes:
+        """Give a plane new stored bytes of any length, appended to the data section."""
+        def edit(p: craft.Parts) -> None:
+            old = craft.plane_bytes(p, *plane)
+            payload = new(old) if callable(new) else new
+            rec = p.tensors[plane[0]]["planes"][plane[1]]
+            p.data += bytes(-(len(p.data) + 32) % 64)
+            rec.update(offset=32 + len(p.data), stored_len=len(payload),
+                       checksum=hashing.plane_checksum(payload))
+            if params is not None:
+                rec["params"] = params
+            p.data += payload
+        return edited(base, edit)
+
+    def set_u32(at: int, value: int) -> Callable[[bytearray], None]:
+        return lambda b: b.__setitem__(slice(at, at + 4), struct.pack("<I", value))
+
+    zc = zstandard.ZstdCompressor(level=3, write_content_size=False)
+    mant = layouts.BF16.split(w, 2)[2].tobytes()
+    rans_stream = craft.plane_bytes(craft.parse(base), *W_EXP)
+    nb = -(-n // 256)
+    table_len = _rans_table_len(rans_stream)
+    states_at = 12 + table_len + 4 * nb
+    out = [
+        Vector("read_base", "the valid file the R-rule vectors below are made from: bitpack "
+               "with n % 8 = 7, rANS RANS and CONST, zstd, GDeflate (2 pages), raw", [], base,
+               tensors=[TensorSpec("w", "bfloat16", (n,), w).expected(),
+                        TensorSpec("h", "float16", (H_N,), h).expected(),
+                        TensorSpec("r", "int32", (4,), np.arange(4, dtype="<i4")
+                                   .view(np.uint8)).expected()],
+               tree=None),
+        fail("plane_checksum", "a stored byte of the raw plane changed, checksum not updated",
+             ["validation.md#R1"], "ChecksumError",
+             edited(base, lambda p: setattr(p, "data", p.data[:-1] + bytes([p.data[-1] ^ 1])))),
+        fail("content_hash", "tensor r's content hash with one bit flipped",
+             ["validation.md#R6"], "ContentHashError",
+             edited(base, lambda p: p.tensors[2].update(
+                 content_hash=bytes([p.tensors[2]["content_hash"][0] ^ 1])
+                 + p.tensors[2]["content_hash"][1:]))),
+        fail("merge_sign_bit_2", "bf16 sign plane stored raw holding the value 2 (wider than "
+             "its 1-bit field)", ["validation.md#R4", "planes.md#words-and-fields"],
+             "FormatError", _raw_sign_plane(base, n)),
+        fail("raw_params", "raw codec with a parameter byte", ["codecs.md#1"], "CodecError",
+             edited(base, lambda p: p.tensors[2]["planes"][0].update(params=b"\x00"))),
+        fail("bitpack_high_bits", "bitpack: an unused high bit of the last byte set",
+             ["codecs.md#2"], "CodecError",
+             payload_edit(W_SIGN, lambda b: b.__setitem__(-1, b[-1] | 0x80))),
+        fail("bitpack_short", "bitpack: one stored byte missing, so decoded_len exceeds 8 x "
+             "stored_len (checked before decoding)", ["validation.md#P4", "codecs.md#2"],
+             "LimitError", replace(W_SIGN, lambda old: old[:-1])),
+        fail("zstd_no_content_size", "zstd frame without Frame_Content_Size", ["codecs.md#3"],
+             "CodecError", replace(W_MANT, zc.compress(mant))),
+        fail("zstd_wrong_content_size", "zstd frame whose content size is one byte short",
+             ["codecs.md#3"], "CodecError",
+             replace(W_MANT, zstandard.ZstdCompressor(level=3).compress(mant[:-1]))),
+        fail("zstd_trailing_bytes", "a byte after the zstd frame", ["codecs.md#3"],
+             "CodecError", replace(W_MANT, lambda old: old + b"\x00")),
+        fail("zstd_skippable_frame", "a skippable frame before the zstd frame",
+             ["codecs.md#3"], "CodecError",
+             replace(W_MANT, lambda old: b"\x50\x2a\x4d\x18" + bytes(4) + old)),
+        fail("zstd_params_2", "zstd params of 2 bytes", ["codecs.md#3"], "CodecError",
+             edited(base, lambda p: p.tensors[0]["planes"][2].update(params=b"\x03\x00"))),
+        fail("zstd_bad_content_checksum", "zstd frame with a wrong Content_Checksum",
+             ["codecs.md#3"], "CodecError",
+             replace(W_MANT, lambda old: (lambda f: f[:-1] + bytes([f[-1] ^ 1]))(
+                 zstandard.ZstdCompressor(level=3, write_checksum=True).compress(mant)))),
+        fail("rans_mode_3", "rANS mode byte 3", ["rans.md#6"], "CodecError",
+             payload_edit(W_EXP, lambda b: b.__setitem__(0, 3))),
+        fail("rans_reserved", "rANS reserved field 1", ["rans.md#6"], "CodecError",
+             payload_edit(W_EXP, lambda b: b.__setitem__(2, 1))),
+        fail("rans_log2_block_4", "rANS log2_block 4", ["rans.md#6"], "CodecError",
+             payload_edit(W_EXP, lambda b: b.__setitem__(1, 4))),
+        fail("rans_n_mismatch", "rANS n one more than the plane", ["rans.md#6"], "CodecError",
+             payload_edit(W_EXP, lambda b: b.__setitem__(4, b[4] + 1))),
+        fail("rans_params", "rANS with a parameter byte", ["rans.md#2"], "CodecError",
+             edited(base, lambda p: p.tensors[0]["planes"][1].update(params=b"\x00"))),
+        fail("rans_table_sum", "rANS table whose first frequency is one higher (sum 4097)",
+             ["rans.md#3"], "CodecError",
+             payload_edit(W_EXP, lambda b: b.__setitem__(44, b[44] + 1))),
+        fail("rans_final_state_low", "rANS block 0 lane 0 final state 2^15 - 1",
+             ["rans.md#6"], "CodecError", payload_edit(W_EXP, set_u32(states_at, 0x7FFF))),
+        fail("rans_final_state_changed", "rANS block 0 lane 5 final state changed",
+             ["rans.md#5", "rans.md#6"], "CodecError",
+             payload_edit(W_EXP, lambda b: b.__setitem__(states_at + 20, b[states_at + 20] ^ 1))),
+        fail("rans_word_count", "rANS block 0 word count + 1 (words no longer add up)",
+             ["rans.md#6"], "CodecError",
+             payload_edit(W_EXP, lambda b: b.__setitem__(12 + table_len,
+                                                         b[12 + table_len] + 1))),
+        fail("rans_const_length", "rANS CONST stream (log2_block 8) one block byte short",
+             ["rans.md#6"], "CodecError",
+             replace((1, 1), struct.pack("<BBHQ", MODE_CONST, 8, 0, H_N)
+                     + bytes([15]) * (-(-H_N // 256) - 1))),
+        fail("rans_const_empty_body", "rANS CONST stream with no block bytes: 12 stored bytes "
+             "cannot decode to a non-empty plane (checked before decoding)",
+             ["validation.md#P4", "rans.md#8"], "LimitError",
+             replace((1, 1), struct.pack("<BBHQ", MODE_CONST, 20, 0, H_N))),
+        fail("gdeflate_page_log2", "GDeflate page_log2 15", ["gdeflate.md#5"], "CodecError",
+             payload_edit(H_MANT1, lambda b: b.__setitem__(0, 15))),
+        fail("gdeflate_reserved", "GDeflate reserved byte 1", ["gdeflate.md#5"], "CodecError",
+             payload_edit(H_MANT1, lambda b: b.__setitem__(1, 1))),
+        fail("gdeflate_page_count", "GDeflate page_count 3 for 2 pages", ["gdeflate.md#5"],
+             "CodecError", payload_edit(H_MANT1, set_u32(4, 3))),
+        fail("gdeflate_raw_size", "GDeflate raw page entry of the wrong size",
+             ["gdeflate.md#5"], "CodecError",
+             payload_edit(H_MANT1, set_u32(12, (1 << 31) | (H_N - 65536 - 1)))),
+        fail("gdeflate_sizes_sum", "GDeflate page sizes one short of the payload",
+             ["gdeflate.md#5"], "CodecError", replace(H_MANT1, lambda old: old + b"\x00")),
+        fail("gdeflate_stream_zeroed", "GDeflate page 0's stream overwritten with zero bytes",
+             ["gdeflate.md#5"], "CodecError",
+             payload_edit(H_MANT1, lambda b: b.__setitem__(
+                 slice(16, 16 + struct.unpack_from("<I", b, 8)[0]),
+                 bytes(struct.unpack_from("<I", b, 8)[0])))),
+    ]
+    for cut in (4, 31, 71, 72, 200, len(base) // 2, len(base) - 40, len(base) - 1):
+        out.append(fail(f"truncated_{cut}", f"read_base cut to {cut} bytes",
+                        ["validation.md#H1", "validation.md#H2", "validation.md#F1"],
+                        "TruncatedError", base[:cut]))
+    return out
+
+
+def _rans_table_len(stream: bytes) -> int:
+    k = sum(bin(b).count("1") for b in stream[12:44])
+    return 32 + 2 * k + (-(32 + 2 * k)) % 4
+
+
+def _raw_sign_plane(base: bytes, n: int) -> bytes:
+    """read_base with tensor w's sign plane stored raw, holding a 2 at element 0."""
+    def edit(p: craft.Parts) -> None:
+        payload = bytes([2]) + bytes(n - 1)
+        rec = p.tensors[0]["planes"][0]
+        p.data += bytes(-(len(p.data) + 32) % 64)
+        rec.update(codec=codecs.RAW, params=b"", offset=32 + len(p.data), stored_len=n,
+                   checksum=hashing.plane_checksum(payload))
+        p.data += payload
+    return edited(base, edit)
+
+
+def parent_vectors(deltas: list[Vector]) -> list[Vector]:
+    child = deltas[1].data
+
+    def bad_parent_hash(p: craft.Parts) -> None:
+        p.tensors[0]["parent_hash"] = bytes(16)
+    return [
+        fail("delta_wrong_parent", "delta_child given delta_other_base as its parent",
+             ["validation.md#A2"], "ParentMismatchError", child,
+             parent="delta_other_base.s4w", file="delta_child.s4w"),
+        fail("delta_parent_missing", "delta_child read without its parent",
+             ["validation.md#R5"], "ParentMismatchError", child, file="delta_child.s4w"),
+        fail("base_given_parent", "a base (no parent_id) given a parent",
+             ["validation.md#A1"], "ParentMismatchError", deltas[0].data,
+             parent="delta_other_base.s4w", file="delta_base.s4w"),
+        fail("delta_parent_hash_unknown", "a delta tensor whose parent_hash names no tensor "
+             "of the parent", ["validation.md#R5"], "ParentMismatchError",
+             edited(child, bad_parent_hash), parent="delta_base.s4w"),
+        fail("delta_content_hash", "a delta tensor with a wrong content hash (must be checked "
+             "even when hashes are off)", ["validation.md#R6"], "ContentHashError",
+             edited(child, lambda p: p.tensors[1].update(content_hash=bytes(16))),
+             parent="delta_base.s4w"),
+    ]
+
+
+def all_vectors() -> list[Vector]:
+    tiny = appendix_a()
+    two = write_file([TensorSpec("a", "uint8", (3,), np.array([1, 2, 3], np.uint8)),
+                      TensorSpec("b", "uint8", (2,), np.array([4, 5], np.uint8))],
+                     {"a": TensorRef(0), "b": TensorRef(1)})
+    deltas = delta_vectors()
+    vectors = (dtype_vectors() + codec_vectors() + layout_vectors() + shape_vectors()
+               + alignment_vectors() + container_vectors() + tree_vectors()
+               + adversarial_vectors() + deltas + header_vectors(tiny) + footer_vectors(tiny)
+               + index_vectors(tiny) + cross_vectors(two) + read_vectors()
+               + parent_vectors(deltas))
+    for v in vectors:
+        if v.id == "read_base":
+            v.tree = tree_to_json(None)
+    return vectors
+
+
+# -- writing the suite ------------------------------------------------------------------------
+
+def render(vectors: list[Vector]) -> dict[str, bytes]:
+    """File name -> bytes for every vector file and the manifest."""
+    files: dict[str, bytes] = {}
+    for v in vectors:
+        name = v.file or f"{v.id}.s4w"
+        if files.setdefault(name, v.data) != v.data:
+            raise AssertionError(f"{v.id}: {name} already holds other bytes")
+    ids = [v.id for v in vectors]
+    if len(set(ids)) != len(ids):
+        raise AssertionError("duplicate vector IDs")
+    manifest = dict(format=".s4w", version="1.0", suite="v1",
+                    protocol="conformance/README.md", vectors=[v.entry() for v in vectors])
+    # One vector per line: readable, and a change to one vector is a one-line diff.
+    head = json.dumps({k: v for k, v in manifest.items() if k != "vectors"}, ensure_ascii=False)
+    lines = ",\n".join(json.dumps(e, ensure_ascii=False, sort_keys=True)
+                       for e in manifest["vectors"])
+    files["manifest.json"] = f'{head[:-1]}, "vectors": [\n{lines}\n]}}\n'.encode()
+    return files
+
+
+def write_suite(out: Path, *, force: bool = False) -> dict[str, bytes]:
+    files = render(all_vectors())
+    total = sum(len(b) for b in files.values())
+    if total > SIZE_BUDGET:
+        raise SystemExit(f"the suite is {total} bytes, over its {SIZE_BUDGET}-byte budget")
+    changed = [n for n, b in files.items() if (out / n).exists() and (out / n).read_bytes() != b]
+    if changed and not force:
+        raise SystemExit(f"refusing to overwrite frozen vectors with different bytes: "
+                         f"{', '.join(sorted(changed))}. Released vectors never change "
+                         "silently: add new vectors under new names, or pass --force and "
+                         "say why in the commit (conformance/README.md)")
+    out.mkdir(parents=True, exist_ok=True)
+    for name, data in files.items():
+        (out / name).write_bytes(data)
+    return files
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, default=SUITE, help=f"output folder (default {SUITE})")
+    ap.add_argument("--force", action="store_true",
+                    help="overwrite existing vector files whose bytes changed")
+    args = ap.parse_args(argv)
+    files = write_suite(args.out, force=args.force)
+    vectors = json.loads(files["manifest.json"])["vectors"]
+    n_valid = sum(v["expect"] == "valid" for v in vectors)
+    print(f"{args.out}: {len(vectors)} vectors ({n_valid} valid, {len(vectors) - n_valid} "
+          f"must-fail) in {len(files) - 1} files, {sum(map(len, files.values()))} bytes")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
