@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numba
 import numpy as np
 
 from s4format.errors import FormatError, UnsupportedFeatureError
@@ -76,8 +77,9 @@ class Layout:
         if self.layout_id == BYTES.layout_id:
             rows = raw.reshape(n, w)
             return [np.ascontiguousarray(rows[:, j]) for j in range(w)]
-        words = raw.view(_UINT[w])
-        return [((words >> f.shift) & ((1 << f.bits) - 1)).astype(np.uint8) for f in self.fields]
+        out = np.empty((len(self.fields), n), dtype=np.uint8)
+        _split_fields(raw.view(_UINT[w]), self._shifts, self._masks, out)
+        return list(out)
 
     def merge(self, planes: list[np.ndarray], raw_nbytes: int, itemsize: int) -> np.ndarray:
         """Inverse of :meth:`split`; returns ``raw_nbytes`` bytes."""
@@ -90,15 +92,51 @@ class Layout:
             for j, p in enumerate(planes):
                 out[:, j] = p
             return out.reshape(-1)
-        words = np.zeros(n, dtype=_UINT[w])
-        for f, p in zip(self.fields, planes):
-            if f.bits < 8 and p.size and int(p.max()) >> f.bits:
-                raise FormatError(f"{f.label} plane holds values wider than its {f.bits} bits")
-            words |= p.astype(_UINT[w]) << f.shift
+        words = np.empty(n, dtype=_UINT[w])
+        bad = _merge_fields(np.stack(planes) if planes else np.empty((0, n), np.uint8),
+                            self._shifts, self._masks, words)
+        if bad >= 0:
+            f = self.fields[bad]
+            raise FormatError(f"{f.label} plane holds values wider than its {f.bits} bits")
         return words.view(np.uint8)
+
+    @property
+    def _shifts(self) -> np.ndarray:
+        return np.array([f.shift for f in self.fields], dtype=np.int64)
+
+    @property
+    def _masks(self) -> np.ndarray:
+        return np.array([(1 << f.bits) - 1 for f in self.fields], dtype=np.int64)
 
 
 _UINT = {2: np.dtype("<u2"), 4: np.dtype("<u4")}
+
+
+# One pass over the words for all fields (numpy would take three passes per field).
+@numba.njit(parallel=True, cache=True, nogil=True)
+def _split_fields(words, shifts, masks, out):  # pragma: no cover - compiled
+    for i in numba.prange(words.size):
+        w = np.int64(words[i])
+        for k in range(shifts.size):
+            out[k, i] = (w >> shifts[k]) & masks[k]
+
+
+@numba.njit(parallel=True, cache=True, nogil=True)
+def _merge_fields(planes, shifts, masks, words):  # pragma: no cover - compiled
+    """Returns the index of the first field with an out-of-range byte, or -1."""
+    bad = np.full(shifts.size, 0, dtype=np.int64)
+    for i in numba.prange(words.size):
+        w = np.int64(0)
+        for k in range(shifts.size):
+            v = np.int64(planes[k, i])
+            if v > masks[k]:
+                bad[k] = 1
+            w |= (v & masks[k]) << shifts[k]
+        words[i] = w
+    for k in range(shifts.size):
+        if bad[k]:
+            return k
+    return -1
 
 RAW = Layout(0, "raw", 1, (Field(KIND_RAW, 0, 0, 8),))
 BF16 = Layout(1, "bf16", 2, (Field(KIND_SIGN, 0, 15, 1), Field(KIND_EXPONENT, 0, 7, 8),
