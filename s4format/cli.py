@@ -1,4 +1,4 @@
-"""``python -m s4format``: inspect, verify (and, later, conformance) on .s4w files."""
+"""``python -m s4format``: inspect, verify and conformance on .s4w files."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 import sys
 from typing import Any
 
-from s4format import codecs
+from s4format import codecs, conformance
 from s4format.errors import S4Error, StorageError
 from s4format.reader import Reader
 from s4format.verify import verify
@@ -123,6 +123,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("file", help="path or s3://bucket/key URL of the .s4w file")
     p.add_argument("--parent", help="the delta's parent .s4w file (to check delta tensors)")
     p.set_defaults(func=cmd_verify)
+    p = sub.add_parser("conformance", help="run the conformance vectors against a reader",
+                       description="Run every vector of the conformance suite against this "
+                                   "reader (default) or an external one; prints a pass/fail "
+                                   "table, exit status 1 on any failure.")
+    conformance.add_arguments(p)
+    p.set_defaults(func=conformance.main)
     return ap
 
 
