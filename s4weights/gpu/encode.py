@@ -6,8 +6,8 @@ raw bytes give the content hashes; (2) the host picks codecs from the histograms
 ``s4format.policy`` ranks them (GPU codecs only), builds the rANS tables, and the device encodes
 rANS blocks (one warp each) and GDeflate pages (nvCOMP, one batch); (3) the host sizes every
 payload and the copy kernel assembles them all into one compacted device buffer, whose leaves are
-hashed for the plane checksums and which goes to pinned host memory in one copy (two pinned
-buffers alternate, so the writer can still hold the previous group's payloads).
+hashed for the plane checksums and which goes to pinned host memory in one copy (the payloads
+are views of that buffer and keep it alive as long as the caller holds them).
 
 Tensors the GPU does not split (other dtypes, tensors under ``SPLIT_MIN`` bytes) and tensors whose
 planes would store more than their raw bytes are copied to the host in the same buffer and coded
@@ -86,8 +86,6 @@ class Encoder:
         self.workspace = workspace
         self.gd_algorithm = gdeflate_algorithm
         self.gd = mantissa in ("auto", "gdeflate") and gdeflate.available()
-        self._pinned: list[torch.Tensor] = []
-        self._turn = 0
 
     def code(self, items: list[Item]) -> Iterator[Coded]:
         for it in items:
@@ -372,7 +370,9 @@ class Encoder:
                          np.asarray(ln, np.uint64))
         digests, dfirst = runtime.leaf_digests([base + int(offs[j]) for j in range(len(live))],
                                                [p.size for p in live])
-        host = self._pinned_buffer(total)
+        # A fresh pinned buffer per group: the payloads are views of it and stay valid as long
+        # as the caller holds them; torch's caching host allocator recycles it afterwards.
+        host = runtime.pinned(runtime.align(total, 1 << 20))
         torch.cuda.current_stream().synchronize()
         prof = runtime.Profile("assemble")
         prof.mark("copy+hash kernels")
@@ -384,16 +384,6 @@ class Encoder:
         del d_blob
         planes[:] = live
         return host.numpy(), offs, d, dfirst, cpu_at
-
-    def _pinned_buffer(self, nbytes: int) -> torch.Tensor:
-        # Two pinned buffers alternate: results of the previous group stay valid while the
-        # writer still holds them.
-        while len(self._pinned) < 2:
-            self._pinned.append(runtime.pinned(0))
-        self._turn ^= 1
-        if self._pinned[self._turn].numel() < nbytes:
-            self._pinned[self._turn] = runtime.pinned(runtime.align(nbytes, 1 << 20))
-        return self._pinned[self._turn]
 
 
 def rans_stream(plane: torch.Tensor, log2_block: int = rans.LOG2_BLOCK_DEFAULT) -> np.ndarray:
