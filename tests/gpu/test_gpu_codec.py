@@ -170,3 +170,22 @@ def test_corrupt_stored_plane_is_refused_on_the_gpu() -> None:
     bad[p.offset + p.stored_len // 2] ^= 0x10
     with pytest.raises(s4format.ChecksumError):
         s4weights.load(bytes(bad), map_location="cuda", device="cuda")
+
+
+def test_results_held_across_many_groups_stay_valid() -> None:
+    from s4format import dtypes
+    from s4format.objtree import TensorRef
+    from s4format.writer import Writer
+    from s4weights.gpu.encode import Encoder, Item
+
+    xs = [torch.randn(300_000, device="cuda").to(torch.bfloat16) for _ in range(6)]
+    items = [Item(dtypes.BY_NAME["bfloat16"], tuple(x.shape), x.view(torch.uint8)) for x in xs]
+    coded = list(Encoder(workspace=1 << 20).code(items))  # one tensor per group
+    buf = io.BytesIO()
+    with Writer(buf) as w:
+        for k, (it, c) in enumerate(zip(items, coded)):
+            w.add_coded(f"x{k}", it.dtype, it.shape, c.coded, c.content_hash)
+        w.set_tree([TensorRef(k) for k in range(len(xs))])
+    got = s4format.Reader(buf.getvalue()).load()
+    for x, t in zip(xs, got):
+        assert t.data.tobytes() == x.view(torch.uint8).cpu().numpy().tobytes()
