@@ -40,7 +40,7 @@ log = logging.getLogger("s4weights")
 MiB = 1 << 20
 MIN_PART_SIZE = 5 * MiB  # S3's minimum for every part but the last
 MAX_PARTS = 10_000
-TAIL_CACHE = 1 * MiB  # footer + index: fetched once per source
+TAIL_CACHE = 256 << 10  # footer + (most) index: fetched once per source
 READ_CHUNK = 8 * MiB  # reads larger than this are split across threads
 
 # Error codes worth another attempt; anything else (403, 404, 412, ...) is final.
@@ -313,10 +313,12 @@ class _S3Writer(ObjectWriter):
         self._parts: list[dict[str, Any]] = []
         self._pool: ThreadPoolExecutor | None = None
         self._done = False
+        self._aborted = False
         self.parts_uploaded = 0
 
     def _part_size(self, number: int) -> int:
-        # Parts grow x2 every 1000 so 10,000 parts reach ~1000x part_size * 1000 bytes.
+        # Parts double every 1000 parts: ordinary checkpoints use part_size throughout, and the
+        # 10,000-part limit still allows ~1,023,000 x part_size (8 TiB with 8 MiB parts).
         return self.store.part_size << ((number - 1) // 1000)
 
     def write(self, data: bytes | memoryview) -> int:
@@ -374,6 +376,9 @@ class _S3Writer(ObjectWriter):
             self.parts_uploaded += 1
 
     def commit(self) -> None:
+        if self._aborted:
+            raise StorageError(f"{self.store._where(self.key)}: commit after the upload was "
+                               "aborted (an earlier write failed or abort() was called)")
         if self._done:
             return
         s = self.store
@@ -418,7 +423,7 @@ class _S3Writer(ObjectWriter):
     def abort(self) -> None:
         if self._done:
             return
-        self._done = True
+        self._done = self._aborted = True
         self._buf = bytearray()
         s = self.store
         if self._pool is not None:

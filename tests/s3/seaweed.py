@@ -8,6 +8,8 @@ the server's environment, so request signatures are checked. Telemetry is off: n
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import datetime
 import ipaddress
 import os
@@ -117,6 +119,12 @@ def admin_client(endpoint: str, ca_bundle: Path | None = None, *, attempts: int 
                       connect_timeout=2, read_timeout=10))
 
 
+def _die_with_parent() -> None:
+    # Linux: SIGTERM the server if the test process dies without running its teardown.
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
 def start(root: Path) -> SeaweedServer:
     weed = shutil.which("weed")
     assert weed, "weed not on PATH"
@@ -135,7 +143,7 @@ def start(root: Path) -> SeaweedServer:
             "-s3.allowDeleteBucketNotEmpty=false", "-master.telemetry=false"]
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                cwd=root, start_new_session=True)
+                                cwd=root, start_new_session=True, preexec_fn=_die_with_parent)
     server = SeaweedServer(proc, data_dir, log_path, p, p + 5, cert)
     try:
         _wait_ready(server)

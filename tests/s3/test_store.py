@@ -62,6 +62,8 @@ def test_object_invisible_until_commit_and_abort_leaves_nothing(admin, bucket) -
     w.abort()
     assert store.list() == []
     assert store.pending_uploads() == []
+    with pytest.raises(StorageError, match="commit after the upload was aborted"):
+        w.commit()
 
 
 def test_failed_part_aborts_upload_and_raises_storage_error(admin, bucket, monkeypatch) -> None:
