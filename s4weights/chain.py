@@ -87,11 +87,11 @@ def list_checkpoints(url_or_dir: Any) -> list[CheckpointInfo]:
             for n in store.list("manifests/") if n.endswith(".json")]
 
 
-def _by_step(infos: list[CheckpointInfo]) -> dict[int, CheckpointInfo]:
+def by_step(infos: list[CheckpointInfo]) -> dict[int, CheckpointInfo]:
     return {i.step: i for i in infos}
 
 
-def _chain(step: int, infos: dict[int, CheckpointInfo]) -> list[CheckpointInfo]:
+def chain_of(step: int, infos: dict[int, CheckpointInfo]) -> list[CheckpointInfo]:
     """The checkpoints to open for ``step``, base first."""
     chain = [infos[step]]
     while chain[-1].parent_step is not None:
@@ -110,7 +110,7 @@ def _chain(step: int, infos: dict[int, CheckpointInfo]) -> list[CheckpointInfo]:
     return chain[::-1]
 
 
-def _open_chain(store: Store, chain: list[CheckpointInfo], verify: bool) -> s4format.Reader:
+def open_chain(store: Store, chain: list[CheckpointInfo], verify: bool) -> s4format.Reader:
     reader = None
     for info in chain:
         try:
@@ -137,7 +137,7 @@ def _parent_tensors(store: Store, parent: CheckpointInfo, infos: dict[int, Check
     cached = _PARENT_CACHE.get(store.url)
     if cached and cached[0] == parent.checkpoint_id:
         return cached[1]
-    reader = _open_chain(store, _chain(parent.step, infos), verify=True)
+    reader = open_chain(store, chain_of(parent.step, infos), verify=True)
     return {t.name: reader.read(i) for i, t in enumerate(reader.tensors)}
 
 
@@ -155,7 +155,7 @@ def save_checkpoint(state: Any, url_or_dir: Any, step: int, *, keyframe_interval
         # steps[-0:] would keep every checkpoint, the opposite of what 0 asks.
         raise ValueError("keep_last must be >= 1 (the checkpoint being saved is kept)")
     store = open_store(url_or_dir)
-    infos = _by_step(list_checkpoints(store))
+    infos = by_step(list_checkpoints(store))
     if step in infos:
         raise StorageError(f"checkpoint step {step} already exists in {store.url}")
     latest = infos[max(infos)] if infos else None
@@ -206,7 +206,7 @@ def load_checkpoint(url_or_dir: Any, step: int | None = None, *, map_location: A
                     ) -> Any:
     """Load checkpoint ``step`` (default: the latest), resolving its delta chain."""
     store = open_store(url_or_dir)
-    infos = _by_step(list_checkpoints(store))
+    infos = by_step(list_checkpoints(store))
     if not infos:
         raise StorageError(f"no checkpoints in {store.url}")
     if step is None:
@@ -214,7 +214,7 @@ def load_checkpoint(url_or_dir: Any, step: int | None = None, *, map_location: A
     if step not in infos:
         raise StorageError(f"no checkpoint step {step} in {store.url}; "
                            f"steps there: {sorted(infos)}")
-    reader = _open_chain(store, _chain(step, infos), verify)
+    reader = open_chain(store, chain_of(step, infos), verify)
     return read_tree(reader, map_location, strict=strict, show=progress)
 
 
@@ -222,11 +222,11 @@ def retain(url_or_dir: Any, keep_steps: list[int]) -> list[int]:
     """Delete every checkpoint not in ``keep_steps`` and not needed by a kept one (its chain
     back to the base). Returns the deleted steps."""
     store = open_store(url_or_dir)
-    infos = _by_step(list_checkpoints(store))
+    infos = by_step(list_checkpoints(store))
     needed: set[int] = set()
     for s in keep_steps:
         if s in infos:
-            needed.update(i.step for i in _chain(s, infos))
+            needed.update(i.step for i in chain_of(s, infos))
     doomed = sorted(set(infos) - needed)
     for s in doomed:
         store.delete(_manifest_name(s))

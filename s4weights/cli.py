@@ -21,7 +21,7 @@ from typing import Any
 
 from s4format.errors import S4Error, StorageError
 from s4format.verify import verify
-from s4weights.chain import CheckpointInfo, _by_step, _chain, _open_chain, list_checkpoints
+from s4weights.chain import CheckpointInfo, by_step, chain_of, list_checkpoints, open_chain
 from s4weights.store import LocalStore, Store, open_store
 
 MANIFESTS = "manifests/"
@@ -103,7 +103,7 @@ def _verify_one(store: Store, info: CheckpointInfo, infos: dict[int, CheckpointI
                 ) -> list[str]:
     where = f"{store.url}: step {info.step} ({info.file})"
     try:
-        reader = _open_chain(store, _chain(info.step, infos), verify=True)
+        reader = open_chain(store, chain_of(info.step, infos), verify=True)
         problems = [str(p) for p in verify(reader)]
         if reader.source.size() != info.file_bytes:
             problems.append(f"{info.file} is {reader.source.size()} bytes, its manifest says "
@@ -122,12 +122,12 @@ def cmd_verify(args: argparse.Namespace) -> int:
     checked = 0
     for run in runs:
         sub = _sub(store, run)
-        infos = _by_step(list_checkpoints(sub))
+        infos = by_step(list_checkpoints(sub))
         if args.step is not None:
             if args.step not in infos:
                 continue
             # The step's whole chain, each file checked against its own parent.
-            todo = [i.step for i in _chain(args.step, infos)]
+            todo = [i.step for i in chain_of(args.step, infos)]
         else:
             todo = sorted(infos)
         for step in todo:
