@@ -17,9 +17,9 @@ def test_valid_file_has_no_problems_and_decodes_each_plane_once(monkeypatch) -> 
     calls = []
     real = Reader.read_plane
 
-    def counting(self, t, k):
+    def counting(self, t, k, span=None):
         calls.append((t.name, k))
-        return real(self, t, k)
+        return real(self, t, k, span)
     monkeypatch.setattr(Reader, "read_plane", counting)
     with Reader(BLOB) as r:
         assert s4format.verify(r) == []
@@ -95,3 +95,19 @@ def test_files_of_any_alignment_verify_clean(align_log2: int, tmp_path) -> None:
         w.add("b", Reader(BLOB).read("model.mask"))
     with Reader(path) as r:
         assert s4format.verify(r) == []
+
+
+def test_a_tensor_is_fetched_in_one_read(monkeypatch) -> None:
+    # One ranged GET per tensor on S3, not one per plane.
+    reads = []
+    with Reader(BLOB) as r:
+        real = r.source.read_at
+
+        def counting(offset, length):
+            reads.append((offset, length))
+            return real(offset, length)
+        monkeypatch.setattr(r.source, "read_at", counting)
+        for i, t in enumerate(r.tensors):
+            reads.clear()
+            r.read_raw(i)
+            assert len(reads) == (1 if t.planes else 0), t.name
