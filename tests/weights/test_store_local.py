@@ -1,0 +1,134 @@
+"""LocalStore: atomic commits (temp file, fsync, rename, directory fsync), conditional puts,
+aborts that leave nothing, refused names, sweeping dead writers' temporary files."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from s4format.errors import StorageError
+from s4weights.store import LocalStore, open_store
+from s4weights.store.local import TMP_PREFIX
+
+
+def _all_files(root: Path) -> list[str]:
+    return sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
+
+
+def test_put_atomic_if_absent_refuses_an_existing_object(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path)
+    store.put_atomic("manifests/1.json", b"first", if_absent=True)
+    with pytest.raises(StorageError, match=r"1\.json already exists"):
+        store.put_atomic("manifests/1.json", b"second", if_absent=True)
+    assert store.get("manifests/1.json") == b"first"
+    assert _all_files(tmp_path) == ["manifests/1.json"]  # the loser's temp file is gone
+    store.put_atomic("manifests/1.json", b"third")
+    assert store.get("manifests/1.json") == b"third"
+
+
+def test_writer_is_invisible_until_commit(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path)
+    w = store.writer("data/a.s4w")
+    w.write(b"abc")
+    w.write(memoryview(b"def"))
+    assert store.list() == [] and not store.exists("data/a.s4w")
+    w.commit()
+    assert store.list("data/") == ["data/a.s4w"]
+    assert store.get("data/a.s4w") == b"abcdef"
+    assert store.source("data/a.s4w").read_at(2, 3).tobytes() == b"cde"
+
+
+def test_writer_abort_and_exceptions_leave_nothing(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path)
+    store.put_atomic("data/a.s4w", b"old")
+    w = store.writer("data/a.s4w")
+    w.write(b"new, half written")
+    w.abort()
+    w.abort()  # idempotent
+    with pytest.raises(RuntimeError, match="boom"), store.writer("data/a.s4w") as w2:
+        w2.write(b"x" * 1000)
+        raise RuntimeError("boom")
+    with store.writer("data/b.s4w") as w3:
+        w3.write(b"y")
+        w3.abort()  # an explicit abort inside the block is not undone by the exit
+    assert _all_files(tmp_path) == ["data/a.s4w"]
+    assert store.get("data/a.s4w") == b"old"
+
+
+@pytest.mark.parametrize("name", ["..", "../x", "a/../../x", "a/./b", "", "/abs", "a//b",
+                                  f"data/{TMP_PREFIX}1-a.s4w", "a/"])
+def test_bad_names_are_refused(tmp_path: Path, name: str) -> None:
+    store = LocalStore(tmp_path / "root")
+    for op in (lambda: store.writer(name), lambda: store.put_atomic(name, b"x"),
+               lambda: store.get(name), lambda: store.delete(name)):
+        with pytest.raises(StorageError, match="invalid object name"):
+            op()
+    assert not (tmp_path / "x").exists()
+    assert _all_files(tmp_path) == []
+
+
+def test_commit_fsyncs_the_file_before_the_rename_and_the_directory_after(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    events: list[str] = []
+    real_fsync, real_replace, real_link = os.fsync, os.replace, os.link
+
+    def fsync(fd: int) -> None:
+        events.append("fsync-dir" if os.path.isdir(f"/proc/self/fd/{fd}") else "fsync-file")
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", lambda *a: (events.append("rename"), real_replace(*a)))
+    monkeypatch.setattr(os, "link", lambda *a: (events.append("link"), real_link(*a)))
+    store = LocalStore(tmp_path)
+    with store.writer("d/a") as w:
+        w.write(b"1")
+    store.put_atomic("m/a", b"2", if_absent=True)
+    assert events == ["fsync-file", "rename", "fsync-dir", "fsync-file", "link", "fsync-dir"]
+
+
+def test_sweep_removes_only_stale_temp_files(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path)
+    store.put_atomic("data/keep.s4w", b"k")
+    stale = tmp_path / "data" / f"{TMP_PREFIX}dead-x.s4w"
+    fresh = tmp_path / "data" / f"{TMP_PREFIX}live-y.s4w"
+    stale.write_bytes(b"s")
+    fresh.write_bytes(b"f")
+    old = time.time() - 7200
+    os.utime(stale, (old, old))
+    os.utime(tmp_path / "data" / "keep.s4w", (old, old))
+    assert store.list() == ["data/keep.s4w"]  # temp files are never listed
+    assert store.sweep() == 1
+    assert not stale.exists() and fresh.exists()
+    assert store.sweep(older_than_s=0) == 1
+    assert _all_files(tmp_path) == ["data/keep.s4w"]
+
+
+def test_get_list_delete_exists(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path / "s")
+    assert store.list() == []
+    with pytest.raises(StorageError, match=r"cannot read .*missing"):
+        store.get("missing")
+    with pytest.raises(StorageError, match="cannot open"):
+        store.source("missing")
+    for name in ("b/2", "a/1", "b/1"):
+        store.put_atomic(name, name.encode())
+    assert store.list() == ["a/1", "b/1", "b/2"]
+    assert store.list("b/") == ["b/1", "b/2"]
+    assert store.exists("a/1") and not store.exists("a")
+    store.delete("a/1")
+    store.delete("a/1")  # missing is fine
+    assert store.list() == ["b/1", "b/2"]
+
+
+def test_open_store(tmp_path: Path) -> None:
+    assert isinstance(open_store(tmp_path), LocalStore)
+    by_url = open_store(tmp_path.as_uri())
+    assert isinstance(by_url, LocalStore) and by_url.root == tmp_path
+    assert by_url.url == tmp_path.resolve().as_uri()
+    store = LocalStore(tmp_path)
+    assert open_store(store) is store
+    with pytest.raises(ValueError, match="unsupported store URL scheme 'gopher'"):
+        open_store("gopher://host/x")
