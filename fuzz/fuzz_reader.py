@@ -27,6 +27,10 @@ with atheris.instrument_imports(include=["s4format", "conformance"],
     from conformance.craft import reseal
     from s4format import Reader, S4Error, verify
 
+    # The registry imports codecs lazily, outside this block: import them here so they are
+    # instrumented too (rans is numba-compiled, see above).
+    from s4format.codecs import bitpack, gdeflate, raw, zstd  # noqa: F401
+
 
 def decode_all(data: bytes) -> None:
     try:
