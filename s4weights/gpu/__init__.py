@@ -60,18 +60,41 @@ def coded_in_order(tensors: list, policy: str, device: str, skip: set[str]) -> d
 
 def loader_for(reader, device: str, update=None):
     """The load hook: ``f(i, cuda_device)`` decoding stored tensor i on that device as a typed,
-    shaped torch tensor, or None when the GPU path is off."""
+    shaped torch tensor, or None when the GPU path is off.
+
+    Decoding is batched: the first request for a GPU-decodable tensor decodes it together with
+    the following GPU-decodable tensors (up to a workspace of raw bytes) on the same device, and
+    later requests take theirs from that batch. Tensors are requested in stored order, so each
+    batch is used up before the next; one never requested stays held until the loader goes."""
     if not use_gpu(device, True):
         return None
+    ready: dict[tuple[int, str], object] = {}
+    sizes = [t.raw_nbytes for t in reader.tensors]
+    budget = min(1 << 30, max(256 << 20, sum(sizes) // 4))
 
     def load(i: int, dev):
         import torch
 
-        from s4weights.gpu.decode import read_tensor
+        from s4weights.gpu.decode import decodable, read_tensors
 
         t = reader.tensors[i]
-        with torch.cuda.device(dev):
-            raw = read_tensor(reader, i)
+        key = (i, str(dev))
+        raw = ready.pop(key, None)
+        if raw is None:
+            idx = [i]
+            if decodable(reader, i):
+                used = sizes[i]
+                for j in range(i + 1, len(sizes)):
+                    if used + sizes[j] > budget:
+                        break
+                    if (j, str(dev)) not in ready and decodable(reader, j):
+                        idx.append(j)
+                        used += sizes[j]
+            with torch.cuda.device(dev):
+                outs = read_tensors(reader, idx)
+            raw = outs[0]
+            for j, o in zip(idx[1:], outs[1:]):
+                ready[(j, str(dev))] = o
         if update is not None:
             update(t.raw_nbytes)
         return raw.view(getattr(torch, t.dtype.name)).reshape(t.shape)

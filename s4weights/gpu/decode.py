@@ -1,14 +1,29 @@
-"""Load side of the CUDA path: a stored tensor's planes go to the device once, are checked
-there (plane checksums from leaf digests), decoded by the rANS kernel, nvCOMP (GDeflate) or
-used in place (raw, bitpack, rANS RAW mode), and merged straight into the destination tensor.
+"""Load side of the CUDA path, batched: every plane of a group of tensors goes to the device in
+one copy, is checked there (plane checksums from leaf digests) before any kernel decodes it,
+and one launch per kernel decodes the group: every rANS block of every plane (one warp each),
+one merge per layout straight into the destination tensors, one hash launch for the content
+hashes. GDeflate planes go to nvCOMP; raw, bitpack and rANS RAW-mode planes are used in place.
 
-Every stream is validated on the host before a kernel reads it, as the CPU decoders do
-(``s4format.codecs.rans``, ``s4format.codecs.gdeflate``): the kernels only see lengths, counts
-and offsets proven in range; what only decoding can reveal (a bad final state, a word underflow)
-comes back as a per-block error code and raises ``CodecError`` naming the plane.
+Staging: the planes are read from the file straight into pinned host memory (``os.preadv``
+for files; other sources copy once into it) and copied up in one H2D.
+
+Host synchronisations per group: two. (1) the plane-leaf digests come back and every plane
+checksum is compared before decoding starts (spec/validation.md: verify before decoding);
+(2) after decoding, the per-block rANS error codes, the merge range flags and the content-leaf
+digests come back in one copy. Every stream is validated on the host before a kernel reads it,
+as the CPU decoders do (``s4format.codecs.rans``, ``s4format.codecs.gdeflate``): the kernels
+only see lengths, counts and offsets proven in range; what only decoding can reveal (a bad final
+state, a word underflow) comes back as a per-block error code and raises ``CodecError`` naming
+the plane.
+
+:func:`stage` and :func:`decode_staged` split the work at the H2D so the device-to-device part
+can be timed alone (coded payloads already on the device -> tensors).
 """
 
 from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -18,13 +33,14 @@ from s4format.codecs import gdeflate as cpu_gdeflate
 from s4format.codecs import rans
 from s4format.errors import ChecksumError, CodecError, ContentHashError, FormatError
 from s4format.reader import Reader
-from s4weights.gpu import gdeflate, runtime
+from s4weights.gpu import gdeflate, ranshost, runtime
 from s4weights.gpu.hash import content_hash_from_leaves, plane_checksum_from_leaves
 from s4weights.gpu.plan import GPU_LAYOUTS, chunk_table
 
 MERGE_KERNEL = {layouts.BF16.layout_id: "merge_bf16", layouts.FP16.layout_id: "merge_fp16",
                 layouts.FP32.layout_id: "merge_fp32"}
 GPU_CODECS = {codecs.RAW, codecs.BITPACK, codecs.RANS, codecs.GDEFLATE}
+SLOT_ALIGN = 16
 
 
 def decodable(reader: Reader, i: int) -> bool:
@@ -37,172 +53,298 @@ def decodable(reader: Reader, i: int) -> bool:
 
 def read_tensor(reader: Reader, i: int, out: torch.Tensor | None = None) -> torch.Tensor:
     """Tensor i's raw bytes as a flat uint8 CUDA tensor (``out`` if given: written in place)."""
-    t = reader.tensors[i]
-    if out is None:
-        out = runtime.device_empty(t.raw_nbytes)[:t.raw_nbytes]
-    if out.numel() != t.raw_nbytes or out.dtype != torch.uint8 or not out.is_contiguous():
-        raise ValueError(f"destination for {t.name!r} must be {t.raw_nbytes} contiguous bytes")
-    if not decodable(reader, i):
-        raw = reader.read_raw(i)
-        if raw.size:
-            out.copy_(torch.from_numpy(raw))
-        return out
-    prof = runtime.Profile("decode")
-    stored, at, host = _upload(reader, t)
-    prof.mark("read+h2d")
-    _check_planes(reader, t, stored, at)
-    prof.mark("checksums")
-    keep: list[object] = [host]
-    ptrs, packed = _planes(reader, t, stored, at, host, keep)
-    prof.mark("planes")
-    word = t.layout.word_size(t.dtype.itemsize)
-    n = t.raw_nbytes // word
-    if n:
-        cs, c0 = chunk_table([n])
-        table = np.zeros(5, dtype=np.uint64)
-        table[:len(ptrs)] = ptrs
-        err = torch.zeros(1, dtype=torch.int32, device="cuda")
-        d = [runtime.to_device(a) for a in (cs, c0, np.array([out.data_ptr()], np.uint64),
-                                            np.array([n], np.int64), table,
-                                            np.array([packed], np.uint8))]
-        runtime.launch("planes", MERGE_KERNEL[t.layout.layout_id], cs.size, 256,
-                       *(runtime.ptr(x) for x in d), runtime.ptr(err))
-        if int(err.item()):
-            raise FormatError(f"{reader.name}: tensor {t.name!r}: a plane holds values wider "
-                              "than its field")
-    del keep
-    prof.mark("merge")
-    if reader.verify_hashes:
-        digests, _first = runtime.leaf_digests([out.data_ptr()], [t.raw_nbytes])
-        d = digests.cpu().numpy().view(np.uint64)[:(t.raw_nbytes + 65535) // 65536]
-        if content_hash_from_leaves(t.raw_nbytes, d) != t.content_hash:
-            raise ContentHashError(f"{reader.name}: tensor {t.name!r} content hash mismatch "
-                                   "after decoding on the GPU")
-        prof.mark("content hash")
-    prof.report()
-    return out
+    return read_tensors(reader, [i], None if out is None else [out])[0]
 
 
-def _upload(reader: Reader, t) -> tuple[torch.Tensor, list[int], np.ndarray]:
-    at, total = [], 0
-    for p in t.planes:
-        at.append(total)
-        total += runtime.align(p.stored_len, 16)
-    host = runtime.pinned(total)
-    h = host.numpy()
-    for p, a in zip(t.planes, at):
-        h[a:a + p.stored_len] = reader.source.read_at(p.offset, p.stored_len)
+def read_tensors(reader: Reader, idx: list[int],
+                 outs: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
+    """Raw bytes of tensors ``idx`` as flat uint8 CUDA tensors, decoded as one batch."""
+    if outs is None:
+        outs = [runtime.device_empty(reader.tensors[i].raw_nbytes)[:reader.tensors[i].raw_nbytes]
+                for i in idx]
+    for i, out in zip(idx, outs):
+        t = reader.tensors[i]
+        if out.numel() != t.raw_nbytes or out.dtype != torch.uint8 or not out.is_contiguous():
+            raise ValueError(f"destination for {t.name!r} must be {t.raw_nbytes} contiguous bytes")
+    gpu = [k for k, i in enumerate(idx) if decodable(reader, i)]
+    on_gpu = set(gpu)
+    for k, i in enumerate(idx):
+        if k not in on_gpu:
+            raw = reader.read_raw(i)
+            if raw.size:
+                outs[k].copy_(torch.from_numpy(raw))
+    if gpu:
+        st = stage(reader, [idx[k] for k in gpu])
+        decode_staged(st, [outs[k] for k in gpu])
+    return outs
+
+
+# -- staging: file -> pinned host -> device ------------------------------------------------
+
+@dataclass
+class Staged:
+    reader: Reader
+    idx: list[int]
+    planes: list[tuple[int, int, object]]   # (tensor position, plane index, plane record)
+    at: np.ndarray                           # offset of each plane in the buffer
+    host: np.ndarray                         # pinned host copy (validation reads it)
+    device: torch.Tensor
+    keep: list[object] = field(default_factory=list)
+
+
+def _read_into(reader: Reader, offset: int, dst: np.ndarray) -> None:
+    src = reader.source
+    fd = getattr(src, "_fd", None)
+    if isinstance(fd, int) and fd >= 0 and hasattr(os, "preadv"):
+        done, n = 0, dst.size
+        mv = memoryview(dst)
+        while done < n:
+            got = os.preadv(fd, [mv[done:]], offset + done)
+            if got <= 0:
+                break
+            done += got
+        if done == n:
+            return
+    dst[:] = src.read_at(offset, dst.size)
+
+
+def stage(reader: Reader, idx: list[int]) -> Staged:
+    """Read every plane of tensors ``idx`` into one pinned buffer and start one H2D copy.
+    Planes contiguous in the file (the writer's order) are read with one read; each plane sits
+    at a 16-byte aligned offset of the buffer."""
+    for i in idx:
+        if not decodable(reader, i):
+            raise ValueError(f"tensor {reader.tensors[i].name!r} is not decoded on the GPU")
+    planes = [(k, j, p) for k, i in enumerate(idx) for j, p in enumerate(reader.tensors[i].planes)]
+    off = np.array([p.offset for _k, _j, p in planes], np.int64)
+    ln = np.array([p.stored_len for _k, _j, p in planes], np.int64)
+    span0 = int(off.min()) if off.size else 0
+    span = int((off + ln).max()) - span0 if off.size else 0
+    contiguous = off.size and not ((off - span0) % SLOT_ALIGN).any() and \
+        span <= 1.25 * int(ln.sum()) + (1 << 20)
+    if contiguous:
+        at = off - span0
+        total = span
+    else:
+        sizes = (ln + SLOT_ALIGN - 1) // SLOT_ALIGN * SLOT_ALIGN
+        at = np.concatenate(([0], np.cumsum(sizes)[:-1])).astype(np.int64) if off.size \
+            else np.zeros(0, np.int64)
+        total = int(sizes.sum())
+    host_t = runtime.pinned(total)
+    host = host_t.numpy()
+    if contiguous:
+        _read_into(reader, span0, host[:span])
+    else:
+        for a, o, n in zip(at.tolist(), off.tolist(), ln.tolist()):
+            _read_into(reader, o, host[a:a + n])
     dev = runtime.device_empty(total)
-    dev[:total].copy_(host[:total], non_blocking=True)
-    return dev, at, h
+    if total:
+        dev[:total].copy_(host_t[:total], non_blocking=True)
+    return Staged(reader, list(idx), planes, at, host, dev, [host_t])
 
 
-def _check_planes(reader: Reader, t, stored: torch.Tensor, at: list[int]) -> None:
-    base = stored.data_ptr()
-    digests, first = runtime.leaf_digests([base + a for a in at], [p.stored_len for p in t.planes])
-    d = digests.cpu().numpy().view(np.uint64)
-    for k, p in enumerate(t.planes):
-        if plane_checksum_from_leaves(p.stored_len, d[first[k]:first[k + 1]]) != p.checksum:
+# -- device work ---------------------------------------------------------------------------
+
+def decode_staged(st: Staged, outs: list[torch.Tensor]) -> None:
+    """Check every plane, decode, merge into ``outs``, and check the content hashes."""
+    reader = st.reader
+    prof = runtime.Profile("decode")
+    base = st.device.data_ptr()
+    digests, first = runtime.leaf_digests(base + st.at, [p.stored_len for _k, _j, p in st.planes])
+    d = digests[:int(first[-1])].cpu().numpy().view(np.uint64)  # sync 1
+    for q, (k, _j, p) in enumerate(st.planes):
+        if plane_checksum_from_leaves(p.stored_len, d[first[q]:first[q + 1]]) != p.checksum:
+            t = reader.tensors[st.idx[k]]
             raise ChecksumError(f"{reader.name}: tensor {t.name!r} plane {p.label}: checksum of "
                                 f"the {p.stored_len} stored bytes at offset {p.offset} mismatch")
-
-
-def _planes(reader: Reader, t, stored: torch.Tensor, at: list[int], host: np.ndarray,
-            keep: list[object]) -> tuple[list[int], int]:
-    """Device address of each decoded plane (sign: packed bits or bytes) and the packed flag."""
-    base = stored.data_ptr()
-    ptrs, packed = [], 1
-    for k, p in enumerate(t.planes):
+    prof.mark("checksums")
+    keep: list[object] = []
+    rb = _RansBatch()
+    ptrs = [[0] * 5 for _ in st.idx]
+    packed = [1] * len(st.idx)
+    scratch_need = 0
+    plane_where = []
+    for k, _j, p in st.planes:
+        t = reader.tensors[st.idx[k]]
         where = f"{reader.name}: tensor {t.name!r} plane {p.label}"
-        src = base + at[k]
+        plane_where.append(where)
+        if p.codec in (codecs.RANS, codecs.GDEFLATE):
+            scratch_need += runtime.align(p.decoded_len, SLOT_ALIGN)
+    scratch = runtime.device_empty(scratch_need)
+    sp = scratch.data_ptr()
+    for q, (k, j, p) in enumerate(st.planes):
+        where = plane_where[q]
+        a = int(st.at[q])
+        src = base + a
         n = p.decoded_len
+        payload = st.host[a:a + p.stored_len]
         if p.codec == codecs.RAW:
             if p.stored_len != n:
                 raise CodecError(f"{where}: raw plane stores {p.stored_len} bytes, declares {n}")
-            ptrs.append(src)
+            ptrs[k][j] = src
+            if j == 0:
+                packed[k] = 0
         elif p.codec == codecs.BITPACK:
-            payload = host[at[k]:at[k] + p.stored_len]
             if p.params or len(payload) != (n + 7) // 8 or \
                     (n % 8 and int(payload[-1]) >> (n % 8)):
                 raise CodecError(f"{where}: bitpack payload is malformed")
-            if k != 0:
+            if j != 0:
                 raise CodecError(f"{where}: bitpack on a plane other than the sign plane")
-            ptrs.append(src)
+            ptrs[k][j] = src
         elif p.codec == codecs.RANS:
-            ptrs.append(_rans_plane(host[at[k]:at[k] + p.stored_len], p, src, keep, where))
-            if k == 0:
-                packed = 0
+            ptrs[k][j] = rb.add(payload, p, src, sp, where)
+            if ptrs[k][j] == sp:
+                sp += runtime.align(n, SLOT_ALIGN)
+            if j == 0:
+                packed[k] = 0
         elif p.codec == codecs.GDEFLATE:
-            payload = host[at[k]:at[k] + p.stored_len]
             if len(p.params) > 1:
                 raise CodecError(f"{where}: gdeflate parameters are at most 1 byte")
             entries, offsets = cpu_gdeflate.parse_page_table(payload, n)
-            dst = runtime.device_empty(n)
-            keep.append(dst)
-            gdeflate.decompress(stored[at[k]:], entries, offsets, dst.data_ptr(), n)
-            ptrs.append(dst.data_ptr())
-            if k == 0:
-                packed = 0
-        if k == 0 and p.codec == codecs.RAW:
-            packed = 0
-    return ptrs, packed
+            gdeflate.decompress(st.device[a:], entries, offsets, sp, n)
+            ptrs[k][j] = sp
+            sp += runtime.align(n, SLOT_ALIGN)
+            if j == 0:
+                packed[k] = 0
+    prof.mark("validate")
+    errs = rb.launch(keep)
+    prof.mark("rans")
+    nt = len(st.idx)
+    merr = torch.zeros(max(nt, 1), dtype=torch.int32, device="cuda")
+    for lay_id, kernel_name in MERGE_KERNEL.items():
+        sel = [k for k in range(nt) if reader.tensors[st.idx[k]].layout.layout_id == lay_id
+               and outs[k].numel()]
+        if not sel:
+            continue
+        word = 4 if lay_id == layouts.FP32.layout_id else 2
+        nel = [outs[k].numel() // word for k in sel]
+        cs, c0 = chunk_table(nel)
+        dev, dp = runtime.upload(cs, c0, np.array([outs[k].data_ptr() for k in sel], np.uint64),
+                                 np.asarray(nel, np.int64),
+                                 np.array([ptrs[k] for k in sel], np.uint64).reshape(-1),
+                                 np.array([packed[k] for k in sel], np.uint8))
+        keep.append(dev)
+        sel_a = np.asarray(sel, np.int64)
+        # merge flags go to a per-launch array, scattered into merr afterwards
+        lerr = torch.zeros(len(sel), dtype=torch.int32, device="cuda")
+        runtime.launch("planes", kernel_name, cs.size, 256, *(np.uint64(x) for x in dp),
+                       runtime.ptr(lerr))
+        merr.index_copy_(0, torch.from_numpy(sel_a).to("cuda", non_blocking=True), lerr)
+        keep.append(lerr)
+    prof.mark("merge")
+    verify = reader.verify_hashes
+    parts = [errs.view(torch.uint8) if errs is not None else None, merr.view(torch.uint8)]
+    cfirst = None
+    if verify:
+        cd, cfirst = runtime.leaf_digests([o.data_ptr() for o in outs], [o.numel() for o in outs])
+        parts.append(cd[:int(cfirst[-1])].view(torch.uint8))
+    back = torch.cat([x for x in parts if x is not None]).cpu().numpy()  # sync 2
+    pos = 0
+    if errs is not None:
+        e = back[:4 * rb.nblocks].view(np.int32)
+        pos = 4 * rb.nblocks
+        bad = np.flatnonzero(e)
+        if bad.size:
+            b = int(bad[0])
+            q = int(np.searchsorted(rb.first, b, side="right") - 1)
+            raise CodecError(f"{rb.where[q]}: rans block {b - int(rb.first[q])} of "
+                             f"{int(rb.first[q + 1] - rb.first[q])} is corrupt: "
+                             f"{rans._ERR_TEXT.get(int(e[b]), 'error')}")
+    me = back[pos:pos + 4 * max(nt, 1)].view(np.int32)
+    pos += 4 * max(nt, 1)
+    for k in np.flatnonzero(me[:nt]):
+        t = reader.tensors[st.idx[int(k)]]
+        raise FormatError(f"{reader.name}: tensor {t.name!r}: a plane holds values wider "
+                          "than its field")
+    if verify:
+        cd = back[pos:].view(np.uint64)
+        for k, o in enumerate(outs):
+            t = reader.tensors[st.idx[k]]
+            if content_hash_from_leaves(o.numel(), cd[cfirst[k]:cfirst[k + 1]]) != \
+                    t.content_hash:
+                raise ContentHashError(f"{reader.name}: tensor {t.name!r} content hash mismatch "
+                                       "after decoding on the GPU")
+    prof.mark("content hash")
+    prof.report()
+    del keep, scratch
 
 
-def _rans_plane(payload: np.ndarray, p, src: int, keep: list[object], where: str) -> int:
-    n = p.decoded_len
-    if p.params:
-        raise CodecError(f"{where}: rans takes no parameters")
-    if payload.size < rans.HEADER_SIZE:
-        raise CodecError(f"{where}: rans stream shorter than its header")
-    mode, lg, reserved, count = rans.HEADER.unpack_from(payload[:rans.HEADER_SIZE].tobytes())
-    if reserved or not rans.LOG2_BLOCK_MIN <= lg <= rans.LOG2_BLOCK_MAX or count != n:
-        raise CodecError(f"{where}: bad rans header")
-    nb = (n + (1 << lg) - 1) >> lg
-    if mode == rans.MODE_RAW:
-        if payload.size != rans.HEADER_SIZE + n:
-            raise CodecError(f"{where}: rans RAW stream has the wrong length")
-        return src + rans.HEADER_SIZE
-    dst = runtime.device_empty(n)
-    keep.append(dst)
-    starts = np.arange(nb, dtype=np.int64) << lg
-    lens = np.minimum(n - starts, 1 << lg).astype(np.uint32)
-    zeros = np.zeros(nb, dtype=np.uint64)
-    if mode == rans.MODE_CONST:
-        if payload.size != rans.HEADER_SIZE + nb:
-            raise CodecError(f"{where}: rans CONST stream has the wrong length")
-        cols = (np.ones(nb, np.uint8), payload[rans.HEADER_SIZE:].copy(), zeros,
-                np.zeros(nb, np.uint32), zeros, zeros)
-    elif mode == rans.MODE_RANS:
-        freqs, pos = rans._parse_table(payload, rans.HEADER_SIZE)
-        words_at = pos + rans.BLOCK_OVERHEAD * nb
-        if payload.size < words_at:
-            raise CodecError(f"{where}: rans stream ends before its word area")
-        counts = payload[pos:pos + 4 * nb].view("<u4").astype(np.int64)
-        if (counts > lens).any():
-            raise CodecError(f"{where}: a rans block stores more words than symbols")
-        offs = np.zeros(nb + 1, dtype=np.int64)
-        np.cumsum(counts, out=offs[1:])
-        if payload.size != words_at + 2 * int(offs[-1]):
-            raise CodecError(f"{where}: rans stream length does not match its word counts")
-        dtab = runtime.to_device(rans._decoder_table(freqs))
-        keep.append(dtab)
-        cols = (np.zeros(nb, np.uint8), np.zeros(nb, np.uint8),
-                (src + words_at + 2 * offs[:-1]).astype(np.uint64), counts.astype(np.uint32),
-                (src + pos + 4 * nb + 128 * np.arange(nb)).astype(np.uint64),
-                np.full(nb, dtab.data_ptr(), np.uint64))
-    else:
-        raise CodecError(f"{where}: rans mode {mode} is not RAW, CONST or RANS")
-    out_ptrs = (dst.data_ptr() + starts).astype(np.uint64)
-    d = [runtime.to_device(a) for a in (*cols, out_ptrs, lens)]
-    keep.append(d)
-    err = torch.zeros(nb, dtype=torch.int32, device="cuda")
-    warps = 4
-    runtime.launch("rans", "rans_decode", (nb + warps - 1) // warps, 32 * warps, np.int32(nb),
-                   *(runtime.ptr(x) for x in d), runtime.ptr(err))
-    e = err.cpu().numpy()
-    bad = np.flatnonzero(e)
-    if bad.size:
-        b = int(bad[0])
-        raise CodecError(f"{where}: rans block {b} of {nb} is corrupt: "
-                         f"{rans._ERR_TEXT.get(int(e[b]), 'error')}")
-    return dst.data_ptr()
+class _RansBatch:
+    """Block table of every rANS plane of a group, built per plane with numpy (no loop over
+    blocks), launched once."""
+
+    def __init__(self) -> None:
+        self.cols: list[tuple] = []
+        self.freqs: list[np.ndarray] = []
+        self.first = [0]
+        self.where: list[str] = []
+        self.nblocks = 0
+
+    def add(self, payload: np.ndarray, p, src: int, dst: int, where: str) -> int:
+        """Validate plane p's stream; queue its blocks to decode into ``dst``; return the
+        address the merge reads (``dst``, or the payload itself for the RAW mode)."""
+        n = p.decoded_len
+        if p.params:
+            raise CodecError(f"{where}: rans takes no parameters")
+        if payload.size < rans.HEADER_SIZE:
+            raise CodecError(f"{where}: rans stream shorter than its header")
+        mode, lg, reserved, count = rans.HEADER.unpack_from(payload[:rans.HEADER_SIZE].tobytes())
+        if reserved or not rans.LOG2_BLOCK_MIN <= lg <= rans.LOG2_BLOCK_MAX or count != n:
+            raise CodecError(f"{where}: bad rans header")
+        nb = (n + (1 << lg) - 1) >> lg
+        if mode == rans.MODE_RAW:
+            if payload.size != rans.HEADER_SIZE + n:
+                raise CodecError(f"{where}: rans RAW stream has the wrong length")
+            return src + rans.HEADER_SIZE
+        starts = np.arange(nb, dtype=np.int64) << lg
+        lens = np.minimum(n - starts, 1 << lg).astype(np.uint32)
+        zeros = np.zeros(nb, dtype=np.uint64)
+        if mode == rans.MODE_CONST:
+            if payload.size != rans.HEADER_SIZE + nb:
+                raise CodecError(f"{where}: rans CONST stream has the wrong length")
+            cols = (np.ones(nb, np.uint8), payload[rans.HEADER_SIZE:].copy(), zeros,
+                    np.zeros(nb, np.uint32), zeros, np.full(nb, -1, np.int64))
+        elif mode == rans.MODE_RANS:
+            freqs, pos = rans._parse_table(payload, rans.HEADER_SIZE)
+            words_at = pos + rans.BLOCK_OVERHEAD * nb
+            if payload.size < words_at:
+                raise CodecError(f"{where}: rans stream ends before its word area")
+            counts = payload[pos:pos + 4 * nb].view("<u4").astype(np.int64)
+            if (counts > lens).any():
+                raise CodecError(f"{where}: a rans block stores more words than symbols")
+            offs = np.zeros(nb + 1, dtype=np.int64)
+            np.cumsum(counts, out=offs[1:])
+            if payload.size != words_at + 2 * int(offs[-1]):
+                raise CodecError(f"{where}: rans stream length does not match its word counts")
+            cols = (np.zeros(nb, np.uint8), np.zeros(nb, np.uint8),
+                    (src + words_at + 2 * offs[:-1]).astype(np.uint64), counts.astype(np.uint32),
+                    (src + pos + 4 * nb + 128 * np.arange(nb)).astype(np.uint64),
+                    np.full(nb, len(self.freqs), np.int64))
+            self.freqs.append(freqs)
+        else:
+            raise CodecError(f"{where}: rans mode {mode} is not RAW, CONST or RANS")
+        self.cols.append((*cols, (dst + starts).astype(np.uint64), lens))
+        self.nblocks += nb
+        self.first.append(self.nblocks)
+        self.where.append(where)
+        return dst
+
+    def launch(self, keep: list[object]) -> torch.Tensor | None:
+        nb = self.nblocks
+        if not nb:
+            return None
+        self.first = np.asarray(self.first, np.int64)
+        cols = [np.concatenate([c[i] for c in self.cols]) for i in range(8)]
+        tabs = ranshost.decoder_tables(np.stack(self.freqs)) if self.freqs \
+            else np.zeros((1, 4096), np.uint32)
+        d_tab, (tab_p,) = runtime.upload(tabs)
+        ti = cols[5]
+        cols[5] = np.where(ti >= 0, np.uint64(tab_p) + ti.astype(np.uint64) * np.uint64(16384),
+                           np.uint64(0)).astype(np.uint64)
+        dev, dp = runtime.upload(*cols)
+        keep += [d_tab, dev]
+        err = torch.zeros(nb, dtype=torch.int32, device="cuda")
+        warps = 4
+        runtime.launch("rans", "rans_decode", (nb + warps - 1) // warps, 32 * warps,
+                       np.int32(nb), *(np.uint64(x) for x in dp), runtime.ptr(err))
+        return err

@@ -1,17 +1,35 @@
 """Save side of the CUDA path: code tensors that live on the GPU into ``CodedTensor``s.
 
-Per group of consecutive tensors (``plan.groups``): (1) one fused split launch per layout writes
-packed sign bits, the byte planes and their histograms, and the leaf digests of every tensor's
-raw bytes give the content hashes; (2) the host picks codecs from the histograms exactly as
-``s4format.policy`` ranks them (GPU codecs only), builds the rANS tables, and the device encodes
-rANS blocks (one warp each) and GDeflate pages (nvCOMP, one batch); (3) the host sizes every
-payload and the copy kernel assembles them all into one compacted device buffer, whose leaves are
-hashed for the plane checksums and which goes to pinned host memory in one copy (the payloads
-are views of that buffer and keep it alive as long as the caller holds them).
+Per group of consecutive tensors (``plan.groups``), with three host synchronisations whatever
+the number of tensors, planes or blocks:
 
-Tensors the GPU does not split (other dtypes, tensors under ``SPLIT_MIN`` bytes) and tensors whose
-planes would store more than their raw bytes are copied to the host in the same buffer and coded
-by the CPU coder, so the file is what the CPU path writes.
+1. one fused split launch per layout writes packed sign bits, the byte planes and all their
+   histograms into one device array; the leaf digests of every tensor's raw bytes (content
+   hashes) are launched too. Sync 1: the histograms come to the host (a few KiB).
+2. the host picks candidate codecs from the histograms as ``s4format.policy`` ranks them (GPU
+   codecs only), normalises every frequency table and builds every rANS encoder table in a
+   few vectorised numpy calls (``ranshost.*_many``), and one launch encodes every rANS block of
+   the group (one warp each); GDeflate pages go to nvCOMP in one batch where asked for.
+   Sync 2: the word counts, first symbols and "varied" flags of the blocks come back.
+3. the host sizes every payload (vectorised per plane, never a loop over blocks), lays the
+   payloads out in one compacted device buffer (16-byte aligned), and one copy launch
+   assembles them; one hash launch digests the payload leaves. Sync 3: the digests (payload
+   leaves and content leaves) come back, and the host roots them into plane checksums and
+   content hashes.
+
+The compacted buffer with that metadata is the device-to-device result (:class:`DeviceGroup`).
+For a file, the buffer goes to pinned host memory in one copy on a side stream, overlapped with
+the next group's device work (``Encoder.code`` keeps one group in flight); payloads are views of
+that pinned buffer and keep it alive as long as the caller holds them.
+
+Tensors the GPU does not split (other dtypes, tensors under ``SPLIT_MIN`` bytes) and tensors
+whose planes would store more than their raw bytes are copied to the host in the same buffer
+and coded by the CPU coder, so the file is what the CPU path writes.
+
+Codec choice: sign planes take bitpack or rANS (including CONST) in the CPU policy's rank order;
+exponent planes rANS or raw; mantissa planes rANS or raw by the histogram estimate. GDeflate
+(nvCOMP, far slower than the rANS kernels) runs only where asked for: ``mantissa="gdeflate"``
+or the ``seed`` policy; ``mantissa="auto"`` never pays for it on the GPU.
 """
 
 from __future__ import annotations
@@ -33,6 +51,7 @@ from s4weights.gpu.hash import content_hash_from_leaves, plane_checksum_from_lea
 SPLIT_KERNEL = {layouts.BF16.layout_id: "split_bf16", layouts.FP16.layout_id: "split_fp16",
                 layouts.FP32.layout_id: "split_fp32"}
 MANTISSA_MODES = ("auto", "rans", "gdeflate", "raw")
+ALIGN_PAYLOAD = 16
 
 
 @dataclass
@@ -62,14 +81,32 @@ class _Plane:
     n: int
     ptr: int                      # device address of the plane (sign: packed bits)
     counts: np.ndarray            # 256-bin histogram
+    nsym: int = 0                 # distinct symbols
+    est: dict[int, int | None] = field(default_factory=dict)
     rans_job: int = -1
     gd_job: int = -1
     codec: int = codecs.RAW
+    kind: str = "raw"             # payload form: raw | bitpack | const | rans | gdeflate
     prefix: bytes = b""           # host bytes at the payload's start
-    pieces: list[tuple[int, int]] = field(default_factory=list)  # device (address, length)
     size: int = 0
     params: bytes = b""
-    est: dict[int, int | None] = field(default_factory=dict)
+    offset: int = 0               # in the group's compacted buffer
+    checksum: int = 0
+
+
+@dataclass
+class DeviceGroup:
+    """Device-to-device result for one group: the compacted payloads on the device and every
+    piece of metadata a writer needs (codec, sizes, offsets, plane checksums, content hashes).
+    ``cpu[k]`` is the offset of item k's raw bytes in the buffer where the CPU coder codes it."""
+    items: list[Item]
+    buffer: torch.Tensor
+    total: int
+    planes: list[_Plane]
+    cpu: dict[int, int]
+    content: list[bytes]
+    host: torch.Tensor | None = None
+    done: torch.cuda.Event | None = None
 
 
 class Encoder:
@@ -85,62 +122,102 @@ class Encoder:
         self.log2_block = log2_block
         self.workspace = workspace
         self.gd_algorithm = gdeflate_algorithm
-        self.gd = mantissa in ("auto", "gdeflate") and gdeflate.available()
+        self.gd = (mantissa == "gdeflate" or self.policy == "seed") and gdeflate.available()
+        self._copy_stream: torch.cuda.Stream | None = None
 
-    def code(self, items: list[Item]) -> Iterator[Coded]:
+    def _groups(self, items: list[Item]) -> list[list[Item]]:
         for it in items:
             it.layout = plan.gpu_layout(it.dtype.name, it.nbytes)
         workspace = self.workspace or plan.default_workspace(sum(i.nbytes for i in items))
-        for grp in plan.groups([i.nbytes for i in items], workspace):
-            yield from self._group([items[i] for i in grp])
+        return [[items[i] for i in grp] for grp in plan.groups([i.nbytes for i in items],
+                                                               workspace)]
 
-    # -- stage 1: split, histograms, content hashes ---------------------------------------
+    def code(self, items: list[Item]) -> Iterator[Coded]:
+        """Coded tensors with payloads in pinned host memory, in order; one group's D2H is in
+        flight while the next group runs on the device."""
+        pending: DeviceGroup | None = None
+        for grp in self._groups(items):
+            g = self.encode_group(grp)
+            self._to_host(g)
+            if pending is not None:
+                yield from self._results(pending)
+            pending = g
+        if pending is not None:
+            yield from self._results(pending)
 
-    def _group(self, items: list[Item]) -> list[Coded]:
+    def encode_device(self, items: list[Item]) -> list[DeviceGroup]:
+        """Device-to-device: every group's compacted payload buffer stays on the device."""
+        return [self.encode_group(grp) for grp in self._groups(items)]
+
+    # -- one group ------------------------------------------------------------------------
+
+    def encode_group(self, items: list[Item]) -> DeviceGroup:
         prof = runtime.Profile("encode")
-        digests, first = runtime.leaf_digests([i.data.data_ptr() for i in items],
-                                              [i.nbytes for i in items])
-        prof.mark("content leaves")
-        planes_buf, planes = self._split(items)
-        prof.mark("split")
-        hashes = digests.cpu().numpy().view(np.uint64)
-        content = [content_hash_from_leaves(it.nbytes, hashes[first[k]:first[k + 1]])
-                   for k, it in enumerate(items)]
-        # -- stage 2: codec choice and encoding
-        rans_out, gd = self._encode(planes)
+        content_dig, content_first = runtime.leaf_digests(
+            [i.data.data_ptr() for i in items], [i.nbytes for i in items])
+        planes_buf, planes = self._split(items)          # sync 1 (histograms)
+        prof.mark("split+hist")
+        r, gd = self._encode(planes)                       # sync 2 (block word counts)
         prof.mark("encode")
-        # -- stage 3: sizes, fallbacks, assembly
-        cpu = self._finalise(items, planes, rans_out, gd)
-        prof.mark("finalise")
-        host, payload_at, digests2, dfirst, cpu_at = self._assemble(items, planes, cpu)
-        prof.mark("assemble+d2h")
-        del planes_buf, rans_out, gd
-        results = []
-        pi = 0
-        by_item: dict[int, list[_Plane]] = {}
-        for p in planes:
-            by_item.setdefault(p.item, []).append(p)
-        for k, it in enumerate(items):
-            if k in cpu:
-                raw = host[cpu_at[k]:cpu_at[k] + it.nbytes]
-                results.append(Coded(code_tensor(raw, it.dtype, self.policy), content[k]))
-                continue
-            coded_planes = []
-            for p in by_item[k]:
-                at = payload_at[pi]
-                payload = host[at:at + p.size]
-                checksum = plane_checksum_from_leaves(p.size, digests2[dfirst[pi]:dfirst[pi + 1]])
-                coded_planes.append(CodedPlane(p.field.kind, p.field.index, p.codec, p.n,
-                                               payload, p.params, checksum))
-                pi += 1
-            results.append(Coded(CodedTensor(it.layout, tuple(coded_planes)), content[k]))
-        prof.mark("results")
+        cpu = self._finalise(items, planes, r, gd)
+        prof.mark("choose")
+        buf, total, live, cpu_at, keep = self._assemble(items, planes, cpu, r)
+        pay_dig, pay_first = runtime.leaf_digests([buf.data_ptr() + p.offset for p in live],
+                                                  [p.size for p in live])
+        nc = int(content_first[-1])
+        both = torch.cat((content_dig[:nc], pay_dig[:int(pay_first[-1])])).cpu()  # sync 3
+        d = both.numpy().view(np.uint64)
+        prof.mark("assemble+hash")
+        content = [content_hash_from_leaves(it.nbytes, d[content_first[k]:content_first[k + 1]])
+                   for k, it in enumerate(items)]
+        dp = d[nc:]
+        for j, p in enumerate(live):
+            p.checksum = plane_checksum_from_leaves(p.size, dp[pay_first[j]:pay_first[j + 1]])
+        prof.mark("roots")
         prof.report()
-        return results
+        del planes_buf, r, gd, keep
+        return DeviceGroup(items, buf, total, live, cpu_at, content)
+
+    def _to_host(self, g: DeviceGroup) -> None:
+        """Start the group's D2H into pinned memory on a side stream."""
+        if self._copy_stream is None:
+            self._copy_stream = torch.cuda.Stream()
+        main = torch.cuda.current_stream()
+        g.host = runtime.pinned(runtime.align(g.total, 1 << 20))
+        ready = torch.cuda.Event()
+        ready.record(main)
+        cs = self._copy_stream
+        cs.wait_event(ready)
+        with torch.cuda.stream(cs):
+            if g.total:
+                g.host[:g.total].copy_(g.buffer[:g.total], non_blocking=True)
+            g.done = torch.cuda.Event()
+            g.done.record(cs)
+
+    def _results(self, g: DeviceGroup) -> list[Coded]:
+        g.done.synchronize()
+        host = g.host.numpy()
+        g.buffer = None  # the copy has run: the device buffer can go
+        by_item: dict[int, list[_Plane]] = {}
+        for p in g.planes:
+            by_item.setdefault(p.item, []).append(p)
+        out = []
+        for k, it in enumerate(g.items):
+            if k in g.cpu:
+                raw = host[g.cpu[k]:g.cpu[k] + it.nbytes]
+                out.append(Coded(code_tensor(raw, it.dtype, self.policy), g.content[k]))
+                continue
+            coded = tuple(CodedPlane(p.field.kind, p.field.index, p.codec, p.n,
+                                     host[p.offset:p.offset + p.size], p.params, p.checksum)
+                          for p in by_item[k])
+            out.append(Coded(CodedTensor(it.layout, coded), g.content[k]))
+        return out
+
+    # -- stage 1: split and histograms ----------------------------------------------------
 
     def _split(self, items: list[Item]) -> tuple[torch.Tensor, list[_Plane]]:
         total = 0
-        layout_of: list[tuple[int, list[int]]] = []
+        segs: list[tuple[int, list[int]]] = []
         for k, it in enumerate(items):
             if it.layout is None:
                 continue
@@ -150,86 +227,116 @@ class Encoder:
             for _ in it.layout.fields[1:]:
                 offs.append(total)
                 total += runtime.align(n)
-            layout_of.append((k, offs))
+            segs.append((k, offs))
         buf = runtime.device_empty(total)
         base = buf.data_ptr()
-        planes: list[_Plane] = []
+        nseg = len(segs)
+        hist = torch.zeros(nseg * 1025 + 1, dtype=torch.int64, device="cuda")
+        hp = hist.data_ptr()
+        order: list[int] = []  # segment index -> position in segs, by layout
+        keep = []
         for lay_id, kernel_name in SPLIT_KERNEL.items():
-            segs = [(k, offs) for k, offs in layout_of if items[k].layout.layout_id == lay_id]
-            if not segs:
+            sel = [j for j, (k, _) in enumerate(segs) if items[k].layout.layout_id == lay_id]
+            if not sel:
                 continue
+            s0 = len(order)
+            order += sel
             word = 4 if lay_id == layouts.FP32.layout_id else 2
-            nelems = [items[k].nbytes // word for k, _ in segs]
-            cs, c0 = plan.chunk_table(nelems)
-            table = np.zeros((len(segs), 5), dtype=np.uint64)
-            for j, (_k, offs) in enumerate(segs):
-                table[j, :len(offs)] = [base + o for o in offs]
-            src = np.array([items[k].data.data_ptr() for k, _ in segs], dtype=np.uint64)
-            hist = torch.zeros(len(segs) * 1024 + len(segs), dtype=torch.int64, device="cuda")
-            d_cs, d_c0, d_src = runtime.to_device(cs), runtime.to_device(c0), runtime.to_device(src)
-            d_n, d_tab = runtime.to_device(np.asarray(nelems, np.int64)), runtime.to_device(table)
-            runtime.launch("planes", kernel_name, cs.size, 256, runtime.ptr(d_cs),
-                           runtime.ptr(d_c0), runtime.ptr(d_src), runtime.ptr(d_n),
-                           runtime.ptr(d_tab),
-                           runtime.ptr(hist), np.uint64(hist.data_ptr() + 8 * 1024 * len(segs)))
-            h = hist.cpu().numpy()
-            for j, (k, offs) in enumerate(segs):
-                n = nelems[j]
-                ones = int(h[1024 * len(segs) + j])
-                for fi, f in enumerate(items[k].layout.fields):
-                    counts = np.array([n - ones, ones] + [0] * 254, dtype=np.int64) if fi == 0 \
-                        else h[j * 1024 + (fi - 1) * 256:j * 1024 + fi * 256].astype(np.int64)
-                    planes.append(_Plane(k, f, n, base + offs[fi], counts))
+            nelems = np.array([items[segs[j][0]].nbytes // word for j in sel], np.int64)
+            cs, c0 = plan.chunk_table(nelems.tolist())
+            table = np.zeros((len(sel), 5), dtype=np.uint64)
+            for r, j in enumerate(sel):
+                offs = segs[j][1]
+                table[r, :len(offs)] = [base + o for o in offs]
+            src = np.array([items[segs[j][0]].data.data_ptr() for j in sel], dtype=np.uint64)
+            dev, ptrs = runtime.upload(cs, c0, src, nelems, table)
+            keep.append(dev)
+            runtime.launch("planes", kernel_name, cs.size, 256, *(np.uint64(p) for p in ptrs),
+                           np.uint64(hp + 8 * 1024 * s0),
+                           np.uint64(hp + 8 * (1024 * nseg + s0)))
+        h = hist.cpu().numpy() if nseg else np.zeros(1, np.int64)  # sync 1
+        planes: list[_Plane] = []
+        for pos, j in enumerate(order):
+            k, offs = segs[j]
+            it = items[k]
+            n = it.nbytes // it.layout.word_size(it.dtype.itemsize)
+            ones = int(h[1024 * nseg + pos])
+            for fi, f in enumerate(it.layout.fields):
+                if fi == 0:
+                    counts = np.zeros(256, np.int64)
+                    counts[0], counts[1] = n - ones, ones
+                else:
+                    counts = h[pos * 1024 + (fi - 1) * 256:pos * 1024 + fi * 256]
+                planes.append(_Plane(k, f, n, base + offs[fi], counts))
         planes.sort(key=lambda p: (p.item, p.field.kind, p.field.index))
         return buf, planes
 
-    # -- stage 2 ------------------------------------------------------------------------
+    # -- stage 2: candidates and encoding -------------------------------------------------
 
-    def _candidates(self, p: _Plane) -> dict[int, int | None]:
+    def _candidates(self, planes: list[_Plane]) -> None:
         """Codec -> size estimate for the candidates of ``policy.encode_plane`` that the GPU
-        codes (estimate < n); GDeflate's is None: its real size, known after compression,
-        stands in for the CPU's sampled estimate."""
-        n, kind = p.n, p.field.kind
-        if n < policy.MIN_CODED:
-            return {}
+        codes (estimate < n); GDeflate's is None (its real size ranks it)."""
+        if not planes:
+            return
+        counts = np.stack([p.counts for p in planes])
+        nsym = np.count_nonzero(counts, axis=1)
+        multi = np.flatnonzero(nsym > 1)
+        est_rans = np.zeros(len(planes), np.int64)
+        freqs = np.zeros_like(counts)
+        if multi.size:
+            freqs[multi] = ranshost.normalise_many(counts[multi])
+            est_rans[multi] = ranshost.estimate_many(counts[multi], freqs[multi],
+                                                     self.log2_block)
+        single = np.flatnonzero(nsym == 1)
+        est_rans[single] = ranshost.HEADER_SIZE + (
+            (counts[single].sum(axis=1) + (1 << rans.LOG2_BLOCK_MAX) - 1) >> rans.LOG2_BLOCK_MAX)
+        self._freqs = freqs
         seed = self.policy == "seed"
-        est: dict[int, int | None] = {}
-        if kind == layouts.KIND_SIGN:
-            est[codecs.BITPACK] = (n + 7) // 8
-            if not seed:
-                est[codecs.RANS] = ranshost.estimate(p.counts, self.log2_block)
-        elif kind == layouts.KIND_EXPONENT:
-            est[codecs.RANS] = ranshost.estimate(p.counts, self.log2_block)
-        elif kind == layouts.KIND_MANTISSA:
-            if self.gd and (seed or self.mantissa in ("auto", "gdeflate")):
-                est[codecs.GDEFLATE] = None
-            if not seed and self.mantissa in ("auto", "rans"):
-                est[codecs.RANS] = ranshost.estimate(p.counts, self.log2_block)
-        return {c: e for c, e in est.items() if e is None or e < n}
+        for i, p in enumerate(planes):
+            p.nsym = int(nsym[i])
+            n, kind = p.n, p.field.kind
+            if n < policy.MIN_CODED:
+                p.est = {}
+                continue
+            est: dict[int, int | None] = {}
+            if kind == layouts.KIND_SIGN:
+                est[codecs.BITPACK] = (n + 7) // 8
+                if not seed:
+                    est[codecs.RANS] = int(est_rans[i])
+            elif kind == layouts.KIND_EXPONENT:
+                est[codecs.RANS] = int(est_rans[i])
+            elif kind == layouts.KIND_MANTISSA:
+                if self.gd and (seed or self.mantissa == "gdeflate"):
+                    est[codecs.GDEFLATE] = None
+                if not seed and self.mantissa in ("auto", "rans"):
+                    est[codecs.RANS] = int(est_rans[i])
+            p.est = {c: e for c, e in est.items() if e is None or e < n}
 
     def _encode(self, planes: list[_Plane]):
+        self._candidates(planes)
         jobs: list[_Plane] = []
         gd_jobs: list[_Plane] = []
-        for p in planes:
-            p.est = self._candidates(p)
+        job_rows: list[int] = []
+        for i, p in enumerate(planes):
             bitpack_first = codecs.BITPACK in p.est and codecs.RANS in p.est and \
                 (p.est[codecs.BITPACK], codecs.BITPACK) < (p.est[codecs.RANS], codecs.RANS)
             # rANS runs unless bitpack (which always succeeds) ranks before it, or the plane
             # holds one symbol (a CONST stream the host writes).
-            if codecs.RANS in p.est and not bitpack_first and np.count_nonzero(p.counts) > 1:
+            if codecs.RANS in p.est and not bitpack_first and p.nsym > 1:
                 p.rans_job = len(jobs)
                 jobs.append(p)
+                job_rows.append(i)
             if codecs.GDEFLATE in p.est:
                 p.gd_job = len(gd_jobs)
                 gd_jobs.append(p)
         gd = gdeflate.Compressed([p.ptr for p in gd_jobs], [p.n for p in gd_jobs],
                                  self.gd_algorithm) if gd_jobs else None
-        return self._rans(jobs), gd
+        r = self._rans(jobs, self._freqs[job_rows]) if jobs else None
+        return r, gd
 
-    def _rans(self, jobs: list[_Plane]) -> dict | None:
-        if not jobs:
-            return None
-        keep: list[torch.Tensor] = []
+    def _rans(self, jobs: list[_Plane], freqs: np.ndarray) -> dict:
+        """Encode every block of every job in one launch; read back the per-block counts."""
+        keep: list[object] = []
         srcs = []
         for p in jobs:
             if p.field.kind == layouts.KIND_SIGN:
@@ -242,148 +349,170 @@ class Encoder:
                 srcs.append(p.ptr)
         lg = self.log2_block
         bt = plan.block_table([p.n for p in jobs], lg)
-        freqs = [rans.normalise(p.counts) for p in jobs]
-        tabs = np.stack([ranshost.encoder_table(f) for f in freqs])
-        d_tabs = runtime.to_device(tabs)
+        nb = bt.size
         scratch_off = np.zeros(len(jobs) + 1, dtype=np.int64)
         np.cumsum([runtime.align(2 * p.n) for p in jobs], out=scratch_off[1:])
         scratch = runtime.device_empty(int(scratch_off[-1]))
-        srcs_a = np.asarray(srcs, dtype=np.uint64)
-        blk_src = srcs_a[bt.plane] + bt.start.astype(np.uint64)
-        blk_tab = np.uint64(d_tabs.data_ptr()) + bt.plane.astype(np.uint64) * np.uint64(4096)
-        blk_scr = (np.uint64(scratch.data_ptr()) + scratch_off[bt.plane].astype(np.uint64)
-                   + 2 * bt.start.astype(np.uint64))
-        nb = bt.size
         out = torch.empty(nb * 4 * 34 + 2 * nb, dtype=torch.uint8, device="cuda")
         counts_p = out.data_ptr()
         states_p = counts_p + 4 * nb
         firsts_p = states_p + 128 * nb
         varied_p = firsts_p + nb
-        d = [runtime.to_device(a) for a in (blk_src, bt.length, blk_tab, blk_scr)]
+        d_tabs, (tab_p,) = runtime.upload(ranshost.encoder_tables(freqs))
+        srcs_a = np.asarray(srcs, dtype=np.uint64)
+        blk_src = srcs_a[bt.plane] + bt.start.astype(np.uint64)
+        blk_tab = np.uint64(tab_p) + bt.plane.astype(np.uint64) * np.uint64(4096)
+        blk_scr = (np.uint64(scratch.data_ptr()) + scratch_off[bt.plane].astype(np.uint64)
+                   + 2 * bt.start.astype(np.uint64))
+        dev, (src_p, len_p, bt_tab_p, scr_p) = runtime.upload(blk_src, bt.length, blk_tab,
+                                                              blk_scr)
+        keep += [d_tabs, dev]
         warps = 4
         runtime.launch("rans", "rans_encode", (nb + warps - 1) // warps, 32 * warps,
-                       np.int32(nb), *(runtime.ptr(x) for x in d), np.uint64(counts_p),
-                       np.uint64(states_p), np.uint64(firsts_p), np.uint64(varied_p))
-        meta = out[:4 * nb].cpu().numpy().view(np.uint32)
-        fv = out[132 * nb:134 * nb].cpu().numpy()
-        return dict(bt=bt, freqs=freqs, counts=meta.astype(np.int64), firsts=fv[:nb],
-                    varied=fv[nb:], states_p=states_p, counts_p=counts_p,
-                    scratch_off=scratch_off, scratch=scratch, keep=(keep, d, d_tabs, out))
+                       np.int32(nb), np.uint64(src_p), np.uint64(len_p), np.uint64(bt_tab_p),
+                       np.uint64(scr_p), np.uint64(counts_p), np.uint64(states_p),
+                       np.uint64(firsts_p), np.uint64(varied_p))
+        meta = torch.cat((out[:4 * nb], out[132 * nb:134 * nb])).cpu().numpy()  # sync 2
+        counts = meta[:4 * nb].view(np.uint32).astype(np.int64)
+        fv = meta[4 * nb:]
+        first = bt.first
+        ne = first[1:] > first[:-1]
+        plane_words = np.zeros(len(jobs), np.int64)
+        plane_varied = np.zeros(len(jobs), bool)
+        if nb:
+            idx = first[:-1][ne]
+            plane_words[ne] = np.add.reduceat(counts, idx)
+            plane_varied[ne] = np.logical_or.reduceat(fv[nb:] != 0, idx)
+        return dict(bt=bt, freqs=freqs, counts=counts, firsts=fv[:nb], plane_words=plane_words,
+                    plane_varied=plane_varied, states_p=states_p, counts_p=counts_p,
+                    scratch_off=scratch_off, scratch=scratch, keep=(keep, out))
 
-    # -- stage 3 ------------------------------------------------------------------------
+    # -- stage 3: choice and assembly -----------------------------------------------------
 
-    def _rans_payload(self, p: _Plane, r: dict) -> None:
-        """Size and pieces of the canonical rANS stream of plane p (spec/rans.md, section 7)."""
+    def _rans_option(self, p: _Plane, r: dict | None) -> tuple[int, str, bytes] | None:
+        """(size, form, host prefix) of plane p's canonical rANS stream (spec/rans.md,
+        section 7), or None where it would be the RAW mode (never smaller than the plane)."""
         lg, n = self.log2_block, p.n
-        if np.count_nonzero(p.counts) == 1:
+        if p.nsym == 1:
             sym = int(np.flatnonzero(p.counts)[0])
             nbm = ranshost.n_blocks(n, rans.LOG2_BLOCK_MAX)
-            p.prefix, p.pieces = ranshost.const_stream(np.full(nbm, sym), rans.LOG2_BLOCK_MAX,
-                                                       n), []
-            return
+            head = ranshost.const_stream(np.full(nbm, sym), rans.LOG2_BLOCK_MAX, n)
+            return len(head), "const", head
+        if p.rans_job < 0:
+            return None
         j = p.rans_job
         b0, b1 = int(r["bt"].first[j]), int(r["bt"].first[j + 1])
-        if not r["varied"][b0:b1].any():
-            p.prefix, p.pieces = ranshost.const_stream(r["firsts"][b0:b1], lg, n), []
-            return
-        counts = r["counts"][b0:b1]
-        nb = b1 - b0
+        if not r["plane_varied"][j]:
+            head = ranshost.const_stream(r["firsts"][b0:b1], lg, n)
+            return len(head), "const", head
         prefix = ranshost.rans_prefix(r["freqs"][j], lg, n)
-        size = len(prefix) + 132 * nb + 2 * int(counts.sum())
+        size = len(prefix) + rans.BLOCK_OVERHEAD * (b1 - b0) + 2 * int(r["plane_words"][j])
         if size >= ranshost.HEADER_SIZE + n:
-            p.prefix = ranshost.header(rans.MODE_RAW, lg, n)
-            p.prefix, p.pieces = b"", None
-            return
-        scr = r["scratch"].data_ptr() + int(r["scratch_off"][j])
-        starts = r["bt"].start[b0:b1]
-        p.prefix = prefix
-        p.pieces = [(r["counts_p"] + 4 * b0, 4 * nb), (r["states_p"] + 128 * b0, 128 * nb)]
-        p.pieces += [(scr + 2 * int(s), 2 * int(c)) for s, c in zip(starts, counts)]
+            return None
+        return size, "rans", prefix
 
     def _finalise(self, items: list[Item], planes: list[_Plane], r: dict | None,
                   gd: gdeflate.Compressed | None) -> set[int]:
         """Choose each plane's codec (in rank order, the first whose real size is < n, else
         raw) and return the items the CPU must code (tensor-level raw fallback)."""
         for p in planes:
-            options = []  # (rank key, size, codec, prefix, pieces)
+            options = []  # (rank key, size, codec, form, prefix)
             for c, e in p.est.items():
                 if c == codecs.RANS:
-                    if p.rans_job < 0 and np.count_nonzero(p.counts) > 1:
+                    if p.rans_job < 0 and p.nsym > 1:
                         continue  # ranked behind bitpack, which always succeeds
-                    self._rans_payload(p, r)
-                    if p.pieces is None:
-                        continue  # RAW mode: never smaller than the plane
-                    size = len(p.prefix) + sum(n for _a, n in p.pieces)
-                    options.append(((e, c), size, c, p.prefix, p.pieces))
+                    o = self._rans_option(p, r)
+                    if o is not None:
+                        options.append(((e, c), o[0], c, o[1], o[2]))
                 elif c == codecs.BITPACK:
                     size = (p.n + 7) // 8
-                    options.append(((e, c), size, c, b"", [(p.ptr, size)]))
+                    options.append(((e, c), size, c, "bitpack", b""))
                 elif c == codecs.GDEFLATE:
-                    head, pieces = gd.pieces(p.gd_job, p.ptr)
+                    head, _pieces = gd.pieces(p.gd_job, p.ptr)
                     size = gd.payload_size(p.gd_job)
-                    options.append(((size, c), size, c, head, pieces))
+                    options.append(((size, c), size, c, "gdeflate", head))
             options.sort(key=lambda o: o[0])
             chosen = next((o for o in options if o[1] < p.n), None)
             if chosen is None:
-                chosen = (None, p.n, codecs.RAW, b"", [(p.ptr, p.n)])
-            _key, p.size, p.codec, p.prefix, p.pieces = chosen
+                chosen = (None, p.n, codecs.RAW, "raw", b"")
+            _key, p.size, p.codec, p.kind, p.prefix = chosen
         cpu = {k for k, it in enumerate(items) if it.layout is None}
         stored: dict[int, int] = {}
         for p in planes:
             stored[p.item] = stored.get(p.item, 0) + p.size
         cpu |= {k for k, s in stored.items() if s > items[k].nbytes}
+        self._gd = gd
         return cpu
 
-    def _assemble(self, items: list[Item], planes: list[_Plane], cpu: set[int]):
+    def _assemble(self, items: list[Item], planes: list[_Plane], cpu: set[int], r: dict | None):
         live = [p for p in planes if p.item not in cpu]
-        sizes = [p.size for p in live] + [items[k].nbytes for k in sorted(cpu)]
-        offs = np.zeros(len(sizes) + 1, dtype=np.int64)
-        np.cumsum([runtime.align(s, 16) for s in sizes], out=offs[1:])
+        cpu_items = sorted(cpu)
+        sizes = np.array([p.size for p in live] + [items[k].nbytes for k in cpu_items],
+                         dtype=np.int64)
+        offs = np.zeros(sizes.size + 1, dtype=np.int64)
+        np.cumsum((sizes + ALIGN_PAYLOAD - 1) // ALIGN_PAYLOAD * ALIGN_PAYLOAD, out=offs[1:])
         total = int(offs[-1])
         out = runtime.device_empty(total)
         base = out.data_ptr()
-        blob = b"".join(p.prefix for p in live)
-        d_blob = runtime.to_device(np.frombuffer(blob, np.uint8)) if blob else None
-        src, dst, ln = [], [], []
+        blob_parts: list[bytes] = []
+        blob_at: list[int] = []   # op index -> offset in blob (host-sourced ops)
+        blob_dst: list[int] = []
+        blob_len: list[int] = []
         bp = 0
+        src: list[np.ndarray] = []
+        dst: list[np.ndarray] = []
+        ln: list[np.ndarray] = []
+
+        def op(s, d, n):
+            src.append(np.atleast_1d(np.asarray(s, dtype=np.uint64)))
+            dst.append(np.atleast_1d(np.asarray(d, dtype=np.uint64)))
+            ln.append(np.atleast_1d(np.asarray(n, dtype=np.uint64)))
+
         for j, p in enumerate(live):
-            at = base + int(offs[j])
+            p.offset = int(offs[j])
+            at = base + p.offset
             if p.prefix:
-                src.append(d_blob.data_ptr() + bp)
-                dst.append(at)
-                ln.append(len(p.prefix))
+                blob_parts.append(p.prefix)
+                blob_at.append(bp)
+                blob_dst.append(at)
+                blob_len.append(len(p.prefix))
                 bp += len(p.prefix)
                 at += len(p.prefix)
-            for a, n in p.pieces:
-                src.append(a)
-                dst.append(at)
-                ln.append(n)
-                at += n
+            if p.kind == "raw":
+                op(p.ptr, at, p.n)
+            elif p.kind == "bitpack":
+                op(p.ptr, at, p.size)
+            elif p.kind == "rans":
+                jb = p.rans_job
+                b0, b1 = int(r["bt"].first[jb]), int(r["bt"].first[jb + 1])
+                nb = b1 - b0
+                op(r["counts_p"] + 4 * b0, at, 4 * nb)
+                op(r["states_p"] + 128 * b0, at + 4 * nb, 128 * nb)
+                c = r["counts"][b0:b1]
+                within = np.cumsum(c) - c
+                scr = r["scratch"].data_ptr() + int(r["scratch_off"][jb])
+                op(scr + 2 * r["bt"].start[b0:b1], at + 132 * nb + 2 * within, 2 * c)
+            elif p.kind == "gdeflate":
+                _head, pieces = self._gd.pieces(p.gd_job, p.ptr)
+                pa = np.array([a for a, _ in pieces], np.int64)
+                pn = np.array([n for _, n in pieces], np.int64)
+                op(pa, at + np.cumsum(pn) - pn, pn)
+            # const: the prefix is the whole stream
         cpu_at = {}
-        for j, k in enumerate(sorted(cpu)):
+        for j, k in enumerate(cpu_items):
             at = int(offs[len(live) + j])
             cpu_at[k] = at
-            src.append(items[k].data.data_ptr())
-            dst.append(base + at)
-            ln.append(items[k].nbytes)
-        runtime.copy_ops(np.asarray(src, np.uint64), np.asarray(dst, np.uint64),
-                         np.asarray(ln, np.uint64))
-        digests, dfirst = runtime.leaf_digests([base + int(offs[j]) for j in range(len(live))],
-                                               [p.size for p in live])
-        # A fresh pinned buffer per group: the payloads are views of it and stay valid as long
-        # as the caller holds them; torch's caching host allocator recycles it afterwards.
-        host = runtime.pinned(runtime.align(total, 1 << 20))
-        torch.cuda.current_stream().synchronize()
-        prof = runtime.Profile("assemble")
-        prof.mark("copy+hash kernels")
-        host[:total].copy_(out[:total], non_blocking=True)
-        d = digests.cpu().numpy().view(np.uint64)  # synchronises the stream
-        torch.cuda.current_stream().synchronize()
-        prof.mark(f"d2h {total} bytes")
-        prof.report()
-        del d_blob
-        planes[:] = live
-        return host.numpy(), offs, d, dfirst, cpu_at
+            op(items[k].data.data_ptr(), base + at, items[k].nbytes)
+        keep = []
+        if blob_parts:
+            blob = np.frombuffer(b"".join(blob_parts), np.uint8)
+            d_blob, (bptr,) = runtime.upload(blob)
+            keep.append(d_blob)
+            op(bptr + np.asarray(blob_at, np.uint64), blob_dst, blob_len)
+        if src:
+            keep.append(runtime.copy_ops(np.concatenate(src), np.concatenate(dst),
+                                         np.concatenate(ln)))
+        return out, total, live, cpu_at, keep
 
 
 def rans_stream(plane: torch.Tensor, log2_block: int = rans.LOG2_BLOCK_DEFAULT) -> np.ndarray:
@@ -395,20 +524,17 @@ def rans_stream(plane: torch.Tensor, log2_block: int = rans.LOG2_BLOCK_DEFAULT) 
         return np.frombuffer(ranshost.header(rans.MODE_RAW, log2_block, 0), np.uint8)
     counts = torch.bincount(plane, minlength=256).cpu().numpy().astype(np.int64)
     enc = Encoder(log2_block=log2_block)
-    p = _Plane(0, layouts.Field(layouts.KIND_EXPONENT, 0, 7, 8), n, plane.data_ptr(), counts)
+    p = _Plane(0, layouts.Field(layouts.KIND_EXPONENT, 0, 7, 8), n, plane.data_ptr(), counts,
+               nsym=int(np.count_nonzero(counts)))
     r = None
-    if np.count_nonzero(counts) > 1:
+    if p.nsym > 1:
         p.rans_job = 0
-        r = enc._rans([p])
-    enc._rans_payload(p, r)
-    if p.pieces is None:
+        r = enc._rans([p], rans.normalise(counts)[None, :])
+    o = enc._rans_option(p, r)
+    if o is None:
         head = ranshost.header(rans.MODE_RAW, log2_block, n)
         return np.concatenate([np.frombuffer(head, np.uint8), plane.cpu().numpy()])
-    size = sum(length for _a, length in p.pieces)
-    out = runtime.device_empty(size)
-    at = np.cumsum([0] + [length for _a, length in p.pieces])[:-1]
-    runtime.copy_ops(np.array([a for a, _ in p.pieces], np.uint64),
-                     (out.data_ptr() + at).astype(np.uint64),
-                     np.array([length for _a, length in p.pieces], np.uint64))
-    body = out[:size].cpu().numpy()
-    return np.concatenate([np.frombuffer(p.prefix, np.uint8), body])
+    p.size, p.kind, p.prefix = o
+    p.codec = codecs.RANS
+    out, _total, _live, _cpu, _keep = enc._assemble([Item(None, (n,), plane)], [p], set(), r)
+    return out[:p.size].cpu().numpy().copy()

@@ -57,3 +57,79 @@ def const_stream(symbols: np.ndarray, log2_block: int, n: int) -> bytes:
 def rans_prefix(freqs: np.ndarray, log2_block: int, n: int) -> bytes:
     """Header and frequency table: the stream's bytes before the word counts."""
     return header(rans.MODE_RANS, log2_block, n) + rans.table_bytes(freqs)
+
+
+# -- vectorised over many planes (rows of a [P, 256] histogram): the same integer arithmetic as
+# the per-plane functions above and ``s4format.codecs.rans``, without a Python loop per plane.
+
+def normalise_many(counts: np.ndarray) -> np.ndarray:
+    """``rans.normalise`` of every row (rows must be non-empty)."""
+    counts = np.asarray(counts, dtype=np.int64).reshape(-1, 256)
+    rows = np.arange(counts.shape[0])[:, None]
+    total = counts.sum(axis=1, keepdims=True)
+    present = counts > 0
+    spare = rans.PROB_SCALE - present.sum(axis=1, keepdims=True)
+    share = counts * spare
+    freqs = share // total + present
+    remainder = share % total
+    leftover = rans.PROB_SCALE - freqs.sum(axis=1, keepdims=True)
+    # stable sort on -remainder: largest remainder first, ties to the lower symbol
+    order = np.argsort(-remainder, axis=1, kind="stable")
+    pres_sorted = present[rows, order]
+    pick = pres_sorted & (np.cumsum(pres_sorted, axis=1) <= leftover)
+    bump = np.zeros_like(freqs)
+    bump[rows, order] = pick
+    return freqs + bump
+
+
+def encoder_tables(freqs: np.ndarray) -> np.ndarray:
+    """``encoder_table`` of every row: [P, 256, 4] u32 (absent symbols are zero rows)."""
+    freqs = np.asarray(freqs, dtype=np.int64).reshape(-1, 256)
+    cum = np.cumsum(freqs, axis=1) - freqs
+    f = np.maximum(freqs, 1)
+    _m, bits = np.frexp((f - 1).astype(np.float64))  # bit_length(f - 1) for f > 1
+    bits = bits.astype(np.int64)
+    one = f == 1
+    rcp = np.where(one, (1 << 32) - 1, ((np.int64(1) << (bits + 31)) + f - 1) // f)
+    shift = np.where(one, 0, bits - 1)
+    bias = np.where(one, cum + rans.PROB_SCALE - 1, cum)
+    out = np.zeros((*freqs.shape, 4), dtype=np.uint32)
+    live = freqs > 0
+    out[..., 0] = np.where(live, freqs << (31 - rans.PROB_BITS), 0)
+    out[..., 1] = np.where(live, rcp, 0)
+    out[..., 2] = np.where(live, bias, 0)
+    out[..., 3] = np.where(live, shift | ((rans.PROB_SCALE - freqs) << 8), 0)
+    return out
+
+
+def decoder_tables(freqs: np.ndarray) -> np.ndarray:
+    """``rans._decoder_table`` of every row: [P, 4096] u32."""
+    freqs = np.asarray(freqs, dtype=np.int64).reshape(-1, 256)
+    p = freqs.shape[0]
+    cum = np.cumsum(freqs, axis=1) - freqs
+    sym = np.repeat(np.tile(np.arange(256, dtype=np.int64), p), freqs.reshape(-1))
+    sym = sym.reshape(p, rans.PROB_SCALE)
+    rows = np.arange(p)[:, None]
+    slot = np.arange(rans.PROB_SCALE, dtype=np.int64)[None, :]
+    f = freqs[rows, sym]
+    c = cum[rows, sym]
+    return (((f - 1) << 20) | ((slot - c) << 8) | sym).astype(np.uint32)
+
+
+def estimate_many(counts: np.ndarray, freqs: np.ndarray, log2_block: int) -> np.ndarray:
+    """``estimate`` of every row with more than one symbol present (others: don't care).
+    Sums the per-symbol bit costs in symbol order like the per-plane estimate; float summation
+    order can differ from numpy's pairwise sum in the last ulp, which moves the estimate by
+    at most one word on a knife edge (the estimate only ranks candidates; sizes are real)."""
+    counts = np.asarray(counts, dtype=np.int64).reshape(-1, 256)
+    n = counts.sum(axis=1)
+    f = np.maximum(np.asarray(freqs, dtype=np.int64), 1)
+    cost = np.where(counts > 0, counts * (rans.PROB_BITS - np.log2(f)), 0.0)
+    bits = cost.sum(axis=1)
+    k = (freqs > 0).sum(axis=1)
+    table = rans.BITMAP_SIZE + 2 * k
+    table += -table % 4
+    nb = (n + (1 << log2_block) - 1) >> log2_block
+    size = HEADER_SIZE + table + rans.BLOCK_OVERHEAD * nb + 2 * np.ceil(bits / rans.WORD_BITS
+                                                                       ).astype(np.int64)
+    return np.minimum(size, HEADER_SIZE + n)

@@ -65,12 +65,28 @@ def device_empty(nbytes: int) -> torch.Tensor:
 
 
 def to_device(a: np.ndarray) -> torch.Tensor:
-    """A small host table on the device (the copy is ordered on the current stream)."""
-    a = np.ascontiguousarray(a)
-    if not a.flags.writeable:
-        a = a.copy()
-    host = torch.from_numpy(a.reshape(-1).view(np.uint8))
-    return host.to("cuda", non_blocking=False)
+    """A small host table on the device: staged in pinned memory and copied without a host
+    synchronisation (torch's caching host allocator keeps the staging block until the copy
+    has run)."""
+    return upload(a)[0]
+
+
+def upload(*arrays: np.ndarray) -> tuple[torch.Tensor, list[int]]:
+    """Many small host tables in one pinned staging buffer and one asynchronous H2D copy:
+    (device buffer, device address of each array, 16-byte aligned)."""
+    offs, total = [], 0
+    for a in arrays:
+        offs.append(total)
+        total += align(np.asarray(a).nbytes, 16)
+    host = pinned(total)
+    h = host.numpy()
+    for a, o in zip(arrays, offs):
+        b = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+        h[o:o + b.size] = b
+    dev = torch.empty(max(total, 1), dtype=torch.uint8, device="cuda")
+    dev.copy_(host, non_blocking=True)
+    base = dev.data_ptr()
+    return dev, [base + o for o in offs]
 
 
 def to_host(t: torch.Tensor, dtype: np.dtype) -> np.ndarray:
@@ -81,34 +97,37 @@ def pinned(nbytes: int) -> torch.Tensor:
     return torch.empty(max(nbytes, 1), dtype=torch.uint8, pin_memory=True)
 
 
-def copy_ops(src: np.ndarray, dst: np.ndarray, length: np.ndarray) -> None:
-    """Batched device copies: ``length[i]`` bytes from ``src[i]`` to ``dst[i]`` (addresses)."""
+def copy_ops(src: np.ndarray, dst: np.ndarray, length: np.ndarray) -> torch.Tensor | None:
+    """Batched device copies: ``length[i]`` bytes from ``src[i]`` to ``dst[i]`` (addresses).
+    Returns the device op table (keep it until the launch has run, or let the stream order
+    its reuse: it comes from torch's caching allocator on the current stream)."""
     keep = length > 0
     if not keep.any():
-        return
-    table = np.stack([src[keep], dst[keep], length[keep]]).astype(np.uint64)
-    dev = to_device(table)
+        return None
     n = int(keep.sum())
-    base = dev.data_ptr()
-    launch("copy", "copy_ops", n, 256, np.uint64(base), np.uint64(base + 8 * n),
-           np.uint64(base + 16 * n))
+    dev, (s, d, ln) = upload(np.asarray(src, np.uint64)[keep], np.asarray(dst, np.uint64)[keep],
+                             np.asarray(length, np.uint64)[keep])
+    launch("copy", "copy_ops", n, 256, np.uint64(s), np.uint64(d), np.uint64(ln))
+    return dev
 
 
-def leaf_digests(ptrs: list[int], lengths: list[int]) -> tuple[torch.Tensor, np.ndarray]:
-    """XXH3-64 digests of the 64 KiB leaves of each segment: (device digests, first index)."""
-    from s4weights.gpu.hash import leaf_count
+def leaf_digests(ptrs, lengths) -> tuple[torch.Tensor, np.ndarray]:
+    """XXH3-64 digests of the 64 KiB leaves of each segment: (device digests, first index).
+    No host synchronisation: the digests stay on the device until the caller copies them."""
+    from s4format.hashing import LEAF_SIZE
 
-    first = np.zeros(len(ptrs) + 1, dtype=np.int64)
-    np.cumsum([leaf_count(n) for n in lengths], out=first[1:])
+    lengths = np.asarray(lengths, dtype=np.int64).reshape(-1)
+    first = np.zeros(lengths.size + 1, dtype=np.int64)
+    np.cumsum((lengths + LEAF_SIZE - 1) // LEAF_SIZE, out=first[1:])
     total = int(first[-1])
     out = torch.empty(max(total, 1), dtype=torch.int64, device="cuda")
     if total:
-        p = to_device(np.asarray(ptrs, dtype=np.uint64))
-        n = to_device(np.asarray(lengths, dtype=np.uint64))
-        f = to_device(first)
+        _keep, (p, n, f) = upload(np.asarray(ptrs, dtype=np.uint64), lengths.astype(np.uint64),
+                                  first)
         warps_per_cta = 8
         launch("hash", "leaf_digests", (total + warps_per_cta - 1) // warps_per_cta,
-               32 * warps_per_cta, np.int32(len(ptrs)), ptr(p), ptr(n), ptr(f), ptr(out))
+               32 * warps_per_cta, np.int32(lengths.size), np.uint64(p), np.uint64(n),
+               np.uint64(f), ptr(out))
     return out, first
 
 
