@@ -1,6 +1,6 @@
-// Batched copies: op i copies len[i] bytes from src[i] to dst[i], one CTA per op, with the
-// widest access the alignment of both ends and the length allow. The host assembles every
-// stored payload from pieces with it (stream headers and tables, rANS counts, states and words,
+// Batched copies: op i copies len[i] bytes from src[i] to dst[i], one CTA per op, with 16-byte
+// stores (the source read by aligned words and funnel shifts where the ends are misaligned).
+// The host assembles every stored payload from pieces with it (stream headers and tables, rANS counts, states and words,
 // GDeflate page tables and pages, raw planes) into one compacted buffer per group.
 #include "common.cuh"
 
@@ -13,11 +13,40 @@ __device__ __forceinline__ void copy_as(const u8* s, u8* d, u64 n) {
 extern "C" __global__ void copy_ops(const u64* src, const u64* dst, const u64* len) {
     const u8* s = (const u8*)src[blockIdx.x];
     u8* d = (u8*)dst[blockIdx.x];
-    const u64 n = len[blockIdx.x];
-    const u64 a = (u64)s | (u64)d | n;
-    if ((a & 15) == 0) copy_as<uint4>(s, d, n);
-    else if ((a & 7) == 0) copy_as<u64>(s, d, n);
-    else if ((a & 3) == 0) copy_as<u32>(s, d, n);
-    else if ((a & 1) == 0) copy_as<u16>(s, d, n);
-    else copy_as<u8>(s, d, n);
+    u64 n = len[blockIdx.x];
+    if ((((u64)s | (u64)d | n) & 15) == 0) {
+        copy_as<uint4>(s, d, n);
+        return;
+    }
+    // Misaligned ends (rANS word runs land at 2-byte offsets): bytes up to the first 16-byte
+    // boundary of the destination, then 16-byte stores built from aligned 4-byte loads of the
+    // source by funnel shifts, then the tail bytes.
+    u64 head = (16 - ((u64)d & 15)) & 15;
+    if (head > n) head = n;
+    for (u64 i = threadIdx.x; i < head; i += blockDim.x) d[i] = s[i];
+    s += head;
+    d += head;
+    n -= head;
+    const u64 body = n & ~(u64)15;
+    for (u64 i = threadIdx.x; i < n - body; i += blockDim.x) d[body + i] = s[body + i];
+    const u64 k = body >> 4;
+    uint4* out = (uint4*)d;
+    if (((u64)s & 15) == 0) {
+        for (u64 i = threadIdx.x; i < k; i += blockDim.x) out[i] = ((const uint4*)s)[i];
+        return;
+    }
+    const u32* w = (const u32*)((u64)s & ~(u64)3);
+    const u32 sh = (u32)((u64)s & 3) * 8;
+    if (sh == 0) {
+        for (u64 i = threadIdx.x; i < k; i += blockDim.x)
+            out[i] = make_uint4(w[4 * i], w[4 * i + 1], w[4 * i + 2], w[4 * i + 3]);
+        return;
+    }
+    // sh != 0: word 4k still holds needed bytes, so no load runs past the source's end
+    for (u64 i = threadIdx.x; i < k; i += blockDim.x) {
+        const u32 a0 = w[4 * i], a1 = w[4 * i + 1], a2 = w[4 * i + 2], a3 = w[4 * i + 3],
+                  a4 = w[4 * i + 4];
+        out[i] = make_uint4(__funnelshift_r(a0, a1, sh), __funnelshift_r(a1, a2, sh),
+                            __funnelshift_r(a2, a3, sh), __funnelshift_r(a3, a4, sh));
+    }
 }
