@@ -46,8 +46,11 @@ SLOT_ALIGN = 16
 def decodable(reader: Reader, i: int) -> bool:
     """Whether the GPU decodes tensor i (else the CPU does and the bytes are copied up)."""
     t = reader.tensors[i]
+    # The merge kernels read packed bits only for the sign plane (plane 0); the spec allows
+    # bitpack on any plane, and such tensors decode on the CPU.
     return (t.layout.layout_id in GPU_LAYOUTS and not t.is_delta
             and all(p.codec in GPU_CODECS for p in t.planes)
+            and all(p.codec != codecs.BITPACK for p in t.planes[1:])
             and (gdeflate.available() or all(p.codec != codecs.GDEFLATE for p in t.planes)))
 
 
