@@ -100,8 +100,14 @@ class DeviceTensor:
 def _device_storage(t: torch.Tensor, dt: dtypes.DType) -> DeviceTensor:
     storage = t.untyped_storage()
     flat = torch.empty(0, dtype=torch.uint8, device=t.device).set_(storage)
-    typed = dt if storage.nbytes() % dt.itemsize == 0 else dtypes.BY_NAME["uint8"]
+    typed = storage_dtype(storage.nbytes(), dt)
     return DeviceTensor(typed, (storage.nbytes() // typed.itemsize,), flat)
+
+
+def storage_dtype(nbytes: int, dt: dtypes.DType) -> dtypes.DType:
+    """A storage is stored typed by the first tensor viewing it when it holds whole elements,
+    so its bytes get that dtype's plane layout; readers use only its bytes."""
+    return dt if nbytes % dt.itemsize == 0 else dtypes.BY_NAME["uint8"]
 
 
 @dataclass
@@ -176,7 +182,8 @@ class _Flattener:
                 ref = self.add(path, _device_storage(t, dt))
             else:
                 data = _storage_bytes(t)
-                ref = self.add(path, Tensor(dtypes.BY_NAME["uint8"], (data.size,), data))
+                typed = storage_dtype(data.size, dt)
+                ref = self.add(path, Tensor(typed, (data.size // typed.itemsize,), data))
             self.storages[key] = ref
         return Typed(VIEW, {
             "storage": ref, "dtype": name, "offset": t.storage_offset(),
