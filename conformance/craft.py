@@ -1,16 +1,20 @@
 """Take a .s4w file apart and put it back together with something changed, every derived value
 (header, index and footer checksums, index length, plane checksums) recomputed, so that a
-must-fail vector breaks exactly the rule it is about and no earlier one.
+must-fail vector (or a test) breaks exactly the rule it is about and no earlier one.
 
-Used by the generator (must-fail vectors) and by the fuzzers (structure-aware mutations and
-``reseal``, which lets random mutations get past the checksums into the deeper rules).
+``parse`` splits a file into its header fields, data section, index (tensor records, tree bytes,
+metadata, extensions) and footer fields as plain dicts and lists; ``build`` reassembles them.
+
+Used by the generator (must-fail vectors), by the fuzzers (structure-aware mutations and
+``reseal``, which lets random mutations get past the checksums into the deeper rules) and by the
+test suites under tests/format and tests/weights.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from construct import ConstructError, Container, ListContainer
@@ -33,6 +37,7 @@ class Parts:
     header: dict[str, Any]
     data: bytes  # bytes HEADER_SIZE..index_offset: plane payloads and padding
     index: dict[str, Any]  # tensors, parent_id, tree, metadata, extensions
+    footer: dict[str, Any] = field(default_factory=dict)  # as parsed; ``build`` recomputes it
 
     @property
     def tensors(self) -> list[dict[str, Any]]:
@@ -43,10 +48,10 @@ class Parts:
 
 
 def parse(blob: bytes) -> Parts:
-    footer = Footer.parse(blob[-FOOTER_SIZE:])
-    start, length = footer.index_offset, footer.index_length
+    footer = plain(Footer.parse(blob[-FOOTER_SIZE:]))
+    start, length = footer["index_offset"], footer["index_length"]
     return Parts(plain(Header.parse(blob[:HEADER_SIZE])), blob[HEADER_SIZE:start],
-                 plain(Index.parse(blob[start:start + length])))
+                 plain(Index.parse(blob[start:start + length])), footer)
 
 
 def seal(struct_: Any, fields: dict[str, Any]) -> bytes:
@@ -56,14 +61,24 @@ def seal(struct_: Any, fields: dict[str, Any]) -> bytes:
     return struct_.build({**fields, "checksum": hashing.bytes_checksum(draft[:24])})
 
 
+def index_bytes(index: dict[str, Any]) -> bytes:
+    return Index.build(index)
+
+
 def build(parts: Parts, *, index: bytes | None = None) -> bytes:
     """Reassemble ``parts``; ``index`` replaces the built index with raw bytes of one's own."""
     head = seal(Header, parts.header)
-    idx = Index.build(parts.index) if index is None else index
+    idx = index_bytes(parts.index) if index is None else index
     offset = len(head) + len(parts.data)
     foot = seal(Footer, dict(index_offset=offset, index_length=len(idx),
                              index_checksum=hashing.bytes_checksum(idx)))
     return head + parts.data + idx + foot
+
+
+def with_footer(blob: bytes, **changes: int) -> bytes:
+    """``blob`` with footer fields changed and the footer checksum recomputed."""
+    footer = plain(Footer.parse(blob[-FOOTER_SIZE:]))
+    return blob[:-FOOTER_SIZE] + seal(Footer, {**footer, **changes})
 
 
 def plane_bytes(parts: Parts, tensor: int, plane: int) -> bytes:

@@ -603,10 +603,10 @@ def header_vectors(tiny: bytes) -> list[Vector]:
 
 def footer_vectors(tiny: bytes) -> list[Vector]:
     size = len(tiny)
-    foot = craft.plain(craft.Footer.parse(tiny[-40:]))
+    foot = craft.parse(tiny).footer
 
     def with_footer(**kw: int) -> bytes:
-        return tiny[:-40] + craft.seal(craft.Footer, {**foot, **kw})
+        return craft.with_footer(tiny, **kw)
     return [
         fail("end_magic_damaged", "the end magic's last byte changed", ["validation.md#F1"],
              "TruncatedError", patch(tiny, -1, b"E")),

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 import s4format
+from conformance import craft
 from s4format import Reader, Writer
-from tests.format import craft
 from tests.format.common import small_file
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -12,6 +12,7 @@ import functools
 import pytest
 
 import s4format
+from conformance import craft
 from s4format import (
     BadMagicError,
     ChecksumError,
@@ -21,7 +22,6 @@ from s4format import (
     UnsupportedVersionError,
 )
 from s4format.schema import FOOTER_SIZE, HEADER_SIZE
-from tests.format import craft
 from tests.format.common import small_file
 
 BLOB = small_file()

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 import s4format
+from conformance import craft
 from s4format import ChecksumError, ContentHashError, ParentMismatchError, Reader, Tensor, Writer
-from tests.format import craft
 
 
 def _base() -> dict[str, np.ndarray]:

@@ -13,9 +13,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import s4format
+from conformance import craft
 from s4format import Reader, S4Error, Tensor, Typed, Writer, dtypes, objtree
 from s4format.schema import FOOTER_SIZE, HEADER_SIZE, Index, TensorRecord
-from tests.format import craft
 from tests.format.common import POLICIES, assert_same_tree, small_file
 
 SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow])

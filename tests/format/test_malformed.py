@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import s4format
+from conformance import craft
 from s4format import (
     BadMagicError,
     ChecksumError,
@@ -27,7 +28,6 @@ from s4format import (
     objtree,
 )
 from s4format.schema import FOOTER_SIZE, HEADER_SIZE, MAGIC
-from tests.format import craft
 from tests.format.common import assert_same_tree, small_file, small_tree
 
 BLOB = small_file()

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 import s4format
+from conformance import craft
 from s4format import FormatError, LimitError, Reader, TensorRef, Typed, UnsupportedObjectError
 from s4format.objtree import MAX_DEPTH, decode, encode
-from tests.format import craft
 from tests.format.common import assert_same_tree, small_file
 
 BLOB = small_file()

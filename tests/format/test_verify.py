@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 import s4format
+from conformance import craft
 from s4format import Reader
 from s4format.verify import Problem
-from tests.format import craft
 from tests.format.common import small_file
 
 BLOB = small_file()

@@ -12,8 +12,8 @@ import torch
 
 import s4format
 import s4weights
+from conformance import craft
 from s4format import objtree
-from tests.format import craft
 from tests.weights.common import assert_same
 
 
