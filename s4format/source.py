@@ -13,6 +13,13 @@ import numpy as np
 from s4format.errors import StorageError, TruncatedError
 
 
+def check_range(name: str, offset: int, length: int, size: int) -> None:
+    """TruncatedError unless ``length`` bytes at ``offset`` lie inside a source of ``size``."""
+    if offset < 0 or length < 0 or offset + length > size:
+        raise TruncatedError(f"{name}: read of {length} bytes at offset {offset} runs past the "
+                             f"end ({size} bytes)")
+
+
 @runtime_checkable
 class ByteSource(Protocol):
     name: str
@@ -35,9 +42,7 @@ class BufferSource:
         return int(self._data.size)
 
     def read_at(self, offset: int, length: int) -> np.ndarray:
-        if offset < 0 or length < 0 or offset + length > self._data.size:
-            raise TruncatedError(f"{self.name}: read of {length} bytes at offset {offset} runs "
-                                 f"past the end ({self._data.size} bytes)")
+        check_range(self.name, offset, length, int(self._data.size))
         return self._data[offset:offset + length]
 
     def close(self) -> None:
@@ -58,9 +63,7 @@ class FileSource:
         return self._size
 
     def read_at(self, offset: int, length: int) -> np.ndarray:
-        if offset < 0 or length < 0 or offset + length > self._size:
-            raise TruncatedError(f"{self.name}: read of {length} bytes at offset {offset} runs "
-                                 f"past the end ({self._size} bytes)")
+        check_range(self.name, offset, length, self._size)
         buf = np.empty(length, dtype=np.uint8)
         done = 0
         while done < length:

@@ -32,7 +32,8 @@ from urllib.parse import urlparse
 
 import numpy as np
 
-from s4format.errors import StorageError, TruncatedError
+from s4format.errors import StorageError
+from s4format.source import check_range
 from s4weights.store.base import ObjectWriter, Store
 
 log = logging.getLogger("s4weights")
@@ -477,9 +478,7 @@ class S3Source:
         return self._size
 
     def read_at(self, offset: int, length: int) -> np.ndarray:
-        if offset < 0 or length < 0 or offset + length > self._size:
-            raise TruncatedError(f"{self.name}: read of {length} bytes at offset {offset} runs "
-                                 f"past the end ({self._size} bytes)")
+        check_range(self.name, offset, length, self._size)
         if length == 0:
             return np.empty(0, dtype=np.uint8)
         if offset >= self._tail_start:
