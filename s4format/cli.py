@@ -10,7 +10,7 @@ from typing import Any
 from s4format import codecs, conformance
 from s4format.errors import S4Error, StorageError
 from s4format.reader import Reader
-from s4format.verify import verify
+from s4format.verify import report, verify
 
 
 def _ratio(stored: int, raw: int) -> float | None:
@@ -96,14 +96,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
     parent = Reader(_source(args.parent)) if args.parent else None
     with Reader(_source(args.file), parent=parent) as r:
         problems = verify(r)
-        for p in problems:
-            print(p, file=sys.stderr)
-        if problems:
-            print(f"{args.file}: INVALID, {len(problems)} problem(s)", file=sys.stderr)
-            return 1
-        print(f"{args.file}: OK, {len(r.tensors)} tensors, every checksum and content hash "
-              "verified")
-        return 0
+        return report(problems,
+                      ok=f"{args.file}: OK, {len(r.tensors)} tensors, every checksum and "
+                         "content hash verified",
+                      bad=f"{args.file}: INVALID, {len(problems)} problem(s)")
 
 
 def build_parser() -> argparse.ArgumentParser:

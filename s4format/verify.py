@@ -7,6 +7,8 @@ single damaged byte anywhere in a valid file is reported.
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from s4format import hashing
@@ -49,6 +51,18 @@ def verify(reader: Reader) -> list[Problem]:
                                     "hash mismatch after decoding: the file is corrupt"))
     problems.extend(_check_gaps(reader))
     return problems
+
+
+def report(problems: Sequence[object], ok: str, bad: str) -> int:
+    """A verify command's output and exit status: each problem and then ``bad`` on stderr and 1,
+    or ``ok`` on stdout and 0 when there are none."""
+    for p in problems:
+        print(p, file=sys.stderr)
+    if problems:
+        print(bad, file=sys.stderr)
+        return 1
+    print(ok)
+    return 0
 
 
 def _check_planes(reader: Reader, t: TensorInfo) -> list[Problem]:

@@ -20,7 +20,7 @@ from dataclasses import asdict
 from typing import Any
 
 from s4format.errors import S4Error, StorageError
-from s4format.verify import verify
+from s4format.verify import report, verify
 from s4weights.chain import CheckpointInfo, by_step, chain_of, list_checkpoints, open_chain
 from s4weights.store import LocalStore, Store, open_store
 
@@ -137,14 +137,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
             print(f"{sub.url}: step {step}: {'INVALID' if found else 'OK'}")
     if args.step is not None and not checked:
         raise StorageError(f"no checkpoint step {args.step} under {store.url}")
-    for p in problems:
-        print(p, file=sys.stderr)
-    if problems:
-        print(f"{len(problems)} problem(s) in {checked} checkpoint file(s)", file=sys.stderr)
-        return 1
-    print(f"{checked} checkpoint file(s) verified: every checksum, content hash and parent "
-          "link is valid")
-    return 0
+    return report(problems,
+                  ok=f"{checked} checkpoint file(s) verified: every checksum, content hash "
+                     "and parent link is valid",
+                  bad=f"{len(problems)} problem(s) in {checked} checkpoint file(s)")
 
 
 def build_parser() -> argparse.ArgumentParser:
