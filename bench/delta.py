@@ -20,7 +20,7 @@ import torch
 
 from s4format.dtypes import BY_NAME
 from s4format.writer import code_tensor
-from s4weights.demo import TinyLM
+from s4weights.demo import TinyLM, train
 
 FP32 = BY_NAME["float32"]
 
@@ -46,13 +46,7 @@ def main() -> None:
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
     snaps = {}
     wanted = {args.start, *(args.start + k for k in intervals)}
-    for step in range(1, max(wanted) + 1):
-        x = torch.randint(0, 512, (8, 64))
-        loss = torch.nn.functional.cross_entropy(model(x[:, :-1]).flatten(0, 1),
-                                                 x[:, 1:].flatten())
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+    for step, _loss in train(model, opt, max(wanted)):
         if step in wanted:
             snaps[step] = state(model, opt)
     base = snaps[args.start]

@@ -72,18 +72,12 @@ def synthetic_rows(n: int) -> list[Row]:
 def trained_rows(steps: int) -> list[Row]:
     import torch
 
-    from s4weights.demo import TinyLM
+    from s4weights.demo import TinyLM, train
     torch.manual_seed(0)
     model = TinyLM()
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
     snaps = []
-    for step in range(1, steps + 1):
-        x = torch.randint(0, 512, (8, 64))
-        loss = torch.nn.functional.cross_entropy(model(x[:, :-1]).flatten(0, 1),
-                                                 x[:, 1:].flatten())
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+    for step, _loss in train(model, opt, steps):
         if step >= steps - 1:
             snaps.append(_state_arrays(model, opt))
     prev, last = snaps

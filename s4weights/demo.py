@@ -11,6 +11,7 @@ import argparse
 import io
 import tempfile
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -29,6 +30,22 @@ class TinyLM(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.blocks(self.embed(x)))
+
+
+def train(model: TinyLM, opt: torch.optim.Optimizer, steps: int,
+          device: str | torch.device = "cpu") -> Iterator[tuple[int, torch.Tensor]]:
+    """Train ``model`` for ``steps`` steps on random tokens (next-token loss, batches of 8 x 64),
+    yielding ``(step, loss)`` after each optimizer step, counting from 1, so that the caller can
+    snapshot or save between steps."""
+    vocab = model.embed.num_embeddings
+    for step in range(1, steps + 1):
+        x = torch.randint(0, vocab, (8, 64), device=device)
+        loss = torch.nn.functional.cross_entropy(model(x[:, :-1]).flatten(0, 1),
+                                                 x[:, 1:].flatten())
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        yield step, loss
 
 
 def snapshot(model: torch.nn.Module, opt: torch.optim.Optimizer, step: int) -> dict[str, Any]:
@@ -64,13 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"s4weights demo: {n_params / 1e6:.2f}M-parameter transformer on {device}, "
           f"{args.steps} steps, a checkpoint every {args.every} -> {root}")
     rows, saved = [], {}
-    for step in range(1, args.steps + 1):
-        x = torch.randint(0, 512, (8, 64), device=device)
-        loss = torch.nn.functional.cross_entropy(model(x[:, :-1]).flatten(0, 1),
-                                                 x[:, 1:].flatten())
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+    for step, loss in train(model, opt, args.steps, device):
         if step % args.every:
             continue
         state = snapshot(model, opt, step)
