@@ -152,6 +152,7 @@ def decode_staged(st: Staged, outs: list[torch.Tensor]) -> None:
     """Check every plane, decode, merge into ``outs``, and check the content hashes."""
     reader = st.reader
     prof = runtime.Profile("decode")
+    prof.mark("staged")  # (profiling only) the H2D that stage() started, if still in flight
     base = st.device.data_ptr()
     digests, first = runtime.leaf_digests(base + st.at, [p.stored_len for _k, _j, p in st.planes])
     d = digests[:int(first[-1])].cpu().numpy().view(np.uint64)  # sync 1
@@ -213,7 +214,7 @@ def decode_staged(st: Staged, outs: list[torch.Tensor]) -> None:
     errs = rb.launch(keep)
     prof.mark("rans")
     nt = len(st.idx)
-    merr = torch.zeros(max(nt, 1), dtype=torch.int32, device="cuda")
+    merrs: list[tuple[np.ndarray, torch.Tensor]] = []  # (tensor positions, flags) per launch
     for lay_id, kernel_name in MERGE_KERNEL.items():
         sel = [k for k in range(nt) if reader.tensors[st.idx[k]].layout.layout_id == lay_id
                and outs[k].numel()]
@@ -227,21 +228,22 @@ def decode_staged(st: Staged, outs: list[torch.Tensor]) -> None:
                                  np.array([ptrs[k] for k in sel], np.uint64).reshape(-1),
                                  np.array([packed[k] for k in sel], np.uint8))
         keep.append(dev)
-        sel_a = np.asarray(sel, np.int64)
-        # merge flags go to a per-launch array, scattered into merr afterwards
+        # merge flags go to a per-launch array, mapped back to tensor positions on the host
+        # (no index upload from pageable memory: that copy would wait for the kernels)
         lerr = torch.zeros(len(sel), dtype=torch.int32, device="cuda")
         runtime.launch("planes", kernel_name, cs.size, 256, *(np.uint64(x) for x in dp),
                        runtime.ptr(lerr))
-        merr.index_copy_(0, torch.from_numpy(sel_a).to("cuda", non_blocking=True), lerr)
-        keep.append(lerr)
+        merrs.append((np.asarray(sel, np.int64), lerr))
     prof.mark("merge")
     verify = reader.verify_hashes
-    parts = [errs.view(torch.uint8) if errs is not None else None, merr.view(torch.uint8)]
+    parts = [errs.view(torch.uint8) if errs is not None else None,
+             *(lerr.view(torch.uint8) for _sel, lerr in merrs)]
     cfirst = None
     if verify:
         cd, cfirst = runtime.leaf_digests([o.data_ptr() for o in outs], [o.numel() for o in outs])
         parts.append(cd[:int(cfirst[-1])].view(torch.uint8))
-    back = torch.cat([x for x in parts if x is not None]).cpu().numpy()  # sync 2
+    parts = [x for x in parts if x is not None]
+    back = torch.cat(parts).cpu().numpy() if parts else np.zeros(0, np.uint8)  # sync 2
     pos = 0
     if errs is not None:
         e = back[:4 * rb.nblocks].view(np.int32)
@@ -253,9 +255,11 @@ def decode_staged(st: Staged, outs: list[torch.Tensor]) -> None:
             raise CodecError(f"{rb.where[q]}: rans block {b - int(rb.first[q])} of "
                              f"{int(rb.first[q + 1] - rb.first[q])} is corrupt: "
                              f"{rans._ERR_TEXT.get(int(e[b]), 'error')}")
-    me = back[pos:pos + 4 * max(nt, 1)].view(np.int32)
-    pos += 4 * max(nt, 1)
-    for k in np.flatnonzero(me[:nt]):
+    me = np.zeros(nt, np.int32)
+    for sel_a, _lerr in merrs:
+        me[sel_a] = back[pos:pos + 4 * sel_a.size].view(np.int32)
+        pos += 4 * sel_a.size
+    for k in np.flatnonzero(me):
         t = reader.tensors[st.idx[int(k)]]
         raise FormatError(f"{reader.name}: tensor {t.name!r}: a plane holds values wider "
                           "than its field")

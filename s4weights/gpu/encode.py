@@ -162,12 +162,13 @@ class Encoder:
         cpu = self._finalise(items, planes, r, gd)
         prof.mark("choose")
         buf, total, live, cpu_at, keep = self._assemble(items, planes, cpu, r)
+        prof.mark("assemble")
         pay_dig, pay_first = runtime.leaf_digests([buf.data_ptr() + p.offset for p in live],
                                                   [p.size for p in live])
         nc = int(content_first[-1])
         both = torch.cat((content_dig[:nc], pay_dig[:int(pay_first[-1])])).cpu()  # sync 3
         d = both.numpy().view(np.uint64)
-        prof.mark("assemble+hash")
+        prof.mark("payload hash")
         content = [content_hash_from_leaves(it.nbytes, d[content_first[k]:content_first[k + 1]])
                    for k, it in enumerate(items)]
         dp = d[nc:]
@@ -445,6 +446,10 @@ class Encoder:
         return cpu
 
     def _assemble(self, items: list[Item], planes: list[_Plane], cpu: set[int], r: dict | None):
+        """Lay the payloads out (16-byte aligned) in one compacted device buffer and fill it
+        with one copy launch. The copy ops are built with numpy over all planes at once: the
+        rANS planes' pieces (word counts, final states, one word run per block) in a few
+        vector operations, never a numpy call per plane or per block."""
         live = [p for p in planes if p.item not in cpu]
         cpu_items = sorted(cpu)
         sizes = np.array([p.size for p in live] + [items[k].nbytes for k in cpu_items],
@@ -459,14 +464,15 @@ class Encoder:
         blob_dst: list[int] = []
         blob_len: list[int] = []
         bp = 0
+        # scalar ops as Python ints; vector ops as numpy arrays
+        s_src: list[int] = []
+        s_dst: list[int] = []
+        s_len: list[int] = []
         src: list[np.ndarray] = []
         dst: list[np.ndarray] = []
         ln: list[np.ndarray] = []
-
-        def op(s, d, n):
-            src.append(np.atleast_1d(np.asarray(s, dtype=np.uint64)))
-            dst.append(np.atleast_1d(np.asarray(d, dtype=np.uint64)))
-            ln.append(np.atleast_1d(np.asarray(n, dtype=np.uint64)))
+        rans_job: list[int] = []
+        rans_at: list[int] = []
 
         for j, p in enumerate(live):
             p.offset = int(offs[j])
@@ -479,36 +485,68 @@ class Encoder:
                 bp += len(p.prefix)
                 at += len(p.prefix)
             if p.kind == "raw":
-                op(p.ptr, at, p.n)
+                s_src.append(p.ptr)
+                s_dst.append(at)
+                s_len.append(p.n)
             elif p.kind == "bitpack":
-                op(p.ptr, at, p.size)
+                s_src.append(p.ptr)
+                s_dst.append(at)
+                s_len.append(p.size)
             elif p.kind == "rans":
-                jb = p.rans_job
-                b0, b1 = int(r["bt"].first[jb]), int(r["bt"].first[jb + 1])
-                nb = b1 - b0
-                op(r["counts_p"] + 4 * b0, at, 4 * nb)
-                op(r["states_p"] + 128 * b0, at + 4 * nb, 128 * nb)
-                c = r["counts"][b0:b1]
-                within = np.cumsum(c) - c
-                scr = r["scratch"].data_ptr() + int(r["scratch_off"][jb])
-                op(scr + 2 * r["bt"].start[b0:b1], at + 132 * nb + 2 * within, 2 * c)
+                rans_job.append(p.rans_job)
+                rans_at.append(at)
             elif p.kind == "gdeflate":
                 _head, pieces = self._gd.pieces(p.gd_job, p.ptr)
                 pa = np.array([a for a, _ in pieces], np.int64)
                 pn = np.array([n for _, n in pieces], np.int64)
-                op(pa, at + np.cumsum(pn) - pn, pn)
+                src.append(pa.astype(np.uint64))
+                dst.append((at + np.cumsum(pn) - pn).astype(np.uint64))
+                ln.append(pn.astype(np.uint64))
             # const: the prefix is the whole stream
+        if rans_job:
+            jb = np.asarray(rans_job, np.int64)
+            at_a = np.asarray(rans_at, np.uint64)
+            bt = r["bt"]
+            b0 = bt.first[jb]
+            nbk = bt.first[jb + 1] - b0
+            nb_u = nbk.astype(np.uint64)
+            # word counts and final states: two runs per plane
+            src += [np.uint64(r["counts_p"]) + 4 * b0.astype(np.uint64),
+                    np.uint64(r["states_p"]) + 128 * b0.astype(np.uint64)]
+            dst += [at_a, at_a + 4 * nb_u]
+            ln += [4 * nb_u, 128 * nb_u]
+            # one word run per block: blocks of plane q are b0[q] .. b0[q] + nbk[q] - 1
+            q = np.repeat(np.arange(jb.size), nbk)
+            firstq = np.cumsum(nbk) - nbk
+            blk = np.arange(q.size, dtype=np.int64) - firstq[q] + b0[q]
+            c = r["counts"][blk]
+            run_start = np.zeros(c.size + 1, np.int64)
+            np.cumsum(c, out=run_start[1:])
+            within = run_start[:-1] - run_start[firstq][q]
+            scr = (np.uint64(r["scratch"].data_ptr()) + r["scratch_off"][jb][q].astype(np.uint64)
+                   + 2 * bt.start[blk].astype(np.uint64))
+            src.append(scr)
+            dst.append(at_a[q] + 132 * nb_u[q] + 2 * within.astype(np.uint64))
+            ln.append(2 * c.astype(np.uint64))
         cpu_at = {}
         for j, k in enumerate(cpu_items):
             at = int(offs[len(live) + j])
             cpu_at[k] = at
-            op(items[k].data.data_ptr(), base + at, items[k].nbytes)
+            s_src.append(items[k].data.data_ptr())
+            s_dst.append(base + at)
+            s_len.append(items[k].nbytes)
+        if s_src:
+            src.append(np.asarray(s_src, np.uint64))
+            dst.append(np.asarray(s_dst, np.uint64))
+            ln.append(np.asarray(s_len, np.uint64))
         keep = []
         if blob_parts:
             blob = np.frombuffer(b"".join(blob_parts), np.uint8)
             d_blob, (bptr,) = runtime.upload(blob)
             keep.append(d_blob)
-            op(bptr + np.asarray(blob_at, np.uint64), blob_dst, blob_len)
+            src.append(np.uint64(bptr) + np.asarray(blob_at, np.uint64))
+            dst.append(np.asarray(blob_dst, np.uint64))
+            ln.append(np.asarray(blob_len, np.uint64))
         if src:
             keep.append(runtime.copy_ops(np.concatenate(src), np.concatenate(dst),
                                          np.concatenate(ln)))

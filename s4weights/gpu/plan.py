@@ -17,6 +17,9 @@ from s4format import layouts
 from s4format.writer import SPLIT_MIN
 
 CHUNK_ELEMS = 65536  # kernels/planes.cu: elements per CTA of split and merge
+# kernels/copy.cu runs one CTA per op: longer ops are cut into pieces of this many bytes (a
+# multiple of 16, so every piece keeps its op's source and destination alignment mod 16).
+COPY_PIECE = 1 << 16
 GIB = 1 << 30
 MIN_WORKSPACE = 64 << 20
 # Device bytes per raw byte a group needs at most: planes (1x), rANS scratch (up to 2 bytes per
@@ -89,3 +92,25 @@ def block_table(lengths: list[int], log2_block: int) -> BlockTable:
     n = np.asarray(lengths, dtype=np.int64)[plane] if plane.size else np.zeros(0, np.int64)
     length = np.minimum(n - start, b).astype(np.uint32)
     return BlockTable(plane, start, length, first)
+
+
+def split_copies(src, dst, length, piece: int = COPY_PIECE
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Copy ops (source address, destination address, bytes) with empty ops dropped and every op
+    longer than ``piece`` cut into consecutive pieces of ``piece`` bytes (the last shorter), so
+    one large op (a raw or bitpacked plane of 64 MB) spreads over many CTAs instead of one.
+    ``piece`` must be a multiple of 16: a piece's addresses keep the op's alignment mod 16."""
+    if piece <= 0 or piece % 16:
+        raise ValueError("piece must be a positive multiple of 16")
+    src = np.asarray(src, dtype=np.uint64).reshape(-1)
+    dst = np.asarray(dst, dtype=np.uint64).reshape(-1)
+    length = np.asarray(length, dtype=np.uint64).reshape(-1)
+    keep = length > 0
+    src, dst, length = src[keep], dst[keep], length[keep]
+    pieces = ((length + np.uint64(piece - 1)) // np.uint64(piece)).astype(np.int64)
+    if not (pieces > 1).any():
+        return src, dst, length
+    op = np.repeat(np.arange(pieces.size), pieces)
+    first = np.cumsum(pieces) - pieces
+    off = (np.arange(op.size, dtype=np.int64) - first[op]).astype(np.uint64) * np.uint64(piece)
+    return src[op] + off, dst[op] + off, np.minimum(length[op] - off, np.uint64(piece))

@@ -103,17 +103,18 @@ def encoder_tables(freqs: np.ndarray) -> np.ndarray:
 
 
 def decoder_tables(freqs: np.ndarray) -> np.ndarray:
-    """``rans._decoder_table`` of every row: [P, 4096] u32."""
+    """``rans._decoder_table`` of every row: [P, 4096] u32. Slot ``cum[s] + j`` of symbol s
+    holds ``(f - 1) << 20 | j << 8 | s``: one ``np.repeat`` of a per-symbol base value
+    ``(f - 1) << 20 | s`` minus ``cum << 8`` (mod 2**32), plus ``slot << 8``; no fancy
+    indexing over the P * 4096 slots."""
     freqs = np.asarray(freqs, dtype=np.int64).reshape(-1, 256)
     p = freqs.shape[0]
-    cum = np.cumsum(freqs, axis=1) - freqs
-    sym = np.repeat(np.tile(np.arange(256, dtype=np.int64), p), freqs.reshape(-1))
-    sym = sym.reshape(p, rans.PROB_SCALE)
-    rows = np.arange(p)[:, None]
-    slot = np.arange(rans.PROB_SCALE, dtype=np.int64)[None, :]
-    f = freqs[rows, sym]
-    c = cum[rows, sym]
-    return (((f - 1) << 20) | ((slot - c) << 8) | sym).astype(np.uint32)
+    f = freqs.astype(np.uint32)
+    cum = (np.cumsum(freqs, axis=1) - freqs).astype(np.uint32)
+    key = ((f - np.uint32(1)) << np.uint32(20)) | np.arange(256, dtype=np.uint32)[None, :]
+    base = np.repeat((key - (cum << np.uint32(8))).reshape(-1), freqs.reshape(-1))
+    slot = np.arange(rans.PROB_SCALE, dtype=np.uint32) << np.uint32(8)
+    return (base.reshape(p, rans.PROB_SCALE) + slot[None, :]).astype(np.uint32)
 
 
 def estimate_many(counts: np.ndarray, freqs: np.ndarray, log2_block: int) -> np.ndarray:

@@ -99,15 +99,17 @@ def pinned(nbytes: int) -> torch.Tensor:
 
 def copy_ops(src: np.ndarray, dst: np.ndarray, length: np.ndarray) -> torch.Tensor | None:
     """Batched device copies: ``length[i]`` bytes from ``src[i]`` to ``dst[i]`` (addresses).
-    Returns the device op table (keep it until the launch has run, or let the stream order
-    its reuse: it comes from torch's caching allocator on the current stream)."""
-    keep = length > 0
-    if not keep.any():
+    Long ops are cut into 64 KiB pieces (``plan.split_copies``): one CTA per piece, so a large
+    raw or bitpacked plane is copied by many SMs. Returns the device op table (keep it until the
+    launch has run, or let the stream order its reuse: it comes from torch's caching allocator
+    on the current stream)."""
+    from s4weights.gpu.plan import split_copies
+
+    s, d, ln = split_copies(src, dst, length)
+    if not s.size:
         return None
-    n = int(keep.sum())
-    dev, (s, d, ln) = upload(np.asarray(src, np.uint64)[keep], np.asarray(dst, np.uint64)[keep],
-                             np.asarray(length, np.uint64)[keep])
-    launch("copy", "copy_ops", n, 256, np.uint64(s), np.uint64(d), np.uint64(ln))
+    dev, (sp, dp, lp) = upload(s, d, ln)
+    launch("copy", "copy_ops", int(s.size), 256, np.uint64(sp), np.uint64(dp), np.uint64(lp))
     return dev
 
 

@@ -42,3 +42,20 @@ def test_block_table_matches_the_spec_block_split() -> None:
     assert bt.start.tolist() == [0, 32, 64, 96, 0, 32, 0, 32, 64]
     assert bt.length.tolist() == [32, 32, 32, 4, 32, 32, 32, 32, 1]
     assert bt.length.dtype == np.uint32
+
+
+def test_split_copies_tiles_every_op_and_keeps_alignment() -> None:
+    rng = np.random.default_rng(7)
+    piece = 64
+    src = rng.integers(0, 1 << 40, 50).astype(np.uint64)
+    dst = rng.integers(0, 1 << 40, 50).astype(np.uint64)
+    length = rng.integers(0, 5 * piece, 50).astype(np.uint64)
+    length[:3] = [0, piece, piece + 1]
+    s, d, n = plan.split_copies(src, dst, length, piece)
+    assert (n > 0).all() and (n <= piece).all()
+    got = sorted(zip(s.tolist(), d.tolist(), n.tolist()))
+    want = []
+    for a, b, k in zip(src.tolist(), dst.tolist(), length.tolist()):
+        want += [(a + o, b + o, min(piece, k - o)) for o in range(0, k, piece)]
+    assert got == sorted(want)
+    assert plan.split_copies([1], [2], [piece])[2].tolist() == [piece]
