@@ -93,8 +93,8 @@ class Layout:
                 out[:, j] = p
             return out.reshape(-1)
         words = np.empty(n, dtype=_UINT[w])
-        over = _merge_fields(tuple(np.ascontiguousarray(p, dtype=np.uint8) for p in planes),
-                             self._shifts, self._masks, words)
+        over = _merge_fields(tuple(_readonly(p) for p in planes), self._shifts, self._masks,
+                             words)
         for f, bits in zip(self.fields, over):
             if bits:
                 raise FormatError(f"{f.label} plane holds values wider than its {f.bits} bits")
@@ -110,6 +110,14 @@ class Layout:
 
 
 _UINT = {2: np.dtype("<u2"), 4: np.dtype("<u4")}
+
+
+def _readonly(plane: np.ndarray) -> np.ndarray:
+    # numba types writable and read-only arrays differently; a tuple mixing them (planes read
+    # from a buffer are read-only) is not indexable, so hand it read-only views only.
+    view = np.ascontiguousarray(plane, dtype=np.uint8).view()
+    view.flags.writeable = False
+    return view
 
 
 # One pass over the words for all fields (numpy would take three passes per field). Measured
