@@ -129,7 +129,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    return run(build_parser(), argv)
+
+
+def run(parser: argparse.ArgumentParser, argv: list[str] | None) -> int:
+    """Run the chosen subcommand: exit 2 with a one-line message on an S4Error (a file or
+    store that cannot be read at all), quietly 0 when the output pipe closes."""
+    args = parser.parse_args(argv)
     try:
         return args.func(args)
     except S4Error as exc:

@@ -19,6 +19,7 @@ import sys
 from dataclasses import asdict
 from typing import Any
 
+from s4format.cli import run as run_cli
 from s4format.errors import S4Error, StorageError
 from s4format.verify import report, verify
 from s4weights.chain import CheckpointInfo, by_step, chain_of, list_checkpoints, open_chain
@@ -166,11 +167,4 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        return args.func(args)
-    except S4Error as exc:
-        print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 2
-    except BrokenPipeError:
-        return 0
+    return run_cli(build_parser(), argv)
