@@ -60,14 +60,21 @@ class Reader:
         self.source = open_source(source)
         self.name = self.source.name
         self.verify_hashes = verify
-        self._read_header()
-        self._read_footer(max_index_size)
-        self._read_index()
-        self.checkpoint_id = checkpoint_id([t.content_hash for t in self.tensors])
-        self._by_name = {t.name: i for i, t in enumerate(self.tensors)}
         self.parent: Reader | None = None
-        if parent is not None:
-            self.attach_parent(parent)
+        try:
+            self._read_header()
+            self._read_footer(max_index_size)
+            self._read_index()
+            self.checkpoint_id = checkpoint_id([t.content_hash for t in self.tensors])
+            self._by_name = {t.name: i for i, t in enumerate(self.tensors)}
+            if parent is not None:
+                self.attach_parent(parent)
+        except BaseException:
+            # A source we opened is ours to close: the exception's traceback keeps this
+            # half-built Reader (and so the file descriptor) alive for as long as it is held.
+            if self.source is not source:
+                self.close()
+            raise
 
     # -- structure -------------------------------------------------------------------------
 

@@ -57,7 +57,11 @@ class FileSource:
             self._fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
         except OSError as exc:
             raise StorageError(f"cannot open {self.name}: {exc.strerror}") from exc
-        self._size = os.fstat(self._fd).st_size
+        try:
+            self._size = os.fstat(self._fd).st_size
+        except OSError as exc:
+            self.close()
+            raise StorageError(f"cannot stat {self.name}: {exc.strerror}") from exc
 
     def size(self) -> int:
         return self._size
