@@ -83,8 +83,9 @@ def _encode(obj: Any, out: bytearray, path: str, depth: int, refs: int) -> None:
         out += struct.pack("<I", len(obj))
         for key, value in obj.items():
             _check_key(key, path)
-            _encode(key, out, f"{path}.<key {key!r}>", depth + 1, refs)
-            _encode(value, out, f"{path}[{key!r}]", depth + 1, refs)
+            shown = _shown(key)
+            _encode(key, out, f"{path}.<key {shown}>", depth + 1, refs)
+            _encode(value, out, f"{path}[{shown}]", depth + 1, refs)
     elif t is TensorRef:
         if type(obj.index) is not int or not 0 <= obj.index < refs:
             raise UnsupportedObjectError(f"tensor reference {obj.index!r} at {path} is out of "
@@ -107,6 +108,17 @@ def _encode(obj: Any, out: bytearray, path: str, depth: int, refs: int) -> None:
             f"cannot store object of type {t.__module__}.{t.__qualname__} at {path}: "
             "only None, bool, int, float, str, bytes, list, tuple, dict, OrderedDict and "
             "tensors are stored")
+
+
+def _shown(key: Any) -> str:
+    """A dict key as key paths and messages show it: its repr, cut to 80 characters. Never
+    raises: the repr of an int of more than 4300 digits does (ValueError), and such an int is
+    a valid key."""
+    try:
+        text = repr(key)
+    except ValueError:
+        text = f"<{type(key).__name__} too large to show>"
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _is_key(key: Any) -> bool:
@@ -186,7 +198,7 @@ class _Decoder:
                                       f"{at} is not allowed")
                 try:
                     if key in result:
-                        raise FormatError(f"duplicate dict key {key!r} at tree offset {at}")
+                        raise FormatError(f"duplicate dict key {_shown(key)} at tree offset {at}")
                 except TypeError:
                     raise FormatError(f"unhashable dict key at tree offset {at}") from None
                 result[key] = self.node(depth + 1)
