@@ -11,6 +11,7 @@ bytes) and object tree; must-fail vectors must be rejected with the manifest's e
 from __future__ import annotations
 
 import argparse
+import decimal
 import hashlib
 import json
 import math
@@ -44,7 +45,9 @@ def tree_to_json(obj: Any) -> Any:
     if obj is None or t is bool or t is str:
         return obj
     if t is int:
-        return {"int": str(obj)}
+        # Decimal, not str(): str() refuses ints of more than 4300 digits (ValueError), which
+        # are valid in a tree and must come out as "decimal string, any size".
+        return {"int": str(decimal.Decimal(obj))}
     if t is float:
         return {"float": f"{struct.unpack('<Q', struct.pack('<d', obj))[0]:016x}"}
     if t is bytes:
