@@ -144,7 +144,7 @@ class Reader:
             if t.name in names:
                 raise FormatError(f"{self.name}: tensor name {t.name!r} appears twice")
             names.add(t.name)
-        check_no_overlap(tensors)
+        check_no_overlap(tensors, self.name)
         self.tensors: list[TensorInfo] = tensors
         self.parent_id: bytes | None = None if idx.parent_id == NO_PARENT else bytes(idx.parent_id)
         if self.parent_id is None and any(t.is_delta for t in tensors):
@@ -231,7 +231,10 @@ class Reader:
         # are spread out is read plane by plane instead of as one huge span.
         span = self.read_span(t) if _compact(t) else None
         planes = [self.read_plane(t, k, span) for k in range(len(t.planes))]
-        raw = t.layout.merge(planes, t.raw_nbytes, t.dtype.itemsize)
+        try:
+            raw = t.layout.merge(planes, t.raw_nbytes, t.dtype.itemsize)
+        except FormatError as exc:
+            raise FormatError(f"{self.name}: tensor {t.name!r}: {exc}") from None
         if t.is_delta:
             raw = np.bitwise_xor(raw, self._parent_bytes(t))
         elif not raw.flags.writeable or (raw.base is not None and raw.size != raw.base.size):

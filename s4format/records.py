@@ -113,10 +113,12 @@ def _located(where: str, lookup, key: int):
         raise type(exc)(f"{where}: {exc}") from None
 
 
-def check_no_overlap(tensors: list[TensorInfo]) -> None:
+def check_no_overlap(tensors: list[TensorInfo], where: str) -> None:
+    """FormatError, naming ``where`` (the file) and both planes, if two non-empty planes share
+    a byte (rule X2)."""
     spans = sorted((p.offset, p.offset + p.stored_len, t.name, p.label)
                    for t in tensors for p in t.planes if p.stored_len)
     for (s0, e0, t0, l0), (s1, _e1, t1, l1) in itertools.pairwise(spans):
         if s1 < e0:
-            raise FormatError(f"plane {t0}/{l0} (bytes {s0}..{e0}) overlaps plane {t1}/{l1} "
-                              f"starting at {s1}")
+            raise FormatError(f"{where}: plane {t0}/{l0} (bytes {s0}..{e0}) overlaps plane "
+                              f"{t1}/{l1} starting at {s1}")

@@ -82,9 +82,10 @@ def _check_gaps(reader: Reader) -> list[Problem]:
     for start, end in [*spans, (reader.data_end, reader.data_end)]:
         if start > pos:
             if start - pos >= reader.alignment:
-                problems.append(Problem(None, None, f"{start - pos} unaccounted bytes at offset "
-                                        f"{pos} (more than alignment padding)"))
+                problems.append(Problem(None, None, f"{reader.name}: {start - pos} unaccounted "
+                                        f"bytes at offset {pos} (more than alignment padding)"))
             elif reader.source.read_at(pos, start - pos).any():
-                problems.append(Problem(None, None, f"padding at {pos}..{start} is not zero"))
+                problems.append(Problem(None, None, f"{reader.name}: padding at {pos}..{start} "
+                                        "is not zero"))
         pos = max(pos, end)
     return problems

@@ -126,7 +126,7 @@ def test_every_bit_flip_is_detected() -> None:
                     f"tensor {name!r} plane {label}: checksum" not in str(found):
                 wrong.append((bit, stage, repr(found)))
         elif stage != "verify" or [str(p) for p in found] != \
-                [f"padding at {_gap(byte)} is not zero"]:
+                [f"<buffer>: padding at {_gap(byte)} is not zero"]:
             wrong.append((bit, stage, found))
     assert wrong == []
     assert stages["open"] == 8 * (HEADER_SIZE + len(BLOB) - INDEX_OFFSET)

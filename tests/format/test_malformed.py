@@ -499,4 +499,4 @@ def test_nonzero_padding_is_reported_by_verify_only() -> None:
     with Reader(bytes(blob)) as r:
         assert_same_tree(r.load(), small_tree())
         problems = s4format.verify(r)
-    assert [str(p) for p in problems] == [f"padding at {HEADER_SIZE}..64 is not zero"]
+    assert [str(p) for p in problems] == [f"<buffer>: padding at {HEADER_SIZE}..64 is not zero"]

@@ -3,13 +3,28 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from s4format import Reader, S4Error, StorageError, UnsupportedVersionError
-from s4format.schema import MAGIC
+import s4format
+from conformance import craft
+from s4format import (
+    FormatError,
+    Reader,
+    S4Error,
+    StorageError,
+    UnsupportedVersionError,
+    codecs,
+)
+from s4format.schema import HEADER_SIZE, MAGIC
 from s4format.source import FileSource
+from tests.format.common import small_tree
+
+BLOB = s4format.dumps(small_tree())
+W, STEPS, MASK, EMB = range(4)  # the tensors of the small file, in index order
 
 
 def _open_fds() -> int:
@@ -44,3 +59,32 @@ def test_file_source_closes_its_descriptor_when_stat_fails(
         FileSource(path)
     monkeypatch.undo()
     assert _open_fds() == before
+
+
+def test_merge_and_overlap_errors_and_verify_gaps_name_the_file_and_tensor(
+        tmp_path: Path) -> None:
+    parts = craft.parse(BLOB)
+    emb = parts.tensors[EMB]
+    words = emb["planes"][2]["decoded_len"]
+    # A raw mantissa plane whose bytes use the 8th bit, which bf16's 7-bit mantissa lacks.
+    mantissa = np.full(words, 0x80, dtype=np.uint8).tobytes()
+    parts.data += bytes(-(HEADER_SIZE + len(parts.data)) % 64) + mantissa
+    emb["planes"][2].update(codec=codecs.RAW, params=b"", stored_len=words,
+                            offset=HEADER_SIZE + len(parts.data) - words)
+    craft.set_plane_bytes(parts, EMB, 2, mantissa)
+    path = tmp_path / "merge.s4w"
+    path.write_bytes(craft.build(parts))
+    with Reader(path) as r:
+        with pytest.raises(FormatError, match=rf"^{re.escape(str(path))}: tensor 'emb': "
+                                              "mantissa0 plane holds values wider"):
+            r.read("emb")
+        # The old mantissa plane is now a hole in the data section that verify reports.
+        gaps = [str(p) for p in s4format.verify(r) if p.tensor is None]
+        assert gaps and all(g.startswith(f"{path}: ") for g in gaps), gaps
+
+    parts = craft.parse(BLOB)
+    parts.tensors[STEPS]["planes"][0]["offset"] = parts.tensors[W]["planes"][0]["offset"]
+    path = tmp_path / "overlap.s4w"
+    path.write_bytes(craft.build(parts))
+    with pytest.raises(FormatError, match=rf"^{re.escape(str(path))}: plane model\.steps/raw "):
+        Reader(path)

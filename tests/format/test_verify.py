@@ -52,8 +52,8 @@ def test_unaccounted_bytes_between_planes() -> None:
         assert r.read("emb").data.tobytes() == Reader(BLOB).read("emb").data.tobytes()
         problems = s4format.verify(r)
     assert [str(p) for p in problems] == \
-        [f"{last['offset'] - hole_start} unaccounted bytes at offset {hole_start} (more than "
-         "alignment padding)"]
+        [f"<buffer>: {last['offset'] - hole_start} unaccounted bytes at offset {hole_start} "
+         "(more than alignment padding)"]
 
 
 def test_delta_without_parent_is_reported_not_checked() -> None:
