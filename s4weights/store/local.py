@@ -38,8 +38,11 @@ class _LocalWriter(ObjectWriter):
         except OSError as exc:
             raise StorageError(f"cannot create {self.tmp}: {exc.strerror}") from exc
         self._done = False
+        self._aborted = False
 
     def write(self, data: bytes | memoryview) -> int:
+        if self._done:
+            raise StorageError(f"{self.final}: write after commit/abort")
         try:
             return self._f.write(data)
         except OSError as exc:
@@ -48,6 +51,11 @@ class _LocalWriter(ObjectWriter):
 
     def commit(self, *, exclusive: bool = False) -> None:
         """Publish the object; ``exclusive`` fails if it exists (``os.link`` never replaces)."""
+        if self._aborted:
+            # Returning quietly would let a caller that swallowed a failed write publish a
+            # manifest for an object that does not exist (S3Store's writer raises the same).
+            raise StorageError(f"{self.final}: commit after the write was aborted (an earlier "
+                               "write failed or abort() was called)")
         if self._done:
             return
         try:
@@ -71,7 +79,7 @@ class _LocalWriter(ObjectWriter):
     def abort(self) -> None:
         if self._done:
             return
-        self._done = True
+        self._done = self._aborted = True
         if not self._f.closed:
             self._f.close()
         self.tmp.unlink(missing_ok=True)

@@ -3,6 +3,7 @@ aborts that leave nothing, refused names, sweeping dead writers' temporary files
 
 from __future__ import annotations
 
+import errno
 import os
 import time
 from pathlib import Path
@@ -51,9 +52,11 @@ def test_writer_abort_and_exceptions_leave_nothing(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError, match="boom"), store.writer("data/a.s4w") as w2:
         w2.write(b"x" * 1000)
         raise RuntimeError("boom")
-    with store.writer("data/b.s4w") as w3:
+    # An explicit abort inside the block is not undone by the exit, whose commit refuses.
+    with pytest.raises(StorageError, match="commit after the write was aborted"), \
+            store.writer("data/b.s4w") as w3:
         w3.write(b"y")
-        w3.abort()  # an explicit abort inside the block is not undone by the exit
+        w3.abort()
     assert _all_files(tmp_path) == ["data/a.s4w"]
     assert store.get("data/a.s4w") == b"old"
 
@@ -132,3 +135,30 @@ def test_open_store(tmp_path: Path) -> None:
     assert open_store(store) is store
     with pytest.raises(ValueError, match="unsupported store URL scheme 'gopher'"):
         open_store("gopher://host/x")
+
+
+def test_write_or_commit_after_a_failed_write_raises(tmp_path: Path) -> None:
+    # A caller that swallows the failed write must not get a quiet "commit" of an object that
+    # does not exist (and then commit a manifest pointing at it).
+    store = LocalStore(tmp_path)
+    w = store.writer("data/a.s4w")
+    w.write(b"abc")
+
+    class FullDisk:
+        closed = False
+
+        def write(self, data: bytes) -> int:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        def close(self) -> None:
+            self.closed = True
+
+    w._f.close()
+    w._f = FullDisk()
+    with pytest.raises(StorageError, match=r"writing .*a\.s4w failed: No space left"):
+        w.write(b"def")
+    with pytest.raises(StorageError, match="write after commit/abort"):
+        w.write(b"ghi")
+    with pytest.raises(StorageError, match="commit after the write was aborted"):
+        w.commit()
+    assert _all_files(tmp_path) == []
