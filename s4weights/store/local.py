@@ -1,9 +1,9 @@
 """Local directories as a store, with crash-safe commits.
 
 Commit = write to a temporary file in the same directory, fsync it, rename it over the final
-name, fsync the directory. A crash before the rename leaves only a ``.tmp-*`` file that readers
-never list; a crash after it leaves the complete object. Temporary files of dead writers are
-swept by :meth:`LocalStore.sweep`.
+name, fsync the directory (and the parent of every directory the writer created). A crash
+before the rename leaves only a ``.tmp-*`` file that readers never list; a crash after it leaves
+the complete object. Temporary files of dead writers are swept by :meth:`LocalStore.sweep`.
 """
 
 from __future__ import annotations
@@ -31,7 +31,13 @@ def _fsync_dir(path: Path) -> None:
 class _LocalWriter(ObjectWriter):
     def __init__(self, final: Path) -> None:
         self.final = final
-        final.parent.mkdir(parents=True, exist_ok=True)
+        # Directories this writer creates: their own entries must be fsynced at commit too, or
+        # a crash can lose the directory, and the committed object with it.
+        self._new_dirs = [d for d in (final.parent, *final.parent.parents) if not d.exists()]
+        try:
+            final.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StorageError(f"cannot create the directory of {final}: {exc.strerror}") from exc
         self.tmp = final.parent / f"{TMP_PREFIX}{secrets.token_hex(8)}-{final.name}"
         try:
             self._f = open(self.tmp, "xb")  # noqa: SIM115
@@ -68,6 +74,8 @@ class _LocalWriter(ObjectWriter):
             else:
                 os.replace(self.tmp, self.final)
             _fsync_dir(self.final.parent)
+            for d in self._new_dirs:
+                _fsync_dir(d.parent)
         except FileExistsError:
             self.abort()
             raise StorageError(f"{self.final} already exists") from None

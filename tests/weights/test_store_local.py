@@ -89,7 +89,38 @@ def test_commit_fsyncs_the_file_before_the_rename_and_the_directory_after(
     with store.writer("d/a") as w:
         w.write(b"1")
     store.put_atomic("m/a", b"2", if_absent=True)
-    assert events == ["fsync-file", "rename", "fsync-dir", "fsync-file", "link", "fsync-dir"]
+    # "d" and "m" are new: their entries in the root are fsynced as well.
+    assert events == ["fsync-file", "rename", "fsync-dir", "fsync-dir",
+                      "fsync-file", "link", "fsync-dir", "fsync-dir"]
+    events.clear()
+    with store.writer("d/b") as w:
+        w.write(b"3")
+    assert events == ["fsync-file", "rename", "fsync-dir"]
+
+
+def test_commit_fsyncs_every_directory_the_writer_created(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    synced: list[str] = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        path = os.readlink(f"/proc/self/fd/{fd}")
+        if os.path.isdir(path):
+            synced.append(os.path.relpath(path, tmp_path))
+        real_fsync(fd)
+
+    (tmp_path / "run").mkdir()
+    store = LocalStore(tmp_path / "run")
+    monkeypatch.setattr(os, "fsync", fsync)
+    with store.writer("a/b/c.s4w") as w:
+        w.write(b"x")
+    assert synced == ["run/a/b", "run/a", "run"]
+
+
+def test_a_directory_that_cannot_be_created_is_a_storage_error(tmp_path: Path) -> None:
+    (tmp_path / "f").write_bytes(b"a file where a directory is needed")
+    with pytest.raises(StorageError, match=r"cannot create the directory of .*f/x\.s4w"):
+        LocalStore(tmp_path).writer("f/x.s4w")
 
 
 def test_sweep_removes_only_stale_temp_files(tmp_path: Path) -> None:
