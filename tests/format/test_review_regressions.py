@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import os
 import re
 from pathlib import Path
@@ -14,20 +13,14 @@ import s4format
 from conformance import craft
 from s4format import (
     FormatError,
-    LimitError,
     Reader,
     S4Error,
     StorageError,
     UnsupportedVersionError,
-    Writer,
     codecs,
-    dtypes,
-    hashing,
-    layouts,
 )
 from s4format.schema import HEADER_SIZE, MAGIC
 from s4format.source import FileSource
-from s4format.writer import CodedPlane, CodedTensor
 from tests.format.common import small_tree
 
 BLOB = s4format.dumps(small_tree())
@@ -95,16 +88,3 @@ def test_merge_and_overlap_errors_and_verify_gaps_name_the_file_and_tensor(
     path.write_bytes(craft.build(parts))
     with pytest.raises(FormatError, match=rf"^{re.escape(str(path))}: plane model\.steps/raw "):
         Reader(path)
-
-
-def test_writer_keeps_the_size_guarantee_for_a_raw_layout_tensor_too() -> None:
-    # One raw-layout plane coded with rANS in its RAW mode stores 12 bytes more than the
-    # tensor: a file that breaks spec/format.md section 14, so the writer must refuse it.
-    raw = np.arange(100, dtype=np.uint8)
-    enc = codecs.get(codecs.RANS).encode(raw)
-    assert enc.nbytes == raw.size + 12
-    coded = CodedTensor(layouts.RAW, (CodedPlane(layouts.KIND_RAW, 0, codecs.RANS, raw.size,
-                                                 enc.payload),))
-    with Writer(io.BytesIO()) as w, pytest.raises(
-            LimitError, match=r"'t': coded planes store 112 bytes, more than its 100 raw bytes"):
-        w.add_coded("t", dtypes.by_name("uint8"), (100,), coded, hashing.content_hash(raw))
