@@ -18,11 +18,12 @@ class FormatError(S4Error):
 
 
 class BadMagicError(FormatError):
-    """The file does not start or end with the .s4w magic (not .s4w, or damaged in transit)."""
+    """The file does not start with the .s4w magic (not .s4w, or damaged in transit). A missing
+    end magic is a :class:`TruncatedError`: the save that wrote the file did not finish."""
 
 
 class TruncatedError(FormatError):
-    """The file is shorter than its own structures say it must be."""
+    """The file is shorter than its own structures say it must be, or has no end magic."""
 
 
 class LimitError(FormatError):
@@ -50,7 +51,8 @@ class UnsupportedVersionError(UnsupportedError):
 
 
 class UnsupportedFeatureError(UnsupportedError):
-    """A must-understand flag or a layout/transform ID is unknown to this reader."""
+    """Something this reader must understand is unknown to it: a required header flag, a
+    required index extension, a tensor flag, or a dtype, layout or transform ID."""
 
 
 class UnsupportedCodecError(UnsupportedError):

@@ -1,4 +1,4 @@
-"""The store interface: where checkpoint bytes live (local directories now, S3 next).
+"""The store interface: where checkpoint bytes live (local directories, S3).
 
 A store holds named objects (``/``-separated names under its root). The call sequence of a save
 is: ``writer(name)`` -> write the file sequentially -> ``commit()`` (the object appears whole,
