@@ -22,6 +22,7 @@ from s4format.errors import (
     FormatError,
     LimitError,
     ParentMismatchError,
+    S4Error,
     TruncatedError,
     UnsupportedFeatureError,
     UnsupportedVersionError,
@@ -218,7 +219,11 @@ class Reader:
         """A plane's decoded bytes."""
         p = t.planes[plane_no]
         stored = self.read_stored(t, plane_no, span)
-        out = codecs.get(p.codec).decode(stored, p.decoded_len, p.params)
+        try:
+            out = codecs.get(p.codec).decode(stored, p.decoded_len, p.params)
+        except S4Error as exc:
+            # Codecs know nothing of files and tensors; verify prints this message as it is.
+            raise type(exc)(f"{self.name}: tensor {t.name!r} plane {p.label}: {exc}") from None
         if out.shape != (p.decoded_len,):
             raise FormatError(f"{self.name}: tensor {t.name!r} plane {p.label} decoded to "
                               f"{out.size} bytes, declared {p.decoded_len}")

@@ -12,6 +12,7 @@ import pytest
 import s4format
 from conformance import craft
 from s4format import (
+    CodecError,
     FormatError,
     Reader,
     S4Error,
@@ -88,3 +89,15 @@ def test_merge_and_overlap_errors_and_verify_gaps_name_the_file_and_tensor(
     path.write_bytes(craft.build(parts))
     with pytest.raises(FormatError, match=rf"^{re.escape(str(path))}: plane model\.steps/raw "):
         Reader(path)
+
+
+def test_codec_errors_name_the_file_tensor_and_plane(tmp_path: Path) -> None:
+    parts = craft.parse(BLOB)
+    parts.tensors[W]["planes"][0]["params"] = b"\x01"
+    path = tmp_path / "params.s4w"
+    path.write_bytes(craft.build(parts))
+    want = rf"^{re.escape(str(path))}: tensor 'model\.w' plane raw: raw takes no parameters"
+    with Reader(path) as r:
+        with pytest.raises(CodecError, match=want):
+            r.read("model.w")
+        assert [re.match(want, str(p)) is not None for p in s4format.verify(r)] == [True]
