@@ -22,6 +22,7 @@ _LAZY = {
     "CheckpointInfo": "s4weights.chain", "list_checkpoints": "s4weights.chain",
     "load_checkpoint": "s4weights.chain", "retain": "s4weights.chain",
     "save_checkpoint": "s4weights.chain", "register_type": "s4weights.torchtree",
+    "IntoMismatchError": "s4weights.torchtree",
 }
 
 __all__ = ["ParentMismatchError", "S4Error", "StorageError", "UnsupportedObjectError",

@@ -22,7 +22,7 @@ from s4format.writer import Writer, WriteResult
 from s4weights import progress
 from s4weights.store.base import Store
 from s4weights.store.local import LocalStore
-from s4weights.torchtree import DeviceTensor, Flattened, Unflattener, flatten
+from s4weights.torchtree import DeviceTensor, Flattened, Unflattener, flatten, plan_into
 
 log = logging.getLogger("s4weights")
 
@@ -38,30 +38,37 @@ def write_flattened(flat: Flattened, sink: BinaryIO, *, policy: str = "auto",
                     metadata: dict[str, str] | None = None, show: bool | None = None,
                     device: str = "auto") -> WriteResult:
     """Code and stream every tensor of ``flat`` into ``sink``. ``parents`` maps a tensor name to
-    the parent's :class:`~s4format.Tensor` of that name (delta against ``parent_id``).
+    the parent's :class:`~s4format.Tensor` of that name (delta against ``parent_id``), or to a
+    :class:`DeviceTensor` copy on the GPU, where the GPU path XORs and codes it on the device.
     ``device``: ``"auto"`` codes CUDA tensors on the GPU when the GPU path is available,
     ``"cuda"`` requires it, ``"cpu"`` codes everything on the CPU (same file format)."""
     from s4weights import gpu
 
     total = sum(t.nbytes for _, t in flat.tensors)
+    # A parent of another dtype or length cannot be XORed: such tensors are coded alone.
+    parents = {name: parent for name, tensor in flat.tensors
+               if (parent := (parents or {}).get(name)) is not None
+               and parent.dtype == tensor.dtype and parent.nbytes == tensor.nbytes}
     with progress.bar("s4weights save", total, show) as bar:
         w = Writer(sink, policy=policy, parent_id=parent_id)
-        coded = gpu.coded_in_order(flat.tensors, policy, device, set(parents or ()))
+        coded = gpu.coded_in_order(flat.tensors, policy, device, parents)
         for name, tensor in flat.tensors:
-            parent = (parents or {}).get(name)
-            if parent is not None and (parent.dtype != tensor.dtype
-                                       or parent.nbytes != tensor.nbytes):
-                parent = None
             done = coded.get(name)
-            if done is not None and parent is None:
-                w.add_coded(name, tensor.dtype, tensor.shape, *next(done))
+            if done is not None:
+                c, content_hash, parent_hash, full = next(done)
+                w.add_coded(name, tensor.dtype, tensor.shape, c, content_hash,
+                            parent_hash=parent_hash, full_stored=full)
             else:
-                w.add(name, tensor.to_host() if isinstance(tensor, DeviceTensor) else tensor,
-                      parent=parent)
+                parent = parents.get(name)
+                w.add(name, _host(tensor), parent=None if parent is None else _host(parent))
             bar.update(tensor.nbytes)
         w.set_tree(flat.tree)
         w.set_metadata({**producer_metadata(), **(metadata or {})})
         return w.close()
+
+
+def _host(t: s4format.Tensor | DeviceTensor) -> s4format.Tensor:
+    return t.to_host() if isinstance(t, DeviceTensor) else t
 
 
 def save(obj: Any, f: FileLike, *, policy: str = "auto", metadata: dict[str, str] | None = None,
@@ -112,36 +119,53 @@ def _source(f: FileLike | bytes | ByteSource) -> ByteSource | str | os.PathLike[
 
 
 def read_tree(reader: s4format.Reader, map_location: Any = None, *, strict: bool = True,
-              show: bool | None = None, device: str = "auto") -> Any:
+              show: bool | None = None, device: str = "auto", into: Any = None) -> Any:
     from s4weights import gpu
 
+    plan = plan_into(reader.tree, lambda i: reader.tensors[i], into) \
+        if into is not None else None
     total = sum(t.raw_nbytes for t in reader.tensors)
     with progress.bar("s4weights load", total, show) as bar:
         def tensor(i: int) -> s4format.Tensor:
             t = reader.read(i)
             bar.update(t.nbytes)
             return t
-        return Unflattener(tensor, map_location, strict=strict,
-                           device_tensor=gpu.loader_for(reader, device, bar.update)
-                           ).walk(reader.tree)
+        loader = gpu.loader_for(reader, device, bar.update,
+                                direct=plan.direct if plan is not None else None)
+        return Unflattener(tensor, map_location, strict=strict, device_tensor=loader,
+                           into=plan).walk(reader.tree)
 
 
 def load(f: FileLike | bytes, map_location: Any = None, *, weights_only: bool | None = None,
          parent: FileLike | s4format.Reader | None = None, strict: bool = True,
          verify: bool = True, progress: bool | None = None, device: str = "auto",
-         **_torch_kwargs: Any) -> Any:
+         into: Any = None, **_torch_kwargs: Any) -> Any:
     """Load what :func:`save` wrote. ``map_location`` works as in ``torch.load`` (a device, a
     string, a dict from saved to target location, or a callable). Loading never runs code from
     the file, whatever ``weights_only`` says. ``parent`` is needed only for a delta file.
     ``verify`` checks every tensor's content hash (default on). ``device``: ``"auto"`` decodes
     tensors bound for a CUDA device on the GPU when the GPU path is available, ``"cuda"``
-    requires it, ``"cpu"`` decodes on the CPU and copies."""
+    requires it, ``"cpu"`` decodes on the CPU and copies.
+
+    ``into``: existing tensors to load into, in a tree (dicts, lists, tuples) matching the saved
+    one by key path, e.g. ``into=model.state_dict()`` or ``into={"model": model.state_dict(),
+    "optimizer": opt.state_dict()}``. Each of its tensors is filled in place and is the very
+    object the returned tree holds at that path (its device wins over ``map_location``). On a
+    CUDA destination the GPU decoder writes straight into it where the stored tensor is all of
+    it (a whole, contiguous tensor); views and tensors sharing a storage are decoded and copied
+    in; on the CPU path the decoded tensor is ``copy_``-ed in. Stored tensors without a
+    destination load as usual. Every destination is checked before anything is decoded:
+    :class:`~s4weights.torchtree.IntoMismatchError` (an ``S4Error`` and a ``ValueError``) names
+    the key path of a tensor whose dtype or shape differs from the stored one, that cannot be
+    written (a meta tensor), or where the file stores no tensor. Destinations may be partly
+    written if decoding then fails (a corrupt file)."""
     if weights_only is False:
         log.debug("weights_only=False: s4weights never unpickles; loading safely anyway")
     parent_reader = parent if isinstance(parent, s4format.Reader) or parent is None \
         else s4format.Reader(_source(parent), verify=verify)
     t0 = time.perf_counter()
     with s4format.Reader(_source(f), parent=parent_reader, verify=verify) as reader:
-        obj = read_tree(reader, map_location, strict=strict, show=progress, device=device)
+        obj = read_tree(reader, map_location, strict=strict, show=progress, device=device,
+                        into=into)
     log.info("loaded %s in %.3f s", reader.name, time.perf_counter() - t0)
     return obj

@@ -25,7 +25,7 @@ import s4format
 from s4format.errors import FormatError, ParentMismatchError, StorageError
 from s4weights.api import read_tree, write_flattened
 from s4weights.store import Store, open_store
-from s4weights.torchtree import flatten
+from s4weights.torchtree import DeviceTensor, flatten
 
 log = logging.getLogger("s4weights")
 
@@ -76,8 +76,9 @@ def _data_name(step: int) -> str:
 
 
 # Raw bytes of the last checkpoint this process saved, per store: the parent of the next delta
-# without re-reading it. Holds one copy of the state in host memory.
-_PARENT_CACHE: dict[str, tuple[str, dict[str, s4format.Tensor]]] = {}
+# without re-reading it. Holds one copy of the state where the state lives: host memory for CPU
+# tensors, device memory for CUDA tensors (so the GPU path XORs against it on the device).
+_PARENT_CACHE: dict[str, tuple[str, dict[str, s4format.Tensor | DeviceTensor]]] = {}
 
 
 def list_checkpoints(url_or_dir: Any) -> list[CheckpointInfo]:
@@ -133,7 +134,7 @@ def open_chain(store: Store, chain: list[CheckpointInfo], verify: bool) -> s4for
 
 
 def _parent_tensors(store: Store, parent: CheckpointInfo, infos: dict[int, CheckpointInfo]
-                    ) -> dict[str, s4format.Tensor]:
+                    ) -> dict[str, s4format.Tensor | DeviceTensor]:
     cached = _PARENT_CACHE.get(store.url)
     if cached and cached[0] == parent.checkpoint_id:
         return cached[1]
@@ -144,11 +145,14 @@ def _parent_tensors(store: Store, parent: CheckpointInfo, infos: dict[int, Check
 def save_checkpoint(state: Any, url_or_dir: Any, step: int, *, keyframe_interval: int = 10,
                     delta: bool = True, min_delta_gain: float = 0.05, keep_last: int | None = None,
                     policy: str = "auto", metadata: dict[str, str] | None = None,
-                    progress: bool | None = None) -> CheckpointInfo:
+                    progress: bool | None = None, device: str = "auto") -> CheckpointInfo:
     """Save ``state`` as checkpoint ``step``: a delta against the latest checkpoint when allowed
     (chain shorter than ``keyframe_interval`` files, and the previous delta saved at least
     ``min_delta_gain`` of a full save), else a new base. Each tensor is stored as a delta only
-    where the XOR codes smaller. ``keep_last`` applies retention afterwards."""
+    where the XOR codes smaller. ``keep_last`` applies retention afterwards. ``device`` picks
+    where CUDA tensors are coded (as in :func:`s4weights.save`): on the GPU path, with the
+    previous checkpoint of this process still cached on the device, the XOR against it is made
+    and coded there too."""
     if step < 0:
         raise ValueError("step must be >= 0")
     if keep_last is not None and keep_last < 1:
@@ -169,7 +173,8 @@ def save_checkpoint(state: Any, url_or_dir: Any, step: int, *, keyframe_interval
     with store.writer(_data_name(step)) as sink:
         result = write_flattened(
             flat, sink, policy=policy, parent_id=bytes.fromhex(parent.checkpoint_id)
-            if parent else None, parents=parents, metadata=metadata, show=progress)
+            if parent else None, parents=parents, metadata=metadata, show=progress,
+            device=device)
     used = parent if result.parent_id is not None else None
     info = CheckpointInfo(
         step=step, file=_data_name(step), checkpoint_id=result.checkpoint_id.hex(),
@@ -196,15 +201,21 @@ def _delta_paid(info: CheckpointInfo, min_gain: float) -> bool:
     return info.stored_bytes <= (1.0 - min_gain) * info.full_stored_bytes
 
 
-def _copy(t: s4format.Tensor) -> s4format.Tensor:
-    # The caller's tensors keep training after the save; the parent must be a snapshot.
+def _copy(t: s4format.Tensor | DeviceTensor) -> s4format.Tensor | DeviceTensor:
+    # The caller's tensors keep training after the save; the parent must be a snapshot, kept
+    # on the device the tensor lives on (a stream-ordered device copy for CUDA tensors).
+    if isinstance(t, DeviceTensor):
+        return DeviceTensor(t.dtype, t.shape, t.device_bytes.clone())
     return s4format.Tensor(t.dtype, t.shape, np.array(t.data, copy=True))
 
 
 def load_checkpoint(url_or_dir: Any, step: int | None = None, *, map_location: Any = None,
-                    strict: bool = True, verify: bool = True, progress: bool | None = None
-                    ) -> Any:
-    """Load checkpoint ``step`` (default: the latest), resolving its delta chain."""
+                    strict: bool = True, verify: bool = True, progress: bool | None = None,
+                    device: str = "auto", into: Any = None) -> Any:
+    """Load checkpoint ``step`` (default: the latest), resolving its delta chain.
+    ``device`` and ``into`` (existing tensors to decode into, matched by key path, e.g.
+    ``into={"model": model.state_dict(), "optimizer": opt.state_dict()}``) are as in
+    :func:`s4weights.load`."""
     store = open_store(url_or_dir)
     infos = by_step(list_checkpoints(store))
     if not infos:
@@ -215,7 +226,8 @@ def load_checkpoint(url_or_dir: Any, step: int | None = None, *, map_location: A
         raise StorageError(f"no checkpoint step {step} in {store.url}; "
                            f"steps there: {sorted(infos)}")
     reader = open_chain(store, chain_of(step, infos), verify)
-    return read_tree(reader, map_location, strict=strict, show=progress)
+    return read_tree(reader, map_location, strict=strict, show=progress, device=device,
+                     into=into)
 
 
 def retain(url_or_dir: Any, keep_steps: list[int]) -> list[int]:

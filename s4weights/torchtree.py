@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from s4format import dtypes
-from s4format.errors import FormatError, UnsupportedObjectError
+from s4format.errors import FormatError, S4Error, UnsupportedObjectError
 from s4format.objtree import TensorRef, Typed
 from s4format.tensor import Tensor
 
@@ -252,6 +252,130 @@ def flatten(obj: Any) -> Flattened:
 MapLocation = Any
 
 
+class IntoMismatchError(S4Error, ValueError):
+    """A tensor passed in ``into=`` does not fit the stored tensor at its key path (dtype,
+    shape or device), or the file holds no tensor at that path. Raised before anything is
+    decoded, naming the key path."""
+
+
+@dataclass(frozen=True)
+class _Site:
+    """Where the tree stores a torch tensor: a bare ref or an ``s4.view`` of a storage."""
+    index: int                  # stored tensor (the storage, for a view)
+    dtype: str
+    shape: tuple[int, ...]
+    whole: bool                 # the tensor is all of its stored bytes, in C order
+    view: bool = False          # an s4.view (rebuilt over the decoded storage)
+
+
+def tensor_leaves(obj: Any, path: str = "", out: dict[str, torch.Tensor] | None = None
+                  ) -> dict[str, torch.Tensor]:
+    """Key path -> tensor for every tensor in ``obj`` (dicts, lists, tuples), with the paths
+    :func:`flatten` gives them."""
+    out = {} if out is None else out
+    if isinstance(obj, torch.Tensor):
+        out.setdefault(path, obj)
+    elif isinstance(obj, dict):
+        for k, v in obj.items():
+            tensor_leaves(v, _join(path, k), out)
+    elif isinstance(obj, (list, tuple)):
+        for i, v in enumerate(obj):
+            tensor_leaves(v, _join(path, i), out)
+    return out
+
+
+def _sites(tree: Any, info: Callable[[int], Tensor | Any], path: str = "",
+           out: dict[str, _Site | None] | None = None) -> dict[str, _Site | None]:
+    """Key path -> tensor site of the stored tree (None where a path holds a numpy array).
+    ``info(i)`` gives stored tensor i's ``dtype``/``shape``/``raw_nbytes``."""
+    out = {} if out is None else out
+    t = type(tree)
+    if t is TensorRef:
+        ti = info(tree.index)
+        out.setdefault(path, _Site(tree.index, ti.dtype.name, tuple(ti.shape), True))
+    elif t is list or t is tuple:
+        for i, x in enumerate(tree):
+            _sites(x, info, _join(path, i), out)
+    elif t is dict or t is OrderedDict:
+        for k, v in tree.items():
+            _sites(v, info, _join(path, k), out)
+    elif t is Typed:
+        name, v = tree.name, tree.value
+        if name == VIEW and isinstance(v, dict):
+            ref = v.get("storage")
+            try:
+                shape, stride = tuple(v["shape"]), tuple(v["stride"])
+                ti = info(ref.index)
+                itemsize = dtypes.BY_NAME[v["dtype"]].itemsize
+                numel = int(np.prod(shape, dtype=np.int64))
+                whole = v["offset"] == 0 and _c_strides(shape) == stride \
+                    and numel * itemsize == ti.raw_nbytes
+                out.setdefault(path, _Site(ref.index, v["dtype"], shape, whole, True))
+            except (KeyError, TypeError, AttributeError, IndexError, RuntimeError):
+                pass  # malformed: Unflattener.view says so
+        elif name in ("numpy.ndarray", "numpy.scalar"):
+            out.setdefault(path, None)
+        elif name == ATTRS and isinstance(v, tuple) and len(v) == 2:
+            _sites(v[0], info, path, out)
+            _sites(v[1], info, path, out)
+        elif name not in ("torch.Size", "torch.dtype", "torch.device"):
+            _sites(v, info, path, out)
+    return out
+
+
+def _c_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    out, n = [], 1
+    for d in reversed(shape):
+        out.append(n)
+        n *= max(d, 1)
+    return tuple(reversed(out))
+
+
+@dataclass
+class IntoPlan:
+    """How a load fills the caller's tensors: ``by_path`` maps a key path to the tensor the
+    loaded tree returns there; ``direct`` maps a stored tensor index to the flat uint8 bytes of
+    the destination the GPU decoder writes straight into (whole, contiguous CUDA tensors)."""
+    by_path: dict[str, torch.Tensor]
+    direct: dict[int, torch.Tensor]
+
+
+def plan_into(tree: Any, info: Callable[[int], Any], into: Any) -> IntoPlan:
+    """Match ``into``'s tensors to the stored tree by key path and check each one fits; raise
+    :class:`IntoMismatchError` naming the first path that does not."""
+    leaves = tensor_leaves(into)
+    sites = _sites(tree, info)
+    uses: dict[int, int] = {}
+    for s in sites.values():
+        if s is not None:
+            uses[s.index] = uses.get(s.index, 0) + 1
+    direct: dict[int, torch.Tensor] = {}
+    for path, dest in leaves.items():
+        where = path or "<root>"
+        site = sites.get(path)
+        if site is None:
+            what = "a numpy array" if path in sites else "no tensor"
+            raise IntoMismatchError(f"into= has a tensor at {where}, where the file stores {what}")
+        if torch_dtype_name(dest.dtype) != site.dtype:
+            raise IntoMismatchError(f"into= tensor at {where} is {torch_dtype_name(dest.dtype)}, "
+                                    f"the file stores {site.dtype}")
+        if tuple(dest.shape) != site.shape:
+            raise IntoMismatchError(f"into= tensor at {where} has shape {tuple(dest.shape)}, "
+                                    f"the file stores {site.shape}")
+        if dest.device.type == "meta" or dest.layout != torch.strided or dest.is_quantized \
+                or dest.is_nested:
+            raise IntoMismatchError(f"into= tensor at {where} ({dest.device}, {dest.layout}) "
+                                    "cannot be written in place")
+        # A view is rebuilt over the storage it was decoded into: only a destination that is
+        # its whole storage can be that storage.
+        owns = not site.view or (dest.storage_offset() == 0 and dest.untyped_storage().nbytes()
+                                 == dest.numel() * dest.element_size())
+        if dest.device.type == "cuda" and site.whole and uses[site.index] == 1 and owns \
+                and dest.is_contiguous() and dest.numel():
+            direct[site.index] = dest.detach().reshape(-1).view(torch.uint8)
+    return IntoPlan(leaves, direct)
+
+
 def _target_device(saved: str, map_location: MapLocation) -> torch.device:
     if map_location is None:
         return torch.device(saved)
@@ -272,9 +396,11 @@ class Unflattener:
 
     def __init__(self, tensor: Callable[[int], Tensor], map_location: MapLocation = None,
                  strict: bool = True,
-                 device_tensor: Callable[[int, torch.device], torch.Tensor] | None = None
-                 ) -> None:
+                 device_tensor: Callable[[int, torch.device], torch.Tensor] | None = None,
+                 into: IntoPlan | None = None) -> None:
         self._tensor = tensor
+        # Tensors the caller passed (``into=``): filled in place and returned at their paths.
+        self._into = into.by_path if into is not None else {}
         # Decodes stored tensor i straight onto a CUDA device (the GPU path), when given.
         self._device_tensor = device_tensor
         self._map_location = map_location
@@ -292,17 +418,39 @@ class Unflattener:
         data = torch.from_numpy(t.data) if t.data.size else torch.empty(0, dtype=torch.uint8)
         return data.view(dt).reshape(t.shape)
 
-    def plain(self, ref: TensorRef) -> torch.Tensor:
+    def _fill(self, dest: torch.Tensor, build: Callable[[torch.device], torch.Tensor]
+              ) -> torch.Tensor:
+        """Write the loaded value into the caller's ``dest`` and return ``dest``.
+        ``build(device)`` makes the loaded value on a device; a whole, contiguous CUDA
+        destination is decoded into directly by the GPU loader (no copy then)."""
+        got = build(dest.device)
+        same = got.data_ptr() == dest.data_ptr() and got.device == dest.device and (
+            got.stride() == dest.stride() or (got.is_contiguous() and dest.is_contiguous()))
+        if not same:
+            with torch.no_grad():
+                dest.copy_(got)
+        return dest
+
+    def plain(self, ref: TensorRef, path: str = "") -> torch.Tensor:
+        dest = self._into.get(path)
+        if dest is not None:
+            return self._fill(dest, lambda dev: self._stored(ref.index, dev).to(dev))
         if ref.index not in self._plain:
             dev = _target_device("cpu", self._map_location)
             self._plain[ref.index] = self._stored(ref.index, dev).to(dev)
         return self._plain[ref.index]
 
-    def view(self, v: dict[str, Any]) -> torch.Tensor:
+    def view(self, v: dict[str, Any], path: str = "") -> torch.Tensor:
+        dest = self._into.get(path)
+        if dest is not None:
+            return self._fill(dest, lambda dev: self._view(v, dev))
+        return self._view(v)
+
+    def _view(self, v: dict[str, Any], on: torch.device | None = None) -> torch.Tensor:
         try:
             ref, dname, offset = v["storage"], v["dtype"], v["offset"]
             shape, stride = tuple(v["shape"]), tuple(v["stride"])
-            device = _target_device(v["device"], self._map_location)
+            device = on if on is not None else _target_device(v["device"], self._map_location)
         except (KeyError, TypeError, RuntimeError) as exc:
             raise FormatError(f"malformed {VIEW} value: {exc}") from None
         dt = getattr(torch, dname, None) if isinstance(dname, str) else None
@@ -324,22 +472,22 @@ class Unflattener:
             out.requires_grad_(True)
         return out
 
-    def walk(self, obj: Any) -> Any:
+    def walk(self, obj: Any, path: str = "") -> Any:
         t = type(obj)
         if t is TensorRef:
-            return self.plain(obj)
+            return self.plain(obj, path)
         if t is list or t is tuple:
-            return t(self.walk(x) for x in obj)
+            return t(self.walk(x, _join(path, i)) for i, x in enumerate(obj))
         if t is dict or t is OrderedDict:
-            return t((k, self.walk(v)) for k, v in obj.items())
+            return t((k, self.walk(v, _join(path, k))) for k, v in obj.items())
         if t is Typed:
-            return self.typed(obj)
+            return self.typed(obj, path)
         return obj
 
-    def typed(self, obj: Typed) -> Any:
+    def typed(self, obj: Typed, path: str = "") -> Any:
         name, value = obj.name, obj.value
         if name == VIEW and isinstance(value, dict):
-            return self.view(value)
+            return self.view(value, path)
         if name == "torch.Size" and isinstance(value, tuple):
             return torch.Size(value)
         if name == "torch.dtype" and isinstance(getattr(torch, str(value), None), torch.dtype):
@@ -350,19 +498,19 @@ class Unflattener:
             arr = self._tensor(value.index).to_numpy()
             return arr.copy() if name == "numpy.ndarray" else arr[()]
         if name == ATTRS and isinstance(value, tuple) and len(value) == 2:
-            inner, attrs = self.walk(value[0]), self.walk(value[1])
+            inner, attrs = self.walk(value[0], path), self.walk(value[1], path)
             if isinstance(inner, OrderedDict) and isinstance(attrs, dict):
                 for k, v in attrs.items():
                     setattr(inner, k, v)
                 return inner
         conv = _CONVERTERS.get(name)
         if conv is not None:
-            return conv.decode(self.walk(value))
+            return conv.decode(self.walk(value, path))
         if self._strict:
             raise UnsupportedObjectError(f"stored object of type {name!r} is not known here: "
                                          "register it with s4weights.register_type, or load "
                                          "with strict=False to get it as an opaque Typed value")
-        return Typed(name, self.walk(value))
+        return Typed(name, self.walk(value, path))
 
 
 def _check_view(offset: Any, shape: tuple, stride: tuple, itemsize: int, nbytes: int) -> None:

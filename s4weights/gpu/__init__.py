@@ -41,26 +41,102 @@ def use_gpu(device: str, wanted: bool) -> bool:
     return True
 
 
-def coded_in_order(tensors: list, policy: str, device: str, skip: set[str]) -> dict:
-    """The save hook: name -> iterator for every CUDA tensor the GPU codes (not those in
-    ``skip``, which have a delta parent); ``next()`` on it, in flat order, gives the
-    ``(CodedTensor, content_hash)`` to pass to ``Writer.add_coded``."""
+def coded_in_order(tensors: list, policy: str, device: str,
+                   parents: dict | None = None) -> dict:
+    """The save hook: name -> iterator for every CUDA tensor the GPU codes; ``next()`` on it, in
+    flat order, gives ``(CodedTensor, content_hash, parent_hash, full_stored)`` to pass to
+    ``Writer.add_coded``. ``parents`` maps a name to its delta parent (same dtype and byte
+    length): a parent on the same device (a :class:`DeviceTensor`) is XORed there and both
+    codings are made, the delta kept only where it stores strictly less (the writer's rule);
+    a tensor with a host parent is left to the CPU writer."""
     from s4weights.torchtree import DeviceTensor
 
-    chosen = [(name, t) for name, t in tensors
-              if isinstance(t, DeviceTensor) and name not in skip]
+    parents = parents or {}
+    chosen = []
+    for name, t in tensors:
+        if not isinstance(t, DeviceTensor):
+            continue
+        p = parents.get(name)
+        if p is not None and not (isinstance(p, DeviceTensor)
+                                  and p.device_bytes.device == t.device_bytes.device):
+            continue
+        chosen.append((name, t, p))
     if not use_gpu(device, bool(chosen)):
         return {}
+    stream = _coded_stream(chosen, policy)
+    return {name: stream for name, _t, _p in chosen}
+
+
+def _coded_stream(chosen: list, policy: str):
+    """Code ``(name, DeviceTensor, parent DeviceTensor | None)`` in order. XOR buffers are made
+    per chunk of at most ``max(1 GiB, largest tensor)`` so they never hold a second copy of a
+    large state at once."""
+    from s4weights.gpu import runtime
     from s4weights.gpu.encode import Encoder, Item
+    from s4weights.gpu.hash import content_hash_from_leaves
 
-    items = [Item(t.dtype, t.shape, t.device_bytes) for _, t in chosen]
-    stream = ((r.coded, r.content_hash) for r in Encoder(policy).code(items))
-    return {name: stream for name, _ in chosen}
+    enc = Encoder(policy)
+    budget = 1 << 30
+    i = 0
+    while i < len(chosen):
+        chunk, used = [], 0
+        while i < len(chosen) and (not chunk or chosen[i][2] is None
+                                   or used + chosen[i][1].nbytes <= budget):
+            chunk.append(chosen[i])
+            used += chosen[i][1].nbytes if chosen[i][2] is not None else 0
+            i += 1
+        items: list = []
+        for _name, t, p in chunk:
+            items.append(Item(t.dtype, t.shape, t.device_bytes))
+            if p is not None:
+                items.append(Item(t.dtype, t.shape, xor(t.device_bytes, p.device_bytes)))
+        with_parent = [p.device_bytes for _n, _t, p in chunk if p is not None]
+        parent_hashes = iter(())
+        if with_parent:
+            dig, first = runtime.leaf_digests([b.data_ptr() for b in with_parent],
+                                              [b.numel() for b in with_parent])
+            d = dig[:int(first[-1])].cpu().numpy().view("<u8")
+            parent_hashes = iter([content_hash_from_leaves(b.numel(), d[first[k]:first[k + 1]])
+                                  for k, b in enumerate(with_parent)])
+        results = enc.code(items)
+        for _name, _t, p in chunk:
+            alone = next(results)
+            if p is None:
+                yield alone.coded, alone.content_hash, None, None
+                continue
+            delta = next(results)
+            phash = next(parent_hashes)
+            full = alone.coded.stored
+            if delta.coded.stored < full:
+                yield delta.coded, alone.content_hash, phash, full
+            else:
+                yield alone.coded, alone.content_hash, None, full
+        del items
 
 
-def loader_for(reader, device: str, update=None):
+def xor(a, b, out=None):
+    """``a ^ b`` of two flat uint8 CUDA tensors of one length (``kernels/planes.cu``
+    ``xor_bytes``, on torch's current stream), into ``out`` (may be ``a``) or a new tensor."""
+    import numpy as np
+
+    from s4weights.gpu import runtime
+
+    n = int(a.numel())
+    if int(b.numel()) != n:
+        raise ValueError(f"xor of {n} and {int(b.numel())} bytes")
+    if out is None:
+        out = runtime.device_empty(n)[:n]
+    if n:
+        runtime.launch("planes", "xor_bytes", min(4096, (n + 4095) // 4096), 256,
+                       runtime.ptr(a), runtime.ptr(b), runtime.ptr(out), np.int64(n))
+    return out
+
+
+def loader_for(reader, device: str, update=None, direct: dict | None = None):
     """The load hook: ``f(i, cuda_device)`` decoding stored tensor i on that device as a typed,
-    shaped torch tensor, or None when the GPU path is off.
+    shaped torch tensor, or None when the GPU path is off. ``direct`` maps a stored tensor index
+    to caller-owned flat uint8 CUDA bytes (``load(into=...)``) that tensor is decoded straight
+    into when its device is the one asked for.
 
     Decoding is batched: the first request for a GPU-decodable tensor decodes it together with
     the following GPU-decodable tensors (up to a workspace of raw bytes) on the same device, and
@@ -69,6 +145,7 @@ def loader_for(reader, device: str, update=None):
     if not use_gpu(device, True):
         return None
     ready: dict[tuple[int, str], object] = {}
+    direct = direct or {}
     sizes = [t.raw_nbytes for t in reader.tensors]
     budget = min(1 << 30, max(256 << 20, sum(sizes) // 4))
 
@@ -78,6 +155,9 @@ def loader_for(reader, device: str, update=None):
         from s4weights.gpu.decode import decodable, read_tensors
 
         t = reader.tensors[i]
+        dev = torch.device(dev)
+        if dev.index is None:
+            dev = torch.device("cuda", torch.cuda.current_device())
         key = (i, str(dev))
         raw = ready.pop(key, None)
         if raw is None:
@@ -91,12 +171,22 @@ def loader_for(reader, device: str, update=None):
                         idx.append(j)
                         used += sizes[j]
             with torch.cuda.device(dev):
-                outs = read_tensors(reader, idx)
+                outs = read_tensors(reader, idx, [_dest(j, dev) for j in idx] if direct
+                                    else None)
             raw = outs[0]
             for j, o in zip(idx[1:], outs[1:]):
                 ready[(j, str(dev))] = o
         if update is not None:
             update(t.raw_nbytes)
         return raw.view(getattr(torch, t.dtype.name)).reshape(t.shape)
+
+    def _dest(j: int, dev):
+        from s4weights.gpu import runtime
+
+        d = direct.get(j)
+        if d is not None and d.device == dev:
+            return d
+        n = sizes[j]
+        return runtime.device_empty(n)[:n]
 
     return load

@@ -31,7 +31,13 @@ import torch
 from s4format import codecs, layouts
 from s4format.codecs import gdeflate as cpu_gdeflate
 from s4format.codecs import rans
-from s4format.errors import ChecksumError, CodecError, ContentHashError, FormatError
+from s4format.errors import (
+    ChecksumError,
+    CodecError,
+    ContentHashError,
+    FormatError,
+    ParentMismatchError,
+)
 from s4format.reader import Reader
 from s4weights.gpu import gdeflate, ranshost, runtime
 from s4weights.gpu.hash import content_hash_from_leaves, plane_checksum_from_leaves
@@ -44,11 +50,14 @@ SLOT_ALIGN = 16
 
 
 def decodable(reader: Reader, i: int) -> bool:
-    """Whether the GPU decodes tensor i (else the CPU does and the bytes are copied up)."""
+    """Whether the GPU decodes tensor i (else the CPU does and the bytes are copied up). An
+    XOR delta decodes on the GPU when its planes do and its parent is attached; the parent's
+    bytes are then decoded (or copied up) to the device too and XORed there."""
     t = reader.tensors[i]
     # The merge kernels read packed bits only for the sign plane (plane 0); the spec allows
     # bitpack on any plane, and such tensors decode on the CPU.
-    return (t.layout.layout_id in GPU_LAYOUTS and not t.is_delta
+    return (t.layout.layout_id in GPU_LAYOUTS
+            and (not t.is_delta or reader.parent is not None)
             and all(p.codec in GPU_CODECS for p in t.planes)
             and all(p.codec != codecs.BITPACK for p in t.planes[1:])
             and (gdeflate.available() or all(p.codec != codecs.GDEFLATE for p in t.planes)))
@@ -61,7 +70,9 @@ def read_tensor(reader: Reader, i: int, out: torch.Tensor | None = None) -> torc
 
 def read_tensors(reader: Reader, idx: list[int],
                  outs: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
-    """Raw bytes of tensors ``idx`` as flat uint8 CUDA tensors, decoded as one batch."""
+    """Raw bytes of tensors ``idx`` as flat uint8 CUDA tensors, decoded as one batch. Delta
+    tensors are decoded to their XOR bytes, XORed on the device with their parent's bytes
+    (read the same way from ``reader.parent``), and their content hash is checked after."""
     if outs is None:
         outs = [runtime.device_empty(reader.tensors[i].raw_nbytes)[:reader.tensors[i].raw_nbytes]
                 for i in idx]
@@ -79,7 +90,41 @@ def read_tensors(reader: Reader, idx: list[int],
     if gpu:
         st = stage(reader, [idx[k] for k in gpu])
         decode_staged(st, [outs[k] for k in gpu])
+        deltas = [k for k in gpu if reader.tensors[idx[k]].is_delta]
+        if deltas:
+            _apply_parents(reader, [idx[k] for k in deltas], [outs[k] for k in deltas])
     return outs
+
+
+def _apply_parents(reader: Reader, idx: list[int], outs: list[torch.Tensor]) -> None:
+    """XOR each delta's decoded bytes with its parent tensor's bytes on the device, then check
+    the content hashes (always, as the CPU reader does: the only proof the parent was right)."""
+    from s4weights.gpu import xor
+
+    parent = reader.parent
+    by_hash = {t.content_hash: j for j, t in enumerate(parent.tensors)}
+    pidx = []
+    for i in idx:
+        t = reader.tensors[i]
+        j = by_hash.get(t.parent_hash)
+        if j is None or parent.tensors[j].raw_nbytes != t.raw_nbytes:
+            raise ParentMismatchError(f"{reader.name}: parent {parent.name} holds no tensor "
+                                      f"with hash {t.parent_hash.hex()} of {t.raw_nbytes} bytes "
+                                      f"for delta {t.name!r}")
+        pidx.append(j)
+    uniq = sorted(set(pidx))
+    praw = dict(zip(uniq, read_tensors(parent, uniq)))
+    for j, o in zip(pidx, outs):
+        if o.numel():
+            xor(o, praw[j], out=o)
+    del praw
+    cd, cfirst = runtime.leaf_digests([o.data_ptr() for o in outs], [o.numel() for o in outs])
+    d = cd[:int(cfirst[-1])].cpu().numpy().view(np.uint64)
+    for k, o in enumerate(outs):
+        t = reader.tensors[idx[k]]
+        if content_hash_from_leaves(o.numel(), d[cfirst[k]:cfirst[k + 1]]) != t.content_hash:
+            raise ContentHashError(f"{reader.name}: tensor {t.name!r} content hash mismatch "
+                                   "after decoding: the file is corrupt or its parent is wrong")
 
 
 # -- staging: file -> pinned host -> device ------------------------------------------------
@@ -149,7 +194,9 @@ def stage(reader: Reader, idx: list[int]) -> Staged:
 # -- device work ---------------------------------------------------------------------------
 
 def decode_staged(st: Staged, outs: list[torch.Tensor]) -> None:
-    """Check every plane, decode, merge into ``outs``, and check the content hashes."""
+    """Check every plane, decode, merge into ``outs``, and check the content hashes. A delta
+    tensor comes out as its XOR bytes, unchecked: :func:`read_tensors` applies its parent and
+    checks it."""
     reader = st.reader
     prof = runtime.Profile("decode")
     prof.mark("staged")  # (profiling only) the H2D that stage() started, if still in flight
@@ -236,11 +283,14 @@ def decode_staged(st: Staged, outs: list[torch.Tensor]) -> None:
         merrs.append((np.asarray(sel, np.int64), lerr))
     prof.mark("merge")
     verify = reader.verify_hashes
+    # a delta's content hash is of its bytes after the XOR with the parent (checked then)
+    checked = [k for k in range(nt) if not reader.tensors[st.idx[k]].is_delta] if verify else []
     parts = [errs.view(torch.uint8) if errs is not None else None,
              *(lerr.view(torch.uint8) for _sel, lerr in merrs)]
     cfirst = None
-    if verify:
-        cd, cfirst = runtime.leaf_digests([o.data_ptr() for o in outs], [o.numel() for o in outs])
+    if checked:
+        cd, cfirst = runtime.leaf_digests([outs[k].data_ptr() for k in checked],
+                                          [outs[k].numel() for k in checked])
         parts.append(cd[:int(cfirst[-1])].view(torch.uint8))
     parts = [x for x in parts if x is not None]
     back = torch.cat(parts).cpu().numpy() if parts else np.zeros(0, np.uint8)  # sync 2
@@ -263,11 +313,12 @@ def decode_staged(st: Staged, outs: list[torch.Tensor]) -> None:
         t = reader.tensors[st.idx[int(k)]]
         raise FormatError(f"{reader.name}: tensor {t.name!r}: a plane holds values wider "
                           "than its field")
-    if verify:
+    if checked:
         cd = back[pos:].view(np.uint64)
-        for k, o in enumerate(outs):
+        for q, k in enumerate(checked):
+            o = outs[k]
             t = reader.tensors[st.idx[k]]
-            if content_hash_from_leaves(o.numel(), cd[cfirst[k]:cfirst[k + 1]]) != \
+            if content_hash_from_leaves(o.numel(), cd[cfirst[q]:cfirst[q + 1]]) != \
                     t.content_hash:
                 raise ContentHashError(f"{reader.name}: tensor {t.name!r} content hash mismatch "
                                        "after decoding on the GPU")
