@@ -217,8 +217,10 @@ class Reader:
     def read_plane(self, t: TensorInfo, plane_no: int,
                    span: tuple[int, np.ndarray] | None = None) -> np.ndarray:
         """A plane's decoded bytes."""
+        return self._decode_plane(t, plane_no, self.read_stored(t, plane_no, span))
+
+    def _decode_plane(self, t: TensorInfo, plane_no: int, stored: np.ndarray) -> np.ndarray:
         p = t.planes[plane_no]
-        stored = self.read_stored(t, plane_no, span)
         try:
             out = codecs.get(p.codec).decode(stored, p.decoded_len, p.params)
         except S4Error as exc:
@@ -235,7 +237,10 @@ class Reader:
         # One read for the tensor when its planes sit together; a hostile file whose planes
         # are spread out is read plane by plane instead of as one huge span.
         span = self.read_span(t) if _compact(t) else None
-        planes = [self.read_plane(t, k, span) for k in range(len(t.planes))]
+        # Every plane's checksum (R1) before any decoding (R2), as the GPU decoder does: a
+        # damaged plane is reported as such even when an earlier plane fails to decode.
+        stored = [self.read_stored(t, k, span) for k in range(len(t.planes))]
+        planes = [self._decode_plane(t, k, s) for k, s in enumerate(stored)]
         try:
             raw = t.layout.merge(planes, t.raw_nbytes, t.dtype.itemsize)
         except FormatError as exc:

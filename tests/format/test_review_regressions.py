@@ -12,6 +12,7 @@ import pytest
 import s4format
 from conformance import craft
 from s4format import (
+    ChecksumError,
     CodecError,
     FormatError,
     Reader,
@@ -101,3 +102,16 @@ def test_codec_errors_name_the_file_tensor_and_plane(tmp_path: Path) -> None:
         with pytest.raises(CodecError, match=want):
             r.read("model.w")
         assert [re.match(want, str(p)) is not None for p in s4format.verify(r)] == [True]
+
+
+def test_every_plane_checksum_is_checked_before_any_plane_is_decoded() -> None:
+    # validation.md: R1 (checksums) comes before R2 (decoding), and the GPU decoder checks all
+    # of a tensor's checksums first; the CPU reader must report the same first broken rule.
+    parts = craft.parse(BLOB)
+    sign, exponent = parts.tensors[EMB]["planes"][:2]
+    sign["params"] = b"\x01\x02"  # no codec takes two parameter bytes: sign fails to decode
+    blob = bytearray(craft.build(parts))
+    blob[exponent["offset"]] ^= 0x01  # and the exponent plane fails its checksum
+    with Reader(bytes(blob)) as r, pytest.raises(
+            ChecksumError, match=r"tensor 'emb' plane exponent: checksum of the"):
+        r.read("emb")

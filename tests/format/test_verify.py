@@ -15,12 +15,12 @@ BLOB = small_file()
 
 def test_valid_file_has_no_problems_and_decodes_each_plane_once(monkeypatch) -> None:
     calls = []
-    real = Reader.read_plane
+    real = Reader._decode_plane
 
-    def counting(self, t, k, span=None):
+    def counting(self, t, k, stored):
         calls.append((t.name, k))
-        return real(self, t, k, span)
-    monkeypatch.setattr(Reader, "read_plane", counting)
+        return real(self, t, k, stored)
+    monkeypatch.setattr(Reader, "_decode_plane", counting)
     with Reader(BLOB) as r:
         assert s4format.verify(r) == []
         planes = [(t.name, k) for t in r.tensors for k in range(len(t.planes))]
