@@ -42,6 +42,11 @@ def describe(reader: Reader) -> dict[str, Any]:
                     ratio=_ratio(stored, raw), file_ratio=_ratio(reader.source.size(), raw)))
 
 
+def _printable(text: str) -> str:
+    """Names come from the file: control characters must not be able to rewrite the terminal."""
+    return text if text.isprintable() else repr(text)
+
+
 def _fmt_ratio(r: float | None) -> str:
     return "-" if r is None else f"{r:.4f}"
 
@@ -54,11 +59,12 @@ def print_inspect(d: dict[str, Any], out=sys.stdout) -> None:
       + (f", delta against {d['delta_parent']}" if d["delta_parent"] else ", full (no parent)")
       + "\n")
     for k, v in d["metadata"].items():
-        w(f"  {k}: {v}\n")
+        w(f"  {_printable(k)}: {_printable(v)}\n")
     for t in d["tensors"]:
         delta = f"  delta of {t['delta_parent'][:16]}" if t["delta_parent"] else ""
-        w(f"{t['name']}  {t['dtype']}{t['shape']}  {t['layout']}  raw {t['raw_bytes']}  "
-          f"stored {t['stored_bytes']}  ratio {_fmt_ratio(t['ratio'])}{delta}\n")
+        w(f"{_printable(t['name'])}  {t['dtype']}{t['shape']}  {t['layout']}  "
+          f"raw {t['raw_bytes']}  stored {t['stored_bytes']}  "
+          f"ratio {_fmt_ratio(t['ratio'])}{delta}\n")
         for p in t["planes"]:
             w(f"    {p['plane']:<10} {p['codec']:<9} {p['decoded_bytes']:>14} -> "
               f"{p['stored_bytes']:>14}  @{p['offset']}\n")

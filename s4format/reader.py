@@ -57,7 +57,14 @@ def checkpoint_id(content_hashes: list[bytes]) -> bytes:
 class Reader:
     def __init__(self, source: str | os.PathLike[str] | bytes | ByteSource, *,
                  parent: Reader | None = None, verify: bool = True,
-                 max_index_size: int = MAX_INDEX_SIZE) -> None:
+                 max_index_size: int = MAX_INDEX_SIZE,
+                 max_tensor_bytes: int | None = None) -> None:
+        """``max_tensor_bytes`` caps the raw size of a tensor this reader will decode (default:
+        this machine's physical memory): codecs may legitimately expand a small file enormously
+        (spec/validation.md, R0), and a tensor that cannot fit is refused up front with a
+        LimitError instead of failing inside an allocation."""
+        self.max_tensor_bytes = _physical_memory() if max_tensor_bytes is None \
+            else max_tensor_bytes
         self.source = open_source(source)
         self.name = self.source.name
         self.verify_hashes = verify
@@ -233,7 +240,13 @@ class Reader:
 
     def read_raw(self, i: int) -> np.ndarray:
         """The tensor's raw bytes (uint8), checked against its content hash when verifying."""
+        if not 0 <= i < len(self.tensors):
+            raise IndexError(f"{self.name} has {len(self.tensors)} tensors, no tensor {i}")
         t = self.tensors[i]
+        if t.raw_nbytes > self.max_tensor_bytes:
+            raise LimitError(f"{self.name}: tensor {t.name!r} declares {t.raw_nbytes} raw bytes, "
+                             f"more than this reader's limit of {self.max_tensor_bytes} "
+                             "(max_tensor_bytes)")
         # One read for the tensor when its planes sit together; a hostile file whose planes
         # are spread out is read plane by plane instead of as one huge span.
         span = self.read_span(t) if _compact(t) else None
@@ -281,6 +294,13 @@ class Reader:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _physical_memory() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 1 << 62
 
 
 def _compact(t: TensorInfo) -> bool:

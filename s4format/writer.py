@@ -10,6 +10,7 @@ delta against the parent's bytes only when that codes smaller.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import math
 import os
@@ -241,9 +242,13 @@ class Writer:
                            self._deltas, self._full_total)
 
     def abort(self) -> None:
+        """Stop without an index: a file this writer created itself is removed (it would
+        not be a valid .s4w file); a caller's file object is left to the caller."""
         self._closed = True
         if self._own:
             self._f.close()
+            with contextlib.suppress(OSError):
+                os.unlink(self._f.name)
 
     def __enter__(self) -> Writer:
         return self

@@ -111,24 +111,43 @@ def chain_of(step: int, infos: dict[int, CheckpointInfo]) -> list[CheckpointInfo
     return chain[::-1]
 
 
+def close_chain(reader: s4format.Reader | None) -> None:
+    """Close a reader and every parent it was opened with."""
+    while reader is not None:
+        reader.close()
+        reader = reader.parent
+
+
 def open_chain(store: Store, chain: list[CheckpointInfo], verify: bool) -> s4format.Reader:
-    reader = None
-    for info in chain:
-        try:
-            source = store.source(info.file)
-        except StorageError as exc:
-            if info is chain[-1]:
-                raise
-            raise ParentMismatchError(
-                f"checkpoint step {chain[-1].step} needs step {info.step} of its chain, whose "
-                f"file cannot be read: {exc}") from exc
-        child = s4format.Reader(source, verify=verify)
-        if child.checkpoint_id.hex() != info.checkpoint_id:
-            raise ParentMismatchError(f"{info.file} is checkpoint {child.checkpoint_id.hex()}, "
-                                      f"its manifest says {info.checkpoint_id}")
-        if reader is not None:
-            child.attach_parent(reader)
-        reader = child
+    """Readers for ``chain`` (base first), each attached to its parent; returns the last.
+    Close them with :func:`close_chain`; on failure every reader opened so far is closed."""
+    reader: s4format.Reader | None = None
+    try:
+        for info in chain:
+            try:
+                source = store.source(info.file)
+            except StorageError as exc:
+                if info is chain[-1]:
+                    raise
+                raise ParentMismatchError(
+                    f"checkpoint step {chain[-1].step} needs step {info.step} of its chain, "
+                    f"whose file cannot be read: {exc}") from exc
+            child = s4format.Reader(source, verify=verify)
+            if child.checkpoint_id.hex() != info.checkpoint_id:
+                child.close()
+                raise ParentMismatchError(
+                    f"{info.file} is checkpoint {child.checkpoint_id.hex()}, its manifest says "
+                    f"{info.checkpoint_id}")
+            if reader is not None:
+                try:
+                    child.attach_parent(reader)
+                except BaseException:
+                    child.close()
+                    raise
+            reader = child
+    except BaseException:
+        close_chain(reader)
+        raise
     assert reader is not None
     return reader
 
@@ -139,7 +158,10 @@ def _parent_tensors(store: Store, parent: CheckpointInfo, infos: dict[int, Check
     if cached and cached[0] == parent.checkpoint_id:
         return cached[1]
     reader = open_chain(store, chain_of(parent.step, infos), verify=True)
-    return {t.name: reader.read(i) for i, t in enumerate(reader.tensors)}
+    try:
+        return {t.name: reader.read(i) for i, t in enumerate(reader.tensors)}
+    finally:
+        close_chain(reader)
 
 
 def save_checkpoint(state: Any, url_or_dir: Any, step: int, *, keyframe_interval: int = 10,
@@ -226,8 +248,11 @@ def load_checkpoint(url_or_dir: Any, step: int | None = None, *, map_location: A
         raise StorageError(f"no checkpoint step {step} in {store.url}; "
                            f"steps there: {sorted(infos)}")
     reader = open_chain(store, chain_of(step, infos), verify)
-    return read_tree(reader, map_location, strict=strict, show=progress, device=device,
-                     into=into)
+    try:
+        return read_tree(reader, map_location, strict=strict, show=progress, device=device,
+                         into=into)
+    finally:
+        close_chain(reader)
 
 
 def retain(url_or_dir: Any, keep_steps: list[int]) -> list[int]:

@@ -22,7 +22,14 @@ from typing import Any
 from s4format.cli import run as run_cli
 from s4format.errors import S4Error, StorageError
 from s4format.verify import report, verify
-from s4weights.chain import CheckpointInfo, by_step, chain_of, list_checkpoints, open_chain
+from s4weights.chain import (
+    CheckpointInfo,
+    by_step,
+    chain_of,
+    close_chain,
+    list_checkpoints,
+    open_chain,
+)
 from s4weights.store import LocalStore, Store, open_store
 
 MANIFESTS = "manifests/"
@@ -105,10 +112,13 @@ def _verify_one(store: Store, info: CheckpointInfo, infos: dict[int, CheckpointI
     where = f"{store.url}: step {info.step} ({info.file})"
     try:
         reader = open_chain(store, chain_of(info.step, infos), verify=True)
-        problems = [str(p) for p in verify(reader)]
-        if reader.source.size() != info.file_bytes:
-            problems.append(f"{info.file} is {reader.source.size()} bytes, its manifest says "
-                            f"{info.file_bytes}")
+        try:
+            problems = [str(p) for p in verify(reader)]
+            if reader.source.size() != info.file_bytes:
+                problems.append(f"{info.file} is {reader.source.size()} bytes, its manifest "
+                                f"says {info.file_bytes}")
+        finally:
+            close_chain(reader)
     except S4Error as exc:
         problems = [f"{type(exc).__name__}: {exc}"]
     return [f"{where}: {p}" for p in problems]

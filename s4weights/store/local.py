@@ -148,7 +148,14 @@ class LocalStore(Store):
         for dirpath, _dirs, files in os.walk(self.root):
             for f in files:
                 p = Path(dirpath) / f
-                if f.startswith(TMP_PREFIX) and p.stat().st_mtime < cutoff:
+                if not f.startswith(TMP_PREFIX):
+                    continue
+                try:
+                    # A live writer may rename its temp file between listing and stat.
+                    stale = p.stat().st_mtime < cutoff
+                except FileNotFoundError:
+                    continue
+                if stale:
                     p.unlink(missing_ok=True)
                     removed += 1
         return removed
