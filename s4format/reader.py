@@ -215,10 +215,7 @@ class Reader:
     def read_span(self, t: TensorInfo) -> tuple[int, np.ndarray]:
         """All of a tensor's stored planes in one read (one ranged GET on S3): they are
         contiguous but for alignment padding when written by our writer."""
-        if not t.planes:
-            return 0, np.zeros(0, np.uint8)
-        lo = min(p.offset for p in t.planes)
-        hi = max(p.offset + p.stored_len for p in t.planes)
+        lo, hi = _bounds(t)
         return lo, self.source.read_at(lo, hi - lo)
 
     def read_plane(self, t: TensorInfo, plane_no: int,
@@ -303,12 +300,16 @@ def _physical_memory() -> int:
         return 1 << 62
 
 
-def _compact(t: TensorInfo) -> bool:
+def _bounds(t: TensorInfo) -> tuple[int, int]:
+    """First and one-past-last byte of a tensor's stored planes; (0, 0) without planes."""
     if not t.planes:
-        return False
-    lo = min(p.offset for p in t.planes)
-    hi = max(p.offset + p.stored_len for p in t.planes)
-    return hi - lo <= t.stored_nbytes + 64 * len(t.planes) * 1024
+        return 0, 0
+    return (min(p.offset for p in t.planes), max(p.offset + p.stored_len for p in t.planes))
+
+
+def _compact(t: TensorInfo) -> bool:
+    lo, hi = _bounds(t)
+    return bool(t.planes) and hi - lo <= t.stored_nbytes + 64 * len(t.planes) * 1024
 
 
 def resolve_refs(obj: Any, tensor) -> Any:
