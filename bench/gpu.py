@@ -118,6 +118,8 @@ def s4_case(case: str, tensors: dict[str, torch.Tensor], mantissa: str,
     enc.encode_device(items)
     dec_d2d()
     del os.environ["S4_GPU_PROFILE"]
+    kernel_profile(f"{case}: encode d2d", lambda: enc.encode_device(items))
+    kernel_profile(f"{case}: decode d2d", dec_d2d)
     staged.clear()
     for o in outs:
         o.fill_(0xAB)
@@ -134,6 +136,36 @@ def s4_case(case: str, tensors: dict[str, torch.Tensor], mantissa: str,
         mode="device-to-device")
     row(case, f"s4 host (mantissa={mantissa})", raw, stored, enc_s, dec_s, exact,
         file_bytes=len(blob), mode="to pinned host / from file image in memory")
+
+
+def kernel_profile(what: str, fn) -> None:
+    """Device time per kernel of one warm call (torch.profiler/CUPTI sees CuPy's and nvCOMP's
+    kernels too), against the call's wall time: where the device time goes, and how much of
+    the wall the device is busy at all."""
+    try:
+        _kernel_profile(what, fn)
+    except Exception as e:  # the profile is informative; never lose the run over it
+        print(f"kernel profile, {what}: failed: {e!r}", flush=True)
+
+
+def _kernel_profile(what: str, fn) -> None:
+    from torch.profiler import ProfilerActivity, profile
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - t0
+    per: dict[str, list[float]] = {}
+    for e in prof.events():
+        if getattr(e, "device_type", None) is not None and "CUDA" in str(e.device_type):
+            per.setdefault(e.name, []).append(e.device_time_total if hasattr(
+                e, "device_time_total") else e.cuda_time_total)
+    busy = sum(sum(v) for v in per.values()) / 1e3
+    print(f"kernel profile, {what}: wall {wall * 1e3:.2f} ms, device busy {busy:.2f} ms",
+          flush=True)
+    for name, v in sorted(per.items(), key=lambda kv: -sum(kv[1]))[:12]:
+        print(f"  {sum(v) / 1e3:8.3f} ms  {len(v):5d}x  {name[:90]}", flush=True)
 
 
 # -- nvCOMP ------------------------------------------------------------------------------------
@@ -164,6 +196,8 @@ def nvcomp_case(case: str, tensors: dict[str, torch.Tensor], algorithm: str) -> 
         return {k: codecs[tensors[k].dtype].decode(c) for k, c in comp.items()}
 
     dec_s, outs = timed(dec)
+    kernel_profile(f"{case}: nvcomp {algorithm} encode", enc)
+    kernel_profile(f"{case}: nvcomp {algorithm} decode", dec)
     exact = all(torch.equal(torch.as_tensor(outs[k], device="cuda").view(torch.uint8)
                             .reshape(-1), t.reshape(-1).view(torch.uint8))
                 for k, t in tensors.items())

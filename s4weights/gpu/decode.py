@@ -39,7 +39,7 @@ from s4format.errors import (
     ParentMismatchError,
 )
 from s4format.reader import Reader
-from s4weights.gpu import gdeflate, ranshost, runtime
+from s4weights.gpu import gdeflate, plan, ranshost, runtime
 from s4weights.gpu.hash import content_hash_from_leaves, plane_checksum_from_leaves
 from s4weights.gpu.plan import GPU_LAYOUTS, chunk_table
 
@@ -399,10 +399,10 @@ class _RansBatch:
         ti = cols[5]
         cols[5] = np.where(ti >= 0, np.uint64(tab_p) + ti.astype(np.uint64) * np.uint64(16384),
                            np.uint64(0)).astype(np.uint64)
-        dev, dp = runtime.upload(*cols)
+        cta_first, cta_warps = plan.cta_table(self.first)
+        dev, dp = runtime.upload(cta_first, cta_warps, *cols)
         keep += [d_tab, dev]
         err = torch.zeros(nb, dtype=torch.int32, device="cuda")
-        warps = 4
-        runtime.launch("rans", "rans_decode", (nb + warps - 1) // warps, 32 * warps,
-                       np.int32(nb), *(np.uint64(x) for x in dp), runtime.ptr(err))
+        runtime.launch("rans", "rans_decode", cta_first.size, 32 * plan.RANS_WARPS,
+                       *(np.uint64(x) for x in dp), runtime.ptr(err))
         return err

@@ -365,12 +365,13 @@ class Encoder:
         blk_tab = np.uint64(tab_p) + bt.plane.astype(np.uint64) * np.uint64(4096)
         blk_scr = (np.uint64(scratch.data_ptr()) + scratch_off[bt.plane].astype(np.uint64)
                    + 2 * bt.start.astype(np.uint64))
-        dev, (src_p, len_p, bt_tab_p, scr_p) = runtime.upload(blk_src, bt.length, blk_tab,
-                                                              blk_scr)
+        cta_first, cta_warps = plan.cta_table(bt.first)
+        dev, (cf_p, cw_p, src_p, len_p, bt_tab_p, scr_p) = runtime.upload(
+            cta_first, cta_warps, blk_src, bt.length, blk_tab, blk_scr)
         keep += [d_tabs, dev]
-        warps = 4
-        runtime.launch("rans", "rans_encode", (nb + warps - 1) // warps, 32 * warps,
-                       np.int32(nb), np.uint64(src_p), np.uint64(len_p), np.uint64(bt_tab_p),
+        runtime.launch("rans", "rans_encode", cta_first.size, 32 * plan.RANS_WARPS,
+                       np.uint64(cf_p), np.uint64(cw_p), np.uint64(src_p), np.uint64(len_p),
+                       np.uint64(bt_tab_p),
                        np.uint64(scr_p), np.uint64(counts_p), np.uint64(states_p),
                        np.uint64(firsts_p), np.uint64(varied_p))
         meta = torch.cat((out[:4 * nb], out[132 * nb:134 * nb])).cpu().numpy()  # sync 2

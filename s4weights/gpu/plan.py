@@ -94,6 +94,23 @@ def block_table(lengths: list[int], log2_block: int) -> BlockTable:
     return BlockTable(plane, start, length, first)
 
 
+RANS_WARPS = 8  # rans.cu: blocks (warps) per CTA
+
+
+def cta_table(first: np.ndarray, warps: int = RANS_WARPS) -> tuple[np.ndarray, np.ndarray]:
+    """CTAs of a rANS launch: (first block, number of blocks) of each, every CTA taking up to
+    ``warps`` consecutive blocks of ONE plane (``first``: each plane's first block, plus the
+    total), so the CTA loads that plane's table into shared memory once."""
+    first = np.asarray(first, dtype=np.int64)
+    nb = np.diff(first)
+    nc = (nb + warps - 1) // warps
+    plane = np.repeat(np.arange(nb.size), nc)
+    k = np.arange(int(nc.sum()), dtype=np.int64) - np.repeat(np.cumsum(nc) - nc, nc)
+    start = first[:-1][plane] + k * warps
+    count = np.minimum(warps, first[1:][plane] - start)
+    return start.astype(np.uint32), count.astype(np.uint8)
+
+
 def split_copies(src, dst, length, piece: int = COPY_PIECE
                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Copy ops (source address, destination address, bytes) with empty ops dropped and every op

@@ -4,6 +4,7 @@ workspace sizing, which tensors the GPU splits."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from s4format import layouts
 from s4weights.gpu import plan
@@ -59,3 +60,19 @@ def test_split_copies_tiles_every_op_and_keeps_alignment() -> None:
         want += [(a + o, b + o, min(piece, k - o)) for o in range(0, k, piece)]
     assert got == sorted(want)
     assert plan.split_copies([1], [2], [piece])[2].tolist() == [piece]
+
+
+@pytest.mark.parametrize("blocks", [[], [1], [8], [9], [0, 3, 0, 17, 8, 1], [100] * 5])
+def test_cta_table_covers_each_plane_with_ctas_of_one_plane(blocks):
+    first = np.zeros(len(blocks) + 1, np.int64)
+    np.cumsum(blocks, out=first[1:])
+    start, count = plan.cta_table(first, warps=8)
+    assert start.dtype == np.uint32 and count.dtype == np.uint8
+    seen = []
+    for s, c in zip(start.tolist(), count.tolist()):
+        assert 1 <= c <= 8
+        plane = int(np.searchsorted(first, s, side="right")) - 1
+        assert s + c <= first[plane + 1]  # never crosses into the next plane
+        seen.extend(range(s, s + c))
+    assert seen == list(range(int(first[-1])))
+    assert start.size == sum((b + 7) // 8 for b in blocks)

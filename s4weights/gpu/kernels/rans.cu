@@ -4,12 +4,16 @@
 // word index is the words before the row plus the popcount of the lower lanes' ballot bits).
 //
 // Blocks of many planes go into one launch through a block table built on the host (pointers
-// per block). The encoder writes a block's words to its own scratch region (at most one word
+// per block) and a CTA table: each CTA takes up to RANS_WARPS consecutive blocks of ONE plane
+// (cta_first, cta_warps), so its warps share the plane's table, which the CTA loads into shared
+// memory once. (A warp's 32 table lookups per row are a random gather: from global memory they
+// touch ~28 cache lines per row and were the decoder's bottleneck; from shared memory they cost
+// a few bank conflicts.) The encoder writes a block's words to its own scratch region (at most one word
 // per symbol) and its word count, 32 final states, first symbol and "not constant" flag; the
 // host then knows every stream size and assembles the streams with the copy kernel.
 #include "common.cuh"
 
-#define RANS_WARPS 4          // warps (blocks of symbols) per CTA
+#define RANS_WARPS 8          // warps (blocks of one plane) per CTA
 #define STAGE 512             // symbols staged in shared memory per warp step (16 rows)
 
 struct EncSym {  // per symbol: renormalise while x >= xmax; x' = x + bias + q * cmpl
@@ -28,15 +32,20 @@ __device__ __forceinline__ u32 lanemask_gt() {
 }
 
 extern "C" __global__ void __launch_bounds__(RANS_WARPS * 32)
-rans_encode(int nblocks, const u64* blk_src, const u32* blk_len, const u64* blk_tab,
-            const u64* blk_scratch, u32* counts, u32* states, u8* firsts, u8* varied) {
+rans_encode(const u32* cta_first, const u8* cta_warps, const u64* blk_src, const u32* blk_len,
+            const u64* blk_tab, const u64* blk_scratch, u32* counts, u32* states, u8* firsts,
+            u8* varied) {
     __shared__ __align__(16) u8 stage[RANS_WARPS][STAGE];
+    __shared__ uint4 tab[256];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int b = blockIdx.x * RANS_WARPS + warp;
-    if (b >= nblocks) return;
+    const u32 b0 = cta_first[blockIdx.x];
+    const uint4* gtab = (const uint4*)blk_tab[b0];
+    for (int i = threadIdx.x; i < 256; i += blockDim.x) tab[i] = gtab[i];
+    __syncthreads();
+    if (warp >= cta_warps[blockIdx.x]) return;
+    const u32 b = b0 + warp;
     const u8* src = (const u8*)blk_src[b];
     const u32 len = blk_len[b];
-    const EncSym* tab = (const EncSym*)blk_tab[b];
     u16* words = (u16*)blk_scratch[b];
     u8* st = stage[warp];
     const bool vec = ((u64)src & 15) == 0;
@@ -55,7 +64,7 @@ rans_encode(int nblocks, const u64* blk_src, const u32* blk_len, const u64* blk_
             const bool active = r + lane < chunk;
             const u32 s = active ? st[r + lane] : first;
             diff |= s != first;
-            const uint4 e = __ldg((const uint4*)(tab + s));
+            const uint4 e = tab[s];
             const bool need = active && x >= e.x;
             const u32 ballot = __ballot_sync(0xFFFFFFFFu, need);
             if (need) {
@@ -82,12 +91,19 @@ rans_encode(int nblocks, const u64* blk_src, const u32* blk_len, const u64* blk_
 // decode table); mode 1: CONST (fill with `fill`). Errors per block, numbered as the CPU
 // reference: 1 state out of range, 2 word underflow, 3 words left over, 4 wrong final state.
 extern "C" __global__ void __launch_bounds__(RANS_WARPS * 32)
-rans_decode(int nblocks, const u8* blk_mode, const u8* blk_fill, const u64* blk_words,
-            const u32* blk_count, const u64* blk_states, const u64* blk_dtab, const u64* blk_out,
-            const u32* blk_len, int* errors) {
+rans_decode(const u32* cta_first, const u8* cta_warps, const u8* blk_mode, const u8* blk_fill,
+            const u64* blk_words, const u32* blk_count, const u64* blk_states,
+            const u64* blk_dtab, const u64* blk_out, const u32* blk_len, int* errors) {
+    __shared__ uint4 tab4[1024];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int b = blockIdx.x * RANS_WARPS + warp;
-    if (b >= nblocks) return;
+    const u32 b0 = cta_first[blockIdx.x];
+    const uint4* gtab = (const uint4*)blk_dtab[b0];  // null for CONST planes
+    if (gtab)
+        for (int i = threadIdx.x; i < 1024; i += blockDim.x) tab4[i] = gtab[i];
+    __syncthreads();
+    if (warp >= cta_warps[blockIdx.x]) return;
+    const u32* dtab = (const u32*)tab4;
+    const u32 b = b0 + warp;
     u8* out = (u8*)blk_out[b];
     const u32 len = blk_len[b];
     if (blk_mode[b] == 1) {
@@ -109,7 +125,7 @@ rans_decode(int nblocks, const u8* blk_mode, const u8* blk_fill, const u64* blk_
         const bool active = r + lane < len;
         u32 need = 0;
         if (active) {
-            const u32 e = __ldg(dtab + (x & 4095u));
+            const u32 e = dtab[x & 4095u];
             out[r + lane] = (u8)(e & 0xFF);
             x = ((e >> 20) + 1) * (x >> 12) + ((e >> 8) & 4095u);
             need = x < (1u << 15);
