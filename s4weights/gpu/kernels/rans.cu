@@ -112,7 +112,6 @@ rans_decode(const u32* cta_first, const u8* cta_warps, const u8* blk_mode, const
         return;
     }
     const u16* words = (const u16*)blk_words[b];
-    const u32* dtab = (const u32*)blk_dtab[b];
     u32 x = ((const u32*)blk_states[b])[lane];
     int err = (x < (1u << 15) || x >= (1u << 31)) ? 1 : 0;
     if (__any_sync(0xFFFFFFFFu, err)) {
