@@ -120,6 +120,8 @@ def s4_case(case: str, tensors: dict[str, torch.Tensor], mantissa: str,
     del os.environ["S4_GPU_PROFILE"]
     kernel_profile(f"{case}: encode d2d", lambda: enc.encode_device(items))
     kernel_profile(f"{case}: decode d2d", dec_d2d)
+    host_profile(f"{case}: encode d2d", lambda: enc.encode_device(items))
+    host_profile(f"{case}: decode d2d", dec_d2d)
     staged.clear()
     for o in outs:
         o.fill_(0xAB)
@@ -166,6 +168,22 @@ def _kernel_profile(what: str, fn) -> None:
           flush=True)
     for name, v in sorted(per.items(), key=lambda kv: -sum(kv[1]))[:12]:
         print(f"  {sum(v) / 1e3:8.3f} ms  {len(v):5d}x  {name[:90]}", flush=True)
+
+
+def host_profile(what: str, fn, top: int = 18) -> None:
+    """Where the host's time goes in one warm call (cProfile, by own time)."""
+    import cProfile
+    import pstats
+    torch.cuda.synchronize()
+    pr = cProfile.Profile()
+    pr.enable()
+    fn()
+    torch.cuda.synchronize()
+    pr.disable()
+    out = io.StringIO()
+    pstats.Stats(pr, stream=out).sort_stats("tottime").print_stats(top)
+    lines = [ln for ln in out.getvalue().splitlines() if ln.strip()]
+    print(f"host profile, {what}:", *lines[2:top + 6], sep="\n  ", flush=True)
 
 
 # -- nvCOMP ------------------------------------------------------------------------------------

@@ -56,6 +56,9 @@ def decodable(reader: Reader, i: int) -> bool:
     t = reader.tensors[i]
     # The merge kernels read packed bits only for the sign plane (plane 0); the spec allows
     # bitpack on any plane, and such tensors decode on the CPU.
+    if t.layout.layout_id == layouts.RAW.layout_id:  # one plane: copied or rANS-decoded
+        return ((not t.is_delta or reader.parent is not None)
+                and t.planes[0].codec in (codecs.RAW, codecs.RANS))
     return (t.layout.layout_id in GPU_LAYOUTS
             and (not t.is_delta or reader.parent is not None)
             and all(p.codec in GPU_CODECS for p in t.planes)
@@ -215,11 +218,13 @@ def decode_staged(st: Staged, outs: list[torch.Tensor]) -> None:
     packed = [1] * len(st.idx)
     scratch_need = 0
     plane_where = []
+    whole = [reader.tensors[i].layout.layout_id == layouts.RAW.layout_id for i in st.idx]
+    copies: list[tuple[int, int, int]] = []  # raw-layout tensors: (source, destination, bytes)
     for k, _j, p in st.planes:
         t = reader.tensors[st.idx[k]]
         where = f"{reader.name}: tensor {t.name!r} plane {p.label}"
         plane_where.append(where)
-        if p.codec in (codecs.RANS, codecs.GDEFLATE):
+        if p.codec in (codecs.RANS, codecs.GDEFLATE) and not whole[k]:
             scratch_need += runtime.align(p.decoded_len, SLOT_ALIGN)
     scratch = runtime.device_empty(scratch_need)
     sp = scratch.data_ptr()
@@ -229,6 +234,18 @@ def decode_staged(st: Staged, outs: list[torch.Tensor]) -> None:
         src = base + a
         n = p.decoded_len
         payload = st.host[a:a + p.stored_len]
+        if whole[k]:  # the plane is the tensor's bytes: no merge
+            dst = outs[k].data_ptr()
+            if p.codec == codecs.RAW:
+                if p.stored_len != n:
+                    raise CodecError(f"{where}: raw plane stores {p.stored_len} bytes, "
+                                     f"declares {n}")
+                copies.append((src, dst, n))
+            else:
+                at = rb.add(payload, p, src, dst, where)
+                if at != dst:  # a RAW-mode rANS stream: its bytes follow the header
+                    copies.append((at, dst, n))
+            continue
         if p.codec == codecs.RAW:
             if p.stored_len != n:
                 raise CodecError(f"{where}: raw plane stores {p.stored_len} bytes, declares {n}")
@@ -259,6 +276,8 @@ def decode_staged(st: Staged, outs: list[torch.Tensor]) -> None:
                 packed[k] = 0
     prof.mark("validate")
     errs = rb.launch(keep)
+    if copies:
+        keep.append(runtime.copy_ops(*(np.array(c, np.uint64) for c in zip(*copies))))
     prof.mark("rans")
     nt = len(st.idx)
     merrs: list[tuple[np.ndarray, torch.Tensor]] = []  # (tensor positions, flags) per launch

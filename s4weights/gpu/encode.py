@@ -22,9 +22,12 @@ For a file, the buffer goes to pinned host memory in one copy on a side stream, 
 the next group's device work (``Encoder.code`` keeps one group in flight); payloads are views of
 that pinned buffer and keep it alive as long as the caller holds them.
 
-Tensors the GPU does not split (other dtypes, tensors under ``SPLIT_MIN`` bytes) and tensors
-whose planes would store more than their raw bytes are copied to the host in the same buffer
-and coded by the CPU coder, so the file is what the CPU path writes.
+Tensors under ``SPLIT_MIN`` bytes are stored as one raw plane (raw layout, raw codec) copied on
+the device: where the CPU writer might save a few hundred bytes on them with zstd, coding
+hundreds of them on the host would cost more time than the whole GPU pass. Larger tensors the
+GPU does not split (other dtypes) and tensors whose planes would store more than their raw
+bytes are copied to the host in the same buffer and coded by the CPU coder, as the CPU path
+codes them.
 
 Codec choice: sign planes take bitpack or rANS (including CONST) in the CPU policy's rank order;
 exponent planes rANS or raw; mantissa planes rANS or raw by the histogram estimate. GDeflate
@@ -44,7 +47,7 @@ from s4format import codecs, layouts, policy
 from s4format.codecs import rans
 from s4format.dtypes import DType
 from s4format.layouts import Layout
-from s4format.writer import CodedPlane, CodedTensor, code_tensor
+from s4format.writer import SPLIT_MIN, CodedPlane, CodedTensor, code_tensor
 from s4weights.gpu import gdeflate, plan, ranshost, runtime
 from s4weights.gpu.hash import content_hash_from_leaves, plane_checksum_from_leaves
 
@@ -52,6 +55,7 @@ SPLIT_KERNEL = {layouts.BF16.layout_id: "split_bf16", layouts.FP16.layout_id: "s
                 layouts.FP32.layout_id: "split_fp32"}
 MANTISSA_MODES = ("auto", "rans", "gdeflate", "raw")
 ALIGN_PAYLOAD = 16
+_NO_COUNTS = np.zeros(256, np.int64)  # raw planes: no histogram, no candidates but raw
 
 
 @dataclass
@@ -128,6 +132,11 @@ class Encoder:
     def _groups(self, items: list[Item]) -> list[list[Item]]:
         for it in items:
             it.layout = plan.gpu_layout(it.dtype.name, it.nbytes)
+            if it.layout is None and it.nbytes < SPLIT_MIN:
+                # small tensors (biases, norms, step counters: hundreds per state, a few KiB
+                # in all) are stored as one raw plane, copied on the device: coding them on
+                # the CPU costs more host time than all their bytes are worth
+                it.layout = layouts.RAW
         workspace = self.workspace or plan.default_workspace(sum(i.nbytes for i in items))
         return [[items[i] for i in grp] for grp in plan.groups([i.nbytes for i in items],
                                                                workspace)]
@@ -220,7 +229,7 @@ class Encoder:
         total = 0
         segs: list[tuple[int, list[int]]] = []
         for k, it in enumerate(items):
-            if it.layout is None:
+            if it.layout is None or it.layout is layouts.RAW:
                 continue
             n = it.nbytes // it.layout.word_size(it.dtype.itemsize)
             offs = [total]
@@ -269,6 +278,10 @@ class Encoder:
                 else:
                     counts = h[pos * 1024 + (fi - 1) * 256:pos * 1024 + fi * 256]
                 planes.append(_Plane(k, f, n, base + offs[fi], counts))
+        for k, it in enumerate(items):
+            if it.layout is layouts.RAW:
+                planes.append(_Plane(k, layouts.RAW.fields[0], it.nbytes, it.data.data_ptr(),
+                                     _NO_COUNTS))
         planes.sort(key=lambda p: (p.item, p.field.kind, p.field.index))
         return buf, planes
 

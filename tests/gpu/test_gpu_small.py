@@ -1,0 +1,111 @@
+"""Raw-layout tensors on the CUDA path: the GPU stores tensors under the split threshold as one
+raw plane copied on the device (no host coding), and decodes raw-layout tensors whose plane is
+raw or rANS straight into the destination (no merge). Skipped without CUDA and CuPy."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+
+cupy = pytest.importorskip("cupy")
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA device", allow_module_level=True)
+
+import s4format  # noqa: E402
+import s4weights  # noqa: E402
+from s4format import codecs, layouts  # noqa: E402
+from s4format.objtree import TensorRef  # noqa: E402
+from s4format.writer import SPLIT_MIN, Writer  # noqa: E402
+from s4weights.gpu import decode  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+
+def _bytes(t: torch.Tensor) -> bytes:
+    return t.reshape(-1).view(torch.uint8).cpu().numpy().tobytes()
+
+
+def _small_state() -> dict[str, torch.Tensor]:
+    g = torch.Generator(device="cuda").manual_seed(7)
+    state = {}
+    for dt in (torch.bfloat16, torch.float16, torch.float32, torch.int64, torch.uint8,
+               torch.bool):
+        isz = torch.empty(0, dtype=dt).element_size()
+        for nb in (0, isz, 7 * isz, SPLIT_MIN - isz):
+            n = nb // isz
+            x = torch.randint(-(1 << 15), 1 << 15, (n,), device="cuda", generator=g)
+            if dt == torch.bool:
+                t = x > 0
+            elif dt.is_floating_point:
+                t = (x.to(torch.int16) if isz == 2 else x.to(torch.int32) * 65537).view(dt)
+            else:
+                t = x.to(dt)
+            state[f"{dt}-{nb}"] = t
+    nan = torch.tensor([0x7FA12345, 0xFFC00000, 0x80000000, 1], dtype=torch.int64)
+    state["nan-payloads"] = nan.to(torch.int32).view(torch.float32).cuda()
+    state["big"] = torch.randn(1 << 16, device="cuda")  # split as usual, next to the small
+    return state
+
+
+def test_small_tensors_are_raw_planes_and_round_trip_on_both_paths() -> None:
+    state = _small_state()
+    buf = io.BytesIO()
+    s4weights.save(state, buf, device="cuda")
+    blob = buf.getvalue()
+    reader = s4format.Reader(blob)
+    for t in reader.tensors:
+        if t.raw_nbytes < SPLIT_MIN:
+            assert t.layout.layout_id == layouts.RAW.layout_id, t.name
+            assert [p.codec for p in t.planes] == [codecs.RAW], t.name
+            assert decode.decodable(reader, reader.tensors.index(t))
+    on_gpu = s4weights.load(blob, map_location="cuda", device="cuda")
+    on_cpu = s4weights.load(blob, map_location="cpu", device="cpu")
+    for k, v in state.items():
+        for got in (on_gpu[k], on_cpu[k]):
+            assert got.dtype == v.dtype and got.shape == v.shape, k
+            assert _bytes(got) == _bytes(v), k
+
+
+def test_raw_layout_rans_planes_decode_on_the_gpu_into_the_destination() -> None:
+    rng = np.random.default_rng(3)
+    arrays = {"u8_small": rng.geometric(0.4, 3000).clip(0, 255).astype(np.uint8),
+              "u8_big": rng.geometric(0.2, (1 << 18) + 5).clip(0, 255).astype(np.uint8),
+              "u8_one_value": np.full(70_000, 9, np.uint8),
+              "u8_noise": rng.integers(0, 256, 5000, dtype=np.uint8)}
+    buf = io.BytesIO()
+    with Writer(buf) as w:
+        for name, a in arrays.items():
+            w.add(name, a)
+        w.set_tree({k: TensorRef(i) for i, k in enumerate(arrays)})
+    reader = s4format.Reader(buf.getvalue())
+    got_codecs = {t.name: t.planes[0].codec for t in reader.tensors}
+    assert got_codecs["u8_big"] == codecs.RANS and got_codecs["u8_small"] == codecs.RANS
+    idx = list(range(len(arrays)))
+    assert all(decode.decodable(reader, i) == (got_codecs[reader.tensors[i].name]
+                                                in (codecs.RAW, codecs.RANS)) for i in idx)
+    gpu = [i for i in idx if decode.decodable(reader, i)]
+    outs = [torch.full((reader.tensors[i].raw_nbytes,), 0xAB, dtype=torch.uint8,
+                       device="cuda") for i in gpu]
+    decode.read_tensors(reader, gpu, outs)
+    for i, o in zip(gpu, outs):
+        assert o.cpu().numpy().tobytes() == arrays[reader.tensors[i].name].tobytes()
+
+
+def test_corrupt_raw_layout_rans_stream_is_refused_on_the_gpu() -> None:
+    rng = np.random.default_rng(4)
+    a = rng.geometric(0.3, 200_000).clip(0, 255).astype(np.uint8)
+    buf = io.BytesIO()
+    with Writer(buf) as w:
+        w.add("a", a)
+        w.set_tree([TensorRef(0)])
+    blob = bytearray(buf.getvalue())
+    reader = s4format.Reader(bytes(blob))
+    p = reader.tensors[0].planes[0]
+    assert p.codec == codecs.RANS
+    blob[p.offset + p.stored_len - 3] ^= 0x5A  # inside the word area
+    bad = s4format.Reader(bytes(blob))
+    with pytest.raises(s4format.S4Error):
+        decode.read_tensors(bad, [0])
