@@ -7,8 +7,9 @@ Objects under the store root::
 
 A checkpoint exists exactly when its manifest does. The manifest names the parent step and
 parent checkpoint ID; the .s4w file names its parent by checkpoint ID too, and the reader
-refuses a parent whose ID differs. Retention deletes manifests first, then files, and never
-removes a checkpoint that a kept delta depends on.
+refuses a parent whose ID differs. A save never writes a delta against a checkpoint whose
+chain it cannot open: it saves a base instead and warns. Retention deletes manifests first, then
+files, and never removes a checkpoint that a kept delta depends on.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Any
 import numpy as np
 
 import s4format
-from s4format.errors import FormatError, ParentMismatchError, StorageError
+from s4format.errors import FormatError, ParentMismatchError, S4Error, StorageError
 from s4weights.api import read_tree, write_flattened
 from s4weights.store import Store, open_store
 from s4weights.torchtree import DeviceTensor, flatten
@@ -128,7 +129,10 @@ def open_chain(store: Store, chain: list[CheckpointInfo], verify: bool) -> s4for
                 source = store.source(info.file)
             except StorageError as exc:
                 if info is chain[-1]:
-                    raise
+                    raise StorageError(
+                        f"checkpoint step {info.step} is listed in {store.url}, but its file "
+                        f"cannot be read: {exc}; restore {info.file}, or drop the step with "
+                        "retain()") from exc
                 raise ParentMismatchError(
                     f"checkpoint step {chain[-1].step} needs step {info.step} of its chain, "
                     f"whose file cannot be read: {exc}") from exc
@@ -154,10 +158,19 @@ def open_chain(store: Store, chain: list[CheckpointInfo], verify: bool) -> s4for
 
 def _parent_tensors(store: Store, parent: CheckpointInfo, infos: dict[int, CheckpointInfo]
                     ) -> dict[str, s4format.Tensor | DeviceTensor]:
+    """The tensors of ``parent``, to XOR the next checkpoint against; an S4Error when its chain
+    cannot be read, even when this process still holds them (a delta against a parent nobody
+    can read could never be loaded)."""
+    chain = chain_of(parent.step, infos)
     cached = _PARENT_CACHE.get(store.url)
     if cached and cached[0] == parent.checkpoint_id:
+        # The cache spares decoding the chain, not checking that it is still there: open every
+        # file of it (header, footer, index checksum, checkpoint IDs against the manifests),
+        # which catches deleted, truncated and replaced files. Damage inside a plane's payload
+        # shows only when the planes are read, as they are in a fresh process.
+        close_chain(open_chain(store, chain, verify=False))
         return cached[1]
-    reader = open_chain(store, chain_of(parent.step, infos), verify=True)
+    reader = open_chain(store, chain, verify=True)
     try:
         return {t.name: reader.read(i) for i, t in enumerate(reader.tensors)}
     finally:
@@ -174,7 +187,9 @@ def save_checkpoint(state: Any, url_or_dir: Any, step: int, *, keyframe_interval
     where the XOR codes smaller. ``keep_last`` applies retention afterwards. ``device`` picks
     where CUDA tensors are coded (as in :func:`s4weights.save`): on the GPU path, with the
     previous checkpoint of this process still cached on the device, the XOR against it is made
-    and coded there too."""
+    and coded there too. When the latest checkpoint (or a file of its chain) cannot be read,
+    the save still succeeds, as a base, and logs a warning naming it; the damaged checkpoint is
+    left as it is."""
     if step < 0:
         raise ValueError("step must be >= 0")
     if keep_last is not None and keep_last < 1:
@@ -190,7 +205,14 @@ def save_checkpoint(state: Any, url_or_dir: Any, step: int, *, keyframe_interval
             and latest.depth + 2 <= keyframe_interval and _delta_paid(latest, min_delta_gain):
         parent = latest
     flat = flatten(state)
-    parents = _parent_tensors(store, parent, infos) if parent else None
+    parents = None
+    if parent is not None:
+        try:
+            parents = _parent_tensors(store, parent, infos)
+        except S4Error as exc:
+            log.warning("checkpoint step %d is saved as a base, not as a delta of step %d (%s), "
+                        "which cannot be read: %s", step, parent.step, parent.file, exc)
+            parent = None
     t0 = time.perf_counter()
     with store.writer(_data_name(step)) as sink:
         result = write_flattened(

@@ -79,6 +79,22 @@ def test_checkpoint_chain_list_and_retain(aws_env, bucket) -> None:
     assert _equal(s4weights.load_checkpoint(url), states[40])
 
 
+def test_checkpoint_after_the_latest_object_vanished_is_a_base(aws_env, bucket, admin) -> None:
+    # The same path as on a local store (chain.py), through S3Source's HEAD of a missing key;
+    # tests/weights/test_chain_recovery.py covers the other kinds of damage.
+    url = f"s3://{bucket}/runs/lost"
+    saved = [s4weights.save_checkpoint(_evolved(step), url, step) for step in (0, 1)]
+    assert saved[1].parent_step == 0  # a delta, and this process still caches it
+    admin.delete_object(Bucket=bucket, Key="runs/lost/data/000000000001.s4w")
+    info = s4weights.save_checkpoint(_evolved(2), url, 2)
+    assert info.is_base
+    assert _equal(s4weights.load_checkpoint(url), _evolved(2))
+    with pytest.raises(StorageError, match=rf"checkpoint step 1 is listed in s3://{bucket}/runs/"
+                                           r"lost, but its file cannot be read: head .*000001"
+                                           r"\.s4w failed after 1 attempt\(s\): 404"):
+        s4weights.load_checkpoint(url, 1)
+
+
 def test_s4format_cli_inspect_and_verify_s3_objects(aws_env, bucket, capsys) -> None:
     url = f"s3://{bucket}/cli/m.s4w"
     s4weights.save(_state(2), url)

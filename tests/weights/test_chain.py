@@ -310,21 +310,6 @@ def test_parent_replaced_with_its_manifest_raises_parent_mismatch(
         s4weights.load_checkpoint(tmp_path, 2)
 
 
-def test_saving_after_the_parent_vanished_starts_a_new_base_or_fails_cleanly(
-        tmp_path: Path, two_deltas: tuple[_Run, dict[int, Any]]) -> None:
-    run, _ = two_deltas
-    (tmp_path / "data" / f"{2:012d}.s4w").unlink()  # the latest's data, manifest kept
-    run.train()
-    state = run.state(3)
-    try:
-        info = s4weights.save_checkpoint(state, tmp_path, 3)
-    except s4weights.S4Error:
-        assert 3 not in [i.step for i in s4weights.list_checkpoints(tmp_path)]
-    else:
-        assert info.is_base
-        assert_same(s4weights.load_checkpoint(tmp_path, 3), state)
-
-
 def test_load_of_a_delta_file_needs_its_parent(
         tmp_path: Path, two_deltas: tuple[_Run, dict[int, Any]]) -> None:
     _, saved = two_deltas
