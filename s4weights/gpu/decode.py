@@ -40,7 +40,11 @@ from s4format.errors import (
 )
 from s4format.reader import Reader
 from s4weights.gpu import gdeflate, plan, ranshost, runtime
-from s4weights.gpu.hash import content_hash_from_leaves, plane_checksum_from_leaves
+from s4weights.gpu.hash import (
+    content_hash_from_leaves,
+    content_hashes_from_leaves,
+    plane_checksums_from_leaves,
+)
 from s4weights.gpu.plan import GPU_LAYOUTS, chunk_table
 
 MERGE_KERNEL = {layouts.BF16.layout_id: "merge_bf16", layouts.FP16.layout_id: "merge_fp16",
@@ -206,31 +210,30 @@ def decode_staged(st: Staged, outs: list[torch.Tensor]) -> None:
     base = st.device.data_ptr()
     digests, first = runtime.leaf_digests(base + st.at, [p.stored_len for _k, _j, p in st.planes])
     d = digests[:int(first[-1])].cpu().numpy().view(np.uint64)  # sync 1
-    for q, (k, _j, p) in enumerate(st.planes):
-        if plane_checksum_from_leaves(p.stored_len, d[first[q]:first[q + 1]]) != p.checksum:
+    sums = plane_checksums_from_leaves([p.stored_len for _k, _j, p in st.planes], d, first)
+    for (k, _j, p), got in zip(st.planes, sums):
+        if got != p.checksum:
             t = reader.tensors[st.idx[k]]
             raise ChecksumError(f"{reader.name}: tensor {t.name!r} plane {p.label}: checksum of "
                                 f"the {p.stored_len} stored bytes at offset {p.offset} mismatch")
     prof.mark("checksums")
     keep: list[object] = []
-    rb = _RansBatch()
+    rb = _RansBatch(st.host)
     ptrs = [[0] * 5 for _ in st.idx]
     packed = [1] * len(st.idx)
     scratch_need = 0
-    plane_where = []
     whole = [reader.tensors[i].layout.layout_id == layouts.RAW.layout_id for i in st.idx]
     copies: list[tuple[int, int, int]] = []  # raw-layout tensors: (source, destination, bytes)
     for k, _j, p in st.planes:
-        t = reader.tensors[st.idx[k]]
-        where = f"{reader.name}: tensor {t.name!r} plane {p.label}"
-        plane_where.append(where)
         if p.codec in (codecs.RANS, codecs.GDEFLATE) and not whole[k]:
             scratch_need += runtime.align(p.decoded_len, SLOT_ALIGN)
     scratch = runtime.device_empty(scratch_need)
     sp = scratch.data_ptr()
+    at_list = st.at.tolist()
     for q, (k, j, p) in enumerate(st.planes):
-        where = plane_where[q]
-        a = int(st.at[q])
+        def where(k=k, p=p) -> str:
+            return f"{reader.name}: tensor {reader.tensors[st.idx[k]].name!r} plane {p.label}"
+        a = at_list[q]
         src = base + a
         n = p.decoded_len
         payload = st.host[a:a + p.stored_len]
@@ -238,36 +241,36 @@ def decode_staged(st: Staged, outs: list[torch.Tensor]) -> None:
             dst = outs[k].data_ptr()
             if p.codec == codecs.RAW:
                 if p.stored_len != n:
-                    raise CodecError(f"{where}: raw plane stores {p.stored_len} bytes, "
+                    raise CodecError(f"{where()}: raw plane stores {p.stored_len} bytes, "
                                      f"declares {n}")
                 copies.append((src, dst, n))
             else:
-                at = rb.add(payload, p, src, dst, where)
+                at = rb.add(a, p, src, dst, where)
                 if at != dst:  # a RAW-mode rANS stream: its bytes follow the header
                     copies.append((at, dst, n))
             continue
         if p.codec == codecs.RAW:
             if p.stored_len != n:
-                raise CodecError(f"{where}: raw plane stores {p.stored_len} bytes, declares {n}")
+                raise CodecError(f"{where()}: raw plane stores {p.stored_len} bytes, declares {n}")
             ptrs[k][j] = src
             if j == 0:
                 packed[k] = 0
         elif p.codec == codecs.BITPACK:
             if p.params or len(payload) != (n + 7) // 8 or \
                     (n % 8 and int(payload[-1]) >> (n % 8)):
-                raise CodecError(f"{where}: bitpack payload is malformed")
+                raise CodecError(f"{where()}: bitpack payload is malformed")
             if j != 0:
-                raise CodecError(f"{where}: bitpack on a plane other than the sign plane")
+                raise CodecError(f"{where()}: bitpack on a plane other than the sign plane")
             ptrs[k][j] = src
         elif p.codec == codecs.RANS:
-            ptrs[k][j] = rb.add(payload, p, src, sp, where)
+            ptrs[k][j] = rb.add(a, p, src, sp, where)
             if ptrs[k][j] == sp:
                 sp += runtime.align(n, SLOT_ALIGN)
             if j == 0:
                 packed[k] = 0
         elif p.codec == codecs.GDEFLATE:
             if len(p.params) > 1:
-                raise CodecError(f"{where}: gdeflate parameters are at most 1 byte")
+                raise CodecError(f"{where()}: gdeflate parameters are at most 1 byte")
             entries, offsets = cpu_gdeflate.parse_page_table(payload, n)
             gdeflate.decompress(st.device[a:], entries, offsets, sp, n)
             ptrs[k][j] = sp
@@ -321,7 +324,8 @@ def decode_staged(st: Staged, outs: list[torch.Tensor]) -> None:
         if bad.size:
             b = int(bad[0])
             q = int(np.searchsorted(rb.first, b, side="right") - 1)
-            raise CodecError(f"{rb.where[q]}: rans block {b - int(rb.first[q])} of "
+            where = rb.where[int(rb.coded[q])]()
+            raise CodecError(f"{where}: rans block {b - int(rb.first[q])} of "
                              f"{int(rb.first[q + 1] - rb.first[q])} is corrupt: "
                              f"{rans._ERR_TEXT.get(int(e[b]), 'error')}")
     me = np.zeros(nt, np.int32)
@@ -334,11 +338,10 @@ def decode_staged(st: Staged, outs: list[torch.Tensor]) -> None:
                           "than its field")
     if checked:
         cd = back[pos:].view(np.uint64)
-        for q, k in enumerate(checked):
-            o = outs[k]
+        hashes = content_hashes_from_leaves([outs[k].numel() for k in checked], cd, cfirst)
+        for k, got in zip(checked, hashes):
             t = reader.tensors[st.idx[k]]
-            if content_hash_from_leaves(o.numel(), cd[cfirst[q]:cfirst[q + 1]]) != \
-                    t.content_hash:
+            if got != t.content_hash:
                 raise ContentHashError(f"{reader.name}: tensor {t.name!r} content hash mismatch "
                                        "after decoding on the GPU")
     prof.mark("content hash")
@@ -347,77 +350,56 @@ def decode_staged(st: Staged, outs: list[torch.Tensor]) -> None:
 
 
 class _RansBatch:
-    """Block table of every rANS plane of a group, built per plane with numpy (no loop over
-    blocks), launched once."""
+    """Every rANS plane of a group: queued as a few scalars per plane, validated and turned into
+    one block table by ``ranshost.parse_streams`` (numpy over all planes at once), launched once."""
 
-    def __init__(self) -> None:
-        self.cols: list[tuple] = []
-        self.freqs: list[np.ndarray] = []
-        self.first = [0]
-        self.where: list[str] = []
+    def __init__(self, host: np.ndarray) -> None:
+        self.host = host
+        self.rows: list[tuple[int, int, int, int, int]] = []  # host at, stored, n, src, dst
+        self.where: list = []   # per plane: a callable naming it (built only for a message)
         self.nblocks = 0
+        self.first = np.zeros(1, np.int64)
+        self.coded = np.zeros(0, np.int64)
 
-    def add(self, payload: np.ndarray, p, src: int, dst: int, where: str) -> int:
-        """Validate plane p's stream; queue its blocks to decode into ``dst``; return the
-        address the merge reads (``dst``, or the payload itself for the RAW mode)."""
-        n = p.decoded_len
+    def add(self, a: int, p, src: int, dst: int, where) -> int:
+        """Queue plane p (its stream at ``host[a:]``, on the device at ``src``) to decode into
+        ``dst``; return the address the merge reads: ``dst``, or for a RAW-mode stream the plane
+        bytes inside the stream (the mode byte is read here; the whole header is checked with
+        every other before anything launches)."""
         if p.params:
-            raise CodecError(f"{where}: rans takes no parameters")
-        if payload.size < rans.HEADER_SIZE:
-            raise CodecError(f"{where}: rans stream shorter than its header")
-        mode, lg, reserved, count = rans.HEADER.unpack_from(payload[:rans.HEADER_SIZE].tobytes())
-        if reserved or not rans.LOG2_BLOCK_MIN <= lg <= rans.LOG2_BLOCK_MAX or count != n:
-            raise CodecError(f"{where}: bad rans header")
-        nb = (n + (1 << lg) - 1) >> lg
-        if mode == rans.MODE_RAW:
-            if payload.size != rans.HEADER_SIZE + n:
-                raise CodecError(f"{where}: rans RAW stream has the wrong length")
-            return src + rans.HEADER_SIZE
-        starts = np.arange(nb, dtype=np.int64) << lg
-        lens = np.minimum(n - starts, 1 << lg).astype(np.uint32)
-        zeros = np.zeros(nb, dtype=np.uint64)
-        if mode == rans.MODE_CONST:
-            if payload.size != rans.HEADER_SIZE + nb:
-                raise CodecError(f"{where}: rans CONST stream has the wrong length")
-            cols = (np.ones(nb, np.uint8), payload[rans.HEADER_SIZE:].copy(), zeros,
-                    np.zeros(nb, np.uint32), zeros, np.full(nb, -1, np.int64))
-        elif mode == rans.MODE_RANS:
-            freqs, pos = rans._parse_table(payload, rans.HEADER_SIZE)
-            words_at = pos + rans.BLOCK_OVERHEAD * nb
-            if payload.size < words_at:
-                raise CodecError(f"{where}: rans stream ends before its word area")
-            counts = payload[pos:pos + 4 * nb].view("<u4").astype(np.int64)
-            if (counts > lens).any():
-                raise CodecError(f"{where}: a rans block stores more words than symbols")
-            offs = np.zeros(nb + 1, dtype=np.int64)
-            np.cumsum(counts, out=offs[1:])
-            if payload.size != words_at + 2 * int(offs[-1]):
-                raise CodecError(f"{where}: rans stream length does not match its word counts")
-            cols = (np.zeros(nb, np.uint8), np.zeros(nb, np.uint8),
-                    (src + words_at + 2 * offs[:-1]).astype(np.uint64), counts.astype(np.uint32),
-                    (src + pos + 4 * nb + 128 * np.arange(nb)).astype(np.uint64),
-                    np.full(nb, len(self.freqs), np.int64))
-            self.freqs.append(freqs)
-        else:
-            raise CodecError(f"{where}: rans mode {mode} is not RAW, CONST or RANS")
-        self.cols.append((*cols, (dst + starts).astype(np.uint64), lens))
-        self.nblocks += nb
-        self.first.append(self.nblocks)
+            raise CodecError(f"{where()}: rans takes no parameters")
+        self.rows.append((a, p.stored_len, p.decoded_len, src, dst))
         self.where.append(where)
+        if p.stored_len >= rans.HEADER_SIZE and self.host[a] == rans.MODE_RAW:
+            return src + rans.HEADER_SIZE
         return dst
 
     def launch(self, keep: list[object]) -> torch.Tensor | None:
-        nb = self.nblocks
+        if not self.rows:
+            return None
+        a, stored, n, src, dst = (np.array(c, dtype=np.int64 if i < 3 else np.uint64)
+                                  for i, c in enumerate(zip(*self.rows)))
+        try:
+            st = ranshost.parse_streams(self.host, a, stored, n)
+        except ranshost.StreamError as e:
+            raise CodecError(f"{self.where[e.plane]()}: {e}") from None
+        self.first, self.coded = st.first, st.coded
+        nb = self.nblocks = st.nblocks
         if not nb:
             return None
-        self.first = np.asarray(self.first, np.int64)
-        cols = [np.concatenate([c[i] for c in self.cols]) for i in range(8)]
-        tabs = ranshost.decoder_tables(np.stack(self.freqs)) if self.freqs \
+        owner = np.repeat(np.arange(st.coded.size), np.diff(st.first))
+        row = st.coded[owner]
+        tabs = ranshost.decoder_tables(st.freqs) if st.freqs.shape[0] \
             else np.zeros((1, 4096), np.uint32)
         d_tab, (tab_p,) = runtime.upload(tabs)
-        ti = cols[5]
-        cols[5] = np.where(ti >= 0, np.uint64(tab_p) + ti.astype(np.uint64) * np.uint64(16384),
-                           np.uint64(0)).astype(np.uint64)
+        rans_blk = st.table >= 0
+        words = np.where(rans_blk, src[row] + st.words.astype(np.uint64), np.uint64(0))
+        states = np.where(rans_blk, src[row] + st.states.astype(np.uint64), np.uint64(0))
+        dtab = np.where(rans_blk, np.uint64(tab_p) + st.table.astype(np.uint64) * np.uint64(16384),
+                        np.uint64(0))
+        cols = (st.const, st.fill, words.astype(np.uint64), st.count, states.astype(np.uint64),
+                dtab.astype(np.uint64), (dst[row] + st.start.astype(np.uint64)).astype(np.uint64),
+                st.length)
         cta_first, cta_warps = plan.cta_table(self.first)
         dev, dp = runtime.upload(cta_first, cta_warps, *cols)
         keep += [d_tab, dev]

@@ -49,7 +49,7 @@ from s4format.dtypes import DType
 from s4format.layouts import Layout
 from s4format.writer import SPLIT_MIN, CodedPlane, CodedTensor, code_tensor
 from s4weights.gpu import gdeflate, plan, ranshost, runtime
-from s4weights.gpu.hash import content_hash_from_leaves, plane_checksum_from_leaves
+from s4weights.gpu.hash import content_hashes_from_leaves, plane_checksums_from_leaves
 
 SPLIT_KERNEL = {layouts.BF16.layout_id: "split_bf16", layouts.FP16.layout_id: "split_fp16",
                 layouts.FP32.layout_id: "split_fp32"}
@@ -178,11 +178,10 @@ class Encoder:
         both = torch.cat((content_dig[:nc], pay_dig[:int(pay_first[-1])])).cpu()  # sync 3
         d = both.numpy().view(np.uint64)
         prof.mark("payload hash")
-        content = [content_hash_from_leaves(it.nbytes, d[content_first[k]:content_first[k + 1]])
-                   for k, it in enumerate(items)]
-        dp = d[nc:]
-        for j, p in enumerate(live):
-            p.checksum = plane_checksum_from_leaves(p.size, dp[pay_first[j]:pay_first[j + 1]])
+        content = content_hashes_from_leaves([it.nbytes for it in items], d[:nc], content_first)
+        sums = plane_checksums_from_leaves([p.size for p in live], d[nc:], pay_first)
+        for p, c in zip(live, sums):
+            p.checksum = c
         prof.mark("roots")
         prof.report()
         del planes_buf, r, gd, keep

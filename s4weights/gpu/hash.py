@@ -33,3 +33,40 @@ def content_hash_from_leaves(nbytes: int, digests: np.ndarray) -> bytes:
 def plane_checksum_from_leaves(nbytes: int, digests: np.ndarray) -> int:
     """The u64 plane checksum of ``nbytes`` stored bytes whose leaves hash to ``digests``."""
     return xxhash.xxh3_64_intdigest(_root_input(nbytes, digests))
+
+
+def _roots_input(nbytes, digests: np.ndarray, first) -> tuple[memoryview, np.ndarray]:
+    """Every root input of a batch laid out back to back (``u64 nbytes`` then the digests, per
+    item) in one array: (bytes, start of each item in u64 units, plus the end)."""
+    nbytes = np.asarray(nbytes, dtype=np.int64).reshape(-1)
+    first = np.asarray(first, dtype=np.int64).reshape(-1)
+    counts = np.diff(first)
+    want = (nbytes + LEAF_SIZE - 1) // LEAF_SIZE
+    if counts.size != nbytes.size or (counts != want).any():
+        raise ValueError("digest counts do not match the items' leaf counts")
+    starts = first[:-1] + np.arange(nbytes.size)
+    buf = np.empty(int(first[-1]) + nbytes.size if nbytes.size else 0, dtype="<u8")
+    buf[starts] = nbytes
+    d = np.asarray(digests, dtype="<u8").reshape(-1)[:int(first[-1]) if first.size else 0]
+    if d.size:
+        owner = np.repeat(np.arange(nbytes.size), counts)
+        buf[np.arange(d.size) + owner + 1] = d
+    ends = np.append(starts, buf.size)
+    return memoryview(buf.view(np.uint8)), ends
+
+
+def plane_checksums_from_leaves(nbytes, digests: np.ndarray, first) -> list[int]:
+    """``plane_checksum_from_leaves`` of many planes: plane q has ``nbytes[q]`` bytes and the
+    digests ``digests[first[q]:first[q + 1]]`` (one numpy pass, then one xxh3 call each)."""
+    mv, ends = _roots_input(nbytes, digests, first)
+    e = ends.tolist()
+    h = xxhash.xxh3_64_intdigest
+    return [h(mv[8 * e[q]:8 * e[q + 1]]) for q in range(len(e) - 1)]
+
+
+def content_hashes_from_leaves(nbytes, digests: np.ndarray, first) -> list[bytes]:
+    """``content_hash_from_leaves`` of many tensors, as :func:`plane_checksums_from_leaves`."""
+    mv, ends = _roots_input(nbytes, digests, first)
+    e = ends.tolist()
+    h = xxhash.xxh3_128_digest
+    return [h(mv[8 * e[q]:8 * e[q + 1]]) for q in range(len(e) - 1)]

@@ -3,6 +3,8 @@ CPU reference's own functions (``s4format.codecs.rans``) so both sides agree byt
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from s4format.codecs import rans
@@ -134,3 +136,148 @@ def estimate_many(counts: np.ndarray, freqs: np.ndarray, log2_block: int) -> np.
     size = HEADER_SIZE + table + rans.BLOCK_OVERHEAD * nb + 2 * np.ceil(bits / rans.WORD_BITS
                                                                        ).astype(np.int64)
     return np.minimum(size, HEADER_SIZE + n)
+
+
+# -- parsing many streams at once (the GPU decoder's validation) ------------------------------
+
+class StreamError(rans.CodecError):
+    """A malformed stream found by :func:`parse_streams`; ``plane`` is its row in the batch."""
+
+    def __init__(self, plane: int, message: str) -> None:
+        super().__init__(message)
+        self.plane = plane
+
+
+@dataclass
+class Streams:
+    """The block table of a batch of rANS streams (spec/rans.md), validated.
+
+    Per stream (input row): ``mode`` and ``data_at`` (for RAW mode, where its plane bytes start
+    inside the stream). Streams in CONST or RANS mode own blocks ``first[q] .. first[q + 1] - 1``
+    where q counts those streams in input order (``coded`` maps q to the row). Per block:
+    ``const`` (1 = fill with ``fill``), ``words``/``states`` (offsets inside the stream),
+    ``count`` (words), ``table`` (row of ``freqs`` or -1), ``start`` (first symbol), ``length``."""
+    mode: np.ndarray
+    data_at: np.ndarray
+    coded: np.ndarray
+    first: np.ndarray
+    const: np.ndarray
+    fill: np.ndarray
+    words: np.ndarray
+    count: np.ndarray
+    states: np.ndarray
+    table: np.ndarray
+    start: np.ndarray
+    length: np.ndarray
+    freqs: np.ndarray
+
+    @property
+    def nblocks(self) -> int:
+        return int(self.first[-1])
+
+
+def _gather_le(host: np.ndarray, at: np.ndarray, width: int) -> np.ndarray:
+    v = np.zeros(at.shape, np.int64)
+    for i in range(width):
+        v |= host[at + i].astype(np.int64) << (8 * i)
+    return v
+
+
+def parse_streams(host: np.ndarray, at, stored, n) -> Streams:
+    """Validate every stream ``host[at[q] : at[q] + stored[q]]`` that must decode to ``n[q]``
+    symbols, exactly as the CPU decoder's checks before decoding (header, table, word counts,
+    lengths), with numpy over all streams at once; raise :class:`StreamError` for the first
+    failing stream of the first failing check. The per-block checks of the bitstream itself
+    (states, word underflow, final states) are the kernel's."""
+    host = np.asarray(host, np.uint8).reshape(-1)
+    at = np.asarray(at, np.int64).reshape(-1)
+    stored = np.asarray(stored, np.int64).reshape(-1)
+    n = np.asarray(n, np.int64).reshape(-1)
+
+    def check(bad: np.ndarray, msg, rows: np.ndarray | None = None) -> None:
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            q = i if rows is None else int(rows[i])
+            raise StreamError(q, msg(i) if callable(msg) else msg)
+
+    if (at < 0).any() or (at + stored > host.size).any():
+        raise ValueError("stream outside the host buffer")
+    check(stored < HEADER_SIZE, "rans stream shorter than its header")
+    hdr = host[at[:, None] + np.arange(HEADER_SIZE)]
+    mode = hdr[:, 0].astype(np.int64)
+    lg = hdr[:, 1].astype(np.int64)
+    count = hdr[:, 4:12].copy().view("<u8").reshape(-1)
+    check((hdr[:, 2] | hdr[:, 3]).astype(bool) | (lg < rans.LOG2_BLOCK_MIN)
+          | (lg > rans.LOG2_BLOCK_MAX) | (count != n.astype(np.uint64)), "bad rans header")
+    check((mode != rans.MODE_RAW) & (mode != rans.MODE_CONST) & (mode != rans.MODE_RANS),
+          lambda i: f"rans mode {int(mode[i])} is not RAW, CONST or RANS")
+    nb = (n + (np.int64(1) << lg) - 1) >> lg
+    raw, const, coded_r = mode == rans.MODE_RAW, mode == rans.MODE_CONST, mode == rans.MODE_RANS
+    check(raw & (stored != HEADER_SIZE + n), "rans RAW stream has the wrong length")
+    check(const & (stored != HEADER_SIZE + nb), "rans CONST stream has the wrong length")
+
+    # frequency tables of the RANS streams
+    ri = np.flatnonzero(coded_r)
+    pos = np.zeros(at.size, np.int64)
+    tab_of = np.full(at.size, -1, np.int64)
+    freqs = np.zeros((ri.size, 256), np.int64)
+    if ri.size:
+        a, ln = at[ri], stored[ri]
+        check(ln < HEADER_SIZE + rans.BITMAP_SIZE,
+              "rans stream ends inside the frequency table's presence bitmap", ri)
+        bm = host[(a + HEADER_SIZE)[:, None] + np.arange(rans.BITMAP_SIZE)]
+        present = np.unpackbits(bm, axis=1, bitorder="little").astype(bool)
+        k = present.sum(axis=1)
+        check(k == 0, "rans frequency table marks no symbol present", ri)
+        size = rans.BITMAP_SIZE + 2 * k
+        end = HEADER_SIZE + size + (-size % 4)
+        check(ln < end, lambda i: f"rans stream ends inside the frequency table ({int(k[i])} "
+              "symbols)", ri)
+        body = np.repeat(a + HEADER_SIZE + rans.BITMAP_SIZE, k) + 2 * (
+            np.arange(int(k.sum())) - np.repeat(np.cumsum(k) - k, k))
+        freqs[present] = host[body].astype(np.int64) | host[body + 1].astype(np.int64) << 8
+        check((present & (freqs == 0)).any(axis=1),
+              "rans frequency table gives a present symbol frequency 0", ri)
+        total = freqs.sum(axis=1)
+        check(total != rans.PROB_SCALE,
+              lambda i: f"rans frequencies sum to {int(total[i])}, must sum to 4096", ri)
+        padded = end > HEADER_SIZE + size
+        pad_at = a + HEADER_SIZE + size
+        pad = np.where(padded, host[np.where(padded, pad_at, a)] | host[np.where(
+            padded, pad_at + 1, a)], 0)
+        check(pad != 0, "rans frequency table padding is not zero", ri)
+        check(ln < end + rans.BLOCK_OVERHEAD * nb[ri], "rans stream ends before its word area", ri)
+        pos[ri] = end
+        tab_of[ri] = np.arange(ri.size)
+
+    # blocks of the CONST and RANS streams
+    ci = np.flatnonzero(~raw)
+    nbc = nb[ci]
+    first = np.zeros(ci.size + 1, np.int64)
+    np.cumsum(nbc, out=first[1:])
+    owner = np.repeat(np.arange(ci.size), nbc)
+    row = ci[owner]
+    j = np.arange(int(first[-1]), dtype=np.int64) - first[:-1][owner]
+    start = j << lg[row]
+    length = np.minimum(n[row] - start, np.int64(1) << lg[row])
+    is_const = const[row]
+    is_rans = ~is_const
+    fill = np.zeros(j.size, np.uint8)
+    fill[is_const] = host[at[row[is_const]] + HEADER_SIZE + j[is_const]]
+    count = np.zeros(j.size, np.int64)
+    count[is_rans] = _gather_le(host, at[row[is_rans]] + pos[row[is_rans]] + 4 * j[is_rans], 4)
+    check(count > length, "a rans block stores more words than symbols", row)
+    csum = np.cumsum(count) - count                       # words before each block, batch-wide
+    within = csum - np.append(csum, 0)[first[:-1]][owner]
+    words_at = pos + rans.BLOCK_OVERHEAD * nb             # per stream (RANS rows)
+    plane_words = np.bincount(owner, weights=count, minlength=ci.size).astype(np.int64)
+    check(coded_r[ci] & (stored[ci] != words_at[ci] + 2 * plane_words),
+          "rans stream length does not match its word counts", ci)
+    return Streams(
+        mode=mode, data_at=np.where(raw, HEADER_SIZE, 0), coded=ci, first=first,
+        const=is_const.astype(np.uint8), fill=fill,
+        words=np.where(is_rans, words_at[row] + 2 * within, 0),
+        count=count.astype(np.uint32),
+        states=np.where(is_rans, pos[row] + 4 * nb[row] + 128 * j, 0),
+        table=np.where(is_rans, tab_of[row], -1), start=start, length=length.astype(np.uint32),
+        freqs=freqs)

@@ -1,0 +1,138 @@
+"""The GPU decoder's batched rANS stream validation (host only, no GPU): on valid streams it
+yields the block table a per-stream parse gives; on damaged streams it refuses exactly the
+streams the per-stream checks refuse, naming the right one."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from s4format.codecs import rans
+from s4format.codecs.rans import RansCodec
+from s4format.errors import CodecError
+from s4weights.gpu.ranshost import StreamError, parse_streams
+
+RNG = np.random.default_rng(5)
+
+
+def _reference(payload: np.ndarray, n: int):
+    """Per-stream parse (the checks the CPU decoder makes before decoding): per block
+    (const, fill, words offset, count, states offset, freqs or None, start, length)."""
+    if payload.size < rans.HEADER_SIZE:
+        raise CodecError("short")
+    mode, lg, reserved, count = rans.HEADER.unpack_from(payload[:rans.HEADER_SIZE].tobytes())
+    if reserved or not rans.LOG2_BLOCK_MIN <= lg <= rans.LOG2_BLOCK_MAX or count != n:
+        raise CodecError("header")
+    nb = (n + (1 << lg) - 1) >> lg
+    if mode == rans.MODE_RAW:
+        if payload.size != rans.HEADER_SIZE + n:
+            raise CodecError("raw length")
+        return "raw", []
+    starts = [b << lg for b in range(nb)]
+    lens = [min(n - s, 1 << lg) for s in starts]
+    if mode == rans.MODE_CONST:
+        if payload.size != rans.HEADER_SIZE + nb:
+            raise CodecError("const length")
+        return "const", [(1, int(payload[rans.HEADER_SIZE + b]), 0, 0, 0, None, starts[b],
+                          lens[b]) for b in range(nb)]
+    if mode != rans.MODE_RANS:
+        raise CodecError("mode")
+    freqs, pos = rans._parse_table(payload, rans.HEADER_SIZE)
+    words_at = pos + rans.BLOCK_OVERHEAD * nb
+    if payload.size < words_at:
+        raise CodecError("word area")
+    counts = payload[pos:pos + 4 * nb].view("<u4").astype(np.int64)
+    if (counts > np.array(lens, np.int64)).any():
+        raise CodecError("counts")
+    offs = np.concatenate(([0], np.cumsum(counts)))
+    if payload.size != words_at + 2 * int(offs[-1]):
+        raise CodecError("total")
+    return "rans", [(0, 0, words_at + 2 * int(offs[b]), int(counts[b]), pos + 4 * nb + 128 * b,
+                     freqs, starts[b], lens[b]) for b in range(nb)]
+
+
+def _streams() -> list[tuple[np.ndarray, int]]:
+    planes = [RNG.integers(0, 256, 5000, dtype=np.uint8),                  # RAW mode
+              np.full(70_000, 3, np.uint8),                                 # CONST
+              np.zeros(0, np.uint8),
+              RNG.geometric(0.3, 200_001).clip(0, 255).astype(np.uint8),    # RANS, 4 blocks
+              (RNG.random(1000) < 0.02).astype(np.uint8),
+              np.repeat(RNG.integers(0, 256, 3, dtype=np.uint8), 1 << 16)]  # per-block CONST
+    out = []
+    for lg in (16, 5, 20):
+        codec = RansCodec(lg)
+        for p in planes:
+            out.append((np.frombuffer(codec.encode(p).payload, np.uint8), p.size))
+    return out
+
+
+def _pack(streams):
+    at, chunks, pos = [], [], 0
+    for s, _n in streams:
+        gap = int(RNG.integers(0, 40))
+        chunks.append(RNG.integers(0, 256, gap, dtype=np.uint8))
+        pos += gap
+        at.append(pos)
+        chunks.append(s)
+        pos += s.size
+    return np.concatenate(chunks), np.array(at), np.array([s.size for s, _ in streams]), \
+        np.array([n for _, n in streams])
+
+
+def _as_reference(st, at_rows) -> list:
+    got = []
+    for q, row in enumerate(st.coded.tolist()):
+        for b in range(int(st.first[q]), int(st.first[q + 1])):
+            t = int(st.table[b])
+            got.append((row, int(st.const[b]), int(st.fill[b]), int(st.words[b]),
+                        int(st.count[b]), int(st.states[b]),
+                        None if t < 0 else st.freqs[t].tolist(), int(st.start[b]),
+                        int(st.length[b])))
+    return got
+
+
+def test_valid_streams_give_the_per_stream_block_table() -> None:
+    streams = _streams()
+    host, at, stored, n = _pack(streams)
+    st = parse_streams(host, at, stored, n)
+    want = []
+    for row, (s, k) in enumerate(streams):
+        kind, blocks = _reference(s, k)
+        assert int(st.mode[row]) == {"raw": 0, "const": 1, "rans": 2}[kind]
+        if kind == "raw":
+            assert int(st.data_at[row]) == rans.HEADER_SIZE
+        for c, f, w, cnt, sa, fr, s0, ln in blocks:
+            want.append((row, c, f, w, cnt, sa, None if fr is None else fr.tolist(), s0, ln))
+    assert _as_reference(st, at) == want
+    assert st.nblocks == len(want)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_damaged_streams_are_refused_exactly_where_the_per_stream_checks_refuse(seed) -> None:
+    rng = np.random.default_rng(seed)
+    streams = [(s.copy(), k) for s, k in _streams()]
+    for _ in range(200):
+        row = int(rng.integers(len(streams)))
+        s, k = streams[row]
+        damaged = s.copy()
+        cut = rng.random() < 0.2
+        if cut:
+            damaged = damaged[:int(rng.integers(0, damaged.size + 1))]
+        elif damaged.size:
+            # mostly the header, table and word counts, where the host checks look
+            i = int(rng.integers(0, min(damaged.size, 400)))
+            damaged[i] ^= np.uint8(1 << int(rng.integers(8)))
+        try:
+            _reference(damaged, k)
+            ok = True
+        except CodecError:
+            ok = False
+        trial = list(streams)
+        trial[row] = (damaged, k)
+        host, at, stored, n = _pack(trial)
+        if ok:
+            parse_streams(host, at, stored, n)
+        else:
+            with pytest.raises(StreamError) as e:
+                parse_streams(host, at, stored, n)
+            assert e.value.plane == row
