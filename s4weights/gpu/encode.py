@@ -138,8 +138,9 @@ class Encoder:
                 # the CPU costs more host time than all their bytes are worth
                 it.layout = layouts.RAW
         workspace = self.workspace or plan.default_workspace(sum(i.nbytes for i in items))
-        return [[items[i] for i in grp] for grp in plan.groups([i.nbytes for i in items],
-                                                               workspace)]
+        factor = plan.WORKSPACE_FACTOR if self.gd else plan.WORKSPACE_FACTOR_NO_GDEFLATE
+        return [[items[i] for i in grp]
+                for grp in plan.groups([i.nbytes for i in items], workspace, factor)]
 
     def code(self, items: list[Item]) -> Iterator[Coded]:
         """Coded tensors with payloads in pinned host memory, in order; one group's D2H is in

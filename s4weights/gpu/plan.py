@@ -23,8 +23,10 @@ COPY_PIECE = 1 << 16
 GIB = 1 << 30
 MIN_WORKSPACE = 64 << 20
 # Device bytes per raw byte a group needs at most: planes (1x), rANS scratch (up to 2 bytes per
-# plane byte), GDeflate output (about 1x of the mantissa planes) and the compacted payloads (1x).
+# plane byte), GDeflate output (about 1x of the mantissa planes, only where GDeflate runs) and
+# the compacted payloads (1x).
 WORKSPACE_FACTOR = 5
+WORKSPACE_FACTOR_NO_GDEFLATE = 4
 
 GPU_LAYOUTS = {layouts.BF16.layout_id: 2, layouts.FP16.layout_id: 2, layouts.FP32.layout_id: 4}
 SPLIT_DTYPES = {"bfloat16": layouts.BF16, "float16": layouts.FP16, "float32": layouts.FP32}
@@ -44,13 +46,13 @@ def gpu_layout(dtype_name: str, nbytes: int) -> layouts.Layout | None:
     return lay
 
 
-def groups(nbytes: list[int], workspace: int) -> list[range]:
+def groups(nbytes: list[int], workspace: int, factor: int = WORKSPACE_FACTOR) -> list[range]:
     """Consecutive windows whose estimated device workspace stays under ``workspace``; a tensor
     too large for it forms a group of its own."""
     out: list[range] = []
     start, used = 0, 0
     for i, n in enumerate(nbytes):
-        need = WORKSPACE_FACTOR * n
+        need = factor * n
         if i > start and used + need > workspace:
             out.append(range(start, i))
             start, used = i, 0

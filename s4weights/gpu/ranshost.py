@@ -75,8 +75,9 @@ def normalise_many(counts: np.ndarray) -> np.ndarray:
     freqs = share // total + present
     remainder = share % total
     leftover = rans.PROB_SCALE - freqs.sum(axis=1, keepdims=True)
-    # stable sort on -remainder: largest remainder first, ties to the lower symbol
-    order = np.argsort(-remainder, axis=1, kind="stable")
+    # largest remainder first, ties to the lower symbol: one unique key per symbol (remainder
+    # < total <= 2^48, so the key fits in int64) and numpy's fast unstable sort
+    order = np.argsort(-remainder * 256 + np.arange(256), axis=1)
     pres_sorted = present[rows, order]
     pick = pres_sorted & (np.cumsum(pres_sorted, axis=1) <= leftover)
     bump = np.zeros_like(freqs)
