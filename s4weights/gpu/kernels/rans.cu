@@ -50,16 +50,38 @@ rans_encode(const u32* cta_first, const u8* cta_warps, const u64* blk_src, const
     u8* st = stage[warp];
     const bool vec = ((u64)src & 15) == 0;
     const u8 first = src[0];
+    const u32 lt = lanemask_lt();
     u32 x = 1u << 15, w = 0, diff = 0;
+    // full chunks: the next chunk's 16 bytes per lane are loaded while this one is coded
+    uint4 pre = make_uint4(0, 0, 0, 0);
+    if (vec && len >= STAGE) pre = ((const uint4*)src)[lane];
     for (u32 base = 0; base < len; base += STAGE) {
         const u32 chunk = len - base < STAGE ? len - base : STAGE;
         __syncwarp();
         if (vec && chunk == STAGE) {
-            ((uint4*)st)[lane] = ((const uint4*)(src + base))[lane];
+            ((uint4*)st)[lane] = pre;
+            if (base + 2 * STAGE <= len) pre = ((const uint4*)(src + base + STAGE))[lane];
         } else {
             for (u32 i = lane; i < chunk; i += 32) st[i] = src[base + i];
         }
         __syncwarp();
+        if (chunk == STAGE) {  // every lane active
+#pragma unroll 4
+            for (u32 r = 0; r < STAGE; r += 32) {
+                const u32 s = st[r + lane];
+                diff |= s != first;
+                const uint4 e = tab[s];
+                const bool need = x >= e.x;
+                const u32 ballot = __ballot_sync(0xFFFFFFFFu, need);
+                if (need) {
+                    words[w + __popc(ballot & lt)] = (u16)(x & 0xFFFF);
+                    x >>= 16;
+                }
+                x = x + e.z + (__umulhi(x, e.y) >> (e.w & 0xFF)) * (e.w >> 8);
+                w += __popc(ballot);
+            }
+            continue;
+        }
         for (u32 r = 0; r < chunk; r += 32) {
             const bool active = r + lane < chunk;
             const u32 s = active ? st[r + lane] : first;
@@ -68,13 +90,10 @@ rans_encode(const u32* cta_first, const u8* cta_warps, const u64* blk_src, const
             const bool need = active && x >= e.x;
             const u32 ballot = __ballot_sync(0xFFFFFFFFu, need);
             if (need) {
-                words[w + __popc(ballot & lanemask_lt())] = (u16)(x & 0xFFFF);
+                words[w + __popc(ballot & lt)] = (u16)(x & 0xFFFF);
                 x >>= 16;
             }
-            if (active) {
-                const u32 q = (u32)(((u64)x * e.y) >> 32) >> (e.w & 0xFF);
-                x = x + e.z + q * (e.w >> 8);
-            }
+            if (active) x = x + e.z + (__umulhi(x, e.y) >> (e.w & 0xFF)) * (e.w >> 8);
             w += __popc(ballot);
         }
     }
@@ -118,11 +137,14 @@ rans_decode(const u32* cta_first, const u8* cta_warps, const u8* blk_mode, const
         if (lane == 0) errors[b] = 1;
         return;
     }
-    i64 p = blk_count[b];
-    const u32 last = ((len - 1) / 32) * 32;
-    for (i64 r = last; r >= 0; r -= 32) {
-        const bool active = r + lane < len;
-        u32 need = 0;
+    // Rows from the last down to the first; a lane that renormalises takes the next word from
+    // the end: after p -= total, lane l's word is words[p + (renormalising lanes below l)].
+    u32 p = blk_count[b];
+    const u32 lt = lanemask_lt();
+    int r = (int)(((len - 1) >> 5) << 5);
+    if (len & 31) {  // the last row is partial
+        const bool active = (u32)r + lane < len;
+        bool need = false;
         if (active) {
             const u32 e = dtab[x & 4095u];
             out[r + lane] = (u8)(e & 0xFF);
@@ -130,16 +152,29 @@ rans_decode(const u32* cta_first, const u8* cta_warps, const u8* blk_mode, const
             need = x < (1u << 15);
         }
         const u32 ballot = __ballot_sync(0xFFFFFFFFu, need);
-        const int total = __popc(ballot);
+        const u32 total = __popc(ballot);
         if (total > p) {
             if (lane == 0) errors[b] = 2;
             return;
         }
-        if (need) {
-            const i64 idx = p - 1 - __popc(ballot & lanemask_gt());
-            x = (x << 16) | words[idx];
+        p -= total;
+        if (need) x = (x << 16) | words[p + __popc(ballot & lt)];
+        r -= 32;
+    }
+#pragma unroll 4
+    for (; r >= 0; r -= 32) {  // full rows
+        const u32 e = dtab[x & 4095u];
+        out[r + lane] = (u8)(e & 0xFF);
+        x = ((e >> 20) + 1) * (x >> 12) + ((e >> 8) & 4095u);
+        const bool need = x < (1u << 15);
+        const u32 ballot = __ballot_sync(0xFFFFFFFFu, need);
+        const u32 total = __popc(ballot);
+        if (total > p) {
+            if (lane == 0) errors[b] = 2;
+            return;
         }
         p -= total;
+        if (need) x = (x << 16) | words[p + __popc(ballot & lt)];
     }
     if (p != 0) err = 3;
     else if (x != (1u << 15)) err = 4;
