@@ -39,8 +39,21 @@ rans_encode(const u32* cta_first, const u8* cta_warps, const u64* blk_src, const
     __shared__ uint4 tab[256];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const u32 b0 = cta_first[blockIdx.x];
-    const uint4* gtab = (const uint4*)blk_tab[b0];
-    for (int i = threadIdx.x; i < 256; i += blockDim.x) tab[i] = gtab[i];
+    // the plane's encoder table, built here from its frequencies and their exclusive prefix
+    // sums (u32 freq[256], cum[256]): exactly ranshost.encoder_tables / rans._encoder_table
+    const u32* fc = (const u32*)blk_tab[b0];
+    for (int s = threadIdx.x; s < 256; s += blockDim.x) {
+        const u32 f = fc[s], c = fc[256 + s];
+        uint4 e = make_uint4(0, 0, 0, 0);
+        if (f == 1) {
+            e = make_uint4(1u << 19, 0xFFFFFFFFu, c + 4095u, 4095u << 8);
+        } else if (f > 1) {
+            const u32 bits = 32 - __clz(f - 1);  // bit length of f - 1
+            const u32 rcp = (u32)(((1ull << (bits + 31)) + f - 1) / f);
+            e = make_uint4(f << 19, rcp, c, (bits - 1) | ((4096u - f) << 8));
+        }
+        tab[s] = e;
+    }
     __syncthreads();
     if (warp >= cta_warps[blockIdx.x]) return;
     const u32 b = b0 + warp;
@@ -113,15 +126,33 @@ extern "C" __global__ void __launch_bounds__(RANS_WARPS * 32)
 rans_decode(const u32* cta_first, const u8* cta_warps, const u8* blk_mode, const u8* blk_fill,
             const u64* blk_words, const u32* blk_count, const u64* blk_states,
             const u64* blk_dtab, const u64* blk_out, const u32* blk_len, int* errors) {
-    __shared__ uint4 tab4[1024];
+    __shared__ u32 dtab[4096];
+    __shared__ u32 cum[257];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const u32 b0 = cta_first[blockIdx.x];
-    const uint4* gtab = (const uint4*)blk_dtab[b0];  // null for CONST planes
-    if (gtab)
-        for (int i = threadIdx.x; i < 1024; i += blockDim.x) tab4[i] = gtab[i];
+    // The plane's decoder table, built here from the exclusive prefix sums of its frequencies
+    // (u32 cum[256]; null for CONST planes): slot t belongs to the symbol s with
+    // cum[s] <= t < cum[s + 1] (the largest s with cum[s] <= t: absent symbols before s share
+    // its cum, absent ones after it start past t) and holds (f - 1) << 20 | (t - cum[s]) << 8 | s,
+    // as ranshost.decoder_tables.
+    const u32* gcum = (const u32*)blk_dtab[b0];
+    if (gcum) {
+        for (int s = threadIdx.x; s < 256; s += blockDim.x) cum[s] = gcum[s];
+        if (threadIdx.x == 0) cum[256] = 4096;
+        __syncthreads();
+        for (u32 t = threadIdx.x; t < 4096; t += blockDim.x) {
+            u32 lo = 0, hi = 255;
+            while (lo < hi) {
+                const u32 mid = (lo + hi + 1) >> 1;
+                if (cum[mid] <= t) lo = mid;
+                else hi = mid - 1;
+            }
+            const u32 c = cum[lo];
+            dtab[t] = ((cum[lo + 1] - c - 1) << 20) | ((t - c) << 8) | lo;
+        }
+    }
     __syncthreads();
     if (warp >= cta_warps[blockIdx.x]) return;
-    const u32* dtab = (const u32*)tab4;
     const u32 b = b0 + warp;
     u8* out = (u8*)blk_out[b];
     const u32 len = blk_len[b];
