@@ -105,57 +105,76 @@ __device__ void split_impl(const int* chunk_seg, const i64* chunk_start, const u
     }
 }
 
+// 8 bytes of a plane at element e (m of them valid, the rest 0): one aligned load when it can.
+__device__ __forceinline__ u64 load8(const u8* p, i64 e, int m) {
+    if (m == 8 && (((u64)(p + e)) & 7) == 0) return *(const u64*)(p + e);
+    u64 v = 0;
+    for (int j = 0; j < m; j++) v |= (u64)p[e + j] << (8 * j);
+    return v;
+}
+
 template <int L>
 __device__ void merge_impl(const int* chunk_seg, const i64* chunk_start, const u64* dst,
                            const i64* nelem, const u64* planes, const u8* sign_packed,
                            int* errors) {
     typedef typename Lay<L>::W W;
     constexpr int NP = Lay<L>::NP;
+    constexpr int G = 2;  // groups of 8 elements per thread and step: all loads before stores
     const int seg = chunk_seg[blockIdx.x];
     const i64 n = nelem[seg];
     const i64 c0 = chunk_start[blockIdx.x];
     const i64 c1 = c0 + CHUNK_ELEMS < n ? c0 + CHUNK_ELEMS : n;
     W* out = (W*)dst[seg];
     const u8* sign = (const u8*)planes[seg * 5];
+    const u8* pl[NP];
+    for (int k = 0; k < NP; k++) pl[k] = (const u8*)planes[seg * 5 + 1 + k];
     const bool packed_sign = sign_packed[seg] != 0;
     const bool vec = ((u64)out & 15) == 0;
-    u32 bad = 0;
-    for (i64 e = c0 + 8 * (i64)threadIdx.x; e < c1; e += 8 * SPLIT_THREADS) {
-        const int m = c1 - e < 8 ? (int)(c1 - e) : 8;
-        W w[8];
-        u32 sb = 0;
-        if (packed_sign) {
-            sb = sign[e >> 3];
-            if (m < 8) bad |= sb >> m;  // padding bits of the last byte must be zero
+    u64 bad = 0;
+    for (i64 e0 = c0 + 8 * (i64)threadIdx.x; e0 < c1; e0 += G * 8 * SPLIT_THREADS) {
+        int m[G];
+        u64 sv[G], v[G][NP];
+#pragma unroll
+        for (int g = 0; g < G; g++) {
+            const i64 e = e0 + (i64)g * 8 * SPLIT_THREADS;
+            m[g] = e >= c1 ? 0 : (c1 - e < 8 ? (int)(c1 - e) : 8);
+            if (packed_sign) sv[g] = m[g] ? sign[e >> 3] : 0;
+            else sv[g] = load8(sign, e, m[g]);
+            for (int k = 0; k < NP; k++) v[g][k] = load8(pl[k], e, m[g]);
         }
-        for (int j = 0; j < 8; j++) {
-            u32 s = packed_sign ? (sb >> j) & 1u : (j < m ? sign[e + j] : 0u);
-            if (!packed_sign) bad |= s >> 1;
-            w[j] = (W)((u32)s << (8 * sizeof(W) - 1));
-        }
-        for (int k = 0; k < NP; k++) {
-            const u8* p = (const u8*)planes[seg * 5 + 1 + k];
-            u64 v = 0;
-            if (m == 8 && (((u64)(p + e)) & 7) == 0) v = *(const u64*)(p + e);
-            else for (int j = 0; j < m; j++) v |= (u64)p[e + j] << (8 * j);
-            for (int j = 0; j < 8; j++) {
-                u32 b = (u32)(v >> (8 * j)) & 0xFFu;
-                bad |= b & ~Lay<L>::mask(k);
-                w[j] |= (W)(b << Lay<L>::shift(k));
-            }
-        }
-        if (m == 8 && vec) {
-            if (sizeof(W) == 2) {
-                uint4 v;
-                W* q = (W*)&v;
-                for (int j = 0; j < 8; j++) q[j] = w[j];
-                *(uint4*)(out + e) = v;
+#pragma unroll
+        for (int g = 0; g < G; g++) {
+            if (!m[g]) continue;
+            const i64 e = e0 + (i64)g * 8 * SPLIT_THREADS;
+            W w[8];
+            if (packed_sign) {
+                if (m[g] < 8) bad |= sv[g] >> m[g];  // padding bits of the last byte must be 0
             } else {
-                *(uint4*)(out + e) = make_uint4(w[0], w[1], w[2], w[3]);
-                *(uint4*)(out + e + 4) = make_uint4(w[4], w[5], w[6], w[7]);
+                bad |= sv[g] & 0xFEFEFEFEFEFEFEFEull;  // sign bytes are 0 or 1
             }
-        } else {
-            for (int j = 0; j < m; j++) out[e + j] = w[j];
+            for (int j = 0; j < 8; j++) {
+                const u32 s = packed_sign ? (u32)(sv[g] >> j) & 1u : (u32)(sv[g] >> (8 * j)) & 1u;
+                w[j] = (W)((u32)s << (8 * sizeof(W) - 1));
+            }
+            for (int k = 0; k < NP; k++) {
+                const u64 mk = 0x0101010101010101ull * (u64)(0xFFu & ~Lay<L>::mask(k));
+                bad |= v[g][k] & mk;  // bits outside the field
+                for (int j = 0; j < 8; j++)
+                    w[j] |= (W)(((u32)(v[g][k] >> (8 * j)) & 0xFFu) << Lay<L>::shift(k));
+            }
+            if (m[g] == 8 && vec) {
+                if (sizeof(W) == 2) {
+                    uint4 q;
+                    W* qw = (W*)&q;
+                    for (int j = 0; j < 8; j++) qw[j] = w[j];
+                    *(uint4*)(out + e) = q;
+                } else {
+                    *(uint4*)(out + e) = make_uint4(w[0], w[1], w[2], w[3]);
+                    *(uint4*)(out + e + 4) = make_uint4(w[4], w[5], w[6], w[7]);
+                }
+            } else {
+                for (int j = 0; j < m[g]; j++) out[e + j] = w[j];
+            }
         }
     }
     if (bad) atomicExch(&errors[seg], 1);
