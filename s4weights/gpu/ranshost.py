@@ -67,22 +67,24 @@ def rans_prefix(freqs: np.ndarray, log2_block: int, n: int) -> bytes:
 def normalise_many(counts: np.ndarray) -> np.ndarray:
     """``rans.normalise`` of every row (rows must be non-empty)."""
     counts = np.asarray(counts, dtype=np.int64).reshape(-1, 256)
-    rows = np.arange(counts.shape[0])[:, None]
+    p = counts.shape[0]
     total = counts.sum(axis=1, keepdims=True)
     present = counts > 0
     spare = rans.PROB_SCALE - present.sum(axis=1, keepdims=True)
     share = counts * spare
     freqs = share // total + present
-    remainder = share % total
-    leftover = rans.PROB_SCALE - freqs.sum(axis=1, keepdims=True)
-    # largest remainder first, ties to the lower symbol: one unique key per symbol (remainder
-    # < total <= 2^48, so the key fits in int64) and numpy's fast unstable sort
-    order = np.argsort(-remainder * 256 + np.arange(256), axis=1)
-    pres_sorted = present[rows, order]
-    pick = pres_sorted & (np.cumsum(pres_sorted, axis=1) <= leftover)
-    bump = np.zeros_like(freqs)
-    bump[rows, order] = pick
-    return freqs + bump
+    remainder = share - (freqs - present) * total
+    leftover = rans.PROB_SCALE - freqs.sum(axis=1)   # < number of present symbols
+    # the `leftover` present symbols with the largest remainders (ties: lower symbol) get one
+    # more: one unique key per symbol (remainder < total <= 2^48 fits), absent symbols last,
+    # numpy's fast sort per row, then the first `leftover` columns of each row
+    key = np.where(present, -remainder * 256 + np.arange(256), np.int64(1) << 62)
+    order = np.argsort(key, axis=1)
+    take = np.arange(256) < leftover[:, None]
+    flat = (order + (np.arange(p) * 256)[:, None])[take]
+    out = freqs.reshape(-1)
+    out[flat] += 1
+    return freqs
 
 
 def encoder_tables(freqs: np.ndarray) -> np.ndarray:
