@@ -90,7 +90,9 @@ def s4_case(case: str, tensors: dict[str, torch.Tensor], mantissa: str,
     outs = [torch.empty(t.numel() * t.element_size(), dtype=torch.uint8, device="cuda")
             for t in tensors.values()]
     groups, used, cur = [], 0, []
-    limit = workspace or (1 << 30)
+    # as s4weights.load batches: staged payloads and decoded planes (each at most the raw
+    # bytes) must fit the workspace, so a batch holds at most half of it in raw bytes
+    limit = (workspace or (1 << 30)) // 2
     for i, o in enumerate(outs):
         if cur and used + o.numel() > limit:
             groups.append(cur)

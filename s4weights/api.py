@@ -36,7 +36,7 @@ def producer_metadata() -> dict[str, str]:
 def write_flattened(flat: Flattened, sink: BinaryIO, *, policy: str = "auto",
                     parent_id: bytes | None = None, parents: dict[str, Any] | None = None,
                     metadata: dict[str, str] | None = None, show: bool | None = None,
-                    device: str = "auto") -> WriteResult:
+                    device: str = "auto", workspace: int | None = None) -> WriteResult:
     """Code and stream every tensor of ``flat`` into ``sink``. ``parents`` maps a tensor name to
     the parent's :class:`~s4format.Tensor` of that name (delta against ``parent_id``), or to a
     :class:`DeviceTensor` copy on the GPU, where the GPU path XORs and codes it on the device.
@@ -51,7 +51,7 @@ def write_flattened(flat: Flattened, sink: BinaryIO, *, policy: str = "auto",
                and parent.dtype == tensor.dtype and parent.nbytes == tensor.nbytes}
     with progress.bar("s4weights save", total, show) as bar:
         w = Writer(sink, policy=policy, parent_id=parent_id)
-        coded = gpu.coded_in_order(flat.tensors, policy, device, parents)
+        coded = gpu.coded_in_order(flat.tensors, policy, device, parents, workspace=workspace)
         for name, tensor in flat.tensors:
             done = coded.get(name)
             if done is not None:
@@ -72,7 +72,8 @@ def _host(t: s4format.Tensor | DeviceTensor) -> s4format.Tensor:
 
 
 def save(obj: Any, f: FileLike, *, policy: str = "auto", metadata: dict[str, str] | None = None,
-         progress: bool | None = None, device: str = "auto") -> WriteResult:
+         progress: bool | None = None, device: str = "auto",
+         workspace: int | None = None) -> WriteResult:
     """Save ``obj`` (a state dict, optimizer state, any tree of tensors and plain values).
 
     ``f`` is a path or ``s3://bucket/key`` URL (written atomically: a failed save leaves any
@@ -80,6 +81,9 @@ def save(obj: Any, f: FileLike, *, policy: str = "auto", metadata: dict[str, str
     choice, ``"auto"`` (smallest) or ``"seed"``. Raises
     :class:`s4format.UnsupportedObjectError` naming the key path of any object that cannot be
     stored. ``device`` picks where CUDA tensors are coded (``"auto"``, ``"cuda"``, ``"cpu"``).
+    ``workspace`` bounds the extra GPU memory the GPU path uses, in bytes (default: 10% of the
+    state's bytes, at least 64 MiB and at most 1 GiB; a single tensor larger than that is
+    still coded, with a workspace of its own size).
     """
     t0 = time.perf_counter()
     flat = flatten(obj)
@@ -87,10 +91,10 @@ def save(obj: Any, f: FileLike, *, policy: str = "auto", metadata: dict[str, str
         store, name = _store_and_name(f)
         with store.writer(name) as sink:
             result = write_flattened(flat, sink, policy=policy, metadata=metadata,
-                                     show=progress, device=device)
+                                     show=progress, device=device, workspace=workspace)
     else:
         result = write_flattened(flat, f, policy=policy, metadata=metadata, show=progress,
-                                 device=device)
+                                 device=device, workspace=workspace)
     log.info("saved %d tensors: %d raw -> %d stored bytes in %.3f s", result.tensor_count,
              result.raw_nbytes, result.stored_nbytes, time.perf_counter() - t0)
     return result
@@ -119,7 +123,8 @@ def _source(f: FileLike | bytes | ByteSource) -> ByteSource | str | os.PathLike[
 
 
 def read_tree(reader: s4format.Reader, map_location: Any = None, *, strict: bool = True,
-              show: bool | None = None, device: str = "auto", into: Any = None) -> Any:
+              show: bool | None = None, device: str = "auto", into: Any = None,
+              workspace: int | None = None) -> Any:
     from s4weights import gpu
 
     plan = plan_into(reader.tree, lambda i: reader.tensors[i], into) \
@@ -131,7 +136,8 @@ def read_tree(reader: s4format.Reader, map_location: Any = None, *, strict: bool
             bar.update(t.nbytes)
             return t
         loader = gpu.loader_for(reader, device, bar.update,
-                                direct=plan.direct if plan is not None else None)
+                                direct=plan.direct if plan is not None else None,
+                                workspace=workspace)
         return Unflattener(tensor, map_location, strict=strict, device_tensor=loader,
                            into=plan).walk(reader.tree)
 
@@ -139,7 +145,7 @@ def read_tree(reader: s4format.Reader, map_location: Any = None, *, strict: bool
 def load(f: FileLike | bytes, map_location: Any = None, *, weights_only: bool | None = None,
          parent: FileLike | s4format.Reader | None = None, strict: bool = True,
          verify: bool = True, progress: bool | None = None, device: str = "auto",
-         into: Any = None, **_torch_kwargs: Any) -> Any:
+         into: Any = None, workspace: int | None = None, **_torch_kwargs: Any) -> Any:
     """Load what :func:`save` wrote. ``map_location`` works as in ``torch.load`` (a device, a
     string, a dict from saved to target location, or a callable). Loading never runs code from
     the file, whatever ``weights_only`` says. ``parent`` is needed only for a delta file.
@@ -158,7 +164,10 @@ def load(f: FileLike | bytes, map_location: Any = None, *, weights_only: bool | 
     :class:`~s4weights.torchtree.IntoMismatchError` (an ``S4Error`` and a ``ValueError``) names
     the key path of a tensor whose dtype or shape differs from the stored one, that cannot be
     written (a meta tensor), or where the file stores no tensor. Destinations may be partly
-    written if decoding then fails (a corrupt file)."""
+    written if decoding then fails (a corrupt file).
+
+    ``workspace`` bounds the extra GPU memory of the GPU decoder beyond the returned tensors,
+    in bytes (default as in :func:`save`)."""
     if weights_only is False:
         log.debug("weights_only=False: s4weights never unpickles; loading safely anyway")
     parent_reader = parent if isinstance(parent, s4format.Reader) or parent is None \
@@ -166,6 +175,6 @@ def load(f: FileLike | bytes, map_location: Any = None, *, weights_only: bool | 
     t0 = time.perf_counter()
     with s4format.Reader(_source(f), parent=parent_reader, verify=verify) as reader:
         obj = read_tree(reader, map_location, strict=strict, show=progress, device=device,
-                        into=into)
+                        into=into, workspace=workspace)
     log.info("loaded %s in %.3f s", reader.name, time.perf_counter() - t0)
     return obj

@@ -180,7 +180,8 @@ def _parent_tensors(store: Store, parent: CheckpointInfo, infos: dict[int, Check
 def save_checkpoint(state: Any, url_or_dir: Any, step: int, *, keyframe_interval: int = 10,
                     delta: bool = True, min_delta_gain: float = 0.05, keep_last: int | None = None,
                     policy: str = "auto", metadata: dict[str, str] | None = None,
-                    progress: bool | None = None, device: str = "auto") -> CheckpointInfo:
+                    progress: bool | None = None, device: str = "auto",
+                    workspace: int | None = None) -> CheckpointInfo:
     """Save ``state`` as checkpoint ``step``: a delta against the latest checkpoint when allowed
     (chain shorter than ``keyframe_interval`` files, and the previous delta saved at least
     ``min_delta_gain`` of a full save), else a new base. Each tensor is stored as a delta only
@@ -189,7 +190,7 @@ def save_checkpoint(state: Any, url_or_dir: Any, step: int, *, keyframe_interval
     previous checkpoint of this process still cached on the device, the XOR against it is made
     and coded there too. When the latest checkpoint (or a file of its chain) cannot be read,
     the save still succeeds, as a base, and logs a warning naming it; the damaged checkpoint is
-    left as it is."""
+    left as it is. ``workspace`` is as in :func:`s4weights.save`."""
     if step < 0:
         raise ValueError("step must be >= 0")
     if keep_last is not None and keep_last < 1:
@@ -218,7 +219,7 @@ def save_checkpoint(state: Any, url_or_dir: Any, step: int, *, keyframe_interval
         result = write_flattened(
             flat, sink, policy=policy, parent_id=bytes.fromhex(parent.checkpoint_id)
             if parent else None, parents=parents, metadata=metadata, show=progress,
-            device=device)
+            device=device, workspace=workspace)
     used = parent if result.parent_id is not None else None
     info = CheckpointInfo(
         step=step, file=_data_name(step), checkpoint_id=result.checkpoint_id.hex(),
@@ -255,11 +256,11 @@ def _copy(t: s4format.Tensor | DeviceTensor) -> s4format.Tensor | DeviceTensor:
 
 def load_checkpoint(url_or_dir: Any, step: int | None = None, *, map_location: Any = None,
                     strict: bool = True, verify: bool = True, progress: bool | None = None,
-                    device: str = "auto", into: Any = None) -> Any:
+                    device: str = "auto", into: Any = None, workspace: int | None = None) -> Any:
     """Load checkpoint ``step`` (default: the latest), resolving its delta chain.
     ``device`` and ``into`` (existing tensors to decode into, matched by key path, e.g.
-    ``into={"model": model.state_dict(), "optimizer": opt.state_dict()}``) are as in
-    :func:`s4weights.load`."""
+    ``into={"model": model.state_dict(), "optimizer": opt.state_dict()}``) and ``workspace``
+    are as in :func:`s4weights.load`."""
     store = open_store(url_or_dir)
     infos = by_step(list_checkpoints(store))
     if not infos:
@@ -272,7 +273,7 @@ def load_checkpoint(url_or_dir: Any, step: int | None = None, *, map_location: A
     reader = open_chain(store, chain_of(step, infos), verify)
     try:
         return read_tree(reader, map_location, strict=strict, show=progress, device=device,
-                         into=into)
+                         into=into, workspace=workspace)
     finally:
         close_chain(reader)
 

@@ -42,13 +42,15 @@ def use_gpu(device: str, wanted: bool) -> bool:
 
 
 def coded_in_order(tensors: list, policy: str, device: str,
-                   parents: dict | None = None) -> dict:
+                   parents: dict | None = None, workspace: int | None = None) -> dict:
     """The save hook: name -> iterator for every CUDA tensor the GPU codes; ``next()`` on it, in
     flat order, gives ``(CodedTensor, content_hash, parent_hash, full_stored)`` to pass to
     ``Writer.add_coded``. ``parents`` maps a name to its delta parent (same dtype and byte
     length): a parent on the same device (a :class:`DeviceTensor`) is XORed there and both
     codings are made, the delta kept only where it stores strictly less (the writer's rule);
-    a tensor with a host parent is left to the CPU writer."""
+    a tensor with a host parent is left to the CPU writer. ``workspace`` bounds the extra
+    device memory (default ``plan.default_workspace`` of the bytes coded here): XOR buffers
+    take at most half of it when there are parents, the coder the rest."""
     from s4weights.torchtree import DeviceTensor
 
     parents = parents or {}
@@ -63,20 +65,22 @@ def coded_in_order(tensors: list, policy: str, device: str,
         chosen.append((name, t, p))
     if not use_gpu(device, bool(chosen)):
         return {}
-    stream = _coded_stream(chosen, policy)
+    stream = _coded_stream(chosen, policy, workspace)
     return {name: stream for name, _t, _p in chosen}
 
 
-def _coded_stream(chosen: list, policy: str):
+def _coded_stream(chosen: list, policy: str, workspace: int | None):
     """Code ``(name, DeviceTensor, parent DeviceTensor | None)`` in order. XOR buffers are made
-    per chunk of at most ``max(1 GiB, largest tensor)`` so they never hold a second copy of a
-    large state at once."""
-    from s4weights.gpu import runtime
+    per chunk of at most half the workspace (or one tensor, if larger) so they never hold a
+    second copy of a large state at once."""
+    from s4weights.gpu import plan, runtime
     from s4weights.gpu.encode import Encoder, Item
     from s4weights.gpu.hash import content_hash_from_leaves
 
-    enc = Encoder(policy)
-    budget = 1 << 30
+    ws = workspace or plan.default_workspace(sum(t.nbytes for _n, t, _p in chosen))
+    has_parents = any(p is not None for _n, _t, p in chosen)
+    budget = ws // 2
+    enc = Encoder(policy, workspace=ws - budget if has_parents else ws)
     i = 0
     while i < len(chosen):
         chunk, used = [], 0
@@ -132,7 +136,8 @@ def xor(a, b, out=None):
     return out
 
 
-def loader_for(reader, device: str, update=None, direct: dict | None = None):
+def loader_for(reader, device: str, update=None, direct: dict | None = None,
+               workspace: int | None = None):
     """The load hook: ``f(i, cuda_device)`` decoding stored tensor i on that device as a typed,
     shaped torch tensor, or None when the GPU path is off. ``direct`` maps a stored tensor index
     to caller-owned flat uint8 CUDA bytes (``load(into=...)``) that tensor is decoded straight
@@ -141,13 +146,20 @@ def loader_for(reader, device: str, update=None, direct: dict | None = None):
     Decoding is batched: the first request for a GPU-decodable tensor decodes it together with
     the following GPU-decodable tensors (up to a workspace of raw bytes) on the same device, and
     later requests take theirs from that batch. Tensors are requested in stored order, so each
-    batch is used up before the next; one never requested stays held until the loader goes."""
+    batch is used up before the next; one never requested stays held until the loader goes.
+
+    Extra device memory per batch is the staged payloads (at most the batch's raw bytes plus
+    record overhead) and the decoded planes that wait for the merge (at most its raw bytes), so
+    a batch holds at most half of ``workspace`` raw bytes (default ``plan.default_workspace``
+    of the file's raw bytes), or one tensor if larger."""
     if not use_gpu(device, True):
         return None
     ready: dict[tuple[int, str], object] = {}
     direct = direct or {}
     sizes = [t.raw_nbytes for t in reader.tensors]
-    budget = min(1 << 30, max(256 << 20, sum(sizes) // 4))
+    from s4weights.gpu import plan
+
+    budget = (workspace or plan.default_workspace(sum(sizes))) // 2
 
     def load(i: int, dev):
         import torch

@@ -129,7 +129,10 @@ class Encoder:
         self.gd = (mantissa == "gdeflate" or self.policy == "seed") and gdeflate.available()
         self._copy_stream: torch.cuda.Stream | None = None
 
-    def _groups(self, items: list[Item]) -> list[list[Item]]:
+    def _groups(self, items: list[Item], pipelined: bool = False) -> list[list[Item]]:
+        """Consecutive groups under the workspace. ``pipelined`` (``code``): the previous
+        group's compacted buffer is still on the device while the next group is coded, so each
+        group gets one raw size less."""
         for it in items:
             it.layout = plan.gpu_layout(it.dtype.name, it.nbytes)
             if it.layout is None and it.nbytes < SPLIT_MIN:
@@ -138,7 +141,8 @@ class Encoder:
                 # the CPU costs more host time than all their bytes are worth
                 it.layout = layouts.RAW
         workspace = self.workspace or plan.default_workspace(sum(i.nbytes for i in items))
-        factor = plan.WORKSPACE_FACTOR if self.gd else plan.WORKSPACE_FACTOR_NO_GDEFLATE
+        factor = (plan.WORKSPACE_FACTOR if self.gd else plan.WORKSPACE_FACTOR_NO_GDEFLATE) \
+            + int(pipelined)
         return [[items[i] for i in grp]
                 for grp in plan.groups([i.nbytes for i in items], workspace, factor)]
 
@@ -146,7 +150,7 @@ class Encoder:
         """Coded tensors with payloads in pinned host memory, in order; one group's D2H is in
         flight while the next group runs on the device."""
         pending: DeviceGroup | None = None
-        for grp in self._groups(items):
+        for grp in self._groups(items, pipelined=True):
             g = self.encode_group(grp)
             self._to_host(g)
             if pending is not None:

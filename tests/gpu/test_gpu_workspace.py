@@ -1,0 +1,54 @@
+"""The GPU path keeps its extra device memory under the workspace setting, on save and on load,
+whatever the state's size (tensors no larger than the workspace allows). Skipped without CUDA."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+
+cupy = pytest.importorskip("cupy")
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA device", allow_module_level=True)
+
+import s4weights  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+MIB = 1 << 20
+SLACK = 4 * MIB  # small tables, histograms, block tables, allocator rounding
+
+
+def _state() -> dict[str, torch.Tensor]:
+    g = torch.Generator(device="cuda").manual_seed(1)
+    out = {}
+    for i in range(24):  # bf16, fp16 (1 MiB each) and fp32 (2 MiB) tensors, 32 MiB in all
+        x = torch.randn(1 << 19, device="cuda", generator=g) * 0.02
+        out[f"t{i}"] = x.to(torch.bfloat16 if i % 3 == 0 else torch.float16) if i % 3 != 2 \
+            else x[: 1 << 19]
+    return out
+
+
+@pytest.mark.parametrize("workspace", [16 * MIB, 40 * MIB])
+def test_save_and_load_stay_within_the_workspace(workspace: int) -> None:
+    state = _state()
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    buf = io.BytesIO()
+    s4weights.save(state, buf, device="cuda", workspace=workspace)
+    torch.cuda.synchronize()
+    save_extra = torch.cuda.max_memory_allocated() - base
+    assert save_extra <= workspace + SLACK, save_extra / MIB
+
+    blob = buf.getvalue()
+    raw = sum(t.numel() * t.element_size() for t in state.values())
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    got = s4weights.load(blob, map_location="cuda", device="cuda", workspace=workspace)
+    torch.cuda.synchronize()
+    load_extra = torch.cuda.max_memory_allocated() - base - raw  # the loaded tensors are kept
+    assert load_extra <= workspace + SLACK, load_extra / MIB
+    for k, v in state.items():
+        assert torch.equal(got[k].view(torch.uint8), v.view(torch.uint8)), k
