@@ -305,6 +305,12 @@ def end_to_end(state: dict) -> None:
 
     cases["s4weights memory"] = (s4_mem_save, lambda: s4weights.load(
         mem["s4"].getvalue(), map_location="cuda"), lambda: len(mem["s4"].getvalue()))
+    def s4_ans_save():
+        mem["ans"] = io.BytesIO()
+        s4weights.save(state, mem["ans"], policy="nvcomp-ans")
+
+    cases["s4weights nvcomp-ans memory"] = (s4_ans_save, lambda: s4weights.load(
+        mem["ans"].getvalue(), map_location="cuda"), lambda: len(mem["ans"].getvalue()))
     cases["torch memory"] = (torch_mem_save, lambda: torch.load(
         io.BytesIO(mem["pt"].getvalue()), map_location="cuda"), lambda: len(mem["pt"].getvalue()))
     for name, (save, load, size) in cases.items():

@@ -49,8 +49,13 @@ def write_flattened(flat: Flattened, sink: BinaryIO, *, policy: str = "auto",
     parents = {name: parent for name, tensor in flat.tensors
                if (parent := (parents or {}).get(name)) is not None
                and parent.dtype == tensor.dtype and parent.nbytes == tensor.nbytes}
+    gpu_only = policy == "nvcomp-ans"
+    if gpu_only and (device == "cpu" or not gpu.nvcomp_ans_available()):
+        raise ValueError("policy 'nvcomp-ans' writes GPU-only files with nvCOMP's ANS codec: "
+                         "it needs device 'auto' or 'cuda' with a CUDA device, CuPy and nvCOMP")
     with progress.bar("s4weights save", total, show) as bar:
-        w = Writer(sink, policy=policy, parent_id=parent_id)
+        # under nvcomp-ans, tensors the GPU does not code (host tensors) get the default codecs
+        w = Writer(sink, policy="auto" if gpu_only else policy, parent_id=parent_id)
         coded = gpu.coded_in_order(flat.tensors, policy, device, parents, workspace=workspace)
         for name, tensor in flat.tensors:
             done = coded.get(name)
@@ -168,8 +173,11 @@ def load(f: FileLike | bytes, map_location: Any = None, *, weights_only: bool | 
 
     ``workspace`` bounds the extra GPU memory of the GPU decoder beyond the returned tensors,
     in bytes (default as in :func:`save`)."""
+    from s4weights import gpu
+
     if weights_only is False:
         log.debug("weights_only=False: s4weights never unpickles; loading safely anyway")
+    gpu.register_codecs(device)
     parent_reader = parent if isinstance(parent, s4format.Reader) or parent is None \
         else s4format.Reader(_source(parent), verify=verify)
     t0 = time.perf_counter()

@@ -270,6 +270,9 @@ def load_checkpoint(url_or_dir: Any, step: int | None = None, *, map_location: A
     if step not in infos:
         raise StorageError(f"no checkpoint step {step} in {store.url}; "
                            f"steps there: {sorted(infos)}")
+    from s4weights import gpu
+
+    gpu.register_codecs(device)
     reader = open_chain(store, chain_of(step, infos), verify)
     try:
         return read_tree(reader, map_location, strict=strict, show=progress, device=device,

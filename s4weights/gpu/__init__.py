@@ -27,6 +27,24 @@ def available() -> bool:
 DEVICES = ("auto", "cuda", "cpu")
 
 
+def nvcomp_ans_available() -> bool:
+    """Whether codec 6 (nvcomp-ans) can be written and read here."""
+    if not available():
+        return False
+    from s4weights.gpu import nvans
+
+    return nvans.available()
+
+
+def register_codecs(device: str = "auto") -> None:
+    """Make the GPU-only codec (6, nvcomp-ans) readable where it can run, before a file is
+    opened: ``s4format``'s reader refuses codecs it has not registered."""
+    if device != "cpu" and available():
+        from s4weights.gpu import nvans
+
+        nvans.register()
+
+
 def use_gpu(device: str, wanted: bool) -> bool:
     """Whether to take the GPU path: ``wanted`` says CUDA tensors are involved."""
     if device not in DEVICES:
@@ -80,7 +98,12 @@ def _coded_stream(chosen: list, policy: str, workspace: int | None):
     ws = workspace or plan.default_workspace(sum(t.nbytes for _n, t, _p in chosen))
     has_parents = any(p is not None for _n, _t, p in chosen)
     budget = ws // 2
-    enc = Encoder(policy, workspace=ws - budget if has_parents else ws)
+    if policy == "nvcomp-ans":
+        from s4weights.gpu import nvans
+
+        enc = nvans.Encoder()
+    else:
+        enc = Encoder(policy, workspace=ws - budget if has_parents else ws)
     i = 0
     while i < len(chosen):
         chunk, used = [], 0

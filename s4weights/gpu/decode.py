@@ -39,7 +39,7 @@ from s4format.errors import (
     ParentMismatchError,
 )
 from s4format.reader import Reader
-from s4weights.gpu import gdeflate, plan, ranshost, runtime
+from s4weights.gpu import gdeflate, nvans, plan, ranshost, runtime
 from s4weights.gpu.hash import (
     content_hash_from_leaves,
     content_hashes_from_leaves,
@@ -60,9 +60,11 @@ def decodable(reader: Reader, i: int) -> bool:
     t = reader.tensors[i]
     # The merge kernels read packed bits only for the sign plane (plane 0); the spec allows
     # bitpack on any plane, and such tensors decode on the CPU.
-    if t.layout.layout_id == layouts.RAW.layout_id:  # one plane: copied or rANS-decoded
+    if t.layout.layout_id == layouts.RAW.layout_id:  # one plane: copied or decoded into place
+        c = t.planes[0].codec
         return ((not t.is_delta or reader.parent is not None)
-                and t.planes[0].codec in (codecs.RAW, codecs.RANS))
+                and (c in (codecs.RAW, codecs.RANS)
+                     or (c == codecs.NVCOMP_ANS and nvans.available())))
     return (t.layout.layout_id in GPU_LAYOUTS
             and (not t.is_delta or reader.parent is not None)
             and all(p.codec in GPU_CODECS for p in t.planes)
@@ -244,6 +246,9 @@ def decode_staged(st: Staged, outs: list[torch.Tensor]) -> None:
                     raise CodecError(f"{where()}: raw plane stores {p.stored_len} bytes, "
                                      f"declares {n}")
                 copies.append((src, dst, n))
+            elif p.codec == codecs.NVCOMP_ANS:
+                nvans.decode_into(st.device[a:a + p.stored_len], n, p.params, outs[k],
+                                  where())
             else:
                 at = rb.add(a, p, src, dst, where)
                 if at != dst:  # a RAW-mode rANS stream: its bytes follow the header
