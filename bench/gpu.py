@@ -90,15 +90,16 @@ def s4_case(case: str, tensors: dict[str, torch.Tensor], mantissa: str,
     outs = [torch.empty(t.numel() * t.element_size(), dtype=torch.uint8, device="cuda")
             for t in tensors.values()]
     groups, used, cur = [], 0, []
-    # as s4weights.load batches: staged payloads and decoded planes (each at most the raw
-    # bytes) must fit the workspace, so a batch holds at most half of it in raw bytes
-    limit = (workspace or (1 << 30)) // 2
-    for i, o in enumerate(outs):
-        if cur and used + o.numel() > limit:
+    # as s4weights.load batches: the staged payloads and the decoded planes waiting for the
+    # merge (decode.device_extra) fit the workspace
+    limit = workspace or (1 << 30)
+    for i in range(len(outs)):
+        need = decode.device_extra(reader, i)
+        if cur and used + need > limit:
             groups.append(cur)
             cur, used = [], 0
         cur.append(i)
-        used += o.numel()
+        used += need
     groups.append(cur)
     on_gpu = [[i for i in g if decode.decodable(reader, i)] for g in groups]
     on_cpu = [i for i in range(len(outs)) if not decode.decodable(reader, i)]

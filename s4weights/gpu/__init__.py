@@ -171,10 +171,10 @@ def loader_for(reader, device: str, update=None, direct: dict | None = None,
     later requests take theirs from that batch. Tensors are requested in stored order, so each
     batch is used up before the next; one never requested stays held until the loader goes.
 
-    Extra device memory per batch is the staged payloads (at most the batch's raw bytes plus
-    record overhead) and the decoded planes that wait for the merge (at most its raw bytes), so
-    a batch holds at most half of ``workspace`` raw bytes (default ``plan.default_workspace``
-    of the file's raw bytes), or one tensor if larger."""
+    Extra device memory per batch is its staged payloads and the decoded planes that wait for
+    the merge (``decode.device_extra``, known from the index): a batch holds at most
+    ``workspace`` of it (default ``plan.default_workspace`` of the file's raw bytes), or one
+    tensor if larger."""
     if not use_gpu(device, True):
         return None
     ready: dict[tuple[int, str], object] = {}
@@ -182,7 +182,15 @@ def loader_for(reader, device: str, update=None, direct: dict | None = None,
     sizes = [t.raw_nbytes for t in reader.tensors]
     from s4weights.gpu import plan
 
-    budget = (workspace or plan.default_workspace(sum(sizes))) // 2
+    budget = workspace or plan.default_workspace(sum(sizes))
+    extra: dict[int, int] = {}
+
+    def extra_of(j: int) -> int:
+        from s4weights.gpu.decode import device_extra
+
+        if j not in extra:
+            extra[j] = device_extra(reader, j)
+        return extra[j]
 
     def load(i: int, dev):
         import torch
@@ -198,13 +206,14 @@ def loader_for(reader, device: str, update=None, direct: dict | None = None,
         if raw is None:
             idx = [i]
             if decodable(reader, i):
-                used = sizes[i]
+                used = extra_of(i)
                 for j in range(i + 1, len(sizes)):
-                    if used + sizes[j] > budget:
+                    if (j, str(dev)) in ready or not decodable(reader, j):
+                        continue
+                    if used + extra_of(j) > budget:
                         break
-                    if (j, str(dev)) not in ready and decodable(reader, j):
-                        idx.append(j)
-                        used += sizes[j]
+                    idx.append(j)
+                    used += extra_of(j)
             with torch.cuda.device(dev):
                 outs = read_tensors(reader, idx, [_dest(j, dev) for j in idx] if direct
                                     else None)

@@ -72,6 +72,22 @@ def decodable(reader: Reader, i: int) -> bool:
             and (gdeflate.available() or all(p.codec != codecs.GDEFLATE for p in t.planes)))
 
 
+def device_extra(reader: Reader, i: int) -> int:
+    """Device bytes that decoding tensor i on the GPU holds besides its output: its staged
+    payloads, and the decoded planes that wait for the merge (rANS and GDeflate planes of a
+    split layout; nvCOMP's output for a codec-6 plane). Known from the index alone, so the
+    loader sizes its batches by what they really hold."""
+    t = reader.tensors[i]
+    pad = max(SLOT_ALIGN, reader.alignment)  # staging keeps the file's padding between planes
+    extra = sum(p.stored_len + pad for p in t.planes)
+    whole = t.layout.layout_id == layouts.RAW.layout_id
+    for p in t.planes:
+        if (p.codec in (codecs.RANS, codecs.GDEFLATE) and not whole) \
+                or p.codec == codecs.NVCOMP_ANS:
+            extra += runtime.align(p.decoded_len, SLOT_ALIGN)
+    return extra
+
+
 def read_tensor(reader: Reader, i: int, out: torch.Tensor | None = None) -> torch.Tensor:
     """Tensor i's raw bytes as a flat uint8 CUDA tensor (``out`` if given: written in place)."""
     return read_tensors(reader, [i], None if out is None else [out])[0]
@@ -177,8 +193,11 @@ def stage(reader: Reader, idx: list[int]) -> Staged:
     ln = np.array([p.stored_len for _k, _j, p in planes], np.int64)
     span0 = int(off.min()) if off.size else 0
     span = int((off + ln).max()) - span0 if off.size else 0
+    # one read of the planes' whole span when it holds nothing but them and the padding
+    # between them (what device_extra counts), else plane by plane
+    pad = max(SLOT_ALIGN, reader.alignment)
     contiguous = off.size and not ((off - span0) % SLOT_ALIGN).any() and \
-        span <= 1.25 * int(ln.sum()) + (1 << 20)
+        span <= int(ln.sum()) + pad * off.size
     if contiguous:
         at = off - span0
         total = span
@@ -211,79 +230,37 @@ def decode_staged(st: Staged, outs: list[torch.Tensor]) -> None:
     prof.mark("staged")  # (profiling only) the H2D that stage() started, if still in flight
     base = st.device.data_ptr()
     digests, first = runtime.leaf_digests(base + st.at, [p.stored_len for _k, _j, p in st.planes])
-    d = digests[:int(first[-1])].cpu().numpy().view(np.uint64)  # sync 1
-    sums = plane_checksums_from_leaves([p.stored_len for _k, _j, p in st.planes], d, first)
-    for (k, _j, p), got in zip(st.planes, sums):
-        if got != p.checksum:
-            t = reader.tensors[st.idx[k]]
-            raise ChecksumError(f"{reader.name}: tensor {t.name!r} plane {p.label}: checksum of "
-                                f"the {p.stored_len} stored bytes at offset {p.offset} mismatch")
+
+    def verify_checksums() -> None:  # sync 1
+        d = digests[:int(first[-1])].cpu().numpy().view(np.uint64)
+        sums = plane_checksums_from_leaves([p.stored_len for _k, _j, p in st.planes], d, first)
+        for (k, _j, p), got in zip(st.planes, sums):
+            if got != p.checksum:
+                t = reader.tensors[st.idx[k]]
+                raise ChecksumError(f"{reader.name}: tensor {t.name!r} plane {p.label}: checksum "
+                                    f"of the {p.stored_len} stored bytes at offset {p.offset} "
+                                    "mismatch")
+
+    # Every checksum is verified before any plane is decoded (spec R1 before R2). nvCOMP
+    # (GDeflate, codec 6) must not even see unverified bytes: with such planes the checksums
+    # come first; otherwise the host validates the streams while the device hashes, and the
+    # decode kernels launch only after the checksums pass (a stream that fails validation is
+    # reported as a checksum error when its bytes are damaged).
+    early = any(p.codec in (codecs.GDEFLATE, codecs.NVCOMP_ANS) for _k, _j, p in st.planes)
+    if early:
+        verify_checksums()
     prof.mark("checksums")
-    keep: list[object] = []
-    rb = _RansBatch(st.host)
-    ptrs = [[0] * 5 for _ in st.idx]
-    packed = [1] * len(st.idx)
-    scratch_need = 0
-    whole = [reader.tensors[i].layout.layout_id == layouts.RAW.layout_id for i in st.idx]
-    copies: list[tuple[int, int, int]] = []  # raw-layout tensors: (source, destination, bytes)
-    for k, _j, p in st.planes:
-        if p.codec in (codecs.RANS, codecs.GDEFLATE) and not whole[k]:
-            scratch_need += runtime.align(p.decoded_len, SLOT_ALIGN)
-    scratch = runtime.device_empty(scratch_need)
-    sp = scratch.data_ptr()
-    at_list = st.at.tolist()
-    for q, (k, j, p) in enumerate(st.planes):
-        def where(k=k, p=p) -> str:
-            return f"{reader.name}: tensor {reader.tensors[st.idx[k]].name!r} plane {p.label}"
-        a = at_list[q]
-        src = base + a
-        n = p.decoded_len
-        payload = st.host[a:a + p.stored_len]
-        if whole[k]:  # the plane is the tensor's bytes: no merge
-            dst = outs[k].data_ptr()
-            if p.codec == codecs.RAW:
-                if p.stored_len != n:
-                    raise CodecError(f"{where()}: raw plane stores {p.stored_len} bytes, "
-                                     f"declares {n}")
-                copies.append((src, dst, n))
-            elif p.codec == codecs.NVCOMP_ANS:
-                nvans.decode_into(st.device[a:a + p.stored_len], n, p.params, outs[k],
-                                  where())
-            else:
-                at = rb.add(a, p, src, dst, where)
-                if at != dst:  # a RAW-mode rANS stream: its bytes follow the header
-                    copies.append((at, dst, n))
-            continue
-        if p.codec == codecs.RAW:
-            if p.stored_len != n:
-                raise CodecError(f"{where()}: raw plane stores {p.stored_len} bytes, declares {n}")
-            ptrs[k][j] = src
-            if j == 0:
-                packed[k] = 0
-        elif p.codec == codecs.BITPACK:
-            if p.params or len(payload) != (n + 7) // 8 or \
-                    (n % 8 and int(payload[-1]) >> (n % 8)):
-                raise CodecError(f"{where()}: bitpack payload is malformed")
-            if j != 0:
-                raise CodecError(f"{where()}: bitpack on a plane other than the sign plane")
-            ptrs[k][j] = src
-        elif p.codec == codecs.RANS:
-            ptrs[k][j] = rb.add(a, p, src, sp, where)
-            if ptrs[k][j] == sp:
-                sp += runtime.align(n, SLOT_ALIGN)
-            if j == 0:
-                packed[k] = 0
-        elif p.codec == codecs.GDEFLATE:
-            if len(p.params) > 1:
-                raise CodecError(f"{where()}: gdeflate parameters are at most 1 byte")
-            entries, offsets = cpu_gdeflate.parse_page_table(payload, n)
-            gdeflate.decompress(st.device[a:], entries, offsets, sp, n)
-            ptrs[k][j] = sp
-            sp += runtime.align(n, SLOT_ALIGN)
-            if j == 0:
-                packed[k] = 0
+    try:
+        decoded = _prepare(st, outs, base, keep := [])
+    except CodecError:
+        if not early:
+            verify_checksums()
+        raise
+    if not early:
+        verify_checksums()
     prof.mark("validate")
-    errs = rb.launch(keep)
+    ptrs, packed, copies, rb, scratch = decoded
+    errs = rb.launch()
     if copies:
         keep.append(runtime.copy_ops(*(np.array(c, np.uint64) for c in zip(*copies))))
     prof.mark("rans")
@@ -354,6 +331,79 @@ def decode_staged(st: Staged, outs: list[torch.Tensor]) -> None:
     del keep, scratch
 
 
+def _prepare(st: Staged, outs: list[torch.Tensor], base: int, keep: list[object]):
+    """Host side of a group's decode before any kernel runs: check every plane's form, queue
+    the rANS streams (validated together), plan the copies and the merge inputs, and start
+    GDeflate (only after the checksums, see decode_staged). Returns (merge plane pointers,
+    packed-sign flags, copies, rANS batch, scratch)."""
+    reader = st.reader
+    rb = _RansBatch(st.host)
+    ptrs = [[0] * 5 for _ in st.idx]
+    packed = [1] * len(st.idx)
+    scratch_need = 0
+    whole = [reader.tensors[i].layout.layout_id == layouts.RAW.layout_id for i in st.idx]
+    copies: list[tuple[int, int, int]] = []  # raw-layout tensors: (source, destination, bytes)
+    for k, _j, p in st.planes:
+        if p.codec in (codecs.RANS, codecs.GDEFLATE) and not whole[k]:
+            scratch_need += runtime.align(p.decoded_len, SLOT_ALIGN)
+    scratch = runtime.device_empty(scratch_need)
+    sp = scratch.data_ptr()
+    at_list = st.at.tolist()
+    for q, (k, j, p) in enumerate(st.planes):
+        def where(k=k, p=p) -> str:
+            return f"{reader.name}: tensor {reader.tensors[st.idx[k]].name!r} plane {p.label}"
+        a = at_list[q]
+        src = base + a
+        n = p.decoded_len
+        payload = st.host[a:a + p.stored_len]
+        if whole[k]:  # the plane is the tensor's bytes: no merge
+            dst = outs[k].data_ptr()
+            if p.codec == codecs.RAW:
+                if p.stored_len != n:
+                    raise CodecError(f"{where()}: raw plane stores {p.stored_len} bytes, "
+                                     f"declares {n}")
+                copies.append((src, dst, n))
+            elif p.codec == codecs.NVCOMP_ANS:
+                nvans.decode_into(st.device[a:a + p.stored_len], n, p.params, outs[k],
+                                  where())
+            else:
+                at = rb.add(a, p, src, dst, where)
+                if at != dst:  # a RAW-mode rANS stream: its bytes follow the header
+                    copies.append((at, dst, n))
+            continue
+        if p.codec == codecs.RAW:
+            if p.stored_len != n:
+                raise CodecError(f"{where()}: raw plane stores {p.stored_len} bytes, declares {n}")
+            ptrs[k][j] = src
+            if j == 0:
+                packed[k] = 0
+        elif p.codec == codecs.BITPACK:
+            if p.params or len(payload) != (n + 7) // 8 or \
+                    (n % 8 and int(payload[-1]) >> (n % 8)):
+                raise CodecError(f"{where()}: bitpack payload is malformed")
+            if j != 0:
+                raise CodecError(f"{where()}: bitpack on a plane other than the sign plane")
+            ptrs[k][j] = src
+        elif p.codec == codecs.RANS:
+            ptrs[k][j] = rb.add(a, p, src, sp, where)
+            if ptrs[k][j] == sp:
+                sp += runtime.align(n, SLOT_ALIGN)
+            if j == 0:
+                packed[k] = 0
+        elif p.codec == codecs.GDEFLATE:
+            if len(p.params) > 1:
+                raise CodecError(f"{where()}: gdeflate parameters are at most 1 byte")
+            entries, offsets = cpu_gdeflate.parse_page_table(payload, n)
+            gdeflate.decompress(st.device[a:], entries, offsets, sp, n)
+            ptrs[k][j] = sp
+            sp += runtime.align(n, SLOT_ALIGN)
+            if j == 0:
+                packed[k] = 0
+    rb.prepare(keep)
+    keep.append(scratch)
+    return ptrs, packed, copies, rb, scratch
+
+
 class _RansBatch:
     """Every rANS plane of a group: queued as a few scalars per plane, validated and turned into
     one block table by ``ranshost.parse_streams`` (numpy over all planes at once), launched once."""
@@ -379,9 +429,11 @@ class _RansBatch:
             return src + rans.HEADER_SIZE
         return dst
 
-    def launch(self, keep: list[object]) -> torch.Tensor | None:
+    def prepare(self, keep: list[object]) -> None:
+        """Validate every queued stream and upload the block table (no kernel yet)."""
+        self._launch = None
         if not self.rows:
-            return None
+            return
         a, stored, n, src, dst = (np.array(c, dtype=np.int64 if i < 3 else np.uint64)
                                   for i, c in enumerate(zip(*self.rows)))
         try:
@@ -391,7 +443,7 @@ class _RansBatch:
         self.first, self.coded = st.first, st.coded
         nb = self.nblocks = st.nblocks
         if not nb:
-            return None
+            return
         owner = np.repeat(np.arange(st.coded.size), np.diff(st.first))
         row = st.coded[owner]
         # per table the exclusive prefix sums of its frequencies: each CTA builds its decoder
@@ -410,7 +462,14 @@ class _RansBatch:
         cta_first, cta_warps = plan.cta_table(self.first)
         dev, dp = runtime.upload(cta_first, cta_warps, *cols)
         keep += [d_tab, dev]
-        err = torch.zeros(nb, dtype=torch.int32, device="cuda")
-        runtime.launch("rans", "rans_decode", cta_first.size, 32 * plan.RANS_WARPS,
+        self._launch = (cta_first.size, dp)
+
+    def launch(self) -> torch.Tensor | None:
+        """Decode every block (after :meth:`prepare`); the per-block error codes."""
+        if self._launch is None:
+            return None
+        ctas, dp = self._launch
+        err = torch.zeros(self.nblocks, dtype=torch.int32, device="cuda")
+        runtime.launch("rans", "rans_decode", ctas, 32 * plan.RANS_WARPS,
                        *(np.uint64(x) for x in dp), runtime.ptr(err))
         return err
