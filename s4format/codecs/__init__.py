@@ -41,7 +41,8 @@ def get(codec_id: int) -> Codec:
         name = NAMES.get(codec_id)
         if name is None:
             raise UnsupportedCodecError(
-                f"unknown codec ID {codec_id}; this reader knows {sorted(NAMES)}") from None
+                f"unknown codec ID {codec_id}; this reader decodes codec IDs "
+                f"{sorted(_REGISTRY)}") from None
         raise UnsupportedCodecError(
             f"codec {name!r} (ID {codec_id}) is not available in this installation") from None
 

@@ -27,7 +27,7 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
-from s4format import codecs, hashing, layouts
+from s4format import codecs, layouts
 from s4format.codecs.abc import Codec, Encoded
 from s4format.errors import CodecError
 from s4format.writer import SPLIT_MIN, CodedPlane, CodedTensor
@@ -61,10 +61,16 @@ def mode_for(dtype_name: str, itemsize: int) -> int:
 
 
 def _codec(mode: int):
+    """nvCOMP's ANS codec for ``mode`` on torch's current stream (one per mode, stream and
+    device: building one costs more than coding a small tensor)."""
+    return _codec_on(mode, torch.cuda.current_stream().cuda_stream, torch.cuda.current_device())
+
+
+@functools.lru_cache(maxsize=32)
+def _codec_on(mode: int, stream: int, device: int):
     from nvidia import nvcomp
 
-    return nvcomp.Codec(algorithm="ANS", data_type=MODES[mode][0],
-                        cuda_stream=torch.cuda.current_stream().cuda_stream)
+    return nvcomp.Codec(algorithm="ANS", data_type=MODES[mode][0], cuda_stream=stream)
 
 
 def _as_bytes(arr) -> torch.Tensor:
@@ -146,26 +152,24 @@ def code(items) -> Iterator:
     """``Encoder.code`` for the ``nvcomp-ans`` policy: one ``Coded`` per item, in order."""
     from s4weights.gpu import runtime
     from s4weights.gpu.encode import Coded
-    from s4weights.gpu.hash import content_hashes_from_leaves
+    from s4weights.gpu.hash import content_hashes_from_leaves, plane_checksums_from_leaves
 
     for it in items:
         data = it.data.reshape(-1)
         n = it.nbytes
-        dig, first = runtime.leaf_digests([data.data_ptr()], [n])
-        comp = None
+        stored, codec, params = data, codecs.RAW, b""
         if n >= SPLIT_MIN:
             mode = mode_for(it.dtype.name, it.dtype.itemsize)
             comp = encode(data, mode)
-            if comp.numel() >= n:
-                comp = None
-        if comp is None:
-            payload, codec, params = data.cpu().numpy(), codecs.RAW, b""
-        else:
-            payload, codec, params = comp.cpu().numpy(), codecs.NVCOMP_ANS, bytes([mode])
-        content = content_hashes_from_leaves(
-            [n], dig[:int(first[-1])].cpu().numpy().view(np.uint64), first)[0]
-        plane = CodedPlane(layouts.KIND_RAW, 0, codec, n, payload, params,
-                           hashing.plane_checksum(payload))
+            if comp.numel() < n:
+                stored, codec, params = comp, codecs.NVCOMP_ANS, bytes([mode])
+        m = int(stored.numel())
+        # content hash of the raw bytes and checksum of the stored ones, hashed on the device
+        dig, first = runtime.leaf_digests([data.data_ptr(), stored.data_ptr()], [n, m])
+        d = dig[:int(first[-1])].cpu().numpy().view(np.uint64)
+        content = content_hashes_from_leaves([n], d[:int(first[1])], first[:2])[0]
+        checksum = plane_checksums_from_leaves([m], d[int(first[1]):], first[1:] - first[1])[0]
+        plane = CodedPlane(layouts.KIND_RAW, 0, codec, n, stored.cpu().numpy(), params, checksum)
         yield Coded(CodedTensor(layouts.RAW, (plane,)), content)
 
 
