@@ -23,6 +23,7 @@ can be timed alone (coded payloads already on the device -> tensors).
 from __future__ import annotations
 
 import os
+import weakref
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -72,6 +73,9 @@ def decodable(reader: Reader, i: int) -> bool:
             and (gdeflate.available() or all(p.codec != codecs.GDEFLATE for p in t.planes)))
 
 
+_BY_HASH: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # reader -> hash -> index
+
+
 def device_extra(reader: Reader, i: int) -> int:
     """Device bytes that decoding tensor i on the GPU holds besides its output: its staged
     payloads, and the decoded planes that wait for the merge (rANS and GDeflate planes of a
@@ -85,6 +89,16 @@ def device_extra(reader: Reader, i: int) -> int:
         if (p.codec in (codecs.RANS, codecs.GDEFLATE) and not whole) \
                 or p.codec == codecs.NVCOMP_ANS:
             extra += runtime.align(p.decoded_len, SLOT_ALIGN)
+    if t.is_delta and reader.parent is not None:
+        # the parent's tensor is decoded too (its bytes and its own extra) for the XOR
+        parent = reader.parent
+        by_hash = _BY_HASH.get(parent)
+        if by_hash is None:
+            by_hash = _BY_HASH[parent] = {pt.content_hash: j
+                                          for j, pt in enumerate(parent.tensors)}
+        j = by_hash.get(t.parent_hash)
+        if j is not None:
+            extra += t.raw_nbytes + device_extra(parent, j)
     return extra
 
 
