@@ -196,6 +196,9 @@ def save_checkpoint(state: Any, url_or_dir: Any, step: int, *, keyframe_interval
     if keep_last is not None and keep_last < 1:
         # steps[-0:] would keep every checkpoint, the opposite of what 0 asks.
         raise ValueError("keep_last must be >= 1 (the checkpoint being saved is kept)")
+    from s4weights import gpu
+
+    gpu.register_codecs(device)  # a parent written with nvcomp-ans must open
     store = open_store(url_or_dir)
     infos = by_step(list_checkpoints(store))
     if step in infos:

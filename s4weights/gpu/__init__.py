@@ -195,7 +195,7 @@ def loader_for(reader, device: str, update=None, direct: dict | None = None,
     def load(i: int, dev):
         import torch
 
-        from s4weights.gpu.decode import decodable, read_tensors
+        from s4weights.gpu.decode import check_limit, decodable, read_tensors
 
         t = reader.tensors[i]
         dev = torch.device(dev)
@@ -215,6 +215,8 @@ def loader_for(reader, device: str, update=None, direct: dict | None = None,
                     idx.append(j)
                     used += extra_of(j)
             with torch.cuda.device(dev):
+                for j in idx:
+                    check_limit(reader, j)  # before _dest allocates
                 outs = read_tensors(reader, idx, [_dest(j, dev) for j in idx] if direct
                                     else None)
             raw = outs[0]

@@ -37,6 +37,7 @@ from s4format.errors import (
     CodecError,
     ContentHashError,
     FormatError,
+    LimitError,
     ParentMismatchError,
 )
 from s4format.reader import Reader
@@ -102,6 +103,19 @@ def device_extra(reader: Reader, i: int) -> int:
     return extra
 
 
+def check_limit(reader: Reader, i: int) -> None:
+    """Rule R0 on the GPU path: refuse, before allocating anything, a tensor larger than the
+    reader's ``max_tensor_bytes`` or than the current device's memory (codec 6 has no expansion
+    bound of its own; every codec may expand a small file enormously)."""
+    t = reader.tensors[i]
+    cap = min(reader.max_tensor_bytes,
+              torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory)
+    if t.raw_nbytes > cap:
+        raise LimitError(f"{reader.name}: tensor {t.name!r} declares {t.raw_nbytes} raw bytes, "
+                         f"more than {cap} (the reader's max_tensor_bytes or the device's "
+                         "memory)")
+
+
 def read_tensor(reader: Reader, i: int, out: torch.Tensor | None = None) -> torch.Tensor:
     """Tensor i's raw bytes as a flat uint8 CUDA tensor (``out`` if given: written in place)."""
     return read_tensors(reader, [i], None if out is None else [out])[0]
@@ -112,6 +126,8 @@ def read_tensors(reader: Reader, idx: list[int],
     """Raw bytes of tensors ``idx`` as flat uint8 CUDA tensors, decoded as one batch. Delta
     tensors are decoded to their XOR bytes, XORed on the device with their parent's bytes
     (read the same way from ``reader.parent``), and their content hash is checked after."""
+    for i in idx:
+        check_limit(reader, i)
     if outs is None:
         outs = [runtime.device_empty(reader.tensors[i].raw_nbytes)[:reader.tensors[i].raw_nbytes]
                 for i in idx]
@@ -373,9 +389,9 @@ def _prepare(st: Staged, outs: list[torch.Tensor], base: int, keep: list[object]
         if whole[k]:  # the plane is the tensor's bytes: no merge
             dst = outs[k].data_ptr()
             if p.codec == codecs.RAW:
-                if p.stored_len != n:
-                    raise CodecError(f"{where()}: raw plane stores {p.stored_len} bytes, "
-                                     f"declares {n}")
+                if p.params or p.stored_len != n:
+                    raise CodecError(f"{where()}: raw plane with parameters, or storing "
+                                     f"{p.stored_len} bytes for {n}")
                 copies.append((src, dst, n))
             elif p.codec == codecs.NVCOMP_ANS:
                 nvans.decode_into(st.device[a:a + p.stored_len], n, p.params, outs[k],
@@ -386,8 +402,9 @@ def _prepare(st: Staged, outs: list[torch.Tensor], base: int, keep: list[object]
                     copies.append((at, dst, n))
             continue
         if p.codec == codecs.RAW:
-            if p.stored_len != n:
-                raise CodecError(f"{where()}: raw plane stores {p.stored_len} bytes, declares {n}")
+            if p.params or p.stored_len != n:
+                raise CodecError(f"{where()}: raw plane with parameters, or storing "
+                                 f"{p.stored_len} bytes for {n}")
             ptrs[k][j] = src
             if j == 0:
                 packed[k] = 0

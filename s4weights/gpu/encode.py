@@ -130,9 +130,9 @@ class Encoder:
         self._copy_stream: torch.cuda.Stream | None = None
 
     def _groups(self, items: list[Item], pipelined: bool = False) -> list[list[Item]]:
-        """Consecutive groups under the workspace. ``pipelined`` (``code``): the previous
-        group's compacted buffer is still on the device while the next group is coded, so each
-        group gets one raw size less."""
+        """Consecutive groups whose worst-case device bytes (``plan.encode_need``) fit the
+        workspace. ``pipelined`` (``code``): the previous group's compacted buffer is still on
+        the device while the next group is coded, and counts against it."""
         for it in items:
             it.layout = plan.gpu_layout(it.dtype.name, it.nbytes)
             if it.layout is None and it.nbytes < SPLIT_MIN:
@@ -141,10 +141,11 @@ class Encoder:
                 # the CPU costs more host time than all their bytes are worth
                 it.layout = layouts.RAW
         workspace = self.workspace or plan.default_workspace(sum(i.nbytes for i in items))
-        factor = (plan.WORKSPACE_FACTOR if self.gd else plan.WORKSPACE_FACTOR_NO_GDEFLATE) \
-            + int(pipelined)
+        need = [plan.encode_need(it.layout, it.nbytes, it.dtype.itemsize, self.gd)
+                for it in items]
         return [[items[i] for i in grp]
-                for grp in plan.groups([i.nbytes for i in items], workspace, factor)]
+                for grp in plan.groups_by_need(need, [i.nbytes for i in items], workspace,
+                                               pipelined)]
 
     def code(self, items: list[Item]) -> Iterator[Coded]:
         """Coded tensors with payloads in pinned host memory, in order; one group's D2H is in

@@ -22,11 +22,6 @@ CHUNK_ELEMS = 65536  # kernels/planes.cu: elements per CTA of split and merge
 COPY_PIECE = 1 << 16
 GIB = 1 << 30
 MIN_WORKSPACE = 64 << 20
-# Device bytes per raw byte a group needs at most: planes (1x), rANS scratch (up to 2 bytes per
-# plane byte), GDeflate output (about 1x of the mantissa planes, only where GDeflate runs) and
-# the compacted payloads (1x).
-WORKSPACE_FACTOR = 5
-WORKSPACE_FACTOR_NO_GDEFLATE = 4
 
 GPU_LAYOUTS = {layouts.BF16.layout_id: 2, layouts.FP16.layout_id: 2, layouts.FP32.layout_id: 4}
 SPLIT_DTYPES = {"bfloat16": layouts.BF16, "float16": layouts.FP16, "float32": layouts.FP32}
@@ -46,20 +41,46 @@ def gpu_layout(dtype_name: str, nbytes: int) -> layouts.Layout | None:
     return lay
 
 
-def groups(nbytes: list[int], workspace: int, factor: int = WORKSPACE_FACTOR) -> list[range]:
-    """Consecutive windows whose estimated device workspace stays under ``workspace``; a tensor
-    too large for it forms a group of its own."""
-    out: list[range] = []
-    start, used = 0, 0
-    for i, n in enumerate(nbytes):
-        need = factor * n
-        if i > start and used + need > workspace:
-            out.append(range(start, i))
+def _al(n: int) -> int:
+    return (n + 255) // 256 * 256  # runtime.ALIGN: every device buffer is 256-byte aligned
+
+
+def encode_need(layout: layouts.Layout | None, nbytes: int, itemsize: int,
+                gdeflate: bool = False) -> int:
+    """Device bytes the encoder may hold for one tensor at once, at worst: its planes (packed
+    sign bits and one byte per element per other field), rANS scratch of two bytes per symbol
+    for every plane (the sign plane too, with its unpacked bytes), GDeflate's output pages where
+    GDeflate runs, and the compacted payloads (at most the raw bytes: larger codings fall back
+    to a raw copy). A tensor the GPU does not split holds only its copy in the payloads."""
+    if layout is None or layout.layout_id == layouts.RAW.layout_id:
+        return _al(nbytes)
+    n = nbytes // layout.word_size(itemsize)
+    planes = len(layout.fields) - 1  # byte planes besides the sign
+    need = _al((n + 7) // 8) + planes * _al(n)          # split planes
+    need += (planes + 1) * _al(2 * n) + _al(n)          # rANS scratch, unpacked sign bytes
+    if gdeflate:
+        need += planes * _al(-(-n // 65536) * (2 * 65536 + 4096))
+    return need + _al(nbytes)
+
+
+def groups_by_need(need: list[int], out: list[int], workspace: int,
+                   pipelined: bool = False) -> list[range]:
+    """Consecutive windows whose device bytes (``need`` per tensor) stay under ``workspace``;
+    ``pipelined``: the previous window's compacted payloads (``out`` per tensor) are still on
+    the device while the next window is coded, and count against it. A tensor that cannot fit
+    forms a window of its own."""
+    res: list[range] = []
+    start, used, cur_out, prev_out = 0, 0, 0, 0
+    for i, (nd, o) in enumerate(zip(need, out)):
+        if i > start and prev_out + used + nd > workspace:
+            res.append(range(start, i))
             start, used = i, 0
-        used += need
-    if start < len(nbytes):
-        out.append(range(start, len(nbytes)))
-    return out
+            prev_out, cur_out = (cur_out if pipelined else 0), 0
+        used += nd
+        cur_out += o
+    if start < len(need):
+        res.append(range(start, len(need)))
+    return res
 
 
 def chunk_table(nelems: list[int]) -> tuple[np.ndarray, np.ndarray]:

@@ -179,34 +179,45 @@ class Streams:
         return int(self.first[-1])
 
 
-def _gather_le(host: np.ndarray, at: np.ndarray, width: int) -> np.ndarray:
-    v = np.zeros(at.shape, np.int64)
-    for i in range(width):
-        v |= host[at + i].astype(np.int64) << (8 * i)
-    return v
-
-
 def parse_streams(host: np.ndarray, at, stored, n) -> Streams:
     """Validate every stream ``host[at[q] : at[q] + stored[q]]`` that must decode to ``n[q]``
     symbols, exactly as the CPU decoder's checks before decoding (header, table, word counts,
-    lengths), with numpy over all streams at once; raise :class:`StreamError` for the first
-    failing stream of the first failing check. The per-block checks of the bitstream itself
-    (states, word underflow, final states) are the kernel's."""
+    lengths), with numpy over all streams at once. A failing stream is reported as the CPU
+    reader would report it, decoding streams in order: :class:`StreamError` for the lowest
+    failing stream, with the first check it fails. The per-block checks of the bitstream
+    itself (states, word underflow, final states) are the kernel's.
+
+    Every check runs on all streams; a stream that failed one is masked out of the later
+    ones, and every gather clips its indices into ``host``, so the values a failed stream
+    yields are never used and never read out of bounds."""
     host = np.asarray(host, np.uint8).reshape(-1)
     at = np.asarray(at, np.int64).reshape(-1)
     stored = np.asarray(stored, np.int64).reshape(-1)
     n = np.asarray(n, np.int64).reshape(-1)
-
-    def check(bad: np.ndarray, msg, rows: np.ndarray | None = None) -> None:
-        if bad.any():
-            i = int(np.flatnonzero(bad)[0])
-            q = i if rows is None else int(rows[i])
-            raise StreamError(q, msg(i) if callable(msg) else msg)
-
     if (at < 0).any() or (at + stored > host.size).any():
         raise ValueError("stream outside the host buffer")
+    buf = host if host.size else np.zeros(1, np.uint8)
+    top = buf.size - 1
+
+    def get(idx: np.ndarray) -> np.ndarray:
+        return buf[np.clip(idx, 0, top)]
+
+    ok = np.ones(at.size, bool)
+    first: list = [None]  # (stream, message) of the lowest failing stream so far
+
+    def check(bad: np.ndarray, msg, rows: np.ndarray | None = None) -> None:
+        rows_all = np.arange(at.size) if rows is None else rows
+        bad = bad & ok[rows_all]
+        if not bad.any():
+            return
+        i = int(np.flatnonzero(bad)[0])
+        q = int(rows_all[i])
+        if first[0] is None or q < first[0][0]:
+            first[0] = (q, msg(i) if callable(msg) else msg)
+        ok[rows_all[bad]] = False
+
     check(stored < HEADER_SIZE, "rans stream shorter than its header")
-    hdr = host[at[:, None] + np.arange(HEADER_SIZE)]
+    hdr = get(at[:, None] + np.arange(HEADER_SIZE))
     mode = hdr[:, 0].astype(np.int64)
     lg = hdr[:, 1].astype(np.int64)
     count = hdr[:, 4:12].copy().view("<u8").reshape(-1)
@@ -214,13 +225,14 @@ def parse_streams(host: np.ndarray, at, stored, n) -> Streams:
           | (lg > rans.LOG2_BLOCK_MAX) | (count != n.astype(np.uint64)), "bad rans header")
     check((mode != rans.MODE_RAW) & (mode != rans.MODE_CONST) & (mode != rans.MODE_RANS),
           lambda i: f"rans mode {int(mode[i])} is not RAW, CONST or RANS")
-    nb = (n + (np.int64(1) << lg) - 1) >> lg
-    raw, const, coded_r = mode == rans.MODE_RAW, mode == rans.MODE_CONST, mode == rans.MODE_RANS
+    lg = np.where(ok, lg, rans.LOG2_BLOCK_MIN)  # failed streams: harmless values from here on
+    nb = np.where(ok, (n + (np.int64(1) << lg) - 1) >> lg, 0)
+    raw, const = (mode == rans.MODE_RAW) & ok, (mode == rans.MODE_CONST) & ok
     check(raw & (stored != HEADER_SIZE + n), "rans RAW stream has the wrong length")
     check(const & (stored != HEADER_SIZE + nb), "rans CONST stream has the wrong length")
 
     # frequency tables of the RANS streams
-    ri = np.flatnonzero(coded_r)
+    ri = np.flatnonzero((mode == rans.MODE_RANS) & ok)
     pos = np.zeros(at.size, np.int64)
     tab_of = np.full(at.size, -1, np.int64)
     freqs = np.zeros((ri.size, 256), np.int64)
@@ -228,7 +240,7 @@ def parse_streams(host: np.ndarray, at, stored, n) -> Streams:
         a, ln = at[ri], stored[ri]
         check(ln < HEADER_SIZE + rans.BITMAP_SIZE,
               "rans stream ends inside the frequency table's presence bitmap", ri)
-        bm = host[(a + HEADER_SIZE)[:, None] + np.arange(rans.BITMAP_SIZE)]
+        bm = get((a + HEADER_SIZE)[:, None] + np.arange(rans.BITMAP_SIZE))
         present = np.unpackbits(bm, axis=1, bitorder="little").astype(bool)
         k = present.sum(axis=1)
         check(k == 0, "rans frequency table marks no symbol present", ri)
@@ -238,7 +250,7 @@ def parse_streams(host: np.ndarray, at, stored, n) -> Streams:
               "symbols)", ri)
         body = np.repeat(a + HEADER_SIZE + rans.BITMAP_SIZE, k) + 2 * (
             np.arange(int(k.sum())) - np.repeat(np.cumsum(k) - k, k))
-        freqs[present] = host[body].astype(np.int64) | host[body + 1].astype(np.int64) << 8
+        freqs[present] = get(body).astype(np.int64) | get(body + 1).astype(np.int64) << 8
         check((present & (freqs == 0)).any(axis=1),
               "rans frequency table gives a present symbol frequency 0", ri)
         total = freqs.sum(axis=1)
@@ -246,38 +258,44 @@ def parse_streams(host: np.ndarray, at, stored, n) -> Streams:
               lambda i: f"rans frequencies sum to {int(total[i])}, must sum to 4096", ri)
         padded = end > HEADER_SIZE + size
         pad_at = a + HEADER_SIZE + size
-        pad = np.where(padded, host[np.where(padded, pad_at, a)] | host[np.where(
-            padded, pad_at + 1, a)], 0)
+        pad = np.where(padded, get(pad_at) | get(pad_at + 1), 0)
         check(pad != 0, "rans frequency table padding is not zero", ri)
         check(ln < end + rans.BLOCK_OVERHEAD * nb[ri], "rans stream ends before its word area", ri)
         pos[ri] = end
         tab_of[ri] = np.arange(ri.size)
+    nb = np.where(ok, nb, 0)
+    coded_r = (mode == rans.MODE_RANS) & ok
 
-    # blocks of the CONST and RANS streams
-    ci = np.flatnonzero(~raw)
+    # blocks of the CONST and RANS streams (failed streams have none)
+    ci = np.flatnonzero(~raw & ok)
     nbc = nb[ci]
-    first = np.zeros(ci.size + 1, np.int64)
-    np.cumsum(nbc, out=first[1:])
+    first_blk = np.zeros(ci.size + 1, np.int64)
+    np.cumsum(nbc, out=first_blk[1:])
     owner = np.repeat(np.arange(ci.size), nbc)
     row = ci[owner]
-    j = np.arange(int(first[-1]), dtype=np.int64) - first[:-1][owner]
+    j = np.arange(int(first_blk[-1]), dtype=np.int64) - first_blk[:-1][owner]
     start = j << lg[row]
     length = np.minimum(n[row] - start, np.int64(1) << lg[row])
     is_const = const[row]
     is_rans = ~is_const
     fill = np.zeros(j.size, np.uint8)
-    fill[is_const] = host[at[row[is_const]] + HEADER_SIZE + j[is_const]]
+    fill[is_const] = get(at[row[is_const]] + HEADER_SIZE + j[is_const])
     count = np.zeros(j.size, np.int64)
-    count[is_rans] = _gather_le(host, at[row[is_rans]] + pos[row[is_rans]] + 4 * j[is_rans], 4)
+    ca = at[row[is_rans]] + pos[row[is_rans]] + 4 * j[is_rans]
+    count[is_rans] = (get(ca).astype(np.int64) | get(ca + 1).astype(np.int64) << 8
+                      | get(ca + 2).astype(np.int64) << 16 | get(ca + 3).astype(np.int64) << 24)
     check(count > length, "a rans block stores more words than symbols", row)
-    csum = np.cumsum(count) - count                       # words before each block, batch-wide
-    within = csum - np.append(csum, 0)[first[:-1]][owner]
+    plane_words = np.zeros(ci.size, np.int64)
+    np.add.at(plane_words, owner, count)
     words_at = pos + rans.BLOCK_OVERHEAD * nb             # per stream (RANS rows)
-    plane_words = np.bincount(owner, weights=count, minlength=ci.size).astype(np.int64)
     check(coded_r[ci] & (stored[ci] != words_at[ci] + 2 * plane_words),
           "rans stream length does not match its word counts", ci)
+    if first[0] is not None:
+        raise StreamError(*first[0])
+    csum = np.cumsum(count) - count                       # words before each block, batch-wide
+    within = csum - np.append(csum, 0)[first_blk[:-1]][owner]
     return Streams(
-        mode=mode, data_at=np.where(raw, HEADER_SIZE, 0), coded=ci, first=first,
+        mode=mode, data_at=np.where(raw, HEADER_SIZE, 0), coded=ci, first=first_blk,
         const=is_const.astype(np.uint8), fill=fill,
         words=np.where(is_rans, words_at[row] + 2 * within, 0),
         count=count.astype(np.uint32),

@@ -109,3 +109,23 @@ def test_bad_parameters_and_lengths_are_codec_errors() -> None:
             data.numel() + 2, dtype=torch.uint8, device="cuda"), "t")
     assert np.array_equal(nvans.NvcompAnsCodec().decode(comp.cpu().numpy(), data.numel(),
                                                         bytes([1])), data.cpu().numpy())
+
+
+def test_checkpoint_chains_under_nvcomp_ans_keep_their_deltas(tmp_path) -> None:
+    # a fresh process, where nothing has registered codec 6 yet: the second save must open
+    # the first (an nvcomp-ans file) as its parent, not fall back to a new base
+    code = (
+        "import sys, torch, s4weights\n"
+        "torch.manual_seed(0)\n"
+        "w = torch.randn(1 << 18, device='cuda') * 0.02\n"
+        "s4weights.save_checkpoint({'w': w}, sys.argv[1], 0, policy='nvcomp-ans')\n"
+        "w[:1000] += 1e-3\n"
+        "info = s4weights.save_checkpoint({'w': w}, sys.argv[1], 1, policy='nvcomp-ans',\n"
+        "                                 min_delta_gain=0.0)\n"
+        "got = s4weights.load_checkpoint(sys.argv[1], 1, map_location='cuda')['w']\n"
+        "assert torch.equal(got.view(torch.int32), w.view(torch.int32))\n"
+        "print('parent', info.parent_step)\n")
+    r = subprocess.run([sys.executable, "-c", code, str(tmp_path / "run")], capture_output=True,
+                       text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "parent 0" in r.stdout, r.stdout + r.stderr

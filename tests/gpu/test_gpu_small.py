@@ -109,3 +109,28 @@ def test_corrupt_raw_layout_rans_stream_is_refused_on_the_gpu() -> None:
     bad = s4format.Reader(bytes(blob))
     with pytest.raises(s4format.S4Error):
         decode.read_tensors(bad, [0])
+
+
+def test_raw_plane_with_parameters_is_refused_on_the_gpu_as_on_the_cpu() -> None:
+    from s4format import dtypes, hashing
+    from s4format.writer import CodedPlane, CodedTensor
+
+    a = np.arange(5000, dtype=np.uint8)
+    buf = io.BytesIO()
+    with Writer(buf) as w:
+        ct = CodedTensor(layouts.RAW, (CodedPlane(0, 0, codecs.RAW, a.size, a, b"\x00"),))
+        w.add_coded("a", dtypes.BY_NAME["uint8"], (a.size,), ct, hashing.content_hash(a))
+        w.set_tree([TensorRef(0)])
+    reader = s4format.Reader(buf.getvalue())
+    with pytest.raises(s4format.CodecError, match="raw"):
+        reader.read_raw(0)
+    with pytest.raises(s4format.CodecError, match="raw plane with parameters"):
+        decode.read_tensors(reader, [0])
+
+
+def test_max_tensor_bytes_is_enforced_before_the_gpu_allocates() -> None:
+    buf = io.BytesIO()
+    s4weights.save({"w": torch.randn(1 << 16, device="cuda")}, buf, device="cuda")
+    reader = s4format.Reader(buf.getvalue(), max_tensor_bytes=1 << 10)
+    with pytest.raises(s4format.LimitError, match="max_tensor_bytes"):
+        decode.read_tensors(reader, [0])

@@ -136,3 +136,57 @@ def test_damaged_streams_are_refused_exactly_where_the_per_stream_checks_refuse(
             with pytest.raises(StreamError) as e:
                 parse_streams(host, at, stored, n)
             assert e.value.plane == row
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_with_several_damaged_streams_the_lowest_failing_one_is_named(seed) -> None:
+    rng = np.random.default_rng(100 + seed)
+    base = [(s.copy(), k) for s, k in _streams()]
+    for _ in range(60):
+        trial = list(base)
+        for row in rng.choice(len(trial), size=int(rng.integers(2, 6)), replace=False):
+            s, k = trial[int(row)]
+            d = s.copy()
+            if rng.random() < 0.3:
+                d = d[:int(rng.integers(0, d.size + 1))]
+            elif d.size:
+                i = int(rng.integers(0, min(d.size, 400)))
+                d[i] ^= np.uint8(1 << int(rng.integers(8)))
+            trial[int(row)] = (d, k)
+        failing = []
+        for row, (s, k) in enumerate(trial):
+            try:
+                _reference(s, k)
+            except CodecError:
+                failing.append(row)
+        host, at, stored, n = _pack(trial)
+        if not failing:
+            parse_streams(host, at, stored, n)
+            continue
+        with pytest.raises(StreamError) as e:
+            parse_streams(host, at, stored, n)
+        assert e.value.plane == failing[0]
+
+
+def test_edge_streams() -> None:
+    codec = RansCodec(16)
+    cases = []
+    for plane in (np.zeros(0, np.uint8), np.full(10, 4, np.uint8),
+                  np.arange(256, dtype=np.uint8).repeat(3)):  # k = 256: no table padding
+        cases.append((np.frombuffer(codec.encode(plane).payload, np.uint8), plane.size))
+    host, at, stored, n = _pack(cases)
+    parse_streams(host, at, stored, n)
+    # the same streams, one byte longer or shorter, or for another symbol count
+    for row, (s, k) in enumerate(cases):
+        for bad, nn in ((np.append(s, np.uint8(0)), k), (s[:-1], k), (s, k + 1)):
+            trial = list(cases)
+            trial[row] = (bad, nn)
+            h, a, st, nv = _pack(trial)
+            with pytest.raises(StreamError) as e:
+                parse_streams(h, a, st, nv)
+            assert e.value.plane == row
+    # a stream that ends the host buffer exactly, cut inside its table
+    s, k = cases[2]
+    cut = s[:rans.HEADER_SIZE + 40].copy()
+    with pytest.raises(StreamError):
+        parse_streams(cut, [0], [cut.size], [k])

@@ -3,6 +3,8 @@ workspace sizing, which tensors the GPU splits."""
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 
@@ -17,10 +19,32 @@ def test_workspace_is_a_tenth_of_the_state_between_64_mib_and_1_gib() -> None:
 
 
 def test_groups_keep_order_cover_everything_and_respect_the_bound() -> None:
-    sizes = [10, 10, 10, 100, 5, 5, 1000, 1]
-    got = plan.groups(sizes, workspace=plan.WORKSPACE_FACTOR * 30)
+    need = [10, 10, 10, 100, 5, 5, 1000, 1]
+    got = plan.groups_by_need(need, [1] * len(need), workspace=30)
     assert [list(g) for g in got] == [[0, 1, 2], [3], [4, 5], [6], [7]]
-    assert plan.groups([], 100) == []
+    assert plan.groups_by_need([], [], 100) == []
+
+
+def test_pipelined_groups_count_the_previous_groups_payloads() -> None:
+    need, out = [40, 40, 40, 40], [30, 30, 30, 30]
+    assert [list(g) for g in plan.groups_by_need(need, out, 100)] == [[0, 1], [2, 3]]
+    # the second window also holds the first window's 60 payload bytes: 60 + 40 fits, 60 + 80
+    # does not
+    got = plan.groups_by_need(need, out, 100, pipelined=True)
+    assert [list(g) for g in got] == [[0, 1], [2], [3]]
+    for a, b in itertools.pairwise(got):
+        assert sum(out[i] for i in a) + sum(need[i] for i in b) <= 100 or len(b) == 1
+
+
+@pytest.mark.parametrize("lay,isz", [(layouts.BF16, 2), (layouts.FP16, 2), (layouts.FP32, 4)])
+def test_encode_need_covers_planes_scratch_and_payloads(lay, isz) -> None:
+    nbytes = 1 << 20
+    n = nbytes // isz
+    planes = len(lay.fields) - 1
+    need = plan.encode_need(lay, nbytes, isz)
+    assert need >= n // 8 + planes * n + 2 * n * (planes + 1) + n + nbytes
+    assert plan.encode_need(lay, nbytes, isz, gdeflate=True) > need
+    assert plan.encode_need(None, 1000, 8) == plan.encode_need(layouts.RAW, 1000, 1) == 1024
 
 
 def test_gpu_splits_float_dtypes_from_the_writers_threshold() -> None:

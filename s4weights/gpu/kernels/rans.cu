@@ -5,32 +5,27 @@
 //
 // Blocks of many planes go into one launch through a block table built on the host (pointers
 // per block) and a CTA table: each CTA takes up to RANS_WARPS consecutive blocks of ONE plane
-// (cta_first, cta_warps), so its warps share the plane's table, which the CTA loads into shared
-// memory once. (A warp's 32 table lookups per row are a random gather: from global memory they
-// touch ~28 cache lines per row and were the decoder's bottleneck; from shared memory they cost
-// a few bank conflicts.) The encoder writes a block's words to its own scratch region (at most one word
-// per symbol) and its word count, 32 final states, first symbol and "not constant" flag; the
-// host then knows every stream size and assembles the streams with the copy kernel.
+// (cta_first, cta_warps), so its warps share the plane's table, which the CTA builds in shared
+// memory once from the plane's frequencies. (A warp's 32 table lookups per row are a random
+// gather: from global memory they touch ~28 cache lines per row and were the decoder's
+// bottleneck; from shared memory they cost a few bank conflicts.) The encoder writes a block's
+// words to its own scratch region (at most one word per symbol) and its word count, 32 final
+// states, first symbol and "not constant" flag; the host then knows every stream size and
+// assembles the streams with the copy kernel.
+//
+// Encoder table entry per symbol (uint4): x = x_max (renormalise while x >= x_max), y = the
+// reciprocal, z = the bias, w = shift | (4096 - freq) << 8; coding is
+// x' = x + bias + ((umulhi(x, rcp) >> shift) * (4096 - freq)).
 #include "common.cuh"
 
 #define RANS_WARPS 8          // warps (blocks of one plane) per CTA
 #define STAGE 512             // symbols staged in shared memory per warp step (16 rows)
-
-struct EncSym {  // per symbol: renormalise while x >= xmax; x' = x + bias + q * cmpl
-    u32 xmax, rcp, bias, shift_cmpl;  // shift in bits 0-7, 4096 - freq in bits 8-23
-};
 
 __device__ __forceinline__ u32 lanemask_lt() {
     u32 m;
     asm("mov.u32 %0, %%lanemask_lt;" : "=r"(m));
     return m;
 }
-__device__ __forceinline__ u32 lanemask_gt() {
-    u32 m;
-    asm("mov.u32 %0, %%lanemask_gt;" : "=r"(m));
-    return m;
-}
-
 extern "C" __global__ void __launch_bounds__(RANS_WARPS * 32)
 rans_encode(const u32* cta_first, const u8* cta_warps, const u64* blk_src, const u32* blk_len,
             const u64* blk_tab, const u64* blk_scratch, u32* counts, u32* states, u8* firsts,
