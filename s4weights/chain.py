@@ -119,9 +119,15 @@ def close_chain(reader: s4format.Reader | None) -> None:
         reader = reader.parent
 
 
-def open_chain(store: Store, chain: list[CheckpointInfo], verify: bool) -> s4format.Reader:
+def open_chain(store: Store, chain: list[CheckpointInfo], verify: bool,
+               device: str = "auto") -> s4format.Reader:
     """Readers for ``chain`` (base first), each attached to its parent; returns the last.
-    Close them with :func:`close_chain`; on failure every reader opened so far is closed."""
+    Close them with :func:`close_chain`; on failure every reader opened so far is closed.
+    Checkpoints written with the GPU-only codec (nvcomp-ans) open where it can run, unless
+    ``device`` is ``"cpu"``."""
+    from s4weights import gpu
+
+    gpu.register_codecs(device)
     reader: s4format.Reader | None = None
     try:
         for info in chain:
@@ -196,9 +202,6 @@ def save_checkpoint(state: Any, url_or_dir: Any, step: int, *, keyframe_interval
     if keep_last is not None and keep_last < 1:
         # steps[-0:] would keep every checkpoint, the opposite of what 0 asks.
         raise ValueError("keep_last must be >= 1 (the checkpoint being saved is kept)")
-    from s4weights import gpu
-
-    gpu.register_codecs(device)  # a parent written with nvcomp-ans must open
     store = open_store(url_or_dir)
     infos = by_step(list_checkpoints(store))
     if step in infos:
@@ -273,10 +276,7 @@ def load_checkpoint(url_or_dir: Any, step: int | None = None, *, map_location: A
     if step not in infos:
         raise StorageError(f"no checkpoint step {step} in {store.url}; "
                            f"steps there: {sorted(infos)}")
-    from s4weights import gpu
-
-    gpu.register_codecs(device)
-    reader = open_chain(store, chain_of(step, infos), verify)
+    reader = open_chain(store, chain_of(step, infos), verify, device)
     try:
         return read_tree(reader, map_location, strict=strict, show=progress, device=device,
                          into=into, workspace=workspace)

@@ -125,9 +125,6 @@ def _verify_one(store: Store, info: CheckpointInfo, infos: dict[int, CheckpointI
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from s4weights import gpu
-
-    gpu.register_codecs()  # checkpoints written with nvcomp-ans verify where it can run
     store = open_store(args.url)
     runs, _ = _run_names(store)
     if not runs:

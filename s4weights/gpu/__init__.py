@@ -93,7 +93,7 @@ def _coded_stream(chosen: list, policy: str, workspace: int | None):
     second copy of a large state at once."""
     from s4weights.gpu import plan, runtime
     from s4weights.gpu.encode import Encoder, Item
-    from s4weights.gpu.hash import content_hash_from_leaves
+    from s4weights.gpu.hash import content_hashes_from_leaves
 
     ws = workspace or plan.default_workspace(sum(t.nbytes for _n, t, _p in chosen))
     has_parents = any(p is not None for _n, _t, p in chosen)
@@ -123,8 +123,8 @@ def _coded_stream(chosen: list, policy: str, workspace: int | None):
             dig, first = runtime.leaf_digests([b.data_ptr() for b in with_parent],
                                               [b.numel() for b in with_parent])
             d = dig[:int(first[-1])].cpu().numpy().view("<u8")
-            parent_hashes = iter([content_hash_from_leaves(b.numel(), d[first[k]:first[k + 1]])
-                                  for k, b in enumerate(with_parent)])
+            parent_hashes = iter(content_hashes_from_leaves([b.numel() for b in with_parent],
+                                                            d, first))
         results = enc.code(items)
         for _name, _t, p in chunk:
             alone = next(results)
@@ -195,7 +195,7 @@ def loader_for(reader, device: str, update=None, direct: dict | None = None,
     def load(i: int, dev):
         import torch
 
-        from s4weights.gpu.decode import check_limit, decodable, read_tensors
+        from s4weights.gpu.decode import decodable, read_tensors
 
         t = reader.tensors[i]
         dev = torch.device(dev)
@@ -215,8 +215,6 @@ def loader_for(reader, device: str, update=None, direct: dict | None = None,
                     idx.append(j)
                     used += extra_of(j)
             with torch.cuda.device(dev):
-                for j in idx:
-                    check_limit(reader, j)  # before _dest allocates
                 outs = read_tensors(reader, idx, [_dest(j, dev) for j in idx] if direct
                                     else None)
             raw = outs[0]
@@ -228,10 +226,12 @@ def loader_for(reader, device: str, update=None, direct: dict | None = None,
 
     def _dest(j: int, dev):
         from s4weights.gpu import runtime
+        from s4weights.gpu.decode import check_limit
 
         d = direct.get(j)
         if d is not None and d.device == dev:
             return d
+        check_limit(reader, j)  # rule R0 before allocating (read_tensors checks too, later)
         n = sizes[j]
         return runtime.device_empty(n)[:n]
 

@@ -43,7 +43,6 @@ from s4format.errors import (
 from s4format.reader import Reader
 from s4weights.gpu import gdeflate, nvans, plan, ranshost, runtime
 from s4weights.gpu.hash import (
-    content_hash_from_leaves,
     content_hashes_from_leaves,
     plane_checksums_from_leaves,
 )
@@ -175,9 +174,10 @@ def _apply_parents(reader: Reader, idx: list[int], outs: list[torch.Tensor]) -> 
     del praw
     cd, cfirst = runtime.leaf_digests([o.data_ptr() for o in outs], [o.numel() for o in outs])
     d = cd[:int(cfirst[-1])].cpu().numpy().view(np.uint64)
-    for k, o in enumerate(outs):
+    hashes = content_hashes_from_leaves([o.numel() for o in outs], d, cfirst)
+    for k, got in enumerate(hashes):
         t = reader.tensors[idx[k]]
-        if content_hash_from_leaves(o.numel(), d[cfirst[k]:cfirst[k + 1]]) != t.content_hash:
+        if got != t.content_hash:
             raise ContentHashError(f"{reader.name}: tensor {t.name!r} content hash mismatch "
                                    "after decoding: the file is corrupt or its parent is wrong")
 

@@ -6,33 +6,20 @@ digests is a few bytes per leaf and is hashed here, exactly as :mod:`s4format.ha
 
 from __future__ import annotations
 
-import struct
-
 import numpy as np
 import xxhash
 
 from s4format.hashing import LEAF_SIZE
 
 
-def leaf_count(nbytes: int) -> int:
-    return (nbytes + LEAF_SIZE - 1) // LEAF_SIZE
-
-
-def _root_input(nbytes: int, digests: np.ndarray) -> bytes:
-    if digests.size != leaf_count(nbytes):
-        raise ValueError(f"{nbytes} bytes have {leaf_count(nbytes)} leaves, got "
-                         f"{digests.size} digests")
-    return struct.pack("<Q", nbytes) + np.ascontiguousarray(digests, dtype="<u8").tobytes()
-
-
 def content_hash_from_leaves(nbytes: int, digests: np.ndarray) -> bytes:
     """The 16-byte content hash of ``nbytes`` raw bytes whose leaves hash to ``digests``."""
-    return xxhash.xxh3_128_digest(_root_input(nbytes, digests))
+    return content_hashes_from_leaves([nbytes], digests, [0, np.asarray(digests).size])[0]
 
 
 def plane_checksum_from_leaves(nbytes: int, digests: np.ndarray) -> int:
     """The u64 plane checksum of ``nbytes`` stored bytes whose leaves hash to ``digests``."""
-    return xxhash.xxh3_64_intdigest(_root_input(nbytes, digests))
+    return plane_checksums_from_leaves([nbytes], digests, [0, np.asarray(digests).size])[0]
 
 
 def _roots_input(nbytes, digests: np.ndarray, first) -> tuple[memoryview, np.ndarray]:
