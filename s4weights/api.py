@@ -87,8 +87,8 @@ def save(obj: Any, f: FileLike, *, policy: str = "auto", metadata: dict[str, str
     :class:`s4format.UnsupportedObjectError` naming the key path of any object that cannot be
     stored. ``device`` picks where CUDA tensors are coded (``"auto"``, ``"cuda"``, ``"cpu"``).
     ``workspace`` bounds the extra GPU memory the GPU path uses, in bytes (default: 10% of the
-    state's bytes, at least 64 MiB and at most 1 GiB; a single tensor larger than that is
-    still coded, with a workspace of its own size).
+    state's bytes, at least 64 MiB and at most 1 GiB). A tensor too large to code whole in it
+    is coded in chunks that fit (the same stored bytes); the smallest chunk needs about 32 MiB.
     """
     t0 = time.perf_counter()
     flat = flatten(obj)

@@ -65,6 +65,9 @@ class Item:
     shape: tuple[int, ...]
     data: torch.Tensor
     layout: Layout | None = None  # set by the encoder: GPU split layout, None = CPU coder
+    # a delta coded without a device copy of the XOR: the item is ``data ^ parent`` (same
+    # length), formed chunk by chunk (``chunked``); such items never share a group
+    parent: torch.Tensor | None = None
 
     @property
     def nbytes(self) -> int:
@@ -129,10 +132,16 @@ class Encoder:
         self.gd = (mantissa == "gdeflate" or self.policy == "seed") and gdeflate.available()
         self._copy_stream: torch.cuda.Stream | None = None
 
-    def _groups(self, items: list[Item], pipelined: bool = False) -> list[list[Item]]:
+    def _workspace(self, items: list[Item]) -> int:
+        return self.workspace or plan.default_workspace(sum(i.nbytes for i in items))
+
+    def _groups(self, items: list[Item], pipelined: bool = False, chunked: bool = False
+                ) -> list[list[Item] | Item]:
         """Consecutive groups whose worst-case device bytes (``plan.encode_need``) fit the
         workspace. ``pipelined`` (``code``): the previous group's compacted buffer is still on
-        the device while the next group is coded, and counts against it."""
+        the device while the next group is coded, and counts against it. ``chunked``: a tensor
+        that alone needs more than the workspace (and every item with a parent) is returned on
+        its own, not in a list, for the chunked coder."""
         for it in items:
             it.layout = plan.gpu_layout(it.dtype.name, it.nbytes)
             if it.layout is None and it.nbytes < SPLIT_MIN:
@@ -140,18 +149,48 @@ class Encoder:
                 # in all) are stored as one raw plane, copied on the device: coding them on
                 # the CPU costs more host time than all their bytes are worth
                 it.layout = layouts.RAW
-        workspace = self.workspace or plan.default_workspace(sum(i.nbytes for i in items))
+        workspace = self._workspace(items)
         need = [plan.encode_need(it.layout, it.nbytes, it.dtype.itemsize, self.gd)
                 for it in items]
-        return [[items[i] for i in grp]
-                for grp in plan.groups_by_need(need, [i.nbytes for i in items], workspace,
-                                               pipelined)]
+        out: list[list[Item] | Item] = []
+        run: list[int] = []
+
+        def flush() -> None:
+            grouped = plan.groups_by_need([need[i] for i in run],
+                                          [items[i].nbytes for i in run], workspace, pipelined)
+            out.extend([items[run[i]] for i in grp] for grp in grouped)
+            run.clear()
+
+        for i, it in enumerate(items):
+            large = it.parent is not None or (
+                need[i] > workspace and not self.gd and it.layout is not layouts.RAW)
+            if chunked and large:
+                flush()
+                out.append(it)
+            else:
+                if it.parent is not None:
+                    raise ValueError("an item with a parent is coded by Encoder.code only")
+                run.append(i)
+        flush()
+        return out
 
     def code(self, items: list[Item]) -> Iterator[Coded]:
         """Coded tensors with payloads in pinned host memory, in order; one group's D2H is in
-        flight while the next group runs on the device."""
+        flight while the next group runs on the device. A tensor too large for the workspace
+        is coded alone, in chunks (``chunked``), once the group before it is done."""
+        from s4weights.gpu import chunked
+
         pending: DeviceGroup | None = None
-        for grp in self._groups(items, pipelined=True):
+        workspace = self._workspace(items)
+        for grp in self._groups(items, pipelined=True, chunked=True):
+            if isinstance(grp, Item):
+                if pending is not None:
+                    yield from self._results(pending)
+                    pending = None
+                split = grp.layout is not None and grp.layout is not layouts.RAW
+                yield (chunked.code_large(self, grp, workspace) if split
+                       else chunked.code_host(self, grp))
+                continue
             g = self.encode_group(grp)
             self._to_host(g)
             if pending is not None:
@@ -161,7 +200,8 @@ class Encoder:
             yield from self._results(pending)
 
     def encode_device(self, items: list[Item]) -> list[DeviceGroup]:
-        """Device-to-device: every group's compacted payload buffer stays on the device."""
+        """Device-to-device: every group's compacted payload buffer stays on the device (so a
+        tensor larger than the workspace is one group of its own, whatever it needs)."""
         return [self.encode_group(grp) for grp in self._groups(items)]
 
     # -- one group ------------------------------------------------------------------------
@@ -250,39 +290,26 @@ class Encoder:
         hp = hist.data_ptr()
         order: list[int] = []  # segment index -> position in segs, by layout
         keep = []
-        for lay_id, kernel_name in SPLIT_KERNEL.items():
+        for lay_id in SPLIT_KERNEL:
             sel = [j for j, (k, _) in enumerate(segs) if items[k].layout.layout_id == lay_id]
             if not sel:
                 continue
             s0 = len(order)
             order += sel
             word = 4 if lay_id == layouts.FP32.layout_id else 2
-            nelems = np.array([items[segs[j][0]].nbytes // word for j in sel], np.int64)
-            cs, c0 = plan.chunk_table(nelems.tolist())
-            table = np.zeros((len(sel), 5), dtype=np.uint64)
-            for r, j in enumerate(sel):
-                offs = segs[j][1]
-                table[r, :len(offs)] = [base + o for o in offs]
-            src = np.array([items[segs[j][0]].data.data_ptr() for j in sel], dtype=np.uint64)
-            dev, ptrs = runtime.upload(cs, c0, src, nelems, table)
-            keep.append(dev)
-            runtime.launch("planes", kernel_name, cs.size, 256, *(np.uint64(p) for p in ptrs),
-                           np.uint64(hp + 8 * 1024 * s0),
-                           np.uint64(hp + 8 * (1024 * nseg + s0)))
+            keep.append(launch_split(
+                lay_id, [items[segs[j][0]].data.data_ptr() for j in sel],
+                [items[segs[j][0]].nbytes // word for j in sel],
+                [[base + o for o in segs[j][1]] for j in sel],
+                hp + 8 * 1024 * s0, hp + 8 * (1024 * nseg + s0)))
         h = hist.cpu().numpy() if nseg else np.zeros(1, np.int64)  # sync 1
         planes: list[_Plane] = []
         for pos, j in enumerate(order):
             k, offs = segs[j]
             it = items[k]
             n = it.nbytes // it.layout.word_size(it.dtype.itemsize)
-            ones = int(h[1024 * nseg + pos])
-            for fi, f in enumerate(it.layout.fields):
-                if fi == 0:
-                    counts = np.zeros(256, np.int64)
-                    counts[0], counts[1] = n - ones, ones
-                else:
-                    counts = h[pos * 1024 + (fi - 1) * 256:pos * 1024 + fi * 256]
-                planes.append(_Plane(k, f, n, base + offs[fi], counts))
+            planes += planes_from_hist(k, it.layout, n, [base + o for o in offs],
+                                       h[pos * 1024:(pos + 1) * 1024], int(h[1024 * nseg + pos]))
         for k, it in enumerate(items):
             if it.layout is layouts.RAW:
                 planes.append(_Plane(k, layouts.RAW.fields[0], it.nbytes, it.data.data_ptr(),
@@ -526,30 +553,11 @@ class Encoder:
                 ln.append(pn.astype(np.uint64))
             # const: the prefix is the whole stream
         if rans_job:
-            jb = np.asarray(rans_job, np.int64)
-            at_a = np.asarray(rans_at, np.uint64)
-            bt = r["bt"]
-            b0 = bt.first[jb]
-            nbk = bt.first[jb + 1] - b0
-            nb_u = nbk.astype(np.uint64)
-            # word counts and final states: two runs per plane
-            src += [np.uint64(r["counts_p"]) + 4 * b0.astype(np.uint64),
-                    np.uint64(r["states_p"]) + 128 * b0.astype(np.uint64)]
-            dst += [at_a, at_a + 4 * nb_u]
-            ln += [4 * nb_u, 128 * nb_u]
-            # one word run per block: blocks of plane q are b0[q] .. b0[q] + nbk[q] - 1
-            q = np.repeat(np.arange(jb.size), nbk)
-            firstq = np.cumsum(nbk) - nbk
-            blk = np.arange(q.size, dtype=np.int64) - firstq[q] + b0[q]
-            c = r["counts"][blk]
-            run_start = np.zeros(c.size + 1, np.int64)
-            np.cumsum(c, out=run_start[1:])
-            within = run_start[:-1] - run_start[firstq][q]
-            scr = (np.uint64(r["scratch"].data_ptr()) + r["scratch_off"][jb][q].astype(np.uint64)
-                   + 2 * bt.start[blk].astype(np.uint64))
-            src.append(scr)
-            dst.append(at_a[q] + 132 * nb_u[q] + 2 * within.astype(np.uint64))
-            ln.append(2 * c.astype(np.uint64))
+            for a, b, c in zip(*rans_runs(r, np.asarray(rans_job, np.int64),
+                                          np.asarray(rans_at, np.uint64))):
+                src.append(a)
+                dst.append(b)
+                ln.append(c)
         cpu_at = {}
         for j, k in enumerate(cpu_items):
             at = int(offs[len(live) + j])
@@ -573,6 +581,69 @@ class Encoder:
             keep.append(runtime.copy_ops(np.concatenate(src), np.concatenate(dst),
                                          np.concatenate(ln)))
         return out, total, live, cpu_at, keep
+
+
+def planes_from_hist(item: int, layout: Layout, n: int, addrs: list[int], hist: np.ndarray,
+                     ones: int) -> list[_Plane]:
+    """The planes of one split tensor of ``n`` elements (sign first) with their histograms:
+    ``hist`` holds the split kernel's 256 bins per byte plane, ``ones`` its set sign bits."""
+    out = []
+    for fi, f in enumerate(layout.fields):
+        if fi == 0:
+            counts = np.zeros(256, np.int64)
+            counts[0], counts[1] = n - ones, ones
+        else:
+            counts = hist[(fi - 1) * 256:fi * 256]
+        out.append(_Plane(item, f, n, addrs[fi], counts))
+    return out
+
+
+def launch_split(layout_id: int, src: list[int], nelems: list[int], planes: list[list[int]],
+                 hist_p: int, ones_p: int) -> torch.Tensor:
+    """One split launch (``kernels/planes.cu``) for tensors of one layout: tensor r has
+    ``nelems[r]`` elements at address ``src[r]`` and its planes (packed sign bits first) at
+    ``planes[r]``; its byte histograms are added to the 1024 u64 at ``hist_p + 8192 * r`` and its
+    count of set sign bits to the u64 at ``ones_p + 8 * r``. Returns the launch's device table
+    (stream-ordered: keep it or drop it, the caching allocator reuses it after the launch)."""
+    cs, c0 = plan.chunk_table(list(nelems))
+    table = np.zeros((len(src), 5), dtype=np.uint64)
+    for r, addrs in enumerate(planes):
+        table[r, :len(addrs)] = addrs
+    dev, ptrs = runtime.upload(cs, c0, np.asarray(src, dtype=np.uint64),
+                               np.asarray(nelems, dtype=np.int64), table)
+    runtime.launch("planes", SPLIT_KERNEL[layout_id], cs.size, 256,
+                   *(np.uint64(p) for p in ptrs), np.uint64(hist_p), np.uint64(ones_p))
+    return dev
+
+
+def rans_runs(r: dict, jobs: np.ndarray, at: np.ndarray
+              ) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]]:
+    """Copy ops (sources, destinations, lengths) that lay rANS job ``jobs[q]`` of an ``_rans``
+    result out at device address ``at[q]`` as a stream's sections (spec/rans.md, section 2):
+    word counts, final states, then the words of every block back to back. Built with numpy
+    over all jobs and blocks at once, never a call per plane or per block."""
+    bt = r["bt"]
+    b0 = bt.first[jobs]
+    nbk = bt.first[jobs + 1] - b0
+    nb_u = nbk.astype(np.uint64)
+    # word counts and final states: two runs per plane
+    src = [np.uint64(r["counts_p"]) + 4 * b0.astype(np.uint64),
+           np.uint64(r["states_p"]) + 128 * b0.astype(np.uint64)]
+    dst = [at, at + 4 * nb_u]
+    ln = [4 * nb_u, 128 * nb_u]
+    # one word run per block: blocks of plane q are b0[q] .. b0[q] + nbk[q] - 1
+    q = np.repeat(np.arange(jobs.size), nbk)
+    firstq = np.cumsum(nbk) - nbk
+    blk = np.arange(q.size, dtype=np.int64) - firstq[q] + b0[q]
+    c = r["counts"][blk]
+    run_start = np.zeros(c.size + 1, np.int64)
+    np.cumsum(c, out=run_start[1:])
+    within = run_start[:-1] - run_start[firstq][q]
+    src.append(np.uint64(r["scratch"].data_ptr()) + r["scratch_off"][jobs][q].astype(np.uint64)
+               + 2 * bt.start[blk].astype(np.uint64))
+    dst.append(at[q] + 132 * nb_u[q] + 2 * within.astype(np.uint64))
+    ln.append(2 * c.astype(np.uint64))
+    return src, dst, ln
 
 
 def rans_stream(plane: torch.Tensor, log2_block: int = rans.LOG2_BLOCK_DEFAULT) -> np.ndarray:

@@ -63,6 +63,38 @@ def encode_need(layout: layouts.Layout | None, nbytes: int, itemsize: int,
     return need + _al(nbytes)
 
 
+LARGE_ALIGN = 1 << 20  # chunked encoder: chunk lengths are multiples of this many elements
+# (whole rANS blocks at any log2_block, whole split CTAs, whole sign bytes, whole 64 KiB leaves)
+
+
+def large_need(layout: layouts.Layout, itemsize: int, chunk: int, rans_planes: int,
+               sign_rans: bool, xor: bool, log2_block: int) -> int:
+    """Device bytes the chunked encoder (``chunked.code_large``) holds at once with chunks of
+    ``chunk`` elements: the chunk's planes, its XOR with the parent (deltas), and for each of
+    ``rans_planes`` rANS-coded planes the kernel's scratch (2 bytes per symbol), the staged
+    sections (at worst as large) and per-block metadata; the unpacked sign bytes when the sign
+    plane is rANS-coded; the leaf digests and histograms."""
+    word = layout.word_size(itemsize)
+    need = _al(chunk // 8) + (len(layout.fields) - 1) * _al(chunk)
+    if xor:
+        need += _al(chunk * word)
+    if rans_planes:
+        nb = -(-chunk >> log2_block)
+        need += rans_planes * (2 * _al(2 * chunk + 132 * nb) + _al(256 * nb) + 4096)
+        if sign_rans:
+            need += _al(chunk)
+    return need + _al(8 * (chunk * word // 65536 + 1)) + 2 * _al(8 * 1025)
+
+
+def large_chunk(layout: layouts.Layout, itemsize: int, workspace: int, n: int, rans_planes: int,
+                sign_rans: bool, xor: bool, log2_block: int) -> int:
+    """Elements per chunk so that ``large_need`` stays under ``workspace``: a multiple of
+    ``LARGE_ALIGN`` (at least one, whatever the workspace), no longer than the tensor needs."""
+    per = large_need(layout, itemsize, LARGE_ALIGN, rans_planes, sign_rans, xor, log2_block)
+    k = max(1, workspace // per)
+    return min(k, max(1, -(-n // LARGE_ALIGN))) * LARGE_ALIGN
+
+
 def groups_by_need(need: list[int], out: list[int], workspace: int,
                    pipelined: bool = False) -> list[range]:
     """Consecutive windows whose device bytes (``need`` per tensor) stay under ``workspace``;

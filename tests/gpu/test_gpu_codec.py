@@ -180,7 +180,7 @@ def test_results_held_across_many_groups_stay_valid() -> None:
 
     xs = [torch.randn(300_000, device="cuda").to(torch.bfloat16) for _ in range(6)]
     items = [Item(dtypes.BY_NAME["bfloat16"], tuple(x.shape), x.view(torch.uint8)) for x in xs]
-    coded = list(Encoder(workspace=1 << 20).code(items))  # one tensor per group
+    coded = list(Encoder(workspace=4 << 20).code(items))  # one tensor per group
     buf = io.BytesIO()
     with Writer(buf) as w:
         for k, (it, c) in enumerate(zip(items, coded)):
