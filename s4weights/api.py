@@ -172,7 +172,8 @@ def load(f: FileLike | bytes, map_location: Any = None, *, weights_only: bool | 
     written if decoding then fails (a corrupt file).
 
     ``workspace`` bounds the extra GPU memory of the GPU decoder beyond the returned tensors,
-    in bytes (default as in :func:`save`)."""
+    in bytes (default as in :func:`save`); a tensor too large for it is decoded in chunks
+    (not one with GDeflate or nvcomp-ans planes, which decodes whole)."""
     from s4weights import gpu
 
     if weights_only is False:

@@ -178,8 +178,9 @@ def loader_for(reader, device: str, update=None, direct: dict | None = None,
 
     Extra device memory per batch is its staged payloads and the decoded planes that wait for
     the merge (``decode.device_extra``, known from the index): a batch holds at most
-    ``workspace`` of it (default ``plan.default_workspace`` of the file's raw bytes), or one
-    tensor if larger."""
+    ``workspace`` of it (default ``plan.default_workspace`` of the file's raw bytes). A tensor
+    that alone needs more is decoded in chunks that fit (``chunked.load_large``) where its
+    codecs allow (raw, bitpack, rANS; else whole, as one batch of its own)."""
     if not use_gpu(device, True):
         return None
     ready: dict[tuple[int, str], object] = {}
@@ -200,6 +201,7 @@ def loader_for(reader, device: str, update=None, direct: dict | None = None,
     def load(i: int, dev):
         import torch
 
+        from s4weights.gpu.chunked import chunkable, load_large
         from s4weights.gpu.decode import decodable, read_tensors
 
         t = reader.tensors[i]
@@ -208,6 +210,12 @@ def loader_for(reader, device: str, update=None, direct: dict | None = None,
             dev = torch.device("cuda", torch.cuda.current_device())
         key = (i, str(dev))
         raw = ready.pop(key, None)
+        if raw is None and decodable(reader, i) and extra_of(i) > budget \
+                and chunkable(reader, i):
+            # too large to decode whole within the workspace: in chunks, straight into place
+            with torch.cuda.device(dev):
+                raw = _dest(i, dev)
+                load_large(reader, i, raw, budget)
         if raw is None:
             idx = [i]
             if decodable(reader, i):

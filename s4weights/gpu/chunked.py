@@ -28,6 +28,7 @@ import torch
 
 from s4format import codecs, hashing, layouts
 from s4format.codecs import rans
+from s4format.errors import CodecError, ContentHashError, FormatError, ParentMismatchError
 from s4format.hashing import LEAF_SIZE
 from s4format.writer import CodedPlane, CodedTensor, code_tensor
 from s4weights.gpu import plan, ranshost, runtime
@@ -292,3 +293,330 @@ class _Streams:
                 codec, payload = codecs.RAW, self.hnp[at:at + p.n]
             out.append(CodedPlane(p.field.kind, p.field.index, codec, p.n, payload))
         return tuple(out)
+
+
+# -- load: a tensor whose one-batch decode would hold more than the workspace -----------------
+
+LOAD_ALIGN = 4 << 20  # bytes per chunk: a multiple of this (2^20 elements of any word size,
+# so whole rANS blocks at any log2_block, whole sign bytes, whole merge CTAs)
+_LOAD_CODECS = (codecs.RAW, codecs.BITPACK, codecs.RANS)
+
+
+def _parent_of(reader, i: int) -> int | None:
+    """Index in ``reader.parent`` of delta i's parent tensor (by content hash and size)."""
+    t = reader.tensors[i]
+    for j, pt in enumerate(reader.parent.tensors):
+        if pt.content_hash == t.parent_hash and pt.raw_nbytes == t.raw_nbytes:
+            return j
+    return None
+
+
+def chunkable(reader, i: int) -> bool:
+    """Whether tensor i decodes on the GPU in chunks (:func:`load_large`): the GPU decodes it,
+    its planes are raw, bitpack or rANS (GDeflate and nvCOMP streams decode whole), and for a
+    delta so is its parent's tensor, down the chain."""
+    from s4weights.gpu import decode
+
+    t = reader.tensors[i]
+    if not decode.decodable(reader, i) or any(p.codec not in _LOAD_CODECS for p in t.planes):
+        return False
+    if t.is_delta:
+        j = _parent_of(reader, i)
+        return j is not None and chunkable(reader.parent, j)
+    return True
+
+
+class _Level:
+    """One tensor of a delta chain (the requested one first), its planes' verified stored
+    bytes on the host and their rANS block tables, ready to decode any byte range."""
+
+    def __init__(self, reader, i: int) -> None:
+        self.reader, self.i, self.t = reader, i, reader.tensors[i]
+        t = self.t
+        self.whole = t.layout.layout_id == layouts.RAW.layout_id
+        self.word = 1 if self.whole else t.layout.word_size(t.dtype.itemsize)
+        span = reader.read_span(t)
+        self.stored = [reader.read_stored(t, j, span) for j in range(len(t.planes))]  # R1
+        self.rans = [j for j, p in enumerate(t.planes) if p.codec == codecs.RANS]
+        for j, p in enumerate(t.planes):
+            n, s = p.decoded_len, self.stored[j]
+            where = f"{reader.name}: tensor {t.name!r} plane {p.label}"
+            if p.params:
+                raise CodecError(f"{where}: {codecs.get(p.codec).name} takes no parameters")
+            if p.codec == codecs.RAW and s.size != n:
+                raise CodecError(f"{where}: raw plane storing {s.size} bytes for {n}")
+            if p.codec == codecs.BITPACK and (j != 0 or self.whole or s.size != (n + 7) // 8
+                                              or (n % 8 and int(s[-1]) >> (n % 8))):
+                raise CodecError(f"{where}: bitpack payload is malformed")
+        self.streams = None
+        if self.rans:
+            at = np.cumsum([0] + [self.stored[j].size for j in self.rans])
+            host = np.concatenate([self.stored[j] for j in self.rans])
+            try:
+                self.streams = ranshost.parse_streams(
+                    host, at[:-1], [self.stored[j].size for j in self.rans],
+                    [t.planes[j].decoded_len for j in self.rans])
+            except ranshost.StreamError as e:
+                p = t.planes[self.rans[e.plane]]
+                raise CodecError(f"{reader.name}: tensor {t.name!r} plane {p.label}: {e}"
+                                 ) from None
+            self.lg = [int(self.stored[j][1]) for j in self.rans]  # header: log2_block
+            s = self.streams
+            # per block: the end of its words inside the concatenated streams
+            self.words_end = s.words.astype(np.int64) + 2 * s.count.astype(np.int64)
+
+    def blocks(self, q: int) -> tuple[int, int, int]:
+        """(first block in the batch, blocks, log2_block) of rANS plane q's stream."""
+        s = self.streams
+        r = int(np.flatnonzero(s.coded == q)[0]) if (s.coded == q).any() else -1
+        if r < 0:
+            return 0, 0, 0
+        b0, b1 = int(s.first[r]), int(s.first[r + 1])
+        return b0, b1 - b0, self.lg[q]
+
+    def pieces(self, lo: int, hi: int) -> list[tuple[str, int, list[np.ndarray], tuple]]:
+        """What decoding bytes [lo, hi) of the tensor needs, per plane: (form, plane, host
+        arrays to stage back to back (views), extra) where form is "plain" (a byte range of the
+        stored plane, packed sign bits included), "rans" (its blocks' final states, then their
+        words; extra = (first block, end block, states bytes, first word offset)) or "const"
+        (CONST blocks only; extra = (first block, end block))."""
+        e0, e1 = lo // self.word, hi // self.word
+        out = []
+        for j, p in enumerate(self.t.planes):
+            s = self.stored[j]
+            if p.codec == codecs.BITPACK:
+                out.append(("plain", j, [s[e0 // 8:(e1 + 7) // 8]], ()))
+            elif p.codec == codecs.RAW:
+                out.append(("plain", j, [s[e0:e1]], ()))
+            else:
+                q = self.rans.index(j)
+                st = self.streams
+                if st.mode[q] == rans.MODE_RAW:
+                    a = int(st.data_at[q])
+                    out.append(("plain", j, [s[a + e0:a + e1]], ()))
+                    continue
+                f, nb, lg = self.blocks(q)
+                b0, b1 = f + (e0 >> lg), f + min(nb, -(-e1 >> lg))
+                if st.mode[q] == rans.MODE_CONST:
+                    out.append(("const", j, [], (b0, b1)))
+                    continue
+                w0, w1 = int(st.words[b0]), int(self.words_end[b1 - 1])
+                s0, s1 = int(st.states[b0]), int(st.states[b1 - 1]) + 128
+                out.append(("rans", j, [s[s0:s1], s[w0:w1]], (b0, b1, s1 - s0, s0, w0)))
+        return out
+
+    def span(self, b0: int, b1: int, e0: int, e1: int) -> tuple[np.ndarray, np.ndarray]:
+        """(first symbol, symbols) of blocks [b0, b1) clipped to symbols [e0, e1): a CONST
+        stream's blocks may be longer than a chunk (2^20 symbols); a RANS stream's never are
+        cut, the chunk length being a multiple of any block length."""
+        s = self.streams
+        start = np.maximum(s.start[b0:b1], e0)
+        end = np.minimum(s.start[b0:b1] + s.length[b0:b1].astype(np.int64), e1)
+        cut = (start != s.start[b0:b1]) | (end != s.start[b0:b1] + s.length[b0:b1])
+        if (cut & (s.table[b0:b1] >= 0)).any():
+            raise ValueError("a chunk must not cut a rANS block")
+        return start, (end - start).astype(np.uint32)
+
+    def need(self, lo: int, hi: int) -> int:
+        """Device bytes decoding [lo, hi) holds: staged bytes and decoded rANS planes."""
+        e = (hi - lo) // self.word
+        pcs = self.pieces(lo, hi)
+        staged = sum(runtime.align(sum(a.size for a in x[2]), 16) for x in pcs)
+        decoded = 0 if self.whole else sum(runtime.align(e, 16) for x in pcs
+                                           if x[0] != "plain")
+        return staged + decoded
+
+
+def load_large(reader, i: int, out: torch.Tensor, workspace: int) -> None:
+    """Decode tensor i into ``out`` (its raw bytes, flat uint8 on the current device) chunk by
+    chunk, each chunk's device memory under ``workspace`` (at least one chunk of
+    ``LOAD_ALIGN`` bytes). Every plane's checksum is verified (on the host, where its stored
+    bytes are read) and every stream validated before any kernel runs. A delta's chain is
+    applied chunk by chunk: each ancestor's bytes for the chunk are decoded and XORed in; the
+    content hash of the result is checked at the end, as for any delta."""
+    from s4weights.gpu import decode, xor
+
+    decode.check_limit(reader, i)
+    levels = [_Level(reader, i)]
+    while levels[-1].t.is_delta:
+        lv = levels[-1]
+        j = _parent_of(lv.reader, lv.i)
+        if j is None:
+            raise ParentMismatchError(
+                f"{lv.reader.name}: parent {lv.reader.parent.name} holds no tensor with hash "
+                f"{lv.t.parent_hash.hex()} of {lv.t.raw_nbytes} bytes for delta {lv.t.name!r}")
+        levels.append(_Level(lv.reader.parent, j))
+    nbytes = reader.tensors[i].raw_nbytes
+    chunk = _load_chunk(levels, nbytes, workspace)
+    tabs = [_tables(lv) for lv in levels]
+    errs: list[tuple[_Level, torch.Tensor, np.ndarray, str]] = []
+    pinned = [None, None]
+    events = [None, None]
+    pbuf = runtime.device_empty(chunk) if len(levels) > 1 else None
+    k = 0
+    for lo in range(0, nbytes, chunk):
+        hi = min(nbytes, lo + chunk)
+        for depth, lv in enumerate(levels):
+            dst = out[lo:hi] if depth == 0 else pbuf[:hi - lo]
+            slot = k % 2
+            if events[slot] is not None:
+                events[slot].synchronize()  # its pinned buffer is free again
+            pinned[slot], events[slot] = _decode_range(lv, tabs[depth], lo, hi, dst, errs,
+                                                       pinned[slot])
+            if depth:
+                xor(out[lo:hi], dst, out=out[lo:hi])
+            k += 1
+    _check(levels[0], out, errs)
+
+
+def _load_chunk(levels: list[_Level], nbytes: int, workspace: int) -> int:
+    """The largest chunk (a multiple of ``LOAD_ALIGN`` bytes, halving from what the workspace
+    could hold of the raw bytes) whose every range needs at most ``workspace`` at any level
+    (with a chain, plus the buffer an ancestor's bytes are decoded into for the XOR)."""
+    k = max(1, min(workspace, nbytes) // LOAD_ALIGN)
+    while True:
+        chunk = k * LOAD_ALIGN
+        xor_buf = chunk if len(levels) > 1 else 0
+        worst = max((lv.need(lo, min(nbytes, lo + chunk)) + xor_buf
+                     for lv in levels for lo in range(0, nbytes, chunk)), default=0)
+        if worst <= workspace or k == 1:
+            return min(chunk, -(-nbytes // LOAD_ALIGN) * LOAD_ALIGN)
+        k = max(1, k // 2)
+
+
+def _tables(lv: _Level) -> tuple[torch.Tensor | None, int]:
+    """The level's rANS frequency prefix sums on the device (one 1 KiB row per stream)."""
+    if lv.streams is None or not lv.streams.freqs.shape[0]:
+        return None, 0
+    s = lv.streams
+    cums = (np.cumsum(s.freqs, axis=1) - s.freqs).astype(np.uint32)
+    dev, (p,) = runtime.upload(cums)
+    return dev, p
+
+
+def _decode_range(lv: _Level, tab, lo: int, hi: int, dst: torch.Tensor, errs: list,
+                  pinned: torch.Tensor | None):
+    """Stage the level's pieces for bytes [lo, hi), decode its rANS blocks, merge into
+    ``dst``; returns (the pinned staging buffer, an event after its H2D copy)."""
+    from s4weights.gpu import decode
+
+    pieces = lv.pieces(lo, hi)
+    sizes = [runtime.align(sum(a.size for a in x[2]), 16) for x in pieces]
+    offs = np.concatenate(([0], np.cumsum(sizes))).astype(np.int64)
+    total = int(offs[-1])
+    if pinned is None or pinned.numel() < total:
+        pinned = runtime.pinned(total)
+    host = pinned.numpy()
+    for x, o in zip(pieces, offs[:-1].tolist()):
+        for a in x[2]:
+            host[o:o + a.size] = a
+            o += a.size
+    dev = runtime.device_empty(total)
+    if total:
+        dev[:total].copy_(pinned[:total], non_blocking=True)
+    ev = torch.cuda.Event()
+    ev.record()
+    base = dev.data_ptr()
+    e = (hi - lo) // lv.word
+    coded = [x for x in pieces if x[0] in ("rans", "const")]
+    scratch = runtime.device_empty(0 if lv.whole else len(coded) * runtime.align(e, 16))
+    ptrs = [0] * 5
+    packed = 1
+    tab_dev, tab_p = tab
+    cols: list[list[np.ndarray]] = [[] for _ in range(8)]
+    nblk = []
+    slot = 0  # decoded planes in the scratch buffer so far
+    for x, o in zip(pieces, offs[:-1].tolist()):
+        form, j = x[0], x[1]
+        if form == "plain":
+            ptrs[j] = base + o
+            if j == 0 and lv.t.planes[0].codec != codecs.BITPACK:
+                packed = 0
+            if lv.whole:
+                dst.copy_(dev[o:o + (hi - lo)])
+            continue
+        b0, b1 = x[3][:2]
+        target = dst.data_ptr() if lv.whole else scratch.data_ptr() + slot * runtime.align(e, 16)
+        slot += 1
+        ptrs[j] = target
+        if j == 0:
+            packed = 0
+        s = lv.streams
+        blk = np.arange(b0, b1)
+        is_rans = s.table[blk] >= 0
+        if form == "rans":
+            slen, s0, w0 = x[3][2:]
+            words = base + o + slen + (s.words[blk].astype(np.int64) - w0)
+            states = base + o + (s.states[blk].astype(np.int64) - s0)
+        else:
+            words = states = np.zeros(blk.size, np.int64)
+        e_lo = lo // lv.word
+        cols[0].append(s.const[blk])
+        cols[1].append(s.fill[blk])
+        cols[2].append(np.where(is_rans, words, 0).astype(np.uint64))
+        cols[3].append(s.count[blk])
+        cols[4].append(np.where(is_rans, states, 0).astype(np.uint64))
+        cols[5].append(np.where(is_rans, np.uint64(tab_p) + s.table[blk].astype(np.uint64)
+                                * np.uint64(1024), np.uint64(0)).astype(np.uint64))
+        start, length = lv.span(b0, b1, e_lo, e_lo + e)
+        cols[6].append(np.uint64(target) + (start - e_lo).astype(np.uint64))
+        cols[7].append(length)
+        nblk.append(blk.size)
+    keep = [dev, scratch, tab_dev]
+    if nblk:
+        first = np.concatenate(([0], np.cumsum(nblk))).astype(np.int64)
+        cta_first, cta_warps = plan.cta_table(first)
+        tdev, dp = runtime.upload(cta_first, cta_warps, *(np.concatenate(c) for c in cols))
+        keep.append(tdev)
+        err = torch.zeros(int(first[-1]), dtype=torch.int32, device="cuda")
+        runtime.launch("rans", "rans_decode", cta_first.size, 32 * plan.RANS_WARPS,
+                       *(np.uint64(v) for v in dp), runtime.ptr(err))
+        errs.append((lv, err, np.concatenate([np.arange(x[3][0], x[3][1]) for x in coded]),
+                     "rans"))
+    if not lv.whole:
+        cs, c0 = plan.chunk_table([e])
+        mdev, mp = runtime.upload(cs, c0, np.array([dst.data_ptr()], np.uint64),
+                                  np.array([e], np.int64), np.array(ptrs, np.uint64),
+                                  np.array([packed], np.uint8))
+        keep.append(mdev)
+        flag = torch.zeros(1, dtype=torch.int32, device="cuda")
+        runtime.launch("planes", decode.MERGE_KERNEL[lv.t.layout.layout_id], cs.size, 256,
+                       *(np.uint64(v) for v in mp), runtime.ptr(flag))
+        errs.append((lv, flag, np.zeros(1, np.int64), "merge"))
+    del keep  # stream-ordered: reused only after these launches
+    return pinned, ev
+
+
+def _check(top: _Level, out: torch.Tensor, errs: list) -> None:
+    """One synchronisation: every block's error code, every merge flag, the content hash."""
+    parts = [e.view(torch.uint8) for _lv, e, _b, _k in errs]
+    dig, first = runtime.leaf_digests([out.data_ptr()], [out.numel()])
+    nleaf = int(first[-1])
+    parts.append(dig[:nleaf].view(torch.uint8))
+    back = torch.cat(parts).cpu().numpy()
+    pos = 0
+    for lv, e, blocks, kind in errs:
+        v = back[pos:pos + 4 * e.numel()].view(np.int32)
+        pos += 4 * e.numel()
+        bad = np.flatnonzero(v)
+        if not bad.size:
+            continue
+        name = f"{lv.reader.name}: tensor {lv.t.name!r}"
+        if kind == "merge":
+            raise FormatError(f"{name}: a plane holds values wider than its field")
+        b = int(blocks[int(bad[0])])
+        s = lv.streams
+        r = int(np.searchsorted(s.first, b, side="right") - 1)
+        p = lv.t.planes[lv.rans[int(s.coded[r])]]
+        raise CodecError(f"{name} plane {p.label}: rans block {b - int(s.first[r])} of "
+                         f"{int(s.first[r + 1] - s.first[r])} is corrupt: "
+                         f"{rans._ERR_TEXT.get(int(v[int(bad[0])]), 'error')}")
+    t = top.t
+    if top.reader.verify_hashes or t.is_delta:
+        got = content_hashes_from_leaves([out.numel()], back[pos:].view(np.uint64),
+                                         [0, nleaf])[0]
+        if got != t.content_hash:
+            raise ContentHashError(f"{top.reader.name}: tensor {t.name!r} content hash "
+                                   "mismatch after decoding on the GPU"
+                                   + (" (the file is corrupt or its parent is wrong)"
+                                      if t.is_delta else ""))

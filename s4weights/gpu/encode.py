@@ -37,6 +37,7 @@ or the ``seed`` policy; ``mantissa="auto"`` never pays for it on the GPU.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -69,7 +70,7 @@ class Item:
     # length), formed chunk by chunk (``chunked``); such items never share a group
     parent: torch.Tensor | None = None
 
-    @property
+    @functools.cached_property
     def nbytes(self) -> int:
         return int(self.data.numel())
 

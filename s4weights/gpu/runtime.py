@@ -34,22 +34,35 @@ def _module(name: str, device: int):
         return cp.RawModule(code=src, options=("-std=c++17", f"-I{KERNELS}"))
 
 
+@functools.cache
+def _function(module: str, name: str, device: int):
+    return _module(module, device).get_function(name)
+
+
 def kernel(module: str, name: str):
-    return _module(module, torch.cuda.current_device()).get_function(name)
+    return _function(module, name, torch.cuda.current_device())
+
+
+@functools.lru_cache(maxsize=64)
+def _external(handle: int, device: int):
+    import cupy as cp
+
+    return cp.cuda.ExternalStream(handle, device)
 
 
 def stream():
-    import cupy as cp
-
-    return cp.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream,
-                                  torch.cuda.current_device())
+    """CuPy's handle on torch's current stream (one per torch stream, cached: a launch costs
+    no new object)."""
+    return _external(torch.cuda.current_stream().cuda_stream, torch.cuda.current_device())
 
 
 def launch(module: str, name: str, grid: int, block: int, *args: object) -> None:
     """Launch ``name`` from ``kernels/<module>.cu`` on torch's current stream."""
     if grid <= 0:
         return
-    kernel(module, name)((grid,), (block,), args, stream=stream())
+    dev = torch.cuda.current_device()
+    _function(module, name, dev)((grid,), (block,), args,
+                                 stream=_external(torch.cuda.current_stream().cuda_stream, dev))
 
 
 def ptr(t: torch.Tensor) -> np.uint64:

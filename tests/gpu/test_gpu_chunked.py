@@ -157,3 +157,90 @@ def test_large_delta_is_xored_in_chunks(tmp_path, monkeypatch) -> None:
     for dev in ("cpu", "cuda"):
         got = chain.load_checkpoint(root, map_location="cuda", device=dev)
         assert torch.equal(got["w"].view(torch.uint8), w1.view(torch.uint8)), dev
+
+
+# -- load: tensors whose one-batch decode exceeds the workspace are decoded in chunks ----------
+
+def _load_state() -> dict[str, torch.Tensor]:
+    g = torch.Generator(device="cuda").manual_seed(11)
+    n = 10 * MIB + 4097  # a partial last chunk
+    w = torch.randn(n, device="cuda", generator=g) * 0.02
+    signs = torch.where(torch.rand(n, device="cuda", generator=g) < 0.02, -1.0, 1.0)
+    blocks = torch.arange(n, device="cuda") // 65536
+    return {
+        "bf16": w.bfloat16(),
+        "fp16": w.half(),
+        "fp32": w,
+        "skewed-sign": (w.abs() * signs).bfloat16(),     # sign plane coded with rANS
+        "adam-v": (w * w) * 1e-3,                        # sign plane one symbol: CONST
+        "per-block": (blocks.float() * 0.125).bfloat16(),
+        "zeros": torch.zeros(n, device="cuda"),
+        "u8": torch.randint(0, 4, (4 * n,), device="cuda", generator=g, dtype=torch.uint8),
+        "small": torch.ones(100, device="cuda"),
+    }
+
+
+@pytest.mark.parametrize("writer", ["cuda", "cpu"])
+def test_large_tensors_load_in_chunks_within_the_workspace(writer: str, monkeypatch) -> None:
+    state = _load_state()
+    src = state if writer == "cuda" else {k: v.cpu() for k, v in state.items()}
+    buf = io.BytesIO()
+    s4weights.save(src, buf, device=writer)
+    blob = buf.getvalue()
+    r = s4format.Reader(blob)
+    assert sum(chunked.chunkable(r, i) for i in range(len(r.tensors))) >= 6
+    workspace = 24 * MIB
+    calls = []
+    orig = chunked.load_large
+
+    def spy(reader, i, out, ws):
+        calls.append(i)
+        return orig(reader, i, out, ws)
+
+    monkeypatch.setattr(chunked, "load_large", spy)
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    got = s4weights.load(blob, map_location="cuda", device="cuda", workspace=workspace)
+    torch.cuda.synchronize()
+    raw = sum(v.numel() * v.element_size() for v in state.values())
+    extra = torch.cuda.max_memory_allocated() - base - raw
+    assert extra <= workspace + SLACK, extra / MIB
+    assert len(calls) >= 6
+    for k, v in state.items():
+        assert torch.equal(got[k].view(torch.uint8), v.view(torch.uint8)), k
+
+
+def test_large_delta_chain_loads_in_chunks(tmp_path) -> None:
+    g = torch.Generator(device="cuda").manual_seed(13)
+    w = torch.randn(12 * MIB, device="cuda", generator=g) * 0.02
+    root = str(tmp_path / "run")
+    states = []
+    for step in range(3):  # base, delta, delta of the delta
+        w = w + torch.randn(12 * MIB, device="cuda", generator=g) * 1e-4
+        states.append({"w": w.clone(), "b": w[:1 << 20].bfloat16()})
+        chain.save_checkpoint(states[-1], root, step, device="cuda")
+    from s4weights import chain as c
+
+    c._PARENT_CACHE.clear()
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    got = chain.load_checkpoint(root, map_location="cuda", device="cuda", workspace=32 * MIB)
+    torch.cuda.synchronize()
+    extra = torch.cuda.max_memory_allocated() - base - 50 * MIB
+    assert extra <= 32 * MIB + SLACK, extra / MIB
+    for k, v in states[-1].items():
+        assert torch.equal(got[k].view(torch.uint8), v.view(torch.uint8)), k
+
+
+def test_damaged_large_tensor_is_refused_before_decoding() -> None:
+    state = {"w": torch.randn(8 * MIB, device="cuda") * 0.02}
+    buf = io.BytesIO()
+    s4weights.save(state, buf, device="cuda")
+    blob = bytearray(buf.getvalue())
+    r = s4format.Reader(bytes(blob))
+    p = max(r.tensors[0].planes, key=lambda p: p.stored_len)
+    blob[p.offset + p.stored_len // 2] ^= 0x40
+    with pytest.raises(s4format.ChecksumError):
+        s4weights.load(bytes(blob), map_location="cuda", device="cuda", workspace=16 * MIB)
