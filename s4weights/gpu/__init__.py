@@ -90,7 +90,8 @@ def coded_in_order(tensors: list, policy: str, device: str,
 def _coded_stream(chosen: list, policy: str, workspace: int | None):
     """Code ``(name, DeviceTensor, parent DeviceTensor | None)`` in order. XOR buffers are made
     per chunk of at most half the workspace so they never hold a second copy of a large state
-    at once; a tensor larger than that is XORed chunk by chunk inside the chunked coder."""
+    at once; a tensor larger than that is XORed chunk by chunk inside the chunked coder (under
+    ``nvcomp-ans``, whose codec takes whole tensors, it is XORed whole)."""
     from s4weights.gpu import plan, runtime
     from s4weights.gpu.encode import Encoder, Item
     from s4weights.gpu.hash import content_hashes_from_leaves
@@ -107,17 +108,20 @@ def _coded_stream(chosen: list, policy: str, workspace: int | None):
     i = 0
     while i < len(chosen):
         chunk, used = [], 0
+        # the split encoder XORs a tensor larger than the budget chunk by chunk itself;
+        # nvCOMP's codes whole tensors, so their XOR is made here
+        chunked = policy != "nvcomp-ans"
         while i < len(chosen) and (not chunk or chosen[i][2] is None
-                                   or chosen[i][1].nbytes > budget
+                                   or (chunked and chosen[i][1].nbytes > budget)
                                    or used + chosen[i][1].nbytes <= budget):
             chunk.append(chosen[i])
             t, p = chosen[i][1], chosen[i][2]
-            used += t.nbytes if p is not None and t.nbytes <= budget else 0
+            used += t.nbytes if p is not None and not (chunked and t.nbytes > budget) else 0
             i += 1
         items: list = []
         for _name, t, p in chunk:
             items.append(Item(t.dtype, t.shape, t.device_bytes))
-            if p is not None and t.nbytes > budget:
+            if p is not None and chunked and t.nbytes > budget:
                 # XORed chunk by chunk by the chunked coder, never held whole
                 items.append(Item(t.dtype, t.shape, t.device_bytes, parent=p.device_bytes))
             elif p is not None:

@@ -54,8 +54,13 @@ class _Chunks:
         self.chunk = chunk
         sizes = [runtime.align(chunk // 8)] + [runtime.align(chunk)] * (len(it.layout.fields) - 1)
         self.offs = np.concatenate(([0], np.cumsum(sizes)))
-        self.buf = runtime.device_empty(int(self.offs[-1]))
+        self.buf: torch.Tensor | None = None  # the chunk's planes, from split() to release()
         self.xbuf = runtime.device_empty(chunk * self.word) if it.parent is not None else None
+
+    def release(self) -> None:
+        """Give the planes back to the allocator (stream-ordered: work already queued on them
+        runs first) so the next stage can use their memory."""
+        self.buf = None
 
     def __iter__(self):
         return iter(range(0, self.n, self.chunk))
@@ -77,6 +82,8 @@ class _Chunks:
             from s4weights.gpu import xor
 
             src = xor(src, self.it.parent[lo:hi], out=self.xbuf[:hi - lo])
+        if self.buf is None:
+            self.buf = runtime.device_empty(int(self.offs[-1]))
         launch_split(self.it.layout.layout_id, [src.data_ptr()], [m],
                      [[self.addr(k) for k in range(len(self.offs) - 1)]], hist_p,
                      hist_p + 8 * 1024)
@@ -90,6 +97,7 @@ def code_large(enc: Encoder, it: Item, workspace: int) -> Coded:
     lg = enc.log2_block
     xor = it.parent is not None
 
+    prof = runtime.Profile("encode large")
     # pass 1: histograms and content leaves (chunks hold whole 64 KiB leaves)
     ch = _Chunks(it, plan.large_chunk(lay, size, workspace, n, 0, False, xor, lg))
     hist = torch.zeros(1025, dtype=torch.int64, device="cuda")
@@ -101,7 +109,8 @@ def code_large(enc: Encoder, it: Item, workspace: int) -> Coded:
     d = torch.cat(digests)[:nleaf].cpu().numpy().view(np.uint64)
     content = content_hashes_from_leaves([it.nbytes], d, [0, nleaf])[0]
     h = hist.cpu().numpy()  # sync
-    del ch, digests
+    del ch, digests, src
+    prof.mark("histograms")
 
     # codec candidates and rANS tables from the whole tensor's histograms
     planes = planes_from_hist(0, lay, n, [0] * len(lay.fields), h[:1024], int(h[1024]))
@@ -113,37 +122,43 @@ def code_large(enc: Encoder, it: Item, workspace: int) -> Coded:
     # pass 2: coding, chunk by chunk
     sign_rans = any(planes[i].field.kind == layouts.KIND_SIGN for i in jobs)
     ch = _Chunks(it, plan.large_chunk(lay, size, workspace, n, len(jobs), sign_rans, xor, lg))
+    cap = plan.large_staging(ch.chunk, len(jobs), lg)
     for c0 in ch:
-        m, _src = ch.split(c0, hist.data_ptr())  # (histograms no longer read)
+        m = ch.split(c0, hist.data_ptr())[0]  # (histograms no longer read)
         st.copy_plain(c0, m, ch)
         if jobs:
             cj = [_Plane(0, planes[i].field, m, ch.addr(i), planes[i].counts) for i in jobs]
             r = enc._rans(cj, freqs)  # sync: the chunk's block word counts
-            st.add_chunk(c0, r)
+            ch.release()  # the staged sections take the planes' place
+            st.add_chunk(c0, r, cap)
             del r
+    prof.mark(f"coding ({-(-n // ch.chunk)} chunks)")
     # pass 3: byte planes whose rANS stream would reach their raw size are stored raw
     redo = [i for i in jobs if st.over[i] and st.varied[i]
             and planes[i].field.kind != layouts.KIND_SIGN]
     if redo:
         for c0 in ch:
-            m, _src = ch.split(c0, hist.data_ptr())
+            m = ch.split(c0, hist.data_ptr())[0]
             for i in redo:
                 st.d2h(st.stream_at(i) + c0, ch.plane(i, m))
     torch.cuda.current_stream().synchronize()
     del ch
+    prof.mark("raw planes, D2H")
 
     coded = st.coded(enc)
+    prof.mark("assemble")
+    prof.report()
     if sum(c.stored_len for c in coded) > it.nbytes:
         # splitting stores more than the raw bytes: the CPU coder codes the raw tensor
-        return Coded(code_tensor(_host_bytes(it), it.dtype, enc.policy), content)
+        return Coded(code_tensor(_host_bytes(it, workspace), it.dtype, enc.policy), content)
     return Coded(CodedTensor(lay, coded), content)
 
 
-def code_host(enc: Encoder, it: Item) -> Coded:
+def code_host(enc: Encoder, it: Item, workspace: int) -> Coded:
     """A tensor the GPU does not split, too large for the workspace (or a delta of one): its
     bytes go to host memory in pieces and the CPU coder codes them, as the one-group path
     would, without a device copy of the whole tensor."""
-    raw = _host_bytes(it)
+    raw = _host_bytes(it, workspace)
     return Coded(code_tensor(raw, it.dtype, enc.policy), hashing.content_hash(raw))
 
 
@@ -155,9 +170,11 @@ def _rans_runs_first(p: _Plane) -> bool:
     return codecs.RANS in p.est and not bitpack_first and p.nsym > 1
 
 
-def _host_bytes(it: Item, step: int = 64 << 20) -> np.ndarray:
-    """The item's raw bytes (a delta's XOR) in host memory, copied in pieces."""
+def _host_bytes(it: Item, workspace: int) -> np.ndarray:
+    """The item's raw bytes (a delta's XOR) in host memory, copied in pieces (a delta's XOR
+    through a device buffer of at most the workspace, and at most 64 MiB)."""
     out = np.empty(it.nbytes, dtype=np.uint8)
+    step = max(1 << 20, min(64 << 20, workspace) >> 20 << 20)
     xbuf = runtime.device_empty(step) if it.parent is not None else None
     for lo in range(0, it.nbytes, step):
         hi = min(it.nbytes, lo + step)
@@ -226,12 +243,13 @@ class _Streams:
             elif i not in self.job:
                 self.d2h(self.at[i] + c0, ch.plane(i, m))
 
-    def add_chunk(self, c0: int, r: dict) -> None:
+    def add_chunk(self, c0: int, r: dict, cap: int) -> None:
         """Record the chunk's block symbols, and copy its word counts, final states and words
-        (laid out on the device by one copy launch) into the streams that still fit."""
+        into the streams that still fit, through at most ``cap`` bytes of staging."""
         bt = r["bt"]
         b_lo = c0 >> self.lg
         nbj = np.diff(bt.first)
+        words_before = dict(self.words)
         fit = []
         for j, i in enumerate(self.jobs):
             self.firsts[i][b_lo:b_lo + nbj[j]] = r["firsts"][bt.first[j]:bt.first[j + 1]]
@@ -243,23 +261,54 @@ class _Streams:
                 fit.append(j)
         if not fit:
             return
-        size = [int(132 * nbj[j] + 2 * r["plane_words"][j]) for j in fit]
-        offs = np.zeros(len(fit) + 1, np.int64)
-        np.cumsum([runtime.align(s, 16) for s in size], out=offs[1:])
-        staging = runtime.device_empty(int(offs[-1]))
-        src, dst, ln = rans_runs(r, np.asarray(fit, np.int64),
-                                 np.uint64(staging.data_ptr()) + offs[:-1].astype(np.uint64))
-        keep = runtime.copy_ops(np.concatenate(src), np.concatenate(dst), np.concatenate(ln))
-        for q, j in enumerate(fit):
-            i = self.jobs[j]
-            k, o = int(nbj[j]), int(offs[q])
-            w = size[q] - 132 * k
-            s0 = self.stream_at(i) + len(self.prefix[i])
-            self.d2h(s0 + 4 * b_lo, staging[o:o + 4 * k])
-            self.d2h(s0 + 4 * self.nb + 128 * b_lo, staging[o + 4 * k:o + 132 * k])
-            self.d2h(s0 + 132 * self.nb + self.words[i], staging[o + 132 * k:o + 132 * k + w])
-            self.words[i] += w
-        del keep, staging  # stream-ordered: reused only after these copies
+        for j in fit:
+            self.words[self.jobs[j]] += 2 * int(r["plane_words"][j])
+        self._copy_out(self._runs(b_lo, nbj, fit, r, words_before), cap)
+
+    def _runs(self, b_lo: int, nbj: np.ndarray, fit: list[int], r: dict,
+              words_before: dict[int, int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(device source, host offset, bytes) of every run the chunk adds to the streams of
+        jobs ``fit``: per job its word counts and final states, then each block's words."""
+        jobs = np.asarray(fit, np.int64)
+        src, dst, ln = rans_runs(r, jobs, np.zeros(jobs.size, np.uint64))
+        nbk = nbj[jobs].astype(np.int64)
+        s0 = np.array([self.stream_at(self.jobs[j]) + len(self.prefix[self.jobs[j]])
+                       for j in fit], np.int64)
+        wb = np.array([words_before[self.jobs[j]] for j in fit], np.int64)
+        q = np.repeat(np.arange(jobs.size), nbk)
+        # rans_runs laid the words out after 132 bytes per block of counts and states
+        within = dst[2].astype(np.int64) - 132 * nbk[q]
+        host = np.concatenate((s0 + 4 * b_lo, s0 + 4 * self.nb + 128 * b_lo,
+                               s0[q] + 132 * self.nb + wb[q] + within))
+        return np.concatenate(src), host, np.concatenate(ln)
+
+    def _copy_out(self, runs: tuple[np.ndarray, np.ndarray, np.ndarray], cap: int) -> None:
+        """Gather the runs into a staging buffer of at most ``cap`` bytes (one copy launch per
+        fill; runs longer than half of it are cut) and copy each host-contiguous stretch of it
+        down to the streams. Fills reuse the buffer in stream order: no synchronisation."""
+        half = max(16, cap // 2 // 16 * 16)
+        src, host, ln = plan.split_copies(*runs, piece=half)
+        if not src.size:
+            return
+        ln = ln.astype(np.int64)
+        host = host.astype(np.int64)
+        start = np.cumsum(ln) - ln
+        batch = start // half
+        staging = runtime.device_empty(int(min(cap, ln.sum())))
+        bounds = np.flatnonzero(np.diff(batch)) + 1
+        for lo, hi in zip(np.r_[0, bounds], np.r_[bounds, src.size]):
+            off = start[lo:hi] - start[lo]
+            keep = runtime.copy_ops(src[lo:hi], np.uint64(staging.data_ptr())
+                                    + off.astype(np.uint64), ln[lo:hi].astype(np.uint64))
+            # host-contiguous stretches: a run that continues the previous one joins it
+            new = np.r_[True, host[lo + 1:hi] != host[lo:hi - 1] + ln[lo:hi - 1]]
+            first = np.flatnonzero(new)
+            end = np.r_[first[1:], hi - lo]
+            for a, b in zip(first.tolist(), end.tolist()):
+                n = int(off[b - 1] + ln[lo + b - 1] - off[a])
+                self.d2h(int(host[lo + a]), staging[int(off[a]):int(off[a]) + n])
+            del keep
+        del staging  # stream-ordered: reused only after these copies
 
     def coded(self, enc: Encoder) -> tuple[CodedPlane, ...]:
         """Codecs and payloads, chosen as ``Encoder._finalise`` chooses them: the first candidate
@@ -300,6 +349,7 @@ class _Streams:
 LOAD_ALIGN = 4 << 20  # bytes per chunk: a multiple of this (2^20 elements of any word size,
 # so whole rANS blocks at any log2_block, whole sign bytes, whole merge CTAs)
 _LOAD_CODECS = (codecs.RAW, codecs.BITPACK, codecs.RANS)
+BLOCK_TABLE = 64  # device bytes per rANS block of a chunk's launch: its table row, error code
 
 
 def _parent_of(reader, i: int) -> int | None:
@@ -406,9 +456,9 @@ class _Level:
         return out
 
     def span(self, b0: int, b1: int, e0: int, e1: int) -> tuple[np.ndarray, np.ndarray]:
-        """(first symbol, symbols) of blocks [b0, b1) clipped to symbols [e0, e1): a CONST
-        stream's blocks may be longer than a chunk (2^20 symbols); a RANS stream's never are
-        cut, the chunk length being a multiple of any block length."""
+        """(first symbol, symbols) of blocks [b0, b1) clipped to symbols [e0, e1). Chunks of
+        ``LOAD_ALIGN`` bytes hold whole blocks of any stream; ranges that cut a CONST block
+        (finer ones, as the tests use) are clipped, and cutting a rANS block is refused."""
         s = self.streams
         start = np.maximum(s.start[b0:b1], e0)
         end = np.minimum(s.start[b0:b1] + s.length[b0:b1].astype(np.int64), e1)
@@ -424,7 +474,8 @@ class _Level:
         staged = sum(runtime.align(sum(a.size for a in x[2]), 16) for x in pcs)
         decoded = 0 if self.whole else sum(runtime.align(e, 16) for x in pcs
                                            if x[0] != "plain")
-        return staged + decoded
+        blocks = sum(x[3][1] - x[3][0] for x in pcs if x[0] != "plain")
+        return staged + decoded + BLOCK_TABLE * blocks + 4096
 
 
 def load_large(reader, i: int, out: torch.Tensor, workspace: int) -> None:
@@ -571,8 +622,10 @@ def _decode_range(lv: _Level, tab, lo: int, hi: int, dst: torch.Tensor, errs: li
         err = torch.zeros(int(first[-1]), dtype=torch.int32, device="cuda")
         runtime.launch("rans", "rans_decode", cta_first.size, 32 * plan.RANS_WARPS,
                        *(np.uint64(v) for v in dp), runtime.ptr(err))
-        errs.append((lv, err, np.concatenate([np.arange(x[3][0], x[3][1]) for x in coded]),
-                     "rans"))
+        # kept until the end: the first failing block's position and code (no sync here)
+        pos = torch.argmax((err != 0).to(torch.int32)).reshape(1)
+        errs.append((lv, torch.cat((pos.to(torch.int32), err[pos])),
+                     np.concatenate([np.arange(x[3][0], x[3][1]) for x in coded]), "rans"))
     if not lv.whole:
         cs, c0 = plan.chunk_table([e])
         mdev, mp = runtime.upload(cs, c0, np.array([dst.data_ptr()], np.uint64),
@@ -588,7 +641,8 @@ def _decode_range(lv: _Level, tab, lo: int, hi: int, dst: torch.Tensor, errs: li
 
 
 def _check(top: _Level, out: torch.Tensor, errs: list) -> None:
-    """One synchronisation: every block's error code, every merge flag, the content hash."""
+    """One synchronisation: each chunk's first failing block, its merge flag, the content
+    hash."""
     parts = [e.view(torch.uint8) for _lv, e, _b, _k in errs]
     dig, first = runtime.leaf_digests([out.data_ptr()], [out.numel()])
     nleaf = int(first[-1])
@@ -598,19 +652,20 @@ def _check(top: _Level, out: torch.Tensor, errs: list) -> None:
     for lv, e, blocks, kind in errs:
         v = back[pos:pos + 4 * e.numel()].view(np.int32)
         pos += 4 * e.numel()
-        bad = np.flatnonzero(v)
-        if not bad.size:
-            continue
         name = f"{lv.reader.name}: tensor {lv.t.name!r}"
         if kind == "merge":
-            raise FormatError(f"{name}: a plane holds values wider than its field")
-        b = int(blocks[int(bad[0])])
+            if v[0]:
+                raise FormatError(f"{name}: a plane holds values wider than its field")
+            continue
+        if not v[1]:  # (first failing block, its code): none failed
+            continue
+        b = int(blocks[int(v[0])])
         s = lv.streams
         r = int(np.searchsorted(s.first, b, side="right") - 1)
         p = lv.t.planes[lv.rans[int(s.coded[r])]]
         raise CodecError(f"{name} plane {p.label}: rans block {b - int(s.first[r])} of "
                          f"{int(s.first[r + 1] - s.first[r])} is corrupt: "
-                         f"{rans._ERR_TEXT.get(int(v[int(bad[0])]), 'error')}")
+                         f"{rans._ERR_TEXT.get(int(v[1]), 'error')}")
     t = top.t
     if top.reader.verify_hashes or t.is_delta:
         got = content_hashes_from_leaves([out.numel()], back[pos:].view(np.uint64),

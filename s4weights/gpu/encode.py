@@ -190,7 +190,7 @@ class Encoder:
                     pending = None
                 split = grp.layout is not None and grp.layout is not layouts.RAW
                 yield (chunked.code_large(self, grp, workspace) if split
-                       else chunked.code_host(self, grp))
+                       else chunked.code_host(self, grp, workspace))
                 continue
             g = self.encode_group(grp)
             self._to_host(g)

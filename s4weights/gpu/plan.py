@@ -67,22 +67,31 @@ LARGE_ALIGN = 1 << 20  # chunked encoder: chunk lengths are multiples of this ma
 # (whole rANS blocks at any log2_block, whole split CTAs, whole sign bytes, whole 64 KiB leaves)
 
 
+def large_staging(chunk: int, rans_planes: int, log2_block: int) -> int:
+    """Staging bytes the chunked encoder copies a chunk's rANS sections through: one byte per
+    symbol and the blocks' counts and states (larger sections go down in several fills)."""
+    nb = -(-chunk >> log2_block)
+    return rans_planes * _al(chunk + 132 * nb)
+
+
 def large_need(layout: layouts.Layout, itemsize: int, chunk: int, rans_planes: int,
                sign_rans: bool, xor: bool, log2_block: int) -> int:
     """Device bytes the chunked encoder (``chunked.code_large``) holds at once with chunks of
-    ``chunk`` elements: the chunk's planes, its XOR with the parent (deltas), and for each of
-    ``rans_planes`` rANS-coded planes the kernel's scratch (2 bytes per symbol), the staged
-    sections (at worst as large) and per-block metadata; the unpacked sign bytes when the sign
-    plane is rANS-coded; the leaf digests and histograms."""
+    ``chunk`` elements: the chunk's XOR with its parent (deltas); for each of ``rans_planes``
+    rANS-coded planes the kernel's scratch (2 bytes per symbol) and per-block metadata, and the
+    unpacked sign bytes when the sign plane is one of them; then either the chunk's planes
+    (while they are coded) or the staging (``large_staging``, once the planes are released);
+    one chunk's leaf digests and the histograms (``large_chunk`` counts the whole tensor's
+    digests)."""
     word = layout.word_size(itemsize)
-    need = _al(chunk // 8) + (len(layout.fields) - 1) * _al(chunk)
-    if xor:
-        need += _al(chunk * word)
+    planes = _al(chunk // 8) + (len(layout.fields) - 1) * _al(chunk)
+    need = _al(chunk * word) if xor else 0
     if rans_planes:
         nb = -(-chunk >> log2_block)
-        need += rans_planes * (2 * _al(2 * chunk + 132 * nb) + _al(256 * nb) + 4096)
+        need += rans_planes * (_al(2 * chunk) + _al(256 * nb) + 4096)
         if sign_rans:
             need += _al(chunk)
+    need += max(planes, large_staging(chunk, rans_planes, log2_block))
     return need + _al(8 * (chunk * word // 65536 + 1)) + 2 * _al(8 * 1025)
 
 
@@ -91,7 +100,9 @@ def large_chunk(layout: layouts.Layout, itemsize: int, workspace: int, n: int, r
     """Elements per chunk so that ``large_need`` stays under ``workspace``: a multiple of
     ``LARGE_ALIGN`` (at least one, whatever the workspace), no longer than the tensor needs."""
     per = large_need(layout, itemsize, LARGE_ALIGN, rans_planes, sign_rans, xor, log2_block)
-    k = max(1, workspace // per)
+    # the whole tensor's content leaf digests stay on the device (and one copy of them)
+    digests = 2 * _al(8 * (n * layout.word_size(itemsize) // 65536 + 1))
+    k = max(1, (workspace - digests) // per)
     return min(k, max(1, -(-n // LARGE_ALIGN))) * LARGE_ALIGN
 
 

@@ -84,6 +84,15 @@ def test_chunked_planes_equal_the_one_group_path(name: str) -> None:
     _same(part.coded, whole.coded)
 
 
+def test_staging_in_many_fills_gives_the_same_bytes(monkeypatch) -> None:
+    # a staging buffer far smaller than a chunk's sections: runs are cut, fills reuse it
+    t = _tensors()["fp32"]
+    whole = _code1(Encoder(workspace=BIG), t)
+    monkeypatch.setattr(plan, "large_staging", lambda chunk, rans_planes, lg: 96 * 1024 + 48)
+    part = _code1(Encoder(workspace=24 * MIB), t)
+    _same(part.coded, whole.coded)
+
+
 def test_chunked_coding_stays_within_the_workspace_and_round_trips() -> None:
     g = torch.Generator(device="cuda").manual_seed(5)
     state = {"emb": torch.randn(40 * MIB, device="cuda", generator=g) * 0.02,  # 160 MiB
@@ -244,3 +253,24 @@ def test_damaged_large_tensor_is_refused_before_decoding() -> None:
     blob[p.offset + p.stored_len // 2] ^= 0x40
     with pytest.raises(s4format.ChecksumError):
         s4weights.load(bytes(blob), map_location="cuda", device="cuda", workspace=16 * MIB)
+
+
+def test_corrupt_stream_with_valid_checksums_is_named_on_the_chunked_load() -> None:
+    # a flipped word inside an exponent stream, written with a checksum of the damaged bytes:
+    # only decoding can find it; the chunked decoder names the plane and the block
+    t = (torch.randn(12 * MIB, device="cuda") * 0.02).bfloat16()
+    coded = _code1(Encoder(), t)
+    planes = list(coded.coded.planes)
+    k = next(i for i, p in enumerate(planes) if p.codec == codecs.RANS and p.kind == 2)
+    bad = np.array(planes[k].payload, copy=True)
+    bad[bad.size - bad.size // 3] ^= 0x5A
+    planes[k] = type(planes[k])(planes[k].kind, planes[k].index, planes[k].codec,
+                                planes[k].decoded_len, bad, planes[k].params, None)
+    buf = io.BytesIO()
+    w = s4format.Writer(buf)
+    ref = w.add_coded("t", dtypes.BY_NAME["bfloat16"], tuple(t.shape),
+                      type(coded.coded)(coded.coded.layout, tuple(planes)), coded.content_hash)
+    w.set_tree({"t": ref})
+    w.close()
+    with pytest.raises(s4format.CodecError, match="rans block"):
+        s4weights.load(buf.getvalue(), map_location="cuda", device="cuda", workspace=16 * MIB)
