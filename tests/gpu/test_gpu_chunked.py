@@ -114,16 +114,6 @@ def test_chunked_coding_stays_within_the_workspace_and_round_trips() -> None:
                 assert torch.equal(got[k].view(torch.uint8), v.view(torch.uint8)), (k, dev)
 
 
-def test_chunk_lengths_follow_the_workspace() -> None:
-    from s4format import layouts
-
-    for lay, size in ((layouts.BF16, 2), (layouts.FP16, 2), (layouts.FP32, 4)):
-        for ws in (32 * MIB, 188 * MIB, 1 << 30):
-            c = plan.large_chunk(lay, size, ws, 1 << 34, 4, True, True, 16)
-            assert c % plan.LARGE_ALIGN == 0
-            assert plan.large_need(lay, size, c, 4, True, True, 16) <= ws
-
-
 def test_a_stream_that_reaches_its_raw_size_is_stored_raw(monkeypatch) -> None:
     t = (torch.randn(3 * MIB, device="cuda") * 0.02).bfloat16()
     whole = _code1(Encoder(workspace=BIG), t).coded

@@ -100,3 +100,29 @@ def test_cta_table_covers_each_plane_with_ctas_of_one_plane(blocks):
         seen.extend(range(s, s + c))
     assert seen == list(range(int(first[-1])))
     assert start.size == sum((b + 7) // 8 for b in blocks)
+
+
+def test_large_chunks_fit_the_workspace() -> None:
+    from s4format import layouts
+
+    for lay, size in ((layouts.BF16, 2), (layouts.FP16, 2), (layouts.FP32, 4)):
+        for rans_planes in range(len(lay.fields) + 1):
+            for xor in (False, True):
+                for ws in (32 << 20, 188 << 20, 1 << 30):
+                    n = 1 << 34
+                    c = plan.large_chunk(lay, size, ws, n, rans_planes, rans_planes > 0, xor, 16)
+                    assert c % plan.LARGE_ALIGN == 0 and c >= plan.LARGE_ALIGN
+                    need = plan.large_need(lay, size, c, rans_planes, rans_planes > 0, xor, 16)
+                    digests = 2 * 8 * (n * size // 65536 + 1)
+                    # fits, or is the smallest chunk there is
+                    assert need + digests <= ws or c == plan.LARGE_ALIGN
+                    # and uses most of it (chunks are sized from the need of the smallest)
+                    assert need + digests > ws * 3 // 4 or c == plan.LARGE_ALIGN
+        # a small tensor gets one chunk of its own rounded length, not the workspace's
+        assert plan.large_chunk(lay, size, 1 << 30, 3 << 20, 2, False, False, 16) == 3 << 20
+
+
+def test_large_staging_counts_a_byte_per_symbol_and_block_sections() -> None:
+    assert plan.large_staging(1 << 20, 0, 16) == 0
+    one = (1 << 20) + 132 * 16  # a byte per symbol, 132 bytes per block of 2^16
+    assert 2 * one <= plan.large_staging(1 << 20, 2, 16) < 2 * (one + 256)
