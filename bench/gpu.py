@@ -283,7 +283,9 @@ def same_state(a, b) -> bool:
     return a == b
 
 
-def end_to_end(state: dict) -> None:
+def end_to_end(state: dict, case: str = "(c) end to end", only: set[str] | None = None) -> None:
+    """s4weights.save/load against torch.save/load of ``state``, to disk and to memory, with
+    the product's defaults (workspace included); ``only`` picks some of the cases."""
     raw = sum(t.numel() * t.element_size() for t in flat_tensors(state).values())
     tmp = Path(tempfile.mkdtemp(prefix="s4bench"))
     cases = {
@@ -315,6 +317,8 @@ def end_to_end(state: dict) -> None:
     cases["torch memory"] = (torch_mem_save, lambda: torch.load(
         io.BytesIO(mem["pt"].getvalue()), map_location="cuda"), lambda: len(mem["pt"].getvalue()))
     for name, (save, load, size) in cases.items():
+        if only is not None and name not in only:
+            continue
         base = torch.cuda.memory_allocated()
         torch.cuda.reset_peak_memory_stats()
         save_s, _ = timed(save, reps=3)
@@ -323,7 +327,7 @@ def end_to_end(state: dict) -> None:
         base = torch.cuda.memory_allocated()
         load_s, got = timed(load, reps=3)
         load_peak = torch.cuda.max_memory_allocated() - base
-        row("(c) end to end", name, raw, size(), save_s, load_s, same_state(state, got),
+        row(case, name, raw, size(), save_s, load_s, same_state(state, got),
             save_s=round(save_s, 3), load_s=round(load_s, 3),
             save_peak_extra_MiB=round(save_peak / 2**20),
             load_peak_extra_MiB=round(load_peak / 2**20))
@@ -347,6 +351,9 @@ def main() -> None:
         s4_case("(a) 1 GiB bf16", one, m)
     for alg in ("ANS",):
         nvcomp_case("(a) 1 GiB bf16", one, alg)
+    # the API with its default workspace (10% of the state): the tensor is coded and decoded
+    # in chunks
+    end_to_end(one, "(a) via the API", only={"s4weights memory", "torch memory"})
     del x, one
     torch.cuda.empty_cache()
     state = trained_state(int(os.environ.get("S4_BENCH_STEPS", "200")))
