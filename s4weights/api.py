@@ -88,7 +88,7 @@ def save(obj: Any, f: FileLike, *, policy: str = "auto", metadata: dict[str, str
     stored. ``device`` picks where CUDA tensors are coded (``"auto"``, ``"cuda"``, ``"cpu"``).
     ``workspace`` bounds the extra GPU memory the GPU path uses, in bytes (default: 10% of the
     state's bytes, at least 64 MiB and at most 1 GiB). A tensor too large to code whole in it
-    is coded in chunks that fit (the same stored bytes); the smallest chunk needs about 32 MiB.
+    is coded in chunks that fit (the same stored bytes); the smallest chunk needs 6-17 MiB.
     """
     t0 = time.perf_counter()
     flat = flatten(obj)
