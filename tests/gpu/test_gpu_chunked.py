@@ -28,6 +28,17 @@ SLACK = 4 * MIB
 BIG = 1 << 34  # a workspace that takes any tensor here in one group
 
 
+def _peak(fn, *args, **kwargs):
+    """(fn's result, the most device memory allocated during the call beyond what was
+    allocated before it)."""
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    out = fn(*args, **kwargs)
+    torch.cuda.synchronize()
+    return out, torch.cuda.max_memory_allocated() - base
+
+
 def _item(t: torch.Tensor) -> Item:
     return Item(dtypes.BY_NAME[str(t.dtype).removeprefix("torch.")], tuple(t.shape),
                 t.reshape(-1).view(torch.uint8))
@@ -100,13 +111,8 @@ def test_chunked_coding_stays_within_the_workspace_and_round_trips() -> None:
              "ids": torch.arange(12 * MIB, device="cuda"),                   # 96 MiB int64
              "norm": torch.ones(4096, device="cuda")}
     for workspace in (32 * MIB, 64 * MIB):
-        torch.cuda.synchronize()
-        base = torch.cuda.memory_allocated()
-        torch.cuda.reset_peak_memory_stats()
         buf = io.BytesIO()
-        s4weights.save(state, buf, device="cuda", workspace=workspace)
-        torch.cuda.synchronize()
-        extra = torch.cuda.max_memory_allocated() - base
+        _, extra = _peak(s4weights.save, state, buf, device="cuda", workspace=workspace)
         assert extra <= workspace + SLACK, (workspace / MIB, extra / MIB)
         for dev in ("cpu", "cuda"):
             got = s4weights.load(buf.getvalue(), map_location="cuda", device=dev)
@@ -145,12 +151,8 @@ def test_large_delta_is_xored_in_chunks(tmp_path, monkeypatch) -> None:
     w1 = w0 + torch.randn(24 * MIB, device="cuda", generator=g) * 1e-4
     root = str(tmp_path / "run")
     chain.save_checkpoint({"w": w0}, root, 0, device="cuda", workspace=48 * MIB)
-    torch.cuda.synchronize()
-    base = torch.cuda.memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
-    info = chain.save_checkpoint({"w": w1}, root, 1, device="cuda", workspace=48 * MIB)
-    torch.cuda.synchronize()
-    extra = torch.cuda.max_memory_allocated() - base
+    info, extra = _peak(chain.save_checkpoint, {"w": w1}, root, 1, device="cuda",
+                        workspace=48 * MIB)
     assert extra <= 48 * MIB + SLACK, extra / MIB
     assert info.parent_step == 0 and info.stored_bytes < info.full_stored_bytes
     for dev in ("cpu", "cuda"):
@@ -197,13 +199,9 @@ def test_large_tensors_load_in_chunks_within_the_workspace(writer: str, monkeypa
         return orig(reader, i, out, ws)
 
     monkeypatch.setattr(chunked, "load_large", spy)
-    torch.cuda.synchronize()
-    base = torch.cuda.memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
-    got = s4weights.load(blob, map_location="cuda", device="cuda", workspace=workspace)
-    torch.cuda.synchronize()
-    raw = sum(v.numel() * v.element_size() for v in state.values())
-    extra = torch.cuda.max_memory_allocated() - base - raw
+    got, extra = _peak(s4weights.load, blob, map_location="cuda", device="cuda",
+                       workspace=workspace)
+    extra -= sum(v.numel() * v.element_size() for v in state.values())  # the result
     assert extra <= workspace + SLACK, extra / MIB
     assert len(calls) >= 6
     for k, v in state.items():
@@ -222,12 +220,9 @@ def test_large_delta_chain_loads_in_chunks(tmp_path) -> None:
     from s4weights import chain as c
 
     c._PARENT_CACHE.clear()
-    torch.cuda.synchronize()
-    base = torch.cuda.memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
-    got = chain.load_checkpoint(root, map_location="cuda", device="cuda", workspace=32 * MIB)
-    torch.cuda.synchronize()
-    extra = torch.cuda.max_memory_allocated() - base - 50 * MIB
+    got, extra = _peak(chain.load_checkpoint, root, map_location="cuda", device="cuda",
+                       workspace=32 * MIB)
+    extra -= 50 * MIB  # the result
     assert extra <= 32 * MIB + SLACK, extra / MIB
     for k, v in states[-1].items():
         assert torch.equal(got[k].view(torch.uint8), v.view(torch.uint8)), k
