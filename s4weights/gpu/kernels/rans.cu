@@ -114,6 +114,26 @@ rans_encode(const u32* cta_first, const u8* cta_warps, const u64* blk_src, const
     }
 }
 
+// One decoder row: each active lane decodes its symbol into out[i] and, if its state drops
+// below 2^15, takes the next word from the end (lanes in lane order). Returns false, the same in
+// every lane, when the row needs more words than the block has left (error 2).
+__device__ __forceinline__ bool decode_row(u32& x, u32& p, const u32* dtab, u8* out, int i,
+                                           bool active, const u16* words, u32 lt) {
+    bool need = false;
+    if (active) {
+        const u32 e = dtab[x & 4095u];
+        out[i] = (u8)(e & 0xFF);
+        x = ((e >> 20) + 1) * (x >> 12) + ((e >> 8) & 4095u);
+        need = x < (1u << 15);
+    }
+    const u32 ballot = __ballot_sync(0xFFFFFFFFu, need);
+    const u32 total = __popc(ballot);
+    if (total > p) return false;
+    p -= total;
+    if (need) x = (x << 16) | words[p + __popc(ballot & lt)];
+    return true;
+}
+
 // Decode one block per warp straight into its output bytes. mode 0: RANS (words, states,
 // decode table); mode 1: CONST (fill with `fill`). Errors per block, numbered as the CPU
 // reference: 1 state out of range, 2 word underflow, 3 words left over, 4 wrong final state.
@@ -169,38 +189,18 @@ rans_decode(const u32* cta_first, const u8* cta_warps, const u8* blk_mode, const
     const u32 lt = lanemask_lt();
     int r = (int)(((len - 1) >> 5) << 5);
     if (len & 31) {  // the last row is partial
-        const bool active = (u32)r + lane < len;
-        bool need = false;
-        if (active) {
-            const u32 e = dtab[x & 4095u];
-            out[r + lane] = (u8)(e & 0xFF);
-            x = ((e >> 20) + 1) * (x >> 12) + ((e >> 8) & 4095u);
-            need = x < (1u << 15);
-        }
-        const u32 ballot = __ballot_sync(0xFFFFFFFFu, need);
-        const u32 total = __popc(ballot);
-        if (total > p) {
+        if (!decode_row(x, p, dtab, out, r + lane, (u32)r + lane < len, words, lt)) {
             if (lane == 0) errors[b] = 2;
             return;
         }
-        p -= total;
-        if (need) x = (x << 16) | words[p + __popc(ballot & lt)];
         r -= 32;
     }
 #pragma unroll 4
     for (; r >= 0; r -= 32) {  // full rows
-        const u32 e = dtab[x & 4095u];
-        out[r + lane] = (u8)(e & 0xFF);
-        x = ((e >> 20) + 1) * (x >> 12) + ((e >> 8) & 4095u);
-        const bool need = x < (1u << 15);
-        const u32 ballot = __ballot_sync(0xFFFFFFFFu, need);
-        const u32 total = __popc(ballot);
-        if (total > p) {
+        if (!decode_row(x, p, dtab, out, r + lane, true, words, lt)) {
             if (lane == 0) errors[b] = 2;
             return;
         }
-        p -= total;
-        if (need) x = (x << 16) | words[p + __popc(ballot & lt)];
     }
     if (p != 0) err = 3;
     else if (x != (1u << 15)) err = 4;
