@@ -78,31 +78,52 @@ def tensor_info(rec, where: str, data_end: int, alignment: int) -> TensorInfo:
     if len(rec.planes) != len(fields):
         raise FormatError(f"{where}: layout {layout.name} has {len(fields)} planes, "
                           f"record lists {len(rec.planes)}")
+    want = rec.raw_nbytes if layout is layouts.RAW else words
     planes = []
     for field, p in zip(fields, rec.planes):
         info = PlaneInfo(p.kind, p.index, p.codec, bytes(p.params), p.offset, p.stored_len,
                          p.decoded_len, p.checksum)
-        at = f"{where} plane {info.label}"
-        if (p.kind, p.index) != (field.kind, field.index):
-            raise FormatError(f"{at}: layout {layout.name} expects plane {field.label} here")
-        want = rec.raw_nbytes if layout is layouts.RAW else words
-        if p.decoded_len != want:
-            raise FormatError(f"{at}: decoded length {p.decoded_len}, layout needs {want}")
-        codec = _located(at, codecs.get, p.codec)
-        if p.decoded_len > codec.max_decoded_len(p.stored_len):
-            raise LimitError(f"{at}: declares {p.decoded_len} decoded bytes from {p.stored_len} "
-                             f"stored, beyond what codec {codec.name} can produce")
-        if p.offset < HEADER_SIZE or p.offset % alignment:
-            raise FormatError(f"{at}: offset {p.offset} is not an aligned offset in the data "
-                              f"section (alignment {alignment})")
-        if p.offset + p.stored_len > data_end:
-            raise FormatError(f"{at}: bytes {p.offset}..{p.offset + p.stored_len} run past the "
-                              f"data section, which ends at {data_end}")
+        codec = _codec_or_none(info.codec)
+        if codec is None or (info.kind, info.index) != (field.kind, field.index) \
+                or info.decoded_len != want \
+                or info.decoded_len > codec.max_decoded_len(info.stored_len) \
+                or info.offset < HEADER_SIZE or info.offset % alignment \
+                or info.offset + info.stored_len > data_end:
+            _refuse_plane(where, layout, field, info, want, data_end, alignment)
         planes.append(info)
     return TensorInfo(rec.name, dtype, shape, layout, rec.transform, rec.raw_nbytes,
                       bytes(rec.content_hash),
                       bytes(rec.parent_hash) if rec.parent_hash is not None else None,
                       tuple(planes))
+
+
+def _refuse_plane(where: str, layout: Layout, field, p: PlaneInfo, want: int, data_end: int,
+                  alignment: int) -> None:
+    """Raise the error of the first rule plane ``p`` breaks, in the spec's order (the checks of
+    :func:`tensor_info`, spelled out with their messages; only called for a bad plane)."""
+    at = f"{where} plane {p.label}"
+    if (p.kind, p.index) != (field.kind, field.index):
+        raise FormatError(f"{at}: layout {layout.name} expects plane {field.label} here")
+    if p.decoded_len != want:
+        raise FormatError(f"{at}: decoded length {p.decoded_len}, layout needs {want}")
+    codec = _located(at, codecs.get, p.codec)
+    if p.decoded_len > codec.max_decoded_len(p.stored_len):
+        raise LimitError(f"{at}: declares {p.decoded_len} decoded bytes from {p.stored_len} "
+                         f"stored, beyond what codec {codec.name} can produce")
+    if p.offset < HEADER_SIZE or p.offset % alignment:
+        raise FormatError(f"{at}: offset {p.offset} is not an aligned offset in the data "
+                          f"section (alignment {alignment})")
+    if p.offset + p.stored_len > data_end:
+        raise FormatError(f"{at}: bytes {p.offset}..{p.offset + p.stored_len} run past the "
+                          f"data section, which ends at {data_end}")
+    raise AssertionError(f"{at}: refused, but breaks no rule")
+
+
+def _codec_or_none(codec_id: int):
+    try:
+        return codecs.get(codec_id)
+    except S4Error:
+        return None
 
 
 def _located(where: str, lookup, key: int):

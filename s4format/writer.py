@@ -35,7 +35,7 @@ from s4format.schema import (
     TRANSFORM_XOR,
     Footer,
     Header,
-    Index,
+    compiled_index,
 )
 from s4format.tensor import Tensor
 
@@ -225,7 +225,7 @@ class Writer:
             raise LimitError(f"object tree of {len(tree)} bytes exceeds the index limit")
         # A file in which no tensor chose the delta depends on nothing: it is a base.
         parent_id = self._parent_id if self._deltas else None
-        index = Index.build(dict(
+        index = compiled_index().build(dict(
             tensors=self._records, parent_id=parent_id or NO_PARENT, tree=tree,
             metadata=objtree.encode(self._metadata), extensions=[]))
         if len(index) > MAX_INDEX_SIZE:

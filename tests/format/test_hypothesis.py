@@ -171,3 +171,30 @@ def test_random_tree_bytes_decode_or_raise_format_error(data: bytes, count: int)
     except s4format.FormatError:
         return
     assert objtree.encode(value) == data  # whatever decodes has exactly one encoding
+
+
+@settings(max_examples=400, **SETTINGS)
+@given(edits=st.lists(st.tuples(st.integers(0, len(INDEX) - 1), st.integers(0, 255)),
+                      min_size=0, max_size=4))
+def test_compiled_index_parser_agrees_with_the_interpreted_one(edits) -> None:
+    # the reader parses with construct's compiled parser and falls back to the interpreted one
+    # on failure: both must accept the same indexes, with the same records
+    from construct import ConstructError
+
+    from s4format.schema import Index, compiled_index
+
+    index = bytearray(INDEX)
+    for at, value in edits:
+        index[at] = value
+    index = bytes(index)
+    try:
+        want = Index.parse(index)
+    except ConstructError:
+        want = None
+    try:
+        got = compiled_index().parse(index)
+    except Exception:  # the compiled code raises bare struct/codec/index errors
+        got = None
+    assert (got is None) == (want is None)
+    if want is not None:
+        assert got == want
