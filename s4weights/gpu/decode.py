@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 import weakref
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -195,7 +196,30 @@ class Staged:
     keep: list[object] = field(default_factory=list)
 
 
+READ_PIECE = 16 << 20  # large reads into pinned memory go in pieces of this, in parallel
+_READERS: ThreadPoolExecutor | None = None
+
+
 def _read_into(reader: Reader, offset: int, dst: np.ndarray) -> None:
+    """Fill ``dst`` with the source's bytes at ``offset``. A large read is cut into pieces read
+    by a few threads at once: one thread copying from the page cache (or from memory) into
+    pinned memory runs at a fraction of the memory bandwidth, and the copies release the GIL."""
+    global _READERS
+    n = dst.size
+    if n < 2 * READ_PIECE:
+        _read_piece(reader, offset, dst)
+        return
+    if _READERS is None:
+        _READERS = ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1),
+                                      thread_name_prefix="s4w-read")
+    step = max(READ_PIECE, -(-n // 8) // 4096 * 4096)
+    jobs = [_READERS.submit(_read_piece, reader, offset + a, dst[a:a + step])
+            for a in range(0, n, step)]
+    for j in jobs:
+        j.result()
+
+
+def _read_piece(reader: Reader, offset: int, dst: np.ndarray) -> None:
     src = reader.source
     fd = getattr(src, "_fd", None)
     if isinstance(fd, int) and fd >= 0 and hasattr(os, "preadv"):

@@ -1,0 +1,39 @@
+"""Large reads into the GPU loader's pinned staging go in pieces on a few threads
+(``decode._read_into``); no CUDA needed: the bytes must be exactly the source's, from a file
+or from memory, and a short file must still raise TruncatedError."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+
+from s4format.errors import TruncatedError
+from s4format.source import BufferSource, FileSource
+from s4weights.gpu import decode
+
+
+@pytest.mark.parametrize("kind", ["file", "memory"])
+@pytest.mark.parametrize("size", [0, 1000, 3 * 4096 + 17, 40 * 4096 + 5])
+def test_pieces_read_exactly_the_source(tmp_path, monkeypatch, kind: str, size: int) -> None:
+    monkeypatch.setattr(decode, "READ_PIECE", 4096)  # many pieces from small data
+    data = np.random.default_rng(size).integers(0, 256, size + 300, dtype=np.uint8)
+    path = tmp_path / "f"
+    path.write_bytes(data.tobytes())
+    src = FileSource(path) if kind == "file" else BufferSource(data.tobytes())
+    dst = np.full(size, 0xAB, np.uint8)
+    decode._read_into(SimpleNamespace(source=src), 300, dst)
+    assert np.array_equal(dst, data[300:])
+
+
+def test_a_short_file_raises(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(decode, "READ_PIECE", 4096)
+    path = tmp_path / "f"
+    path.write_bytes(bytes(10 * 4096))
+    src = FileSource(path)
+    path.write_bytes(bytes(5 * 4096))  # shrinks after the source was opened
+    with pytest.raises(TruncatedError):
+        decode._read_into(SimpleNamespace(source=src), 0, np.empty(10 * 4096, np.uint8))
