@@ -200,6 +200,15 @@ READ_PIECE = 16 << 20  # large reads into pinned memory go in pieces of this, in
 _READERS: ThreadPoolExecutor | None = None
 
 
+def _forget_readers() -> None:
+    global _READERS
+    _READERS = None  # a forked child has none of the parent's threads: start afresh
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_readers)
+
+
 def _read_into(reader: Reader, offset: int, dst: np.ndarray) -> None:
     """Fill ``dst`` with the source's bytes at ``offset``. A large read is cut into pieces read
     by a few threads at once: one thread copying from the page cache (or from memory) into

@@ -179,14 +179,23 @@ def test_random_tree_bytes_decode_or_raise_format_error(data: bytes, count: int)
 def test_compiled_index_parser_agrees_with_the_interpreted_one(edits) -> None:
     # the reader parses with construct's compiled parser and falls back to the interpreted one
     # on failure: both must accept the same indexes, with the same records
+    index = bytearray(INDEX)
+    for at, value in edits:
+        index[at] = value
+    _same_parse(bytes(index))
+
+
+@settings(max_examples=100, **SETTINGS)
+@given(cut=st.integers(0, len(INDEX)), tail=st.binary(max_size=16))
+def test_compiled_index_parser_agrees_on_cut_or_extended_indexes(cut: int, tail: bytes) -> None:
+    _same_parse(INDEX[:cut] + tail)
+
+
+def _same_parse(index: bytes) -> None:
     from construct import ConstructError
 
     from s4format.schema import Index, compiled_index
 
-    index = bytearray(INDEX)
-    for at, value in edits:
-        index[at] = value
-    index = bytes(index)
     try:
         want = Index.parse(index)
     except ConstructError:

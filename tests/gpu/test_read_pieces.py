@@ -37,3 +37,29 @@ def test_a_short_file_raises(tmp_path, monkeypatch) -> None:
     path.write_bytes(bytes(5 * 4096))  # shrinks after the source was opened
     with pytest.raises(TruncatedError):
         decode._read_into(SimpleNamespace(source=src), 0, np.empty(10 * 4096, np.uint8))
+
+
+def _child_read(path: str, expect: bytes) -> None:
+    dst = np.empty(len(expect), np.uint8)
+    decode._read_into(SimpleNamespace(source=FileSource(path)), 0, dst)
+    raise SystemExit(0 if dst.tobytes() == expect else 3)
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs fork")
+def test_reads_work_in_a_forked_child(tmp_path, monkeypatch) -> None:
+    # the reader threads belong to the parent; a forked child must start its own
+    import multiprocessing
+
+    monkeypatch.setattr(decode, "READ_PIECE", 4096)
+    data = bytes(range(256)) * 160
+    path = tmp_path / "f"
+    path.write_bytes(data)
+    decode._read_into(SimpleNamespace(source=FileSource(path)), 0, np.empty(len(data), np.uint8))
+    assert decode._READERS is not None  # the parent's pool exists
+    p = multiprocessing.get_context("fork").Process(target=_child_read, args=(str(path), data))
+    p.start()
+    p.join(60)
+    if p.is_alive():
+        p.kill()
+        pytest.fail("a read in a forked child hung")
+    assert p.exitcode == 0
