@@ -7,6 +7,7 @@ object). ``load(f, map_location=None)`` reads it back; loading is always safe, l
 
 from __future__ import annotations
 
+import functools
 import io
 import logging
 import os
@@ -20,6 +21,7 @@ import s4format
 from s4format.source import BufferSource, ByteSource
 from s4format.writer import Writer, WriteResult
 from s4weights import progress
+from s4weights.background import Background
 from s4weights.store.base import Store
 from s4weights.store.local import LocalStore
 from s4weights.torchtree import DeviceTensor, Flattened, Unflattener, flatten, plan_into
@@ -27,6 +29,7 @@ from s4weights.torchtree import DeviceTensor, Flattened, Unflattener, flatten, p
 log = logging.getLogger("s4weights")
 
 FileLike = str | os.PathLike[str] | BinaryIO
+WRITE_QUEUE = 256 << 20  # payload bytes waiting for the writer thread, at least
 
 
 def producer_metadata() -> dict[str, str]:
@@ -57,16 +60,26 @@ def write_flattened(flat: Flattened, sink: BinaryIO, *, policy: str = "auto",
         # under nvcomp-ans, tensors the GPU does not code (host tensors) get the default codecs
         w = Writer(sink, policy="auto" if gpu_only else policy, parent_id=parent_id)
         coded = gpu.coded_in_order(flat.tensors, policy, device, parents, workspace=workspace)
-        for name, tensor in flat.tensors:
-            done = coded.get(name)
-            if done is not None:
-                c, content_hash, parent_hash, full = next(done)
-                w.add_coded(name, tensor.dtype, tensor.shape, c, content_hash,
-                            parent_hash=parent_hash, full_stored=full)
-            else:
-                parent = parents.get(name)
-                w.add(name, _host(tensor), parent=None if parent is None else _host(parent))
-            bar.update(tensor.nbytes)
+        # the sink's writes run on a writer thread while this one codes the next tensors
+        writes = Background(limit=max(WRITE_QUEUE, total // 20))
+        try:
+            for name, tensor in flat.tensors:
+                done = coded.get(name)
+                if done is not None:
+                    c, content_hash, parent_hash, full = next(done)
+                    writes.submit(functools.partial(
+                        w.add_coded, name, tensor.dtype, tensor.shape, c, content_hash,
+                        parent_hash=parent_hash, full_stored=full), c.stored)
+                else:
+                    parent = parents.get(name)
+                    writes.submit(functools.partial(
+                        w.add, name, _host(tensor),
+                        parent=None if parent is None else _host(parent)), tensor.nbytes)
+                bar.update(tensor.nbytes)
+        except BaseException:
+            writes.abort()
+            raise
+        writes.finish()
         w.set_tree(flat.tree)
         w.set_metadata({**producer_metadata(), **(metadata or {})})
         return w.close()

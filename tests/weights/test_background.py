@@ -1,0 +1,95 @@
+"""The save's writer thread (``s4weights.background``): jobs run in order, the queue's payload
+bytes stay bounded, a job's error reaches the caller and stops everything after it."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from s4weights.background import Background
+
+
+def test_jobs_run_in_order_on_another_thread() -> None:
+    seen: list[tuple[int, str]] = []
+    bg = Background(limit=10)
+    for i in range(200):
+        bg.submit(lambda i=i: seen.append((i, threading.current_thread().name)), 1)
+    bg.finish()
+    assert [i for i, _ in seen] == list(range(200))
+    assert {t for _, t in seen} == {"s4w-writer"}
+
+
+def test_queued_bytes_stay_under_the_limit() -> None:
+    gate = threading.Event()
+    queued = []
+    bg = Background(limit=100)
+
+    def slow() -> None:
+        gate.wait(5)
+
+    bg.submit(slow, 60)          # running (or queued): 60 bytes
+    t0 = time.perf_counter()
+    done = threading.Event()
+
+    def producer() -> None:
+        bg.submit(lambda: None, 60)  # 120 > 100: must wait for the first job
+        queued.append(time.perf_counter() - t0)
+        done.set()
+
+    th = threading.Thread(target=producer)
+    th.start()
+    assert not done.wait(0.3)    # still blocked while the first job holds its bytes
+    gate.set()
+    assert done.wait(5)
+    th.join()
+    bg.finish()
+
+
+def test_one_job_larger_than_the_limit_is_accepted() -> None:
+    ran = []
+    bg = Background(limit=10)
+    bg.submit(lambda: ran.append(1), 1 << 40)
+    bg.finish()
+    assert ran == [1]
+
+
+def test_an_error_reaches_the_caller_and_stops_later_jobs() -> None:
+    ran = []
+    gate = threading.Event()
+    bg = Background(limit=1 << 20)
+
+    def boom() -> None:
+        gate.wait(5)
+        raise ValueError("disk full")
+
+    bg.submit(boom, 1)
+    bg.submit(lambda: ran.append("after"), 1)
+    gate.set()
+    with pytest.raises(ValueError, match="disk full"):
+        for _ in range(1000):     # the error shows at a later submit (or at finish)
+            bg.submit(lambda: ran.append("later"), 1)
+            time.sleep(0.001)
+        bg.finish()
+    assert ran == []
+
+
+def test_abort_drops_waiting_jobs() -> None:
+    ran = []
+    started = threading.Event()
+    gate = threading.Event()
+    bg = Background(limit=1 << 20)
+
+    def first() -> None:
+        started.set()
+        gate.wait(5)
+        ran.append("first")
+
+    bg.submit(first, 1)
+    for i in range(5):
+        bg.submit(lambda i=i: ran.append(i), 1)
+    assert started.wait(5)
+    threading.Timer(0.2, gate.set).start()  # the running job ends after abort dropped the rest
+    bg.abort()
+    assert ran == ["first"]
