@@ -59,9 +59,16 @@ def _parse_index(raw: bytes, name: str):
     """The index's records. Construct's compiled parser reads a well-formed index (several
     times faster than the interpreted one, with the same result); anything it fails on is
     parsed again by the interpreted parser, which names what is malformed exactly as it
-    always has (the compiled code raises bare struct, codec and index errors instead)."""
+    always has (the compiled code raises bare struct, codec and index errors instead).
+
+    The compiled code does not check that a length-prefixed field's bytes are all there: a
+    short read is caught by the fixed-size field after it, except for the last extension's
+    data, which only the end of the index follows. An index with extensions (our writer
+    writes none) is therefore always parsed by the interpreted parser."""
     try:
-        return compiled_index().parse(raw)
+        idx = compiled_index().parse(raw)
+        if not idx.extensions:
+            return idx
     except Exception:  # malformed bytes: the reference parser below reports them
         pass
     try:

@@ -127,6 +127,8 @@ class Writer:
         self._names: set[str] = set()
         self._tree: Any = None
         self._metadata: dict[str, str] = {}
+        if parent_id is not None and len(parent_id) != 16:
+            raise ValueError(f"parent_id must be 16 bytes, not {len(parent_id)}")
         self._parent_id = parent_id
         self._raw_total = 0
         self._stored_total = 0
@@ -157,6 +159,13 @@ class Writer:
             raise ValueError("writer is closed")
         if name in self._names:
             raise FormatError(f"tensor name {name!r} is used twice")
+        return self.add_coded(**self.code(name, tensor, parent=parent))
+
+    def code(self, name: str, tensor: Tensor | np.ndarray, *,
+             parent: Tensor | np.ndarray | None = None) -> dict[str, Any]:
+        """Code one tensor as :meth:`add` does, without writing it: the arguments of
+        :meth:`add_coded`. Touches no state the writing changes, so one thread can code the
+        next tensor while another writes this one."""
         t = tensor if isinstance(tensor, Tensor) else Tensor.from_numpy(tensor)
         coded = code_tensor(t.data, t.dtype, self.policy)
         full = coded.stored
@@ -170,8 +179,9 @@ class Writer:
             delta = code_tensor(np.bitwise_xor(t.data, p.data), t.dtype, self.policy)
             if delta.stored < coded.stored:
                 coded, parent_hash = delta, hashing.content_hash(p.data)
-        return self.add_coded(name, t.dtype, t.shape, coded, hashing.content_hash(t.data),
-                              parent_hash=parent_hash, full_stored=full)
+        return dict(name=name, dtype=t.dtype, shape=t.shape, coded=coded,
+                    content_hash=hashing.content_hash(t.data), parent_hash=parent_hash,
+                    full_stored=full)
 
     def add_coded(self, name: str, dtype: DType, shape: tuple[int, ...], coded: CodedTensor,
                   content_hash: bytes, *, parent_hash: bytes | None = None,
@@ -185,6 +195,8 @@ class Writer:
             raise FormatError(f"tensor name {name!r} is used twice")
         if parent_hash is not None and self._parent_id is None:
             raise ValueError("a delta tensor needs the writer's parent_id")
+        if len(content_hash) != 16 or (parent_hash is not None and len(parent_hash) != 16):
+            raise ValueError("content and parent hashes are 16 bytes")
         _check_limits(name, shape, dtype, coded)
         planes = []
         for p in coded.planes:

@@ -60,26 +60,39 @@ def write_flattened(flat: Flattened, sink: BinaryIO, *, policy: str = "auto",
         # under nvcomp-ans, tensors the GPU does not code (host tensors) get the default codecs
         w = Writer(sink, policy="auto" if gpu_only else policy, parent_id=parent_id)
         coded = gpu.coded_in_order(flat.tensors, policy, device, parents, workspace=workspace)
-        # the sink's writes run on a writer thread while this one codes the next tensors
-        writes = Background(limit=max(WRITE_QUEUE, total // 20))
+        # With tensors coded on the GPU, the sink's writes run on a writer thread while this
+        # one codes the next tensors (all coding stays on this thread: torch's current stream
+        # is per thread, and the CPU coders are not thread-safe). Queued results hold pinned
+        # host memory, bounded below. A CPU-only save writes as it codes: its streaming memory
+        # stays at one tensor's coding.
+        writes = Background(limit=max(WRITE_QUEUE, total // 20)) if coded else None
+
+        def put(job, nbytes: int) -> None:
+            if writes is None:
+                job()
+            else:
+                writes.submit(job, nbytes)
+
         try:
             for name, tensor in flat.tensors:
                 done = coded.get(name)
                 if done is not None:
                     c, content_hash, parent_hash, full = next(done)
-                    writes.submit(functools.partial(
+                    put(functools.partial(
                         w.add_coded, name, tensor.dtype, tensor.shape, c, content_hash,
                         parent_hash=parent_hash, full_stored=full), c.stored)
                 else:
                     parent = parents.get(name)
-                    writes.submit(functools.partial(
-                        w.add, name, _host(tensor),
-                        parent=None if parent is None else _host(parent)), tensor.nbytes)
+                    args = w.code(name, _host(tensor),
+                                  parent=None if parent is None else _host(parent))
+                    put(functools.partial(w.add_coded, **args), args["coded"].stored)
                 bar.update(tensor.nbytes)
         except BaseException:
-            writes.abort()
+            if writes is not None:
+                writes.abort()
             raise
-        writes.finish()
+        if writes is not None:
+            writes.finish()
         w.set_tree(flat.tree)
         w.set_metadata({**producer_metadata(), **(metadata or {})})
         return w.close()

@@ -1,6 +1,7 @@
-"""A writer thread: the sink's writes (and the CPU coder, for host tensors) run while the
-caller's thread codes the next tensors on the GPU, so a save takes about the longer of the two
-instead of their sum. GPU work never moves: torch's current stream is per thread.
+"""A writer thread: the sink's writes run while the caller's thread codes the next tensors, so
+a save takes about the longer of the two instead of their sum. Coding never moves: torch's
+current stream is per thread, and the CPU coders share state that is not thread-safe. The
+sink is written from this thread (one thread at a time, never two at once).
 
 Jobs run one at a time, in submission order. The bytes of payloads waiting in the queue are
 bounded (one job is always accepted, however large): queued GPU results hold pinned host
@@ -65,6 +66,7 @@ class Background:
                 job, nbytes = self._jobs[0]
             try:
                 job()
+                job = None  # its payload can go before the next job arrives
             except BaseException as exc:  # handed to the caller's thread
                 with self._cv:
                     self._error = exc

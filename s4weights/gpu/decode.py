@@ -23,8 +23,9 @@ can be timed alone (coded payloads already on the device -> tensors).
 from __future__ import annotations
 
 import os
+import threading
 import weakref
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -198,6 +199,7 @@ class Staged:
 
 READ_PIECE = 16 << 20  # large reads into pinned memory go in pieces of this, in parallel
 _READERS: ThreadPoolExecutor | None = None
+_READERS_LOCK = threading.Lock()
 
 
 def _forget_readers() -> None:
@@ -212,18 +214,22 @@ if hasattr(os, "register_at_fork"):
 def _read_into(reader: Reader, offset: int, dst: np.ndarray) -> None:
     """Fill ``dst`` with the source's bytes at ``offset``. A large read is cut into pieces read
     by a few threads at once: one thread copying from the page cache (or from memory) into
-    pinned memory runs at a fraction of the memory bandwidth, and the copies release the GIL."""
+    pinned memory runs at a fraction of the memory bandwidth, and the copies release the GIL.
+    The source's ``read_at`` must therefore be safe to call from several threads (positional
+    reads, as every source here; not a shared seek-and-read file object)."""
     global _READERS
     n = dst.size
     if n < 2 * READ_PIECE:
         _read_piece(reader, offset, dst)
         return
-    if _READERS is None:
-        _READERS = ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1),
-                                      thread_name_prefix="s4w-read")
+    with _READERS_LOCK:
+        if _READERS is None:
+            _READERS = ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1),
+                                          thread_name_prefix="s4w-read")
     step = max(READ_PIECE, -(-n // 8) // 4096 * 4096)
     jobs = [_READERS.submit(_read_piece, reader, offset + a, dst[a:a + step])
             for a in range(0, n, step)]
+    wait(jobs)  # every piece done (none still writing into dst) before an error is raised
     for j in jobs:
         j.result()
 

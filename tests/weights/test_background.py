@@ -93,3 +93,54 @@ def test_abort_drops_waiting_jobs() -> None:
     threading.Timer(0.2, gate.set).start()  # the running job ends after abort dropped the rest
     bg.abort()
     assert ran == ["first"]
+
+
+def test_save_codes_on_the_callers_thread_and_writes_on_the_writer_thread(monkeypatch) -> None:
+    # The writer thread runs when tensors are coded on the GPU. The CPU coders share a zstd
+    # compressor that is not thread-safe and the GPU path's CPU fallbacks code on the caller's
+    # thread, so coding must never move to the writer thread. A stand-in for the GPU path
+    # (CPU-coded, on the caller's thread, like its fallbacks) takes the "g" tensors.
+    import io
+
+    import torch
+
+    import s4format
+    import s4format.writer as writer_mod
+    import s4weights
+    from s4format import hashing
+    from s4weights import gpu
+
+    coders, writers = set(), set()
+    code_tensor, add_coded = writer_mod.code_tensor, writer_mod.Writer.add_coded
+
+    def spy_code(*a, **k):
+        coders.add(threading.current_thread().name)
+        return code_tensor(*a, **k)
+
+    def spy_add(self, *a, **k):
+        writers.add(threading.current_thread().name)
+        return add_coded(self, *a, **k)
+
+    def stand_in(tensors, policy, device, parents, workspace=None):
+        names = [n for n, _t in tensors if n.startswith("g")]
+
+        def results():
+            for n, t in tensors:
+                if n in names:
+                    c = writer_mod.code_tensor(t.data, t.dtype, policy)
+                    yield c, hashing.content_hash(t.data), None, c.stored
+
+        stream = results()
+        return {n: stream for n in names}
+
+    monkeypatch.setattr(writer_mod, "code_tensor", spy_code)
+    monkeypatch.setattr(writer_mod.Writer, "add_coded", spy_add)
+    monkeypatch.setattr(gpu, "coded_in_order", stand_in)
+    state = {f"{'g' if i % 2 else 'h'}{i}": torch.arange(3000 + i) for i in range(40)}
+    buf = io.BytesIO()
+    s4weights.save(state, buf)
+    assert coders == {threading.current_thread().name}
+    assert writers == {"s4w-writer"}
+    got = s4weights.load(buf.getvalue())
+    assert all(torch.equal(got[k], v) for k, v in state.items())
+    assert s4format.Reader(buf.getvalue()).tensors[1].name == "g1"
