@@ -115,6 +115,9 @@ def save(obj: Any, f: FileLike, *, policy: str = "auto", metadata: dict[str, str
     ``workspace`` bounds the extra GPU memory the GPU path uses, in bytes (default: 10% of the
     state's bytes, at least 64 MiB and at most 1 GiB). A tensor too large to code whole in it
     is coded in chunks that fit (the same stored bytes); the smallest chunk needs 6-17 MiB.
+    When tensors are coded on the GPU, a file object ``f`` is written from a helper thread
+    while the next tensors are coded (one thread at a time; ``save`` returns after the last
+    write).
     """
     t0 = time.perf_counter()
     flat = flatten(obj)
