@@ -147,14 +147,21 @@ def _outcome(blob: bytes) -> None:
         pass
 
 
-@settings(max_examples=800, **SETTINGS)
-@given(edits=st.lists(st.tuples(st.integers(0, len(INDEX) - 1), st.integers(0, 255)),
-                      min_size=1, max_size=4))
-def test_damaged_index_with_valid_checksums_raises_only_s4error(edits) -> None:
+def _edited(edits) -> bytes:
+    """INDEX with byte ``at`` set to ``value`` for each edit."""
     index = bytearray(INDEX)
     for at, value in edits:
         index[at] = value
-    _outcome(craft.build(PARTS, index=bytes(index)))
+    return bytes(index)
+
+
+INDEX_EDITS = st.tuples(st.integers(0, len(INDEX) - 1), st.integers(0, 255))
+
+
+@settings(max_examples=800, **SETTINGS)
+@given(edits=st.lists(INDEX_EDITS, min_size=1, max_size=4))
+def test_damaged_index_with_valid_checksums_raises_only_s4error(edits) -> None:
+    _outcome(craft.build(PARTS, index=_edited(edits)))
 
 
 @settings(max_examples=100, **SETTINGS)
@@ -174,15 +181,11 @@ def test_random_tree_bytes_decode_or_raise_format_error(data: bytes, count: int)
 
 
 @settings(max_examples=400, **SETTINGS)
-@given(edits=st.lists(st.tuples(st.integers(0, len(INDEX) - 1), st.integers(0, 255)),
-                      min_size=0, max_size=4))
+@given(edits=st.lists(INDEX_EDITS, min_size=0, max_size=4))
 def test_compiled_index_parser_agrees_with_the_interpreted_one(edits) -> None:
     # the reader parses with construct's compiled parser and falls back to the interpreted one
     # on failure: both must accept the same indexes, with the same records
-    index = bytearray(INDEX)
-    for at, value in edits:
-        index[at] = value
-    _same_parse(bytes(index))
+    _same_parse(_edited(edits))
 
 
 @settings(max_examples=100, **SETTINGS)
