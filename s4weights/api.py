@@ -21,7 +21,7 @@ import s4format
 from s4format.source import BufferSource, ByteSource
 from s4format.writer import Writer, WriteResult
 from s4weights import progress
-from s4weights.background import Background
+from s4weights.background import Background, Inline
 from s4weights.store.base import Store
 from s4weights.store.local import LocalStore
 from s4weights.torchtree import DeviceTensor, Flattened, Unflattener, flatten, plan_into
@@ -65,34 +65,26 @@ def write_flattened(flat: Flattened, sink: BinaryIO, *, policy: str = "auto",
         # is per thread, and the CPU coders are not thread-safe). Queued results hold pinned
         # host memory, bounded below. A CPU-only save writes as it codes: its streaming memory
         # stays at one tensor's coding.
-        writes = Background(limit=max(WRITE_QUEUE, total // 20)) if coded else None
-
-        def put(job, nbytes: int) -> None:
-            if writes is None:
-                job()
-            else:
-                writes.submit(job, nbytes)
-
+        writes = Background(limit=max(WRITE_QUEUE, total // 20)) if coded else Inline()
         try:
             for name, tensor in flat.tensors:
                 done = coded.get(name)
                 if done is not None:
                     c, content_hash, parent_hash, full = next(done)
-                    put(functools.partial(
+                    writes.submit(functools.partial(
                         w.add_coded, name, tensor.dtype, tensor.shape, c, content_hash,
                         parent_hash=parent_hash, full_stored=full), c.stored)
                 else:
                     parent = parents.get(name)
                     args = w.code(name, _host(tensor),
                                   parent=None if parent is None else _host(parent))
-                    put(functools.partial(w.add_coded, **args), args["coded"].stored)
+                    writes.submit(functools.partial(w.add_coded, **args),
+                                  args["coded"].stored)
                 bar.update(tensor.nbytes)
         except BaseException:
-            if writes is not None:
-                writes.abort()
+            writes.abort()
             raise
-        if writes is not None:
-            writes.finish()
+        writes.finish()
         w.set_tree(flat.tree)
         w.set_metadata({**producer_metadata(), **(metadata or {})})
         return w.close()

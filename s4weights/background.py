@@ -79,3 +79,16 @@ class Background:
                     self._jobs.popleft()
                 self._queued -= nbytes
                 self._cv.notify_all()
+
+
+class Inline:
+    """``Background``'s interface, running each job at once on the caller's thread."""
+
+    def submit(self, job: Callable[[], None], nbytes: int) -> None:
+        job()
+
+    def finish(self) -> None:
+        pass
+
+    def abort(self) -> None:
+        pass

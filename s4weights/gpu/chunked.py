@@ -40,6 +40,7 @@ from s4weights.gpu.encode import (
     launch_split,
     planes_from_hist,
     rans_runs,
+    runs_rans,
 )
 from s4weights.gpu.hash import content_hashes_from_leaves
 
@@ -115,7 +116,7 @@ def code_large(enc: Encoder, it: Item, workspace: int) -> Coded:
     # codec candidates and rANS tables from the whole tensor's histograms
     planes = planes_from_hist(0, lay, n, [0] * len(lay.fields), h[:1024], int(h[1024]))
     enc._candidates(planes)
-    jobs = [i for i, p in enumerate(planes) if _rans_runs_first(p)]
+    jobs = [i for i, p in enumerate(planes) if runs_rans(p)]
     freqs = enc._freqs[jobs]
     st = _Streams(planes, jobs, freqs, n, lg)
 
@@ -160,14 +161,6 @@ def code_host(enc: Encoder, it: Item, workspace: int) -> Coded:
     would, without a device copy of the whole tensor."""
     raw = _host_bytes(it, workspace)
     return Coded(code_tensor(raw, it.dtype, enc.policy), hashing.content_hash(raw))
-
-
-def _rans_runs_first(p: _Plane) -> bool:
-    """Whether the one-group path would run the rANS kernel on plane p (``Encoder._encode``):
-    rANS is a candidate, bitpack does not rank before it, and the plane is not one symbol."""
-    bitpack_first = codecs.BITPACK in p.est and codecs.RANS in p.est and \
-        (p.est[codecs.BITPACK], codecs.BITPACK) < (p.est[codecs.RANS], codecs.RANS)
-    return codecs.RANS in p.est and not bitpack_first and p.nsym > 1
 
 
 def _host_bytes(it: Item, workspace: int) -> np.ndarray:
@@ -352,15 +345,6 @@ _LOAD_CODECS = (codecs.RAW, codecs.BITPACK, codecs.RANS)
 BLOCK_TABLE = 64  # device bytes per rANS block of a chunk's launch: its table row, error code
 
 
-def _parent_of(reader, i: int) -> int | None:
-    """Index in ``reader.parent`` of delta i's parent tensor (by content hash and size)."""
-    t = reader.tensors[i]
-    for j, pt in enumerate(reader.parent.tensors):
-        if pt.content_hash == t.parent_hash and pt.raw_nbytes == t.raw_nbytes:
-            return j
-    return None
-
-
 def chunkable(reader, i: int) -> bool:
     """Whether tensor i decodes on the GPU in chunks (:func:`load_large`): the GPU decodes it,
     its planes are raw, bitpack or rANS (GDeflate and nvCOMP streams decode whole), and for a
@@ -371,7 +355,7 @@ def chunkable(reader, i: int) -> bool:
     if not decode.decodable(reader, i) or any(p.codec not in _LOAD_CODECS for p in t.planes):
         return False
     if t.is_delta:
-        j = _parent_of(reader, i)
+        j = decode.parent_index(reader, i)
         return j is not None and chunkable(reader.parent, j)
     return True
 
@@ -385,26 +369,22 @@ class _Level:
         t = self.t
         self.whole = t.layout.layout_id == layouts.RAW.layout_id
         self.word = 1 if self.whole else t.layout.word_size(t.dtype.itemsize)
+        from s4weights.gpu.decode import plane_form_error
+
         span = reader.read_span(t)
         self.stored = [reader.read_stored(t, j, span) for j in range(len(t.planes))]  # R1
         self.rans = [j for j, p in enumerate(t.planes) if p.codec == codecs.RANS]
         for j, p in enumerate(t.planes):
-            n, s = p.decoded_len, self.stored[j]
-            where = f"{reader.name}: tensor {t.name!r} plane {p.label}"
-            if p.params:
-                raise CodecError(f"{where}: {codecs.get(p.codec).name} takes no parameters")
-            if p.codec == codecs.RAW and s.size != n:
-                raise CodecError(f"{where}: raw plane storing {s.size} bytes for {n}")
-            if p.codec == codecs.BITPACK and (j != 0 or self.whole or s.size != (n + 7) // 8
-                                              or (n % 8 and int(s[-1]) >> (n % 8))):
-                raise CodecError(f"{where}: bitpack payload is malformed")
+            err = plane_form_error(p, self.stored[j], j)
+            if err:
+                raise CodecError(f"{reader.name}: tensor {t.name!r} plane {p.label}: {err}")
         self.streams = None
         if self.rans:
-            at = np.cumsum([0] + [self.stored[j].size for j in self.rans])
-            host = np.concatenate([self.stored[j] for j in self.rans])
+            # validated where they lie in the tensor's span (no copy of the streams)
             try:
                 self.streams = ranshost.parse_streams(
-                    host, at[:-1], [self.stored[j].size for j in self.rans],
+                    span[1], [t.planes[j].offset - span[0] for j in self.rans],
+                    [t.planes[j].stored_len for j in self.rans],
                     [t.planes[j].decoded_len for j in self.rans])
             except ranshost.StreamError as e:
                 p = t.planes[self.rans[e.plane]]
@@ -491,7 +471,7 @@ def load_large(reader, i: int, out: torch.Tensor, workspace: int) -> None:
     levels = [_Level(reader, i)]
     while levels[-1].t.is_delta:
         lv = levels[-1]
-        j = _parent_of(lv.reader, lv.i)
+        j = decode.parent_index(lv.reader, lv.i)
         if j is None:
             raise ParentMismatchError(
                 f"{lv.reader.name}: parent {lv.reader.parent.name} holds no tensor with hash "

@@ -93,15 +93,38 @@ def device_extra(reader: Reader, i: int) -> int:
             extra += runtime.align(p.decoded_len, SLOT_ALIGN)
     if t.is_delta and reader.parent is not None:
         # the parent's tensor is decoded too (its bytes and its own extra) for the XOR
-        parent = reader.parent
-        by_hash = _BY_HASH.get(parent)
-        if by_hash is None:
-            by_hash = _BY_HASH[parent] = {pt.content_hash: j
-                                          for j, pt in enumerate(parent.tensors)}
-        j = by_hash.get(t.parent_hash)
+        j = parent_index(reader, i)
         if j is not None:
-            extra += t.raw_nbytes + device_extra(parent, j)
+            extra += t.raw_nbytes + device_extra(reader.parent, j)
     return extra
+
+
+def parent_index(reader: Reader, i: int) -> int | None:
+    """Index in ``reader.parent`` of delta i's parent tensor (its content hash and byte
+    length), or None when the parent holds no such tensor."""
+    parent = reader.parent
+    by_hash = _BY_HASH.get(parent)
+    if by_hash is None:
+        by_hash = _BY_HASH[parent] = {pt.content_hash: j for j, pt in enumerate(parent.tensors)}
+    t = reader.tensors[i]
+    j = by_hash.get(t.parent_hash)
+    return j if j is not None and parent.tensors[j].raw_nbytes == t.raw_nbytes else None
+
+
+def plane_form_error(p, payload: np.ndarray, j: int) -> str | None:
+    """What is wrong with the stored form of plane j (its record ``p``, its bytes ``payload``)
+    for a raw, bitpack or rANS plane, as far as it shows without decoding; None if nothing."""
+    n = p.decoded_len
+    if p.codec == codecs.RAW and (p.params or p.stored_len != n):
+        return f"raw plane with parameters, or storing {p.stored_len} bytes for {n}"
+    if p.codec == codecs.BITPACK:
+        if p.params or len(payload) != (n + 7) // 8 or (n % 8 and int(payload[-1]) >> (n % 8)):
+            return "bitpack payload is malformed"
+        if j != 0:
+            return "bitpack on a plane other than the sign plane"
+    if p.codec == codecs.RANS and p.params:
+        return "rans takes no parameters"
+    return None
 
 
 def check_limit(reader: Reader, i: int) -> None:
@@ -158,12 +181,11 @@ def _apply_parents(reader: Reader, idx: list[int], outs: list[torch.Tensor]) -> 
     from s4weights.gpu import xor
 
     parent = reader.parent
-    by_hash = {t.content_hash: j for j, t in enumerate(parent.tensors)}
     pidx = []
     for i in idx:
         t = reader.tensors[i]
-        j = by_hash.get(t.parent_hash)
-        if j is None or parent.tensors[j].raw_nbytes != t.raw_nbytes:
+        j = parent_index(reader, i)
+        if j is None:
             raise ParentMismatchError(f"{reader.name}: parent {parent.name} holds no tensor "
                                       f"with hash {t.parent_hash.hex()} of {t.raw_nbytes} bytes "
                                       f"for delta {t.name!r}")
@@ -425,12 +447,13 @@ def _prepare(st: Staged, outs: list[torch.Tensor], base: int, keep: list[object]
         src = base + a
         n = p.decoded_len
         payload = st.host[a:a + p.stored_len]
+        if p.codec in (codecs.RAW, codecs.BITPACK):
+            err = plane_form_error(p, payload, j)
+            if err:
+                raise CodecError(f"{where()}: {err}")
         if whole[k]:  # the plane is the tensor's bytes: no merge
             dst = outs[k].data_ptr()
             if p.codec == codecs.RAW:
-                if p.params or p.stored_len != n:
-                    raise CodecError(f"{where()}: raw plane with parameters, or storing "
-                                     f"{p.stored_len} bytes for {n}")
                 copies.append((src, dst, n))
             elif p.codec == codecs.NVCOMP_ANS:
                 nvans.decode_into(st.device[a:a + p.stored_len], n, p.params, outs[k],
@@ -441,18 +464,10 @@ def _prepare(st: Staged, outs: list[torch.Tensor], base: int, keep: list[object]
                     copies.append((at, dst, n))
             continue
         if p.codec == codecs.RAW:
-            if p.params or p.stored_len != n:
-                raise CodecError(f"{where()}: raw plane with parameters, or storing "
-                                 f"{p.stored_len} bytes for {n}")
             ptrs[k][j] = src
             if j == 0:
                 packed[k] = 0
         elif p.codec == codecs.BITPACK:
-            if p.params or len(payload) != (n + 7) // 8 or \
-                    (n % 8 and int(payload[-1]) >> (n % 8)):
-                raise CodecError(f"{where()}: bitpack payload is malformed")
-            if j != 0:
-                raise CodecError(f"{where()}: bitpack on a plane other than the sign plane")
             ptrs[k][j] = src
         elif p.codec == codecs.RANS:
             ptrs[k][j] = rb.add(a, p, src, sp, where)
@@ -491,8 +506,9 @@ class _RansBatch:
         ``dst``; return the address the merge reads: ``dst``, or for a RAW-mode stream the plane
         bytes inside the stream (the mode byte is read here; the whole header is checked with
         every other before anything launches)."""
-        if p.params:
-            raise CodecError(f"{where()}: rans takes no parameters")
+        err = plane_form_error(p, None, 0)
+        if err:
+            raise CodecError(f"{where()}: {err}")
         self.rows.append((a, p.stored_len, p.decoded_len, src, dst))
         self.where.append(where)
         if p.stored_len >= rans.HEADER_SIZE and self.host[a] == rans.MODE_RAW:

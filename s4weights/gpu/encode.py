@@ -365,11 +365,7 @@ class Encoder:
         gd_jobs: list[_Plane] = []
         job_rows: list[int] = []
         for i, p in enumerate(planes):
-            bitpack_first = codecs.BITPACK in p.est and codecs.RANS in p.est and \
-                (p.est[codecs.BITPACK], codecs.BITPACK) < (p.est[codecs.RANS], codecs.RANS)
-            # rANS runs unless bitpack (which always succeeds) ranks before it, or the plane
-            # holds one symbol (a CONST stream the host writes).
-            if codecs.RANS in p.est and not bitpack_first and p.nsym > 1:
+            if runs_rans(p):
                 p.rans_job = len(jobs)
                 jobs.append(p)
                 job_rows.append(i)
@@ -554,11 +550,11 @@ class Encoder:
                 ln.append(pn.astype(np.uint64))
             # const: the prefix is the whole stream
         if rans_job:
-            for a, b, c in zip(*rans_runs(r, np.asarray(rans_job, np.int64),
-                                          np.asarray(rans_at, np.uint64))):
-                src.append(a)
-                dst.append(b)
-                ln.append(c)
+            s_, d_, l_ = rans_runs(r, np.asarray(rans_job, np.int64),
+                                   np.asarray(rans_at, np.uint64))
+            src += s_
+            dst += d_
+            ln += l_
         cpu_at = {}
         for j, k in enumerate(cpu_items):
             at = int(offs[len(live) + j])
@@ -582,6 +578,15 @@ class Encoder:
             keep.append(runtime.copy_ops(np.concatenate(src), np.concatenate(dst),
                                          np.concatenate(ln)))
         return out, total, live, cpu_at, keep
+
+
+def runs_rans(p: _Plane) -> bool:
+    """Whether the rANS kernel codes plane p (after ``Encoder._candidates``): rANS is a
+    candidate, unless bitpack (which always succeeds) ranks before it, or the plane holds one
+    symbol (a CONST stream the host writes)."""
+    bitpack_first = codecs.BITPACK in p.est and codecs.RANS in p.est and \
+        (p.est[codecs.BITPACK], codecs.BITPACK) < (p.est[codecs.RANS], codecs.RANS)
+    return codecs.RANS in p.est and not bitpack_first and p.nsym > 1
 
 
 def planes_from_hist(item: int, layout: Layout, n: int, addrs: list[int], hist: np.ndarray,
