@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).parents[1]))
 import s4format
 import s4weights
 from s4format.writer import Writer
-from s4weights.gpu import decode, fused
+from s4weights.gpu import decode
 from s4weights.gpu.encode import Encoder, Item
 
 REPS = int(os.environ.get("S4_BENCH_REPS", "5"))
@@ -112,20 +112,6 @@ def s4_case(case: str, tensors: dict[str, torch.Tensor], mantissa: str,
             outs[i].copy_(torch.from_numpy(reader.read_raw(i)))
 
     dec_d2d_s, _ = timed(dec_d2d)
-    # the same decode with the fused rANS-decode+merge kernel off (rans_decode, then merge)
-    decode.FUSED = False
-    try:
-        sep_s, _ = timed(dec_d2d)
-    finally:
-        decode.FUSED = True
-    host = np.frombuffer(blob, np.uint8)
-    fz = [i for i, t in enumerate(reader.tensors)
-          if decode.decodable(reader, i) and t.layout.layout_id != s4format.layouts.RAW.layout_id
-          and fused.fusable(t, host, [p.offset for p in t.planes])]
-    print(json.dumps(dict(case=case, fused_tensors=f"{len(fz)} of {len(reader.tensors)}",
-                          fused_raw_bytes=sum(reader.tensors[i].raw_nbytes for i in fz),
-                          dec_GBps_fused=round(raw / dec_d2d_s / 1e9, 1),
-                          dec_GBps_unfused=round(raw / sep_s / 1e9, 1))), flush=True)
     exact_d2d = all(torch.equal(o, t.reshape(-1).view(torch.uint8))
                     for o, t in zip(outs, tensors.values()))
     # one warm profiled pass of each d2d direction (stage times on stderr; each stage is

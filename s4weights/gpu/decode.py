@@ -43,7 +43,7 @@ from s4format.errors import (
     ParentMismatchError,
 )
 from s4format.reader import Reader
-from s4weights.gpu import fused, gdeflate, nvans, plan, ranshost, runtime
+from s4weights.gpu import gdeflate, nvans, plan, ranshost, runtime
 from s4weights.gpu.hash import (
     content_hashes_from_leaves,
     plane_checksums_from_leaves,
@@ -53,9 +53,6 @@ from s4weights.gpu.plan import GPU_LAYOUTS, chunk_table
 MERGE_KERNEL = {layouts.BF16.layout_id: "merge_bf16", layouts.FP16.layout_id: "merge_fp16",
                 layouts.FP32.layout_id: "merge_fp32"}
 GPU_CODECS = {codecs.RAW, codecs.BITPACK, codecs.RANS, codecs.GDEFLATE}
-# Tensors that fused.fusable() accepts are decoded straight into the merge (kernels/fused.cu);
-# False sends them through rans_decode + merge like the others (tests and the bench compare).
-FUSED = True
 SLOT_ALIGN = 16
 
 
@@ -353,10 +350,8 @@ def decode_staged(st: Staged, outs: list[torch.Tensor]) -> None:
     if not early:
         verify_checksums()
     prof.mark("validate")
-    ptrs, packed, copies, rb, scratch, plans = decoded
+    ptrs, packed, copies, rb, scratch = decoded
     errs = rb.launch()
-    ferrs = [_launch_fused(fp, keep) for fp in plans]
-    done = {ft.pos for fp in plans for ft in fp.tensors}  # merged by the fused kernel
     if copies:
         keep.append(runtime.copy_ops(*(np.array(c, np.uint64) for c in zip(*copies))))
     prof.mark("rans")
@@ -364,7 +359,7 @@ def decode_staged(st: Staged, outs: list[torch.Tensor]) -> None:
     merrs: list[tuple[np.ndarray, torch.Tensor]] = []  # (tensor positions, flags) per launch
     for lay_id, kernel_name in MERGE_KERNEL.items():
         sel = [k for k in range(nt) if reader.tensors[st.idx[k]].layout.layout_id == lay_id
-               and outs[k].numel() and k not in done]
+               and outs[k].numel()]
         if not sel:
             continue
         word = 4 if lay_id == layouts.FP32.layout_id else 2
@@ -386,7 +381,6 @@ def decode_staged(st: Staged, outs: list[torch.Tensor]) -> None:
     # a delta's content hash is of its bytes after the XOR with the parent (checked then)
     checked = [k for k in range(nt) if not reader.tensors[st.idx[k]].is_delta] if verify else []
     parts = [errs.view(torch.uint8) if errs is not None else None,
-             *(e.view(torch.uint8) for be, te in ferrs for e in (be, te)),
              *(lerr.view(torch.uint8) for _sel, lerr in merrs)]
     cfirst = None
     if checked:
@@ -407,23 +401,7 @@ def decode_staged(st: Staged, outs: list[torch.Tensor]) -> None:
             raise CodecError(f"{where}: rans block {b - int(rb.first[q])} of "
                              f"{int(rb.first[q + 1] - rb.first[q])} is corrupt: "
                              f"{rans._ERR_TEXT.get(int(e[b]), 'error')}")
-    fbad: list[int] = []  # group positions whose fused merge saw bits outside a field
-    for fp in plans:
-        e = back[pos:pos + 4 * fp.nblocks].view(np.int32)
-        pos += 4 * fp.nblocks
-        bad = np.flatnonzero(e)
-        if bad.size:
-            b = int(bad[0])
-            f, j, nb = fp.where_block(b)
-            k = int(e[b]) >> 8
-            row = fp.tensors[f].planes[k].row
-            raise CodecError(f"{rb.where[row]()}: rans block {j} of {nb} is corrupt: "
-                             f"{rans._ERR_TEXT.get(int(e[b]) & 0xFF, 'error')}")
-        te = back[pos:pos + 4 * len(fp.tensors)].view(np.int32)
-        pos += 4 * len(fp.tensors)
-        fbad += [fp.tensors[int(f)].pos for f in np.flatnonzero(te)]
     me = np.zeros(nt, np.int32)
-    me[fbad] = 1
     for sel_a, _lerr in merrs:
         me[sel_a] = back[pos:pos + 4 * sel_a.size].view(np.int32)
         pos += 4 * sel_a.size
@@ -444,17 +422,6 @@ def decode_staged(st: Staged, outs: list[torch.Tensor]) -> None:
     del keep, scratch
 
 
-def _launch_fused(fp: fused.Plan, keep: list[object]) -> tuple[torch.Tensor, torch.Tensor]:
-    """One fused decode+merge launch; (per-block error codes, per-tensor range flags)."""
-    dev, dp = runtime.upload(*fp.arrays())
-    keep.append(dev)
-    be = torch.zeros(max(fp.nblocks, 1), dtype=torch.int32, device="cuda")[:fp.nblocks]
-    te = torch.zeros(len(fp.tensors), dtype=torch.int32, device="cuda")
-    runtime.launch("fused", fused.KERNEL[fp.layout_id], int(fp.cta_first.size), 32 * fused.WARPS,
-                   *(np.uint64(x) for x in dp), runtime.ptr(be), runtime.ptr(te))
-    return be, te
-
-
 def _prepare(st: Staged, outs: list[torch.Tensor], base: int, keep: list[object]):
     """Host side of a group's decode before any kernel runs: check every plane's form, queue
     the rANS streams (validated together), plan the copies and the merge inputs, and start
@@ -467,19 +434,12 @@ def _prepare(st: Staged, outs: list[torch.Tensor], base: int, keep: list[object]
     scratch_need = 0
     whole = [reader.tensors[i].layout.layout_id == layouts.RAW.layout_id for i in st.idx]
     copies: list[tuple[int, int, int]] = []  # raw-layout tensors: (source, destination, bytes)
-    at_list = st.at.tolist()
-    by_k: dict[int, list[int]] = {}
-    for q, (k, _j, _p) in enumerate(st.planes):
-        by_k.setdefault(k, []).append(at_list[q])
-    fuse = [FUSED and not whole[k] and outs[k].numel() > 0
-            and fused.fusable(reader.tensors[i], st.host, by_k.get(k, []))
-            for k, i in enumerate(st.idx)]
-    ftens: dict[int, fused.Tensor] = {}
     for k, _j, p in st.planes:
-        if p.codec in (codecs.RANS, codecs.GDEFLATE) and not whole[k] and not fuse[k]:
+        if p.codec in (codecs.RANS, codecs.GDEFLATE) and not whole[k]:
             scratch_need += runtime.align(p.decoded_len, SLOT_ALIGN)
     scratch = runtime.device_empty(scratch_need)
     sp = scratch.data_ptr()
+    at_list = st.at.tolist()
     for q, (k, j, p) in enumerate(st.planes):
         def where(k=k, p=p) -> str:
             return f"{reader.name}: tensor {reader.tensors[st.idx[k]].name!r} plane {p.label}"
@@ -502,18 +462,6 @@ def _prepare(st: Staged, outs: list[torch.Tensor], base: int, keep: list[object]
                 at = rb.add(a, p, src, dst, where)
                 if at != dst:  # a RAW-mode rANS stream: its bytes follow the header
                     copies.append((at, dst, n))
-            continue
-        if fuse[k]:  # decoded into the merge: its planes are read where they are staged
-            t = reader.tensors[st.idx[k]]
-            ft = ftens.get(k)
-            if ft is None:
-                ft = ftens[k] = fused.Tensor(k, t.layout.layout_id, outs[k].data_ptr(),
-                                             p.decoded_len, [])
-            if p.codec == codecs.RANS:
-                ft.planes.append(fused.Plane(fused.K_RANS, src, rb.add_fused(a, p, src, where)))
-            else:
-                ft.planes.append(fused.Plane(fused.K_BITS if p.codec == codecs.BITPACK
-                                             else fused.K_BYTES, src))
             continue
         if p.codec == codecs.RAW:
             ptrs[k][j] = src
@@ -538,12 +486,7 @@ def _prepare(st: Staged, outs: list[torch.Tensor], base: int, keep: list[object]
                 packed[k] = 0
     rb.prepare(keep)
     keep.append(scratch)
-    plans = []
-    for lay_id in fused.KERNEL:
-        tens = [ft for ft in ftens.values() if ft.layout_id == lay_id]
-        if tens:
-            plans.append(fused.plan(tens, st.host, rb.at, rb.streams, rb.tab_addr))
-    return ptrs, packed, copies, rb, scratch, plans
+    return ptrs, packed, copies, rb, scratch
 
 
 class _RansBatch:
@@ -554,10 +497,6 @@ class _RansBatch:
         self.host = host
         self.rows: list[tuple[int, int, int, int, int]] = []  # host at, stored, n, src, dst
         self.where: list = []   # per plane: a callable naming it (built only for a message)
-        self.fused: list[bool] = []  # per plane: decoded by the fused kernel (fused.py)
-        self.at = np.zeros(0, np.int64)
-        self.streams = None     # ranshost.Streams of every queued plane, after prepare()
-        self.tab_addr = 0       # device address of every RANS stream's frequency prefix sums
         self.nblocks = 0
         self.first = np.zeros(1, np.int64)
         self.coded = np.zeros(0, np.int64)
@@ -567,23 +506,14 @@ class _RansBatch:
         ``dst``; return the address the merge reads: ``dst``, or for a RAW-mode stream the plane
         bytes inside the stream (the mode byte is read here; the whole header is checked with
         every other before anything launches)."""
-        self._queue(a, p, src, dst, where, False)
-        if p.stored_len >= rans.HEADER_SIZE and self.host[a] == rans.MODE_RAW:
-            return src + rans.HEADER_SIZE
-        return dst
-
-    def add_fused(self, a: int, p, src: int, where) -> int:
-        """Queue plane p for validation only (the fused kernel decodes it); its row."""
-        self._queue(a, p, src, 0, where, True)
-        return len(self.rows) - 1
-
-    def _queue(self, a: int, p, src: int, dst: int, where, fused_row: bool) -> None:
         err = plane_form_error(p, None, 0)
         if err:
             raise CodecError(f"{where()}: {err}")
         self.rows.append((a, p.stored_len, p.decoded_len, src, dst))
         self.where.append(where)
-        self.fused.append(fused_row)
+        if p.stored_len >= rans.HEADER_SIZE and self.host[a] == rans.MODE_RAW:
+            return src + rans.HEADER_SIZE
+        return dst
 
     def prepare(self, keep: list[object]) -> None:
         """Validate every queued stream and upload the block table (no kernel yet)."""
@@ -592,44 +522,32 @@ class _RansBatch:
             return
         a, stored, n, src, dst = (np.array(c, dtype=np.int64 if i < 3 else np.uint64)
                                   for i, c in enumerate(zip(*self.rows)))
-        self.at = a
         try:
-            st = self.streams = ranshost.parse_streams(self.host, a, stored, n)
+            st = ranshost.parse_streams(self.host, a, stored, n)
         except ranshost.StreamError as e:
             raise CodecError(f"{self.where[e.plane]()}: {e}") from None
-        # per table the exclusive prefix sums of its frequencies: each CTA builds its decoder
-        # table from them in shared memory (1 KiB per plane up instead of 16 KiB)
-        if st.freqs.shape[0]:
-            cums = (np.cumsum(st.freqs, axis=1) - st.freqs).astype(np.uint32)
-            d_tab, (tab_p,) = runtime.upload(cums)
-            keep.append(d_tab)
-            self.tab_addr = tab_p
-        # the blocks rans_decode decodes: those of the streams not fused
-        nbq = np.diff(st.first)
-        mine = ~np.asarray(self.fused, bool)[st.coded]
-        blk = np.repeat(mine, nbq)
-        self.coded = st.coded[mine]
-        self.first = np.zeros(self.coded.size + 1, np.int64)
-        np.cumsum(nbq[mine], out=self.first[1:])
-        nb = self.nblocks = int(self.first[-1])
+        self.first, self.coded = st.first, st.coded
+        nb = self.nblocks = st.nblocks
         if not nb:
             return
-        owner = np.repeat(np.arange(self.coded.size), nbq[mine])
-        row = self.coded[owner]
-        tab_p = self.tab_addr
-        table, words, count, states = st.table[blk], st.words[blk], st.count[blk], st.states[blk]
-        const, fill, start, length = st.const[blk], st.fill[blk], st.start[blk], st.length[blk]
-        rans_blk = table >= 0
-        words = np.where(rans_blk, src[row] + words.astype(np.uint64), np.uint64(0))
-        states = np.where(rans_blk, src[row] + states.astype(np.uint64), np.uint64(0))
-        dtab = np.where(rans_blk, np.uint64(tab_p) + table.astype(np.uint64) * np.uint64(1024),
+        owner = np.repeat(np.arange(st.coded.size), np.diff(st.first))
+        row = st.coded[owner]
+        # per table the exclusive prefix sums of its frequencies: each CTA builds its decoder
+        # table from them in shared memory (1 KiB per plane up instead of 16 KiB)
+        cums = (np.cumsum(st.freqs, axis=1) - st.freqs).astype(np.uint32) if st.freqs.shape[0] \
+            else np.zeros((1, 256), np.uint32)
+        d_tab, (tab_p,) = runtime.upload(cums)
+        rans_blk = st.table >= 0
+        words = np.where(rans_blk, src[row] + st.words.astype(np.uint64), np.uint64(0))
+        states = np.where(rans_blk, src[row] + st.states.astype(np.uint64), np.uint64(0))
+        dtab = np.where(rans_blk, np.uint64(tab_p) + st.table.astype(np.uint64) * np.uint64(1024),
                         np.uint64(0))
-        cols = (const, fill, words.astype(np.uint64), count, states.astype(np.uint64),
-                dtab.astype(np.uint64), (dst[row] + start.astype(np.uint64)).astype(np.uint64),
-                length)
+        cols = (st.const, st.fill, words.astype(np.uint64), st.count, states.astype(np.uint64),
+                dtab.astype(np.uint64), (dst[row] + st.start.astype(np.uint64)).astype(np.uint64),
+                st.length)
         cta_first, cta_warps = plan.cta_table(self.first)
         dev, dp = runtime.upload(cta_first, cta_warps, *cols)
-        keep.append(dev)
+        keep += [d_tab, dev]
         self._launch = (cta_first.size, dp)
 
     def launch(self) -> torch.Tensor | None:

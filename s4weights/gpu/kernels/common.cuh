@@ -14,12 +14,3 @@ typedef long long i64;
 #else
 #define S4_HD inline
 #endif
-
-#if defined(__CUDACC__) || defined(__CUDACC_RTC__)
-// Bits of the lanes below this one (a warp-wide word index is a popcount of ballot & this).
-__device__ __forceinline__ u32 lanemask_lt() {
-    u32 m;
-    asm("mov.u32 %0, %%lanemask_lt;" : "=r"(m));
-    return m;
-}
-#endif

@@ -12,11 +12,33 @@
 // its plane bytes one 8-byte store. Words are read and written as integers, never as floats
 // (NaN payloads survive).
 #include "common.cuh"
-#include "layouts.cuh"
 
 #define SPLIT_THREADS 256
 #define SPLIT_WARPS (SPLIT_THREADS / 32)
 #define CHUNK_ELEMS 65536   // elements per CTA; a multiple of 8 * SPLIT_THREADS
+
+template <int L> struct Lay;
+// bf16: sign 15 | exponent 14-7 | mantissa0 6-0
+template <> struct Lay<1> {
+    typedef u16 W;
+    static constexpr int NP = 2;
+    static __device__ __forceinline__ int shift(int k) { return k == 0 ? 7 : 0; }
+    static __device__ __forceinline__ u32 mask(int k) { return k == 0 ? 0xFFu : 0x7Fu; }
+};
+// fp16: sign 15 | exponent 14-10 | mantissa0 9-8 | mantissa1 7-0
+template <> struct Lay<2> {
+    typedef u16 W;
+    static constexpr int NP = 3;
+    static __device__ __forceinline__ int shift(int k) { return k == 0 ? 10 : (k == 1 ? 8 : 0); }
+    static __device__ __forceinline__ u32 mask(int k) { return k == 0 ? 0x1Fu : (k == 1 ? 0x3u : 0xFFu); }
+};
+// fp32: sign 31 | exponent 30-23 | mantissa0 22-16 | mantissa1 15-8 | mantissa2 7-0
+template <> struct Lay<3> {
+    typedef u32 W;
+    static constexpr int NP = 4;
+    static __device__ __forceinline__ int shift(int k) { return k == 0 ? 23 : (k == 1 ? 16 : (k == 2 ? 8 : 0)); }
+    static __device__ __forceinline__ u32 mask(int k) { return k == 0 ? 0xFFu : (k == 1 ? 0x7Fu : 0xFFu); }
+};
 
 // Segment table, one entry per tensor, as parallel arrays:
 //   src/dst[s]     the tensor's words (split reads, merge writes)

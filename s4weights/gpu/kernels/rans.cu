@@ -17,11 +17,15 @@
 // reciprocal, z = the bias, w = shift | (4096 - freq) << 8; coding is
 // x' = x + bias + ((umulhi(x, rcp) >> shift) * (4096 - freq)).
 #include "common.cuh"
-#include "ransdec.cuh"
 
 #define RANS_WARPS 8          // warps (blocks of one plane) per CTA
 #define STAGE 512             // symbols staged in shared memory per warp step (16 rows)
 
+__device__ __forceinline__ u32 lanemask_lt() {
+    u32 m;
+    asm("mov.u32 %0, %%lanemask_lt;" : "=r"(m));
+    return m;
+}
 extern "C" __global__ void __launch_bounds__(RANS_WARPS * 32)
 rans_encode(const u32* cta_first, const u8* cta_warps, const u64* blk_src, const u32* blk_len,
             const u64* blk_tab, const u64* blk_scratch, u32* counts, u32* states, u8* firsts,
@@ -110,16 +114,24 @@ rans_encode(const u32* cta_first, const u8* cta_warps, const u64* blk_src, const
     }
 }
 
-// One decoder row: each active lane decodes its symbol into out[i]; then the row's
-// renormalisation (false, in every lane, on a word underflow: error 2).
+// One decoder row: each active lane decodes its symbol into out[i] and, if its state drops
+// below 2^15, takes the next word from the end (lanes in lane order). Returns false, the same in
+// every lane, when the row needs more words than the block has left (error 2).
 __device__ __forceinline__ bool decode_row(u32& x, u32& p, const u32* dtab, u8* out, int i,
                                            bool active, const u16* words, u32 lt) {
     bool need = false;
     if (active) {
-        out[i] = (u8)rans_step(x, dtab[x & (RANS_M - 1)]);
-        need = x < RANS_L;
+        const u32 e = dtab[x & 4095u];
+        out[i] = (u8)(e & 0xFF);
+        x = ((e >> 20) + 1) * (x >> 12) + ((e >> 8) & 4095u);
+        need = x < (1u << 15);
     }
-    return rans_refill(x, p, need, words, lt);
+    const u32 ballot = __ballot_sync(0xFFFFFFFFu, need);
+    const u32 total = __popc(ballot);
+    if (total > p) return false;
+    p -= total;
+    if (need) x = (x << 16) | words[p + __popc(ballot & lt)];
+    return true;
 }
 
 // Decode one block per warp straight into its output bytes. mode 0: RANS (words, states,
@@ -133,9 +145,28 @@ rans_decode(const u32* cta_first, const u8* cta_warps, const u8* blk_mode, const
     __shared__ u32 cum[257];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const u32 b0 = cta_first[blockIdx.x];
-    // the plane's decoder table (null for CONST planes) from its frequencies' prefix sums
+    // The plane's decoder table, built here from the exclusive prefix sums of its frequencies
+    // (u32 cum[256]; null for CONST planes): slot t belongs to the symbol s with
+    // cum[s] <= t < cum[s + 1] (the largest s with cum[s] <= t: absent symbols before s share
+    // its cum, absent ones after it start past t) and holds (f - 1) << 20 | (t - cum[s]) << 8 | s,
+    // as ranshost.decoder_tables.
     const u32* gcum = (const u32*)blk_dtab[b0];
-    if (gcum) build_dtab(gcum, cum, dtab);
+    if (gcum) {
+        for (int s = threadIdx.x; s < 256; s += blockDim.x) cum[s] = gcum[s];
+        if (threadIdx.x == 0) cum[256] = 4096;
+        __syncthreads();
+        for (u32 t = threadIdx.x; t < 4096; t += blockDim.x) {
+            u32 lo = 0, hi = 255;
+            while (lo < hi) {
+                const u32 mid = (lo + hi + 1) >> 1;
+                if (cum[mid] <= t) lo = mid;
+                else hi = mid - 1;
+            }
+            const u32 c = cum[lo];
+            dtab[t] = ((cum[lo + 1] - c - 1) << 20) | ((t - c) << 8) | lo;
+        }
+    }
+    __syncthreads();
     if (warp >= cta_warps[blockIdx.x]) return;
     const u32 b = b0 + warp;
     u8* out = (u8*)blk_out[b];
