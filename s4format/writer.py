@@ -140,11 +140,22 @@ class Writer:
                                          reserved=bytes(3))))
 
     def _write(self, data: bytes | np.ndarray | memoryview) -> None:
+        mv = memoryview(data)
+        if mv.ndim != 1 or mv.itemsize != 1:
+            mv = mv.cast("B")
+        n, done = mv.nbytes, 0
         try:
-            self._f.write(data)
+            while done < n:
+                # a raw (unbuffered) file or socket may take part of the bytes: write the rest
+                got = self._f.write(mv[done:] if done else mv)
+                if got is None:  # file objects that do not report counts take everything
+                    break
+                if got <= 0:
+                    raise StorageError(f"write made no progress at offset {self._pos + done}")
+                done += got
         except OSError as exc:
-            raise StorageError(f"write failed at offset {self._pos}: {exc}") from exc
-        self._pos += len(data) if not isinstance(data, np.ndarray) else data.nbytes
+            raise StorageError(f"write failed at offset {self._pos + done}: {exc}") from exc
+        self._pos += n
 
     def _pad(self) -> None:
         gap = -self._pos % self._align

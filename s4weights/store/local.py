@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import secrets
 import time
+import warnings
 from pathlib import Path
 
 from s4format.errors import StorageError
@@ -73,9 +74,6 @@ class _LocalWriter(ObjectWriter):
                 self.tmp.unlink()
             else:
                 os.replace(self.tmp, self.final)
-            _fsync_dir(self.final.parent)
-            for d in self._new_dirs:
-                _fsync_dir(d.parent)
         except FileExistsError:
             self.abort()
             raise StorageError(f"{self.final} already exists") from None
@@ -83,14 +81,29 @@ class _LocalWriter(ObjectWriter):
             self.abort()
             raise StorageError(f"committing {self.final} failed: {exc.strerror}") from exc
         self._done = True
+        # The object is published: a save that fails from here on would report failure for a
+        # complete file that already replaced the previous one. A directory that cannot be
+        # fsynced only weakens the guarantee against a crash in the next moments: say so.
+        try:
+            _fsync_dir(self.final.parent)
+            for d in self._new_dirs:
+                _fsync_dir(d.parent)
+        except OSError as exc:
+            warnings.warn(f"{self.final} is written, but its directory could not be synced "
+                          f"({exc.strerror}): a system crash now could still lose it",
+                          RuntimeWarning, stacklevel=2)
 
     def abort(self) -> None:
         if self._done:
             return
         self._done = self._aborted = True
-        if not self._f.closed:
-            self._f.close()
-        self.tmp.unlink(missing_ok=True)
+        try:
+            if not self._f.closed:
+                self._f.close()  # flushes what is buffered: on a full disk that fails again
+        except OSError:
+            pass  # the file is closed all the same; the write's own error is what matters
+        finally:
+            self.tmp.unlink(missing_ok=True)
 
 
 class LocalStore(Store):

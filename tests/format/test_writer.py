@@ -162,3 +162,52 @@ def test_stored_never_exceeds_raw_on_incompressible_data(policy: str) -> None:
         for t in r.tensors:
             assert t.stored_nbytes <= t.raw_nbytes, t.name
             assert all(p.stored_len <= p.decoded_len for p in t.planes), t.name
+
+
+def test_short_writes_of_a_raw_file_are_completed(tmp_path) -> None:
+    # An unbuffered file (or socket) may take part of a write; Linux caps one write() at about
+    # 2 GiB. Every byte must still reach the file, at the offsets the index records.
+    import io
+
+    import s4format
+
+    class Trickle(io.RawIOBase):
+        def __init__(self) -> None:
+            self.data = bytearray()
+
+        def writable(self) -> bool:
+            return True
+
+        def write(self, b) -> int:
+            take = bytes(b[:777])
+            self.data += take
+            return len(take)
+
+    rng = np.random.default_rng(3)
+    arrays = {"a": rng.standard_normal(10_000).astype(np.float32),
+              "b": rng.integers(0, 255, 5_001, dtype=np.uint8)}
+    sink = Trickle()
+    s4format.write(sink, arrays)
+    back = s4format.Reader(bytes(sink.data)).load()
+    for k, v in arrays.items():
+        got = back[k].to_numpy()
+        assert np.array_equal(got, v) and got.dtype == v.dtype
+
+
+def test_a_file_object_that_takes_nothing_is_a_storage_error() -> None:
+    import io
+
+    import pytest
+
+    import s4format
+    from s4format.errors import StorageError
+
+    class Stuck(io.RawIOBase):
+        def writable(self) -> bool:
+            return True
+
+        def write(self, b) -> int:
+            return 0
+
+    with pytest.raises(StorageError, match="no progress"):
+        s4format.write(Stuck(), {"a": np.zeros(10, np.float32)})

@@ -193,3 +193,44 @@ def test_write_or_commit_after_a_failed_write_raises(tmp_path: Path) -> None:
     with pytest.raises(StorageError, match="commit after the write was aborted"):
         w.commit()
     assert _all_files(tmp_path) == []
+
+
+def test_a_full_disk_whose_close_fails_too_leaves_no_temp_file(tmp_path: Path) -> None:
+    # /dev/full takes buffered bytes and fails on flush: the failed write's abort closes the
+    # file, which flushes and fails again; the temp file must still go and the error stay a
+    # StorageError (a full-size temp file would keep the disk full until sweep()).
+    store = LocalStore(tmp_path)
+    w = store.writer("data/a.s4w")
+    w._f.close()
+    w._f = open("/dev/full", "wb")  # noqa: SIM115
+    with pytest.raises(StorageError, match="No space left"):
+        w.write(b"x" * 100_000)  # more than the buffer: the write itself flushes
+    assert _all_files(tmp_path) == []
+    w2 = store.writer("data/b.s4w")
+    w2.write(b"abc")
+    w2._f.close()
+    w2._f = open("/dev/full", "wb")  # noqa: SIM115
+    w2._f.write(b"pending")  # buffered: the flush in abort() fails
+    w2.abort()
+    assert _all_files(tmp_path) == []
+
+
+def test_a_directory_sync_failure_after_the_rename_warns_and_keeps_the_file(
+        tmp_path: Path, monkeypatch) -> None:
+    # Once the rename has published the new file, failing the save would report failure for a
+    # complete file that already replaced the previous one.
+    from s4weights.store import local
+
+    store = LocalStore(tmp_path)
+    store.put_atomic("a.s4w", b"old")
+
+    def fail(path):
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(local, "_fsync_dir", fail)
+    w = store.writer("a.s4w")
+    w.write(b"new")
+    with pytest.warns(RuntimeWarning, match="could not be synced"):
+        w.commit()
+    assert store.get("a.s4w") == b"new"
+    assert _all_files(tmp_path) == ["a.s4w"]
