@@ -81,10 +81,12 @@ def write_flattened(flat: Flattened, sink: BinaryIO, *, policy: str = "auto",
                     writes.submit(functools.partial(w.add_coded, **args),
                                   args["coded"].stored)
                 bar.update(tensor.nbytes)
-        except BaseException:
-            writes.abort()
+            writes.finish()
+        except BaseException as exc:
+            earlier = writes.abort()
+            if earlier is not None and earlier is not exc:
+                exc.add_note(f"s4weights: a write had failed before: {earlier!r}")
             raise
-        writes.finish()
         w.set_tree(flat.tree)
         w.set_metadata({**producer_metadata(), **(metadata or {})})
         return w.close()

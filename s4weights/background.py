@@ -7,6 +7,11 @@ Jobs run one at a time, in submission order. The bytes of payloads waiting in th
 bounded (one job is always accepted, however large): queued GPU results hold pinned host
 memory. A job's exception stops the thread; the caller sees it at its next ``submit`` or at
 ``finish``, with nothing after it written.
+
+``finish`` and ``abort`` return only once the thread has stopped, even when interrupted
+(Ctrl-C): the caller aborts the sink next, and a thread still writing into it would race that.
+An interrupt during the wait drops the jobs not started, lets the running one end, and is
+raised then.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ class Background:
         self._limit = limit
         self._error: BaseException | None = None
         self._closing = False
+        self._stopped = False
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -44,19 +50,48 @@ class Background:
         with self._cv:
             self._closing = True
             self._cv.notify_all()
-        self._thread.join()
+        self._wait_stopped()
         if self._error is not None:
             raise self._error
 
-    def abort(self) -> None:
-        """Drop the jobs not started yet and wait for the running one (the caller failed)."""
+    def abort(self) -> BaseException | None:
+        """Drop the jobs not started yet and wait for the running one (the caller failed).
+        Returns the error a job raised before, if any (the caller's own error is what it
+        raises; this one would otherwise be lost)."""
         with self._cv:
             self._jobs.clear()
             self._closing = True
             self._cv.notify_all()
+        self._wait_stopped()
+        return self._error
+
+    def _wait_stopped(self) -> None:
+        interrupt: BaseException | None = None
+        while True:
+            try:
+                with self._cv:
+                    while not self._stopped:
+                        self._cv.wait()
+                break
+            except KeyboardInterrupt as exc:  # not now: the running job is inside the sink
+                interrupt = exc
+                with self._cv:
+                    self._jobs.clear()
+                    self._closing = True
+                    self._cv.notify_all()
         self._thread.join()
+        if interrupt is not None:
+            raise interrupt
 
     def _run(self) -> None:
+        try:
+            self._loop()
+        finally:
+            with self._cv:
+                self._stopped = True
+                self._cv.notify_all()
+
+    def _loop(self) -> None:
         while True:
             with self._cv:
                 while not self._jobs and not self._closing:
@@ -90,5 +125,5 @@ class Inline:
     def finish(self) -> None:
         pass
 
-    def abort(self) -> None:
-        pass
+    def abort(self) -> BaseException | None:
+        return None

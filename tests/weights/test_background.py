@@ -144,3 +144,48 @@ def test_save_codes_on_the_callers_thread_and_writes_on_the_writer_thread(monkey
     got = s4weights.load(buf.getvalue())
     assert all(torch.equal(got[k], v) for k, v in state.items())
     assert s4format.Reader(buf.getvalue()).tensors[1].name == "g1"
+
+
+def test_an_interrupt_while_finishing_lets_the_running_job_end_first() -> None:
+    # Ctrl-C during the final wait: the caller aborts the sink next, so the thread must not
+    # still be writing into it. The running job ends, queued ones are dropped, then the
+    # interrupt is raised.
+    import signal
+
+    main = threading.main_thread().ident
+    state: list[str] = []
+    gate = threading.Event()
+    bg = Background(limit=1 << 20)
+
+    def slow() -> None:
+        state.append("start")
+        gate.wait(5)
+        time.sleep(0.2)
+        state.append("end")
+
+    bg.submit(slow, 1)
+    bg.submit(lambda: state.append("later"), 1)
+
+    def interrupt() -> None:
+        time.sleep(0.2)
+        signal.pthread_kill(main, signal.SIGINT)  # a real signal: it interrupts the wait
+        gate.set()
+
+    threading.Thread(target=interrupt).start()
+    with pytest.raises(KeyboardInterrupt):
+        bg.finish()
+    assert state == ["start", "end"]
+    assert not bg._thread.is_alive()
+
+
+def test_abort_returns_the_error_of_a_job_that_failed_before() -> None:
+    bg = Background(limit=1 << 20)
+
+    def boom() -> None:
+        raise OSError("disk full")
+
+    bg.submit(boom, 1)
+    time.sleep(0.1)
+    err = bg.abort()
+    assert isinstance(err, OSError) and "disk full" in str(err)
+    assert Background(limit=1).abort() is None
