@@ -238,6 +238,12 @@ class Reader:
         lo, hi = _bounds(t)
         return lo, self.source.read_at(lo, hi - lo)
 
+    def compact_span(self, t: TensorInfo) -> tuple[int, np.ndarray] | None:
+        """:meth:`read_span` when the tensor's planes sit together (as our writer puts them),
+        else None: a hostile file whose planes lie far apart is read plane by plane instead
+        of as one huge span."""
+        return self.read_span(t) if _compact(t) else None
+
     def read_plane(self, t: TensorInfo, plane_no: int,
                    span: tuple[int, np.ndarray] | None = None) -> np.ndarray:
         """A plane's decoded bytes."""
@@ -264,9 +270,7 @@ class Reader:
             raise LimitError(f"{self.name}: tensor {t.name!r} declares {t.raw_nbytes} raw bytes, "
                              f"more than this reader's limit of {self.max_tensor_bytes} "
                              "(max_tensor_bytes)")
-        # One read for the tensor when its planes sit together; a hostile file whose planes
-        # are spread out is read plane by plane instead of as one huge span.
-        span = self.read_span(t) if _compact(t) else None
+        span = self.compact_span(t)
         # Every plane's checksum (R1) before any decoding (R2), as the GPU decoder does: a
         # damaged plane is reported as such even when an earlier plane fails to decode.
         stored = [self.read_stored(t, k, span) for k in range(len(t.planes))]

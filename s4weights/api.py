@@ -7,6 +7,7 @@ object). ``load(f, map_location=None)`` reads it back; loading is always safe, l
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import io
 import logging
@@ -202,10 +203,13 @@ def load(f: FileLike | bytes, map_location: Any = None, *, weights_only: bool | 
     if weights_only is False:
         log.debug("weights_only=False: s4weights never unpickles; loading safely anyway")
     gpu.register_codecs(device)
-    parent_reader = parent if isinstance(parent, s4format.Reader) or parent is None \
-        else s4format.Reader(_source(parent), verify=verify)
     t0 = time.perf_counter()
-    with s4format.Reader(_source(f), parent=parent_reader, verify=verify) as reader:
+    with contextlib.ExitStack() as opened:
+        # a parent this call opens is closed with it (also when the child fails to open)
+        parent_reader = parent if isinstance(parent, s4format.Reader) or parent is None \
+            else opened.enter_context(s4format.Reader(_source(parent), verify=verify))
+        reader = opened.enter_context(s4format.Reader(_source(f), parent=parent_reader,
+                                                      verify=verify))
         obj = read_tree(reader, map_location, strict=strict, show=progress, device=device,
                         into=into, workspace=workspace)
     log.info("loaded %s in %.3f s", reader.name, time.perf_counter() - t0)

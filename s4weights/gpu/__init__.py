@@ -168,6 +168,9 @@ def xor(a, b, out=None):
     return out
 
 
+DEST_ALIGN = 16  # a caller's destination is decoded into in place only at this alignment
+
+
 def loader_for(reader, device: str, update=None, direct: dict | None = None,
                workspace: int | None = None):
     """The load hook: ``f(i, cuda_device)`` decoding stored tensor i on that device as a typed,
@@ -246,7 +249,10 @@ def loader_for(reader, device: str, update=None, direct: dict | None = None,
         from s4weights.gpu.decode import check_limit
 
         d = direct.get(j)
-        if d is not None and d.device == dev:
+        # the merge kernels store whole words (and 16-byte vectors where aligned): a view at an
+        # odd offset (into= a slice of a larger buffer) would fault the device, so it gets a
+        # fresh buffer and a copy like any other destination
+        if d is not None and d.device == dev and d.data_ptr() % DEST_ALIGN == 0:
             return d
         check_limit(reader, j)  # rule R0 before allocating (read_tensors checks too, later)
         n = sizes[j]

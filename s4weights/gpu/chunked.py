@@ -371,7 +371,7 @@ class _Level:
         self.word = 1 if self.whole else t.layout.word_size(t.dtype.itemsize)
         from s4weights.gpu.decode import plane_form_error
 
-        span = reader.read_span(t)
+        span = reader.compact_span(t)  # None: planes far apart, read one by one
         self.stored = [reader.read_stored(t, j, span) for j in range(len(t.planes))]  # R1
         self.rans = [j for j, p in enumerate(t.planes) if p.codec == codecs.RANS]
         for j, p in enumerate(t.planes):
@@ -380,11 +380,16 @@ class _Level:
                 raise CodecError(f"{reader.name}: tensor {t.name!r} plane {p.label}: {err}")
         self.streams = None
         if self.rans:
-            # validated where they lie in the tensor's span (no copy of the streams)
+            # validated where they lie in the tensor's span (no copy of the streams), or in
+            # one copy of them when the planes were read one by one
+            if span is not None:
+                host, at = span[1], [t.planes[j].offset - span[0] for j in self.rans]
+            else:
+                host = np.concatenate([self.stored[j] for j in self.rans])
+                at = np.cumsum([0] + [t.planes[j].stored_len for j in self.rans[:-1]])
             try:
                 self.streams = ranshost.parse_streams(
-                    span[1], [t.planes[j].offset - span[0] for j in self.rans],
-                    [t.planes[j].stored_len for j in self.rans],
+                    host, at, [t.planes[j].stored_len for j in self.rans],
                     [t.planes[j].decoded_len for j in self.rans])
             except ranshost.StreamError as e:
                 p = t.planes[self.rans[e.plane]]
@@ -511,7 +516,7 @@ def _load_chunk(levels: list[_Level], nbytes: int, workspace: int) -> int:
         worst = max((lv.need(lo, min(nbytes, lo + chunk)) + xor_buf
                      for lv in levels for lo in range(0, nbytes, chunk)), default=0)
         if worst <= workspace or k == 1:
-            return min(chunk, -(-nbytes // LOAD_ALIGN) * LOAD_ALIGN)
+            return max(LOAD_ALIGN, min(chunk, -(-nbytes // LOAD_ALIGN) * LOAD_ALIGN))
         k = max(1, k // 2)
 
 

@@ -159,6 +159,19 @@ def read_tensors(reader: Reader, idx: list[int],
         t = reader.tensors[i]
         if out.numel() != t.raw_nbytes or out.dtype != torch.uint8 or not out.is_contiguous():
             raise ValueError(f"destination for {t.name!r} must be {t.raw_nbytes} contiguous bytes")
+    # The merge kernels store whole words: a destination that is not 16-byte aligned is decoded
+    # into a fresh buffer and copied (a misaligned word store would fault the device).
+    given, outs = outs, [o if o.data_ptr() % SLOT_ALIGN == 0 or not o.numel()
+                         else runtime.device_empty(o.numel())[:o.numel()] for o in outs]
+    outs = _read_aligned(reader, idx, outs)
+    for g, o in zip(given, outs):
+        if g is not o:
+            g.copy_(o)
+    return given
+
+
+def _read_aligned(reader: Reader, idx: list[int], outs: list[torch.Tensor]) -> list[torch.Tensor]:
+    """:func:`read_tensors` into checked, 16-byte aligned destinations."""
     gpu = [k for k, i in enumerate(idx) if decodable(reader, i)]
     on_gpu = set(gpu)
     for k, i in enumerate(idx):
@@ -262,11 +275,14 @@ def _read_piece(reader: Reader, offset: int, dst: np.ndarray) -> None:
     if isinstance(fd, int) and fd >= 0 and hasattr(os, "preadv"):
         done, n = 0, dst.size
         mv = memoryview(dst)
-        while done < n:
-            got = os.preadv(fd, [mv[done:]], offset + done)
-            if got <= 0:
-                break
-            done += got
+        try:
+            while done < n:
+                got = os.preadv(fd, [mv[done:]], offset + done)
+                if got <= 0:
+                    break
+                done += got
+        except OSError:
+            done = -1  # the source's own read reports it (StorageError, as the CPU reader)
         if done == n:
             return
     dst[:] = src.read_at(offset, dst.size)

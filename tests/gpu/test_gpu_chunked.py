@@ -259,3 +259,31 @@ def test_corrupt_stream_with_valid_checksums_is_named_on_the_chunked_load() -> N
     w.close()
     with pytest.raises(s4format.CodecError, match="rans block"):
         s4weights.load(buf.getvalue(), map_location="cuda", device="cuda", workspace=16 * MIB)
+
+
+def test_planes_read_one_by_one_decode_the_same(monkeypatch) -> None:
+    # a tensor whose planes lie far apart is not read as one span (a hostile file could make
+    # that span the whole file): its planes are read one by one and its rANS streams checked
+    # in one copy of them; the bytes must come out the same
+    state = _load_state()
+    buf = io.BytesIO()
+    s4weights.save(state, buf, device="cuda")
+    blob = buf.getvalue()
+    spans = []
+    monkeypatch.setattr(s4format.Reader, "compact_span",
+                        lambda self, t: spans.append(t.name) and None)
+    got = s4weights.load(blob, map_location="cuda", device="cuda", workspace=24 * MIB)
+    assert len(spans) >= 6
+    for k, v in state.items():
+        assert torch.equal(got[k].view(torch.uint8), v.view(torch.uint8)), k
+
+
+def test_an_empty_tensor_loads_under_any_workspace() -> None:
+    state = {"empty": torch.empty(0, device="cuda"), "w": torch.randn(4096, device="cuda"),
+             "e16": torch.empty(0, 3, device="cuda", dtype=torch.bfloat16)}
+    buf = io.BytesIO()
+    s4weights.save(state, buf, device="cuda")
+    for ws in (1, 4096, None):
+        got = s4weights.load(buf.getvalue(), map_location="cuda", device="cuda", workspace=ws)
+        for k, v in state.items():
+            assert got[k].shape == v.shape and torch.equal(got[k], v), (k, ws)

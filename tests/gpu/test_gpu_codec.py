@@ -189,3 +189,21 @@ def test_results_held_across_many_groups_stay_valid() -> None:
     got = s4format.Reader(buf.getvalue()).load()
     for x, t in zip(xs, got):
         assert t.data.tobytes() == x.view(torch.uint8).cpu().numpy().tobytes()
+
+
+def test_a_misaligned_destination_is_filled_through_an_aligned_buffer() -> None:
+    # the merge kernels store whole words (16-byte vectors where aligned): a destination at an
+    # odd address (a slice of a larger buffer) must not reach them, or the device faults
+    x = (torch.randn(1 << 16, device="cuda") * 0.02)
+    state = {"bf16": x.bfloat16(), "fp32": x}
+    blob, _ = _roundtrip_gpu(state)
+    r = s4format.Reader(blob)
+    for i, t in enumerate(r.tensors):
+        for off in (1, 2, 3, 8):
+            big = torch.full((t.raw_nbytes + 16,), 0xAB, dtype=torch.uint8, device="cuda")
+            out = big[off:off + t.raw_nbytes]
+            got = decode.read_tensors(r, [i], [out])[0]
+            assert got.data_ptr() == out.data_ptr()
+            want = state[t.name].reshape(-1).view(torch.uint8)
+            assert torch.equal(out, want), (t.name, off)
+            assert (big[:off] == 0xAB).all() and (big[off + t.raw_nbytes:] == 0xAB).all()
