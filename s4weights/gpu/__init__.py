@@ -83,8 +83,36 @@ def coded_in_order(tensors: list, policy: str, device: str,
         chosen.append((name, t, p))
     if not use_gpu(device, bool(chosen)):
         return {}
-    stream = _coded_stream(chosen, policy, workspace)
-    return {name: stream for name, _t, _p in chosen}
+    # Each CUDA device's tensors are coded on that device (its kernels, buffers and streams),
+    # whatever the current device: kernels launched elsewhere would read another device's
+    # memory (a fault, or bytes unordered with that device's stream). ``workspace`` is per
+    # device.
+    by_device: dict = {}
+    for c in chosen:
+        by_device.setdefault(c[1].device_bytes.device, []).append(c)
+    out = {}
+    for dev, run in by_device.items():
+        stream = _OnDevice(dev, _coded_stream(run, policy, workspace))
+        out.update((name, stream) for name, _t, _p in run)
+    return out
+
+
+class _OnDevice:
+    """An iterator whose every step runs with ``device`` current: the coding generator only
+    runs inside ``next()``, so all its work happens on that device, and the caller's current
+    device is back as it was between steps."""
+
+    def __init__(self, device, it) -> None:
+        self.device, self.it = device, it
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        import torch
+
+        with torch.cuda.device(self.device):
+            return next(self.it)
 
 
 def _coded_stream(chosen: list, policy: str, workspace: int | None):

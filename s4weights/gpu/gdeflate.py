@@ -82,14 +82,19 @@ class Compressed:
             self._sizes = np.asarray(self._result.buffer_sizes, dtype=np.int64)
         return self._sizes
 
-    def payload_size(self, j: int) -> int:
+    def _coded(self, j: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Plane j's page lengths, compressed sizes, and which pages are stored compressed
+        (the others raw): one rule for the size and the pieces, so they always agree."""
         lens, sizes = self.lens[j], self.sizes()[self.first[j]:self.first[j + 1]]
-        return HEADER + 4 * lens.size + int(np.where(sizes < lens, sizes, lens).sum())
+        return lens, sizes, (sizes > 0) & (sizes < lens)
+
+    def payload_size(self, j: int) -> int:
+        lens, sizes, coded = self._coded(j)
+        return HEADER + 4 * lens.size + int(np.where(coded, sizes, lens).sum())
 
     def pieces(self, j: int, plane_ptr: int) -> tuple[bytes, list[tuple[int, int]]]:
         """Plane j's page table and its body pieces as (device address, length)."""
-        lens, sizes = self.lens[j], self.sizes()[self.first[j]:self.first[j + 1]]
-        coded = (sizes > 0) & (sizes < lens)
+        lens, sizes, coded = self._coded(j)
         entries = np.where(coded, sizes, lens | RAW_PAGE).astype("<u4")
         head = np.array([16, 0, 0, 0], np.uint8).tobytes() + np.uint32(lens.size).tobytes()
         out_base = self.out.data_ptr() + int(self.first[j]) * self.stride
