@@ -248,9 +248,14 @@ def loader_for(reader, device: str, update=None, direct: dict | None = None,
         if raw is None and decodable(reader, i) and extra_of(i) > budget \
                 and chunkable(reader, i):
             # too large to decode whole within the workspace: in chunks, straight into place
+            from s4weights.gpu.ranshost import TablesTooLarge
+
             with torch.cuda.device(dev):
                 raw = _dest(i, dev)
-                load_large(reader, i, raw, budget)
+                try:
+                    load_large(reader, i, raw, budget)
+                except TablesTooLarge:  # streams of tiny blocks: the CPU decodes it (below)
+                    raw = None
         if raw is None:
             idx = [i]
             if decodable(reader, i):

@@ -387,10 +387,14 @@ class _Level:
             else:
                 host = np.concatenate([self.stored[j] for j in self.rans])
                 at = np.cumsum([0] + [t.planes[j].stored_len for j in self.rans[:-1]])
+            stored = [t.planes[j].stored_len for j in self.rans]
+            nb = ranshost.stream_blocks(host, at, stored,
+                                        [t.planes[j].decoded_len for j in self.rans])
+            if not ranshost.tables_fit(int(nb.sum()), sum(stored)):
+                raise ranshost.TablesTooLarge(f"{reader.name}: tensor {t.name!r}")
             try:
                 self.streams = ranshost.parse_streams(
-                    host, at, [t.planes[j].stored_len for j in self.rans],
-                    [t.planes[j].decoded_len for j in self.rans])
+                    host, at, stored, [t.planes[j].decoded_len for j in self.rans])
             except ranshost.StreamError as e:
                 p = t.planes[self.rans[e.plane]]
                 raise CodecError(f"{reader.name}: tensor {t.name!r} plane {p.label}: {e}"

@@ -181,11 +181,50 @@ def _read_aligned(reader: Reader, idx: list[int], outs: list[torch.Tensor]) -> l
                 outs[k].copy_(torch.from_numpy(raw))
     if gpu:
         st = stage(reader, [idx[k] for k in gpu])
+        heavy = _tables_too_large(st)
+        if heavy:  # decoded by the CPU decoder (parents applied there), copied up
+            for h in sorted(heavy):
+                k = gpu[h]
+                outs[k].copy_(torch.from_numpy(reader.read_raw(idx[k])))
+            st = _subset(st, [h for h in range(len(gpu)) if h not in heavy])
+            gpu = [k for h, k in enumerate(gpu) if h not in heavy]
         decode_staged(st, [outs[k] for k in gpu])
         deltas = [k for k in gpu if reader.tensors[idx[k]].is_delta]
         if deltas:
             _apply_parents(reader, [idx[k] for k in deltas], [outs[k] for k in deltas])
     return outs
+
+
+def _tables_too_large(st: Staged) -> set[int]:
+    """Positions in ``st.idx`` whose rANS streams declare more blocks than the batch builds
+    tables for (``ranshost.tables_fit`` over the batch's stored bytes, tensors in order): a
+    CONST stream stores one byte per block, so without this a small hostile file could make
+    the decoder allocate ~160 bytes per stored byte on the host and the device."""
+    rows = [q for q, (_k, _j, p) in enumerate(st.planes) if p.codec == codecs.RANS]
+    if not rows:
+        return set()
+    recs = [st.planes[q][2] for q in rows]
+    nb = ranshost.stream_blocks(st.host, st.at[rows], [p.stored_len for p in recs],
+                                [p.decoded_len for p in recs])
+    blocks = np.zeros(len(st.idx), np.int64)
+    np.add.at(blocks, [st.planes[q][0] for q in rows], nb)
+    stored = sum(p.stored_len for _k, _j, p in st.planes)
+    heavy, used = set(), 0
+    for k in range(len(st.idx)):
+        if ranshost.tables_fit(used + int(blocks[k]), stored):
+            used += int(blocks[k])
+        else:
+            heavy.add(k)
+    return heavy
+
+
+def _subset(st: Staged, keep: list[int]) -> Staged:
+    """``st`` restricted to positions ``keep`` (same staged buffers)."""
+    pos = {k: n for n, k in enumerate(keep)}
+    sel = [q for q, (k, _j, _p) in enumerate(st.planes) if k in pos]
+    return Staged(st.reader, [st.idx[k] for k in keep],
+                  [(pos[st.planes[q][0]], st.planes[q][1], st.planes[q][2]) for q in sel],
+                  st.at[sel], st.host, st.device, st.keep)
 
 
 def _apply_parents(reader: Reader, idx: list[int], outs: list[torch.Tensor]) -> None:

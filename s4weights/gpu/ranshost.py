@@ -179,6 +179,39 @@ class Streams:
         return int(self.first[-1])
 
 
+TABLE_BYTES = 160  # host and device bytes the GPU decoder spends per rANS block (tables)
+TABLE_CAP = 64 << 20  # block tables a GPU decode may build beyond twice its stored bytes
+
+
+class TablesTooLarge(Exception):
+    """Streams that declare more blocks than the GPU decoder builds tables for: decoded by the
+    CPU decoder instead (valid, but no writer of ours makes them)."""
+
+
+def tables_fit(nblocks: int, stored: int) -> bool:
+    """Whether the GPU decoder builds tables for ``nblocks`` blocks of streams that store
+    ``stored`` bytes: a RANS-mode block stores 132 bytes or more, so those always fit."""
+    return nblocks * TABLE_BYTES <= max(TABLE_CAP, 2 * stored)
+
+
+def stream_blocks(host: np.ndarray, at, stored, n) -> np.ndarray:
+    """Blocks each stream ``host[at[q]:at[q] + stored[q]]`` of ``n[q]`` symbols declares in its
+    header (0 for RAW mode and for headers :func:`parse_streams` will refuse), read before
+    parsing: a CONST stream stores one byte per block, so a hostile one can declare 2^27 blocks
+    in 128 MiB, and the block tables would cost ~TABLE_BYTES each."""
+    host = np.asarray(host, np.uint8).reshape(-1)
+    at = np.asarray(at, np.int64).reshape(-1)
+    n = np.asarray(n, np.int64).reshape(-1)
+    ok = (np.asarray(stored, np.int64).reshape(-1) >= HEADER_SIZE) & (at + 1 < host.size)
+    a = np.where(ok, at, 0)
+    mode = np.where(ok, host[a], rans.MODE_RAW) if host.size else np.zeros(at.size, np.int64)
+    lg = np.where(ok, host[np.minimum(a + 1, max(host.size - 1, 0))], rans.LOG2_BLOCK_MAX) \
+        if host.size else np.full(at.size, rans.LOG2_BLOCK_MAX)
+    lg = np.clip(lg.astype(np.int64), rans.LOG2_BLOCK_MIN, rans.LOG2_BLOCK_MAX)
+    coded = (mode == rans.MODE_CONST) | (mode == rans.MODE_RANS)
+    return np.where(coded, (n + (np.int64(1) << lg) - 1) >> lg, 0)
+
+
 def parse_streams(host: np.ndarray, at, stored, n) -> Streams:
     """Validate every stream ``host[at[q] : at[q] + stored[q]]`` that must decode to ``n[q]``
     symbols, exactly as the CPU decoder's checks before decoding (header, table, word counts,

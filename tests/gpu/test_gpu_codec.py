@@ -207,3 +207,20 @@ def test_a_misaligned_destination_is_filled_through_an_aligned_buffer() -> None:
             want = state[t.name].reshape(-1).view(torch.uint8)
             assert torch.equal(out, want), (t.name, off)
             assert (big[:off] == 0xAB).all() and (big[off + t.raw_nbytes:] == 0xAB).all()
+
+
+@pytest.mark.parametrize("workspace", [None, 1 << 18])  # batch, chunked
+def test_streams_of_tiny_blocks_decode_on_the_cpu_without_huge_tables(workspace) -> None:
+    # a CONST stream of 2^19 blocks in 512 KiB: the batch and chunked GPU loaders would build
+    # ~80 MiB of block tables; the tensor goes to the CPU decoder instead
+    from tests.gpu.test_parse_streams import _const_file
+
+    blob = _const_file(1 << 24, 5)
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    got = s4weights.load(blob, map_location="cuda", device="cuda", workspace=workspace)
+    torch.cuda.synchronize()
+    extra = torch.cuda.max_memory_allocated() - base - (1 << 24)
+    assert got["z"].device.type == "cuda" and not got["z"].any()
+    assert extra < 8 << 20, extra

@@ -190,3 +190,58 @@ def test_edge_streams() -> None:
     cut = s[:rans.HEADER_SIZE + 40].copy()
     with pytest.raises(StreamError):
         parse_streams(cut, [0], [cut.size], [k])
+
+
+def _const_file(n: int, log2_block: int) -> bytes:
+    """A raw-layout uint8 tensor of ``n`` zero bytes stored as one CONST stream of blocks of
+    2^log2_block: one stored byte per block (valid, but no writer of ours makes it)."""
+    import io
+
+    import s4format
+    from s4format import codecs, dtypes, hashing, layouts
+    from s4format.writer import CodedPlane, CodedTensor
+
+    plane = np.zeros(n, np.uint8)
+    stream = rans._const_stream(plane, log2_block)
+    buf = io.BytesIO()
+    with s4format.Writer(buf) as w:
+        ref = w.add_coded("z", dtypes.BY_NAME["uint8"], (n,), CodedTensor(
+            layouts.RAW, (CodedPlane(layouts.KIND_RAW, 0, codecs.RANS, n, stream),)),
+            hashing.content_hash(plane))
+        w.set_tree({"z": ref})
+    return buf.getvalue()
+
+
+def test_streams_declaring_huge_block_tables_go_to_the_cpu_decoder() -> None:
+    # 2^19 blocks from 512 KiB of stored bytes: ~80 MiB of block tables on the GPU path
+    import s4format
+    from s4weights.gpu import decode, ranshost
+
+    blob = _const_file(1 << 24, 5)
+    r = s4format.Reader(blob)
+    t = r.tensors[0]
+    host = np.frombuffer(blob, np.uint8)
+    p = t.planes[0]
+    assert ranshost.stream_blocks(host, [p.offset], [p.stored_len], [p.decoded_len]).tolist() \
+        == [1 << 19]
+    st = decode.Staged(r, [0, 0], [(0, 0, p), (1, 0, p)], np.array([p.offset, p.offset]),
+                       host, None)
+    assert decode._tables_too_large(st) == {0, 1}
+    # the writer's own CONST streams (blocks of 2^16 or 2^20) fit
+    r2 = s4format.Reader(_const_file(1 << 24, 16))
+    p2 = r2.tensors[0].planes[0]
+    h2 = np.frombuffer(r2.source.read_at(0, r2.source.size()), np.uint8)
+    st2 = decode.Staged(r2, [0], [(0, 0, p2)], np.array([p2.offset]), h2, None)
+    assert decode._tables_too_large(st2) == set()
+    # and the CPU decoder reads it
+    assert not r.read_raw(0).any()
+
+
+def test_stream_blocks_of_bad_headers_are_zero() -> None:
+    from s4weights.gpu import ranshost
+
+    host = np.zeros(40, np.uint8)
+    host[0], host[1] = rans.MODE_CONST, 99        # log2_block out of range: clipped
+    host[20], host[21] = rans.MODE_RAW, 16
+    got = ranshost.stream_blocks(host, [0, 20, 39], [20, 20, 1], [1 << 20, 100, 5])
+    assert got.tolist() == [1, 0, 0]
