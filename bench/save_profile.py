@@ -1,0 +1,76 @@
+"""Where s4weights.save's time goes on (b), the training state of bench/gpu.py (run on the GPU
+machine: ``python3 bench/save_profile.py``): the same save into sinks of different cost (a sink
+that drops the bytes, an in-memory buffer, the local disk) and torch.save for scale, then a
+cProfile of the caller's thread for the dropping sink. Informative only."""
+
+from __future__ import annotations
+
+import cProfile
+import io
+import os
+import pstats
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+import gpu  # bench/gpu.py: the same state
+
+import s4weights
+
+
+class Drop(io.RawIOBase):
+    """A sink that takes every byte and keeps none."""
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, b) -> int:
+        return memoryview(b).nbytes
+
+
+def best(fn, reps: int = 3) -> float:
+    fn()
+    out = []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        out.append(time.perf_counter() - t0)
+    return min(out)
+
+
+def main() -> None:
+    state = gpu.trained_state(int(os.environ.get("S4_BENCH_STEPS", "50")))
+    raw = sum(t.numel() * t.element_size() for t in gpu.flat_tensors(state).values())
+    tmp = Path(tempfile.mkdtemp(prefix="s4prof"))
+    cases = {
+        "s4 -> drop": lambda: s4weights.save(state, Drop()),
+        "s4 -> BytesIO": lambda: s4weights.save(state, io.BytesIO()),
+        "s4 -> disk": lambda: s4weights.save(state, tmp / "x.s4w"),
+        "torch -> BytesIO": lambda: torch.save(state, io.BytesIO()),
+        "torch -> disk": lambda: torch.save(state, tmp / "x.pt"),
+    }
+    print(f"state {raw / 2**30:.2f} GiB", flush=True)
+    for name, fn in cases.items():
+        s = best(fn)
+        print(f"{name:24} {s:7.3f} s  {raw / s / 1e9:6.2f} GB/s", flush=True)
+    pr = cProfile.Profile()
+    torch.cuda.synchronize()
+    pr.enable()
+    s4weights.save(state, Drop())
+    torch.cuda.synchronize()
+    pr.disable()
+    for key in ("tottime", "cumulative"):
+        out = io.StringIO()
+        pstats.Stats(pr, stream=out).sort_stats(key).print_stats(30)
+        print(f"-- by {key}", *[ln for ln in out.getvalue().splitlines() if ln.strip()][3:],
+              sep="\n", flush=True)
+
+
+if __name__ == "__main__":
+    main()
