@@ -58,7 +58,21 @@ def main() -> None:
     print(f"state {raw / 2**30:.2f} GiB", flush=True)
     for name, fn in cases.items():
         s = best(fn)
-        print(f"{name:24} {s:7.3f} s  {raw / s / 1e9:6.2f} GB/s", flush=True)
+        print(f"{name:36} {s:7.3f} s  {raw / s / 1e9:6.2f} GB/s", flush=True)
+    # what the disk's durability costs: write-back only at commit (the store before early
+    # write-back), and no fsync at all (not crash-safe; for scale only)
+    from s4weights.store import local
+
+    every, fsync, fdatasync = local.SYNC_EVERY, os.fsync, os.fdatasync
+    try:
+        local.SYNC_EVERY = 1 << 62
+        s = best(cases["s4 -> disk"])
+        print(f"{'s4 -> disk, write-back at commit':36} {s:7.3f} s  {raw / s / 1e9:6.2f} GB/s")
+        os.fsync = os.fdatasync = lambda fd: None
+        s = best(cases["s4 -> disk"])
+        print(f"{'s4 -> disk, no fsync (unsafe)':36} {s:7.3f} s  {raw / s / 1e9:6.2f} GB/s")
+    finally:
+        local.SYNC_EVERY, os.fsync, os.fdatasync = every, fsync, fdatasync
     pr = cProfile.Profile()
     torch.cuda.synchronize()
     pr.enable()

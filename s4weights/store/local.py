@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -29,6 +30,9 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+SYNC_EVERY = 64 << 20  # bytes written between write-backs started during a write
+
+
 class _LocalWriter(ObjectWriter):
     def __init__(self, final: Path) -> None:
         self.final = final
@@ -46,15 +50,44 @@ class _LocalWriter(ObjectWriter):
             raise StorageError(f"cannot create {self.tmp}: {exc.strerror}") from exc
         self._done = False
         self._aborted = False
+        self._unsynced = 0
+        self._sync: threading.Thread | None = None
+        self._sync_error: OSError | None = None
 
     def write(self, data: bytes | memoryview) -> int:
         if self._done:
             raise StorageError(f"{self.final}: write after commit/abort")
         try:
-            return self._f.write(data)
+            n = self._f.write(data)
+            self._unsynced += n
+            if self._unsynced >= SYNC_EVERY and (self._sync is None or not self._sync.is_alive()):
+                self._f.flush()
+                self._unsynced = 0
+                self._start_sync()
+            return n
         except OSError as exc:
             self.abort()
             raise StorageError(f"writing {self.final} failed: {exc.strerror}") from exc
+
+    def _start_sync(self) -> None:
+        """Start writing back what is written so far, on a helper thread: the kernel would
+        otherwise hold it all in the page cache until commit's fsync, which then waits for the
+        whole object to reach the disk after the last write instead of during the writes."""
+        fd = self._f.fileno()
+
+        def run() -> None:
+            try:
+                os.fdatasync(fd)
+            except OSError as exc:
+                self._sync_error = exc
+
+        self._sync = threading.Thread(target=run, name="s4w-fsync", daemon=True)
+        self._sync.start()
+
+    def _join_sync(self) -> None:
+        if self._sync is not None:
+            self._sync.join()
+            self._sync = None
 
     def commit(self, *, exclusive: bool = False) -> None:
         """Publish the object; ``exclusive`` fails if it exists (``os.link`` never replaces)."""
@@ -66,6 +99,9 @@ class _LocalWriter(ObjectWriter):
         if self._done:
             return
         try:
+            self._join_sync()
+            if self._sync_error is not None:
+                raise self._sync_error
             self._f.flush()
             os.fsync(self._f.fileno())
             self._f.close()
@@ -98,6 +134,7 @@ class _LocalWriter(ObjectWriter):
             return
         self._done = self._aborted = True
         try:
+            self._join_sync()  # not closing the file under a write-back in flight
             if not self._f.closed:
                 self._f.close()  # flushes what is buffered: on a full disk that fails again
         except OSError:

@@ -234,3 +234,32 @@ def test_a_directory_sync_failure_after_the_rename_warns_and_keeps_the_file(
         w.commit()
     assert store.get("a.s4w") == b"new"
     assert _all_files(tmp_path) == ["a.s4w"]
+
+
+def test_write_back_starts_during_the_writes_and_its_error_fails_the_commit(
+        tmp_path: Path, monkeypatch) -> None:
+    from s4weights.store import local
+
+    monkeypatch.setattr(local, "SYNC_EVERY", 1000)
+    synced = []
+    real = os.fdatasync
+    monkeypatch.setattr(os, "fdatasync", lambda fd: synced.append(os.fstat(fd).st_size)
+                        or real(fd))
+    store = LocalStore(tmp_path)
+    w = store.writer("a.s4w")
+    for _ in range(20):
+        w.write(b"x" * 600)
+        time.sleep(0.01)
+    assert synced and all(0 < n <= 12_000 for n in synced)  # flushed bytes reach the write-back
+    w.commit()
+    assert store.get("a.s4w") == b"x" * 12_000
+
+    def fail(fd):
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(os, "fdatasync", fail)
+    w = store.writer("b.s4w")
+    w.write(b"y" * 5000)
+    with pytest.raises(StorageError, match=r"committing .*b\.s4w failed: Input/output error"):
+        w.commit()
+    assert _all_files(tmp_path) == ["a.s4w"]
