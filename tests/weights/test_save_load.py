@@ -200,3 +200,47 @@ def test_save_over_an_existing_path_replaces_it(tmp_path: Path) -> None:
     s4weights.save({"v": 2}, path)
     assert s4weights.load(path) == {"v": 2}
     assert os.listdir(tmp_path) == ["x.s4w"]
+
+
+def test_a_bytesio_sink_gets_exactly_the_bytes_of_any_other_sink() -> None:
+    # BytesIO is grown once up front and cut back after (its own growth copies the buffer
+    # again and again); what it holds must be what any sink gets, after existing content too
+    state = {"w": torch.randn(300, 70), "b": torch.arange(10), "h": torch.randn(5).half()}
+
+    class Collect(io.RawIOBase):
+        def __init__(self) -> None:
+            self.data = bytearray()
+
+        def writable(self) -> bool:
+            return True
+
+        def write(self, b) -> int:
+            self.data += bytes(b)
+            return len(b)
+
+    ref = Collect()
+    s4weights.save(state, ref)
+    buf = io.BytesIO()
+    s4weights.save(state, buf)
+    assert buf.getvalue() == bytes(ref.data) and buf.tell() == len(ref.data)
+    pre = io.BytesIO(b"head")
+    pre.seek(0, io.SEEK_END)
+    s4weights.save(state, pre)
+    assert pre.getvalue() == b"head" + bytes(ref.data)
+    mid = io.BytesIO(b"0123456789" * 10_000)  # written in its middle: left to BytesIO
+    mid.seek(5)
+    s4weights.save(state, mid)
+    assert mid.getvalue()[5:5 + len(ref.data)] == bytes(ref.data)
+
+
+def test_a_failed_save_into_a_bytesio_leaves_it_as_it_was(monkeypatch) -> None:
+    buf = io.BytesIO(b"keep")
+    buf.seek(0, io.SEEK_END)
+
+    def fail(self, tree):
+        raise RuntimeError("late failure")  # after every tensor's bytes are written
+
+    monkeypatch.setattr(s4format.Writer, "set_tree", fail)
+    with pytest.raises(RuntimeError, match="late failure"):
+        s4weights.save({"w": torch.randn(1000)}, buf)
+    assert buf.getvalue() == b"keep" and buf.tell() == 4
