@@ -124,40 +124,11 @@ def save(obj: Any, f: FileLike, *, policy: str = "auto", metadata: dict[str, str
             result = write_flattened(flat, sink, policy=policy, metadata=metadata,
                                      show=progress, device=device, workspace=workspace)
     else:
-        with _presized(f, sum(t.nbytes for _, t in flat.tensors) + 4096 * len(flat.tensors)
-                       + (1 << 20)):
-            result = write_flattened(flat, f, policy=policy, metadata=metadata, show=progress,
-                                     device=device, workspace=workspace)
+        result = write_flattened(flat, f, policy=policy, metadata=metadata, show=progress,
+                                 device=device, workspace=workspace)
     log.info("saved %d tensors: %d raw -> %d stored bytes in %.3f s", result.tensor_count,
              result.raw_nbytes, result.stored_nbytes, time.perf_counter() - t0)
     return result
-
-
-@contextlib.contextmanager
-def _presized(f: Any, bound: int):
-    """An ``io.BytesIO`` written at its end is grown to ``bound`` bytes first and cut back to
-    what was written after: BytesIO grows by reallocating and copying its whole buffer, about
-    an eighth at a time, which costs more than coding a large checkpoint. Other file objects,
-    and a BytesIO written in its middle, are left as they are."""
-    if type(f) is not io.BytesIO:
-        yield
-        return
-    start = f.tell()
-    end = f.seek(0, io.SEEK_END)
-    f.seek(start)
-    if end != start:
-        yield
-        return
-    f.seek(start + bound - 1)
-    f.write(b"\0")
-    f.seek(start)
-    try:
-        yield
-    except BaseException:
-        f.truncate(start)
-        f.seek(start)
-        raise
-    f.truncate(f.tell())
 
 
 def _store_and_name(f: str | os.PathLike[str]) -> tuple[Store, str]:
