@@ -5,14 +5,9 @@ time. Informative only; bench/gpu.py holds the figures the issue's targets are r
 
 from __future__ import annotations
 
-import cProfile
-import io
 import os
-import pstats
 import sys
 from pathlib import Path
-
-import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 import gpu
@@ -36,18 +31,7 @@ def main() -> None:
     os.environ["S4_GPU_PROFILE"] = "1"
     enc.encode_device(items)
     del os.environ["S4_GPU_PROFILE"]
-    torch.cuda.synchronize()
-    pr = cProfile.Profile()
-    pr.enable()
-    enc.encode_device(items)
-    torch.cuda.synchronize()
-    pr.disable()
-    for key in ("tottime", "cumulative"):
-        out = io.StringIO()
-        pstats.Stats(pr, stream=out).sort_stats(key).print_stats(45)
-        print(f"-- by {key}", *[ln for ln in out.getvalue().splitlines() if ln.strip()][3:],
-              sep="\n", flush=True)
-
+    gpu.profile_call(lambda: enc.encode_device(items), 45)
 
 if __name__ == "__main__":
     main()

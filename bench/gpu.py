@@ -173,19 +173,35 @@ def _kernel_profile(what: str, fn) -> None:
         print(f"  {sum(v) / 1e3:8.3f} ms  {len(v):5d}x  {name[:90]}", flush=True)
 
 
-def host_profile(what: str, fn, top: int = 18) -> None:
-    """Where the host's time goes in one warm call (cProfile, by own time)."""
+def _cprofile(fn):
+    """cProfile of one warm call of ``fn``, the device synchronised around it."""
     import cProfile
-    import pstats
     torch.cuda.synchronize()
     pr = cProfile.Profile()
     pr.enable()
     fn()
     torch.cuda.synchronize()
     pr.disable()
+    return pr
+
+
+def _stats(pr, key: str, top: int) -> list[str]:
+    import pstats
     out = io.StringIO()
-    pstats.Stats(pr, stream=out).sort_stats("tottime").print_stats(top)
-    lines = [ln for ln in out.getvalue().splitlines() if ln.strip()]
+    pstats.Stats(pr, stream=out).sort_stats(key).print_stats(top)
+    return [ln for ln in out.getvalue().splitlines() if ln.strip()]
+
+
+def profile_call(fn, top: int) -> None:
+    """The ``top`` functions of one warm call of ``fn``, by own and by cumulative time."""
+    pr = _cprofile(fn)
+    for key in ("tottime", "cumulative"):
+        print(f"-- by {key}", *_stats(pr, key, top)[3:], sep="\n", flush=True)
+
+
+def host_profile(what: str, fn, top: int = 18) -> None:
+    """Where the host's time goes in one warm call (cProfile, by own time)."""
+    lines = _stats(_cprofile(fn), "tottime", top)
     print(f"host profile, {what}:", *lines[2:top + 6], sep="\n  ", flush=True)
 
 

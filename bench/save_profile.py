@@ -5,10 +5,8 @@ cProfile of the caller's thread for the dropping sink. Informative only."""
 
 from __future__ import annotations
 
-import cProfile
 import io
 import os
-import pstats
 import sys
 import tempfile
 import time
@@ -73,18 +71,7 @@ def main() -> None:
         print(f"{'s4 -> disk, no fsync (unsafe)':36} {s:7.3f} s  {raw / s / 1e9:6.2f} GB/s")
     finally:
         local.SYNC_EVERY, os.fsync, os.fdatasync = every, fsync, fdatasync
-    pr = cProfile.Profile()
-    torch.cuda.synchronize()
-    pr.enable()
-    s4weights.save(state, Drop())
-    torch.cuda.synchronize()
-    pr.disable()
-    for key in ("tottime", "cumulative"):
-        out = io.StringIO()
-        pstats.Stats(pr, stream=out).sort_stats(key).print_stats(30)
-        print(f"-- by {key}", *[ln for ln in out.getvalue().splitlines() if ln.strip()][3:],
-              sep="\n", flush=True)
-
+    gpu.profile_call(lambda: s4weights.save(state, Drop()), 30)
 
 if __name__ == "__main__":
     main()
