@@ -148,8 +148,11 @@ class Writer:
             while done < n:
                 # a raw (unbuffered) file or socket may take part of the bytes: write the rest
                 got = self._f.write(mv[done:] if done else mv)
-                if got is None:  # file objects that do not report counts take everything
-                    break
+                if got is None:
+                    if isinstance(self._f, io.RawIOBase):  # non-blocking: nothing taken
+                        raise StorageError(f"the sink would block at offset {self._pos + done}"
+                                           "; give save() a blocking or buffered file")
+                    break  # other file objects that do not report counts take everything
                 if got <= 0:
                     raise StorageError(f"write made no progress at offset {self._pos + done}")
                 done += got

@@ -86,7 +86,10 @@ def write_flattened(flat: Flattened, sink: BinaryIO, *, policy: str = "auto",
         except BaseException as exc:
             earlier = writes.abort()
             if earlier is not None and earlier is not exc:
-                exc.add_note(f"s4weights: a write had failed before: {earlier!r}")
+                if hasattr(exc, "add_note"):  # Python 3.11+
+                    exc.add_note(f"s4weights: a write had failed before: {earlier!r}")
+                else:
+                    log.error("a write had failed before: %r", earlier)
             raise
         w.set_tree(flat.tree)
         w.set_metadata({**producer_metadata(), **(metadata or {})})

@@ -10,8 +10,9 @@ memory. A job's exception stops the thread; the caller sees it at its next ``sub
 
 ``finish`` and ``abort`` return only once the thread has stopped, even when interrupted
 (Ctrl-C): the caller aborts the sink next, and a thread still writing into it would race that.
-An interrupt during the wait drops the jobs not started, lets the running one end, and is
-raised then.
+A first interrupt during the wait drops the jobs not started, lets the running one end, and is
+raised then; a second one is raised at once (a write that hangs must not make the save
+impossible to stop).
 """
 
 from __future__ import annotations
@@ -74,6 +75,8 @@ class Background:
                         self._cv.wait()
                 break
             except KeyboardInterrupt as exc:  # not now: the running job is inside the sink
+                if interrupt is not None:
+                    raise  # the second one: the user insists
                 interrupt = exc
                 with self._cv:
                     self._jobs.clear()

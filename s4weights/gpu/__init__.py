@@ -254,8 +254,8 @@ def loader_for(reader, device: str, update=None, direct: dict | None = None,
                 raw = _dest(i, dev)
                 try:
                     load_large(reader, i, raw, budget)
-                except TablesTooLarge:  # streams of tiny blocks: the CPU decodes it (below)
-                    raw = None
+                except TablesTooLarge:  # streams of tiny blocks: the CPU decodes it
+                    raw.copy_(torch.from_numpy(reader.read_raw(i)))
         if raw is None:
             idx = [i]
             if decodable(reader, i):

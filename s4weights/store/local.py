@@ -75,9 +75,11 @@ class _LocalWriter(ObjectWriter):
         whole object to reach the disk after the last write instead of during the writes."""
         fd = self._f.fileno()
 
+        sync = getattr(os, "fdatasync", os.fsync)  # macOS and Windows have no fdatasync
+
         def run() -> None:
             try:
-                os.fdatasync(fd)
+                sync(fd)
             except OSError as exc:
                 self._sync_error = exc
 
@@ -120,13 +122,15 @@ class _LocalWriter(ObjectWriter):
         # The object is published: a save that fails from here on would report failure for a
         # complete file that already replaced the previous one. A directory that cannot be
         # fsynced only weakens the guarantee against a crash in the next moments: say so.
-        try:
-            _fsync_dir(self.final.parent)
-            for d in self._new_dirs:
-                _fsync_dir(d.parent)
-        except OSError as exc:
+        failed = None
+        for d in (self.final.parent, *(d.parent for d in self._new_dirs)):
+            try:
+                _fsync_dir(d)
+            except OSError as exc:
+                failed = failed or exc
+        if failed is not None:
             warnings.warn(f"{self.final} is written, but its directory could not be synced "
-                          f"({exc.strerror}): a system crash now could still lose it",
+                          f"({failed.strerror}): a system crash now could still lose it",
                           RuntimeWarning, stacklevel=2)
 
     def abort(self) -> None:

@@ -211,3 +211,22 @@ def test_a_file_object_that_takes_nothing_is_a_storage_error() -> None:
 
     with pytest.raises(StorageError, match="no progress"):
         s4format.write(Stuck(), {"a": np.zeros(10, np.float32)})
+
+
+def test_a_non_blocking_raw_sink_that_would_block_is_a_storage_error() -> None:
+    # RawIOBase.write returns None when a non-blocking stream takes nothing: counting those
+    # bytes as written would leave the index pointing past what the sink holds
+    import pytest
+
+    import s4format
+    from s4format.errors import StorageError
+
+    class WouldBlock(io.RawIOBase):
+        def writable(self) -> bool:
+            return True
+
+        def write(self, b):
+            return None
+
+    with pytest.raises(StorageError, match="would block"):
+        s4format.write(WouldBlock(), {"a": np.zeros(10, np.float32)})

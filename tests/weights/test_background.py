@@ -189,3 +189,28 @@ def test_abort_returns_the_error_of_a_job_that_failed_before() -> None:
     err = bg.abort()
     assert isinstance(err, OSError) and "disk full" in str(err)
     assert Background(limit=1).abort() is None
+
+
+def test_a_second_interrupt_is_raised_at_once() -> None:
+    # a write that hangs (a stalled network sink) must not make the save impossible to stop
+    import signal
+
+    main = threading.main_thread().ident
+    gate = threading.Event()
+    bg = Background(limit=1 << 20)
+    bg.submit(lambda: gate.wait(10), 1)
+
+    def interrupt_twice() -> None:
+        time.sleep(0.2)
+        signal.pthread_kill(main, signal.SIGINT)
+        time.sleep(0.2)
+        signal.pthread_kill(main, signal.SIGINT)
+
+    threading.Thread(target=interrupt_twice).start()
+    t0 = time.perf_counter()
+    with pytest.raises(KeyboardInterrupt):
+        bg.finish()
+    assert time.perf_counter() - t0 < 5
+    gate.set()
+    bg._thread.join(5)
+    assert not bg._thread.is_alive()
