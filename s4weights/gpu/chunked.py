@@ -637,24 +637,38 @@ def _check(top: _Level, out: torch.Tensor, errs: list) -> None:
     nleaf = int(first[-1])
     parts.append(dig[:nleaf].view(torch.uint8))
     back = torch.cat(parts).cpu().numpy()
-    pos = 0
-    for lv, e, blocks, kind in errs:
-        v = back[pos:pos + 4 * e.numel()].view(np.int32)
+    at, pos = [], 0
+    for _lv, e, _b, _k in errs:
+        at.append(pos)
         pos += 4 * e.numel()
+    # reported in the CPU reader's order, not chunk by chunk: per level (the requested tensor
+    # first, then its ancestors), the rANS error of the lowest block (blocks are numbered
+    # plane by plane, so: the first plane that fails, at its first failing block), then the
+    # merge flags
+    levels: list[_Level] = []
+    for lv, _e, _b, _k in errs:
+        if all(lv is not x for x in levels):
+            levels.append(lv)
+    for lv in levels:
+        mine = [q for q in range(len(errs)) if errs[q][0] is lv]
+        fails = []
+        for q in mine:
+            _lv, e, blocks, kind = errs[q]
+            v = back[at[q]:at[q] + 4 * e.numel()].view(np.int32)
+            if kind != "merge" and v[1]:  # (first failing block in the chunk, its code)
+                fails.append((int(blocks[int(v[0])]), int(v[1])))
         name = f"{lv.reader.name}: tensor {lv.t.name!r}"
-        if kind == "merge":
-            if v[0]:
+        if fails:
+            b, code = min(fails)
+            s = lv.streams
+            r = int(np.searchsorted(s.first, b, side="right") - 1)
+            p = lv.t.planes[lv.rans[int(s.coded[r])]]
+            raise CodecError(f"{name} plane {p.label}: rans block {b - int(s.first[r])} of "
+                             f"{int(s.first[r + 1] - s.first[r])} is corrupt: "
+                             f"{rans._ERR_TEXT.get(code, 'error')}")
+        for q in mine:
+            if errs[q][3] == "merge" and back[at[q]:at[q] + 4].view(np.int32)[0]:
                 raise FormatError(f"{name}: a plane holds values wider than its field")
-            continue
-        if not v[1]:  # (first failing block, its code): none failed
-            continue
-        b = int(blocks[int(v[0])])
-        s = lv.streams
-        r = int(np.searchsorted(s.first, b, side="right") - 1)
-        p = lv.t.planes[lv.rans[int(s.coded[r])]]
-        raise CodecError(f"{name} plane {p.label}: rans block {b - int(s.first[r])} of "
-                         f"{int(s.first[r + 1] - s.first[r])} is corrupt: "
-                         f"{rans._ERR_TEXT.get(int(v[1]), 'error')}")
     t = top.t
     if top.reader.verify_hashes or t.is_delta:
         got = content_hashes_from_leaves([out.numel()], back[pos:].view(np.uint64),

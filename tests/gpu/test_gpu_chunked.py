@@ -287,3 +287,37 @@ def test_an_empty_tensor_loads_under_any_workspace() -> None:
         got = s4weights.load(buf.getvalue(), map_location="cuda", device="cuda", workspace=ws)
         for k, v in state.items():
             assert got[k].shape == v.shape and torch.equal(got[k], v), (k, ws)
+
+
+def test_chunked_load_reports_errors_in_the_cpu_readers_order() -> None:
+    # a merge error in the first chunk (a raw mantissa byte with bit 7 set) and a damaged rANS
+    # word in the last chunk's exponent blocks: the CPU reader decodes every plane before it
+    # merges, so it reports the exponent; the chunked loader must too, not the first chunk's
+    from s4format import layouts
+
+    t = (torch.randn(12 * MIB, device="cuda") * 0.02).bfloat16()
+    coded = _code1(Encoder(), t)
+    planes = list(coded.coded.planes)
+    raw = t.view(torch.uint8).cpu().numpy()
+    mant = layouts.BF16.split(raw, 2)[2].copy()
+    mant[5] |= 0x80
+    km = next(i for i, p in enumerate(planes) if p.kind == layouts.KIND_MANTISSA)
+    ke = next(i for i, p in enumerate(planes) if p.kind == layouts.KIND_EXPONENT)
+    assert planes[ke].codec == codecs.RANS
+    planes[km] = type(planes[km])(planes[km].kind, planes[km].index, codecs.RAW, mant.size,
+                                  mant, b"", None)
+    bad = np.array(planes[ke].payload, copy=True)
+    bad[bad.size - 200] ^= 0x5A
+    planes[ke] = type(planes[ke])(planes[ke].kind, planes[ke].index, planes[ke].codec,
+                                  planes[ke].decoded_len, bad, planes[ke].params, None)
+    buf = io.BytesIO()
+    w = s4format.Writer(buf)
+    ref = w.add_coded("t", dtypes.BY_NAME["bfloat16"], tuple(t.shape),
+                      type(coded.coded)(coded.coded.layout, tuple(planes)), coded.content_hash)
+    w.set_tree({"t": ref})
+    w.close()
+    blob = buf.getvalue()
+    with pytest.raises(s4format.CodecError, match="plane exponent"):
+        s4format.Reader(blob).read_raw(0)
+    with pytest.raises(s4format.CodecError, match="plane exponent: rans block"):
+        s4weights.load(blob, map_location="cuda", device="cuda", workspace=16 * MIB)
