@@ -445,33 +445,44 @@ def decode_staged(st: Staged, outs: list[torch.Tensor]) -> None:
     parts = [x for x in parts if x is not None]
     back = torch.cat(parts).cpu().numpy() if parts else np.zeros(0, np.uint8)  # sync 2
     pos = 0
+    # Every failure found after decoding, raised for the lowest tensor position as the CPU
+    # reader would meet them reading in order: a tensor's rANS errors (it decodes every plane
+    # first), then its merge flag, then its content hash.
+    found: list[tuple[int, int, Exception]] = []  # (tensor position, rank, error)
     if errs is not None:
         e = back[:4 * rb.nblocks].view(np.int32)
         pos = 4 * rb.nblocks
         bad = np.flatnonzero(e)
-        if bad.size:
+        if bad.size:  # blocks are in plane order, planes in tensor order: the first is lowest
             b = int(bad[0])
             q = int(np.searchsorted(rb.first, b, side="right") - 1)
-            where = rb.where[int(rb.coded[q])]()
-            raise CodecError(f"{where}: rans block {b - int(rb.first[q])} of "
-                             f"{int(rb.first[q + 1] - rb.first[q])} is corrupt: "
-                             f"{rans._ERR_TEXT.get(int(e[b]), 'error')}")
+            row = int(rb.coded[q])
+            found.append((rb.pos[row], 0, CodecError(
+                f"{rb.where[row]()}: rans block {b - int(rb.first[q])} of "
+                f"{int(rb.first[q + 1] - rb.first[q])} is corrupt: "
+                f"{rans._ERR_TEXT.get(int(e[b]), 'error')}")))
     me = np.zeros(nt, np.int32)
     for sel_a, _lerr in merrs:
         me[sel_a] = back[pos:pos + 4 * sel_a.size].view(np.int32)
         pos += 4 * sel_a.size
-    for k in np.flatnonzero(me):
-        t = reader.tensors[st.idx[int(k)]]
-        raise FormatError(f"{reader.name}: tensor {t.name!r}: a plane holds values wider "
-                          "than its field")
+    wide = np.flatnonzero(me)
+    if wide.size:
+        k = int(wide[0])
+        found.append((k, 1, FormatError(f"{reader.name}: tensor "
+                                        f"{reader.tensors[st.idx[k]].name!r}: a plane holds "
+                                        "values wider than its field")))
     if checked:
         cd = back[pos:].view(np.uint64)
         hashes = content_hashes_from_leaves([outs[k].numel() for k in checked], cd, cfirst)
         for k, got in zip(checked, hashes):
             t = reader.tensors[st.idx[k]]
             if got != t.content_hash:
-                raise ContentHashError(f"{reader.name}: tensor {t.name!r} content hash mismatch "
-                                       "after decoding on the GPU")
+                found.append((k, 2, ContentHashError(
+                    f"{reader.name}: tensor {t.name!r} content hash mismatch after decoding "
+                    "on the GPU")))
+                break
+    if found:
+        raise min(found, key=lambda f: f[:2])[2]
     prof.mark("content hash")
     prof.report()
     del keep, scratch
@@ -514,7 +525,7 @@ def _prepare(st: Staged, outs: list[torch.Tensor], base: int, keep: list[object]
                 nvans.decode_into(st.device[a:a + p.stored_len], n, p.params, outs[k],
                                   where())
             else:
-                at = rb.add(a, p, src, dst, where)
+                at = rb.add(a, p, src, dst, where, k)
                 if at != dst:  # a RAW-mode rANS stream: its bytes follow the header
                     copies.append((at, dst, n))
             continue
@@ -525,7 +536,7 @@ def _prepare(st: Staged, outs: list[torch.Tensor], base: int, keep: list[object]
         elif p.codec == codecs.BITPACK:
             ptrs[k][j] = src
         elif p.codec == codecs.RANS:
-            ptrs[k][j] = rb.add(a, p, src, sp, where)
+            ptrs[k][j] = rb.add(a, p, src, sp, where, k)
             if ptrs[k][j] == sp:
                 sp += runtime.align(n, SLOT_ALIGN)
             if j == 0:
@@ -552,20 +563,22 @@ class _RansBatch:
         self.host = host
         self.rows: list[tuple[int, int, int, int, int]] = []  # host at, stored, n, src, dst
         self.where: list = []   # per plane: a callable naming it (built only for a message)
+        self.pos: list[int] = []  # per plane: its tensor's position in the group
         self.nblocks = 0
         self.first = np.zeros(1, np.int64)
         self.coded = np.zeros(0, np.int64)
 
-    def add(self, a: int, p, src: int, dst: int, where) -> int:
+    def add(self, a: int, p, src: int, dst: int, where, pos: int) -> int:
         """Queue plane p (its stream at ``host[a:]``, on the device at ``src``) to decode into
         ``dst``; return the address the merge reads: ``dst``, or for a RAW-mode stream the plane
         bytes inside the stream (the mode byte is read here; the whole header is checked with
-        every other before anything launches)."""
+        every other before anything launches). ``pos``: the plane's tensor in the group."""
         err = plane_form_error(p, None, 0)
         if err:
             raise CodecError(f"{where()}: {err}")
         self.rows.append((a, p.stored_len, p.decoded_len, src, dst))
         self.where.append(where)
+        self.pos.append(pos)
         if p.stored_len >= rans.HEADER_SIZE and self.host[a] == rans.MODE_RAW:
             return src + rans.HEADER_SIZE
         return dst

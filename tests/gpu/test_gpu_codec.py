@@ -224,3 +224,39 @@ def test_streams_of_tiny_blocks_decode_on_the_cpu_without_huge_tables(workspace)
     extra = torch.cuda.max_memory_allocated() - base - (1 << 24)
     assert got["z"].device.type == "cuda" and not got["z"].any()
     assert extra < 8 << 20, extra
+
+
+def test_a_batch_reports_the_first_tensors_error_as_the_cpu_reader_does() -> None:
+    # tensor "a" has a mantissa byte wider than its field (a merge error), the later "b" a
+    # damaged exponent word (a rANS error); decoded in one batch, the error raised must be
+    # a's, as reading in order on the CPU gives
+    from s4format import dtypes, layouts
+    from s4weights.gpu.encode import Encoder, Item
+
+    ts = {k: (torch.randn(1 << 18, device="cuda") * 0.02).bfloat16() for k in ("a", "b")}
+    coded = list(Encoder().code([Item(dtypes.BY_NAME["bfloat16"], tuple(t.shape),
+                                      t.view(torch.uint8)) for t in ts.values()]))
+    planes = {k: list(c.coded.planes) for k, c in zip(ts, coded)}
+    pa = planes["a"]
+    km = next(i for i, p in enumerate(pa) if p.kind == layouts.KIND_MANTISSA)
+    mant = layouts.BF16.split(ts["a"].view(torch.uint8).cpu().numpy(), 2)[2].copy()
+    mant[7] |= 0x80
+    pa[km] = type(pa[km])(pa[km].kind, pa[km].index, codecs.RAW, mant.size, mant, b"", None)
+    pb = planes["b"]
+    ke = next(i for i, p in enumerate(pb) if p.kind == layouts.KIND_EXPONENT)
+    bad = np.array(pb[ke].payload, copy=True)
+    bad[bad.size - 100] ^= 0x5A
+    pb[ke] = type(pb[ke])(pb[ke].kind, pb[ke].index, pb[ke].codec, pb[ke].decoded_len, bad,
+                          pb[ke].params, None)
+    buf = io.BytesIO()
+    with s4format.Writer(buf) as w:
+        refs = {k: w.add_coded(k, dtypes.BY_NAME["bfloat16"], tuple(ts[k].shape),
+                               type(c.coded)(c.coded.layout, tuple(planes[k])), c.content_hash)
+                for k, c in zip(ts, coded)}
+        w.set_tree(refs)
+    blob = buf.getvalue()
+    with pytest.raises(s4format.FormatError, match="tensor 'a'"):
+        s4weights.load(blob, map_location="cpu", device="cpu")
+    r = s4format.Reader(blob)
+    with pytest.raises(s4format.FormatError, match="tensor 'a': a plane holds values wider"):
+        decode.read_tensors(r, [0, 1])
