@@ -85,8 +85,18 @@ _PARENT_CACHE: dict[str, tuple[str, dict[str, s4format.Tensor | DeviceTensor]]] 
 def list_checkpoints(url_or_dir: Any) -> list[CheckpointInfo]:
     """Every committed checkpoint under the store, by step."""
     store = open_store(url_or_dir)
-    return [CheckpointInfo.from_json(store.get(n), n)
-            for n in store.list("manifests/") if n.endswith(".json")]
+    out = []
+    for n in store.list("manifests/"):
+        if not n.endswith(".json"):
+            continue
+        try:
+            data = store.get(n)
+        except StorageError:
+            if not store.exists(n):
+                continue  # deleted since the listing (a trainer's retention, running now)
+            raise
+        out.append(CheckpointInfo.from_json(data, n))
+    return out
 
 
 def by_step(infos: list[CheckpointInfo]) -> dict[int, CheckpointInfo]:
@@ -212,6 +222,10 @@ def save_checkpoint(state: Any, url_or_dir: Any, step: int, *, keyframe_interval
             and latest.depth + 2 <= keyframe_interval and _delta_paid(latest, min_delta_gain):
         parent = latest
     flat = flatten(state)
+    # The next delta's parent is this snapshot, so the file is coded from it too: tensors the
+    # caller changes during the save (a save on a side thread) cannot make the file and the
+    # cached parent differ. (The previous snapshot is alive during the save either way.)
+    flat = type(flat)(flat.tree, [(name, _copy(t)) for name, t in flat.tensors])
     parents = None
     if parent is not None:
         try:
@@ -235,14 +249,15 @@ def save_checkpoint(state: Any, url_or_dir: Any, step: int, *, keyframe_interval
         file_bytes=result.file_size, full_stored_bytes=result.full_stored_nbytes,
         created=time.time())
     store.put_atomic(_manifest_name(step), info.to_json(), if_absent=True)
-    _PARENT_CACHE[store.url] = (info.checkpoint_id,
-                                {name: _copy(t) for name, t in flat.tensors})
+    _PARENT_CACHE[store.url] = (info.checkpoint_id, dict(flat.tensors))
     log.info("checkpoint step %d: %s, %d -> %d bytes in %.3f s", step,
              f"delta of step {info.parent_step}" if used else "base", info.raw_bytes,
              info.file_bytes, time.perf_counter() - t0)
     if keep_last is not None:
+        # the last keep_last steps, and the one just saved (an older step, after a rollback,
+        # is not among the highest)
         steps = sorted([*infos, step])
-        retain(store, steps[-keep_last:])
+        retain(store, sorted(set(steps[-keep_last:]) | {step}))
     return info
 
 
@@ -294,7 +309,9 @@ def retain(url_or_dir: Any, keep_steps: list[int]) -> list[int]:
         if s in infos:
             needed.update(i.step for i in chain_of(s, infos))
     doomed = sorted(set(infos) - needed)
-    for s in doomed:
+    # newest first: a delta's manifest goes before its parent's, so an interrupted retention
+    # never leaves a listed delta whose parent is gone
+    for s in reversed(doomed):
         store.delete(_manifest_name(s))
     for s in doomed:
         store.delete(infos[s].file)

@@ -316,6 +316,11 @@ class _S3Writer(ObjectWriter):
         self._done = False
         self._aborted = False
         self.parts_uploaded = 0
+        # write/commit and abort's clean-up never overlap (an interrupted save may abort from
+        # the caller's thread while the writer thread is still inside write()); the flags are
+        # set first, so a running write stops at its next part instead of starting uploads
+        self._lock = threading.RLock()
+        self._flags = threading.Lock()
 
     def _part_size(self, number: int) -> int:
         # Parts double every 1000 parts: ordinary checkpoints use part_size throughout, and the
@@ -325,10 +330,15 @@ class _S3Writer(ObjectWriter):
     def write(self, data: bytes | memoryview) -> int:
         if self._done:
             raise StorageError(f"{self.store._where(self.key)}: write after commit/abort")
-        mv = memoryview(data).cast("B")
+        with self._lock:
+            return self._write(memoryview(data).cast("B"))
+
+    def _write(self, mv: memoryview) -> int:
         pos, n = 0, len(mv)
         try:
             while pos < n:
+                if self._done:
+                    raise StorageError(f"{self.store._where(self.key)}: aborted during a write")
                 take = min(len(self._buf) - self._fill, n - pos)
                 self._buf[self._fill:self._fill + take] = mv[pos:pos + take]
                 self._fill += take
@@ -341,6 +351,8 @@ class _S3Writer(ObjectWriter):
         return n
 
     def _send_part(self, *, last: bool = False) -> None:
+        if self._aborted:
+            raise StorageError(f"{self.store._where(self.key)}: aborted during a write")
         if self._upload_id is None:
             self._upload_id = self.store.call(
                 "start upload", self.key, lambda: self.store.client.create_multipart_upload(
@@ -368,7 +380,10 @@ class _S3Writer(ObjectWriter):
         r = s.call(f"upload part {number} of", self.key, lambda: s.client.upload_part(
             Bucket=s.bucket, Key=self.key, UploadId=self._upload_id, PartNumber=number,
             Body=body, ChecksumAlgorithm="CRC32"))
-        return {"PartNumber": number, "ETag": r["ETag"], "ChecksumCRC32": r["ChecksumCRC32"]}
+        part = {"PartNumber": number, "ETag": r["ETag"]}
+        if r.get("ChecksumCRC32"):  # servers that do not echo flexible checksums omit it
+            part["ChecksumCRC32"] = r["ChecksumCRC32"]
+        return part
 
     def _reap(self, done: set[Future[dict[str, Any]]]) -> None:
         for f in done:
@@ -377,6 +392,10 @@ class _S3Writer(ObjectWriter):
             self.parts_uploaded += 1
 
     def commit(self) -> None:
+        with self._lock:
+            self._commit()
+
+    def _commit(self) -> None:
         if self._aborted:
             raise StorageError(f"{self.store._where(self.key)}: commit after the upload was "
                                "aborted (an earlier write failed or abort() was called)")
@@ -422,9 +441,14 @@ class _S3Writer(ObjectWriter):
             return None
 
     def abort(self) -> None:
-        if self._done:
-            return
-        self._done = self._aborted = True
+        with self._flags:
+            if self._done:
+                return
+            self._done = self._aborted = True
+        with self._lock:  # a write in progress stops at its next part, then this cleans up
+            self._abort()
+
+    def _abort(self) -> None:
         self._buf = bytearray()
         s = self.store
         if self._pool is not None:
