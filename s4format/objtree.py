@@ -121,6 +121,16 @@ def _shown(key: Any) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
+def key_path(path: str, key: Any) -> str:
+    """``path.key`` as key paths show it (``key`` alone at the root); an int of more than 4300
+    digits (a valid key, whose str() raises) is shown shortened."""
+    try:
+        text = str(key)
+    except ValueError:
+        text = _shown(key)
+    return f"{path}.{text}" if path else text
+
+
 def _is_key(key: Any) -> bool:
     """Dict keys: None, bool, int, float, str, bytes, tensor references and tuples of these."""
     if key is None or type(key) in (str, int, float, bool, bytes, TensorRef):

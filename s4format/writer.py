@@ -336,7 +336,7 @@ def _attach(obj: Any, w: Writer, path: str, seen: dict[int, objtree.TensorRef]) 
     if t is list or t is tuple:
         return t(_attach(x, w, f"{path}.{i}" if path else str(i), seen) for i, x in enumerate(obj))
     if t is dict or t.__name__ == "OrderedDict":
-        return t((k, _attach(v, w, f"{path}.{k}" if path else str(k), seen))
+        return t((k, _attach(v, w, objtree.key_path(path, k), seen))
                  for k, v in obj.items())
     if t is objtree.Typed:
         return objtree.Typed(obj.name, _attach(obj.value, w, path, seen))
@@ -351,3 +351,4 @@ def _unique_name(name: str, w: Writer) -> str:
         n += 1
         candidate = f"{name}#{n}"
     return candidate
+

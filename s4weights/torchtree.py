@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from s4format import dtypes
+from s4format import dtypes, objtree
 from s4format.errors import FormatError, S4Error, UnsupportedObjectError
 from s4format.objtree import TensorRef, Typed
 from s4format.tensor import Tensor
@@ -239,8 +239,7 @@ def _storage_key(t: torch.Tensor) -> tuple[str, int]:
     return (str(t.device), t.untyped_storage().data_ptr())
 
 
-def _join(path: str, key: Any) -> str:
-    return f"{path}.{key}" if path else str(key)
+_join = objtree.key_path
 
 
 def flatten(obj: Any) -> Flattened:
@@ -311,7 +310,8 @@ def _sites(tree: Any, info: Callable[[int], Tensor | Any], path: str = "",
                 whole = v["offset"] == 0 and _c_strides(shape) == stride \
                     and numel * itemsize == ti.raw_nbytes
                 out.setdefault(path, _Site(ref.index, v["dtype"], shape, whole, True))
-            except (KeyError, TypeError, AttributeError, IndexError, RuntimeError):
+            except (KeyError, TypeError, AttributeError, IndexError, RuntimeError,
+                    ValueError, OverflowError):
                 pass  # malformed: Unflattener.view says so
         elif name in ("numpy.ndarray", "numpy.scalar"):
             out.setdefault(path, None)
@@ -453,9 +453,20 @@ class Unflattener:
             device = on if on is not None else _target_device(v["device"], self._map_location)
         except (KeyError, TypeError, RuntimeError) as exc:
             raise FormatError(f"malformed {VIEW} value: {exc}") from None
-        dt = getattr(torch, dname, None) if isinstance(dname, str) else None
+        if device.type == "cuda" and not torch.cuda.is_available():
+            # as torch.load says it (torch itself would fail on an AssertionError)
+            raise RuntimeError(f"a tensor was saved on {device}, but CUDA is not available "
+                               "here: load with map_location='cpu' (or another device this "
+                               "machine has)")
+        # only the .s4w dtype names (spec/objects.md), not torch's aliases ("float", "long")
+        # or dtypes torch cannot build views of (quantized, sub-byte)
+        dt = getattr(torch, dname, None) if isinstance(dname, str) and dname in dtypes.BY_NAME \
+            else None
         if not isinstance(ref, TensorRef) or not isinstance(dt, torch.dtype):
             raise FormatError(f"malformed {VIEW} value (storage {ref!r}, dtype {dname!r})")
+        grad = bool(v.get("requires_grad"))
+        if grad and not (dt.is_floating_point or dt.is_complex):
+            raise FormatError(f"{VIEW}: requires_grad on a {dname} tensor")
         key = (ref.index, str(device))
         if key not in self._storages:
             # Tensor.to, not UntypedStorage.to: the latter fails for devices without a
@@ -465,10 +476,13 @@ class Unflattener:
         storage = self._storages[key]
         itemsize = torch.empty(0, dtype=dt).element_size()
         _check_view(offset, shape, stride, itemsize, storage.nbytes())
-        out = torch.empty(0, dtype=dt, device=device).set_(storage, offset, shape, stride)
+        try:
+            out = torch.empty(0, dtype=dt, device=device).set_(storage, offset, shape, stride)
+        except (RuntimeError, TypeError, ValueError, NotImplementedError) as exc:
+            raise FormatError(f"{VIEW}: torch cannot build this view ({exc})") from None
         if v.get("parameter"):
-            return torch.nn.Parameter(out, requires_grad=bool(v.get("requires_grad")))
-        if v.get("requires_grad"):
+            return torch.nn.Parameter(out, requires_grad=grad)
+        if grad:
             out.requires_grad_(True)
         return out
 
@@ -488,12 +502,17 @@ class Unflattener:
         name, value = obj.name, obj.value
         if name == VIEW and isinstance(value, dict):
             return self.view(value, path)
-        if name == "torch.Size" and isinstance(value, tuple):
-            return torch.Size(value)
-        if name == "torch.dtype" and isinstance(getattr(torch, str(value), None), torch.dtype):
-            return getattr(torch, value)
-        if name == "torch.device" and isinstance(value, str):
-            return torch.device(value)
+        try:
+            if name == "torch.Size" and isinstance(value, tuple):
+                return torch.Size(value)
+            if name == "torch.dtype" and isinstance(getattr(torch, str(value), None),
+                                                    torch.dtype):
+                return getattr(torch, value)
+            if name == "torch.device" and isinstance(value, str):
+                return torch.device(value)
+        except (RuntimeError, TypeError, ValueError, OverflowError) as exc:
+            raise FormatError(f"{path or '<root>'}: malformed {name} value {value!r}: "
+                              f"{exc}") from None
         if name in ("numpy.ndarray", "numpy.scalar") and isinstance(value, TensorRef):
             arr = self._tensor(value.index).to_numpy()
             return arr.copy() if name == "numpy.ndarray" else arr[()]
@@ -501,6 +520,9 @@ class Unflattener:
             inner, attrs = self.walk(value[0], path), self.walk(value[1], path)
             if isinstance(inner, OrderedDict) and isinstance(attrs, dict):
                 for k, v in attrs.items():
+                    if not isinstance(k, str) or k.startswith("__"):
+                        raise FormatError(f"{path or '<root>'}: {ATTRS} attribute name {k!r} "
+                                          "is not a plain attribute name")
                     setattr(inner, k, v)
                 return inner
         conv = _CONVERTERS.get(name)
@@ -515,9 +537,11 @@ class Unflattener:
 
 def _check_view(offset: Any, shape: tuple, stride: tuple, itemsize: int, nbytes: int) -> None:
     ints = all(type(x) is int for x in (offset, *shape, *stride))
-    if not ints or len(shape) != len(stride) or offset < 0 or any(s < 0 for s in shape) \
-            or any(s < 0 for s in stride):
+    if not ints or len(shape) != len(stride) \
+            or not all(0 <= x < 1 << 63 for x in (offset, *shape, *stride)):
         raise FormatError(f"{VIEW}: bad geometry offset={offset} shape={shape} stride={stride}")
+    if offset * itemsize > nbytes:
+        raise FormatError(f"{VIEW}: offset {offset} is beyond its storage of {nbytes} bytes")
     if any(s == 0 for s in shape):
         return
     last = offset + sum((n - 1) * s for n, s in zip(shape, stride))

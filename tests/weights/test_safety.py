@@ -112,3 +112,65 @@ def test_save_load_and_chains_work_with_unpickling_disabled(tmp_path: Path, no_u
     s4weights.save_checkpoint(state, tmp_path / "store", 0)
     s4weights.save_checkpoint(state, tmp_path / "store", 1)
     assert_same(s4weights.load_checkpoint(tmp_path / "store", 1), state)
+
+
+def _view_tree(**change) -> bytes:
+    """A file whose view of a stored tensor has the fields ``change`` gives."""
+    buf = io.BytesIO()
+    s4weights.save({"w": torch.arange(8, dtype=torch.float32)[2:]}, buf)
+    parts = craft.parse(buf.getvalue())
+    tree = objtree.decode(parts.index["tree"], len(parts.tensors))
+    view = dict(tree["w"].value)
+    view.update(change)
+    tree["w"] = objtree.Typed("s4.view", view)
+    parts.index["tree"] = objtree.encode(tree)
+    return craft.build(parts)
+
+
+@pytest.mark.parametrize("change", [
+    {"dtype": "qint8"}, {"dtype": "bits8"}, {"dtype": "uint4"}, {"dtype": "float"},
+    {"dtype": "long"},
+    {"shape": (0,), "stride": (1,), "offset": 2**63},
+    {"shape": (0,), "stride": (1,), "offset": 2**62},
+    {"shape": (2**64,), "stride": (0,)},
+    {"shape": (1,), "stride": (2**63,)},
+    {"requires_grad": True, "dtype": "int32", "shape": (1,), "stride": (1,)},
+    {"parameter": True, "requires_grad": True, "dtype": "int64", "shape": (1,), "stride": (1,)},
+])
+def test_hostile_view_fields_are_format_errors(change, no_unpickling) -> None:
+    # torch's own errors (internal asserts, NotImplementedError, overflow) must not reach the
+    # caller for a file's values: each is refused as a FormatError
+    with pytest.raises(s4format.FormatError, match=r"s4\.view"):
+        s4weights.load(_view_tree(**change))
+
+
+@pytest.mark.parametrize("typed", [
+    objtree.Typed("torch.device", "zzz"), objtree.Typed("torch.Size", ("a",)),
+    objtree.Typed("s4.attrs", (__import__("collections").OrderedDict(), {1: 2})),
+    objtree.Typed("s4.attrs", (__import__("collections").OrderedDict(), {"__class__": 2})),
+])
+def test_hostile_typed_values_are_format_errors(typed, no_unpickling) -> None:
+    buf = io.BytesIO()
+    s4weights.save({"w": torch.arange(4.0)}, buf)
+    evil = _rebuild_with_tree(buf.getvalue(), objtree.encode({"x": typed}))
+    with pytest.raises(s4format.FormatError, match="x: "):
+        s4weights.load(evil)
+
+
+def test_a_cuda_saved_tensor_on_a_machine_without_cuda_says_map_location() -> None:
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    blob = _view_tree(device="cuda:0")
+    with pytest.raises(RuntimeError, match="map_location"):
+        s4weights.load(blob)
+    assert torch.equal(s4weights.load(blob, map_location="cpu")["w"], torch.arange(2.0, 8.0))
+
+
+def test_a_huge_int_key_loads() -> None:
+    # an int key of more than 4300 digits is a valid key (spec/objects.md); its key path
+    # cannot be str()'d, which must not stop the load or the save
+    key = 10**5000
+    buf = io.BytesIO()
+    s4weights.save({key: torch.ones(3), "w": torch.arange(4.0)}, buf)
+    got = s4weights.load(buf.getvalue())
+    assert torch.equal(got[key], torch.ones(3)) and torch.equal(got["w"], torch.arange(4.0))
