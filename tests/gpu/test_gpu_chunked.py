@@ -49,6 +49,26 @@ def _code1(enc: Encoder, t: torch.Tensor):
     return out
 
 
+def _with_damage(planes: list, k: int, at: int) -> None:
+    """Plane k's stored byte ``at`` (negative: from the end) flipped; its checksum is made for
+    the damaged bytes (only decoding can find the damage)."""
+    bad = np.array(planes[k].payload, copy=True)
+    bad[at] ^= 0x5A
+    planes[k] = type(planes[k])(planes[k].kind, planes[k].index, planes[k].codec,
+                                planes[k].decoded_len, bad, planes[k].params, None)
+
+
+def _one_tensor_file(t: torch.Tensor, coded, planes: list) -> bytes:
+    """A file holding ``t`` as ``planes`` (``coded``'s layout and content hash)."""
+    buf = io.BytesIO()
+    w = s4format.Writer(buf)
+    ref = w.add_coded("t", dtypes.BY_NAME[str(t.dtype).removeprefix("torch.")], tuple(t.shape),
+                      type(coded.coded)(coded.coded.layout, tuple(planes)), coded.content_hash)
+    w.set_tree({"t": ref})
+    w.close()
+    return buf.getvalue()
+
+
 def _tensors() -> dict[str, torch.Tensor]:
     g = torch.Generator(device="cuda").manual_seed(3)
     n = 5 * MIB + 12345  # 5 chunks and a partial one at the smallest chunk length
@@ -247,18 +267,10 @@ def test_corrupt_stream_with_valid_checksums_is_named_on_the_chunked_load() -> N
     coded = _code1(Encoder(), t)
     planes = list(coded.coded.planes)
     k = next(i for i, p in enumerate(planes) if p.codec == codecs.RANS and p.kind == 2)
-    bad = np.array(planes[k].payload, copy=True)
-    bad[bad.size - bad.size // 3] ^= 0x5A
-    planes[k] = type(planes[k])(planes[k].kind, planes[k].index, planes[k].codec,
-                                planes[k].decoded_len, bad, planes[k].params, None)
-    buf = io.BytesIO()
-    w = s4format.Writer(buf)
-    ref = w.add_coded("t", dtypes.BY_NAME["bfloat16"], tuple(t.shape),
-                      type(coded.coded)(coded.coded.layout, tuple(planes)), coded.content_hash)
-    w.set_tree({"t": ref})
-    w.close()
+    _with_damage(planes, k, -(len(planes[k].payload) // 3))
     with pytest.raises(s4format.CodecError, match="rans block"):
-        s4weights.load(buf.getvalue(), map_location="cuda", device="cuda", workspace=16 * MIB)
+        s4weights.load(_one_tensor_file(t, coded, planes), map_location="cuda", device="cuda",
+                       workspace=16 * MIB)
 
 
 def test_planes_read_one_by_one_decode_the_same(monkeypatch) -> None:
@@ -306,17 +318,8 @@ def test_chunked_load_reports_errors_in_the_cpu_readers_order() -> None:
     assert planes[ke].codec == codecs.RANS
     planes[km] = type(planes[km])(planes[km].kind, planes[km].index, codecs.RAW, mant.size,
                                   mant, b"", None)
-    bad = np.array(planes[ke].payload, copy=True)
-    bad[bad.size - 200] ^= 0x5A
-    planes[ke] = type(planes[ke])(planes[ke].kind, planes[ke].index, planes[ke].codec,
-                                  planes[ke].decoded_len, bad, planes[ke].params, None)
-    buf = io.BytesIO()
-    w = s4format.Writer(buf)
-    ref = w.add_coded("t", dtypes.BY_NAME["bfloat16"], tuple(t.shape),
-                      type(coded.coded)(coded.coded.layout, tuple(planes)), coded.content_hash)
-    w.set_tree({"t": ref})
-    w.close()
-    blob = buf.getvalue()
+    _with_damage(planes, ke, -200)
+    blob = _one_tensor_file(t, coded, planes)
     with pytest.raises(s4format.CodecError, match="plane exponent"):
         s4format.Reader(blob).read_raw(0)
     with pytest.raises(s4format.CodecError, match="plane exponent: rans block"):
