@@ -21,10 +21,10 @@ import numpy as np
 
 from s4format import hashing, layouts, objtree, policy
 from s4format.dtypes import DType
-from s4format.errors import FormatError, LimitError, StorageError
+from s4format.errors import FormatError, LimitError, StorageError, UnsupportedObjectError
 from s4format.layouts import Layout
 from s4format.policy import check_policy as policy_check
-from s4format.reader import MAX_INDEX_SIZE, checkpoint_id
+from s4format.reader import MAX_INDEX_SIZE, MAX_TENSORS, checkpoint_id
 from s4format.records import MAX_NDIM, MAX_RAW_NBYTES
 from s4format.schema import (
     MAGIC,
@@ -207,6 +207,9 @@ class Writer:
             raise ValueError("writer is closed")
         if name in self._names:
             raise FormatError(f"tensor name {name!r} is used twice")
+        if len(self._names) >= MAX_TENSORS:
+            raise LimitError(f"more than {MAX_TENSORS} tensors in one file: readers refuse it "
+                             "(spec/validation.md, I0)")
         if parent_hash is not None and self._parent_id is None:
             raise ValueError("a delta tensor needs the writer's parent_id")
         if len(content_hash) != 16 or (parent_hash is not None and len(parent_hash) != 16):
@@ -291,6 +294,12 @@ class Writer:
 def _check_limits(name: str, shape: tuple[int, ...], dtype: DType, coded: CodedTensor) -> None:
     """Refuse what a reader would refuse (spec/validation.md), before writing a byte of it."""
     raw_nbytes = math.prod(shape) * dtype.itemsize
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        raise UnsupportedObjectError(f"tensor name {name!r} is not storable text (it holds a "
+                                     "lone surrogate); use str keys that are valid Unicode"
+                                     ) from None
     if len(name.encode("utf-8")) > MAX_NAME_BYTES:
         raise LimitError(f"tensor name of {len(name.encode())} bytes exceeds {MAX_NAME_BYTES}")
     if len(shape) > MAX_NDIM or raw_nbytes > MAX_RAW_NBYTES or any(s < 0 for s in shape):

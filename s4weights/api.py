@@ -19,6 +19,8 @@ from typing import Any, BinaryIO
 import torch
 
 import s4format
+from s4format.errors import LimitError
+from s4format.reader import MAX_TENSORS
 from s4format.source import BufferSource, ByteSource
 from s4format.writer import Writer, WriteResult
 from s4weights import progress
@@ -48,6 +50,9 @@ def write_flattened(flat: Flattened, sink: BinaryIO, *, policy: str = "auto",
     ``"cuda"`` requires it, ``"cpu"`` codes everything on the CPU (same file format)."""
     from s4weights import gpu
 
+    if len(flat.tensors) > MAX_TENSORS:  # refused before a byte is written
+        raise LimitError(f"the object holds {len(flat.tensors)} tensors; a file holds at most "
+                         f"{MAX_TENSORS} (readers refuse more: spec/validation.md, I0)")
     total = sum(t.nbytes for _, t in flat.tensors)
     # A parent of another dtype or length cannot be XORed: such tensors are coded alone.
     parents = {name: parent for name, tensor in flat.tensors

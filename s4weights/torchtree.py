@@ -125,24 +125,27 @@ class _Flattener:
         self.storages: dict[tuple[str, int], TensorRef] = {}
         self.owners: dict[tuple[str, int], int] = {}
 
-    def count_owners(self, obj: Any) -> None:
+    def count_owners(self, obj: Any, depth: int = 0) -> None:
         # First pass: how many tensors point at each storage, so that only an unshared storage
-        # is stored as a plain tensor.
+        # is stored as a plain tensor. Too deep (or cyclic) trees are refused by walk().
+        if depth > objtree.MAX_DEPTH:
+            return
         if isinstance(obj, torch.Tensor):
-            if obj.layout != torch.strided:
-                return  # refused by tensor(), with its path; has no storage to count
-            key = _storage_key(obj)
-            self.owners[key] = self.owners.get(key, 0) + 1
+            key = _storage_key_or_none(obj)
+            if key is not None:  # else refused by tensor(), with its path
+                self.owners[key] = self.owners.get(key, 0) + 1
         elif isinstance(obj, (list, tuple)):
             for x in obj:
-                self.count_owners(x)
+                self.count_owners(x, depth + 1)
         elif isinstance(obj, dict):
             for x in obj.values():
-                self.count_owners(x)
+                self.count_owners(x, depth + 1)
+            for x in (getattr(obj, "__dict__", None) or {}).values():  # what walk() stores
+                self.count_owners(x, depth + 1)
         else:
             conv = _converter_of(type(obj))
             if conv is not None:
-                self.count_owners(self.encode(obj, conv))
+                self.count_owners(self.encode(obj, conv), depth + 1)
 
     def encode(self, obj: Any, conv: _Converter) -> Any:
         # Once per object: count_owners must see the tensors a converter returns, and walk must
@@ -163,13 +166,33 @@ class _Flattener:
         return TensorRef(len(self.tensors) - 1)
 
     def tensor(self, t: torch.Tensor, path: str) -> Any:
+        where = path or "<root>"
         name = torch_dtype_name(t.dtype)
         if name not in dtypes.BY_NAME or t.layout != torch.strided or t.is_quantized \
                 or t.is_nested:
-            raise UnsupportedObjectError(f"tensor at {path or '<root>'} has unsupported "
+            raise UnsupportedObjectError(f"tensor at {where} has unsupported "
                                          f"dtype/layout {t.dtype}/{t.layout}")
+        if type(t) not in (torch.Tensor, torch.nn.Parameter):
+            # a subclass carries state a plain tensor cannot (DTensor, quantized parameters,
+            # masked tensors): stored as a plain tensor it would load as something else
+            raise UnsupportedObjectError(
+                f"tensor at {where} is a {type(t).__module__}.{type(t).__qualname__}, a "
+                "subclass of torch.Tensor; register a converter with s4weights.register_type "
+                "or save a plain tensor")
+        if t.device.type == "meta":
+            raise UnsupportedObjectError(f"tensor at {where} is on the meta device: it has no "
+                                         "data to save")
+        if t.is_conj() or t.is_neg():
+            # a lazily conjugated/negated view: its storage does not hold its values, so it is
+            # stored resolved (as a tensor of its own; sharing with the original is not kept)
+            t = t.resolve_conj().resolve_neg()
+        if t.numel() == 0 and t.storage_offset():
+            t = t.as_strided(t.shape, t.stride(), 0)  # no elements: the offset means nothing
         dt = dtypes.BY_NAME[name]
-        key = _storage_key(t)
+        key = _storage_key_or_none(t)
+        if key is None:
+            raise UnsupportedObjectError(f"tensor at {where} has no storage s4weights can read "
+                                         "(a wrapper or lazy tensor)")
         storage_nbytes = t.untyped_storage().nbytes()
         plain = (t.device.type == "cpu" and type(t) is torch.Tensor and not t.requires_grad
                  and self.owners.get(key, 1) == 1 and t.storage_offset() == 0
@@ -191,7 +214,10 @@ class _Flattener:
             "requires_grad": bool(t.requires_grad),
             "parameter": isinstance(t, torch.nn.Parameter)})
 
-    def walk(self, obj: Any, path: str) -> Any:
+    def walk(self, obj: Any, path: str, depth: int = 0) -> Any:
+        if depth > objtree.MAX_DEPTH:
+            raise UnsupportedObjectError(f"the object nests more than {objtree.MAX_DEPTH} levels "
+                                         f"deep at {path or '<root>'} (or contains itself)")
         t = type(obj)
         if isinstance(obj, torch.Tensor):
             return self.tensor(obj, path)
@@ -207,18 +233,24 @@ class _Flattener:
             return Typed("numpy.ndarray", self.add(path, _from_numpy(obj, path)))
         if isinstance(obj, np.generic):
             return Typed("numpy.scalar", self.add(path, _from_numpy(np.asarray(obj), path)))
+        d = depth + 1
         if t is list or t is tuple:
-            return t(self.walk(x, _join(path, i)) for i, x in enumerate(obj))
+            return t(self.walk(x, _join(path, i), d) for i, x in enumerate(obj))
         if t is dict or t is OrderedDict:
-            out = t((k, self.walk(v, _join(path, k))) for k, v in obj.items())
+            out = t((k, self.walk(v, _join(path, k), d)) for k, v in obj.items())
             attrs = getattr(obj, "__dict__", None)
             if attrs:
-                return Typed(ATTRS, (out, {k: self.walk(v, _join(path, k))
+                for k in attrs:
+                    if not isinstance(k, str) or k.startswith("__"):
+                        raise UnsupportedObjectError(
+                            f"{type(obj).__name__} at {path or '<root>'} has the attribute "
+                            f"{objtree._shown(k)}, which is not a plain attribute name")
+                return Typed(ATTRS, (out, {k: self.walk(v, _join(path, k), d)
                                            for k, v in attrs.items()}))
             return out
         conv = _converter_of(t)
         if conv is not None:
-            return Typed(conv.name, self.walk(self.encode(obj, conv), path))
+            return Typed(conv.name, self.walk(self.encode(obj, conv), path, d))
         raise UnsupportedObjectError(
             f"cannot save object of type {t.__module__}.{t.__qualname__} at "
             f"{path or '<root>'}: s4weights stores tensors, numpy arrays, dicts, lists, tuples, "
@@ -235,8 +267,22 @@ def _from_numpy(arr: np.ndarray, path: str) -> Tensor:
                                      "float and complex dtypes are stored") from None
 
 
-def _storage_key(t: torch.Tensor) -> tuple[str, int]:
-    return (str(t.device), t.untyped_storage().data_ptr())
+def _storage_key(t: torch.Tensor) -> tuple[str, int, int]:
+    # the size too: two storages can start at one address (numpy views wrapped by
+    # torch.from_numpy, torch.frombuffer with different counts), and only one is stored
+    storage = t.untyped_storage()
+    return (str(t.device), storage.data_ptr(), storage.nbytes())
+
+
+def _storage_key_or_none(t: torch.Tensor) -> tuple[str, int, int] | None:
+    """The storage key, or None for tensors without a storage to read (sparse and other
+    layouts, meta tensors, wrapper subclasses whose storage access fails)."""
+    if t.layout != torch.strided or t.device.type == "meta":
+        return None
+    try:
+        return _storage_key(t)
+    except (RuntimeError, ValueError, NotImplementedError):
+        return None
 
 
 _join = objtree.key_path
