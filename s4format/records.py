@@ -83,10 +83,7 @@ def tensor_info(rec, where: str, data_end: int, alignment: int) -> TensorInfo:
     for field, p in zip(fields, rec.planes):
         info = PlaneInfo(p.kind, p.index, p.codec, bytes(p.params), p.offset, p.stored_len,
                          p.decoded_len, p.checksum)
-        codec = _codec_or_none(info.codec)
-        if codec is None or (info.kind, info.index) != (field.kind, field.index) \
-                or info.decoded_len != want \
-                or info.decoded_len > codec.max_decoded_len(info.stored_len) \
+        if not plane_fits(field, info, want) \
                 or info.offset < HEADER_SIZE or info.offset % alignment \
                 or info.offset + info.stored_len > data_end:
             _refuse_plane(where, layout, field, info, want, data_end, alignment)
@@ -95,6 +92,26 @@ def tensor_info(rec, where: str, data_end: int, alignment: int) -> TensorInfo:
                       bytes(rec.content_hash),
                       bytes(rec.parent_hash) if rec.parent_hash is not None else None,
                       tuple(planes))
+
+
+def plane_fits(field, p: PlaneInfo, want: int) -> bool:
+    """Rules P1-P4 for plane ``p`` in ``field``'s place of a tensor whose planes decode to
+    ``want`` bytes: the writer checks them before writing, the reader on opening."""
+    codec = _codec_or_none(p.codec)
+    return codec is not None and (p.kind, p.index) == (field.kind, field.index) \
+        and p.decoded_len == want and p.decoded_len <= codec.max_decoded_len(p.stored_len)
+
+
+def check_planes(where: str, layout: Layout, itemsize: int, raw_nbytes: int, planes) -> None:
+    """:func:`plane_fits` for every plane a writer is about to write (``planes``: objects with
+    kind, index, codec, params, stored_len and decoded_len), raising the reader's error."""
+    words = layout.check_applies(raw_nbytes, itemsize)
+    want = raw_nbytes if layout is layouts.RAW else words
+    for field, p in zip(layout.planes(itemsize), planes):
+        info = PlaneInfo(p.kind, p.index, p.codec, bytes(p.params), HEADER_SIZE, p.stored_len,
+                         p.decoded_len, 0)
+        if not plane_fits(field, info, want):
+            _refuse_plane(where, layout, field, info, want, HEADER_SIZE + p.stored_len, 1)
 
 
 def _refuse_plane(where: str, layout: Layout, field, p: PlaneInfo, want: int, data_end: int,

@@ -25,7 +25,7 @@ from s4format.errors import FormatError, LimitError, StorageError, UnsupportedOb
 from s4format.layouts import Layout
 from s4format.policy import check_policy as policy_check
 from s4format.reader import MAX_INDEX_SIZE, MAX_TENSORS, checkpoint_id
-from s4format.records import MAX_NDIM, MAX_RAW_NBYTES
+from s4format.records import MAX_NDIM, MAX_RAW_NBYTES, check_planes
 from s4format.schema import (
     MAGIC,
     MAJOR,
@@ -129,6 +129,8 @@ class Writer:
         self._metadata: dict[str, str] = {}
         if parent_id is not None and len(parent_id) != 16:
             raise ValueError(f"parent_id must be 16 bytes, not {len(parent_id)}")
+        if parent_id is not None and parent_id == bytes(16):
+            raise ValueError("parent_id of all zero bytes means no parent (spec X3): pass None")
         self._parent_id = parent_id
         self._raw_total = 0
         self._stored_total = 0
@@ -312,6 +314,9 @@ def _check_limits(name: str, shape: tuple[int, ...], dtype: DType, coded: CodedT
     if len(coded.planes) != want:
         raise FormatError(f"tensor {name!r}: layout {coded.layout.name} needs {want} planes, "
                           f"got {len(coded.planes)}")
+    # P1-P4, as a reader checks them: a plane in the wrong place, of the wrong length, of an
+    # unknown codec, or declaring more than its codec can produce is refused before writing
+    check_planes(f"tensor {name!r}", coded.layout, dtype.itemsize, raw_nbytes, coded.planes)
 
 
 def _sealed(struct_, fields: dict[str, Any]) -> bytes:

@@ -376,6 +376,8 @@ class RansCodec(Codec):
             raise CodecError(f"rans log2_block {log2_block} outside [5, 20]")
         if n != decoded_len:
             raise CodecError(f"rans stream holds {n} symbols, plane declares {decoded_len}")
+        if n >= MAX_SYMBOLS:
+            raise CodecError(f"rans stream declares {n} symbols; streams hold fewer than 2^48")
         nb = _n_blocks(n, log2_block)
         if mode == MODE_RAW:
             _expect_size(buf, HEADER_SIZE + n, "RAW")

@@ -403,3 +403,18 @@ def test_golden_vector(name: str) -> None:
         encoded = as_array(RansCodec(log2_block).encode(plane).payload)
     assert encoded.tobytes() == stream
     assert ref_encode(plane_bytes, log2_block, raw_fallback=not forced) == stream
+
+
+def test_a_stream_declaring_2_48_symbols_is_refused() -> None:
+    # rans.md section 1: n < 2^48 (the overflow argument relies on it); a CONST stream can
+    # declare it in a few bytes
+    import pytest
+
+    from s4format.codecs import rans
+    from s4format.errors import CodecError
+
+    n = 1 << 48
+    head = rans.HEADER.pack(rans.MODE_CONST, rans.LOG2_BLOCK_MAX, 0, n)
+    stream = np.frombuffer(head + bytes(8), np.uint8)  # refused from the header alone
+    with pytest.raises(CodecError, match="2\\^48"):
+        rans.RansCodec().decode(stream, n, b"")

@@ -230,3 +230,31 @@ def test_a_non_blocking_raw_sink_that_would_block_is_a_storage_error() -> None:
 
     with pytest.raises(StorageError, match="would block"):
         s4format.write(WouldBlock(), {"a": np.zeros(10, np.float32)})
+
+
+def test_the_writer_refuses_what_readers_refuse() -> None:
+    # a conforming writer produces only files that pass every rule (spec/README.md): planes in
+    # the wrong place, of an unknown codec, and an all-zero parent ID (X3) are refused before
+    # a byte is written
+    import pytest
+
+    from s4format import UnsupportedCodecError, dtypes
+    from s4format.writer import CodedPlane, CodedTensor
+
+    u8 = dtypes.BY_NAME["uint8"]
+    data = np.arange(100, dtype=np.uint8)
+    cases = [
+        (CodedTensor(layouts.RAW, (CodedPlane(layouts.KIND_SIGN, 0, codecs.RAW, 100, data),)),
+         FormatError, "expects plane"),
+        (CodedTensor(layouts.RAW, (CodedPlane(layouts.KIND_RAW, 0, 99, 100, data),)),
+         UnsupportedCodecError, "99"),
+        (CodedTensor(layouts.RAW, (CodedPlane(layouts.KIND_RAW, 0, codecs.RAW, 99, data[:99]),)),
+         FormatError, "decoded length 99"),
+    ]
+    for coded, exc, match in cases:
+        buf = io.BytesIO()
+        w = Writer(buf)
+        with pytest.raises(exc, match=match):
+            w.add_coded("t", u8, (100,), coded, bytes(16))
+    with pytest.raises(ValueError, match="no parent"):
+        Writer(io.BytesIO(), parent_id=bytes(16))
