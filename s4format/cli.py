@@ -147,5 +147,8 @@ def run(parser: argparse.ArgumentParser, argv: list[str] | None) -> int:
     except S4Error as exc:
         print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
-    except BrokenPipeError:
+    except BrokenPipeError:  # inspect/list output cut by the pipe's reader (| head)
         return 0
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from s4format import errors
-from s4format.errors import S4Error
+from s4format.errors import FormatError, S4Error, StorageError
 from s4format.objtree import TensorRef, Typed
 from s4format.reader import Reader
 from s4format.verify import verify
@@ -188,10 +188,15 @@ def _diff(want: dict, got: dict) -> str:
 def load_manifest(suite: Path) -> dict[str, Any]:
     path = suite / "manifest.json"
     try:
-        return json.loads(path.read_text())
+        manifest = json.loads(path.read_text())
     except OSError as exc:
-        raise SystemExit(f"conformance: cannot read {path}: {exc.strerror}; pass --suite DIR "
-                         "(the folder holding manifest.json)") from None
+        raise StorageError(f"conformance: cannot read {path}: {exc.strerror}; pass --suite "
+                           "DIR (the folder holding manifest.json)") from None
+    except ValueError as exc:
+        raise FormatError(f"conformance: {path} is not JSON: {exc}") from None
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("vectors"), list):
+        raise FormatError(f"conformance: {path} has no list of vectors")
+    return manifest
 
 
 def run_suite(suite: Path, reader: str | None = None,

@@ -7,6 +7,7 @@ single damaged byte anywhere in a valid file is reported.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -61,8 +62,20 @@ def report(problems: Sequence[object], ok: str, bad: str) -> int:
     if problems:
         print(bad, file=sys.stderr)
         return 1
-    print(ok)
+    say(ok)
     return 0
+
+
+def say(line: str) -> None:
+    """Print a line of a command's progress on stdout. When the reader of a pipe has gone
+    (``| head``), the rest is dropped and the command goes on: its exit status, not its
+    output, is what a verify must still get right."""
+    try:
+        print(line, flush=True)
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # no second error when Python flushes at exit
+        os.close(devnull)
 
 
 def _check_planes(reader: Reader, t: TensorInfo) -> list[Problem]:

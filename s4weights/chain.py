@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -53,6 +54,26 @@ class CheckpointInfo:
     def is_base(self) -> bool:
         return self.parent_step is None
 
+    def _check_types(self) -> None:
+        """Every field of the type it is written with (a hand-edited or foreign manifest
+        with ``"step": "3"`` would otherwise fail later, far from its cause)."""
+        ints = ("step", "base_step", "depth", "raw_bytes", "stored_bytes", "file_bytes",
+                "full_stored_bytes")
+        for k in ints:
+            v = getattr(self, k)
+            if type(v) is not int or v < 0:
+                raise ValueError(f"{k} must be a non-negative integer, not {v!r}")
+        for k in ("file", "checkpoint_id"):
+            if type(getattr(self, k)) is not str:
+                raise ValueError(f"{k} must be a string")
+        if (self.parent_step is None) != (self.parent_id is None) \
+                or (self.parent_step is not None and (type(self.parent_step) is not int
+                                                      or type(self.parent_id) is not str)):
+            raise ValueError("parent_step and parent_id must be an integer and a string, or "
+                             "both null")
+        if type(self.created) not in (int, float) or not math.isfinite(self.created):
+            raise ValueError(f"created must be a finite number, not {self.created!r}")
+
     def to_json(self) -> bytes:
         return json.dumps({"format": MANIFEST_FORMAT, "version": MANIFEST_VERSION,
                            **asdict(self)}, indent=1).encode()
@@ -63,7 +84,9 @@ class CheckpointInfo:
             d = json.loads(data)
             if d.pop("format") != MANIFEST_FORMAT or d.pop("version") != MANIFEST_VERSION:
                 raise ValueError("not an s4weights v1 manifest")
-            return cls(**d)
+            info = cls(**d)
+            info._check_types()
+            return info
         except (ValueError, TypeError, KeyError, AttributeError) as exc:
             raise FormatError(f"manifest {name} is malformed: {exc}") from None
 

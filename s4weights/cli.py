@@ -21,7 +21,7 @@ from typing import Any
 
 from s4format.cli import run as run_cli
 from s4format.errors import S4Error, StorageError
-from s4format.verify import report, verify
+from s4format.verify import report, say, verify
 from s4weights.chain import (
     CheckpointInfo,
     by_step,
@@ -92,19 +92,37 @@ def _print_run(d: dict[str, Any]) -> None:
           f"{', '.join(d['uncommitted'])}\n")
 
 
+def _open(url: str) -> Store:
+    """The store at ``url``; a URL of no known kind, or a local path that is not a
+    directory, is a StorageError (exit 2), not a traceback or an empty listing."""
+    try:
+        store = open_store(url)
+    except ValueError as exc:
+        raise StorageError(f"{url}: {exc}") from None
+    if isinstance(store, LocalStore) and not store.root.is_dir():
+        raise StorageError(f"{url}: no such directory")
+    return store
+
+
 def cmd_list(args: argparse.Namespace) -> int:
-    store = open_store(args.url)
+    store = _open(args.url)
     runs, names = _run_names(store)
-    summaries = [_run_summary(store, r, names) for r in runs]
+    summaries, failed = [], 0
+    for r in runs:
+        try:
+            summaries.append(_run_summary(store, r, names))
+        except S4Error as exc:  # one unreadable run does not hide the others
+            failed += 1
+            print(f"error: {_sub(store, r).url}: {type(exc).__name__}: {exc}", file=sys.stderr)
     if args.json:
-        json.dump(summaries, sys.stdout, indent=2)
+        json.dump(summaries, sys.stdout, indent=2, allow_nan=False)
         sys.stdout.write("\n")
-    elif not summaries:
+    elif not summaries and not failed:
         print(f"no checkpoints under {store.url}")
     else:
         for d in summaries:
             _print_run(d)
-    return 0
+    return 1 if failed else 0
 
 
 def _verify_one(store: Store, info: CheckpointInfo, infos: dict[int, CheckpointInfo]
@@ -125,7 +143,7 @@ def _verify_one(store: Store, info: CheckpointInfo, infos: dict[int, CheckpointI
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    store = open_store(args.url)
+    store = _open(args.url)
     runs, _ = _run_names(store)
     if not runs:
         raise StorageError(f"no checkpoints under {store.url}")
@@ -133,19 +151,24 @@ def cmd_verify(args: argparse.Namespace) -> int:
     checked = 0
     for run in runs:
         sub = _sub(store, run)
-        infos = by_step(list_checkpoints(sub))
-        if args.step is not None:
-            if args.step not in infos:
-                continue
-            # The step's whole chain, each file checked against its own parent.
-            todo = [i.step for i in chain_of(args.step, infos)]
-        else:
-            todo = sorted(infos)
+        try:
+            infos = by_step(list_checkpoints(sub))
+            if args.step is not None:
+                if args.step not in infos:
+                    continue
+                # The step's whole chain, each file checked against its own parent.
+                todo = [i.step for i in chain_of(args.step, infos)]
+            else:
+                todo = sorted(infos)
+        except S4Error as exc:  # a damaged manifest is a problem found, not the end
+            problems.append(f"{sub.url}: {type(exc).__name__}: {exc}")
+            say(f"{sub.url}: INVALID")
+            continue
         for step in todo:
             found = _verify_one(sub, infos[step], infos)
             problems.extend(found)
             checked += 1
-            print(f"{sub.url}: step {step}: {'INVALID' if found else 'OK'}")
+            say(f"{sub.url}: step {step}: {'INVALID' if found else 'OK'}")
     if args.step is not None and not checked:
         raise StorageError(f"no checkpoint step {args.step} under {store.url}")
     return report(problems,

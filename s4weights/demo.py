@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -17,6 +18,7 @@ from typing import Any
 import torch
 
 import s4weights
+from s4format.errors import S4Error
 
 
 class TinyLM(torch.nn.Module):
@@ -67,11 +69,34 @@ def same(a: Any, b: Any) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--steps", type=int, default=60)
-    ap.add_argument("--every", type=int, default=10)
-    ap.add_argument("--dir", help="checkpoint directory (default: a fresh temporary one)")
+    ap = argparse.ArgumentParser(prog="python -m s4weights.demo", description=__doc__,
+                                 formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--steps", type=_positive, default=60, help="training steps (default 60)")
+    ap.add_argument("--every", type=_positive, default=10,
+                    help="a checkpoint every this many steps (default 10)")
+    ap.add_argument("--dir", help="checkpoint directory (default: a fresh temporary one; an "
+                                  "existing run there must not hold the demo's steps)")
     args = ap.parse_args(argv)
+    if args.steps < args.every:
+        ap.error("--steps must be at least --every (no checkpoint would be saved)")
+    try:
+        return _demo(args)
+    except S4Error as exc:
+        print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+def _positive(text: str) -> int:
+    n = int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, not {n}")
+    return n
+
+
+def _demo(args: argparse.Namespace) -> int:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     torch.manual_seed(0)
     model = TinyLM().to(device)
