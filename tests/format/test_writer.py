@@ -258,3 +258,17 @@ def test_the_writer_refuses_what_readers_refuse() -> None:
             w.add_coded("t", u8, (100,), coded, bytes(16))
     with pytest.raises(ValueError, match="no parent"):
         Writer(io.BytesIO(), parent_id=bytes(16))
+
+
+def test_an_unregistered_nvcomp_ans_plane_is_written() -> None:
+    # codec 6 is optional and GPU-only: a process that coded with nvCOMP may not have
+    # registered a decoder for it; its planes are still written (P1/P2 still checked)
+    from s4format import dtypes
+    from s4format.writer import CodedPlane, CodedTensor
+
+    assert codecs.NVCOMP_ANS not in codecs.available()
+    data = np.arange(100, dtype=np.uint8)
+    coded = CodedTensor(layouts.RAW, (CodedPlane(layouts.KIND_RAW, 0, codecs.NVCOMP_ANS, 100,
+                                                 data[:40], b"\x00"),))
+    w = Writer(io.BytesIO())
+    w.add_coded("t", dtypes.BY_NAME["uint8"], (100,), coded, bytes(16))
