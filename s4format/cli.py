@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from typing import Any
@@ -99,8 +100,12 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    parent = Reader(_source(args.parent)) if args.parent else None
-    with Reader(_source(args.file), parent=parent) as r:
+    with contextlib.ExitStack() as opened:
+        # --parent P1 [--parent P2 ...]: the file's parent, then that one's parent, ...
+        parent = None
+        for path in reversed(args.parent or []):
+            parent = opened.enter_context(Reader(_source(path), parent=parent))
+        r = opened.enter_context(Reader(_source(args.file), parent=parent))
         problems = verify(r)
         return report(problems,
                       ok=f"{args.file}: OK, {len(r.tensors)} tensors, every checksum and "
@@ -123,7 +128,9 @@ def build_parser() -> argparse.ArgumentParser:
                                    "problem is found (each named by tensor and plane), 2 when "
                                    "the file cannot be opened at all.")
     p.add_argument("file", help="path or s3://bucket/key URL of the .s4w file")
-    p.add_argument("--parent", help="the delta's parent .s4w file (to check delta tensors)")
+    p.add_argument("--parent", action="append",
+                   help="the delta's parent .s4w file (to check delta tensors); repeat it for a "
+                        "longer chain: the parent first, then its parent, down to the base")
     p.set_defaults(func=cmd_verify)
     p = sub.add_parser("conformance", help="run the conformance vectors against a reader",
                        description="Run every vector of the conformance suite against this "

@@ -154,3 +154,20 @@ def test_no_command_is_a_usage_error() -> None:
     res = run()
     assert res.returncode == 2
     assert "the following arguments are required: command" in res.stderr
+
+
+def test_verify_a_delta_of_a_delta_with_its_whole_chain(tmp_path: Path, files) -> None:
+    # --parent repeats: the file's parent first, down to the base
+    w = np.random.default_rng(0).standard_normal(5000).astype("<f4")  # base.s4w's "w"
+    mid = w.copy()
+    mid[:3] = 0  # delta.s4w's "w"
+    top = mid.copy()
+    top[10:20] = 1
+    second = tmp_path / "second.s4w"
+    with Writer(second, parent_id=Reader(files["delta"], parent=Reader(files["base"]))
+                .checkpoint_id) as wr:
+        wr.add("w", top, parent=mid)
+    res = run("verify", second, "--parent", files["delta"], "--parent", files["base"])
+    assert res.returncode == 0, res.stderr
+    res = run("verify", second, "--parent", files["delta"])  # the chain cut short
+    assert res.returncode == 1 and "is a delta" in res.stderr
