@@ -144,7 +144,9 @@ def _store_and_name(f: str | os.PathLike[str]) -> tuple[Store, str]:
     if isinstance(f, str) and f.startswith("s3://"):
         from s4weights.store.s3 import open_object
         return open_object(f)
-    path = Path(f)
+    # through a symlink (latest.s4w -> ckpt-N.s4w) as torch.save writes: the atomic rename
+    # replaces the link's target, not the link
+    path = Path(os.path.realpath(f))
     return LocalStore(path.parent), path.name
 
 
@@ -157,7 +159,12 @@ def _source(f: FileLike | bytes | ByteSource) -> ByteSource | str | os.PathLike[
     if isinstance(f, (bytes, bytearray, memoryview)):
         return BufferSource(f)
     if isinstance(f, io.BytesIO):
-        return BufferSource(f.getbuffer())
+        # from the current position, as torch.load reads (a file saved after other bytes);
+        # the object runs to the end, where the position is left
+        pos = f.tell()
+        view = f.getbuffer()[pos:]
+        f.seek(0, io.SEEK_END)
+        return BufferSource(view)
     return BufferSource(f.read(), name=getattr(f, "name", "<file object>"))
 
 

@@ -426,12 +426,15 @@ def _target_device(saved: str, map_location: MapLocation) -> torch.device:
     if map_location is None:
         return torch.device(saved)
     if callable(map_location) and not isinstance(map_location, (str, torch.device, dict)):
-        # torch.load's convention: called with (storage, location); we hand a CPU tensor
-        # and the saved location string; a returned tensor's device is used.
-        result = map_location(torch.empty(0), saved)
-        if isinstance(result, torch.Tensor):
+        # torch.load's convention: called with (storage, location); we hand an empty CPU
+        # storage and the saved location string; a returned storage's or tensor's device is
+        # used, or a device (string) itself, or None for the saved location.
+        result = map_location(torch.UntypedStorage(0), saved)
+        if result is None:
+            return torch.device(saved)
+        if isinstance(result, (torch.Tensor, torch.UntypedStorage, torch.TypedStorage)):
             return result.device
-        return torch.device(saved) if result is None else torch.device(result)
+        return torch.device(result)
     if isinstance(map_location, dict):
         return torch.device(map_location.get(saved, saved))
     return torch.device(map_location)
@@ -495,10 +498,15 @@ class Unflattener:
     def _view(self, v: dict[str, Any], on: torch.device | None = None) -> torch.Tensor:
         try:
             ref, dname, offset = v["storage"], v["dtype"], v["offset"]
-            shape, stride = tuple(v["shape"]), tuple(v["stride"])
-            device = on if on is not None else _target_device(v["device"], self._map_location)
+            shape, stride, saved = tuple(v["shape"]), tuple(v["stride"]), v["device"]
+            if not isinstance(saved, str):
+                raise TypeError(f"device {saved!r} is not a string")
+            if on is None and self._map_location is None:
+                torch.device(saved)  # a device string torch cannot parse is the file's fault
         except (KeyError, TypeError, RuntimeError) as exc:
             raise FormatError(f"malformed {VIEW} value: {exc}") from None
+        # the caller's map_location runs outside that: its own errors are its own
+        device = on if on is not None else _target_device(saved, self._map_location)
         if device.type == "cuda" and not torch.cuda.is_available():
             # as torch.load says it (torch itself would fail on an AssertionError)
             raise RuntimeError(f"a tensor was saved on {device}, but CUDA is not available "

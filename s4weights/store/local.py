@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import stat
 import threading
 import time
 import warnings
@@ -20,6 +21,16 @@ from s4format.source import ByteSource, FileSource
 from s4weights.store.base import ObjectWriter, Store
 
 TMP_PREFIX = ".tmp-"
+
+
+def _keep_mode(final: Path, tmp: Path) -> None:
+    """An object replacing a file keeps that file's permission bits (as writing it in place
+    would); a new one gets the temp file's (the umask's)."""
+    try:
+        mode = stat.S_IMODE(os.stat(final).st_mode)
+    except FileNotFoundError:
+        return
+    os.chmod(tmp, mode)
 
 
 def _fsync_dir(path: Path) -> None:
@@ -111,6 +122,7 @@ class _LocalWriter(ObjectWriter):
                 os.link(self.tmp, self.final)
                 self.tmp.unlink()
             else:
+                _keep_mode(self.final, self.tmp)
                 os.replace(self.tmp, self.final)
         except FileExistsError:
             self.abort()
