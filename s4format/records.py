@@ -115,7 +115,7 @@ def check_planes(where: str, layout: Layout, itemsize: int, raw_nbytes: int, pla
         if p.codec == codecs.NVCOMP_ANS and _codec_or_none(p.codec) is None \
                 and (p.kind, p.index) == (field.kind, field.index) and p.decoded_len == want:
             continue
-        if not plane_fits(field, info, want):
+        if not plane_fits(field, info, want):  # (placed where the offset rules hold)
             _refuse_plane(where, layout, field, info, want, HEADER_SIZE + p.stored_len, 1)
 
 

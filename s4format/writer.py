@@ -297,13 +297,13 @@ def _check_limits(name: str, shape: tuple[int, ...], dtype: DType, coded: CodedT
     """Refuse what a reader would refuse (spec/validation.md), before writing a byte of it."""
     raw_nbytes = math.prod(shape) * dtype.itemsize
     try:
-        name.encode("utf-8")
+        encoded = name.encode("utf-8")
     except UnicodeEncodeError:
         raise UnsupportedObjectError(f"tensor name {name!r} is not storable text (it holds a "
                                      "lone surrogate); use str keys that are valid Unicode"
                                      ) from None
-    if len(name.encode("utf-8")) > MAX_NAME_BYTES:
-        raise LimitError(f"tensor name of {len(name.encode())} bytes exceeds {MAX_NAME_BYTES}")
+    if len(encoded) > MAX_NAME_BYTES:
+        raise LimitError(f"tensor name of {len(encoded)} bytes exceeds {MAX_NAME_BYTES}")
     if len(shape) > MAX_NDIM or raw_nbytes > MAX_RAW_NBYTES or any(s < 0 for s in shape):
         raise LimitError(f"tensor {name!r}: shape {list(shape)} is beyond the format's limits")
     if coded.stored > raw_nbytes and coded.layout is not layouts.RAW:
@@ -348,7 +348,7 @@ def _attach(obj: Any, w: Writer, path: str, seen: dict[int, objtree.TensorRef]) 
         return seen[id(obj)]
     t = type(obj)
     if t is list or t is tuple:
-        return t(_attach(x, w, f"{path}.{i}" if path else str(i), seen) for i, x in enumerate(obj))
+        return t(_attach(x, w, objtree.key_path(path, i), seen) for i, x in enumerate(obj))
     if t is dict or t.__name__ == "OrderedDict":
         return t((k, _attach(v, w, objtree.key_path(path, k), seen))
                  for k, v in obj.items())
@@ -365,4 +365,3 @@ def _unique_name(name: str, w: Writer) -> str:
         n += 1
         candidate = f"{name}#{n}"
     return candidate
-

@@ -501,12 +501,13 @@ class Unflattener:
             shape, stride, saved = tuple(v["shape"]), tuple(v["stride"]), v["device"]
             if not isinstance(saved, str):
                 raise TypeError(f"device {saved!r} is not a string")
-            if on is None and self._map_location is None:
-                torch.device(saved)  # a device string torch cannot parse is the file's fault
+            # a device string torch cannot parse is the file's fault...
+            device = on if on is not None or self._map_location is not None \
+                else torch.device(saved)
         except (KeyError, TypeError, RuntimeError) as exc:
             raise FormatError(f"malformed {VIEW} value: {exc}") from None
-        # the caller's map_location runs outside that: its own errors are its own
-        device = on if on is not None else _target_device(saved, self._map_location)
+        if device is None:  # ...while the caller's map_location errors are the caller's
+            device = _target_device(saved, self._map_location)
         if device.type == "cuda" and not torch.cuda.is_available():
             # as torch.load says it (torch itself would fail on an AssertionError)
             raise RuntimeError(f"a tensor was saved on {device}, but CUDA is not available "

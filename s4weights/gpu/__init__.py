@@ -237,7 +237,7 @@ def loader_for(reader, device: str, update=None, direct: dict | None = None,
         import torch
 
         from s4weights.gpu.chunked import chunkable, load_large
-        from s4weights.gpu.decode import decodable, read_tensors
+        from s4weights.gpu.decode import decodable, read_on_cpu, read_tensors
 
         t = reader.tensors[i]
         dev = torch.device(dev)
@@ -255,7 +255,7 @@ def loader_for(reader, device: str, update=None, direct: dict | None = None,
                 try:
                     load_large(reader, i, raw, budget)
                 except TablesTooLarge:  # streams of tiny blocks: the CPU decodes it
-                    raw.copy_(torch.from_numpy(reader.read_raw(i)))
+                    read_on_cpu(reader, i, raw)
         if raw is None:
             idx = [i]
             if decodable(reader, i):

@@ -170,22 +170,26 @@ def read_tensors(reader: Reader, idx: list[int],
     return given
 
 
+def read_on_cpu(reader: Reader, i: int, out: torch.Tensor) -> None:
+    """Tensor i decoded by the CPU reader (parents applied there) and copied into ``out``."""
+    raw = reader.read_raw(i)
+    if raw.size:
+        out.copy_(torch.from_numpy(raw))
+
+
 def _read_aligned(reader: Reader, idx: list[int], outs: list[torch.Tensor]) -> list[torch.Tensor]:
     """:func:`read_tensors` into checked, 16-byte aligned destinations."""
     gpu = [k for k, i in enumerate(idx) if decodable(reader, i)]
     on_gpu = set(gpu)
     for k, i in enumerate(idx):
         if k not in on_gpu:
-            raw = reader.read_raw(i)
-            if raw.size:
-                outs[k].copy_(torch.from_numpy(raw))
+            read_on_cpu(reader, i, outs[k])
     if gpu:
         st = stage(reader, [idx[k] for k in gpu])
         heavy = _tables_too_large(st)
         if heavy:  # decoded by the CPU decoder (parents applied there), copied up
             for h in sorted(heavy):
-                k = gpu[h]
-                outs[k].copy_(torch.from_numpy(reader.read_raw(idx[k])))
+                read_on_cpu(reader, idx[gpu[h]], outs[gpu[h]])
             st = _subset(st, [h for h in range(len(gpu)) if h not in heavy])
             gpu = [k for h, k in enumerate(gpu) if h not in heavy]
         decode_staged(st, [outs[k] for k in gpu])
