@@ -36,11 +36,10 @@ from s4weights.gpu.encode import (
     Coded,
     Encoder,
     Item,
-    _Plane,
+    Planes,
+    const_whole,
     launch_split,
-    planes_from_hist,
     rans_runs,
-    runs_rans,
 )
 from s4weights.gpu.hash import content_hashes_from_leaves
 
@@ -114,29 +113,31 @@ def code_large(enc: Encoder, it: Item, workspace: int) -> Coded:
     prof.mark("histograms")
 
     # codec candidates and rANS tables from the whole tensor's histograms
-    planes = planes_from_hist(0, lay, n, [0] * len(lay.fields), h[:1024], int(h[1024]))
-    enc._candidates(planes)
-    jobs = [i for i, p in enumerate(planes) if runs_rans(p)]
-    freqs = enc._freqs[jobs]
+    planes = Planes.of_tensor(lay, n, h[:1024], int(h[1024]))
+    enc.candidates(planes)
+    jobs = np.flatnonzero(planes.runs_rans).tolist()
+    freqs = planes.freqs[jobs]
+    sign = planes.kind[jobs] == layouts.KIND_SIGN
     st = _Streams(planes, jobs, freqs, n, lg)
 
     # pass 2: coding, chunk by chunk
-    sign_rans = any(planes[i].field.kind == layouts.KIND_SIGN for i in jobs)
+    sign_rans = bool(sign.any())
     ch = _Chunks(it, plan.large_chunk(lay, size, workspace, n, len(jobs), sign_rans, xor, lg))
     cap = plan.large_staging(ch.chunk, len(jobs), lg)
     for c0 in ch:
         m = ch.split(c0, hist.data_ptr())[0]  # (histograms no longer read)
         st.copy_plain(c0, m, ch)
         if jobs:
-            cj = [_Plane(0, planes[i].field, m, ch.addr(i), planes[i].counts) for i in jobs]
-            r = enc._rans(cj, freqs)  # sync: the chunk's block word counts
+            r = enc._rans(sign, np.full(len(jobs), m), np.array([ch.addr(i) for i in jobs],
+                                                                np.uint64),
+                          freqs)  # sync: the chunk's block word counts
             ch.release()  # the staged sections take the planes' place
             st.add_chunk(c0, r, cap)
             del r
     prof.mark(f"coding ({-(-n // ch.chunk)} chunks)")
     # pass 3: byte planes whose rANS stream would reach their raw size are stored raw
     redo = [i for i in jobs if st.over[i] and st.varied[i]
-            and planes[i].field.kind != layouts.KIND_SIGN]
+            and planes.kind[i] != layouts.KIND_SIGN]
     if redo:
         for c0 in ch:
             m = ch.split(c0, hist.data_ptr())[0]
@@ -196,7 +197,7 @@ class _Streams:
     plane as bitpack), and a byte plane's region takes its raw bytes. Byte planes the kernel does
     not code hold their raw bytes."""
 
-    def __init__(self, planes: list[_Plane], jobs: list[int], freqs: np.ndarray, n: int,
+    def __init__(self, planes: Planes, jobs: list[int], freqs: np.ndarray, n: int,
                  lg: int) -> None:
         self.planes, self.jobs, self.n, self.lg = planes, jobs, n, lg
         self.nb = ranshost.n_blocks(n, lg)
@@ -210,9 +211,9 @@ class _Streams:
         self.varied = {i: False for i in jobs}
         self.at, total = [], 0
         self.sign_len = (n + 7) // 8
-        for i, p in enumerate(planes):
+        for i, kind in enumerate(planes.kind.tolist()):
             self.at.append(total)
-            if p.field.kind == layouts.KIND_SIGN:
+            if kind == layouts.KIND_SIGN:
                 total += runtime.align(self.sign_len, 16) + (n if i in self.job else 0)
             else:
                 total += runtime.align(n, 16)
@@ -221,7 +222,7 @@ class _Streams:
 
     def stream_at(self, i: int) -> int:
         """Host offset of plane i's rANS stream (or raw bytes)."""
-        sign = self.planes[i].field.kind == layouts.KIND_SIGN
+        sign = self.planes.kind[i] == layouts.KIND_SIGN
         return self.at[i] + (runtime.align(self.sign_len, 16) if sign else 0)
 
     def d2h(self, host_off: int, src: torch.Tensor) -> None:
@@ -230,8 +231,8 @@ class _Streams:
 
     def copy_plain(self, c0: int, m: int, ch: _Chunks) -> None:
         """The chunk's packed sign bits, and every byte plane the rANS kernel does not code."""
-        for i, p in enumerate(self.planes):
-            if p.field.kind == layouts.KIND_SIGN:
+        for i, kind in enumerate(self.planes.kind.tolist()):
+            if kind == layouts.KIND_SIGN:
                 self.d2h(self.at[i] + c0 // 8, ch.plane(0, (m + 7) // 8))
             elif i not in self.job:
                 self.d2h(self.at[i] + c0, ch.plane(i, m))
@@ -304,19 +305,21 @@ class _Streams:
         del staging  # stream-ordered: reused only after these copies
 
     def coded(self, enc: Encoder) -> tuple[CodedPlane, ...]:
-        """Codecs and payloads, chosen as ``Encoder._finalise`` chooses them: the first candidate
+        """Codecs and payloads, chosen as ``encode.choose`` chooses them: the first candidate
         in rank order whose real size is under the plane's (only rANS and bitpack here)."""
         out = []
-        for i, p in enumerate(self.planes):
+        pl, n = self.planes, self.n
+        for i in range(len(pl)):
+            kind = int(pl.kind[i])
             codec, payload = codecs.RAW, None
-            if p.nsym == 1 and codecs.RANS in p.est:
-                o = enc._rans_option(p, None)  # CONST stream of the whole plane
-                if o[0] < p.n:
-                    codec, payload = codecs.RANS, np.frombuffer(o[2], np.uint8)
+            if pl.nsym[i] == 1 and pl.cand_rans[i]:
+                head = const_whole(pl.counts[i], n)  # CONST stream of the whole plane
+                if len(head) < n:
+                    codec, payload = codecs.RANS, np.frombuffer(head, np.uint8)
             elif i in self.job:
                 if not self.varied[i]:
                     head = ranshost.const_stream(self.firsts[i], self.lg, self.n)
-                    if len(head) < p.n:
+                    if len(head) < n:
                         codec, payload = codecs.RANS, np.frombuffer(head, np.uint8)
                 elif not self.over[i]:
                     at = self.stream_at(i)
@@ -324,16 +327,16 @@ class _Streams:
                     self.hnp[at:at + len(self.prefix[i])] = np.frombuffer(self.prefix[i],
                                                                           np.uint8)
                     codec, payload = codecs.RANS, self.hnp[at:end]
-            if payload is None and p.field.kind == layouts.KIND_SIGN:
-                if codecs.BITPACK in p.est:
+            if payload is None and kind == layouts.KIND_SIGN:
+                if pl.cand_bp[i]:
                     codec, payload = codecs.BITPACK, self.hnp[self.at[i]:self.at[i]
                                                               + self.sign_len]
                 else:
                     raise AssertionError("a large sign plane always has bitpack")
             if payload is None:
                 at = self.stream_at(i)
-                codec, payload = codecs.RAW, self.hnp[at:at + p.n]
-            out.append(CodedPlane(p.field.kind, p.field.index, codec, p.n, payload))
+                codec, payload = codecs.RAW, self.hnp[at:at + n]
+            out.append(CodedPlane(kind, int(pl.index[i]), codec, n, payload))
         return tuple(out)
 
 

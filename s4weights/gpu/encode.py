@@ -1,21 +1,23 @@
 """Save side of the CUDA path: code tensors that live on the GPU into ``CodedTensor``s.
 
-Per group of consecutive tensors (``plan.groups``), with three host synchronisations whatever
-the number of tensors, planes or blocks:
+Per group of consecutive tensors (``plan.groups``), with two host synchronisations whatever
+the number of tensors, planes or blocks, and host work that is numpy over all of the group's
+planes at once (:class:`Planes`), never a Python step per plane or block:
 
 1. one fused split launch per layout writes packed sign bits, the byte planes and all their
-   histograms into one device array; the leaf digests of every tensor's raw bytes (content
-   hashes) are launched too. Sync 1: the histograms come to the host (a few KiB).
-2. the host picks candidate codecs from the histograms as ``s4format.policy`` ranks them (GPU
-   codecs only), normalises every frequency table and builds every rANS encoder table in a
-   few vectorised numpy calls (``ranshost.*_many``), and one launch encodes every rANS block of
-   the group (one warp each); GDeflate pages go to nvCOMP in one batch where asked for.
-   Sync 2: the word counts, first symbols and "varied" flags of the blocks come back.
-3. the host sizes every payload (vectorised per plane, never a loop over blocks), lays the
-   payloads out in one compacted device buffer (16-byte aligned), and one copy launch
-   assembles them; one hash launch digests the payload leaves. Sync 3: the digests (payload
-   leaves and content leaves) come back, and the host roots them into plane checksums and
-   content hashes.
+   histograms into one device array; one launch normalises every plane's histogram into rANS
+   frequencies (``rans_normalise``: rans.normalise's integer procedure, the encoder's table
+   input stays on the device); the leaf digests of every tensor's raw bytes (content hashes)
+   are launched too. Sync 1: histograms and frequencies come to the host.
+2. the host picks candidate codecs from them as ``s4format.policy`` ranks them (GPU codecs
+   only: :func:`candidates`), and one launch encodes every rANS block of the group (one warp
+   each); GDeflate pages go to nvCOMP in one batch where asked for. Sync 2: the word counts,
+   first symbols and "varied" flags of the blocks come back.
+3. the host sizes every payload and picks its codec (:func:`choose`), lays the payloads out in
+   one compacted device buffer (16-byte aligned), and one copy launch assembles them; one hash
+   launch digests the payload leaves. The digests (payload leaves and content leaves) go to
+   pinned host memory without a synchronisation, while the next group is coded, and
+   ``Encoder.finish`` roots them into plane checksums and content hashes.
 
 The compacted buffer with that metadata is the device-to-device result (:class:`DeviceGroup`).
 For a file, the buffer goes to pinned host memory in one copy on a side stream, overlapped with
@@ -39,7 +41,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -81,40 +83,248 @@ class Coded:
     content_hash: bytes
 
 
-@dataclass
-class _Plane:
-    """One plane of a GPU-split tensor through codec choice and assembly."""
-    item: int
-    field: layouts.Field
-    n: int
-    ptr: int                      # device address of the plane (sign: packed bits)
-    counts: np.ndarray            # 256-bin histogram
-    nsym: int = 0                 # distinct symbols
-    est: dict[int, int | None] = field(default_factory=dict)
-    rans_job: int = -1
-    gd_job: int = -1
-    codec: int = codecs.RAW
-    kind: str = "raw"             # payload form: raw | bitpack | const | rans | gdeflate
-    prefix: bytes = b""           # host bytes at the payload's start
-    size: int = 0
-    params: bytes = b""
-    offset: int = 0               # in the group's compacted buffer
-    checksum: int = 0
+FORM_RAW, FORM_BITPACK, FORM_CONST, FORM_RANS, FORM_GDEFLATE = range(5)
+_FORM_CODEC = np.array([codecs.RAW, codecs.BITPACK, codecs.RANS, codecs.RANS, codecs.GDEFLATE],
+                       np.int64)
+
+
+class Planes:
+    """The planes of a group (or of one large tensor) as arrays, row q one plane: rows in item
+    order, each item's planes in its layout's field order (the order its ``CodedTensor`` lists
+    them). Every stage of the host's work is a few numpy operations over all rows, never a
+    Python step per plane: about 1,600 planes per training state, where ~20 µs of Python per
+    plane cost more than the whole device pass.
+
+    Set at creation: ``item``, ``kind``, ``index`` (the field), ``n`` (bytes = elements),
+    ``ptr`` (device address; a sign plane's packed bits), ``counts`` ([P, 256] histogram; a sign
+    plane's is [zeros, ones], a raw plane's all zero).
+    By :func:`candidates`: ``nsym``, ``freqs`` (normalised, rows that may take rANS),
+    ``est_rans``/``est_bp`` (size estimates), ``cand_rans``/``cand_bp``/``cand_gd`` (codecs of
+    ``policy.encode_plane``'s candidates the GPU codes, estimate under n) and ``runs_rans``
+    (the rANS kernel codes the plane).
+    By :func:`choose`: ``codec``, ``form`` (FORM_*), ``size`` (stored bytes), ``head`` (bytes
+    of the payload written from the host: header and table, or the whole CONST stream, or a
+    GDeflate page table) and ``head_at`` (where in ``heads``, the host bytes of all rows).
+    By the encoder's assembly: ``offset`` (in the group's buffer; -1 for planes of items the
+    CPU codes) and ``checksum``."""
+
+    def __init__(self, item, kind, index, n, ptr, counts) -> None:
+        self.item = np.asarray(item, np.int64)
+        self.kind = np.asarray(kind, np.int64)
+        self.index = np.asarray(index, np.int64)
+        self.n = np.asarray(n, np.int64)
+        self.ptr = np.asarray(ptr, np.uint64)
+        self.counts = np.asarray(counts, np.int64).reshape(-1, 256)
+        self.offset = np.full(self.n.size, -1, np.int64)
+        self.checksum = np.zeros(self.n.size, np.uint64)
+        # normalised frequencies already made (the device's ``rans_normalise``), and the
+        # device address of each row's encoder-table input (0: none), or None
+        self.freqs: np.ndarray | None = None
+        self.tab: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return int(self.n.size)
+
+    @classmethod
+    def of_tensor(cls, layout: Layout, n: int, hist: np.ndarray, ones: int,
+                  ptrs: list[int] | None = None) -> Planes:
+        """The planes of one split tensor of ``n`` elements from the split kernel's histograms
+        (``hist``: 256 bins per byte plane; ``ones``: set sign bits)."""
+        nf = len(layout.fields)
+        counts = np.zeros((nf, 256), np.int64)
+        counts[0, :2] = n - ones, ones
+        counts[1:] = np.asarray(hist, np.int64)[:256 * (nf - 1)].reshape(nf - 1, 256)
+        return cls(np.zeros(nf), [f.kind for f in layout.fields],
+                   [f.index for f in layout.fields], np.full(nf, n),
+                   ptrs if ptrs is not None else np.zeros(nf), counts)
+
+
+def candidates(pl: Planes, policy_name: str, mantissa: str, gd: bool, log2_block: int) -> None:
+    """``policy.encode_plane``'s candidates for every plane, those the GPU codes, with their
+    estimates (``ranshost.estimate_many``): sign planes bitpack and rANS (not under ``seed``),
+    exponent planes rANS, mantissa planes rANS (``mantissa`` auto or rans, not ``seed``) or
+    GDeflate (``gd``, under ``seed`` or ``mantissa="gdeflate"``: its real size ranks it). A
+    candidate whose estimate is not under the plane's size is dropped; planes under
+    ``policy.MIN_CODED`` bytes have none (stored raw)."""
+    n, kind = pl.n, pl.kind
+    seed = policy_name == "seed"
+    coded = n >= policy.MIN_CODED
+    sign = kind == layouts.KIND_SIGN
+    mant = kind == layouts.KIND_MANTISSA
+    want = coded & ((sign & (not seed)) | (kind == layouts.KIND_EXPONENT)
+                    | (mant & (not seed) & (mantissa in ("auto", "rans"))))
+    nsym = np.count_nonzero(pl.counts, axis=1)
+    est = np.zeros(n.size, np.int64)
+    freqs = np.zeros((n.size, 256), np.int64)
+    multi = np.flatnonzero(want & (nsym > 1))
+    if multi.size:
+        c = pl.counts[multi]
+        freqs[multi] = ranshost.normalise_many(c) if pl.freqs is None else pl.freqs[multi]
+        est[multi] = ranshost.estimate_many(c, freqs[multi], log2_block)
+    single = want & (nsym == 1)
+    est[single] = ranshost.HEADER_SIZE + ranshost.n_blocks(n[single], rans.LOG2_BLOCK_MAX)
+    pl.nsym, pl.freqs, pl.est_rans = nsym, freqs, est
+    pl.est_bp = (n + 7) // 8
+    pl.cand_rans = want & (est < n)
+    pl.cand_bp = coded & sign & (pl.est_bp < n)
+    pl.cand_gd = coded & mant & gd & (seed or mantissa == "gdeflate")
+    # rank order is (estimate, codec id): bitpack (2) before rANS (4) on equal estimates;
+    # bitpack always succeeds, so a rANS candidate behind it is never coded. A plane of one
+    # symbol is a CONST stream the host writes.
+    bitpack_first = pl.cand_bp & pl.cand_rans & (pl.est_bp <= est)
+    pl.runs_rans = pl.cand_rans & ~bitpack_first & (nsym > 1)
+
+
+def table_sizes(freqs: np.ndarray) -> np.ndarray:
+    """``len(rans.table_bytes(f))`` of every row f: bitmap, u16 per symbol, 4-aligned."""
+    size = rans.BITMAP_SIZE + 2 * (np.asarray(freqs).reshape(-1, 256) > 0).sum(axis=1)
+    return size + -size % 4
+
+
+def table_bodies(freqs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``rans.table_bytes`` of every row, back to back: (bytes, length of each row's)."""
+    freqs = np.asarray(freqs, np.int64).reshape(-1, 256)
+    present = freqs > 0
+    k = present.sum(axis=1)
+    size = table_sizes(freqs)
+    bitmap = np.packbits(present, axis=1, bitorder="little")
+    body = freqs[present].astype("<u2").view(np.uint8)
+    out = np.zeros(int(size.sum()), np.uint8)
+    start = np.cumsum(size) - size
+    out[(start[:, None] + np.arange(rans.BITMAP_SIZE)).reshape(-1)] = bitmap.reshape(-1)
+    out[_ragged_positions(start + rans.BITMAP_SIZE, 2 * k)] = body
+    return out, size
+
+
+def _ragged_positions(start: np.ndarray, length: np.ndarray) -> np.ndarray:
+    """Positions ``start[r] + j`` for ``j < length[r]`` of every row r, in row order."""
+    length = np.asarray(length, np.int64)
+    first = np.cumsum(length) - length
+    return np.repeat(np.asarray(start, np.int64) - first, length) + np.arange(int(length.sum()))
+
+
+def stream_heads(mode, log2_block, n, body: np.ndarray, body_len
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Host bytes of many rANS streams: row r is ``header(mode[r], log2_block[r], n[r])``
+    followed by its ``body_len[r]`` bytes of ``body`` (rows' bodies back to back). Returns
+    (bytes, start of each row's, length of each row's)."""
+    n = np.asarray(n, np.int64).reshape(-1)
+    body_len = np.asarray(body_len, np.int64).reshape(-1)
+    hs = ranshost.HEADER_SIZE
+    length = hs + body_len
+    start = np.cumsum(length) - length
+    hdr = np.zeros((n.size, hs), np.uint8)
+    hdr[:, 0] = mode
+    hdr[:, 1] = log2_block
+    hdr[:, 4:12] = n.astype("<u8").view(np.uint8).reshape(-1, 8)
+    out = np.empty(int(length.sum()), np.uint8)
+    out[(start[:, None] + np.arange(hs)).reshape(-1)] = hdr.reshape(-1)
+    out[_ragged_positions(start + hs, body_len)] = body
+    return out, start, length
+
+
+def choose(pl: Planes, r: dict | None, gd: gdeflate.Compressed | None, log2_block: int) -> None:
+    """Each plane's codec: the first candidate in rank order whose real size is under the
+    plane's, else raw (``policy.encode_plane``), and the host bytes of its payload. rANS sizes
+    are real: CONST streams from the first symbols of blocks no symbol varies in, RANS streams
+    from the kernel's word counts (the RAW mode is never smaller than the plane: dropped)."""
+    n = pl.n
+    hs = ranshost.HEADER_SIZE
+    size_r = np.full(n.size, -1, np.int64)   # the rANS candidate's real size; -1: none
+    one = pl.cand_rans & (pl.nsym == 1)      # a CONST stream of the whole plane
+    size_r[one] = hs + ranshost.n_blocks(n[one], rans.LOG2_BLOCK_MAX)
+    jobs = np.flatnonzero(pl.runs_rans)
+    varied = np.zeros(0, bool)
+    if jobs.size:
+        nb = np.diff(r["bt"].first)
+        varied = r["plane_varied"].astype(bool)
+        full = np.zeros(jobs.size, np.int64)
+        full[varied] = (hs + table_sizes(pl.freqs[jobs[varied]])
+                        + rans.BLOCK_OVERHEAD * nb[varied] + 2 * r["plane_words"][varied])
+        size_r[jobs] = np.where(varied, np.where(full < hs + n[jobs], full, -1), hs + nb)
+    rans_ok = (size_r >= 0) & (size_r < n)
+    rans_first = pl.est_rans < pl.est_bp    # (estimate, codec id) rank; bitpack wins ties
+    use_r = rans_ok & (~pl.cand_bp | rans_first)
+    use_bp = pl.cand_bp & ~use_r
+    form = np.full(n.size, FORM_RAW, np.int64)
+    size = n.copy()
+    form[use_bp] = FORM_BITPACK
+    size[use_bp] = pl.est_bp[use_bp]
+    form[use_r] = FORM_CONST
+    size[use_r] = size_r[use_r]
+    is_job = np.zeros(n.size, bool)
+    is_job[jobs] = True
+    rans_rows = jobs[varied] if jobs.size else jobs
+    form[rans_rows[use_r[rans_rows]]] = FORM_RANS
+
+    # host bytes: RANS streams' header and table, whole CONST streams, GDeflate page tables
+    parts = []  # (rows, bytes, starts, lengths)
+    rr = rans_rows[use_r[rans_rows]]
+    if rr.size:
+        body, blen = table_bodies(pl.freqs[rr])
+        parts.append((rr, *stream_heads(rans.MODE_RANS, log2_block, n[rr], body, blen)))
+    cj = np.flatnonzero(use_r & is_job & (form == FORM_CONST))  # constant in every block
+    if cj.size:
+        jpos = np.searchsorted(jobs, cj)
+        nbj = np.diff(r["bt"].first)[jpos]
+        b0 = r["bt"].first[jpos]
+        firsts = r["firsts"][_ragged_positions(b0, nbj)]
+        parts.append((cj, *stream_heads(rans.MODE_CONST, log2_block, n[cj], firsts, nbj)))
+    oc = np.flatnonzero(use_r & one)
+    if oc.size:
+        nbm = ranshost.n_blocks(n[oc], rans.LOG2_BLOCK_MAX)
+        sym = np.argmax(pl.counts[oc] > 0, axis=1).astype(np.uint8)
+        parts.append((oc, *stream_heads(rans.MODE_CONST, rans.LOG2_BLOCK_MAX, n[oc],
+                                        np.repeat(sym, nbm), nbm)))
+    gd_rows = np.flatnonzero(pl.cand_gd)
+    pl.gd_job = np.full(n.size, -1, np.int64)
+    if gd_rows.size:  # GDeflate: rare (asked for), a step per plane
+        pl.gd_job[gd_rows] = np.arange(gd_rows.size)
+        heads = []
+        for j, q in enumerate(gd_rows.tolist()):
+            s = gd.payload_size(j)
+            if s < n[q]:
+                form[q], size[q] = FORM_GDEFLATE, s
+                heads.append((q, gd.pieces(j, int(pl.ptr[q]))[0]))
+        if heads:
+            hb = [h for _, h in heads]
+            ln = np.array([len(h) for h in hb], np.int64)
+            parts.append((np.array([q for q, _ in heads], np.int64),
+                          np.frombuffer(b"".join(hb), np.uint8), np.cumsum(ln) - ln, ln))
+    pl.head = np.zeros(n.size, np.int64)
+    pl.head_at = np.zeros(n.size, np.int64)
+    base = 0
+    for rows, blob, start, length in parts:
+        pl.head[rows] = length
+        pl.head_at[rows] = base + start
+        base += blob.size
+    pl.heads = np.concatenate([p[1] for p in parts]) if parts else np.zeros(0, np.uint8)
+    pl.form, pl.size, pl.codec = form, size, _FORM_CODEC[form]
+
+
+def const_whole(counts: np.ndarray, n: int) -> bytes:
+    """The CONST stream of a plane of ``n`` bytes that hold one symbol."""
+    sym = int(np.flatnonzero(counts)[0])
+    nbm = ranshost.n_blocks(n, rans.LOG2_BLOCK_MAX)
+    return ranshost.const_stream(np.full(nbm, sym), rans.LOG2_BLOCK_MAX, n)
 
 
 @dataclass
 class DeviceGroup:
     """Device-to-device result for one group: the compacted payloads on the device and every
-    piece of metadata a writer needs (codec, sizes, offsets, plane checksums, content hashes).
+    piece of metadata a writer needs (codec, sizes, offsets, plane checksums, content hashes;
+    the last two once ``Encoder.finish`` has run, as ``encode_device`` and ``code`` do).
     ``cpu[k]`` is the offset of item k's raw bytes in the buffer where the CPU coder codes it."""
     items: list[Item]
     buffer: torch.Tensor
     total: int
-    planes: list[_Plane]
+    planes: Planes
+    live: np.ndarray              # rows of ``planes`` stored from the buffer (not CPU-coded)
     cpu: dict[int, int]
     content: list[bytes]
     host: torch.Tensor | None = None
     done: torch.cuda.Event | None = None
+    digests: tuple | None = None  # leaf digests on their way to the host (``finish``)
 
 
 class Encoder:
@@ -203,7 +413,15 @@ class Encoder:
     def encode_device(self, items: list[Item]) -> list[DeviceGroup]:
         """Device-to-device: every group's compacted payload buffer stays on the device (so a
         tensor larger than the workspace is one group of its own, whatever it needs)."""
-        return [self.encode_group(grp) for grp in self._groups(items)]
+        out: list[DeviceGroup] = []
+        for grp in self._groups(items):
+            g = self.encode_group(grp)
+            if out:
+                self.finish(out[-1])  # its hashes reached the host while g was coded
+            out.append(g)
+        if out:
+            self.finish(out[-1])
+        return out
 
     # -- one group ------------------------------------------------------------------------
 
@@ -211,28 +429,49 @@ class Encoder:
         prof = runtime.Profile("encode")
         content_dig, content_first = runtime.leaf_digests(
             [i.data.data_ptr() for i in items], [i.nbytes for i in items])
-        planes_buf, planes = self._split(items)          # sync 1 (histograms)
+        planes_buf, pl = self._split(items)                # sync 1 (histograms)
         prof.mark("split+hist")
-        r, gd = self._encode(planes)                       # sync 2 (block word counts)
+        r, gd = self._encode(pl)                           # sync 2 (block word counts)
         prof.mark("encode")
-        cpu = self._finalise(items, planes, r, gd)
+        choose(pl, r, gd, self.log2_block)
+        cpu = {k for k, it in enumerate(items) if it.layout is None}
+        stored = np.bincount(pl.item, weights=pl.size, minlength=len(items))
+        nbytes = np.array([it.nbytes for it in items], np.int64)
+        cpu |= set(np.flatnonzero(stored > nbytes).tolist())
         prof.mark("choose")
-        buf, total, live, cpu_at, keep = self._assemble(items, planes, cpu, r)
+        buf, total, live, cpu_at, keep = self._assemble(items, pl, sorted(cpu), r, gd)
         prof.mark("assemble")
-        pay_dig, pay_first = runtime.leaf_digests([buf.data_ptr() + p.offset for p in live],
-                                                  [p.size for p in live])
-        nc = int(content_first[-1])
-        both = torch.cat((content_dig[:nc], pay_dig[:int(pay_first[-1])])).cpu()  # sync 3
-        d = both.numpy().view(np.uint64)
+        pay_dig, pay_first = runtime.leaf_digests(np.uint64(buf.data_ptr()) + pl.offset[live]
+                                                  .astype(np.uint64), pl.size[live])
+        # the leaf digests go to the host without a synchronisation: the next group's work is
+        # queued behind them, and ``finish`` roots them once they are there
+        nc, npay = int(content_first[-1]), int(pay_first[-1])
+        host = runtime.pinned(8 * (nc + npay))
+        if nc + npay:
+            host.copy_(torch.cat((content_dig[:nc], pay_dig[:npay])).view(torch.uint8),
+                       non_blocking=True)
+        arrived = torch.cuda.Event()
+        arrived.record()
         prof.mark("payload hash")
-        content = content_hashes_from_leaves([it.nbytes for it in items], d[:nc], content_first)
-        sums = plane_checksums_from_leaves([p.size for p in live], d[nc:], pay_first)
-        for p, c in zip(live, sums):
-            p.checksum = c
-        prof.mark("roots")
         prof.report()
         del planes_buf, r, gd, keep
-        return DeviceGroup(items, buf, total, live, cpu_at, content)
+        g = DeviceGroup(items, buf, total, pl, live, cpu_at, [])
+        g.digests = (host, arrived, nbytes, content_first, pay_first)
+        return g
+
+    def finish(self, g: DeviceGroup) -> None:
+        """Root the group's leaf digests into its content hashes and plane checksums, once they
+        have reached the host (a wait only if the device is still at them)."""
+        if g.digests is None:
+            return
+        host, arrived, nbytes, content_first, pay_first = g.digests
+        arrived.synchronize()
+        d = host.numpy().view(np.uint64)
+        nc = int(content_first[-1])
+        g.content = content_hashes_from_leaves(nbytes, d[:nc], content_first)
+        g.planes.checksum[g.live] = plane_checksums_from_leaves(g.planes.size[g.live], d[nc:],
+                                                                pay_first)
+        g.digests = None
 
     def _to_host(self, g: DeviceGroup) -> None:
         """Start the group's D2H into pinned memory on a side stream."""
@@ -251,150 +490,140 @@ class Encoder:
             g.done.record(cs)
 
     def _results(self, g: DeviceGroup) -> list[Coded]:
+        self.finish(g)
         g.done.synchronize()
         host = g.host.numpy()
         g.buffer = None  # the copy has run: the device buffer can go
-        by_item: dict[int, list[_Plane]] = {}
-        for p in g.planes:
-            by_item.setdefault(p.item, []).append(p)
+        pl = g.planes
+        # rows are in item order: item k's planes are rows first[k] .. first[k + 1] - 1
+        first = np.searchsorted(pl.item, np.arange(len(g.items) + 1)).tolist()
+        kind, index, codec, n = (a.tolist() for a in (pl.kind, pl.index, pl.codec, pl.n))
+        off, size, check = pl.offset.tolist(), pl.size.tolist(), pl.checksum.tolist()
         out = []
         for k, it in enumerate(g.items):
             if k in g.cpu:
                 raw = host[g.cpu[k]:g.cpu[k] + it.nbytes]
                 out.append(Coded(code_tensor(raw, it.dtype, self.policy), g.content[k]))
                 continue
-            coded = tuple(CodedPlane(p.field.kind, p.field.index, p.codec, p.n,
-                                     host[p.offset:p.offset + p.size], p.params, p.checksum)
-                          for p in by_item[k])
+            coded = tuple(CodedPlane(kind[q], index[q], codec[q], n[q],
+                                     host[off[q]:off[q] + size[q]], b"", check[q])
+                          for q in range(first[k], first[k + 1]))
             out.append(Coded(CodedTensor(it.layout, coded), g.content[k]))
         return out
 
     # -- stage 1: split and histograms ----------------------------------------------------
 
-    def _split(self, items: list[Item]) -> tuple[torch.Tensor, list[_Plane]]:
-        total = 0
-        segs: list[tuple[int, list[int]]] = []
-        for k, it in enumerate(items):
-            if it.layout is None or it.layout is layouts.RAW:
-                continue
-            n = it.nbytes // it.layout.word_size(it.dtype.itemsize)
-            offs = [total]
-            total += runtime.align((n + 7) // 8)
-            for _ in it.layout.fields[1:]:
-                offs.append(total)
-                total += runtime.align(n)
-            segs.append((k, offs))
-        buf = runtime.device_empty(total)
-        base = buf.data_ptr()
-        nseg = len(segs)
+    def _split(self, items: list[Item]) -> tuple[tuple[torch.Tensor, ...], Planes]:
+        """One split launch per layout over the group's split tensors and one normalisation
+        launch over their planes; returns the device buffers (the planes, their encoder-table
+        inputs) and the group's plane table (a raw-layout item is one plane, in place; an
+        item the CPU codes has none)."""
+        split = [k for k, it in enumerate(items)
+                 if it.layout is not None and it.layout is not layouts.RAW]
+        raws = [k for k, it in enumerate(items) if it.layout is layouts.RAW]
+        lays = [items[k].layout for k in split]
+        nf = np.array([len(lay.fields) for lay in lays], np.int64)
+        n_el = np.array([items[k].nbytes // lay.word_size(items[k].dtype.itemsize)
+                         for k, lay in zip(split, lays)], np.int64)
+        seg = np.repeat(np.arange(len(split)), nf)          # split rows: their tensor
+        field = np.arange(int(nf.sum())) - np.repeat(np.cumsum(nf) - nf, nf)
+        n = n_el[seg]
+        size = runtime.align(np.where(field == 0, (n + 7) // 8, n))  # sign: packed bits
+        off = np.cumsum(size) - size
+        buf = runtime.device_empty(int(size.sum()))
+        base = np.uint64(buf.data_ptr())
+        nseg = len(split)
         hist = torch.zeros(nseg * 1025 + 1, dtype=torch.int64, device="cuda")
         hp = hist.data_ptr()
-        order: list[int] = []  # segment index -> position in segs, by layout
-        keep = []
+        hpos = np.zeros(nseg, np.int64)  # segment -> its histogram's position, by layout
+        lay_ids = np.array([lay.layout_id for lay in lays], np.int64)
+        first_row = np.cumsum(nf) - nf
+        at = 0
         for lay_id in SPLIT_KERNEL:
-            sel = [j for j, (k, _) in enumerate(segs) if items[k].layout.layout_id == lay_id]
-            if not sel:
+            sel = np.flatnonzero(lay_ids == lay_id)
+            if not sel.size:
                 continue
-            s0 = len(order)
-            order += sel
-            word = 4 if lay_id == layouts.FP32.layout_id else 2
-            keep.append(launch_split(
-                lay_id, [items[segs[j][0]].data.data_ptr() for j in sel],
-                [items[segs[j][0]].nbytes // word for j in sel],
-                [[base + o for o in segs[j][1]] for j in sel],
-                hp + 8 * 1024 * s0, hp + 8 * (1024 * nseg + s0)))
-        h = hist.cpu().numpy() if nseg else np.zeros(1, np.int64)  # sync 1
-        planes: list[_Plane] = []
-        for pos, j in enumerate(order):
-            k, offs = segs[j]
-            it = items[k]
-            n = it.nbytes // it.layout.word_size(it.dtype.itemsize)
-            planes += planes_from_hist(k, it.layout, n, [base + o for o in offs],
-                                       h[pos * 1024:(pos + 1) * 1024], int(h[1024 * nseg + pos]))
-        for k, it in enumerate(items):
-            if it.layout is layouts.RAW:
-                planes.append(_Plane(k, layouts.RAW.fields[0], it.nbytes, it.data.data_ptr(),
-                                     _NO_COUNTS))
-        planes.sort(key=lambda p: (p.item, p.field.kind, p.field.index))
-        return buf, planes
+            hpos[sel] = np.arange(at, at + sel.size)
+            k = int(nf[sel[0]])
+            addrs = base + off[first_row[sel][:, None] + np.arange(k)].astype(np.uint64)
+            launch_split(lay_id, [items[split[j]].data.data_ptr() for j in sel.tolist()],
+                         n_el[sel], addrs, hp + 8 * 1024 * at, hp + 8 * (1024 * nseg + at))
+            at += sel.size
+        # every split plane's rANS frequencies, normalised on the device (the same integer
+        # procedure as rans.normalise), kept there as the encoder's table input
+        bins = np.where(field > 0, np.uint64(hp) + (8 * (hpos[seg] * 1024 + (field - 1) * 256)
+                                                    ).astype(np.uint64), np.uint64(0))
+        fc = runtime.device_empty(2048 * n.size)
+        if n.size:
+            _tables, (bp, op, np_) = runtime.upload(
+                bins, np.uint64(hp) + (8 * (1024 * nseg + hpos[seg])).astype(np.uint64), n)
+            runtime.launch("rans", "rans_normalise", n.size, 256, np.uint64(bp),
+                           np.uint64(op), np.uint64(np_), runtime.ptr(fc))
+        both = torch.cat((hist.view(torch.uint8),
+                          fc[:2048 * n.size].view(-1, 2048)[:, :1024].reshape(-1))
+                         ).cpu().numpy()  # sync 1
+        h = both[:hist.numel() * 8].view(np.int64)
+        freqs = np.zeros((n.size + len(raws), 256), np.int64)
+        freqs[:n.size] = both[hist.numel() * 8:].view(np.uint32).reshape(-1, 256)
+        tab = np.zeros(n.size + len(raws), np.uint64)
+        tab[:n.size] = np.uint64(fc.data_ptr()) + np.arange(n.size, dtype=np.uint64) * 2048
+        counts = np.zeros((n.size + len(raws), 256), np.int64)
+        byte_rows = np.flatnonzero(field > 0)
+        counts[byte_rows] = h[(hpos[seg[byte_rows]] * 1024 + (field[byte_rows] - 1) * 256)
+                              [:, None] + np.arange(256)]
+        sign_rows = np.flatnonzero(field == 0)
+        ones = h[1024 * nseg + hpos[seg[sign_rows]]]
+        counts[sign_rows, 0] = n[sign_rows] - ones
+        counts[sign_rows, 1] = ones
+        # split rows, then one row per raw-layout item (its bytes in place); item order
+        item = np.concatenate((np.asarray(split, np.int64)[seg], raws)).astype(np.int64)
+        kind = [f.kind for lay in lays for f in lay.fields] + [layouts.KIND_RAW] * len(raws)
+        index = [f.index for lay in lays for f in lay.fields] + [0] * len(raws)
+        nrow = np.concatenate((n, [items[k].nbytes for k in raws])).astype(np.int64)
+        ptr = np.concatenate((base + off.astype(np.uint64),
+                              np.array([items[k].data.data_ptr() for k in raws], np.uint64)))
+        order = np.argsort(item, kind="stable")
+        pl = Planes(item[order], np.asarray(kind, np.int64)[order],
+                    np.asarray(index, np.int64)[order], nrow[order], ptr[order], counts[order])
+        pl.freqs, pl.tab = freqs[order], tab[order]
+        return (buf, fc), pl
 
     # -- stage 2: candidates and encoding -------------------------------------------------
 
-    def _candidates(self, planes: list[_Plane]) -> None:
-        """Codec -> size estimate for the candidates of ``policy.encode_plane`` that the GPU
-        codes (estimate < n); GDeflate's is None (its real size ranks it)."""
-        if not planes:
-            return
-        counts = np.stack([p.counts for p in planes])
-        nsym = np.count_nonzero(counts, axis=1)
-        multi = np.flatnonzero(nsym > 1)
-        est_rans = np.zeros(len(planes), np.int64)
-        freqs = np.zeros_like(counts)
-        if multi.size:
-            freqs[multi] = ranshost.normalise_many(counts[multi])
-            est_rans[multi] = ranshost.estimate_many(counts[multi], freqs[multi],
-                                                     self.log2_block)
-        single = np.flatnonzero(nsym == 1)
-        est_rans[single] = ranshost.HEADER_SIZE + (
-            (counts[single].sum(axis=1) + (1 << rans.LOG2_BLOCK_MAX) - 1) >> rans.LOG2_BLOCK_MAX)
-        self._freqs = freqs
-        seed = self.policy == "seed"
-        for i, p in enumerate(planes):
-            p.nsym = int(nsym[i])
-            n, kind = p.n, p.field.kind
-            if n < policy.MIN_CODED:
-                p.est = {}
-                continue
-            est: dict[int, int | None] = {}
-            if kind == layouts.KIND_SIGN:
-                est[codecs.BITPACK] = (n + 7) // 8
-                if not seed:
-                    est[codecs.RANS] = int(est_rans[i])
-            elif kind == layouts.KIND_EXPONENT:
-                est[codecs.RANS] = int(est_rans[i])
-            elif kind == layouts.KIND_MANTISSA:
-                if self.gd and (seed or self.mantissa == "gdeflate"):
-                    est[codecs.GDEFLATE] = None
-                if not seed and self.mantissa in ("auto", "rans"):
-                    est[codecs.RANS] = int(est_rans[i])
-            p.est = {c: e for c, e in est.items() if e is None or e < n}
+    def candidates(self, pl: Planes) -> None:
+        candidates(pl, self.policy, self.mantissa, self.gd, self.log2_block)
 
-    def _encode(self, planes: list[_Plane]):
-        self._candidates(planes)
-        jobs: list[_Plane] = []
-        gd_jobs: list[_Plane] = []
-        job_rows: list[int] = []
-        for i, p in enumerate(planes):
-            if runs_rans(p):
-                p.rans_job = len(jobs)
-                jobs.append(p)
-                job_rows.append(i)
-            if codecs.GDEFLATE in p.est:
-                p.gd_job = len(gd_jobs)
-                gd_jobs.append(p)
-        gd = gdeflate.Compressed([p.ptr for p in gd_jobs], [p.n for p in gd_jobs],
-                                 self.gd_algorithm) if gd_jobs else None
-        r = self._rans(jobs, self._freqs[job_rows]) if jobs else None
+    def _encode(self, pl: Planes):
+        self.candidates(pl)
+        gd_rows = np.flatnonzero(pl.cand_gd)
+        gd = gdeflate.Compressed(pl.ptr[gd_rows].tolist(), pl.n[gd_rows].tolist(),
+                                 self.gd_algorithm) if gd_rows.size else None
+        jobs = np.flatnonzero(pl.runs_rans)
+        r = self._rans(pl.kind[jobs] == layouts.KIND_SIGN, pl.n[jobs], pl.ptr[jobs],
+                       pl.freqs[jobs], None if pl.tab is None else pl.tab[jobs]
+                       ) if jobs.size else None
         return r, gd
 
-    def _rans(self, jobs: list[_Plane], freqs: np.ndarray) -> dict:
-        """Encode every block of every job in one launch; read back the per-block counts."""
+    def _rans(self, sign: np.ndarray, n: np.ndarray, ptr: np.ndarray, freqs: np.ndarray,
+              tabs: np.ndarray | None = None) -> dict:
+        """Encode every block of every job (a plane of ``n[j]`` bytes at ``ptr[j]``; a sign
+        plane's packed bits are unpacked first) in one launch; read back the per-block counts.
+        Job j's frequencies are ``freqs[j]``; ``tabs[j]``, where given, is the device address
+        of its encoder-table input (``rans_normalise``'s output), else it is uploaded."""
         keep: list[object] = []
-        srcs = []
-        for p in jobs:
-            if p.field.kind == layouts.KIND_SIGN:
-                tmp = runtime.device_empty(p.n)
-                runtime.launch("planes", "unpack_bits", min(4096, (p.n + 255) // 256), 256,
-                               np.uint64(p.ptr), runtime.ptr(tmp), runtime.i64(p.n))
-                keep.append(tmp)
-                srcs.append(tmp.data_ptr())
-            else:
-                srcs.append(p.ptr)
+        n = np.asarray(n, np.int64)
+        srcs = np.asarray(ptr, np.uint64).copy()
+        for j in np.flatnonzero(sign).tolist():
+            tmp = runtime.device_empty(int(n[j]))
+            runtime.launch("planes", "unpack_bits", min(4096, (int(n[j]) + 255) // 256), 256,
+                           np.uint64(srcs[j]), runtime.ptr(tmp), runtime.i64(int(n[j])))
+            keep.append(tmp)
+            srcs[j] = tmp.data_ptr()
         lg = self.log2_block
-        bt = plan.block_table([p.n for p in jobs], lg)
+        bt = plan.block_table(n, lg)
         nb = bt.size
-        scratch_off = np.zeros(len(jobs) + 1, dtype=np.int64)
-        np.cumsum([runtime.align(2 * p.n) for p in jobs], out=scratch_off[1:])
+        scratch_off = np.zeros(n.size + 1, dtype=np.int64)
+        np.cumsum(runtime.align(2 * n), out=scratch_off[1:])
         scratch = runtime.device_empty(int(scratch_off[-1]))
         out = torch.empty(nb * 4 * 34 + 2 * nb, dtype=torch.uint8, device="cuda")
         counts_p = out.data_ptr()
@@ -403,17 +632,20 @@ class Encoder:
         varied_p = firsts_p + nb
         # per job: frequencies and their exclusive prefix sums; each CTA builds its encoder
         # table from them in shared memory (2 KiB per plane up instead of a 4 KiB table)
-        fc = np.concatenate((freqs, np.cumsum(freqs, axis=1) - freqs), axis=1).astype(np.uint32)
-        d_tabs, (tab_p,) = runtime.upload(fc)
-        srcs_a = np.asarray(srcs, dtype=np.uint64)
-        blk_src = srcs_a[bt.plane] + bt.start.astype(np.uint64)
-        blk_tab = np.uint64(tab_p) + bt.plane.astype(np.uint64) * np.uint64(2048)
+        if tabs is None:
+            fc = np.concatenate((freqs, np.cumsum(freqs, axis=1) - freqs), axis=1
+                                ).astype(np.uint32)
+            d_tabs, (tab_p,) = runtime.upload(fc)
+            keep.append(d_tabs)
+            tabs = np.uint64(tab_p) + np.arange(n.size, dtype=np.uint64) * np.uint64(2048)
+        blk_src = srcs[bt.plane] + bt.start.astype(np.uint64)
+        blk_tab = np.asarray(tabs, np.uint64)[bt.plane]
         blk_scr = (np.uint64(scratch.data_ptr()) + scratch_off[bt.plane].astype(np.uint64)
                    + 2 * bt.start.astype(np.uint64))
         cta_first, cta_warps = plan.cta_table(bt.first)
         dev, (cf_p, cw_p, src_p, len_p, bt_tab_p, scr_p) = runtime.upload(
             cta_first, cta_warps, blk_src, bt.length, blk_tab, blk_scr)
-        keep += [d_tabs, dev]
+        keep.append(dev)
         runtime.launch("rans", "rans_encode", cta_first.size, 32 * plan.RANS_WARPS,
                        np.uint64(cf_p), np.uint64(cw_p), np.uint64(src_p), np.uint64(len_p),
                        np.uint64(bt_tab_p),
@@ -424,197 +656,90 @@ class Encoder:
         fv = meta[4 * nb:]
         first = bt.first
         ne = first[1:] > first[:-1]
-        plane_words = np.zeros(len(jobs), np.int64)
-        plane_varied = np.zeros(len(jobs), bool)
+        plane_words = np.zeros(n.size, np.int64)
+        plane_varied = np.zeros(n.size, bool)
         if nb:
             idx = first[:-1][ne]
             plane_words[ne] = np.add.reduceat(counts, idx)
             plane_varied[ne] = np.logical_or.reduceat(fv[nb:] != 0, idx)
-        return dict(bt=bt, freqs=freqs, counts=counts, firsts=fv[:nb], plane_words=plane_words,
+        return dict(bt=bt, counts=counts, firsts=fv[:nb], plane_words=plane_words,
                     plane_varied=plane_varied, states_p=states_p, counts_p=counts_p,
                     scratch_off=scratch_off, scratch=scratch, keep=(keep, out))
 
-    # -- stage 3: choice and assembly -----------------------------------------------------
+    # -- stage 3: assembly ----------------------------------------------------------------
 
-    def _rans_option(self, p: _Plane, r: dict | None) -> tuple[int, str, bytes] | None:
-        """(size, form, host prefix) of plane p's canonical rANS stream (spec/rans.md,
-        section 7), or None where it would be the RAW mode (never smaller than the plane)."""
-        lg, n = self.log2_block, p.n
-        if p.nsym == 1:
-            sym = int(np.flatnonzero(p.counts)[0])
-            nbm = ranshost.n_blocks(n, rans.LOG2_BLOCK_MAX)
-            head = ranshost.const_stream(np.full(nbm, sym), rans.LOG2_BLOCK_MAX, n)
-            return len(head), "const", head
-        if p.rans_job < 0:
-            return None
-        j = p.rans_job
-        b0, b1 = int(r["bt"].first[j]), int(r["bt"].first[j + 1])
-        if not r["plane_varied"][j]:
-            head = ranshost.const_stream(r["firsts"][b0:b1], lg, n)
-            return len(head), "const", head
-        prefix = ranshost.rans_prefix(r["freqs"][j], lg, n)
-        size = len(prefix) + rans.BLOCK_OVERHEAD * (b1 - b0) + 2 * int(r["plane_words"][j])
-        if size >= ranshost.HEADER_SIZE + n:
-            return None
-        return size, "rans", prefix
-
-    def _finalise(self, items: list[Item], planes: list[_Plane], r: dict | None,
-                  gd: gdeflate.Compressed | None) -> set[int]:
-        """Choose each plane's codec (in rank order, the first whose real size is < n, else
-        raw) and return the items the CPU must code (tensor-level raw fallback)."""
-        for p in planes:
-            options = []  # (rank key, size, codec, form, prefix)
-            for c, e in p.est.items():
-                if c == codecs.RANS:
-                    if p.rans_job < 0 and p.nsym > 1:
-                        continue  # ranked behind bitpack, which always succeeds
-                    o = self._rans_option(p, r)
-                    if o is not None:
-                        options.append(((e, c), o[0], c, o[1], o[2]))
-                elif c == codecs.BITPACK:
-                    size = (p.n + 7) // 8
-                    options.append(((e, c), size, c, "bitpack", b""))
-                elif c == codecs.GDEFLATE:
-                    head, _pieces = gd.pieces(p.gd_job, p.ptr)
-                    size = gd.payload_size(p.gd_job)
-                    options.append(((size, c), size, c, "gdeflate", head))
-            options.sort(key=lambda o: o[0])
-            chosen = next((o for o in options if o[1] < p.n), None)
-            if chosen is None:
-                chosen = (None, p.n, codecs.RAW, "raw", b"")
-            _key, p.size, p.codec, p.kind, p.prefix = chosen
-        cpu = {k for k, it in enumerate(items) if it.layout is None}
-        stored: dict[int, int] = {}
-        for p in planes:
-            stored[p.item] = stored.get(p.item, 0) + p.size
-        cpu |= {k for k, s in stored.items() if s > items[k].nbytes}
-        self._gd = gd
-        return cpu
-
-    def _assemble(self, items: list[Item], planes: list[_Plane], cpu: set[int], r: dict | None):
+    def _assemble(self, items: list[Item], pl: Planes, cpu: list[int], r: dict | None,
+                  gd: gdeflate.Compressed | None):
         """Lay the payloads out (16-byte aligned) in one compacted device buffer and fill it
-        with one copy launch. The copy ops are built with numpy over all planes at once: the
-        rANS planes' pieces (word counts, final states, one word run per block) in a few
-        vector operations, never a numpy call per plane or per block."""
-        live = [p for p in planes if p.item not in cpu]
-        cpu_items = sorted(cpu)
-        sizes = np.array([p.size for p in live] + [items[k].nbytes for k in cpu_items],
-                         dtype=np.int64)
+        with one copy launch, the copy ops built with numpy over all planes and blocks at
+        once: the host bytes of every payload (``pl.heads``), raw and bitpacked planes, the
+        rANS planes' word counts, final states and one word run per block, and the raw bytes
+        of the items the CPU codes. Returns (buffer, bytes used, the live rows, where each
+        CPU-coded item's bytes are, the launch's tables to keep)."""
+        live = np.flatnonzero(~np.isin(pl.item, cpu)) if cpu else np.arange(len(pl))
+        sizes = np.concatenate((pl.size[live], [items[k].nbytes for k in cpu])).astype(np.int64)
         offs = np.zeros(sizes.size + 1, dtype=np.int64)
         np.cumsum((sizes + ALIGN_PAYLOAD - 1) // ALIGN_PAYLOAD * ALIGN_PAYLOAD, out=offs[1:])
         total = int(offs[-1])
         out = runtime.device_empty(total)
-        base = out.data_ptr()
-        blob_parts: list[bytes] = []
-        blob_at: list[int] = []   # op index -> offset in blob (host-sourced ops)
-        blob_dst: list[int] = []
-        blob_len: list[int] = []
-        bp = 0
-        # scalar ops as Python ints; vector ops as numpy arrays
-        s_src: list[int] = []
-        s_dst: list[int] = []
-        s_len: list[int] = []
+        base = np.uint64(out.data_ptr())
+        pl.offset[live] = offs[:live.size]
+        at = base + pl.offset[live].astype(np.uint64)
+        form = pl.form[live]
         src: list[np.ndarray] = []
         dst: list[np.ndarray] = []
         ln: list[np.ndarray] = []
-        rans_job: list[int] = []
-        rans_at: list[int] = []
-
-        for j, p in enumerate(live):
-            p.offset = int(offs[j])
-            at = base + p.offset
-            if p.prefix:
-                blob_parts.append(p.prefix)
-                blob_at.append(bp)
-                blob_dst.append(at)
-                blob_len.append(len(p.prefix))
-                bp += len(p.prefix)
-                at += len(p.prefix)
-            if p.kind == "raw":
-                s_src.append(p.ptr)
-                s_dst.append(at)
-                s_len.append(p.n)
-            elif p.kind == "bitpack":
-                s_src.append(p.ptr)
-                s_dst.append(at)
-                s_len.append(p.size)
-            elif p.kind == "rans":
-                rans_job.append(p.rans_job)
-                rans_at.append(at)
-            elif p.kind == "gdeflate":
-                _head, pieces = self._gd.pieces(p.gd_job, p.ptr)
-                pa = np.array([a for a, _ in pieces], np.int64)
-                pn = np.array([n for _, n in pieces], np.int64)
-                src.append(pa.astype(np.uint64))
-                dst.append((at + np.cumsum(pn) - pn).astype(np.uint64))
-                ln.append(pn.astype(np.uint64))
-            # const: the prefix is the whole stream
-        if rans_job:
-            s_, d_, l_ = rans_runs(r, np.asarray(rans_job, np.int64),
-                                   np.asarray(rans_at, np.uint64))
+        plain = (form == FORM_RAW) | (form == FORM_BITPACK)   # the plane's bytes as they are
+        src.append(pl.ptr[live][plain])
+        dst.append(at[plain])
+        ln.append(pl.size[live][plain].astype(np.uint64))
+        headed = pl.head[live] > 0
+        keep = []
+        if headed.any():
+            d_heads, (hp,) = runtime.upload(pl.heads)
+            keep.append(d_heads)
+            src.append(np.uint64(hp) + pl.head_at[live][headed].astype(np.uint64))
+            dst.append(at[headed])
+            ln.append(pl.head[live][headed].astype(np.uint64))
+        rans_rows = form == FORM_RANS
+        if rans_rows.any():
+            job = np.cumsum(pl.runs_rans) - 1
+            s_, d_, l_ = rans_runs(r, job[live[rans_rows]],
+                                   at[rans_rows] + pl.head[live[rans_rows]].astype(np.uint64))
             src += s_
             dst += d_
             ln += l_
-        cpu_at = {}
-        for j, k in enumerate(cpu_items):
-            at = int(offs[len(live) + j])
-            cpu_at[k] = at
-            s_src.append(items[k].data.data_ptr())
-            s_dst.append(base + at)
-            s_len.append(items[k].nbytes)
-        if s_src:
-            src.append(np.asarray(s_src, np.uint64))
-            dst.append(np.asarray(s_dst, np.uint64))
-            ln.append(np.asarray(s_len, np.uint64))
-        keep = []
-        if blob_parts:
-            blob = np.frombuffer(b"".join(blob_parts), np.uint8)
-            d_blob, (bptr,) = runtime.upload(blob)
-            keep.append(d_blob)
-            src.append(np.uint64(bptr) + np.asarray(blob_at, np.uint64))
-            dst.append(np.asarray(blob_dst, np.uint64))
-            ln.append(np.asarray(blob_len, np.uint64))
-        if src:
-            keep.append(runtime.copy_ops(np.concatenate(src), np.concatenate(dst),
-                                         np.concatenate(ln)))
+        for q in np.flatnonzero(form == FORM_GDEFLATE).tolist():  # rare: a step per plane
+            row = int(live[q])
+            _head, pieces = gd.pieces(int(pl.gd_job[row]), int(pl.ptr[row]))
+            pa = np.array([a for a, _ in pieces], np.uint64)
+            pn = np.array([c for _, c in pieces], np.uint64)
+            src.append(pa)
+            dst.append(at[q] + np.uint64(pl.head[row]) + np.cumsum(pn) - pn)
+            ln.append(pn)
+        cpu_at = {k: int(offs[live.size + j]) for j, k in enumerate(cpu)}
+        if cpu:
+            src.append(np.array([items[k].data.data_ptr() for k in cpu], np.uint64))
+            dst.append(base + offs[live.size:-1].astype(np.uint64))
+            ln.append(np.array([items[k].nbytes for k in cpu], np.uint64))
+        keep.append(runtime.copy_ops(np.concatenate(src), np.concatenate(dst),
+                                     np.concatenate(ln)))
         return out, total, live, cpu_at, keep
 
-
-def runs_rans(p: _Plane) -> bool:
-    """Whether the rANS kernel codes plane p (after ``Encoder._candidates``): rANS is a
-    candidate, unless bitpack (which always succeeds) ranks before it, or the plane holds one
-    symbol (a CONST stream the host writes)."""
-    bitpack_first = codecs.BITPACK in p.est and codecs.RANS in p.est and \
-        (p.est[codecs.BITPACK], codecs.BITPACK) < (p.est[codecs.RANS], codecs.RANS)
-    return codecs.RANS in p.est and not bitpack_first and p.nsym > 1
-
-
-def planes_from_hist(item: int, layout: Layout, n: int, addrs: list[int], hist: np.ndarray,
-                     ones: int) -> list[_Plane]:
-    """The planes of one split tensor of ``n`` elements (sign first) with their histograms:
-    ``hist`` holds the split kernel's 256 bins per byte plane, ``ones`` its set sign bits."""
-    out = []
-    for fi, f in enumerate(layout.fields):
-        if fi == 0:
-            counts = np.zeros(256, np.int64)
-            counts[0], counts[1] = n - ones, ones
-        else:
-            counts = hist[(fi - 1) * 256:fi * 256]
-        out.append(_Plane(item, f, n, addrs[fi], counts))
-    return out
-
-
-def launch_split(layout_id: int, src: list[int], nelems: list[int], planes: list[list[int]],
+def launch_split(layout_id: int, src: list[int], nelems, planes: list[list[int]] | np.ndarray,
                  hist_p: int, ones_p: int) -> torch.Tensor:
     """One split launch (``kernels/planes.cu``) for tensors of one layout: tensor r has
     ``nelems[r]`` elements at address ``src[r]`` and its planes (packed sign bits first) at
     ``planes[r]``; its byte histograms are added to the 1024 u64 at ``hist_p + 8192 * r`` and its
     count of set sign bits to the u64 at ``ones_p + 8 * r``. Returns the launch's device table
     (stream-ordered: keep it or drop it, the caching allocator reuses it after the launch)."""
-    cs, c0 = plan.chunk_table(list(nelems))
+    cs, c0 = plan.chunk_table(nelems)
     table = np.zeros((len(src), 5), dtype=np.uint64)
-    for r, addrs in enumerate(planes):
-        table[r, :len(addrs)] = addrs
+    if isinstance(planes, np.ndarray):
+        table[:, :planes.shape[1]] = planes
+    else:
+        for r, addrs in enumerate(planes):
+            table[r, :len(addrs)] = addrs
     dev, ptrs = runtime.upload(cs, c0, np.asarray(src, dtype=np.uint64),
                                np.asarray(nelems, dtype=np.int64), table)
     runtime.launch("planes", SPLIT_KERNEL[layout_id], cs.size, 256,
@@ -654,24 +779,31 @@ def rans_runs(r: dict, jobs: np.ndarray, at: np.ndarray
 
 def rans_stream(plane: torch.Tensor, log2_block: int = rans.LOG2_BLOCK_DEFAULT) -> np.ndarray:
     """The canonical S4 rANS stream (spec/rans.md, section 7) of a uint8 plane on the device,
-    through the same kernels and assembly as the coder: equal to ``RansCodec.encode``."""
+    through the same kernels, stream heads and copy ops as the coder: equal to
+    ``RansCodec.encode``."""
     plane = plane.reshape(-1).contiguous()
     n = int(plane.numel())
     if n == 0:
         return np.frombuffer(ranshost.header(rans.MODE_RAW, log2_block, 0), np.uint8)
     counts = torch.bincount(plane, minlength=256).cpu().numpy().astype(np.int64)
-    enc = Encoder(log2_block=log2_block)
-    p = _Plane(0, layouts.Field(layouts.KIND_EXPONENT, 0, 7, 8), n, plane.data_ptr(), counts,
-               nsym=int(np.count_nonzero(counts)))
-    r = None
-    if p.nsym > 1:
-        p.rans_job = 0
-        r = enc._rans([p], rans.normalise(counts)[None, :])
-    o = enc._rans_option(p, r)
-    if o is None:
-        head = ranshost.header(rans.MODE_RAW, log2_block, n)
-        return np.concatenate([np.frombuffer(head, np.uint8), plane.cpu().numpy()])
-    p.size, p.kind, p.prefix = o
-    p.codec = codecs.RANS
-    out, _total, _live, _cpu, _keep = enc._assemble([Item(None, (n,), plane)], [p], set(), r)
-    return out[:p.size].cpu().numpy().copy()
+    if np.count_nonzero(counts) == 1:
+        return np.frombuffer(const_whole(counts, n), np.uint8)
+    freqs = rans.normalise(counts)[None, :]
+    r = Encoder(log2_block=log2_block)._rans(np.zeros(1, bool), np.array([n]),
+                                             np.array([plane.data_ptr()], np.uint64), freqs)
+    if not r["plane_varied"][0]:
+        return np.frombuffer(ranshost.const_stream(r["firsts"], log2_block, n), np.uint8)
+    body, blen = table_bodies(freqs)
+    head = stream_heads(rans.MODE_RANS, log2_block, [n], body, blen)[0]
+    size = head.size + rans.BLOCK_OVERHEAD * r["bt"].size + 2 * int(r["plane_words"][0])
+    if size >= ranshost.HEADER_SIZE + n:
+        return np.concatenate([np.frombuffer(ranshost.header(rans.MODE_RAW, log2_block, n),
+                                             np.uint8), plane.cpu().numpy()])
+    out = runtime.device_empty(size)
+    s, d, ln = rans_runs(r, np.zeros(1, np.int64), np.array([out.data_ptr() + head.size],
+                                                            np.uint64))
+    keep = runtime.copy_ops(np.concatenate(s), np.concatenate(d), np.concatenate(ln))
+    res = out[:size].cpu().numpy().copy()
+    del keep
+    res[:head.size] = head
+    return res

@@ -126,13 +126,13 @@ def groups_by_need(need: list[int], out: list[int], workspace: int,
     return res
 
 
-def chunk_table(nelems: list[int]) -> tuple[np.ndarray, np.ndarray]:
+def chunk_table(nelems) -> tuple[np.ndarray, np.ndarray]:
     """(segment of each chunk, first element of each chunk) for split/merge launches."""
-    counts = [(n + CHUNK_ELEMS - 1) // CHUNK_ELEMS for n in nelems]
-    seg = np.repeat(np.arange(len(nelems), dtype=np.int32), counts)
-    first = np.concatenate([np.arange(c, dtype=np.int64) * CHUNK_ELEMS for c in counts]) \
-        if counts else np.zeros(0, dtype=np.int64)
-    return seg, first.astype(np.int64)
+    counts = (np.asarray(nelems, dtype=np.int64).reshape(-1) + CHUNK_ELEMS - 1) // CHUNK_ELEMS
+    seg = np.repeat(np.arange(counts.size, dtype=np.int32), counts)
+    first = (np.arange(int(counts.sum()), dtype=np.int64)
+             - np.repeat(np.cumsum(counts) - counts, counts)) * CHUNK_ELEMS
+    return seg, first
 
 
 @dataclass(frozen=True)
@@ -148,14 +148,15 @@ class BlockTable:
         return int(self.plane.size)
 
 
-def block_table(lengths: list[int], log2_block: int) -> BlockTable:
+def block_table(lengths, log2_block: int) -> BlockTable:
     b = 1 << log2_block
-    counts = np.array([(n + b - 1) >> log2_block for n in lengths], dtype=np.int64)
-    first = np.zeros(len(lengths) + 1, dtype=np.int64)
+    lengths = np.asarray(lengths, dtype=np.int64).reshape(-1)
+    counts = (lengths + b - 1) >> log2_block
+    first = np.zeros(lengths.size + 1, dtype=np.int64)
     np.cumsum(counts, out=first[1:])
     plane = np.repeat(np.arange(len(lengths), dtype=np.int64), counts)
     start = (np.arange(int(first[-1]), dtype=np.int64) - first[plane]) << log2_block
-    n = np.asarray(lengths, dtype=np.int64)[plane] if plane.size else np.zeros(0, np.int64)
+    n = lengths[plane]
     length = np.minimum(n - start, b).astype(np.uint32)
     return BlockTable(plane, start, length, first)
 

@@ -207,3 +207,67 @@ rans_decode(const u32* cta_first, const u8* cta_warps, const u8* blk_mode, const
     const u32 bad = __ballot_sync(0xFFFFFFFFu, err != 0);
     if (bad && lane == 0) errors[b] = p != 0 ? 3 : 4;
 }
+
+// A sum over the CTA's 256 threads (8 warps), every thread gets it; `red` is 8 shared slots.
+__device__ __forceinline__ u64 cta_sum(u64 v, u64* red) {
+    for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xFFFFFFFFu, v, o);
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
+    __syncthreads();
+    u64 t = 0;
+    for (int i = 0; i < 8; i++) t += red[i];
+    __syncthreads();  // red may be reused
+    return t;
+}
+
+// rans.normalise of many histograms (spec/rans.md: the exact integer procedure), one CTA of
+// 256 threads per plane, thread s for symbol s; writes each plane's encoder-table input as
+// rans_encode reads it: u32 freq[256] then u32 cum[256] (exclusive prefix sums) at fc + 512 q.
+// Plane q's bins are the 256 u64 at hist[q]; a sign plane (hist[q] == 0) has the bins
+// [n[q] - ones, ones], ones being the u64 at ones[q]. An empty histogram gives zeros.
+extern "C" __global__ void __launch_bounds__(256)
+rans_normalise(const u64* hist, const u64* ones, const i64* n, u32* fc) {
+    __shared__ u64 red[8];
+    __shared__ u64 rem[256];
+    __shared__ u8 pres[256];
+    __shared__ u32 wsum[8];
+    const int q = blockIdx.x, s = threadIdx.x, lane = s & 31, warp = s >> 5;
+    u64 c;
+    if (hist[q]) {
+        c = ((const u64*)hist[q])[s];
+    } else {
+        const u64 o = *(const u64*)ones[q];
+        c = s == 0 ? (u64)n[q] - o : (s == 1 ? o : 0);
+    }
+    const bool present = c > 0;
+    const u64 total = cta_sum(c, red);
+    const u64 k = cta_sum(present ? 1 : 0, red);
+    u32 f = 0;
+    u64 r = 0;
+    if (present) {  // total > 0
+        const u64 share = c * (4096 - k);  // c < 2^48: no overflow
+        f = (u32)(share / total) + 1;
+        r = share - (u64)(f - 1) * total;
+    }
+    rem[s] = r;
+    pres[s] = present;
+    const u64 fsum = cta_sum(f, red);  // also orders rem/pres before the reads below
+    const u64 leftover = total ? 4096 - fsum : 0;
+    if (present && leftover) {  // the `leftover` largest remainders, ties to the lower symbol
+        u32 rank = 0;
+        for (int t = 0; t < 256; t++)
+            rank += pres[t] && (rem[t] > r || (rem[t] == r && t < s));
+        f += rank < leftover;
+    }
+    // exclusive prefix sum of f over the CTA
+    u32 v = f;
+    for (int o = 1; o < 32; o <<= 1) {
+        const u32 x = __shfl_up_sync(0xFFFFFFFFu, v, o);
+        if (lane >= o) v += x;
+    }
+    if (lane == 31) wsum[warp] = v;
+    __syncthreads();
+    u32 before = 0;
+    for (int i = 0; i < warp; i++) before += wsum[i];
+    fc[(u64)q * 512 + s] = f;
+    fc[(u64)q * 512 + 256 + s] = before + v - f;
+}

@@ -1,0 +1,61 @@
+"""The device's rANS normalisation (``rans_normalise`` in kernels/rans.cu) equals the CPU
+reference's exact integer procedure on every histogram: ties in the remainders, counts up to
+2^40, one or two symbols, all 256, sign planes given as a count of ones, empty histograms."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+cupy = pytest.importorskip("cupy")
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA device", allow_module_level=True)
+
+from s4format.codecs import rans  # noqa: E402
+from s4weights.gpu import runtime  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+
+def _histograms() -> np.ndarray:
+    rng = np.random.default_rng(5)
+    rows = []
+    for k in range(3000):
+        c = np.zeros(256, np.int64)
+        idx = rng.choice(256, int(rng.integers(1, 257)), replace=False)
+        c[idx] = rng.integers(1, [2, 10, 1000, 10**6, 1 << 40][k % 5], idx.size)
+        if k % 7 == 0:
+            c[idx] = int(rng.integers(1, 50))  # every remainder ties
+        rows.append(c)
+    rows += [np.eye(256, dtype=np.int64)[255], np.full(256, 1 << 40), np.zeros(256, np.int64),
+             np.array([1, 1] + [0] * 254), np.array([3, 4093] + [0] * 254)]
+    return np.stack(rows)
+
+
+def test_device_normalisation_equals_the_reference() -> None:
+    counts = _histograms()
+    sign_n = np.array([10, 1 << 20, 7, 1 << 33, 0])
+    sign_ones = np.array([3, 1, 7, 12345, 0])
+    rows = counts.shape[0]
+    dev = torch.from_numpy(counts.astype(np.uint64).view(np.int64)).cuda()
+    ones = torch.from_numpy(sign_ones).cuda()
+    base, ob = dev.data_ptr(), ones.data_ptr()
+    hist = np.concatenate((base + 2048 * np.arange(rows, dtype=np.uint64),
+                           np.zeros(sign_n.size, np.uint64)))
+    ones_p = np.concatenate((np.zeros(rows, np.uint64), ob + 8 * np.arange(sign_n.size,
+                                                                         dtype=np.uint64)))
+    n = np.concatenate((np.zeros(rows, np.int64), sign_n))
+    tables, (hp, op, np_) = runtime.upload(hist.astype(np.uint64), ones_p.astype(np.uint64), n)
+    out = torch.full((hist.size * 512,), 0xDEADBEEF, dtype=torch.int64, device="cuda")
+    fc = out.view(torch.int32)
+    runtime.launch("rans", "rans_normalise", hist.size, 256, np.uint64(hp), np.uint64(op),
+                   np.uint64(np_), runtime.ptr(fc))
+    got = fc.cpu().numpy().view(np.uint32)[:hist.size * 512].reshape(-1, 512).astype(np.int64)
+    sign = np.zeros((sign_n.size, 256), np.int64)
+    sign[:, 0], sign[:, 1] = sign_n - sign_ones, sign_ones
+    for q, c in enumerate(np.concatenate((counts, sign))):
+        want = rans.normalise(c) if c.any() else np.zeros(256, np.int64)
+        assert (got[q, :256] == want).all(), q
+        assert (got[q, 256:] == np.cumsum(want) - want).all(), q
+    del tables
