@@ -12,7 +12,42 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 import gpu
 
+from s4weights.gpu import runtime
 from s4weights.gpu.encode import Encoder
+
+
+def call_costs(reps: int = 2000) -> None:
+    """Host microseconds per call of what a group does a few dozen times: uploads of small
+    tables, kernel launches, device and pinned allocations, a round trip (sync) with a small
+    copy back. (Device idle, so these are host costs plus, for the round trip, latency.)"""
+    import time
+
+    import numpy as np
+    import torch
+
+    a, b, c = (np.arange(100, dtype=np.uint64) for _ in range(3))
+    dst = runtime.device_empty(4096)
+    small = torch.zeros(16, dtype=torch.int64, device="cuda")
+    ops = np.array([dst.data_ptr()], np.uint64)
+    _table, (sp, dp, lp) = runtime.upload(ops, ops + np.uint64(2048), np.array([1024], np.uint64))
+    cases = {
+        "runtime.upload (3 tables of 800 B)": lambda: runtime.upload(a, b, c),
+        "runtime.launch (copy_ops, 1 op)": lambda: runtime.launch(
+            "copy", "copy_ops", 1, 256, np.uint64(sp), np.uint64(dp), np.uint64(lp)),
+        "runtime.copy_ops (1 op: table upload + launch)": lambda: runtime.copy_ops(
+            ops, ops + np.uint64(2048), np.array([1024], np.uint64)),
+        "torch.empty on the device (1 MiB)": lambda: runtime.device_empty(1 << 20),
+        "runtime.pinned (4 KiB)": lambda: runtime.pinned(4096),
+        "round trip: small.cpu()": lambda: small.cpu(),
+    }
+    for name, fn in cases.items():
+        fn()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+        print(f"{name:48} {1e6 * (time.perf_counter() - t0) / reps:7.1f} us", flush=True)
 
 
 def main() -> None:
@@ -32,6 +67,14 @@ def main() -> None:
     enc.encode_device(items)
     del os.environ["S4_GPU_PROFILE"]
     gpu.profile_call(lambda: enc.encode_device(items), 45)
+    call_costs()
+    out = os.environ.get("OUT")
+    if out:  # one warm call's host and device timeline (chrome trace), for gaps
+        from torch.profiler import ProfilerActivity, profile
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA],
+                     with_stack=True) as prof:
+            enc.encode_device(items)
+        prof.export_chrome_trace(str(Path(out) / "encode_trace.json"))
 
 if __name__ == "__main__":
     main()

@@ -98,7 +98,8 @@ class Planes:
     Set at creation: ``item``, ``kind``, ``index`` (the field), ``n`` (bytes = elements),
     ``ptr`` (device address; a sign plane's packed bits), ``counts`` ([P, 256] histogram; a sign
     plane's is [zeros, ones], a raw plane's all zero).
-    By :func:`candidates`: ``nsym``, ``freqs`` (normalised, rows that may take rANS),
+    By :func:`candidates`: ``nsym``, ``freqs`` (normalised, at least the rows that may take
+    rANS; or given, from the device),
     ``est_rans``/``est_bp`` (size estimates), ``cand_rans``/``cand_bp``/``cand_gd`` (codecs of
     ``policy.encode_plane``'s candidates the GPU codes, estimate under n) and ``runs_rans``
     (the rANS kernel codes the plane).
@@ -114,7 +115,7 @@ class Planes:
         self.index = np.asarray(index, np.int64)
         self.n = np.asarray(n, np.int64)
         self.ptr = np.asarray(ptr, np.uint64)
-        self.counts = np.asarray(counts, np.int64).reshape(-1, 256)
+        self.counts = np.asarray(counts, np.int64).reshape(-1, 256)  # no copy when int64
         self.offset = np.full(self.n.size, -1, np.int64)
         self.checksum = np.zeros(self.n.size, np.uint64)
         # normalised frequencies already made (the device's ``rans_normalise``), and the
@@ -155,15 +156,16 @@ def candidates(pl: Planes, policy_name: str, mantissa: str, gd: bool, log2_block
                     | (mant & (not seed) & (mantissa in ("auto", "rans"))))
     nsym = np.count_nonzero(pl.counts, axis=1)
     est = np.zeros(n.size, np.int64)
-    freqs = np.zeros((n.size, 256), np.int64)
     multi = np.flatnonzero(want & (nsym > 1))
+    if pl.freqs is None:  # else normalised on the device, every row
+        pl.freqs = np.zeros((n.size, 256), np.int64)
+        if multi.size:
+            pl.freqs[multi] = ranshost.normalise_many(pl.counts[multi])
     if multi.size:
-        c = pl.counts[multi]
-        freqs[multi] = ranshost.normalise_many(c) if pl.freqs is None else pl.freqs[multi]
-        est[multi] = ranshost.estimate_many(c, freqs[multi], log2_block)
+        est[multi] = ranshost.estimate_many(pl.counts[multi], pl.freqs[multi], log2_block)
     single = want & (nsym == 1)
     est[single] = ranshost.HEADER_SIZE + ranshost.n_blocks(n[single], rans.LOG2_BLOCK_MAX)
-    pl.nsym, pl.freqs, pl.est_rans = nsym, freqs, est
+    pl.nsym, pl.est_rans = nsym, est
     pl.est_bp = (n + 7) // 8
     pl.cand_rans = want & (est < n)
     pl.cand_bp = coded & sign & (pl.est_bp < n)
@@ -361,8 +363,15 @@ class Encoder:
                 # the CPU costs more host time than all their bytes are worth
                 it.layout = layouts.RAW
         workspace = self._workspace(items)
-        need = [plan.encode_need(it.layout, it.nbytes, it.dtype.itemsize, self.gd)
-                for it in items]
+        needs: dict[tuple, int] = {}  # a model's layers repeat a few shapes
+        need = []
+        for it in items:
+            key = (-1 if it.layout is None else it.layout.layout_id, it.nbytes,
+                   it.dtype.itemsize)
+            if (v := needs.get(key)) is None:
+                v = needs[key] = plan.encode_need(it.layout, it.nbytes, it.dtype.itemsize,
+                                                  self.gd)
+            need.append(v)
         out: list[list[Item] | Item] = []
         run: list[int] = []
 
@@ -427,9 +436,10 @@ class Encoder:
 
     def encode_group(self, items: list[Item]) -> DeviceGroup:
         prof = runtime.Profile("encode")
+        batch = runtime.Batch()  # the first stage's launches, their tables in one upload
         content_dig, content_first = runtime.leaf_digests(
-            [i.data.data_ptr() for i in items], [i.nbytes for i in items])
-        planes_buf, pl = self._split(items)                # sync 1 (histograms)
+            [i.data.data_ptr() for i in items], [i.nbytes for i in items], batch)
+        planes_buf, pl = self._split(items, batch)         # sync 1 (histograms)
         prof.mark("split+hist")
         r, gd = self._encode(pl)                           # sync 2 (block word counts)
         prof.mark("encode")
@@ -439,10 +449,9 @@ class Encoder:
         nbytes = np.array([it.nbytes for it in items], np.int64)
         cpu |= set(np.flatnonzero(stored > nbytes).tolist())
         prof.mark("choose")
-        buf, total, live, cpu_at, keep = self._assemble(items, pl, sorted(cpu), r, gd)
+        buf, total, live, cpu_at, keep, pay_dig, pay_first = self._assemble(
+            items, pl, sorted(cpu), r, gd)
         prof.mark("assemble")
-        pay_dig, pay_first = runtime.leaf_digests(np.uint64(buf.data_ptr()) + pl.offset[live]
-                                                  .astype(np.uint64), pl.size[live])
         # the leaf digests go to the host without a synchronisation: the next group's work is
         # queued behind them, and ``finish`` roots them once they are there
         nc, npay = int(content_first[-1]), int(pay_first[-1])
@@ -513,7 +522,8 @@ class Encoder:
 
     # -- stage 1: split and histograms ----------------------------------------------------
 
-    def _split(self, items: list[Item]) -> tuple[tuple[torch.Tensor, ...], Planes]:
+    def _split(self, items: list[Item], batch: runtime.Batch
+               ) -> tuple[tuple[torch.Tensor, ...], Planes]:
         """One split launch per layout over the group's split tensors and one normalisation
         launch over their planes; returns the device buffers (the planes, their encoder-table
         inputs) and the group's plane table (a raw-layout item is one plane, in place; an
@@ -547,34 +557,31 @@ class Encoder:
             k = int(nf[sel[0]])
             addrs = base + off[first_row[sel][:, None] + np.arange(k)].astype(np.uint64)
             launch_split(lay_id, [items[split[j]].data.data_ptr() for j in sel.tolist()],
-                         n_el[sel], addrs, hp + 8 * 1024 * at, hp + 8 * (1024 * nseg + at))
+                         n_el[sel], addrs, hp + 8 * 1024 * at, hp + 8 * (1024 * nseg + at),
+                         batch)
             at += sel.size
         # every split plane's rANS frequencies, normalised on the device (the same integer
-        # procedure as rans.normalise), kept there as the encoder's table input
+        # procedure as rans.normalise) and kept there as the encoder's table input; the
+        # histograms and frequencies come to the host in plane order (no gathering here)
+        ps = n.size
         bins = np.where(field > 0, np.uint64(hp) + (8 * (hpos[seg] * 1024 + (field - 1) * 256)
                                                     ).astype(np.uint64), np.uint64(0))
-        fc = runtime.device_empty(2048 * n.size)
-        if n.size:
-            _tables, (bp, op, np_) = runtime.upload(
-                bins, np.uint64(hp) + (8 * (1024 * nseg + hpos[seg])).astype(np.uint64), n)
-            runtime.launch("rans", "rans_normalise", n.size, 256, np.uint64(bp),
-                           np.uint64(op), np.uint64(np_), runtime.ptr(fc))
-        both = torch.cat((hist.view(torch.uint8),
-                          fc[:2048 * n.size].view(-1, 2048)[:, :1024].reshape(-1))
-                         ).cpu().numpy()  # sync 1
-        h = both[:hist.numel() * 8].view(np.int64)
-        freqs = np.zeros((n.size + len(raws), 256), np.int64)
-        freqs[:n.size] = both[hist.numel() * 8:].view(np.uint32).reshape(-1, 256)
-        tab = np.zeros(n.size + len(raws), np.uint64)
-        tab[:n.size] = np.uint64(fc.data_ptr()) + np.arange(n.size, dtype=np.uint64) * 2048
-        counts = np.zeros((n.size + len(raws), 256), np.int64)
-        byte_rows = np.flatnonzero(field > 0)
-        counts[byte_rows] = h[(hpos[seg[byte_rows]] * 1024 + (field[byte_rows] - 1) * 256)
-                              [:, None] + np.arange(256)]
-        sign_rows = np.flatnonzero(field == 0)
-        ones = h[1024 * nseg + hpos[seg[sign_rows]]]
-        counts[sign_rows, 0] = n[sign_rows] - ones
-        counts[sign_rows, 1] = ones
+        fc = runtime.device_empty(2048 * ps)
+        dev_counts = runtime.device_empty(2048 * ps)
+        host = runtime.pinned(3072 * ps)
+        batch.launch("rans", "rans_normalise", ps, 256, *batch.table(
+            bins, np.uint64(hp) + (8 * (1024 * nseg + hpos[seg])).astype(np.uint64), n),
+            runtime.ptr(fc), runtime.ptr(dev_counts))
+        tables = batch.run()
+        if ps:
+            host[:2048 * ps].copy_(dev_counts[:2048 * ps], non_blocking=True)
+            host[2048 * ps:].view(-1, 1024).copy_(fc[:2048 * ps].view(-1, 2048)[:, :1024],
+                                                 non_blocking=True)
+        torch.cuda.current_stream().synchronize()  # sync 1
+        hv = host.numpy()
+        split_counts = hv[:2048 * ps].view(np.int64).reshape(ps, 256)
+        split_freqs = hv[2048 * ps:3072 * ps].view(np.uint32).reshape(ps, 256)
+        split_tab = np.uint64(fc.data_ptr()) + np.arange(ps, dtype=np.uint64) * np.uint64(2048)
         # split rows, then one row per raw-layout item (its bytes in place); item order
         item = np.concatenate((np.asarray(split, np.int64)[seg], raws)).astype(np.int64)
         kind = [f.kind for lay in lays for f in lay.fields] + [layouts.KIND_RAW] * len(raws)
@@ -582,11 +589,23 @@ class Encoder:
         nrow = np.concatenate((n, [items[k].nbytes for k in raws])).astype(np.int64)
         ptr = np.concatenate((base + off.astype(np.uint64),
                               np.array([items[k].data.data_ptr() for k in raws], np.uint64)))
-        order = np.argsort(item, kind="stable")
-        pl = Planes(item[order], np.asarray(kind, np.int64)[order],
-                    np.asarray(index, np.int64)[order], nrow[order], ptr[order], counts[order])
-        pl.freqs, pl.tab = freqs[order], tab[order]
-        return (buf, fc), pl
+        if raws:
+            order = np.argsort(item, kind="stable")
+            at_row = np.empty(order.size, np.int64)   # split row i goes to row at_row[i]
+            at_row[order] = np.arange(order.size)
+            counts = np.zeros((order.size, 256), np.int64)
+            counts[at_row[:ps]] = split_counts
+            freqs = np.zeros((order.size, 256), np.uint32)
+            freqs[at_row[:ps]] = split_freqs
+            tab = np.zeros(order.size, np.uint64)
+            tab[at_row[:ps]] = split_tab
+            item, nrow, ptr = item[order], nrow[order], ptr[order]
+            kind, index = np.asarray(kind)[order], np.asarray(index)[order]
+        else:  # split rows only: already in item order
+            counts, freqs, tab = split_counts, split_freqs, split_tab
+        pl = Planes(item, kind, index, nrow, ptr, counts)
+        pl.freqs, pl.tab = freqs, tab
+        return (buf, fc, hist, dev_counts, tables), pl
 
     # -- stage 2: candidates and encoding -------------------------------------------------
 
@@ -674,8 +693,9 @@ class Encoder:
         with one copy launch, the copy ops built with numpy over all planes and blocks at
         once: the host bytes of every payload (``pl.heads``), raw and bitpacked planes, the
         rANS planes' word counts, final states and one word run per block, and the raw bytes
-        of the items the CPU codes. Returns (buffer, bytes used, the live rows, where each
-        CPU-coded item's bytes are, the launch's tables to keep)."""
+        of the items the CPU codes; then launch the payloads' leaf digests. Returns (buffer,
+        bytes used, the live rows, where each CPU-coded item's bytes are, the launches'
+        tables to keep, the payload digests and their first index per live row)."""
         live = np.flatnonzero(~np.isin(pl.item, cpu)) if cpu else np.arange(len(pl))
         sizes = np.concatenate((pl.size[live], [items[k].nbytes for k in cpu])).astype(np.int64)
         offs = np.zeros(sizes.size + 1, dtype=np.int64)
@@ -722,17 +742,22 @@ class Encoder:
             src.append(np.array([items[k].data.data_ptr() for k in cpu], np.uint64))
             dst.append(base + offs[live.size:-1].astype(np.uint64))
             ln.append(np.array([items[k].nbytes for k in cpu], np.uint64))
-        keep.append(runtime.copy_ops(np.concatenate(src), np.concatenate(dst),
-                                     np.concatenate(ln)))
-        return out, total, live, cpu_at, keep
+        batch = runtime.Batch()  # the copy and the payload digests, tables in one upload
+        runtime.copy_ops(np.concatenate(src), np.concatenate(dst), np.concatenate(ln), batch)
+        pay_dig, pay_first = runtime.leaf_digests(base + pl.offset[live].astype(np.uint64),
+                                                  pl.size[live], batch)
+        keep.append(batch.run())
+        return out, total, live, cpu_at, keep, pay_dig, pay_first
 
 def launch_split(layout_id: int, src: list[int], nelems, planes: list[list[int]] | np.ndarray,
-                 hist_p: int, ones_p: int) -> torch.Tensor:
+                 hist_p: int, ones_p: int, batch: runtime.Batch | None = None
+                 ) -> torch.Tensor | None:
     """One split launch (``kernels/planes.cu``) for tensors of one layout: tensor r has
     ``nelems[r]`` elements at address ``src[r]`` and its planes (packed sign bits first) at
     ``planes[r]``; its byte histograms are added to the 1024 u64 at ``hist_p + 8192 * r`` and its
     count of set sign bits to the u64 at ``ones_p + 8 * r``. Returns the launch's device table
-    (stream-ordered: keep it or drop it, the caching allocator reuses it after the launch)."""
+    (stream-ordered: keep it or drop it, the caching allocator reuses it after the launch);
+    with a ``batch``, the launch joins it (and runs with it)."""
     cs, c0 = plan.chunk_table(nelems)
     table = np.zeros((len(src), 5), dtype=np.uint64)
     if isinstance(planes, np.ndarray):
@@ -740,11 +765,13 @@ def launch_split(layout_id: int, src: list[int], nelems, planes: list[list[int]]
     else:
         for r, addrs in enumerate(planes):
             table[r, :len(addrs)] = addrs
-    dev, ptrs = runtime.upload(cs, c0, np.asarray(src, dtype=np.uint64),
-                               np.asarray(nelems, dtype=np.int64), table)
-    runtime.launch("planes", SPLIT_KERNEL[layout_id], cs.size, 256,
-                   *(np.uint64(p) for p in ptrs), np.uint64(hist_p), np.uint64(ones_p))
-    return dev
+    own = batch is None
+    batch = runtime.Batch() if own else batch
+    batch.launch("planes", SPLIT_KERNEL[layout_id], cs.size, 256,
+                 *batch.table(cs, c0, np.asarray(src, dtype=np.uint64),
+                              np.asarray(nelems, dtype=np.int64), table),
+                 np.uint64(hist_p), np.uint64(ones_p))
+    return batch.run() if own else None
 
 
 def rans_runs(r: dict, jobs: np.ndarray, at: np.ndarray

@@ -134,7 +134,7 @@ def estimate_many(counts: np.ndarray, freqs: np.ndarray, log2_block: int) -> np.
     counts = np.asarray(counts, dtype=np.int64).reshape(-1, 256)
     n = counts.sum(axis=1)
     f = np.asarray(freqs, dtype=np.int64)
-    cost = np.where(counts > 0, counts * _SYMBOL_BITS[f], 0.0)
+    cost = counts * _SYMBOL_BITS[f]  # absent symbols: 0 * 12.0
     bits = cost.sum(axis=1)
     k = (freqs > 0).sum(axis=1)
     table = rans.BITMAP_SIZE + 2 * k

@@ -49,12 +49,15 @@ def test_device_normalisation_equals_the_reference() -> None:
     tables, (hp, op, np_) = runtime.upload(hist.astype(np.uint64), ones_p.astype(np.uint64), n)
     out = torch.full((hist.size * 512,), 0xDEADBEEF, dtype=torch.int64, device="cuda")
     fc = out.view(torch.int32)
+    hist_out = torch.full((hist.size * 256,), -1, dtype=torch.int64, device="cuda")
     runtime.launch("rans", "rans_normalise", hist.size, 256, np.uint64(hp), np.uint64(op),
-                   np.uint64(np_), runtime.ptr(fc))
+                   np.uint64(np_), runtime.ptr(fc), runtime.ptr(hist_out))
     got = fc.cpu().numpy().view(np.uint32)[:hist.size * 512].reshape(-1, 512).astype(np.int64)
     sign = np.zeros((sign_n.size, 256), np.int64)
     sign[:, 0], sign[:, 1] = sign_n - sign_ones, sign_ones
-    for q, c in enumerate(np.concatenate((counts, sign))):
+    every = np.concatenate((counts, sign))
+    assert (hist_out.cpu().numpy().reshape(-1, 256) == every).all()
+    for q, c in enumerate(every):
         want = rans.normalise(c) if c.any() else np.zeros(256, np.int64)
         assert (got[q, :256] == want).all(), q
         assert (got[q, 256:] == np.cumsum(want) - want).all(), q

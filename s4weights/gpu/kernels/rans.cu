@@ -221,11 +221,12 @@ __device__ __forceinline__ u64 cta_sum(u64 v, u64* red) {
 
 // rans.normalise of many histograms (spec/rans.md: the exact integer procedure), one CTA of
 // 256 threads per plane, thread s for symbol s; writes each plane's encoder-table input as
-// rans_encode reads it: u32 freq[256] then u32 cum[256] (exclusive prefix sums) at fc + 512 q.
+// rans_encode reads it: u32 freq[256] then u32 cum[256] (exclusive prefix sums) at fc + 512 q,
+// and its histogram as u64 counts[256] at counts + 256 q (the host's copy, in plane order).
 // Plane q's bins are the 256 u64 at hist[q]; a sign plane (hist[q] == 0) has the bins
 // [n[q] - ones, ones], ones being the u64 at ones[q]. An empty histogram gives zeros.
 extern "C" __global__ void __launch_bounds__(256)
-rans_normalise(const u64* hist, const u64* ones, const i64* n, u32* fc) {
+rans_normalise(const u64* hist, const u64* ones, const i64* n, u32* fc, u64* counts) {
     __shared__ u64 red[8];
     __shared__ u64 rem[256];
     __shared__ u8 pres[256];
@@ -238,6 +239,7 @@ rans_normalise(const u64* hist, const u64* ones, const i64* n, u32* fc) {
         const u64 o = *(const u64*)ones[q];
         c = s == 0 ? (u64)n[q] - o : (s == 1 ? o : 0);
     }
+    counts[(u64)q * 256 + s] = c;
     const bool present = c > 0;
     const u64 total = cta_sum(c, red);
     const u64 k = cta_sum(present ? 1 : 0, red);
