@@ -411,7 +411,7 @@ class Encoder:
                 yield (chunked.code_large(self, grp, workspace) if split
                        else chunked.code_host(self, grp, workspace))
                 continue
-            g = self.encode_group(grp)
+            g = self.encode_group(grp, pending)
             self._to_host(g)
             if pending is not None:
                 yield from self._results(pending)
@@ -424,24 +424,26 @@ class Encoder:
         tensor larger than the workspace is one group of its own, whatever it needs)."""
         out: list[DeviceGroup] = []
         for grp in self._groups(items):
-            g = self.encode_group(grp)
-            if out:
-                self.finish(out[-1])  # its hashes reached the host while g was coded
-            out.append(g)
+            # the previous group's hashes are rooted while this group's kernel runs
+            out.append(self.encode_group(grp, out[-1] if out else None))
         if out:
             self.finish(out[-1])
         return out
 
     # -- one group ------------------------------------------------------------------------
 
-    def encode_group(self, items: list[Item]) -> DeviceGroup:
+    def encode_group(self, items: list[Item], previous: DeviceGroup | None = None
+                     ) -> DeviceGroup:
+        """Code one group on the device; ``previous`` (the group before, if its hashes are not
+        rooted yet) is finished while this group's rANS kernel runs."""
         prof = runtime.Profile("encode")
         batch = runtime.Batch()  # the first stage's launches, their tables in one upload
         content_dig, content_first = runtime.leaf_digests(
             [i.data.data_ptr() for i in items], [i.nbytes for i in items], batch)
         planes_buf, pl = self._split(items, batch)         # sync 1 (histograms)
         prof.mark("split+hist")
-        r, gd = self._encode(pl)                           # sync 2 (block word counts)
+        r, gd = self._encode(                              # sync 2 (block word counts)
+            pl, None if previous is None else (lambda: self.finish(previous)))
         prof.mark("encode")
         choose(pl, r, gd, self.log2_block)
         cpu = {k for k, it in enumerate(items) if it.layout is None}
@@ -577,22 +579,24 @@ class Encoder:
             host[:2048 * ps].copy_(dev_counts[:2048 * ps], non_blocking=True)
             host[2048 * ps:].view(-1, 1024).copy_(fc[:2048 * ps].view(-1, 2048)[:, :1024],
                                                  non_blocking=True)
-        torch.cuda.current_stream().synchronize()  # sync 1
-        hv = host.numpy()
-        split_counts = hv[:2048 * ps].view(np.int64).reshape(ps, 256)
-        split_freqs = hv[2048 * ps:3072 * ps].view(np.uint32).reshape(ps, 256)
-        split_tab = np.uint64(fc.data_ptr()) + np.arange(ps, dtype=np.uint64) * np.uint64(2048)
-        # split rows, then one row per raw-layout item (its bytes in place); item order
+        # while the device works: the rows, split rows then one row per raw-layout item (its
+        # bytes in place), put in item order
         item = np.concatenate((np.asarray(split, np.int64)[seg], raws)).astype(np.int64)
         kind = [f.kind for lay in lays for f in lay.fields] + [layouts.KIND_RAW] * len(raws)
         index = [f.index for lay in lays for f in lay.fields] + [0] * len(raws)
         nrow = np.concatenate((n, [items[k].nbytes for k in raws])).astype(np.int64)
         ptr = np.concatenate((base + off.astype(np.uint64),
                               np.array([items[k].data.data_ptr() for k in raws], np.uint64)))
+        split_tab = np.uint64(fc.data_ptr()) + np.arange(ps, dtype=np.uint64) * np.uint64(2048)
         if raws:
             order = np.argsort(item, kind="stable")
             at_row = np.empty(order.size, np.int64)   # split row i goes to row at_row[i]
             at_row[order] = np.arange(order.size)
+        torch.cuda.current_stream().synchronize()  # sync 1
+        hv = host.numpy()
+        split_counts = hv[:2048 * ps].view(np.int64).reshape(ps, 256)
+        split_freqs = hv[2048 * ps:3072 * ps].view(np.uint32).reshape(ps, 256)
+        if raws:
             counts = np.zeros((order.size, 256), np.int64)
             counts[at_row[:ps]] = split_counts
             freqs = np.zeros((order.size, 256), np.uint32)
@@ -612,23 +616,26 @@ class Encoder:
     def candidates(self, pl: Planes) -> None:
         candidates(pl, self.policy, self.mantissa, self.gd, self.log2_block)
 
-    def _encode(self, pl: Planes):
+    def _encode(self, pl: Planes, meanwhile=None):
         self.candidates(pl)
         gd_rows = np.flatnonzero(pl.cand_gd)
         gd = gdeflate.Compressed(pl.ptr[gd_rows].tolist(), pl.n[gd_rows].tolist(),
                                  self.gd_algorithm) if gd_rows.size else None
         jobs = np.flatnonzero(pl.runs_rans)
         r = self._rans(pl.kind[jobs] == layouts.KIND_SIGN, pl.n[jobs], pl.ptr[jobs],
-                       pl.freqs[jobs], None if pl.tab is None else pl.tab[jobs]
+                       pl.freqs[jobs], None if pl.tab is None else pl.tab[jobs], meanwhile
                        ) if jobs.size else None
+        if r is None and meanwhile is not None:
+            meanwhile()
         return r, gd
 
     def _rans(self, sign: np.ndarray, n: np.ndarray, ptr: np.ndarray, freqs: np.ndarray,
-              tabs: np.ndarray | None = None) -> dict:
+              tabs: np.ndarray | None = None, meanwhile=None) -> dict:
         """Encode every block of every job (a plane of ``n[j]`` bytes at ``ptr[j]``; a sign
         plane's packed bits are unpacked first) in one launch; read back the per-block counts.
         Job j's frequencies are ``freqs[j]``; ``tabs[j]``, where given, is the device address
-        of its encoder-table input (``rans_normalise``'s output), else it is uploaded."""
+        of its encoder-table input (``rans_normalise``'s output), else it is uploaded.
+        ``meanwhile()`` runs on the host while the kernel runs."""
         keep: list[object] = []
         n = np.asarray(n, np.int64)
         srcs = np.asarray(ptr, np.uint64).copy()
@@ -670,9 +677,16 @@ class Encoder:
                        np.uint64(bt_tab_p),
                        np.uint64(scr_p), np.uint64(counts_p), np.uint64(states_p),
                        np.uint64(firsts_p), np.uint64(varied_p))
-        meta = torch.cat((out[:4 * nb], out[132 * nb:134 * nb])).cpu().numpy()  # sync 2
+        meta_h = runtime.pinned(6 * nb)
+        if nb:
+            meta_h[:4 * nb].copy_(out[:4 * nb], non_blocking=True)
+            meta_h[4 * nb:6 * nb].copy_(out[132 * nb:134 * nb], non_blocking=True)
+        if meanwhile is not None:
+            meanwhile()  # host work that does not wait for the kernel
+        torch.cuda.current_stream().synchronize()  # sync 2
+        meta = meta_h.numpy()
         counts = meta[:4 * nb].view(np.uint32).astype(np.int64)
-        fv = meta[4 * nb:]
+        fv = meta[4 * nb:6 * nb]
         first = bt.first
         ne = first[1:] > first[:-1]
         plane_words = np.zeros(n.size, np.int64)
