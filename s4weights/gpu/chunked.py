@@ -1,7 +1,7 @@
 """Save side for a tensor too large for the workspace: coded in chunks of elements, so the
 encoder's extra device memory stays under the workspace whatever the tensor's size.
 
-The stored planes are byte for byte those of the one-group path (``Encoder.encode_group``):
+The stored planes are byte for byte those of the one-group path (``Encoder._encode_group``):
 a plane's rANS frequency table comes from the histogram of the whole plane, and a chunk is a
 whole number of rANS blocks, so blocks (and their words, word counts and final states) do not
 depend on how the tensor was cut. Three kinds of pass run over the chunks, each reading the

@@ -58,7 +58,6 @@ SPLIT_KERNEL = {layouts.BF16.layout_id: "split_bf16", layouts.FP16.layout_id: "s
                 layouts.FP32.layout_id: "split_fp32"}
 MANTISSA_MODES = ("auto", "rans", "gdeflate", "raw")
 ALIGN_PAYLOAD = 16
-_NO_COUNTS = np.zeros(256, np.int64)  # raw planes: no histogram, no candidates but raw
 
 
 @dataclass
@@ -370,7 +369,7 @@ class Encoder:
                    it.dtype.itemsize)
             if (v := needs.get(key)) is None:
                 v = needs[key] = plan.encode_need(it.layout, it.nbytes, it.dtype.itemsize,
-                                                  self.gd)
+                                                  self.gd, self.log2_block)
             need.append(v)
         out: list[list[Item] | Item] = []
         run: list[int] = []
@@ -411,7 +410,7 @@ class Encoder:
                 yield (chunked.code_large(self, grp, workspace) if split
                        else chunked.code_host(self, grp, workspace))
                 continue
-            g = self.encode_group(grp, pending)
+            g = self._encode_group(grp, pending)
             self._to_host(g)
             if pending is not None:
                 yield from self._results(pending)
@@ -425,14 +424,14 @@ class Encoder:
         out: list[DeviceGroup] = []
         for grp in self._groups(items):
             # the previous group's hashes are rooted while this group's kernel runs
-            out.append(self.encode_group(grp, out[-1] if out else None))
+            out.append(self._encode_group(grp, out[-1] if out else None))
         if out:
             self.finish(out[-1])
         return out
 
     # -- one group ------------------------------------------------------------------------
 
-    def encode_group(self, items: list[Item], previous: DeviceGroup | None = None
+    def _encode_group(self, items: list[Item], previous: DeviceGroup | None = None
                      ) -> DeviceGroup:
         """Code one group on the device; ``previous`` (the group before, if its hashes are not
         rooted yet) is finished while this group's rANS kernel runs."""
@@ -477,8 +476,9 @@ class Encoder:
             return
         host, arrived, nbytes, content_first, pay_first = g.digests
         arrived.synchronize()
-        d = host.numpy().view(np.uint64)
         nc = int(content_first[-1])
+        # (a group of empty tensors has no leaves: its pinned buffer is one spare byte)
+        d = host.numpy()[:8 * (nc + int(pay_first[-1]))].view(np.uint64)
         g.content = content_hashes_from_leaves(nbytes, d[:nc], content_first)
         g.planes.checksum[g.live] = plane_checksums_from_leaves(g.planes.size[g.live], d[nc:],
                                                                 pay_first)

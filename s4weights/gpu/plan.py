@@ -45,19 +45,29 @@ def _al(n: int) -> int:
     return (n + 255) // 256 * 256  # runtime.ALIGN: every device buffer is 256-byte aligned
 
 
+BLOCK_META = 4 * 34 + 2 + 32  # device bytes per rANS block: word count, 32 final states,
+# first symbol and flag, and its rows of the launch's tables (source, length, table, scratch)
+PLANE_META = 4096  # device bytes per split plane: its normalised frequencies and cumulative
+# sums (the encoder-table input) and its histogram in plane order (rans_normalise)
+TENSOR_META = _al(8 * 1025) + 4096  # a split tensor's histograms; its launch-table rows
+
+
 def encode_need(layout: layouts.Layout | None, nbytes: int, itemsize: int,
-                gdeflate: bool = False) -> int:
+                gdeflate: bool = False, log2_block: int = 16) -> int:
     """Device bytes the encoder may hold for one tensor at once, at worst: its planes (packed
     sign bits and one byte per element per other field), rANS scratch of two bytes per symbol
-    for every plane (the sign plane too, with its unpacked bytes), GDeflate's output pages where
-    GDeflate runs, and the compacted payloads (at most the raw bytes: larger codings fall back
-    to a raw copy). A tensor the GPU does not split holds only its copy in the payloads."""
+    for every plane (the sign plane too, with its unpacked bytes), each plane's tables and each
+    rANS block's metadata (``log2_block``), GDeflate's output pages where GDeflate runs, and the
+    compacted payloads (at most the raw bytes: larger codings fall back to a raw copy). A
+    tensor the GPU does not split holds only its copy in the payloads."""
     if layout is None or layout.layout_id == layouts.RAW.layout_id:
         return _al(nbytes)
     n = nbytes // layout.word_size(itemsize)
     planes = len(layout.fields) - 1  # byte planes besides the sign
     need = _al((n + 7) // 8) + planes * _al(n)          # split planes
     need += (planes + 1) * _al(2 * n) + _al(n)          # rANS scratch, unpacked sign bytes
+    nb = -(-n >> log2_block)
+    need += (planes + 1) * (PLANE_META + _al(BLOCK_META * nb)) + TENSOR_META
     if gdeflate:
         need += planes * _al(-(-n // 65536) * (2 * 65536 + 4096))
     return need + _al(nbytes)

@@ -301,6 +301,19 @@ def test_an_empty_tensor_loads_under_any_workspace() -> None:
             assert got[k].shape == v.shape and torch.equal(got[k], v), (k, ws)
 
 
+def test_a_group_of_only_empty_tensors_saves() -> None:
+    # such a group has no leaves to hash: its digests come back as an empty buffer (alone in
+    # a state, or after a tensor coded alone in chunks)
+    for state in ({"e": torch.empty(0, device="cuda")},
+                  {"big": torch.randn(2 * MIB, device="cuda").bfloat16(),
+                   "e": torch.empty(0, 5, device="cuda")}):
+        buf = io.BytesIO()
+        s4weights.save(state, buf, device="cuda", workspace=MIB)
+        got = s4weights.load(buf.getvalue(), map_location="cuda")
+        for k, v in state.items():
+            assert got[k].shape == v.shape and torch.equal(got[k], v), k
+
+
 def test_chunked_load_reports_errors_in_the_cpu_readers_order() -> None:
     # a merge error in the first chunk (a raw mantissa byte with bit 7 set) and a damaged rANS
     # word in the last chunk's exponent blocks: the CPU reader decodes every plane before it

@@ -22,6 +22,11 @@ SLACK = 4 * MIB  # small tables, histograms, block tables, allocator rounding
 def _state(kind: str) -> dict[str, torch.Tensor]:
     g = torch.Generator(device="cuda").manual_seed(1)
     out = {}
+    if kind == "small":  # 4,000 fp32 tensors just over the split threshold: per-plane and
+        # per-block tables outweigh their bytes (4 KiB each, 16 MiB in all)
+        for i in range(4000):
+            out[f"s{i}"] = torch.randn(1024, device="cuda", generator=g) * 0.02
+        return out
     if kind == "fp16":  # fp16 splits into the most planes per raw byte: the costliest to code
         for i in range(48):  # 48 x 2 MiB
             out[f"t{i}"] = (torch.randn(1 << 20, device="cuda", generator=g) * 0.02).half()
@@ -34,7 +39,7 @@ def _state(kind: str) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.parametrize("kind,workspace", [("mixed", 16 * MIB), ("mixed", 40 * MIB),
-                                            ("fp16", 64 * MIB)])
+                                            ("fp16", 64 * MIB), ("small", 8 * MIB)])
 def test_save_and_load_stay_within_the_workspace(kind: str, workspace: int) -> None:
     state = _state(kind)
     torch.cuda.synchronize()
