@@ -14,23 +14,15 @@ if not torch.cuda.is_available():
 
 from s4format.codecs import rans  # noqa: E402
 from s4weights.gpu import runtime  # noqa: E402
+from tests.gpu.common import histograms  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
 
 def _histograms() -> np.ndarray:
-    rng = np.random.default_rng(5)
-    rows = []
-    for k in range(3000):
-        c = np.zeros(256, np.int64)
-        idx = rng.choice(256, int(rng.integers(1, 257)), replace=False)
-        c[idx] = rng.integers(1, [2, 10, 1000, 10**6, 1 << 40][k % 5], idx.size)
-        if k % 7 == 0:
-            c[idx] = int(rng.integers(1, 50))  # every remainder ties
-        rows.append(c)
-    rows += [np.eye(256, dtype=np.int64)[255], np.full(256, 1 << 40), np.zeros(256, np.int64),
-             np.array([1, 1] + [0] * 254), np.array([3, 4093] + [0] * 254)]
-    return np.stack(rows)
+    return np.concatenate((histograms(3000, 5, (2, 10, 1000, 10**6, 1 << 40)), np.stack([
+        np.eye(256, dtype=np.int64)[255], np.full(256, 1 << 40), np.zeros(256, np.int64),
+        np.array([1, 1] + [0] * 254), np.array([3, 4093] + [0] * 254)])))
 
 
 def test_device_normalisation_equals_the_reference() -> None:
