@@ -1,0 +1,234 @@
+"""The GPU encoder's host side, end to end, without a GPU: every kernel it launches is emulated
+on the CPU with the reference implementations (the layouts' split, ``rans.normalise``, the
+reference rANS block encoder, byte copies, XXH3 leaves) and every device buffer is a CPU tensor.
+The files it writes must read back bit-exactly through the CPU reader, which checks every plane
+checksum and content hash. This covers in CI what the GPU tests (tests/gpu/test_gpu_*.py, run
+on the H200) cover for real: the assembly of payloads, stream heads, offsets, codec choice and
+hashes, for groups, mixed layouts, CPU-coded and tiny tensors, and chunked tensors.
+
+The emulated kernels follow the launch arguments of kernels/*.cu; a change there must follow
+here (the GPU tests catch the kernels themselves)."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import io
+
+import numpy as np
+import pytest
+import torch
+import xxhash
+
+import s4format
+from s4format import dtypes, hashing, layouts, objtree
+from s4format.codecs import rans
+from s4format.writer import Writer
+from s4weights.gpu import chunked, encode, runtime
+
+LAYOUT = {"split_bf16": (layouts.BF16, 2), "split_fp16": (layouts.FP16, 2),
+          "split_fp32": (layouts.FP32, 4)}
+
+
+def _at(addr, dtype, n) -> np.ndarray:
+    """A numpy view of ``n`` items at a (CPU) address."""
+    n = int(n)
+    if n == 0:
+        return np.zeros(0, dtype)
+    ct = np.ctypeslib.as_ctypes_type(np.dtype(dtype))
+    return np.ctypeslib.as_array((ct * n).from_address(int(addr)))
+
+
+def _launch(module: str, name: str, grid: int, block: int, *a) -> None:
+    if grid <= 0:
+        return
+    if name in LAYOUT:  # cs, c0, src, n, planes, hist, ones
+        lay, word = LAYOUT[name]
+        nseg = int(_at(a[0], np.int32, grid).max()) + 1
+        src, n = _at(a[2], np.uint64, nseg), _at(a[3], np.int64, nseg)
+        table = _at(a[4], np.uint64, 5 * nseg).reshape(nseg, 5)
+        for r in range(nseg):
+            planes = lay.split(_at(src[r], np.uint8, n[r] * word).copy(), word)
+            bits = np.packbits(planes[0], bitorder="little")
+            _at(table[r, 0], np.uint8, bits.size)[:] = bits
+            hist = _at(int(a[5]) + 8192 * r, np.uint64, 1024)
+            for k, p in enumerate(planes[1:]):
+                _at(table[r, 1 + k], np.uint8, p.size)[:] = p
+                hist[256 * k:256 * (k + 1)] += np.bincount(p, minlength=256).astype(np.uint64)
+            _at(int(a[6]) + 8 * r, np.uint64, 1)[0] += int(planes[0].sum())
+    elif name == "rans_normalise":  # hist, ones, n, fc, counts
+        hist, ones = _at(a[0], np.uint64, grid), _at(a[1], np.uint64, grid)
+        n = _at(a[2], np.int64, grid)
+        fc = _at(a[3], np.uint32, 512 * grid).reshape(grid, 512)
+        out = _at(a[4], np.uint64, 256 * grid).reshape(grid, 256)
+        for q in range(grid):
+            c = np.zeros(256, np.int64)
+            if hist[q]:
+                c[:] = _at(hist[q], np.uint64, 256)
+            else:
+                o = int(_at(ones[q], np.uint64, 1)[0])
+                c[:2] = n[q] - o, o
+            f = rans.normalise(c) if c.any() else np.zeros(256, np.int64)
+            fc[q, :256], fc[q, 256:], out[q] = f, np.cumsum(f) - f, c
+    elif name == "rans_encode":  # cta_first, cta_warps, src, len, tab, scratch, counts, ...
+        nb = int(_at(a[1], np.uint8, grid).astype(np.int64).sum())
+        src, ln = _at(a[2], np.uint64, nb), _at(a[3], np.uint32, nb)
+        tab, scr = _at(a[4], np.uint64, nb), _at(a[5], np.uint64, nb)
+        counts, states = _at(a[6], np.uint32, nb), _at(a[7], np.uint32, 32 * nb)
+        firsts, varied = _at(a[8], np.uint8, nb), _at(a[9], np.uint8, nb)
+        for b in range(nb):
+            data = _at(src[b], np.uint8, ln[b]).copy()
+            freqs = _at(tab[b], np.uint32, 256).astype(np.int64)
+            words = np.empty(data.size, np.uint16)
+            c, s = np.empty(1, np.int64), np.empty(rans.LANES, np.int64)
+            rans._encode_blocks(data, rans.LOG2_BLOCK_MAX, rans._encoder_table(freqs), words,
+                                c, s)
+            counts[b] = c[0]
+            states[32 * b:32 * (b + 1)] = s
+            _at(scr[b], np.uint16, c[0])[:] = words[:c[0]]
+            firsts[b], varied[b] = data[0], bool((data != data[0]).any())
+    elif name == "unpack_bits":  # bits, out, n
+        n = int(a[2])
+        _at(a[1], np.uint8, n)[:] = np.unpackbits(_at(a[0], np.uint8, (n + 7) // 8),
+                                                  bitorder="little")[:n]
+    elif name == "copy_ops":  # src, dst, len
+        for s, d, n in zip(*(_at(x, np.uint64, grid).tolist() for x in a[:3])):
+            ctypes.memmove(d, s, n)
+    elif name == "leaf_digests":  # nseg, ptr, len, first, out
+        nseg = int(a[0])
+        ptr, ln = _at(a[1], np.uint64, nseg), _at(a[2], np.uint64, nseg)
+        first = _at(a[3], np.int64, nseg + 1)
+        out = _at(a[4], np.uint64, int(first[-1]))
+        for s in range(nseg):
+            data = _at(ptr[s], np.uint8, ln[s]).tobytes()
+            for j in range(int(first[s + 1] - first[s])):
+                out[first[s] + j] = xxhash.xxh3_64_intdigest(data[j << 16:(j + 1) << 16])
+    else:
+        raise AssertionError(f"no emulation of kernel {name}")
+
+
+class _Event:
+    def record(self, *_a) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        pass
+
+
+class _Stream(_Event):
+    cuda_stream = 0
+
+    def wait_event(self, _e) -> None:
+        pass
+
+
+class _Cuda:
+    Stream = staticmethod(lambda *a, **k: _Stream())
+    Event = staticmethod(lambda *a, **k: _Event())
+    current_stream = staticmethod(lambda *a: _Stream())
+    stream = staticmethod(lambda s: contextlib.nullcontext())
+    synchronize = staticmethod(lambda: None)
+
+
+class _Torch:
+    """torch, with device tensors made on the CPU."""
+    cuda = _Cuda()
+
+    def __getattr__(self, name):
+        return getattr(torch, name)
+
+    @staticmethod
+    def empty(*a, device=None, pin_memory=False, **k):
+        return torch.empty(*a, **k)
+
+    @staticmethod
+    def zeros(*a, device=None, **k):
+        return torch.zeros(*a, **k)
+
+
+@pytest.fixture
+def emulated(monkeypatch):
+    for mod in (encode, runtime, chunked):
+        monkeypatch.setattr(mod, "torch", _Torch())
+    monkeypatch.setattr(runtime, "launch", _launch)
+    monkeypatch.setattr(runtime, "pinned", lambda n: torch.empty(max(n, 1), dtype=torch.uint8))
+
+
+def _tensors() -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(3)
+    out = {}
+    for dt in (torch.bfloat16, torch.float16, torch.float32):
+        name = str(dt).removeprefix("torch.")
+        for n in (3, 1000, 2500, 70_000, 200_000):
+            out[f"{name}.w{n}"] = (torch.randn(n, generator=g) * 0.02).to(dt)
+        out[f"{name}.zeros"] = torch.zeros(70_000, dtype=dt)
+        out[f"{name}.negative"] = -torch.rand(70_000, generator=g).to(dt) - 1
+        x = torch.randn(200_000, generator=g).to(dt)
+        x[:131_072] = 1.5
+        out[f"{name}.const_blocks"] = x
+        out[f"{name}.empty"] = torch.empty(0, 7, dtype=dt)
+        y = torch.randn(100_000, generator=g).abs().to(dt)
+        y[::997] *= -1
+        out[f"{name}.skewed_sign"] = y
+    out["bits16"] = torch.randint(0, 2**15, (90_000,), dtype=torch.int16,
+                                  generator=g).view(torch.bfloat16)
+    out["int64"] = torch.arange(50_000, dtype=torch.int64)
+    out["step"] = torch.tensor(7)
+    return out
+
+
+@pytest.mark.parametrize("workspace,log2_block", [(1 << 30, 16), (1 << 21, 12), (1 << 20, 16)])
+def test_files_coded_by_the_encoder_host_side_read_back_exactly(emulated, workspace,
+                                                                log2_block) -> None:
+    tensors = _tensors()
+    items = [encode.Item(dtypes.BY_NAME[str(t.dtype).removeprefix("torch.")], tuple(t.shape),
+                         t.reshape(-1).view(torch.uint8)) for t in tensors.values()]
+    enc = encode.Encoder("auto", workspace=workspace, log2_block=log2_block)
+    buf = io.BytesIO()
+    with Writer(buf) as w:
+        for (name, t), it, c in zip(tensors.items(), items, enc.code(items)):
+            w.add_coded(name, it.dtype, tuple(t.shape), c.coded, c.content_hash)
+        w.set_tree({k: objtree.TensorRef(i) for i, k in enumerate(tensors)})
+    reader = s4format.Reader(buf.getvalue())
+    for i, t in enumerate(tensors.values()):
+        got = reader.read_raw(i)
+        assert got.tobytes() == t.reshape(-1).view(torch.uint8).numpy().tobytes(), i
+    codecs_used = {p.codec for t in reader.tensors for p in t.planes}
+    assert {s4format.codecs.RAW, s4format.codecs.BITPACK, s4format.codecs.RANS} <= codecs_used
+
+
+def test_device_to_device_groups_hold_the_same_payloads(emulated) -> None:
+    tensors = _tensors()
+    items = [encode.Item(dtypes.BY_NAME[str(t.dtype).removeprefix("torch.")], tuple(t.shape),
+                         t.reshape(-1).view(torch.uint8)) for t in tensors.values()]
+    enc = encode.Encoder("auto", workspace=1 << 21)
+    coded = list(enc.code(items))
+    groups = enc.encode_device(items)
+    k = 0
+    for g in groups:
+        pl = g.planes
+        for j in range(len(g.items)):
+            c = coded[k]
+            assert g.content[j] == c.content_hash
+            if j not in g.cpu:
+                rows = np.flatnonzero(pl.item == j)
+                for q, p in zip(rows.tolist(), c.coded.planes):
+                    # (a tensor Encoder.code codes alone in chunks leaves checksums to the
+                    # writer)
+                    want = p.checksum if p.checksum is not None else \
+                        hashing.plane_checksum(bytes(p.payload))
+                    assert (int(pl.codec[q]), int(pl.checksum[q])) == (p.codec, want)
+                    off, size = int(pl.offset[q]), int(pl.size[q])
+                    assert g.buffer[off:off + size].numpy().tobytes() == bytes(p.payload)
+            k += 1
+    assert k == len(items)
+
+
+def test_a_group_of_only_empty_tensors(emulated) -> None:
+    for tensors in ({"e": torch.empty(0)},
+                    {"big": torch.randn(1 << 19).bfloat16(), "e": torch.empty(0, 5)}):
+        items = [encode.Item(dtypes.BY_NAME[str(t.dtype).removeprefix("torch.")],
+                             tuple(t.shape), t.reshape(-1).view(torch.uint8))
+                 for t in tensors.values()]
+        coded = list(encode.Encoder("auto", workspace=1 << 20).code(items))
+        assert coded[-1].content_hash == hashing.content_hash(b"")
