@@ -91,8 +91,8 @@ class Planes:
     """The planes of a group (or of one large tensor) as arrays, row q one plane: rows in item
     order, each item's planes in its layout's field order (the order its ``CodedTensor`` lists
     them). Every stage of the host's work is a few numpy operations over all rows, never a
-    Python step per plane: about 1,600 planes per training state, where ~20 µs of Python per
-    plane cost more than the whole device pass.
+    Python step per plane: about 1,600 planes per training state, where ~30 µs of host Python
+    per plane (the encoder before this table) cost several times the whole device pass.
 
     Set at creation: ``item``, ``kind``, ``index`` (the field), ``n`` (bytes = elements),
     ``ptr`` (device address; a sign plane's packed bits), ``counts`` ([P, 256] histogram; a sign
@@ -126,17 +126,16 @@ class Planes:
         return int(self.n.size)
 
     @classmethod
-    def of_tensor(cls, layout: Layout, n: int, hist: np.ndarray, ones: int,
-                  ptrs: list[int] | None = None) -> Planes:
+    def of_tensor(cls, layout: Layout, n: int, hist: np.ndarray, ones: int) -> Planes:
         """The planes of one split tensor of ``n`` elements from the split kernel's histograms
-        (``hist``: 256 bins per byte plane; ``ones``: set sign bits)."""
+        (``hist``: 256 bins per byte plane; ``ones``: set sign bits); no device addresses
+        (the chunked coder gives each chunk's)."""
         nf = len(layout.fields)
         counts = np.zeros((nf, 256), np.int64)
         counts[0, :2] = n - ones, ones
         counts[1:] = np.asarray(hist, np.int64)[:256 * (nf - 1)].reshape(nf - 1, 256)
         return cls(np.zeros(nf), [f.kind for f in layout.fields],
-                   [f.index for f in layout.fields], np.full(nf, n),
-                   ptrs if ptrs is not None else np.zeros(nf), counts)
+                   [f.index for f in layout.fields], np.full(nf, n), np.zeros(nf), counts)
 
 
 def candidates(pl: Planes, policy_name: str, mantissa: str, gd: bool, log2_block: int) -> None:
