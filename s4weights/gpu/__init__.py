@@ -196,9 +196,6 @@ def xor(a, b, out=None):
     return out
 
 
-DEST_ALIGN = 16  # a caller's destination is decoded into in place only at this alignment
-
-
 def loader_for(reader, device: str, update=None, direct: dict | None = None,
                workspace: int | None = None):
     """The load hook: ``f(i, cuda_device)`` decoding stored tensor i on that device as a typed,
@@ -279,7 +276,7 @@ def loader_for(reader, device: str, update=None, direct: dict | None = None,
 
     def _dest(j: int, dev):
         from s4weights.gpu import runtime
-        from s4weights.gpu.decode import check_limit
+        from s4weights.gpu.decode import DEST_ALIGN, check_limit
 
         d = direct.get(j)
         # the merge kernels store whole words (and 16-byte vectors where aligned): a view at an

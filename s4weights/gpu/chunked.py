@@ -147,7 +147,7 @@ def code_large(enc: Encoder, it: Item, workspace: int) -> Coded:
     del ch
     prof.mark("raw planes, D2H")
 
-    coded = st.coded(enc)
+    coded = st.coded()
     prof.mark("assemble")
     prof.report()
     if sum(c.stored_len for c in coded) > it.nbytes:
@@ -304,7 +304,7 @@ class _Streams:
             del keep
         del staging  # stream-ordered: reused only after these copies
 
-    def coded(self, enc: Encoder) -> tuple[CodedPlane, ...]:
+    def coded(self) -> tuple[CodedPlane, ...]:
         """Codecs and payloads, chosen as ``encode.choose`` chooses them: the first candidate
         in rank order whose real size is under the plane's (only rANS and bitpack here)."""
         out = []

@@ -54,6 +54,7 @@ MERGE_KERNEL = {layouts.BF16.layout_id: "merge_bf16", layouts.FP16.layout_id: "m
                 layouts.FP32.layout_id: "merge_fp32"}
 GPU_CODECS = {codecs.RAW, codecs.BITPACK, codecs.RANS, codecs.GDEFLATE}
 SLOT_ALIGN = 16
+DEST_ALIGN = 16  # the merge kernels store 16-byte vectors: destinations decoded into in place
 
 
 def decodable(reader: Reader, i: int) -> bool:
@@ -161,7 +162,7 @@ def read_tensors(reader: Reader, idx: list[int],
             raise ValueError(f"destination for {t.name!r} must be {t.raw_nbytes} contiguous bytes")
     # The merge kernels store whole words: a destination that is not 16-byte aligned is decoded
     # into a fresh buffer and copied (a misaligned word store would fault the device).
-    given, outs = outs, [o if o.data_ptr() % SLOT_ALIGN == 0 or not o.numel()
+    given, outs = outs, [o if o.data_ptr() % DEST_ALIGN == 0 or not o.numel()
                          else runtime.device_empty(o.numel())[:o.numel()] for o in outs]
     outs = _read_aligned(reader, idx, outs)
     for g, o in zip(given, outs):

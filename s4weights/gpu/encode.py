@@ -235,6 +235,7 @@ def choose(pl: Planes, r: dict | None, gd: gdeflate.Compressed | None, log2_bloc
     size_r[one] = hs + ranshost.n_blocks(n[one], rans.LOG2_BLOCK_MAX)
     jobs = np.flatnonzero(pl.runs_rans)
     varied = np.zeros(0, bool)
+    nb = np.zeros(0, np.int64)  # blocks per job
     if jobs.size:
         nb = np.diff(r["bt"].first)
         varied = r["plane_varied"].astype(bool)
@@ -254,19 +255,19 @@ def choose(pl: Planes, r: dict | None, gd: gdeflate.Compressed | None, log2_bloc
     size[use_r] = size_r[use_r]
     is_job = np.zeros(n.size, bool)
     is_job[jobs] = True
-    rans_rows = jobs[varied] if jobs.size else jobs
-    form[rans_rows[use_r[rans_rows]]] = FORM_RANS
+    rr = jobs[varied]
+    rr = rr[use_r[rr]]   # RANS-mode streams
+    form[rr] = FORM_RANS
 
     # host bytes: RANS streams' header and table, whole CONST streams, GDeflate page tables
     parts = []  # (rows, bytes, starts, lengths)
-    rr = rans_rows[use_r[rans_rows]]
     if rr.size:
         body, blen = table_bodies(pl.freqs[rr])
         parts.append((rr, *stream_heads(rans.MODE_RANS, log2_block, n[rr], body, blen)))
     cj = np.flatnonzero(use_r & is_job & (form == FORM_CONST))  # constant in every block
     if cj.size:
         jpos = np.searchsorted(jobs, cj)
-        nbj = np.diff(r["bt"].first)[jpos]
+        nbj = nb[jpos]
         b0 = r["bt"].first[jpos]
         firsts = r["firsts"][_ragged_positions(b0, nbj)]
         parts.append((cj, *stream_heads(rans.MODE_CONST, log2_block, n[cj], firsts, nbj)))
