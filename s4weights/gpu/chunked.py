@@ -72,9 +72,10 @@ class _Chunks:
     def addr(self, k: int) -> int:
         return self.buf.data_ptr() + int(self.offs[k])
 
-    def split(self, c0: int, hist_p: int) -> tuple[int, torch.Tensor]:
-        """Split the chunk starting at element c0 into the plane buffer, adding its histograms
-        at ``hist_p`` (1024 u64, then the set sign bits): (elements, the chunk's raw bytes)."""
+    def split(self, c0: int, hist_p: int = 0) -> tuple[int, torch.Tensor]:
+        """Split the chunk starting at element c0 into the plane buffer or, given ``hist_p``,
+        only add its histograms there (1024 u64, then the set sign bits): (elements, the
+        chunk's raw bytes)."""
         m = min(self.chunk, self.n - c0)
         lo, hi = c0 * self.word, (c0 + m) * self.word
         src = self.it.data[lo:hi]
@@ -82,11 +83,15 @@ class _Chunks:
             from s4weights.gpu import xor
 
             src = xor(src, self.it.parent[lo:hi], out=self.xbuf[:hi - lo])
+        if hist_p:
+            launch_split(self.it.layout.layout_id, [src.data_ptr()], [m], None, hist_p,
+                         hist_p + 8 * 1024, kind="hist")
+            return m, src
         if self.buf is None:
             self.buf = runtime.device_empty(int(self.offs[-1]))
         launch_split(self.it.layout.layout_id, [src.data_ptr()], [m],
-                     [[self.addr(k) for k in range(len(self.offs) - 1)]], hist_p,
-                     hist_p + 8 * 1024)
+                     [[self.addr(k) for k in range(len(self.offs) - 1)]], 0, 0,
+                     kind="split")
         return m, src
 
 
@@ -125,7 +130,7 @@ def code_large(enc: Encoder, it: Item, workspace: int) -> Coded:
     ch = _Chunks(it, plan.large_chunk(lay, size, workspace, n, len(jobs), sign_rans, xor, lg))
     cap = plan.large_staging(ch.chunk, len(jobs), lg)
     for c0 in ch:
-        m = ch.split(c0, hist.data_ptr())[0]  # (histograms no longer read)
+        m = ch.split(c0)[0]
         st.copy_plain(c0, m, ch)
         if jobs:
             r = enc._rans(sign, np.full(len(jobs), m), np.array([ch.addr(i) for i in jobs],
@@ -140,7 +145,7 @@ def code_large(enc: Encoder, it: Item, workspace: int) -> Coded:
             and planes.kind[i] != layouts.KIND_SIGN]
     if redo:
         for c0 in ch:
-            m = ch.split(c0, hist.data_ptr())[0]
+            m = ch.split(c0)[0]
             for i in redo:
                 st.d2h(st.stream_at(i) + c0, ch.plane(i, m))
     torch.cuda.current_stream().synchronize()

@@ -1,18 +1,22 @@
 """Save side of the CUDA path: code tensors that live on the GPU into ``CodedTensor``s.
 
-Per group of consecutive tensors (``plan.groups``), with two host synchronisations whatever
-the number of tensors, planes or blocks, and host work that is numpy over all of the group's
-planes at once (:class:`Planes`), never a Python step per plane or block:
+Host work is numpy over all planes at once (:class:`Planes`), never a Python step per plane or
+block, and the host synchronises once per window and once per group, whatever the number of
+tensors, planes or blocks:
 
-1. one fused split launch per layout writes packed sign bits, the byte planes and all their
-   histograms into one device array; one launch normalises every plane's histogram into rANS
-   frequencies (``rans_normalise``: rans.normalise's integer procedure, the encoder's table
-   input stays on the device); the leaf digests of every tensor's raw bytes (content hashes)
-   are launched too. Sync 1: histograms and frequencies come to the host.
-2. the host picks candidate codecs from them as ``s4format.policy`` ranks them (GPU codecs
-   only: :func:`candidates`), and one launch encodes every rANS block of the group (one warp
-   each); GDeflate pages go to nvCOMP in one batch where asked for. Sync 2: the word counts,
-   first symbols and "varied" flags of the blocks come back.
+1. **Window** (consecutive tensors whose histograms and tables take at most 1/16 of the
+   workspace): one histogram launch per layout (``hist_*``) reads every tensor once, and one
+   launch normalises every plane's histogram into rANS frequencies (``rans_normalise``:
+   rans.normalise's integer procedure; the encoder's table input stays on the device).
+   Synchronisation: histograms and frequencies come to the host, which picks every plane's
+   candidate codecs as ``s4format.policy`` ranks them (GPU codecs only: :func:`candidates`).
+   Groups are then sized by what they really hold (``plan.group_need``: rANS scratch only for
+   the planes the rANS kernel codes), not by the worst case.
+2. **Group**, one batch of launches with one table upload: the leaf digests of every tensor's
+   raw bytes (content hashes), one split launch per layout (packed sign bits and byte planes),
+   and one launch that encodes every rANS block of the group (one warp each); GDeflate pages
+   go to nvCOMP in one batch where asked for. Synchronisation: the word counts, first symbols
+   and "varied" flags of the blocks come back.
 3. the host sizes every payload and picks its codec (:func:`choose`), lays the payloads out in
    one compacted device buffer (16-byte aligned), and one copy launch assembles them; one hash
    launch digests the payload leaves. The digests (payload leaves and content leaves) go to
@@ -56,6 +60,7 @@ from s4weights.gpu.hash import content_hashes_from_leaves, plane_checksums_from_
 
 SPLIT_KERNEL = {layouts.BF16.layout_id: "split_bf16", layouts.FP16.layout_id: "split_fp16",
                 layouts.FP32.layout_id: "split_fp32"}
+SPLIT_KINDS = ("split", "hist")  # kernels/planes.cu: the planes, or only their histograms
 MANTISSA_MODES = ("auto", "rans", "gdeflate", "raw")
 ALIGN_PAYLOAD = 16
 
@@ -121,6 +126,21 @@ class Planes:
         # device address of each row's encoder-table input (0: none), or None
         self.freqs: np.ndarray | None = None
         self.tab: np.ndarray | None = None
+        self.tables: object = None  # the device buffer ``tab`` points into, while needed
+
+    _CHOSEN = ("nsym", "est_rans", "est_bp", "cand_rans", "cand_bp", "cand_gd", "runs_rans")
+
+    def take(self, rows: np.ndarray, item: np.ndarray) -> Planes:
+        """Rows ``rows`` as a table of their own, ``item`` their items' positions there (a
+        group's rows of its window's table), with what :func:`candidates` set."""
+        out = Planes(item, self.kind[rows], self.index[rows], self.n[rows], self.ptr[rows],
+                     self.counts[rows])
+        out.freqs = None if self.freqs is None else self.freqs[rows]
+        out.tab = None if self.tab is None else self.tab[rows]
+        for name in self._CHOSEN:
+            if hasattr(self, name):
+                setattr(out, name, getattr(self, name)[rows])
+        return out
 
     def __len__(self) -> int:
         return int(self.n.size)
@@ -347,13 +367,14 @@ class Encoder:
     def _workspace(self, items: list[Item]) -> int:
         return self.workspace or plan.default_workspace(sum(i.nbytes for i in items))
 
-    def _groups(self, items: list[Item], pipelined: bool = False, chunked: bool = False
-                ) -> list[list[Item] | Item]:
-        """Consecutive groups whose worst-case device bytes (``plan.encode_need``) fit the
-        workspace. ``pipelined`` (``code``): the previous group's compacted buffer is still on
-        the device while the next group is coded, and counts against it. ``chunked``: a tensor
-        that alone needs more than the workspace (and every item with a parent) is returned on
-        its own, not in a list, for the chunked coder."""
+    def _budgets(self, items: list[Item]) -> tuple[int, int, int]:
+        """(workspace, the share a window's histogram pass may hold, what groups may hold)."""
+        workspace = self._workspace(items)
+        cap = workspace // plan.WINDOW_SHARE
+        return workspace, cap, workspace - cap
+
+    @staticmethod
+    def _layouts(items: list[Item]) -> None:
         for it in items:
             it.layout = plan.gpu_layout(it.dtype.name, it.nbytes)
             if it.layout is None and it.nbytes < SPLIT_MIN:
@@ -361,37 +382,71 @@ class Encoder:
                 # in all) are stored as one raw plane, copied on the device: coding them on
                 # the CPU costs more host time than all their bytes are worth
                 it.layout = layouts.RAW
-        workspace = self._workspace(items)
-        needs: dict[tuple, int] = {}  # a model's layers repeat a few shapes
-        need = []
+
+    def _plan(self, items: list[Item], pipelined: bool = False, chunked: bool = False
+              ) -> Iterator[tuple[list[Item], Planes, int] | Item]:
+        """The groups to code, in order, each as (its items, its plane table with candidates
+        chosen, its exact device bytes: ``plan.group_need``). Consecutive tensors form windows
+        (histograms and rANS tables of at most ``workspace / plan.WINDOW_SHARE`` bytes); one
+        histogram pass per window (:meth:`_histograms`, one synchronisation) decides every
+        plane's candidates, so each group is sized by what it really holds, not by the worst
+        case of every plane taking rANS. ``pipelined`` (``code``): the previous group's
+        compacted buffer is still on the device while the next group is coded, and counts
+        against the workspace. ``chunked``: a tensor that alone needs more than the workspace
+        (and every item with a parent) is yielded on its own, an ``Item``, for the chunked
+        coder; without it such a tensor is a group of its own, whatever it needs."""
+        self._layouts(items)
+        _workspace, cap, budget = self._budgets(items)
+        window: list[Item] = []
+        meta = 0
         for it in items:
-            key = (-1 if it.layout is None else it.layout.layout_id, it.nbytes,
-                   it.dtype.itemsize)
-            if (v := needs.get(key)) is None:
-                v = needs[key] = plan.encode_need(it.layout, it.nbytes, it.dtype.itemsize,
-                                                  self.gd, self.log2_block)
-            need.append(v)
-        out: list[list[Item] | Item] = []
+            if it.parent is not None and not chunked:
+                raise ValueError("an item with a parent is coded by Encoder.code only")
+            # a tensor too large even with no plane rANS-coded skips the histogram pass
+            large = it.parent is not None or (
+                chunked and not self.gd and it.layout is not layouts.RAW
+                and plan.encode_need(it.layout, it.nbytes, it.dtype.itemsize, False,
+                                     self.log2_block, rans=False) > budget)
+            m = plan.window_meta(it.layout)
+            if large or (window and meta + m > cap):
+                yield from self._window(window, budget, pipelined, chunked)
+                window, meta = [], 0
+            if large:
+                yield it
+            else:
+                window.append(it)
+                meta += m
+        yield from self._window(window, budget, pipelined, chunked)
+
+    def _window(self, items: list[Item], budget: int, pipelined: bool, chunked: bool
+                ) -> Iterator[tuple[list[Item], Planes, int] | Item]:
+        if not items:
+            return
+        pl, tables = self._histograms(items)
+        nbytes = np.array([it.nbytes for it in items], np.int64)
+        need = plan.group_need(pl.item, pl.kind == layouts.KIND_SIGN,
+                               pl.kind != layouts.KIND_RAW, pl.n, pl.runs_rans, pl.cand_gd,
+                               nbytes, self.log2_block)
+        first = np.searchsorted(pl.item, np.arange(len(items) + 1))
         run: list[int] = []
 
-        def flush() -> None:
-            grouped = plan.groups_by_need([need[i] for i in run],
-                                          [items[i].nbytes for i in run], workspace, pipelined)
-            out.extend([items[run[i]] for i in grp] for grp in grouped)
+        def flush() -> Iterator[tuple[list[Item], Planes, int]]:
+            for grp in plan.groups_by_need(need[run].tolist(), nbytes[run].tolist(), budget,
+                                           pipelined):
+                k0, k1 = run[grp.start], run[grp.stop - 1] + 1  # runs are consecutive
+                rows = np.arange(first[k0], first[k1])
+                sub = pl.take(rows, pl.item[rows] - k0)
+                sub.tables = tables  # the encoder-table inputs stay until the group's rANS
+                yield items[k0:k1], sub, int(need[k0:k1].sum())
             run.clear()
 
-        for i, it in enumerate(items):
-            large = it.parent is not None or (
-                need[i] > workspace and not self.gd and it.layout is not layouts.RAW)
-            if chunked and large:
-                flush()
-                out.append(it)
+        for k, it in enumerate(items):
+            if chunked and need[k] > budget and not self.gd and it.layout is not layouts.RAW:
+                yield from flush()
+                yield it
             else:
-                if it.parent is not None:
-                    raise ValueError("an item with a parent is coded by Encoder.code only")
-                run.append(i)
-        flush()
-        return out
+                run.append(k)
+        yield from flush()
 
     def code(self, items: list[Item]) -> Iterator[Coded]:
         """Coded tensors with payloads in pinned host memory, in order; one group's D2H is in
@@ -400,8 +455,8 @@ class Encoder:
         from s4weights.gpu import chunked
 
         pending: DeviceGroup | None = None
-        workspace = self._workspace(items)
-        for grp in self._groups(items, pipelined=True, chunked=True):
+        workspace, _cap, budget = self._budgets(items)
+        for grp in self._plan(items, pipelined=True, chunked=True):
             if isinstance(grp, Item):
                 if pending is not None:
                     yield from self._results(pending)
@@ -410,7 +465,12 @@ class Encoder:
                 yield (chunked.code_large(self, grp, workspace) if split
                        else chunked.code_host(self, grp, workspace))
                 continue
-            g = self._encode_group(grp, pending)
+            its, pl, need = grp
+            if pending is not None and pending.total + need > budget:
+                # the first group of a new window: wait for the previous group's copy
+                yield from self._results(pending)
+                pending = None
+            g = self._encode_group(its, pl, pending)
             self._to_host(g)
             if pending is not None:
                 yield from self._results(pending)
@@ -422,28 +482,115 @@ class Encoder:
         """Device-to-device: every group's compacted payload buffer stays on the device (so a
         tensor larger than the workspace is one group of its own, whatever it needs)."""
         out: list[DeviceGroup] = []
-        for grp in self._groups(items):
+        for its, pl, _need in self._plan(items):
             # the previous group's hashes are rooted while this group's kernel runs
-            out.append(self._encode_group(grp, out[-1] if out else None))
+            out.append(self._encode_group(its, pl, out[-1] if out else None))
         if out:
             self.finish(out[-1])
         return out
 
-    # -- one group ------------------------------------------------------------------------
+    # -- one window: histograms and candidates ---------------------------------------------
 
-    def _encode_group(self, items: list[Item], previous: DeviceGroup | None = None
-                     ) -> DeviceGroup:
-        """Code one group on the device; ``previous`` (the group before, if its hashes are not
-        rooted yet) is finished while this group's rANS kernel runs."""
+    def _histograms(self, items: list[Item]) -> tuple[Planes, tuple]:
+        """The window's plane table: one histogram launch per layout over its split tensors
+        and one normalisation launch over their planes (``rans_normalise``: rans.normalise's
+        integer procedure; the encoder's table inputs stay on the device), then one
+        synchronisation for the histograms and frequencies, and the candidates of every plane
+        (:func:`candidates`). Rows are in item order: a split tensor's planes (no device
+        address yet: each group splits its own), a raw-layout item's bytes in place; an item
+        the CPU codes has none. Returns the table and the device tables to keep."""
+        split = [k for k, it in enumerate(items)
+                 if it.layout is not None and it.layout is not layouts.RAW]
+        raws = [k for k, it in enumerate(items) if it.layout is layouts.RAW]
+        lays = [items[k].layout for k in split]
+        nf = np.array([len(lay.fields) for lay in lays], np.int64)
+        n_el = np.array([items[k].nbytes // lay.word_size(items[k].dtype.itemsize)
+                         for k, lay in zip(split, lays)], np.int64)
+        seg = np.repeat(np.arange(len(split)), nf)          # split rows: their tensor
+        field = np.arange(int(nf.sum())) - np.repeat(np.cumsum(nf) - nf, nf)
+        n = n_el[seg]
+        nseg = len(split)
+        batch = runtime.Batch()
+        hist = torch.zeros(nseg * 1025 + 1, dtype=torch.int64, device="cuda")
+        hp = hist.data_ptr()
+        hpos = np.zeros(nseg, np.int64)  # segment -> its histogram's position, by layout
+        lay_ids = np.array([lay.layout_id for lay in lays], np.int64)
+        at = 0
+        for lay_id in SPLIT_KERNEL:
+            sel = np.flatnonzero(lay_ids == lay_id)
+            if not sel.size:
+                continue
+            hpos[sel] = np.arange(at, at + sel.size)
+            launch_split(lay_id, [items[split[j]].data.data_ptr() for j in sel.tolist()],
+                         n_el[sel], None, hp + 8 * 1024 * at, hp + 8 * (1024 * nseg + at),
+                         batch, "hist")
+            at += sel.size
+        # every split plane's rANS frequencies, normalised on the device and kept there as the
+        # encoder's table input; histograms and frequencies come to the host in plane order
+        ps = n.size
+        bins = np.where(field > 0, np.uint64(hp) + (8 * (hpos[seg] * 1024 + (field - 1) * 256)
+                                                    ).astype(np.uint64), np.uint64(0))
+        fc = runtime.device_empty(2048 * ps)
+        dev_counts = runtime.device_empty(2048 * ps)
+        host = runtime.pinned(3072 * ps)
+        batch.launch("rans", "rans_normalise", ps, 256, *batch.table(
+            bins, np.uint64(hp) + (8 * (1024 * nseg + hpos[seg])).astype(np.uint64), n),
+            runtime.ptr(fc), runtime.ptr(dev_counts))
+        tables = batch.run()
+        if ps:
+            host[:2048 * ps].copy_(dev_counts[:2048 * ps], non_blocking=True)
+            host[2048 * ps:].view(-1, 1024).copy_(fc[:2048 * ps].view(-1, 2048)[:, :1024],
+                                                 non_blocking=True)
+        # while the device works: the rows, split rows then one row per raw-layout item (its
+        # bytes in place), put in item order
+        item = np.concatenate((np.asarray(split, np.int64)[seg], raws)).astype(np.int64)
+        kind = [f.kind for lay in lays for f in lay.fields] + [layouts.KIND_RAW] * len(raws)
+        index = [f.index for lay in lays for f in lay.fields] + [0] * len(raws)
+        nrow = np.concatenate((n, [items[k].nbytes for k in raws])).astype(np.int64)
+        ptr = np.concatenate((np.zeros(ps, np.uint64),
+                              np.array([items[k].data.data_ptr() for k in raws], np.uint64)))
+        split_tab = np.uint64(fc.data_ptr()) + np.arange(ps, dtype=np.uint64) * np.uint64(2048)
+        if raws:
+            order = np.argsort(item, kind="stable")
+            at_row = np.empty(order.size, np.int64)   # split row i goes to row at_row[i]
+            at_row[order] = np.arange(order.size)
+        if ps:
+            torch.cuda.current_stream().synchronize()  # the window's one synchronisation
+        hv = host.numpy()
+        split_counts = hv[:2048 * ps].view(np.int64).reshape(ps, 256)
+        split_freqs = hv[2048 * ps:3072 * ps].view(np.uint32).reshape(ps, 256)
+        if raws:
+            counts = np.zeros((order.size, 256), np.int64)
+            counts[at_row[:ps]] = split_counts
+            freqs = np.zeros((order.size, 256), np.uint32)
+            freqs[at_row[:ps]] = split_freqs
+            tab = np.zeros(order.size, np.uint64)
+            tab[at_row[:ps]] = split_tab
+            item, nrow, ptr = item[order], nrow[order], ptr[order]
+            kind, index = np.asarray(kind)[order], np.asarray(index)[order]
+        else:  # split rows only: already in item order
+            counts, freqs, tab = split_counts, split_freqs, split_tab
+        pl = Planes(item, kind, index, nrow, ptr, counts)
+        pl.freqs, pl.tab = freqs, tab
+        self.candidates(pl)
+        return pl, (fc, tables)
+
+    # -- one group --------------------------------------------------------------------------
+
+    def _encode_group(self, items: list[Item], pl: Planes,
+                      previous: DeviceGroup | None = None) -> DeviceGroup:
+        """Code one group (its plane table from :meth:`_plan`) on the device; ``previous`` (the
+        group before, if its hashes are not rooted yet) is finished while this group's rANS
+        kernel runs."""
         prof = runtime.Profile("encode")
-        batch = runtime.Batch()  # the first stage's launches, their tables in one upload
+        batch = runtime.Batch()  # content digests, split, rANS: their tables in one upload
         content_dig, content_first = runtime.leaf_digests(
             [i.data.data_ptr() for i in items], [i.nbytes for i in items], batch)
-        planes_buf, pl = self._split(items, batch)         # sync 1 (histograms)
-        prof.mark("split+hist")
-        r, gd = self._encode(                              # sync 2 (block word counts)
-            pl, None if previous is None else (lambda: self.finish(previous)))
-        prof.mark("encode")
+        planes_buf = self._split(items, pl, batch)
+        r, gd = self._encode(                              # the group's one synchronisation
+            pl, batch, None if previous is None else (lambda: self.finish(previous)))
+        pl.tables = None  # the window's encoder-table inputs are no longer this group's
+        prof.mark("split+encode")
         choose(pl, r, gd, self.log2_block)
         cpu = {k for k, it in enumerate(items) if it.layout is None}
         stored = np.bincount(pl.item, weights=pl.size, minlength=len(items))
@@ -522,111 +669,52 @@ class Encoder:
             out.append(Coded(CodedTensor(it.layout, coded), g.content[k]))
         return out
 
-    # -- stage 1: split and histograms ----------------------------------------------------
+    # -- stage 1: split and encode --------------------------------------------------------
 
-    def _split(self, items: list[Item], batch: runtime.Batch
-               ) -> tuple[tuple[torch.Tensor, ...], Planes]:
-        """One split launch per layout over the group's split tensors and one normalisation
-        launch over their planes; returns the device buffers (the planes, their encoder-table
-        inputs) and the group's plane table (a raw-layout item is one plane, in place; an
-        item the CPU codes has none)."""
-        split = [k for k, it in enumerate(items)
-                 if it.layout is not None and it.layout is not layouts.RAW]
-        raws = [k for k, it in enumerate(items) if it.layout is layouts.RAW]
-        lays = [items[k].layout for k in split]
-        nf = np.array([len(lay.fields) for lay in lays], np.int64)
-        n_el = np.array([items[k].nbytes // lay.word_size(items[k].dtype.itemsize)
-                         for k, lay in zip(split, lays)], np.int64)
-        seg = np.repeat(np.arange(len(split)), nf)          # split rows: their tensor
-        field = np.arange(int(nf.sum())) - np.repeat(np.cumsum(nf) - nf, nf)
-        n = n_el[seg]
-        size = runtime.align(np.where(field == 0, (n + 7) // 8, n))  # sign: packed bits
+    def _split(self, items: list[Item], pl: Planes, batch: runtime.Batch) -> torch.Tensor:
+        """The group's planes in one device buffer, one split launch per layout (in ``batch``):
+        packed sign bits and byte planes, no histograms (the window has them). Sets the device
+        address of every split row of ``pl``."""
+        rows = np.flatnonzero(pl.kind != layouts.KIND_RAW)
+        n = pl.n[rows]
+        size = runtime.align(np.where(pl.kind[rows] == layouts.KIND_SIGN, (n + 7) // 8, n))
         off = np.cumsum(size) - size
         buf = runtime.device_empty(int(size.sum()))
-        base = np.uint64(buf.data_ptr())
-        nseg = len(split)
-        hist = torch.zeros(nseg * 1025 + 1, dtype=torch.int64, device="cuda")
-        hp = hist.data_ptr()
-        hpos = np.zeros(nseg, np.int64)  # segment -> its histogram's position, by layout
-        lay_ids = np.array([lay.layout_id for lay in lays], np.int64)
-        first_row = np.cumsum(nf) - nf
-        at = 0
+        pl.ptr[rows] = np.uint64(buf.data_ptr()) + off.astype(np.uint64)
+        first = np.searchsorted(pl.item, np.arange(len(items) + 1))
+        split = [k for k, it in enumerate(items)
+                 if it.layout is not None and it.layout is not layouts.RAW]
         for lay_id in SPLIT_KERNEL:
-            sel = np.flatnonzero(lay_ids == lay_id)
-            if not sel.size:
+            sel = [k for k in split if items[k].layout.layout_id == lay_id]
+            if not sel:
                 continue
-            hpos[sel] = np.arange(at, at + sel.size)
-            k = int(nf[sel[0]])
-            addrs = base + off[first_row[sel][:, None] + np.arange(k)].astype(np.uint64)
-            launch_split(lay_id, [items[split[j]].data.data_ptr() for j in sel.tolist()],
-                         n_el[sel], addrs, hp + 8 * 1024 * at, hp + 8 * (1024 * nseg + at),
-                         batch)
-            at += sel.size
-        # every split plane's rANS frequencies, normalised on the device (the same integer
-        # procedure as rans.normalise) and kept there as the encoder's table input; the
-        # histograms and frequencies come to the host in plane order (no gathering here)
-        ps = n.size
-        bins = np.where(field > 0, np.uint64(hp) + (8 * (hpos[seg] * 1024 + (field - 1) * 256)
-                                                    ).astype(np.uint64), np.uint64(0))
-        fc = runtime.device_empty(2048 * ps)
-        dev_counts = runtime.device_empty(2048 * ps)
-        host = runtime.pinned(3072 * ps)
-        batch.launch("rans", "rans_normalise", ps, 256, *batch.table(
-            bins, np.uint64(hp) + (8 * (1024 * nseg + hpos[seg])).astype(np.uint64), n),
-            runtime.ptr(fc), runtime.ptr(dev_counts))
-        tables = batch.run()
-        if ps:
-            host[:2048 * ps].copy_(dev_counts[:2048 * ps], non_blocking=True)
-            host[2048 * ps:].view(-1, 1024).copy_(fc[:2048 * ps].view(-1, 2048)[:, :1024],
-                                                 non_blocking=True)
-        # while the device works: the rows, split rows then one row per raw-layout item (its
-        # bytes in place), put in item order
-        item = np.concatenate((np.asarray(split, np.int64)[seg], raws)).astype(np.int64)
-        kind = [f.kind for lay in lays for f in lay.fields] + [layouts.KIND_RAW] * len(raws)
-        index = [f.index for lay in lays for f in lay.fields] + [0] * len(raws)
-        nrow = np.concatenate((n, [items[k].nbytes for k in raws])).astype(np.int64)
-        ptr = np.concatenate((base + off.astype(np.uint64),
-                              np.array([items[k].data.data_ptr() for k in raws], np.uint64)))
-        split_tab = np.uint64(fc.data_ptr()) + np.arange(ps, dtype=np.uint64) * np.uint64(2048)
-        if raws:
-            order = np.argsort(item, kind="stable")
-            at_row = np.empty(order.size, np.int64)   # split row i goes to row at_row[i]
-            at_row[order] = np.arange(order.size)
-        torch.cuda.current_stream().synchronize()  # sync 1
-        hv = host.numpy()
-        split_counts = hv[:2048 * ps].view(np.int64).reshape(ps, 256)
-        split_freqs = hv[2048 * ps:3072 * ps].view(np.uint32).reshape(ps, 256)
-        if raws:
-            counts = np.zeros((order.size, 256), np.int64)
-            counts[at_row[:ps]] = split_counts
-            freqs = np.zeros((order.size, 256), np.uint32)
-            freqs[at_row[:ps]] = split_freqs
-            tab = np.zeros(order.size, np.uint64)
-            tab[at_row[:ps]] = split_tab
-            item, nrow, ptr = item[order], nrow[order], ptr[order]
-            kind, index = np.asarray(kind)[order], np.asarray(index)[order]
-        else:  # split rows only: already in item order
-            counts, freqs, tab = split_counts, split_freqs, split_tab
-        pl = Planes(item, kind, index, nrow, ptr, counts)
-        pl.freqs, pl.tab = freqs, tab
-        return (buf, fc, hist, dev_counts, tables), pl
-
-    # -- stage 2: candidates and encoding -------------------------------------------------
+            lay = items[sel[0]].layout
+            nf = len(lay.fields)
+            addrs = pl.ptr[first[sel][:, None] + np.arange(nf)]
+            launch_split(lay_id, [items[k].data.data_ptr() for k in sel],
+                         [items[k].nbytes // lay.word_size(items[k].dtype.itemsize)
+                          for k in sel], addrs, 0, 0, batch, "split")
+        return buf
 
     def candidates(self, pl: Planes) -> None:
         candidates(pl, self.policy, self.mantissa, self.gd, self.log2_block)
 
-    def _encode(self, pl: Planes, meanwhile=None):
-        self.candidates(pl)
+    def _encode(self, pl: Planes, batch: runtime.Batch, meanwhile=None):
+        """Queue the rANS launch behind the split in ``batch``, run it, start GDeflate where
+        asked for, and read the blocks' word counts back (``meanwhile()`` runs on the host while
+        the device works)."""
         gd_rows = np.flatnonzero(pl.cand_gd)
+        jobs = np.flatnonzero(pl.runs_rans)
+        launched = self._rans_launch(
+            pl.kind[jobs] == layouts.KIND_SIGN, pl.n[jobs], pl.ptr[jobs], pl.freqs[jobs],
+            None if pl.tab is None else pl.tab[jobs], batch) if jobs.size else None
+        tables = batch.run()
         gd = gdeflate.Compressed(pl.ptr[gd_rows].tolist(), pl.n[gd_rows].tolist(),
                                  self.gd_algorithm) if gd_rows.size else None
-        jobs = np.flatnonzero(pl.runs_rans)
-        r = self._rans(pl.kind[jobs] == layouts.KIND_SIGN, pl.n[jobs], pl.ptr[jobs],
-                       pl.freqs[jobs], None if pl.tab is None else pl.tab[jobs], meanwhile
-                       ) if jobs.size else None
+        r = self._rans_collect(launched, meanwhile) if launched is not None else None
         if r is None and meanwhile is not None:
             meanwhile()
+        del tables
         return r, gd
 
     def _rans(self, sign: np.ndarray, n: np.ndarray, ptr: np.ndarray, freqs: np.ndarray,
@@ -636,13 +724,22 @@ class Encoder:
         Job j's frequencies are ``freqs[j]``; ``tabs[j]``, where given, is the device address
         of its encoder-table input (``rans_normalise``'s output), else it is uploaded.
         ``meanwhile()`` runs on the host while the kernel runs."""
+        batch = runtime.Batch()
+        launched = self._rans_launch(sign, n, ptr, freqs, tabs, batch)
+        launched["keep"][0].append(batch.run())
+        return self._rans_collect(launched, meanwhile)
+
+    def _rans_launch(self, sign: np.ndarray, n: np.ndarray, ptr: np.ndarray,
+                     freqs: np.ndarray, tabs: np.ndarray | None, batch: runtime.Batch) -> dict:
+        """Queue in ``batch`` the unpacking of sign jobs and one rANS launch over every block of
+        every job (see :meth:`_rans`); returns what :meth:`_rans_collect` reads back."""
         keep: list[object] = []
         n = np.asarray(n, np.int64)
         srcs = np.asarray(ptr, np.uint64).copy()
         for j in np.flatnonzero(sign).tolist():
             tmp = runtime.device_empty(int(n[j]))
-            runtime.launch("planes", "unpack_bits", min(4096, (int(n[j]) + 255) // 256), 256,
-                           np.uint64(srcs[j]), runtime.ptr(tmp), runtime.i64(int(n[j])))
+            batch.launch("planes", "unpack_bits", min(4096, (int(n[j]) + 255) // 256), 256,
+                         np.uint64(srcs[j]), runtime.ptr(tmp), runtime.i64(int(n[j])))
             keep.append(tmp)
             srcs[j] = tmp.data_ptr()
         lg = self.log2_block
@@ -669,35 +766,41 @@ class Encoder:
         blk_scr = (np.uint64(scratch.data_ptr()) + scratch_off[bt.plane].astype(np.uint64)
                    + 2 * bt.start.astype(np.uint64))
         cta_first, cta_warps = plan.cta_table(bt.first)
-        dev, (cf_p, cw_p, src_p, len_p, bt_tab_p, scr_p) = runtime.upload(
-            cta_first, cta_warps, blk_src, bt.length, blk_tab, blk_scr)
-        keep.append(dev)
-        runtime.launch("rans", "rans_encode", cta_first.size, 32 * plan.RANS_WARPS,
-                       np.uint64(cf_p), np.uint64(cw_p), np.uint64(src_p), np.uint64(len_p),
-                       np.uint64(bt_tab_p),
-                       np.uint64(scr_p), np.uint64(counts_p), np.uint64(states_p),
-                       np.uint64(firsts_p), np.uint64(varied_p))
+        batch.launch("rans", "rans_encode", cta_first.size, 32 * plan.RANS_WARPS,
+                     *batch.table(cta_first, cta_warps, blk_src, bt.length, blk_tab, blk_scr),
+                     np.uint64(counts_p), np.uint64(states_p), np.uint64(firsts_p),
+                     np.uint64(varied_p))
+        return dict(bt=bt, n=n, out=out, states_p=states_p, counts_p=counts_p,
+                    scratch_off=scratch_off, scratch=scratch, keep=(keep, out))
+
+    @staticmethod
+    def _rans_collect(launched: dict, meanwhile=None) -> dict:
+        """After the launch has been queued: copy the blocks' word counts, first symbols and
+        "varied" flags to the host, run ``meanwhile()``, synchronise, and sum them per job."""
+        bt, out = launched["bt"], launched.pop("out")
+        nb = bt.size
         meta_h = runtime.pinned(6 * nb)
         if nb:
             meta_h[:4 * nb].copy_(out[:4 * nb], non_blocking=True)
             meta_h[4 * nb:6 * nb].copy_(out[132 * nb:134 * nb], non_blocking=True)
         if meanwhile is not None:
             meanwhile()  # host work that does not wait for the kernel
-        torch.cuda.current_stream().synchronize()  # sync 2
+        torch.cuda.current_stream().synchronize()
         meta = meta_h.numpy()
         counts = meta[:4 * nb].view(np.uint32).astype(np.int64)
         fv = meta[4 * nb:6 * nb]
         first = bt.first
+        jobs = launched.pop("n").size
         ne = first[1:] > first[:-1]
-        plane_words = np.zeros(n.size, np.int64)
-        plane_varied = np.zeros(n.size, bool)
+        plane_words = np.zeros(jobs, np.int64)
+        plane_varied = np.zeros(jobs, bool)
         if nb:
             idx = first[:-1][ne]
             plane_words[ne] = np.add.reduceat(counts, idx)
             plane_varied[ne] = np.logical_or.reduceat(fv[nb:] != 0, idx)
-        return dict(bt=bt, counts=counts, firsts=fv[:nb], plane_words=plane_words,
-                    plane_varied=plane_varied, states_p=states_p, counts_p=counts_p,
-                    scratch_off=scratch_off, scratch=scratch, keep=(keep, out))
+        launched.update(counts=counts, firsts=fv[:nb], plane_words=plane_words,
+                        plane_varied=plane_varied)
+        return launched
 
     # -- stage 3: assembly ----------------------------------------------------------------
 
@@ -763,25 +866,31 @@ class Encoder:
         keep.append(batch.run())
         return out, total, live, cpu_at, keep, pay_dig, pay_first
 
-def launch_split(layout_id: int, src: list[int], nelems, planes: list[list[int]] | np.ndarray,
-                 hist_p: int, ones_p: int, batch: runtime.Batch | None = None
+def launch_split(layout_id: int, src: list[int], nelems,
+                 planes: list[list[int]] | np.ndarray | None, hist_p: int, ones_p: int,
+                 batch: runtime.Batch | None = None, kind: str = "split"
                  ) -> torch.Tensor | None:
     """One split launch (``kernels/planes.cu``) for tensors of one layout: tensor r has
     ``nelems[r]`` elements at address ``src[r]`` and its planes (packed sign bits first) at
     ``planes[r]``; its byte histograms are added to the 1024 u64 at ``hist_p + 8192 * r`` and its
-    count of set sign bits to the u64 at ``ones_p + 8 * r``. Returns the launch's device table
-    (stream-ordered: keep it or drop it, the caching allocator reuses it after the launch);
-    with a ``batch``, the launch joins it (and runs with it)."""
+    count of set sign bits to the u64 at ``ones_p + 8 * r``. ``kind``: "split" writes the
+    planes (``hist_p`` and ``ones_p`` unused), "hist" only adds the histograms (``planes``
+    None). Returns the launch's device table (stream-ordered: keep it or drop it, the caching
+    allocator reuses it after the launch); with a ``batch``, the launch joins it (and runs with
+    it)."""
+    if kind not in SPLIT_KINDS:
+        raise ValueError(f"kind must be one of {SPLIT_KINDS}")
     cs, c0 = plan.chunk_table(nelems)
     table = np.zeros((len(src), 5), dtype=np.uint64)
     if isinstance(planes, np.ndarray):
         table[:, :planes.shape[1]] = planes
-    else:
+    elif planes is not None:
         for r, addrs in enumerate(planes):
             table[r, :len(addrs)] = addrs
     own = batch is None
     batch = runtime.Batch() if own else batch
-    batch.launch("planes", SPLIT_KERNEL[layout_id], cs.size, 256,
+    name = SPLIT_KERNEL[layout_id].replace("split", kind, 1)
+    batch.launch("planes", name, cs.size, 256,
                  *batch.table(cs, c0, np.asarray(src, dtype=np.uint64),
                               np.asarray(nelems, dtype=np.int64), table),
                  np.uint64(hist_p), np.uint64(ones_p))

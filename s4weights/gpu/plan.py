@@ -53,24 +53,71 @@ TENSOR_META = _al(8 * 1025) + 4096  # a split tensor's histograms; its launch-ta
 
 
 def encode_need(layout: layouts.Layout | None, nbytes: int, itemsize: int,
-                gdeflate: bool = False, log2_block: int = 16) -> int:
+                gdeflate: bool = False, log2_block: int = 16, rans: bool = True) -> int:
     """Device bytes the encoder may hold for one tensor at once, at worst: its planes (packed
     sign bits and one byte per element per other field), rANS scratch of two bytes per symbol
     for every plane (the sign plane too, with its unpacked bytes), each plane's tables and each
     rANS block's metadata (``log2_block``), GDeflate's output pages where GDeflate runs, and the
     compacted payloads (at most the raw bytes: larger codings fall back to a raw copy). A
-    tensor the GPU does not split holds only its copy in the payloads."""
+    tensor the GPU does not split holds only its copy in the payloads. ``rans=False``: the
+    least it can need, with no plane rANS-coded (the encoder's exact need, ``group_need``,
+    lies between the two)."""
     if layout is None or layout.layout_id == layouts.RAW.layout_id:
         return _al(nbytes)
     n = nbytes // layout.word_size(itemsize)
     planes = len(layout.fields) - 1  # byte planes besides the sign
     need = _al((n + 7) // 8) + planes * _al(n)          # split planes
-    need += (planes + 1) * _al(2 * n) + _al(n)          # rANS scratch, unpacked sign bytes
-    nb = -(-n >> log2_block)
-    need += (planes + 1) * (PLANE_META + _al(BLOCK_META * nb)) + TENSOR_META
+    need += (planes + 1) * PLANE_META + TENSOR_META
+    if rans:
+        nb = -(-n >> log2_block)
+        need += (planes + 1) * (_al(2 * n) + _al(BLOCK_META * nb)) + _al(n)  # scratch, signs
     if gdeflate:
         need += planes * _al(-(-n // 65536) * (2 * 65536 + 4096))
     return need + _al(nbytes)
+
+
+# The encoder codes consecutive tensors in windows: one histogram pass per window, then groups
+# sized by their exact need. A window's histograms and rANS tables (``window_meta``) stay on the
+# device while its groups are coded, and take at most 1/WINDOW_SHARE of the workspace.
+WINDOW_SHARE = 16
+WINDOW_PLANE = 4096  # per split plane: normalised frequencies and cumulative sums (the encoder
+# table input, 2 KiB), and its histogram in plane order (2 KiB)
+WINDOW_TENSOR = _al(8 * 1025) + 1024  # per split tensor: its histograms; its launch-table rows
+
+
+def window_meta(layout: layouts.Layout | None) -> int:
+    """Device bytes of a window's histogram pass for one tensor (none for tensors not split)."""
+    if layout is None or layout.layout_id == layouts.RAW.layout_id:
+        return 0
+    return WINDOW_TENSOR + len(layout.fields) * WINDOW_PLANE
+
+
+GROUP_PLANE = 1024  # per plane of a group: its rows of the launch and copy tables, its host
+# bytes (header and frequency table) on the device
+
+
+def group_need(item: np.ndarray, sign: np.ndarray, split: np.ndarray, n: np.ndarray,
+               runs_rans: np.ndarray, gdeflate: np.ndarray, nbytes: np.ndarray,
+               log2_block: int) -> np.ndarray:
+    """Exact device bytes the encoder holds for each tensor of a group at once, from its planes'
+    chosen candidates (rows: plane q of tensor ``item[q]``; ``split``: the row is a split plane,
+    not a raw-layout tensor's bytes in place; ``sign``: packed sign bits): the split planes, rANS
+    scratch (two bytes per symbol) and block metadata only for planes the rANS kernel codes
+    (and the unpacked bytes of a sign plane it codes), GDeflate's pages for planes it codes,
+    per-plane tables, and the compacted payloads, at most the raw bytes and 16-byte padding per
+    plane (``nbytes``: each tensor's raw bytes; tensors without rows hold only their copy)."""
+    n = np.asarray(n, np.int64)
+    al = (n + 255) // 256 * 256
+    row = np.where(split, np.where(sign, (n + 7) // 8 + 255, n + 255) // 256 * 256, 0)
+    nb = -(-n >> log2_block)
+    row += np.where(runs_rans, (2 * n + 255) // 256 * 256 + (BLOCK_META * nb + 255) // 256 * 256
+                    + np.where(sign, al, 0), 0)
+    row += np.where(gdeflate, (-(-n // 65536) * (2 * 65536 + 4096) + 255) // 256 * 256, 0)
+    row += GROUP_PLANE + 16
+    nbytes = np.asarray(nbytes, np.int64)
+    need = np.bincount(item, weights=row, minlength=nbytes.size).astype(np.int64)
+    digests = (8 * (nbytes // 65536 + 1) + 255) // 256 * 256
+    return need + (nbytes + 255) // 256 * 256 + digests + TENSOR_META
 
 
 LARGE_ALIGN = 1 << 20  # chunked encoder: chunk lengths are multiples of this many elements
@@ -118,10 +165,10 @@ def large_chunk(layout: layouts.Layout, itemsize: int, workspace: int, n: int, r
 
 def groups_by_need(need: list[int], out: list[int], workspace: int,
                    pipelined: bool = False) -> list[range]:
-    """Consecutive windows whose device bytes (``need`` per tensor) stay under ``workspace``;
-    ``pipelined``: the previous window's compacted payloads (``out`` per tensor) are still on
-    the device while the next window is coded, and count against it. A tensor that cannot fit
-    forms a window of its own."""
+    """Consecutive groups whose device bytes (``need`` per tensor) stay under ``workspace``;
+    ``pipelined``: the previous group's compacted payloads (``out`` per tensor) are still on
+    the device while the next group is coded, and count against it. A tensor that cannot fit
+    forms a group of its own."""
     res: list[range] = []
     start, used, cur_out, prev_out = 0, 0, 0, 0
     for i, (nd, o) in enumerate(zip(need, out)):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import io
+import weakref
 
 import numpy as np
 import pytest
@@ -26,8 +27,10 @@ from s4format.codecs import rans
 from s4format.writer import Writer
 from s4weights.gpu import chunked, encode, runtime
 
-LAYOUT = {"split_bf16": (layouts.BF16, 2), "split_fp16": (layouts.FP16, 2),
-          "split_fp32": (layouts.FP32, 4)}
+LAYOUT = {f"{kind}_{name}": (lay, word, kind == "hist", kind == "split")
+          for kind in ("split", "hist")
+          for name, lay, word in (("bf16", layouts.BF16, 2), ("fp16", layouts.FP16, 2),
+                                  ("fp32", layouts.FP32, 4))}  # (layout, word, hist, write)
 
 
 def _at(addr, dtype, n) -> np.ndarray:
@@ -43,19 +46,23 @@ def _launch(module: str, name: str, grid: int, block: int, *a) -> None:
     if grid <= 0:
         return
     if name in LAYOUT:  # cs, c0, src, n, planes, hist, ones
-        lay, word = LAYOUT[name]
+        lay, word, hist_on, write = LAYOUT[name]
         nseg = int(_at(a[0], np.int32, grid).max()) + 1
         src, n = _at(a[2], np.uint64, nseg), _at(a[3], np.int64, nseg)
         table = _at(a[4], np.uint64, 5 * nseg).reshape(nseg, 5)
         for r in range(nseg):
             planes = lay.split(_at(src[r], np.uint8, n[r] * word).copy(), word)
-            bits = np.packbits(planes[0], bitorder="little")
-            _at(table[r, 0], np.uint8, bits.size)[:] = bits
-            hist = _at(int(a[5]) + 8192 * r, np.uint64, 1024)
-            for k, p in enumerate(planes[1:]):
-                _at(table[r, 1 + k], np.uint8, p.size)[:] = p
-                hist[256 * k:256 * (k + 1)] += np.bincount(p, minlength=256).astype(np.uint64)
-            _at(int(a[6]) + 8 * r, np.uint64, 1)[0] += int(planes[0].sum())
+            if write:
+                bits = np.packbits(planes[0], bitorder="little")
+                _at(table[r, 0], np.uint8, bits.size)[:] = bits
+                for k, p in enumerate(planes[1:]):
+                    _at(table[r, 1 + k], np.uint8, p.size)[:] = p
+            if hist_on:
+                hist = _at(int(a[5]) + 8192 * r, np.uint64, 1024)
+                for k, p in enumerate(planes[1:]):
+                    hist[256 * k:256 * (k + 1)] += np.bincount(p, minlength=256).astype(
+                        np.uint64)
+                _at(int(a[6]) + 8 * r, np.uint64, 1)[0] += int(planes[0].sum())
     elif name == "rans_normalise":  # hist, ones, n, fc, counts
         hist, ones = _at(a[0], np.uint64, grid), _at(a[1], np.uint64, grid)
         n = _at(a[2], np.int64, grid)
@@ -130,8 +137,28 @@ class _Cuda:
     synchronize = staticmethod(lambda: None)
 
 
+class _Device:
+    """Bytes of the emulated device tensors alive now, and the most alive at once (a tensor
+    is freed when its last reference goes, as torch's caching allocator frees in stream
+    order)."""
+    live = 0
+    peak = 0
+
+    @classmethod
+    def made(cls, t: torch.Tensor) -> torch.Tensor:
+        n = t.numel() * t.element_size()
+        cls.live += n
+        cls.peak = max(cls.peak, cls.live)
+        weakref.finalize(t, cls.freed, n)
+        return t
+
+    @classmethod
+    def freed(cls, n: int) -> None:
+        cls.live -= n
+
+
 class _Torch:
-    """torch, with device tensors made on the CPU."""
+    """torch, with device tensors made on the CPU (and counted: ``_Device``)."""
     cuda = _Cuda()
 
     def __getattr__(self, name):
@@ -139,11 +166,13 @@ class _Torch:
 
     @staticmethod
     def empty(*a, device=None, pin_memory=False, **k):
-        return torch.empty(*a, **k)
+        t = torch.empty(*a, **k)
+        return _Device.made(t) if device is not None else t
 
     @staticmethod
     def zeros(*a, device=None, **k):
-        return torch.zeros(*a, **k)
+        t = torch.zeros(*a, **k)
+        return _Device.made(t) if device is not None else t
 
 
 @pytest.fixture
@@ -232,3 +261,33 @@ def test_a_group_of_only_empty_tensors(emulated) -> None:
                  for t in tensors.values()]
         coded = list(encode.Encoder("auto", workspace=1 << 20).code(items))
         assert coded[-1].content_hash == hashing.content_hash(b"")
+
+
+@pytest.mark.parametrize("workspace", [12 << 20, 24 << 20])
+@pytest.mark.parametrize("how", ["code", "encode_device"])
+def test_device_bytes_stay_within_the_workspace(emulated, workspace, how) -> None:
+    # the groups are sized by their exact need (plan.group_need, from the window's
+    # histograms): every device buffer the encoder makes, counted while it is alive, must fit
+    # the workspace. (The GPU test test_gpu_workspace measures torch's allocator for real.)
+    g = torch.Generator().manual_seed(5)
+    tensors = [(torch.randn(n, generator=g) * 0.02).to(dt)
+               for n in (70_000, 600_000, 1024, 300_000, 4096, 900_000)
+               for dt in (torch.bfloat16, torch.float16, torch.float32)]
+    tensors += [torch.randint(0, 2**15, (400_000,), dtype=torch.int16, generator=g)
+                .view(torch.float16), torch.arange(50_000, dtype=torch.int64),
+                torch.arange(2_000_000, dtype=torch.int64)]  # CPU-coded, 16 MB
+    tensors += [(torch.randn(1024, generator=g) * 0.02) for _ in range(200)]  # small
+    items = [encode.Item(dtypes.BY_NAME[str(t.dtype).removeprefix("torch.")], tuple(t.shape),
+                         t.reshape(-1).view(torch.uint8)) for t in tensors]
+    enc = encode.Encoder("auto", workspace=workspace)
+    _Device.live = _Device.peak = 0
+    if how == "code":
+        for c, t in zip(enc.code(items), tensors):
+            assert c.content_hash == hashing.content_hash(t.reshape(-1).view(torch.uint8)
+                                                          .numpy().tobytes())
+        assert _Device.peak <= workspace, (_Device.peak, workspace)
+    else:
+        groups = enc.encode_device(items)
+        # every group's compacted buffer stays (the caller's result): the bound is per group
+        assert len(groups) > 1
+        assert _Device.peak <= workspace + sum(g.total for g in groups[:-1]), _Device.peak

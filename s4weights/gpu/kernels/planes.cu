@@ -1,10 +1,12 @@
 // Plane split and merge (spec/planes.md) for the bf16, fp16 and fp32 layouts, batched: one
 // launch covers many tensors through a chunk table (chunk -> tensor segment, first element).
 //
+// hist: reads each element once and adds per-segment byte histograms of the byte planes (plus
+// the count of set sign bits), which the host needs for the codec choice and the rANS
+// frequency tables before anything is split (the encoder sizes its groups by them).
 // split: reads each element once and writes the packed sign bits (the bitpack codec's stored
-// form: bit i of the plane is bit i % 8 of byte i / 8), one byte plane per other field, and
-// per-segment byte histograms of those planes (plus the count of set sign bits), which the host
-// needs for the codec choice and the rANS frequency tables.
+// form: bit i of the plane is bit i % 8 of byte i / 8) and one byte plane per other field.
+// Both are one template (split_impl), the histogram and the stores switched at compile time.
 // merge: the inverse; it reads the sign plane as packed bits or as bytes and flags any plane
 // byte with bits outside its field (spec: merge MUST reject those).
 //
@@ -45,22 +47,24 @@ template <> struct Lay<3> {
 //   n[s]           elements
 //   planes[s*5+k]  k = 0: sign (packed bits or bytes), 1..: the byte planes in layout order
 //   hist           u64[nseg][4][256] byte histograms of planes 1..NP; sign_ones u64[nseg]
-template <int L>
+template <int L, bool HIST, bool WRITE>
 __device__ void split_impl(const int* chunk_seg, const i64* chunk_start, const u64* src,
                            const i64* nelem, const u64* planes, u64* hist, u64* sign_ones) {
     typedef typename Lay<L>::W W;
     constexpr int NP = Lay<L>::NP;
-    __shared__ u32 h[SPLIT_WARPS][NP][256];
+    __shared__ u32 h[HIST ? SPLIT_WARPS : 1][NP][256];
     const int tid = threadIdx.x, warp = tid >> 5;
-    for (int i = tid; i < SPLIT_WARPS * NP * 256; i += SPLIT_THREADS) (&h[0][0][0])[i] = 0;
-    __syncthreads();
+    if constexpr (HIST) {
+        for (int i = tid; i < SPLIT_WARPS * NP * 256; i += SPLIT_THREADS) (&h[0][0][0])[i] = 0;
+        __syncthreads();
+    }
 
     const int seg = chunk_seg[blockIdx.x];
     const i64 n = nelem[seg];
     const i64 c0 = chunk_start[blockIdx.x];
     const i64 c1 = c0 + CHUNK_ELEMS < n ? c0 + CHUNK_ELEMS : n;
     const W* in = (const W*)src[seg];
-    u8* sign = (u8*)planes[seg * 5];
+    u8* sign = WRITE ? (u8*)planes[seg * 5] : nullptr;
     const bool vec = ((u64)in & 15) == 0;
     u32 ones = 0;
     for (i64 e = c0 + 8 * (i64)tid; e < c1; e += 8 * SPLIT_THREADS) {
@@ -81,27 +85,31 @@ __device__ void split_impl(const int* chunk_seg, const i64* chunk_start, const u
         }
         u32 sbits = 0;
         for (int j = 0; j < 8; j++) sbits |= (u32)(w[j] >> (8 * sizeof(W) - 1)) << j;
-        sign[e >> 3] = (u8)sbits;
+        if constexpr (WRITE) sign[e >> 3] = (u8)sbits;
         ones += __popc(sbits);
         for (int k = 0; k < NP; k++) {
-            u8* out = (u8*)planes[seg * 5 + 1 + k];
             u64 packed = 0;
             for (int j = 0; j < 8; j++) {
                 u32 b = ((u32)w[j] >> Lay<L>::shift(k)) & Lay<L>::mask(k);
                 packed |= (u64)b << (8 * j);
-                if (j < m) atomicAdd(&h[warp][k][b], 1u);
+                if constexpr (HIST) if (j < m) atomicAdd(&h[warp][k][b], 1u);
             }
-            if (m == 8) *(u64*)(out + e) = packed;
-            else for (int j = 0; j < m; j++) out[e + j] = (u8)(packed >> (8 * j));
+            if constexpr (WRITE) {
+                u8* out = (u8*)planes[seg * 5 + 1 + k];
+                if (m == 8) *(u64*)(out + e) = packed;
+                else for (int j = 0; j < m; j++) out[e + j] = (u8)(packed >> (8 * j));
+            }
         }
     }
-    for (int off = 16; off; off >>= 1) ones += __shfl_xor_sync(0xFFFFFFFFu, ones, off);
-    if ((tid & 31) == 0 && ones) atomicAdd(&sign_ones[seg], (u64)ones);
-    __syncthreads();
-    for (int i = tid; i < NP * 256; i += SPLIT_THREADS) {
-        u32 t = 0;
-        for (int wi = 0; wi < SPLIT_WARPS; wi++) t += h[wi][i >> 8][i & 255];
-        if (t) atomicAdd(&hist[(u64)seg * 1024 + i], (u64)t);
+    if constexpr (HIST) {
+        for (int off = 16; off; off >>= 1) ones += __shfl_xor_sync(0xFFFFFFFFu, ones, off);
+        if ((tid & 31) == 0 && ones) atomicAdd(&sign_ones[seg], (u64)ones);
+        __syncthreads();
+        for (int i = tid; i < NP * 256; i += SPLIT_THREADS) {
+            u32 t = 0;
+            for (int wi = 0; wi < SPLIT_WARPS; wi++) t += h[wi][i >> 8][i & 255];
+            if (t) atomicAdd(&hist[(u64)seg * 1024 + i], (u64)t);
+        }
     }
 }
 
@@ -180,17 +188,24 @@ __device__ void merge_impl(const int* chunk_seg, const i64* chunk_start, const u
     if (bad) atomicExch(&errors[seg], 1);
 }
 
-#define S4_SPLIT(L, NAME)                                                                      \
+// split_*: the planes; hist_*: the histograms and set sign bits (``planes`` unused). One
+// argument list for both.
+#define S4_SPLIT(L, NAME, HIST, WRITE)                                                         \
     extern "C" __global__ void __launch_bounds__(SPLIT_THREADS) NAME(                          \
         const int* cs, const i64* c0, const u64* src, const i64* n, const u64* planes,         \
-        u64* hist, u64* ones) { split_impl<L>(cs, c0, src, n, planes, hist, ones); }
+        u64* hist, u64* ones) {                                                                \
+        split_impl<L, HIST, WRITE>(cs, c0, src, n, planes, hist, ones);                        \
+    }
 #define S4_MERGE(L, NAME)                                                                      \
     extern "C" __global__ void __launch_bounds__(SPLIT_THREADS) NAME(                          \
         const int* cs, const i64* c0, const u64* dst, const i64* n, const u64* planes,         \
         const u8* packed, int* err) { merge_impl<L>(cs, c0, dst, n, planes, packed, err); }
-S4_SPLIT(1, split_bf16)
-S4_SPLIT(2, split_fp16)
-S4_SPLIT(3, split_fp32)
+S4_SPLIT(1, split_bf16, false, true)
+S4_SPLIT(2, split_fp16, false, true)
+S4_SPLIT(3, split_fp32, false, true)
+S4_SPLIT(1, hist_bf16, true, false)
+S4_SPLIT(2, hist_fp16, true, false)
+S4_SPLIT(3, hist_fp32, true, false)
 S4_MERGE(1, merge_bf16)
 S4_MERGE(2, merge_fp16)
 S4_MERGE(3, merge_fp32)
