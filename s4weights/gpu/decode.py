@@ -274,6 +274,15 @@ class Staged:
     host: np.ndarray                         # pinned host copy (validation reads it)
     device: torch.Tensor
     keep: list[object] = field(default_factory=list)
+    # per plane: tensor position, plane index, codec, decoded bytes, stored bytes, parameter
+    # bytes (the planes' records as one array, for the host's checks; made from ``planes``
+    # when not given)
+    meta: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        if self.meta is None:
+            self.meta = np.array([(k, j, p.codec, p.decoded_len, p.stored_len, len(p.params))
+                                  for k, j, p in self.planes], np.int64).reshape(-1, 6)
 
 
 READ_PIECE = 16 << 20  # large reads into pinned memory go in pieces of this, in parallel
@@ -340,8 +349,9 @@ def stage(reader: Reader, idx: list[int]) -> Staged:
         if not decodable(reader, i):
             raise ValueError(f"tensor {reader.tensors[i].name!r} is not decoded on the GPU")
     planes = [(k, j, p) for k, i in enumerate(idx) for j, p in enumerate(reader.tensors[i].planes)]
-    off = np.array([p.offset for _k, _j, p in planes], np.int64)
-    ln = np.array([p.stored_len for _k, _j, p in planes], np.int64)
+    meta = np.array([(k, j, p.codec, p.decoded_len, p.stored_len, len(p.params), p.offset)
+                     for k, j, p in planes], np.int64).reshape(-1, 7)
+    off, ln = meta[:, 6].copy(), meta[:, 4].copy()
     span0 = int(off.min()) if off.size else 0
     span = int((off + ln).max()) - span0 if off.size else 0
     # one read of the planes' whole span when it holds nothing but them and the padding
@@ -367,7 +377,7 @@ def stage(reader: Reader, idx: list[int]) -> Staged:
     dev = runtime.device_empty(total)
     if total:
         dev[:total].copy_(host_t[:total], non_blocking=True)
-    return Staged(reader, list(idx), planes, at, host, dev, [host_t])
+    return Staged(reader, list(idx), planes, at, host, dev, [host_t], meta[:, :6])
 
 
 # -- device work ---------------------------------------------------------------------------
@@ -427,8 +437,7 @@ def decode_staged(st: Staged, outs: list[torch.Tensor]) -> None:
         cs, c0 = chunk_table(nel)
         dev, dp = runtime.upload(cs, c0, np.array([outs[k].data_ptr() for k in sel], np.uint64),
                                  np.asarray(nel, np.int64),
-                                 np.array([ptrs[k] for k in sel], np.uint64).reshape(-1),
-                                 np.array([packed[k] for k in sel], np.uint8))
+                                 ptrs[sel].reshape(-1), packed[sel])
         keep.append(dev)
         # merge flags go to a per-launch array, mapped back to tensor positions on the host
         # (no index upload from pageable memory: that copy would wait for the kernels)
@@ -462,8 +471,8 @@ def decode_staged(st: Staged, outs: list[torch.Tensor]) -> None:
             b = int(bad[0])
             q = int(np.searchsorted(rb.first, b, side="right") - 1)
             row = int(rb.coded[q])
-            found.append((rb.pos[row], 0, CodecError(
-                f"{rb.where[row]()}: rans block {b - int(rb.first[q])} of "
+            found.append((int(rb.pos[row]), 0, CodecError(
+                f"{rb.where(row)}: rans block {b - int(rb.first[q])} of "
                 f"{int(rb.first[q + 1] - rb.first[q])} is corrupt: "
                 f"{rans._ERR_TEXT.get(int(e[b]), 'error')}")))
     me = np.zeros(nt, np.int32)
@@ -496,109 +505,122 @@ def decode_staged(st: Staged, outs: list[torch.Tensor]) -> None:
 def _prepare(st: Staged, outs: list[torch.Tensor], base: int, keep: list[object]):
     """Host side of a group's decode before any kernel runs: check every plane's form, queue
     the rANS streams (validated together), plan the copies and the merge inputs, and start
-    GDeflate (only after the checksums, see decode_staged). Returns (merge plane pointers,
-    packed-sign flags, copies, rANS batch, scratch)."""
+    GDeflate (only after the checksums, see decode_staged). Numpy over all planes at once
+    (a Python step only for GDeflate and codec-6 planes, which go to nvCOMP one by one).
+    Returns (merge plane pointers [tensors, 5], packed-sign flags, copies, rANS batch,
+    scratch)."""
     reader = st.reader
-    rb = _RansBatch(st.host)
-    ptrs = [[0] * 5 for _ in st.idx]
-    packed = [1] * len(st.idx)
-    scratch_need = 0
-    whole = [reader.tensors[i].layout.layout_id == layouts.RAW.layout_id for i in st.idx]
-    copies: list[tuple[int, int, int]] = []  # raw-layout tensors: (source, destination, bytes)
-    for k, _j, p in st.planes:
-        if p.codec in (codecs.RANS, codecs.GDEFLATE) and not whole[k]:
-            scratch_need += runtime.align(p.decoded_len, SLOT_ALIGN)
+    planes = st.planes
+    nq, nt = len(planes), len(st.idx)
+    k, j, codec, n, stored, nparams = st.meta.T
+    whole = np.fromiter((reader.tensors[i].layout.layout_id == layouts.RAW.layout_id
+                         for i in st.idx), bool, nt)[k]
+    dst_t = np.fromiter((o.data_ptr() for o in outs), np.uint64, nt)
+    at = np.asarray(st.at, np.int64)
+    src = np.uint64(base) + at.astype(np.uint64)
+
+    def where(q: int) -> str:
+        return (f"{reader.name}: tensor {reader.tensors[st.idx[k[q]]].name!r} plane "
+                f"{planes[q][2].label}")
+
+    # the stored forms, as plane_form_error checks them one by one; the CPU reader meets the
+    # planes in order, so the first failing plane (and its first failing check) is reported
+    raw, bp = codec == codecs.RAW, codec == codecs.BITPACK
+    rn, gd = codec == codecs.RANS, codec == codecs.GDEFLATE
+    last = st.host[np.clip(at + stored - 1, 0, max(st.host.size - 1, 0))] if st.host.size \
+        else np.zeros(nq, np.uint8)
+    tail = np.where(n % 8 > 0, last.astype(np.int64) >> (n % 8), 0)
+    bad_bp = bp & ((nparams > 0) | (stored != (n + 7) // 8) | (tail != 0))
+    errors = [(raw & ((nparams > 0) | (stored != n)), lambda q: "raw plane with parameters, "
+               f"or storing {int(stored[q])} bytes for {int(n[q])}"),
+              (bad_bp, lambda q: "bitpack payload is malformed"),
+              (bp & ~bad_bp & (j != 0), lambda q: "bitpack on a plane other than the sign plane"),
+              (rn & (nparams > 0), lambda q: "rans takes no parameters"),
+              (gd & ~whole & (nparams > 1), lambda q: "gdeflate parameters are at most 1 byte")]
+    first_bad = min((int(np.argmax(m)) for m, _ in errors if m.any()), default=nq)
+    # rANS streams: RAW-mode ones are used in place (their bytes follow the header)
+    raw_mode = rn & (stored >= rans.HEADER_SIZE)
+    raw_mode[raw_mode] = st.host[at[raw_mode]] == rans.MODE_RAW
+    # decoded planes of split tensors go to scratch slots, in plane order
+    slot = ~whole & ((rn & ~raw_mode) | gd)
+    sizes = np.where(slot, (n + SLOT_ALIGN - 1) // SLOT_ALIGN * SLOT_ALIGN, 0)
+    scratch_need = int((np.where(~whole & (rn | gd), (n + SLOT_ALIGN - 1) // SLOT_ALIGN
+                                 * SLOT_ALIGN, 0)).sum())
     scratch = runtime.device_empty(scratch_need)
-    sp = scratch.data_ptr()
-    at_list = st.at.tolist()
-    for q, (k, j, p) in enumerate(st.planes):
-        def where(k=k, p=p) -> str:
-            return f"{reader.name}: tensor {reader.tensors[st.idx[k]].name!r} plane {p.label}"
-        a = at_list[q]
-        src = base + a
-        n = p.decoded_len
-        payload = st.host[a:a + p.stored_len]
-        if p.codec in (codecs.RAW, codecs.BITPACK):
-            err = plane_form_error(p, payload, j)
-            if err:
-                raise CodecError(f"{where()}: {err}")
-        if whole[k]:  # the plane is the tensor's bytes: no merge
-            dst = outs[k].data_ptr()
-            if p.codec == codecs.RAW:
-                copies.append((src, dst, n))
-            elif p.codec == codecs.NVCOMP_ANS:
-                nvans.decode_into(st.device[a:a + p.stored_len], n, p.params, outs[k],
-                                  where())
-            else:
-                at = rb.add(a, p, src, dst, where, k)
-                if at != dst:  # a RAW-mode rANS stream: its bytes follow the header
-                    copies.append((at, dst, n))
-            continue
-        if p.codec == codecs.RAW:
-            ptrs[k][j] = src
-            if j == 0:
-                packed[k] = 0
-        elif p.codec == codecs.BITPACK:
-            ptrs[k][j] = src
-        elif p.codec == codecs.RANS:
-            ptrs[k][j] = rb.add(a, p, src, sp, where, k)
-            if ptrs[k][j] == sp:
-                sp += runtime.align(n, SLOT_ALIGN)
-            if j == 0:
-                packed[k] = 0
-        elif p.codec == codecs.GDEFLATE:
-            if len(p.params) > 1:
-                raise CodecError(f"{where()}: gdeflate parameters are at most 1 byte")
-            entries, offsets = cpu_gdeflate.parse_page_table(payload, n)
-            gdeflate.decompress(st.device[a:], entries, offsets, sp, n)
-            ptrs[k][j] = sp
-            sp += runtime.align(n, SLOT_ALIGN)
-            if j == 0:
-                packed[k] = 0
+    slot_at = np.uint64(scratch.data_ptr()) + (np.cumsum(sizes) - sizes).astype(np.uint64)
+    # nvCOMP's planes, one by one and in order, up to the first plane in a bad form
+    for q in np.flatnonzero((gd & ~whole) | (codec == codecs.NVCOMP_ANS) & whole).tolist():
+        if q >= first_bad:
+            break
+        a, p = int(at[q]), planes[q][2]
+        if codec[q] == codecs.NVCOMP_ANS:
+            nvans.decode_into(st.device[a:a + p.stored_len], p.decoded_len, p.params,
+                              outs[k[q]], where(q))
+        else:
+            entries, offsets = cpu_gdeflate.parse_page_table(st.host[a:a + p.stored_len],
+                                                             p.decoded_len)
+            gdeflate.decompress(st.device[a:], entries, offsets, int(slot_at[q]),
+                                p.decoded_len)
+    if first_bad < nq:
+        msg = next(m(first_bad) for bad, m in errors if bad[first_bad])
+        raise CodecError(f"{where(first_bad)}: {msg}")
+    rb = _RansBatch(st.host, where)
+    rq = np.flatnonzero(rn)
+    rb.add_many(rq, at[rq], stored[rq], n[rq], src[rq],
+                np.where(whole[rq], dst_t[k[rq]], slot_at[rq]), k[rq])
+    # merge inputs of split tensors: the plane's bytes in place, its RAW-mode stream's bytes,
+    # or its decoded slot; the sign plane is packed bits only when bitpacked
+    split = ~whole
+    inp = np.where(raw_mode, src + np.uint64(rans.HEADER_SIZE), np.where(slot, slot_at, src))
+    ptrs = np.zeros((nt, 5), np.uint64)
+    ptrs[k[split], j[split]] = inp[split]
+    packed = np.ones(nt, np.uint8)
+    s0 = split & (j == 0) & ~bp
+    packed[k[s0]] = 0
+    # whole (raw-layout) tensors: raw planes and RAW-mode streams are copied into place
+    cp = whole & (raw | raw_mode)
+    copies = list(zip(np.where(raw_mode[cp], src[cp] + np.uint64(rans.HEADER_SIZE),
+                               src[cp]).tolist(), dst_t[k[cp]].tolist(), n[cp].tolist()))
     rb.prepare(keep)
     keep.append(scratch)
     return ptrs, packed, copies, rb, scratch
 
 
 class _RansBatch:
-    """Every rANS plane of a group: queued as a few scalars per plane, validated and turned into
-    one block table by ``ranshost.parse_streams`` (numpy over all planes at once), launched once."""
+    """Every rANS plane of a group: queued as arrays, validated and turned into one block
+    table by ``ranshost.parse_streams`` (numpy over all planes at once), launched once."""
 
-    def __init__(self, host: np.ndarray) -> None:
+    def __init__(self, host: np.ndarray, where) -> None:
         self.host = host
-        self.rows: list[tuple[int, int, int, int, int]] = []  # host at, stored, n, src, dst
-        self.where: list = []   # per plane: a callable naming it (built only for a message)
-        self.pos: list[int] = []  # per plane: its tensor's position in the group
+        self._where = where  # plane position -> its name, for messages
+        self.q = np.zeros(0, np.int64)
+        self.pos = np.zeros(0, np.int64)   # per row: its tensor's position in the group
         self.nblocks = 0
         self.first = np.zeros(1, np.int64)
         self.coded = np.zeros(0, np.int64)
 
-    def add(self, a: int, p, src: int, dst: int, where, pos: int) -> int:
-        """Queue plane p (its stream at ``host[a:]``, on the device at ``src``) to decode into
-        ``dst``; return the address the merge reads: ``dst``, or for a RAW-mode stream the plane
-        bytes inside the stream (the mode byte is read here; the whole header is checked with
-        every other before anything launches). ``pos``: the plane's tensor in the group."""
-        err = plane_form_error(p, None, 0)
-        if err:
-            raise CodecError(f"{where()}: {err}")
-        self.rows.append((a, p.stored_len, p.decoded_len, src, dst))
-        self.where.append(where)
-        self.pos.append(pos)
-        if p.stored_len >= rans.HEADER_SIZE and self.host[a] == rans.MODE_RAW:
-            return src + rans.HEADER_SIZE
-        return dst
+    def add_many(self, q, a, stored, n, src, dst, pos) -> None:
+        """Queue planes ``q`` (positions in the group; streams at ``host[a:]``, on the device at
+        ``src``) to decode into ``dst`` (a RAW-mode stream is used in place: nothing decodes
+        it, and its header is checked with every other before anything launches)."""
+        self.q, self.pos = np.asarray(q, np.int64), np.asarray(pos, np.int64)
+        self.rows = (np.asarray(a, np.int64), np.asarray(stored, np.int64),
+                     np.asarray(n, np.int64), np.asarray(src, np.uint64),
+                     np.asarray(dst, np.uint64))
+
+    def where(self, row: int) -> str:
+        return self._where(int(self.q[row]))
 
     def prepare(self, keep: list[object]) -> None:
         """Validate every queued stream and upload the block table (no kernel yet)."""
         self._launch = None
-        if not self.rows:
+        if not self.q.size:
             return
-        a, stored, n, src, dst = (np.array(c, dtype=np.int64 if i < 3 else np.uint64)
-                                  for i, c in enumerate(zip(*self.rows)))
+        a, stored, n, src, dst = self.rows
         try:
             st = ranshost.parse_streams(self.host, a, stored, n)
         except ranshost.StreamError as e:
-            raise CodecError(f"{self.where[e.plane]()}: {e}") from None
+            raise CodecError(f"{self.where(e.plane)}: {e}") from None
         self.first, self.coded = st.first, st.coded
         nb = self.nblocks = st.nblocks
         if not nb:
