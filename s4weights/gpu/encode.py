@@ -60,7 +60,8 @@ from s4weights.gpu.hash import content_hashes_from_leaves, plane_checksums_from_
 
 SPLIT_KERNEL = {layouts.BF16.layout_id: "split_bf16", layouts.FP16.layout_id: "split_fp16",
                 layouts.FP32.layout_id: "split_fp32"}
-SPLIT_KINDS = ("split", "hist")  # kernels/planes.cu: the planes, or only their histograms
+# kernels/planes.cu: the planes, only their histograms, or both in one pass
+SPLIT_KINDS = ("split", "hist", "split_hist")
 MANTISSA_MODES = ("auto", "rans", "gdeflate", "raw")
 ALIGN_PAYLOAD = 16
 
@@ -384,45 +385,64 @@ class Encoder:
                 it.layout = layouts.RAW
 
     def _plan(self, items: list[Item], pipelined: bool = False, chunked: bool = False
-              ) -> Iterator[tuple[list[Item], Planes, int] | Item]:
+              ) -> Iterator[tuple[list[Item], Planes | None, int] | Item]:
         """The groups to code, in order, each as (its items, its plane table with candidates
-        chosen, its exact device bytes: ``plan.group_need``). Consecutive tensors form windows
-        (histograms and rANS tables of at most ``workspace / plan.WINDOW_SHARE`` bytes); one
-        histogram pass per window (:meth:`_histograms`, one synchronisation) decides every
-        plane's candidates, so each group is sized by what it really holds, not by the worst
-        case of every plane taking rANS. ``pipelined`` (``code``): the previous group's
-        compacted buffer is still on the device while the next group is coded, and counts
-        against the workspace. ``chunked``: a tensor that alone needs more than the workspace
-        (and every item with a parent) is yielded on its own, an ``Item``, for the chunked
-        coder; without it such a tensor is a group of its own, whatever it needs."""
+        chosen or None, its device bytes). Consecutive tensors form windows (histograms and
+        rANS tables of at most ``workspace / plan.WINDOW_SHARE`` bytes). A window that fits the
+        workspace even if every plane took rANS (``plan.encode_need``) is one group, split and
+        histogrammed in one pass when it is coded (table None). Otherwise one histogram pass
+        over the window (:meth:`_histograms`, one synchronisation) decides every plane's
+        candidates, so each group is sized by what it really holds (``plan.group_need``), not
+        by the worst case. ``pipelined`` (``code``): the previous group's compacted buffer is
+        still on the device while the next group is coded, and counts against the workspace.
+        ``chunked``: a tensor that alone needs more than the workspace (and every item with a
+        parent) is yielded on its own, an ``Item``, for the chunked coder; without it such a
+        tensor is a group of its own, whatever it needs."""
         self._layouts(items)
         _workspace, cap, budget = self._budgets(items)
+        needs: dict[tuple, tuple[int, int]] = {}  # a model's layers repeat a few shapes
+
+        def need_of(it: Item) -> tuple[int, int]:
+            """(the least it can need, the most)."""
+            key = (-1 if it.layout is None else it.layout.layout_id, it.nbytes,
+                   it.dtype.itemsize)
+            if (v := needs.get(key)) is None:
+                v = needs[key] = tuple(
+                    plan.encode_need(it.layout, it.nbytes, it.dtype.itemsize, self.gd,
+                                     self.log2_block, rans=r) for r in (False, True))
+            return v
+
         window: list[Item] = []
-        meta = 0
+        meta = worst = 0
         for it in items:
             if it.parent is not None and not chunked:
                 raise ValueError("an item with a parent is coded by Encoder.code only")
-            # a tensor too large even with no plane rANS-coded skips the histogram pass
-            large = it.parent is not None or (
-                chunked and not self.gd and it.layout is not layouts.RAW
-                and plan.encode_need(it.layout, it.nbytes, it.dtype.itemsize, False,
-                                     self.log2_block, rans=False) > budget)
+            least, most = need_of(it)
+            # a tensor too large even with no plane rANS-coded: no sizing to do
+            alone = it.layout is not layouts.RAW and least > budget
+            large = it.parent is not None or (chunked and alone and not self.gd)
             m = plan.window_meta(it.layout)
-            if large or (window and meta + m > cap):
-                yield from self._window(window, budget, pipelined, chunked)
-                window, meta = [], 0
+            if large or alone or (window and meta + m > cap):
+                yield from self._window(window, budget, pipelined, chunked, worst)
+                window, meta, worst = [], 0, 0
             if large:
                 yield it
+            elif alone:
+                yield [it], None, most
             else:
                 window.append(it)
                 meta += m
-        yield from self._window(window, budget, pipelined, chunked)
+                worst += most
+        yield from self._window(window, budget, pipelined, chunked, worst)
 
-    def _window(self, items: list[Item], budget: int, pipelined: bool, chunked: bool
-                ) -> Iterator[tuple[list[Item], Planes, int] | Item]:
+    def _window(self, items: list[Item], budget: int, pipelined: bool, chunked: bool,
+                worst: int) -> Iterator[tuple[list[Item], Planes | None, int] | Item]:
         if not items:
             return
-        pl, tables = self._histograms(items)
+        if worst <= budget:
+            yield items, None, worst
+            return
+        pl, tables, _none = self._histograms(items)
         nbytes = np.array([it.nbytes for it in items], np.int64)
         need = plan.group_need(pl.item, pl.kind == layouts.KIND_SIGN,
                                pl.kind != layouts.KIND_RAW, pl.n, pl.runs_rans, pl.cand_gd,
@@ -491,39 +511,51 @@ class Encoder:
 
     # -- one window: histograms and candidates ---------------------------------------------
 
-    def _histograms(self, items: list[Item]) -> tuple[Planes, tuple]:
+    def _histograms(self, items: list[Item], batch: runtime.Batch | None = None,
+                    split: bool = False) -> tuple[Planes, tuple, torch.Tensor | None]:
         """The window's plane table: one histogram launch per layout over its split tensors
         and one normalisation launch over their planes (``rans_normalise``: rans.normalise's
-        integer procedure; the encoder's table inputs stay on the device), then one
-        synchronisation for the histograms and frequencies, and the candidates of every plane
-        (:func:`candidates`). Rows are in item order: a split tensor's planes (no device
-        address yet: each group splits its own), a raw-layout item's bytes in place; an item
-        the CPU codes has none. Returns the table and the device tables to keep."""
-        split = [k for k, it in enumerate(items)
-                 if it.layout is not None and it.layout is not layouts.RAW]
+        integer procedure; the encoder's table inputs stay on the device), run with ``batch``'s
+        launches, then one synchronisation for the histograms and frequencies, and the
+        candidates of every plane (:func:`candidates`). Rows are in item order: a split
+        tensor's planes, a raw-layout item's bytes in place; an item the CPU codes has none.
+        ``split``: the same pass splits the tensors too (a group that needs no sizing), into
+        the returned buffer, and the rows hold their addresses; else the rows of split planes
+        have none yet (each group splits its own). Returns the table, the device tables to
+        keep, and the planes' buffer (or None)."""
+        split_k = [k for k, it in enumerate(items)
+                   if it.layout is not None and it.layout is not layouts.RAW]
         raws = [k for k, it in enumerate(items) if it.layout is layouts.RAW]
-        lays = [items[k].layout for k in split]
+        lays = [items[k].layout for k in split_k]
         nf = np.array([len(lay.fields) for lay in lays], np.int64)
         n_el = np.array([items[k].nbytes // lay.word_size(items[k].dtype.itemsize)
-                         for k, lay in zip(split, lays)], np.int64)
-        seg = np.repeat(np.arange(len(split)), nf)          # split rows: their tensor
+                         for k, lay in zip(split_k, lays)], np.int64)
+        seg = np.repeat(np.arange(len(split_k)), nf)          # split rows: their tensor
         field = np.arange(int(nf.sum())) - np.repeat(np.cumsum(nf) - nf, nf)
         n = n_el[seg]
-        nseg = len(split)
-        batch = runtime.Batch()
+        buf, rows_at = None, np.zeros(n.size, np.uint64)
+        if split:  # the planes, split rows in order, the sign plane as packed bits
+            size = runtime.align(np.where(field == 0, (n + 7) // 8, n))
+            buf = runtime.device_empty(int(size.sum()))
+            rows_at = np.uint64(buf.data_ptr()) + (np.cumsum(size) - size).astype(np.uint64)
+        nseg = len(split_k)
+        batch = runtime.Batch() if batch is None else batch
         hist = torch.zeros(nseg * 1025 + 1, dtype=torch.int64, device="cuda")
         hp = hist.data_ptr()
         hpos = np.zeros(nseg, np.int64)  # segment -> its histogram's position, by layout
         lay_ids = np.array([lay.layout_id for lay in lays], np.int64)
+        first_row = np.cumsum(nf) - nf
         at = 0
         for lay_id in SPLIT_KERNEL:
             sel = np.flatnonzero(lay_ids == lay_id)
             if not sel.size:
                 continue
             hpos[sel] = np.arange(at, at + sel.size)
-            launch_split(lay_id, [items[split[j]].data.data_ptr() for j in sel.tolist()],
-                         n_el[sel], None, hp + 8 * 1024 * at, hp + 8 * (1024 * nseg + at),
-                         batch, "hist")
+            addrs = rows_at[first_row[sel][:, None] + np.arange(int(nf[sel[0]]))] \
+                if split else None
+            launch_split(lay_id, [items[split_k[j]].data.data_ptr() for j in sel.tolist()],
+                         n_el[sel], addrs, hp + 8 * 1024 * at, hp + 8 * (1024 * nseg + at),
+                         batch, "split_hist" if split else "hist")
             at += sel.size
         # every split plane's rANS frequencies, normalised on the device and kept there as the
         # encoder's table input; histograms and frequencies come to the host in plane order
@@ -543,11 +575,11 @@ class Encoder:
                                                  non_blocking=True)
         # while the device works: the rows, split rows then one row per raw-layout item (its
         # bytes in place), put in item order
-        item = np.concatenate((np.asarray(split, np.int64)[seg], raws)).astype(np.int64)
+        item = np.concatenate((np.asarray(split_k, np.int64)[seg], raws)).astype(np.int64)
         kind = [f.kind for lay in lays for f in lay.fields] + [layouts.KIND_RAW] * len(raws)
         index = [f.index for lay in lays for f in lay.fields] + [0] * len(raws)
         nrow = np.concatenate((n, [items[k].nbytes for k in raws])).astype(np.int64)
-        ptr = np.concatenate((np.zeros(ps, np.uint64),
+        ptr = np.concatenate((rows_at,
                               np.array([items[k].data.data_ptr() for k in raws], np.uint64)))
         split_tab = np.uint64(fc.data_ptr()) + np.arange(ps, dtype=np.uint64) * np.uint64(2048)
         if raws:
@@ -573,21 +605,25 @@ class Encoder:
         pl = Planes(item, kind, index, nrow, ptr, counts)
         pl.freqs, pl.tab = freqs, tab
         self.candidates(pl)
-        return pl, (fc, tables)
+        return pl, (fc, tables), buf
 
     # -- one group --------------------------------------------------------------------------
 
-    def _encode_group(self, items: list[Item], pl: Planes,
+    def _encode_group(self, items: list[Item], pl: Planes | None,
                       previous: DeviceGroup | None = None) -> DeviceGroup:
-        """Code one group (its plane table from :meth:`_plan`) on the device; ``previous`` (the
-        group before, if its hashes are not rooted yet) is finished while this group's rANS
-        kernel runs."""
+        """Code one group (its plane table from :meth:`_plan`, or None: split and histograms
+        here, one more synchronisation) on the device; ``previous`` (the group before, if its
+        hashes are not rooted yet) is finished while this group's rANS kernel runs."""
         prof = runtime.Profile("encode")
         batch = runtime.Batch()  # content digests, split, rANS: their tables in one upload
         content_dig, content_first = runtime.leaf_digests(
             [i.data.data_ptr() for i in items], [i.nbytes for i in items], batch)
-        planes_buf = self._split(items, pl, batch)
-        r, gd = self._encode(                              # the group's one synchronisation
+        if pl is None:  # a group that needs no sizing: split and histograms in one pass
+            pl, pl.tables, planes_buf = self._histograms(items, batch, split=True)  # sync
+            batch = runtime.Batch()
+        else:
+            planes_buf = self._split(items, pl, batch)
+        r, gd = self._encode(                              # sync: the blocks' word counts
             pl, batch, None if previous is None else (lambda: self.finish(previous)))
         pl.tables = None  # the window's encoder-table inputs are no longer this group's
         prof.mark("split+encode")
@@ -875,9 +911,9 @@ def launch_split(layout_id: int, src: list[int], nelems,
     ``planes[r]``; its byte histograms are added to the 1024 u64 at ``hist_p + 8192 * r`` and its
     count of set sign bits to the u64 at ``ones_p + 8 * r``. ``kind``: "split" writes the
     planes (``hist_p`` and ``ones_p`` unused), "hist" only adds the histograms (``planes``
-    None). Returns the launch's device table (stream-ordered: keep it or drop it, the caching
-    allocator reuses it after the launch); with a ``batch``, the launch joins it (and runs with
-    it)."""
+    None), "split_hist" does both. Returns the launch's device table (stream-ordered: keep it
+    or drop it, the caching allocator reuses it after the launch); with a ``batch``, the
+    launch joins it (and runs with it)."""
     if kind not in SPLIT_KINDS:
         raise ValueError(f"kind must be one of {SPLIT_KINDS}")
     cs, c0 = plan.chunk_table(nelems)

@@ -27,8 +27,8 @@ from s4format.codecs import rans
 from s4format.writer import Writer
 from s4weights.gpu import chunked, encode, runtime
 
-LAYOUT = {f"{kind}_{name}": (lay, word, kind == "hist", kind == "split")
-          for kind in ("split", "hist")
+LAYOUT = {f"{kind}_{name}": (lay, word, kind != "split", kind != "hist")
+          for kind in ("split", "hist", "split_hist")
           for name, lay, word in (("bf16", layouts.BF16, 2), ("fp16", layouts.FP16, 2),
                                   ("fp32", layouts.FP32, 4))}  # (layout, word, hist, write)
 
@@ -226,11 +226,21 @@ def test_files_coded_by_the_encoder_host_side_read_back_exactly(emulated, worksp
     assert {s4format.codecs.RAW, s4format.codecs.BITPACK, s4format.codecs.RANS} <= codecs_used
 
 
-def test_device_to_device_groups_hold_the_same_payloads(emulated) -> None:
+@pytest.mark.parametrize("workspace", [1 << 30, 1 << 21, 1 << 20])
+def test_device_to_device_groups_hold_the_same_payloads(emulated, workspace) -> None:
+    # 1 GiB: one group, split and histograms in one pass; 2 MiB: a histogram pass, then
+    # groups by their exact need; 1 MiB: the largest tensors are groups of their own (split
+    # with their histograms), where Encoder.code sends them to the chunked coder
     tensors = _tensors()
     items = [encode.Item(dtypes.BY_NAME[str(t.dtype).removeprefix("torch.")], tuple(t.shape),
                          t.reshape(-1).view(torch.uint8)) for t in tensors.values()]
-    enc = encode.Encoder("auto", workspace=1 << 21)
+    enc = encode.Encoder("auto", workspace=workspace)
+    plans = [(len(its), pl is None) for its, pl, _need in enc._plan(items)]
+    if workspace == 1 << 30:
+        assert plans == [(len(items), True)]
+    else:
+        assert any(not fused for _n, fused in plans)
+        assert any(fused and n == 1 for n, fused in plans) == (workspace == 1 << 20)
     coded = list(enc.code(items))
     groups = enc.encode_device(items)
     k = 0

@@ -6,7 +6,9 @@
 // frequency tables before anything is split (the encoder sizes its groups by them).
 // split: reads each element once and writes the packed sign bits (the bitpack codec's stored
 // form: bit i of the plane is bit i % 8 of byte i / 8) and one byte plane per other field.
-// Both are one template (split_impl), the histogram and the stores switched at compile time.
+// split_hist: both at once (a group that needs no sizing: one tensor alone, or a window that
+// fits the workspace whatever its planes take). One template (split_impl), the histograms and
+// the stores switched at compile time.
 // merge: the inverse; it reads the sign plane as packed bits or as bytes and flags any plane
 // byte with bits outside its field (spec: merge MUST reject those).
 //
@@ -188,8 +190,8 @@ __device__ void merge_impl(const int* chunk_seg, const i64* chunk_start, const u
     if (bad) atomicExch(&errors[seg], 1);
 }
 
-// split_*: the planes; hist_*: the histograms and set sign bits (``planes`` unused). One
-// argument list for both.
+// split_*: the planes; hist_*: the histograms and set sign bits (``planes`` unused);
+// split_hist_*: both in one pass. One argument list for all three.
 #define S4_SPLIT(L, NAME, HIST, WRITE)                                                         \
     extern "C" __global__ void __launch_bounds__(SPLIT_THREADS) NAME(                          \
         const int* cs, const i64* c0, const u64* src, const i64* n, const u64* planes,         \
@@ -206,6 +208,9 @@ S4_SPLIT(3, split_fp32, false, true)
 S4_SPLIT(1, hist_bf16, true, false)
 S4_SPLIT(2, hist_fp16, true, false)
 S4_SPLIT(3, hist_fp32, true, false)
+S4_SPLIT(1, split_hist_bf16, true, true)
+S4_SPLIT(2, split_hist_fp16, true, true)
+S4_SPLIT(3, split_hist_fp32, true, true)
 S4_MERGE(1, merge_bf16)
 S4_MERGE(2, merge_fp16)
 S4_MERGE(3, merge_fp32)
