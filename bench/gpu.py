@@ -10,6 +10,7 @@ to $OUT/gpu_results.json when $OUT is set.
 
 from __future__ import annotations
 
+import gc
 import io
 import json
 import os
@@ -39,6 +40,10 @@ def timed(fn, reps: int = REPS) -> tuple[float, object]:
     times, out = [], None
     for _ in range(reps):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        # garbage from earlier work is collected before the clock starts, as timeit does,
+        # for every row alike (a full collection over the trained model's objects would
+        # otherwise land in whichever rep triggers it)
+        gc.collect()
         torch.cuda.synchronize()
         a.record()
         out = fn()
