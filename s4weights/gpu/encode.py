@@ -398,6 +398,8 @@ class Encoder:
         ``chunked``: a tensor that alone needs more than the workspace (and every item with a
         parent) is yielded on its own, an ``Item``, for the chunked coder; without it such a
         tensor is a group of its own, whatever it needs."""
+        if not chunked and any(it.parent is not None for it in items):
+            raise ValueError("an item with a parent is coded by Encoder.code only")
         self._layouts(items)
         _workspace, cap, budget = self._budgets(items)
         needs: dict[tuple, tuple[int, int]] = {}  # a model's layers repeat a few shapes
@@ -415,8 +417,6 @@ class Encoder:
         window: list[Item] = []
         meta = worst = 0
         for it in items:
-            if it.parent is not None and not chunked:
-                raise ValueError("an item with a parent is coded by Encoder.code only")
             least, most = need_of(it)
             # a tensor too large even with no plane rANS-coded: no sizing to do
             alone = it.layout is not layouts.RAW and least > budget
@@ -475,15 +475,17 @@ class Encoder:
         from s4weights.gpu import chunked
 
         pending: DeviceGroup | None = None
-        workspace, _cap, budget = self._budgets(items)
+        _workspace, _cap, budget = self._budgets(items)
         for grp in self._plan(items, pipelined=True, chunked=True):
             if isinstance(grp, Item):
                 if pending is not None:
                     yield from self._results(pending)
                     pending = None
+                # the chunked coders get what groups get: a tensor handed out in the middle
+                # of a window leaves the window's tables (up to the rest) on the device
                 split = grp.layout is not None and grp.layout is not layouts.RAW
-                yield (chunked.code_large(self, grp, workspace) if split
-                       else chunked.code_host(self, grp, workspace))
+                yield (chunked.code_large(self, grp, budget) if split
+                       else chunked.code_host(self, grp, budget))
                 continue
             its, pl, need = grp
             if pending is not None and pending.total + need > budget:

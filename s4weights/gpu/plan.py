@@ -45,8 +45,9 @@ def _al(n: int) -> int:
     return (n + 255) // 256 * 256  # runtime.ALIGN: every device buffer is 256-byte aligned
 
 
-BLOCK_META = 4 * 34 + 2 + 32  # device bytes per rANS block: word count, 32 final states,
-# first symbol and flag, and its rows of the launch's tables (source, length, table, scratch)
+BLOCK_META = 4 * 34 + 2 + 32 + 48  # device bytes per rANS block: word count, 32 final states,
+# first symbol and flag, its rows of the launch's tables (source, length, table, scratch), and
+# the assembly's copy ops for its word run (up to two 64 KiB pieces of 24 bytes)
 PLANE_META = 4096  # device bytes per split plane: its normalised frequencies and cumulative
 # sums (the encoder-table input) and its histogram in plane order (rans_normalise)
 TENSOR_META = _al(8 * 1025) + 4096  # a split tensor's histograms; its launch-table rows
@@ -104,8 +105,9 @@ def group_need(item: np.ndarray, sign: np.ndarray, split: np.ndarray, n: np.ndar
     not a raw-layout tensor's bytes in place; ``sign``: packed sign bits): the split planes, rANS
     scratch (two bytes per symbol) and block metadata only for planes the rANS kernel codes
     (and the unpacked bytes of a sign plane it codes), GDeflate's pages for planes it codes,
-    per-plane tables, and the compacted payloads, at most the raw bytes and 16-byte padding per
-    plane (``nbytes``: each tensor's raw bytes; tensors without rows hold only their copy)."""
+    per-plane tables and copy ops, the compacted payloads (at most the raw bytes and 16-byte
+    padding per plane; ``nbytes``: each tensor's raw bytes; tensors without rows hold only
+    their copy), and the leaf digests of the raw bytes and of the payloads."""
     n = np.asarray(n, np.int64)
     al = (n + 255) // 256 * 256
     row = np.where(split, np.where(sign, (n + 7) // 8 + 255, n + 255) // 256 * 256, 0)
@@ -113,10 +115,13 @@ def group_need(item: np.ndarray, sign: np.ndarray, split: np.ndarray, n: np.ndar
     row += np.where(runs_rans, (2 * n + 255) // 256 * 256 + (BLOCK_META * nb + 255) // 256 * 256
                     + np.where(sign, al, 0), 0)
     row += np.where(gdeflate, (-(-n // 65536) * (2 * 65536 + 4096) + 255) // 256 * 256, 0)
-    row += GROUP_PLANE + 16
+    row += GROUP_PLANE + 16 + 24 * (n // COPY_PIECE + 1)  # (a copy op per 64 KiB of payload)
     nbytes = np.asarray(nbytes, np.int64)
     need = np.bincount(item, weights=row, minlength=nbytes.size).astype(np.int64)
-    digests = (8 * (nbytes // 65536 + 1) + 255) // 256 * 256
+    rows = np.bincount(item, minlength=nbytes.size)
+    # leaf digests of the raw bytes and of the payloads, and both again on their way to the
+    # host (one concatenation)
+    digests = 2 * ((8 * (2 * (nbytes // 65536) + rows + 1) + 255) // 256 * 256)
     return need + (nbytes + 255) // 256 * 256 + digests + TENSOR_META
 
 

@@ -176,6 +176,10 @@ class _Torch:
         t = torch.zeros(*a, **k)
         return _Device.made(t) if device is not None else t
 
+    @staticmethod
+    def cat(*a, **k):  # only ever of device tensors here
+        return _Device.made(torch.cat(*a, **k))
+
 
 @pytest.fixture
 def emulated(monkeypatch):
@@ -303,6 +307,38 @@ def test_device_bytes_stay_within_the_workspace(emulated, workspace, how) -> Non
         # every group's compacted buffer stays (the caller's result): the bound is per group
         assert len(groups) > 1
         assert _Device.peak <= workspace + sum(g.total for g in groups[:-1]), _Device.peak
+
+
+@pytest.mark.parametrize("n_big", [2 << 20, 4 << 20])
+def test_a_tensor_chunked_in_the_middle_of_a_window_stays_within_the_workspace(
+        emulated, n_big) -> None:
+    # many small split tensors (their window's tables stay on the device), then one that
+    # needs chunking only by its exact need: the chunked coder gets what groups get
+    g = torch.Generator().manual_seed(1)
+    small = [(torch.randn(1024, generator=g) * 0.02) for _ in range(40)]
+    tensors = [*small, (torch.randn(n_big, generator=g) * 0.02).bfloat16(), *small[:5]]
+    items = [encode.Item(dtypes.BY_NAME[str(t.dtype).removeprefix("torch.")], tuple(t.shape),
+                         t.reshape(-1).view(torch.uint8)) for t in tensors]
+    workspace = 2 * 6456320 + 2560 + 8192  # (found by a review: 1.2% over before the fix)
+    enc = encode.Encoder("auto", workspace=workspace)
+    assert any(isinstance(x, encode.Item) for x in enc._plan(list(items), True, True))
+    _Device.live = _Device.peak = 0
+    for c, t in zip(enc.code(items), tensors):
+        assert c.content_hash == hashing.content_hash(t.reshape(-1).view(torch.uint8)
+                                                      .numpy().tobytes())
+    assert _Device.peak <= workspace, (_Device.peak, workspace)
+
+
+def test_an_item_with_a_parent_is_refused_by_encode_device_before_any_work(
+        emulated, monkeypatch) -> None:
+    t = (torch.randn(100_000) * 0.02).bfloat16().view(torch.uint8)
+    items = [encode.Item(dtypes.BY_NAME["bfloat16"], (100_000,), t),
+             encode.Item(dtypes.BY_NAME["bfloat16"], (100_000,), t, parent=t)]
+    launched = []
+    monkeypatch.setattr(runtime, "launch", lambda *a: launched.append(a[1]))
+    with pytest.raises(ValueError, match="parent"):
+        encode.Encoder("auto").encode_device(items)
+    assert not launched
 
 
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.int64, torch.uint8)
