@@ -349,6 +349,30 @@ class DeviceGroup:
     digests: tuple | None = None  # leaf digests on their way to the host (``finish``)
 
 
+def _rans_plan(n: np.ndarray, log2_block: int) -> dict:
+    """The address-free tables of a rANS launch over jobs of ``n`` symbols: blocks, scratch
+    offsets (two bytes per symbol), CTAs."""
+    n = np.asarray(n, np.int64)
+    bt = plan.block_table(n, log2_block)
+    scratch_off = np.zeros(n.size + 1, dtype=np.int64)
+    np.cumsum(runtime.align(2 * n), out=scratch_off[1:])
+    start = bt.start.astype(np.uint64)
+    return dict(bt=bt, scratch_off=scratch_off, start=start, cta=plan.cta_table(bt.first),
+                scratch_at=scratch_off[bt.plane].astype(np.uint64) + 2 * start)
+
+
+@dataclass
+class _Prepared:
+    """A group's launch tables made before its launches (``Encoder._prepare``)."""
+    planes: Planes            # the plane table they were made for
+    rows: np.ndarray          # its split rows
+    off: np.ndarray           # their offsets in the planes buffer
+    total: int                # the planes buffer's bytes
+    splits: list              # per layout: (id, sources, elements, rows per tensor, chunks)
+    jobs: np.ndarray          # rows the rANS kernel codes
+    rans: dict | None         # ``_rans_plan`` of the jobs
+
+
 class Encoder:
     """Code GPU tensors for ``Writer.add_coded``; ``code(items)`` yields results in order."""
 
@@ -385,9 +409,10 @@ class Encoder:
                 it.layout = layouts.RAW
 
     def _plan(self, items: list[Item], pipelined: bool = False, chunked: bool = False
-              ) -> Iterator[tuple[list[Item], Planes | None, int] | Item]:
+              ) -> Iterator[tuple[list[Item], Planes | None, int, tuple | None] | Item]:
         """The groups to code, in order, each as (its items, its plane table with candidates
-        chosen or None, its device bytes). Consecutive tensors form windows (histograms and
+        chosen or None, its device bytes, the next group's items and table when the next
+        group is of the same window, else None). Consecutive tensors form windows (histograms and
         rANS tables of at most ``workspace / plan.WINDOW_SHARE`` bytes). A window that fits the
         workspace even if every plane took rANS (``plan.encode_need``) is one group, split and
         histogrammed in one pass when it is coded (table None). Otherwise one histogram pass
@@ -428,7 +453,7 @@ class Encoder:
             if large:
                 yield it
             elif alone:
-                yield [it], None, most
+                yield [it], None, most, None
             else:
                 window.append(it)
                 meta += m
@@ -436,11 +461,12 @@ class Encoder:
         yield from self._window(window, budget, pipelined, chunked, worst)
 
     def _window(self, items: list[Item], budget: int, pipelined: bool, chunked: bool,
-                worst: int) -> Iterator[tuple[list[Item], Planes | None, int] | Item]:
+                worst: int) -> Iterator[tuple[list[Item], Planes | None, int, tuple | None]
+                                        | Item]:
         if not items:
             return
         if worst <= budget:
-            yield items, None, worst
+            yield items, None, worst, None
             return
         pl, tables, _none = self._histograms(items)
         nbytes = np.array([it.nbytes for it in items], np.int64)
@@ -450,15 +476,18 @@ class Encoder:
         first = np.searchsorted(pl.item, np.arange(len(items) + 1))
         run: list[int] = []
 
-        def flush() -> Iterator[tuple[list[Item], Planes, int]]:
+        def flush() -> Iterator[tuple[list[Item], Planes, int, tuple | None]]:
+            groups = []
             for grp in plan.groups_by_need(need[run].tolist(), nbytes[run].tolist(), budget,
                                            pipelined):
                 k0, k1 = run[grp.start], run[grp.stop - 1] + 1  # runs are consecutive
                 rows = np.arange(first[k0], first[k1])
                 sub = pl.take(rows, pl.item[rows] - k0)
                 sub.tables = tables  # the encoder-table inputs stay until the group's rANS
-                yield items[k0:k1], sub, int(need[k0:k1].sum())
+                groups.append((items[k0:k1], sub, int(need[k0:k1].sum())))
             run.clear()
+            for g, (its, sub, nd) in enumerate(groups):  # each with the next one's items
+                yield its, sub, nd, groups[g + 1][:2] if g + 1 < len(groups) else None
 
         for k, it in enumerate(items):
             if chunked and need[k] > budget and not self.gd and it.layout is not layouts.RAW:
@@ -475,6 +504,7 @@ class Encoder:
         from s4weights.gpu import chunked
 
         pending: DeviceGroup | None = None
+        ready: _Prepared | None = None  # the next group's tables, made while this one ran
         _workspace, _cap, budget = self._budgets(items)
         for grp in self._plan(items, pipelined=True, chunked=True):
             if isinstance(grp, Item):
@@ -487,12 +517,14 @@ class Encoder:
                 yield (chunked.code_large(self, grp, budget) if split
                        else chunked.code_host(self, grp, budget))
                 continue
-            its, pl, need = grp
+            its, pl, need, following = grp
             if pending is not None and pending.total + need > budget:
                 # the first group of a new window: wait for the previous group's copy
                 yield from self._results(pending)
                 pending = None
-            g = self._encode_group(its, pl, pending)
+            box: list[_Prepared] = []
+            g = self._encode_group(its, pl, pending, ready, self._ahead(following, box))
+            ready = box[0] if box else None
             self._to_host(g)
             if pending is not None:
                 yield from self._results(pending)
@@ -504,12 +536,23 @@ class Encoder:
         """Device-to-device: every group's compacted payload buffer stays on the device (so a
         tensor larger than the workspace is one group of its own, whatever it needs)."""
         out: list[DeviceGroup] = []
-        for its, pl, _need in self._plan(items):
-            # the previous group's hashes are rooted while this group's kernel runs
-            out.append(self._encode_group(its, pl, out[-1] if out else None))
+        ready: _Prepared | None = None
+        for its, pl, _need, following in self._plan(items):
+            # the previous group's hashes are rooted and the next group's tables made while
+            # this group's kernels run
+            box: list[_Prepared] = []
+            out.append(self._encode_group(its, pl, out[-1] if out else None, ready,
+                                          self._ahead(following, box)))
+            ready = box[0] if box else None
         if out:
             self.finish(out[-1])
         return out
+
+    def _ahead(self, following: tuple | None, box: list):
+        """A callable that makes the ``following`` group's tables into ``box`` (or None)."""
+        if following is None:
+            return None
+        return lambda: box.append(self._prepare(*following))
 
     # -- one window: histograms and candidates ---------------------------------------------
 
@@ -612,21 +655,33 @@ class Encoder:
     # -- one group --------------------------------------------------------------------------
 
     def _encode_group(self, items: list[Item], pl: Planes | None,
-                      previous: DeviceGroup | None = None) -> DeviceGroup:
+                      previous: DeviceGroup | None = None, prep: _Prepared | None = None,
+                      ahead=None) -> DeviceGroup:
         """Code one group (its plane table from :meth:`_plan`, or None: split and histograms
-        here, one more synchronisation) on the device; ``previous`` (the group before, if its
-        hashes are not rooted yet) is finished while this group's rANS kernel runs."""
+        here, one more synchronisation) on the device. While its kernels run, the host roots
+        ``previous``'s hashes (the group before, if not done yet) and runs ``ahead()`` (the
+        next group's :meth:`_prepare`); ``prep``: this group's, if made that way."""
         prof = runtime.Profile("encode")
         batch = runtime.Batch()  # content digests, split, rANS: their tables in one upload
         content_dig, content_first = runtime.leaf_digests(
             [i.data.data_ptr() for i in items], [i.nbytes for i in items], batch)
+        planned = None
         if pl is None:  # a group that needs no sizing: split and histograms in one pass
             pl, pl.tables, planes_buf = self._histograms(items, batch, split=True)  # sync
             batch = runtime.Batch()
         else:
-            planes_buf = self._split(items, pl, batch)
-        r, gd = self._encode(                              # sync: the blocks' word counts
-            pl, batch, None if previous is None else (lambda: self.finish(previous)))
+            if prep is None or prep.planes is not pl:
+                prep = self._prepare(items, pl)
+            planes_buf = self._split(pl, prep, batch)
+            planned = prep.rans
+
+        def meanwhile() -> None:
+            if previous is not None:
+                self.finish(previous)
+            if ahead is not None:
+                ahead()
+
+        r, gd = self._encode(pl, batch, meanwhile, planned)  # sync: the blocks' word counts
         pl.tables = None  # the window's encoder-table inputs are no longer this group's
         prof.mark("split+encode")
         choose(pl, r, gd, self.log2_block)
@@ -709,43 +764,54 @@ class Encoder:
 
     # -- stage 1: split and encode --------------------------------------------------------
 
-    def _split(self, items: list[Item], pl: Planes, batch: runtime.Batch) -> torch.Tensor:
-        """The group's planes in one device buffer, one split launch per layout (in ``batch``):
-        packed sign bits and byte planes, no histograms (the window has them). Sets the device
-        address of every split row of ``pl``."""
+    def _prepare(self, items: list[Item], pl: Planes) -> _Prepared:
+        """The group's launch tables that need no device address (host work that can run while
+        the group before is on the device): where each split plane goes in the planes buffer,
+        the split launches' chunk tables, the rANS block and CTA tables."""
         rows = np.flatnonzero(pl.kind != layouts.KIND_RAW)
         n = pl.n[rows]
         size = runtime.align(np.where(pl.kind[rows] == layouts.KIND_SIGN, (n + 7) // 8, n))
         off = np.cumsum(size) - size
-        buf = runtime.device_empty(int(size.sum()))
-        pl.ptr[rows] = np.uint64(buf.data_ptr()) + off.astype(np.uint64)
         first = np.searchsorted(pl.item, np.arange(len(items) + 1))
         split = [k for k, it in enumerate(items)
                  if it.layout is not None and it.layout is not layouts.RAW]
+        launches = []
         for lay_id in SPLIT_KERNEL:
             sel = [k for k in split if items[k].layout.layout_id == lay_id]
             if not sel:
                 continue
             lay = items[sel[0]].layout
-            nf = len(lay.fields)
-            addrs = pl.ptr[first[sel][:, None] + np.arange(nf)]
-            launch_split(lay_id, [items[k].data.data_ptr() for k in sel],
-                         [items[k].nbytes // lay.word_size(items[k].dtype.itemsize)
-                          for k in sel], addrs, 0, 0, batch, "split")
+            nel = [items[k].nbytes // lay.word_size(items[k].dtype.itemsize) for k in sel]
+            launches.append((lay_id, [items[k].data.data_ptr() for k in sel], nel,
+                             first[sel][:, None] + np.arange(len(lay.fields)),
+                             plan.chunk_table(nel)))
+        jobs = np.flatnonzero(pl.runs_rans)
+        return _Prepared(pl, rows, off, int(size.sum()), launches, jobs,
+                         _rans_plan(pl.n[jobs], self.log2_block) if jobs.size else None)
+
+    def _split(self, pl: Planes, prep: _Prepared, batch: runtime.Batch) -> torch.Tensor:
+        """The group's planes in one device buffer, one split launch per layout (in ``batch``):
+        packed sign bits and byte planes, no histograms (the window has them). Sets the device
+        address of every split row of ``pl``."""
+        buf = runtime.device_empty(prep.total)
+        pl.ptr[prep.rows] = np.uint64(buf.data_ptr()) + prep.off.astype(np.uint64)
+        for lay_id, src, nel, at_rows, chunks in prep.splits:
+            launch_split(lay_id, src, nel, pl.ptr[at_rows], 0, 0, batch, "split", chunks)
         return buf
 
     def candidates(self, pl: Planes) -> None:
         candidates(pl, self.policy, self.mantissa, self.gd, self.log2_block)
 
-    def _encode(self, pl: Planes, batch: runtime.Batch, meanwhile=None):
+    def _encode(self, pl: Planes, batch: runtime.Batch, meanwhile=None,
+                planned: dict | None = None):
         """Queue the rANS launch behind the split in ``batch``, run it, start GDeflate where
         asked for, and read the blocks' word counts back (``meanwhile()`` runs on the host while
-        the device works)."""
+        the device works; ``planned``: the jobs' ``_rans_plan``, when made beforehand)."""
         gd_rows = np.flatnonzero(pl.cand_gd)
         jobs = np.flatnonzero(pl.runs_rans)
         launched = self._rans_launch(
             pl.kind[jobs] == layouts.KIND_SIGN, pl.n[jobs], pl.ptr[jobs], pl.freqs[jobs],
-            None if pl.tab is None else pl.tab[jobs], batch) if jobs.size else None
+            None if pl.tab is None else pl.tab[jobs], batch, planned) if jobs.size else None
         tables = batch.run()
         gd = gdeflate.Compressed(pl.ptr[gd_rows].tolist(), pl.n[gd_rows].tolist(),
                                  self.gd_algorithm) if gd_rows.size else None
@@ -768,9 +834,11 @@ class Encoder:
         return self._rans_collect(launched, meanwhile)
 
     def _rans_launch(self, sign: np.ndarray, n: np.ndarray, ptr: np.ndarray,
-                     freqs: np.ndarray, tabs: np.ndarray | None, batch: runtime.Batch) -> dict:
+                     freqs: np.ndarray, tabs: np.ndarray | None, batch: runtime.Batch,
+                     planned: dict | None = None) -> dict:
         """Queue in ``batch`` the unpacking of sign jobs and one rANS launch over every block of
-        every job (see :meth:`_rans`); returns what :meth:`_rans_collect` reads back."""
+        every job (see :meth:`_rans`; ``planned``: ``_rans_plan(n)``, when made beforehand);
+        returns what :meth:`_rans_collect` reads back."""
         keep: list[object] = []
         n = np.asarray(n, np.int64)
         srcs = np.asarray(ptr, np.uint64).copy()
@@ -780,11 +848,9 @@ class Encoder:
                          np.uint64(srcs[j]), runtime.ptr(tmp), runtime.i64(int(n[j])))
             keep.append(tmp)
             srcs[j] = tmp.data_ptr()
-        lg = self.log2_block
-        bt = plan.block_table(n, lg)
+        planned = planned or _rans_plan(n, self.log2_block)
+        bt, scratch_off = planned["bt"], planned["scratch_off"]
         nb = bt.size
-        scratch_off = np.zeros(n.size + 1, dtype=np.int64)
-        np.cumsum(runtime.align(2 * n), out=scratch_off[1:])
         scratch = runtime.device_empty(int(scratch_off[-1]))
         out = torch.empty(nb * 4 * 34 + 2 * nb, dtype=torch.uint8, device="cuda")
         counts_p = out.data_ptr()
@@ -799,11 +865,11 @@ class Encoder:
             d_tabs, (tab_p,) = runtime.upload(fc)
             keep.append(d_tabs)
             tabs = np.uint64(tab_p) + np.arange(n.size, dtype=np.uint64) * np.uint64(2048)
-        blk_src = srcs[bt.plane] + bt.start.astype(np.uint64)
+        start = planned["start"]
+        blk_src = srcs[bt.plane] + start
         blk_tab = np.asarray(tabs, np.uint64)[bt.plane]
-        blk_scr = (np.uint64(scratch.data_ptr()) + scratch_off[bt.plane].astype(np.uint64)
-                   + 2 * bt.start.astype(np.uint64))
-        cta_first, cta_warps = plan.cta_table(bt.first)
+        blk_scr = np.uint64(scratch.data_ptr()) + planned["scratch_at"]
+        cta_first, cta_warps = planned["cta"]
         batch.launch("rans", "rans_encode", cta_first.size, 32 * plan.RANS_WARPS,
                      *batch.table(cta_first, cta_warps, blk_src, bt.length, blk_tab, blk_scr),
                      np.uint64(counts_p), np.uint64(states_p), np.uint64(firsts_p),
@@ -906,8 +972,8 @@ class Encoder:
 
 def launch_split(layout_id: int, src: list[int], nelems,
                  planes: list[list[int]] | np.ndarray | None, hist_p: int, ones_p: int,
-                 batch: runtime.Batch | None = None, kind: str = "split"
-                 ) -> torch.Tensor | None:
+                 batch: runtime.Batch | None = None, kind: str = "split",
+                 chunks: tuple[np.ndarray, np.ndarray] | None = None) -> torch.Tensor | None:
     """One split launch (``kernels/planes.cu``) for tensors of one layout: tensor r has
     ``nelems[r]`` elements at address ``src[r]`` and its planes (packed sign bits first) at
     ``planes[r]``; its byte histograms are added to the 1024 u64 at ``hist_p + 8192 * r`` and its
@@ -915,10 +981,11 @@ def launch_split(layout_id: int, src: list[int], nelems,
     planes (``hist_p`` and ``ones_p`` unused), "hist" only adds the histograms (``planes``
     None), "split_hist" does both. Returns the launch's device table (stream-ordered: keep it
     or drop it, the caching allocator reuses it after the launch); with a ``batch``, the
-    launch joins it (and runs with it)."""
+    launch joins it (and runs with it). ``chunks``: ``plan.chunk_table(nelems)``, when made
+    beforehand."""
     if kind not in SPLIT_KINDS:
         raise ValueError(f"kind must be one of {SPLIT_KINDS}")
-    cs, c0 = plan.chunk_table(nelems)
+    cs, c0 = plan.chunk_table(nelems) if chunks is None else chunks
     table = np.zeros((len(src), 5), dtype=np.uint64)
     if isinstance(planes, np.ndarray):
         table[:, :planes.shape[1]] = planes

@@ -241,7 +241,7 @@ def test_device_to_device_groups_hold_the_same_payloads(emulated, workspace) -> 
     items = [encode.Item(dtypes.BY_NAME[str(t.dtype).removeprefix("torch.")], tuple(t.shape),
                          t.reshape(-1).view(torch.uint8)) for t in tensors.values()]
     enc = encode.Encoder("auto", workspace=workspace)
-    plans = [(len(its), pl is None) for its, pl, _need in enc._plan(items)]
+    plans = [(len(its), pl is None) for its, pl, _need, _next in enc._plan(items)]
     if workspace == 1 << 30:
         assert plans == [(len(items), True)]
     else:
