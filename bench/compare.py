@@ -60,6 +60,8 @@ def one(root: str, label: str) -> None:
     reader = s4format.Reader(buf.getvalue())
     outs = [torch.empty(t.numel() * t.element_size(), dtype=torch.uint8, device="cuda")
             for t in tensors.values()]
+    # batches as bench/gpu.py's s4_case forms them (repeated here: an older checkout's
+    # bench/gpu.py has no shared helper to call)
     batches, used, cur = [], 0, []
     for i in range(len(outs)):
         need = decode.device_extra(reader, i)

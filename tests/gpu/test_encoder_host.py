@@ -212,13 +212,15 @@ def _tensors() -> dict[str, torch.Tensor]:
     return out
 
 
-@pytest.mark.parametrize("workspace,log2_block", [(1 << 30, 16), (1 << 21, 12), (1 << 20, 16)])
-def test_files_coded_by_the_encoder_host_side_read_back_exactly(emulated, workspace,
-                                                                log2_block) -> None:
-    tensors = _tensors()
-    items = [encode.Item(dtypes.BY_NAME[str(t.dtype).removeprefix("torch.")], tuple(t.shape),
-                         t.reshape(-1).view(torch.uint8)) for t in tensors.values()]
-    enc = encode.Encoder("auto", workspace=workspace, log2_block=log2_block)
+def _items(tensors) -> list[encode.Item]:
+    return [encode.Item(dtypes.BY_NAME[str(t.dtype).removeprefix("torch.")], tuple(t.shape),
+                        t.reshape(-1).view(torch.uint8)) for t in tensors]
+
+
+def _read_back(enc: encode.Encoder, tensors: dict[str, torch.Tensor],
+               items: list[encode.Item]) -> s4format.Reader:
+    """``Encoder.code``'s file of ``tensors``, every tensor read back bit-exactly by the CPU
+    reader (which checks every plane checksum and content hash)."""
     buf = io.BytesIO()
     with Writer(buf) as w:
         for (name, t), it, c in zip(tensors.items(), items, enc.code(items)):
@@ -226,8 +228,18 @@ def test_files_coded_by_the_encoder_host_side_read_back_exactly(emulated, worksp
         w.set_tree({k: objtree.TensorRef(i) for i, k in enumerate(tensors)})
     reader = s4format.Reader(buf.getvalue())
     for i, t in enumerate(tensors.values()):
-        got = reader.read_raw(i)
-        assert got.tobytes() == t.reshape(-1).view(torch.uint8).numpy().tobytes(), i
+        want = t.reshape(-1).view(torch.uint8).numpy().tobytes()
+        assert reader.read_raw(i).tobytes() == want, i
+    return reader
+
+
+@pytest.mark.parametrize("workspace,log2_block", [(1 << 30, 16), (1 << 21, 12), (1 << 20, 16)])
+def test_files_coded_by_the_encoder_host_side_read_back_exactly(emulated, workspace,
+                                                                log2_block) -> None:
+    tensors = _tensors()
+    items = _items(tensors.values())
+    enc = encode.Encoder("auto", workspace=workspace, log2_block=log2_block)
+    reader = _read_back(enc, tensors, items)
     codecs_used = {p.codec for t in reader.tensors for p in t.planes}
     assert {s4format.codecs.RAW, s4format.codecs.BITPACK, s4format.codecs.RANS} <= codecs_used
 
@@ -238,8 +250,7 @@ def test_device_to_device_groups_hold_the_same_payloads(emulated, workspace) -> 
     # groups by their exact need; 1 MiB: the largest tensors are groups of their own (split
     # with their histograms), where Encoder.code sends them to the chunked coder
     tensors = _tensors()
-    items = [encode.Item(dtypes.BY_NAME[str(t.dtype).removeprefix("torch.")], tuple(t.shape),
-                         t.reshape(-1).view(torch.uint8)) for t in tensors.values()]
+    items = _items(tensors.values())
     enc = encode.Encoder("auto", workspace=workspace)
     plans = [(len(its), pl is None) for its, pl, _need, _next in enc._plan(items)]
     if workspace == 1 << 30:
@@ -272,9 +283,7 @@ def test_device_to_device_groups_hold_the_same_payloads(emulated, workspace) -> 
 def test_a_group_of_only_empty_tensors(emulated) -> None:
     for tensors in ({"e": torch.empty(0)},
                     {"big": torch.randn(1 << 19).bfloat16(), "e": torch.empty(0, 5)}):
-        items = [encode.Item(dtypes.BY_NAME[str(t.dtype).removeprefix("torch.")],
-                             tuple(t.shape), t.reshape(-1).view(torch.uint8))
-                 for t in tensors.values()]
+        items = _items(tensors.values())
         coded = list(encode.Encoder("auto", workspace=1 << 20).code(items))
         assert coded[-1].content_hash == hashing.content_hash(b"")
 
@@ -293,8 +302,7 @@ def test_device_bytes_stay_within_the_workspace(emulated, workspace, how) -> Non
                 .view(torch.float16), torch.arange(50_000, dtype=torch.int64),
                 torch.arange(2_000_000, dtype=torch.int64)]  # CPU-coded, 16 MB
     tensors += [(torch.randn(1024, generator=g) * 0.02) for _ in range(200)]  # small
-    items = [encode.Item(dtypes.BY_NAME[str(t.dtype).removeprefix("torch.")], tuple(t.shape),
-                         t.reshape(-1).view(torch.uint8)) for t in tensors]
+    items = _items(tensors)
     enc = encode.Encoder("auto", workspace=workspace)
     _Device.live = _Device.peak = 0
     if how == "code":
@@ -317,8 +325,7 @@ def test_a_tensor_chunked_in_the_middle_of_a_window_stays_within_the_workspace(
     g = torch.Generator().manual_seed(1)
     small = [(torch.randn(1024, generator=g) * 0.02) for _ in range(40)]
     tensors = [*small, (torch.randn(n_big, generator=g) * 0.02).bfloat16(), *small[:5]]
-    items = [encode.Item(dtypes.BY_NAME[str(t.dtype).removeprefix("torch.")], tuple(t.shape),
-                         t.reshape(-1).view(torch.uint8)) for t in tensors]
+    items = _items(tensors)
     workspace = 2 * 6456320 + 2560 + 8192  # (found by a review: 1.2% over before the fix)
     enc = encode.Encoder("auto", workspace=workspace)
     assert any(isinstance(x, encode.Item) for x in enc._plan(list(items), True, True))
@@ -372,17 +379,9 @@ def test_any_state_at_any_workspace_reads_back_exactly(emulated, spec, workspace
         else:
             x = torch.randint(0, 100, (n,), generator=g).to(dt)
         tensors[f"t{i}"] = x
-    items = [encode.Item(dtypes.BY_NAME[str(t.dtype).removeprefix("torch.")], tuple(t.shape),
-                         t.reshape(-1).view(torch.uint8)) for t in tensors.values()]
+    items = _items(tensors.values())
     enc = encode.Encoder("auto", workspace=workspace, log2_block=log2_block)
-    buf = io.BytesIO()
-    with Writer(buf) as w:
-        for (name, t), it, c in zip(tensors.items(), items, enc.code(items)):
-            w.add_coded(name, it.dtype, tuple(t.shape), c.coded, c.content_hash)
-        w.set_tree({k: objtree.TensorRef(i) for i, k in enumerate(tensors)})
-    reader = s4format.Reader(buf.getvalue())
-    for i, t in enumerate(tensors.values()):
-        assert reader.read_raw(i).tobytes() == t.reshape(-1).view(torch.uint8).numpy().tobytes()
+    reader = _read_back(enc, tensors, items)
     # device to device: every tensor's content hash, in order, whatever the grouping
     groups = enc.encode_device(items)
     got = [h for grp in groups for h in grp.content]
