@@ -2,9 +2,11 @@
 how they are batched into groups under a workspace bound, the chunk tables of the split and
 merge kernels, and the block tables of the rANS kernels.
 
-Groups are windows of consecutive tensors: the writer must add tensors in the order of the
+Groups are runs of consecutive tensors: the writer must add tensors in the order of the
 flattened tree (tensor references are positions), so batching never reorders. Inside a group,
-one split launch per layout covers all its tensors through a chunk table.
+one split launch per layout covers all its tensors through a chunk table. The encoder sizes
+groups by ``group_need`` (exact, from a window's histograms) or, where that needs no
+histograms, by ``encode_need`` (the worst case).
 """
 
 from __future__ import annotations
