@@ -40,9 +40,12 @@ def timed(fn, reps: int = REPS) -> tuple[float, object]:
     times, out = [], None
     for _ in range(reps):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        # garbage from earlier work is collected before the clock starts, as timeit does,
-        # for every row alike (a full collection over the trained model's objects would
-        # otherwise land in whichever rep triggers it)
+        # Before the clock starts, for every row alike: the previous rep's result is dropped
+        # (holding it while the next rep runs would time the allocator under twice the
+        # memory one call needs), and garbage is collected, as timeit does (a full
+        # collection over the trained model's objects would otherwise land in whichever rep
+        # triggers it).
+        out = None
         gc.collect()
         torch.cuda.synchronize()
         a.record()
