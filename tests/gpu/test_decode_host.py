@@ -1,10 +1,14 @@
-"""The GPU decoder's host checks before any kernel runs (``decode._prepare``), without a GPU:
-device buffers are CPU tensors and nothing is launched (a check that fails raises before the
-launches; a batch that passes builds the merge inputs). Every malformed stored form
+"""The GPU decoder's host side without a GPU: device buffers are CPU tensors and the kernels
+are emulated by the reference code (tests/gpu/emulated.py).
+
+The checks before any kernel runs (``decode._prepare``): every malformed stored form
 ``plane_form_error`` knows and the reader's index checks let through (lengths a codec cannot
 produce are refused there) is refused with a message naming the tensor and the plane, and a
 batch with several reports the first plane in file order, as the CPU reader meets them.
-The GPU tests (test_gpu_small, test_gpu_codec) cover the same on the device for real."""
+Whole decodes (``decode.read_tensors``: staging, checksums, validation, the rANS and merge
+kernels' launch tables, copies, content hashes, errors found by the kernels) of files the
+encoder wrote, under the same emulation. The GPU tests (test_gpu_small, test_gpu_codec) cover
+the same on the device for real."""
 
 from __future__ import annotations
 
@@ -17,29 +21,17 @@ import torch
 import s4format
 from s4format import codecs, dtypes, hashing, layouts, objtree
 from s4format.codecs import rans
-from s4format.errors import CodecError
+from s4format.errors import CodecError, ContentHashError
 from s4format.writer import CodedPlane, CodedTensor, Writer
-from s4weights.gpu import decode, runtime
+from s4weights.gpu import decode, encode
+from tests.gpu.emulated import emulate
 
 N = 1001  # elements: the packed sign plane has 5 padding bits
 
 
-class _Torch:
-    """torch, with device tensors made on the CPU."""
-
-    def __getattr__(self, name):
-        return getattr(torch, name)
-
-    @staticmethod
-    def empty(*a, device=None, pin_memory=False, **k):
-        return torch.empty(*a, **k)
-
-
 @pytest.fixture(autouse=True)
 def on_the_cpu(monkeypatch):
-    monkeypatch.setattr(decode, "torch", _Torch())
-    monkeypatch.setattr(runtime, "torch", _Torch())
-    monkeypatch.setattr(runtime, "pinned", lambda n: torch.empty(max(n, 1), dtype=torch.uint8))
+    emulate(monkeypatch)
 
 
 def _good_bf16(seed: int) -> list[CodedPlane]:
@@ -133,3 +125,149 @@ def test_a_good_batch_yields_the_merge_inputs() -> None:
     for k, q in ((0, 2), (1, 5)):
         assert int(ptrs[k, 2]) - int(ptrs[k, 0]) == int(st.at[q] - st.at[q - 2])
     del base
+
+
+def _state() -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(11)
+    out = {}
+    for dt in (torch.bfloat16, torch.float16, torch.float32):
+        name = str(dt).removeprefix("torch.")
+        for n in (3, 2500, 70_000, 200_000):
+            out[f"{name}.w{n}"] = (torch.randn(n, generator=g) * 0.02).to(dt)
+        out[f"{name}.zeros"] = torch.zeros(70_000, dtype=dt)
+        x = torch.randn(200_000, generator=g).to(dt)
+        x[:131_072] = 1.5
+        out[f"{name}.const_blocks"] = x
+        out[f"{name}.empty"] = torch.empty(0, 7, dtype=dt)
+        out[f"{name}.positive"] = torch.rand(90_000, generator=g).to(dt)
+    out["bits16"] = torch.randint(0, 2**15, (90_000,), dtype=torch.int16,
+                                  generator=g).view(torch.bfloat16)
+    out["int64"] = torch.arange(50_000, dtype=torch.int64)
+    out["step"] = torch.tensor(7)
+    return out
+
+
+def _gpu_file(tensors: dict[str, torch.Tensor]) -> bytes:
+    """The file the GPU encoder writes (its kernels emulated too)."""
+    items = [encode.Item(dtypes.BY_NAME[str(t.dtype).removeprefix("torch.")], tuple(t.shape),
+                         t.reshape(-1).view(torch.uint8)) for t in tensors.values()]
+    buf = io.BytesIO()
+    with Writer(buf) as w:
+        for (name, t), it, c in zip(tensors.items(), items, encode.Encoder().code(items)):
+            w.add_coded(name, it.dtype, tuple(t.shape), c.coded, c.content_hash)
+        w.set_tree({k: objtree.TensorRef(i) for i, k in enumerate(tensors)})
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("batch", [1, 5, 1000])
+def test_whole_batches_decode_bit_exactly(batch: int) -> None:
+    tensors = _state()
+    r = s4format.Reader(_gpu_file(tensors))
+    # the file holds what the GPU decodes: rANS (RANS and CONST modes), bitpack and raw planes,
+    # raw-layout tensors; and what it hands to the CPU decoder
+    on_gpu = [i for i in range(len(r.tensors)) if decode.decodable(r, i)]
+    assert len(on_gpu) < len(r.tensors)
+    modes = {int(r.source.read_at(p.offset, 1)[0]) for i in on_gpu for p in r.tensors[i].planes
+             if p.codec == codecs.RANS}
+    assert modes == {rans.MODE_CONST, rans.MODE_RANS}
+    assert any(r.tensors[i].layout.layout_id == layouts.RAW.layout_id for i in on_gpu)
+    want = list(tensors.values())
+    for lo in range(0, len(want), batch):
+        idx = list(range(lo, min(lo + batch, len(want))))
+        got = decode.read_tensors(r, idx)
+        for i, o in zip(idx, got):
+            assert o.numpy().tobytes() == want[i].reshape(-1).view(torch.uint8).numpy().tobytes(), i
+
+
+def _rewrite(blob: bytes, name: str, j: int, edit) -> bytes:
+    """The file with plane j of tensor ``name`` replaced by ``edit(stored bytes)`` (same
+    length) and its checksum made for the new bytes: only decoding can find the damage."""
+    r = s4format.Reader(blob)
+    t = r.tensors[r.index_of(name)]
+    planes = []
+    for k, p in enumerate(t.planes):
+        stored = np.array(r.read_stored(t, k), np.uint8)
+        if k == j:
+            stored = edit(stored)
+        planes.append(CodedPlane(p.kind, p.index, p.codec, p.decoded_len, stored, p.params))
+    tensors = {tt.name: tt for tt in r.tensors}
+    buf = io.BytesIO()
+    with Writer(buf) as w:
+        for tt in tensors.values():
+            ps = planes if tt.name == name else [
+                CodedPlane(p.kind, p.index, p.codec, p.decoded_len,
+                           np.array(r.read_stored(tt, k), np.uint8), p.params)
+                for k, p in enumerate(tt.planes)]
+            w.add_coded(tt.name, tt.dtype, tt.shape, CodedTensor(tt.layout, tuple(ps)),
+                        tt.content_hash)
+        w.set_tree({k: objtree.TensorRef(i) for i, k in enumerate(tensors)})
+    return buf.getvalue()
+
+
+def test_a_corrupt_rans_word_is_reported_by_plane_and_block() -> None:
+    tensors = {"a": _state()["float32.w200000"], "b": _state()["bfloat16.w200000"]}
+    blob = _gpu_file(tensors)
+    r = s4format.Reader(blob)
+    t = r.tensors[1]
+    j = next(k for k, p in enumerate(t.planes) if p.codec == codecs.RANS
+             and int(r.source.read_at(p.offset, 1)[0]) == rans.MODE_RANS)
+
+    def flip_last_word(stored: np.ndarray) -> np.ndarray:
+        stored[-2:] ^= 0xFF
+        return stored
+
+    bad = s4format.Reader(_rewrite(blob, "b", j, flip_last_word))
+    with pytest.raises(CodecError, match=rf"tensor 'b' plane {t.planes[j].label}: rans block "
+                                         r"\d+ of \d+ is corrupt"):
+        decode.read_tensors(bad, [0, 1])
+    with pytest.raises(CodecError):  # the CPU reader refuses it too
+        bad.read_raw(1)
+
+
+def test_a_field_overflow_and_a_wrong_content_hash_are_found_after_decoding() -> None:
+    tensors = {"a": _state()["bfloat16.w70000"], "b": _state()["bfloat16.zeros"]}
+    blob = _gpu_file(tensors)
+    r = s4format.Reader(blob)
+    t = r.tensors[1]
+    j = next(k for k, p in enumerate(t.planes) if p.kind == layouts.KIND_MANTISSA)
+    assert int(r.source.read_at(t.planes[j].offset, 1)[0]) == rans.MODE_CONST
+
+    def fill(value: int):
+        def edit(stored: np.ndarray) -> np.ndarray:
+            stored[rans.HEADER_SIZE] = value  # the first block's symbol
+            return stored
+        return edit
+
+    bad = s4format.Reader(_rewrite(blob, "b", j, fill(0x80)))  # bf16's mantissa has 7 bits
+    with pytest.raises(s4format.FormatError, match="tensor 'b': a plane holds values wider"):
+        decode.read_tensors(bad, [0, 1])
+    bad = s4format.Reader(_rewrite(blob, "b", j, fill(0x01)))  # valid, not the saved value
+    with pytest.raises(ContentHashError, match="tensor 'b' content hash mismatch"):
+        decode.read_tensors(bad, [0, 1])
+
+
+def test_raw_mode_streams_are_read_in_place() -> None:
+    # a rANS stream may be stored in RAW mode (the GPU encoder stores such planes raw, other
+    # writers may not): a split tensor's plane and a raw-layout tensor's only plane
+    x = (torch.randn(5000, generator=torch.Generator().manual_seed(2)) * 0.02).bfloat16()
+    sign, exp, man = layouts.BF16.split(x.view(torch.uint8).numpy().copy(), 2)
+    small = np.arange(64, dtype=np.uint8)
+    raw_mode = rans._raw_stream
+    buf = io.BytesIO()
+    with Writer(buf) as w:
+        w.add_coded("x", dtypes.BY_NAME["bfloat16"], (5000,), CodedTensor(layouts.BF16, (
+            CodedPlane(layouts.KIND_SIGN, 0, codecs.BITPACK, 5000,
+                       np.packbits(sign, bitorder="little")),
+            CodedPlane(layouts.KIND_EXPONENT, 0, codecs.RANS, 5000,
+                       np.frombuffer(bytes(rans.RansCodec().encode(exp).payload), np.uint8)),
+            CodedPlane(layouts.KIND_MANTISSA, 0, codecs.RANS, 5000, raw_mode(man, 12)))),
+            hashing.content_hash(x.view(torch.uint8).numpy().tobytes()))
+        w.add_coded("s", dtypes.BY_NAME["uint8"], (64,), CodedTensor(layouts.RAW, (
+            CodedPlane(layouts.KIND_RAW, 0, codecs.RANS, 64, raw_mode(small, 16)),)),
+            hashing.content_hash(small.tobytes()))
+        w.set_tree({"x": objtree.TensorRef(0), "s": objtree.TensorRef(1)})
+    r = s4format.Reader(buf.getvalue())
+    assert decode.decodable(r, 0) and decode.decodable(r, 1)
+    got = decode.read_tensors(r, [0, 1])
+    assert got[0].numpy().tobytes() == x.view(torch.uint8).numpy().tobytes()
+    assert got[1].numpy().tobytes() == small.tobytes()

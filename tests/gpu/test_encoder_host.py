@@ -6,187 +6,28 @@ checksum and content hash. This covers in CI what the GPU tests (tests/gpu/test_
 on the H200) cover for real: the assembly of payloads, stream heads, offsets, codec choice and
 hashes, for groups, mixed layouts, CPU-coded and tiny tensors, and chunked tensors.
 
-The emulated kernels follow the launch arguments of kernels/*.cu; a change there must follow
-here (the GPU tests catch the kernels themselves)."""
+The kernels and the device are emulated by tests/gpu/emulated.py."""
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import io
-import weakref
 
 import numpy as np
 import pytest
 import torch
-import xxhash
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import s4format
-from s4format import dtypes, hashing, layouts, objtree
-from s4format.codecs import rans
+from s4format import dtypes, hashing, objtree
 from s4format.writer import Writer
-from s4weights.gpu import chunked, encode, runtime
-
-LAYOUT = {f"{kind}_{name}": (lay, word, kind != "split", kind != "hist")
-          for kind in ("split", "hist", "split_hist")
-          for name, lay, word in (("bf16", layouts.BF16, 2), ("fp16", layouts.FP16, 2),
-                                  ("fp32", layouts.FP32, 4))}  # (layout, word, hist, write)
-
-
-def _at(addr, dtype, n) -> np.ndarray:
-    """A numpy view of ``n`` items at a (CPU) address."""
-    n = int(n)
-    if n == 0:
-        return np.zeros(0, dtype)
-    ct = np.ctypeslib.as_ctypes_type(np.dtype(dtype))
-    return np.ctypeslib.as_array((ct * n).from_address(int(addr)))
-
-
-def _launch(module: str, name: str, grid: int, block: int, *a) -> None:
-    if grid <= 0:
-        return
-    if name in LAYOUT:  # cs, c0, src, n, planes, hist, ones
-        lay, word, hist_on, write = LAYOUT[name]
-        nseg = int(_at(a[0], np.int32, grid).max()) + 1
-        src, n = _at(a[2], np.uint64, nseg), _at(a[3], np.int64, nseg)
-        table = _at(a[4], np.uint64, 5 * nseg).reshape(nseg, 5)
-        for r in range(nseg):
-            planes = lay.split(_at(src[r], np.uint8, n[r] * word).copy(), word)
-            if write:
-                bits = np.packbits(planes[0], bitorder="little")
-                _at(table[r, 0], np.uint8, bits.size)[:] = bits
-                for k, p in enumerate(planes[1:]):
-                    _at(table[r, 1 + k], np.uint8, p.size)[:] = p
-            if hist_on:
-                hist = _at(int(a[5]) + 8192 * r, np.uint64, 1024)
-                for k, p in enumerate(planes[1:]):
-                    hist[256 * k:256 * (k + 1)] += np.bincount(p, minlength=256).astype(
-                        np.uint64)
-                _at(int(a[6]) + 8 * r, np.uint64, 1)[0] += int(planes[0].sum())
-    elif name == "rans_normalise":  # hist, ones, n, fc, counts
-        hist, ones = _at(a[0], np.uint64, grid), _at(a[1], np.uint64, grid)
-        n = _at(a[2], np.int64, grid)
-        fc = _at(a[3], np.uint32, 512 * grid).reshape(grid, 512)
-        out = _at(a[4], np.uint64, 256 * grid).reshape(grid, 256)
-        for q in range(grid):
-            c = np.zeros(256, np.int64)
-            if hist[q]:
-                c[:] = _at(hist[q], np.uint64, 256)
-            else:
-                o = int(_at(ones[q], np.uint64, 1)[0])
-                c[:2] = n[q] - o, o
-            f = rans.normalise(c) if c.any() else np.zeros(256, np.int64)
-            fc[q, :256], fc[q, 256:], out[q] = f, np.cumsum(f) - f, c
-    elif name == "rans_encode":  # cta_first, cta_warps, src, len, tab, scratch, counts, ...
-        nb = int(_at(a[1], np.uint8, grid).astype(np.int64).sum())
-        src, ln = _at(a[2], np.uint64, nb), _at(a[3], np.uint32, nb)
-        tab, scr = _at(a[4], np.uint64, nb), _at(a[5], np.uint64, nb)
-        counts, states = _at(a[6], np.uint32, nb), _at(a[7], np.uint32, 32 * nb)
-        firsts, varied = _at(a[8], np.uint8, nb), _at(a[9], np.uint8, nb)
-        for b in range(nb):
-            data = _at(src[b], np.uint8, ln[b]).copy()
-            freqs = _at(tab[b], np.uint32, 256).astype(np.int64)
-            words = np.empty(data.size, np.uint16)
-            c, s = np.empty(1, np.int64), np.empty(rans.LANES, np.int64)
-            rans._encode_blocks(data, rans.LOG2_BLOCK_MAX, rans._encoder_table(freqs), words,
-                                c, s)
-            counts[b] = c[0]
-            states[32 * b:32 * (b + 1)] = s
-            _at(scr[b], np.uint16, c[0])[:] = words[:c[0]]
-            firsts[b], varied[b] = data[0], bool((data != data[0]).any())
-    elif name == "unpack_bits":  # bits, out, n
-        n = int(a[2])
-        _at(a[1], np.uint8, n)[:] = np.unpackbits(_at(a[0], np.uint8, (n + 7) // 8),
-                                                  bitorder="little")[:n]
-    elif name == "copy_ops":  # src, dst, len
-        for s, d, n in zip(*(_at(x, np.uint64, grid).tolist() for x in a[:3])):
-            ctypes.memmove(d, s, n)
-    elif name == "leaf_digests":  # nseg, ptr, len, first, out
-        nseg = int(a[0])
-        ptr, ln = _at(a[1], np.uint64, nseg), _at(a[2], np.uint64, nseg)
-        first = _at(a[3], np.int64, nseg + 1)
-        out = _at(a[4], np.uint64, int(first[-1]))
-        for s in range(nseg):
-            data = _at(ptr[s], np.uint8, ln[s]).tobytes()
-            for j in range(int(first[s + 1] - first[s])):
-                out[first[s] + j] = xxhash.xxh3_64_intdigest(data[j << 16:(j + 1) << 16])
-    else:
-        raise AssertionError(f"no emulation of kernel {name}")
-
-
-class _Event:
-    def record(self, *_a) -> None:
-        pass
-
-    def synchronize(self) -> None:
-        pass
-
-
-class _Stream(_Event):
-    cuda_stream = 0
-
-    def wait_event(self, _e) -> None:
-        pass
-
-
-class _Cuda:
-    Stream = staticmethod(lambda *a, **k: _Stream())
-    Event = staticmethod(lambda *a, **k: _Event())
-    current_stream = staticmethod(lambda *a: _Stream())
-    stream = staticmethod(lambda s: contextlib.nullcontext())
-    synchronize = staticmethod(lambda: None)
-
-
-class _Device:
-    """Bytes of the emulated device tensors alive now, and the most alive at once (a tensor
-    is freed when its last reference goes, as torch's caching allocator frees in stream
-    order)."""
-    live = 0
-    peak = 0
-
-    @classmethod
-    def made(cls, t: torch.Tensor) -> torch.Tensor:
-        n = t.numel() * t.element_size()
-        cls.live += n
-        cls.peak = max(cls.peak, cls.live)
-        weakref.finalize(t, cls.freed, n)
-        return t
-
-    @classmethod
-    def freed(cls, n: int) -> None:
-        cls.live -= n
-
-
-class _Torch:
-    """torch, with device tensors made on the CPU (and counted: ``_Device``)."""
-    cuda = _Cuda()
-
-    def __getattr__(self, name):
-        return getattr(torch, name)
-
-    @staticmethod
-    def empty(*a, device=None, pin_memory=False, **k):
-        t = torch.empty(*a, **k)
-        return _Device.made(t) if device is not None else t
-
-    @staticmethod
-    def zeros(*a, device=None, **k):
-        t = torch.zeros(*a, **k)
-        return _Device.made(t) if device is not None else t
-
-    @staticmethod
-    def cat(*a, **k):  # only ever of device tensors here
-        return _Device.made(torch.cat(*a, **k))
+from s4weights.gpu import encode, runtime
+from tests.gpu.emulated import Device, emulate
 
 
 @pytest.fixture
 def emulated(monkeypatch):
-    for mod in (encode, runtime, chunked):
-        monkeypatch.setattr(mod, "torch", _Torch())
-    monkeypatch.setattr(runtime, "launch", _launch)
-    monkeypatch.setattr(runtime, "pinned", lambda n: torch.empty(max(n, 1), dtype=torch.uint8))
+    emulate(monkeypatch)
 
 
 def _tensors() -> dict[str, torch.Tensor]:
@@ -304,17 +145,17 @@ def test_device_bytes_stay_within_the_workspace(emulated, workspace, how) -> Non
     tensors += [(torch.randn(1024, generator=g) * 0.02) for _ in range(200)]  # small
     items = _items(tensors)
     enc = encode.Encoder("auto", workspace=workspace)
-    _Device.live = _Device.peak = 0
+    Device.live = Device.peak = 0
     if how == "code":
         for c, t in zip(enc.code(items), tensors):
             assert c.content_hash == hashing.content_hash(t.reshape(-1).view(torch.uint8)
                                                           .numpy().tobytes())
-        assert _Device.peak <= workspace, (_Device.peak, workspace)
+        assert Device.peak <= workspace, (Device.peak, workspace)
     else:
         groups = enc.encode_device(items)
         # every group's compacted buffer stays (the caller's result): the bound is per group
         assert len(groups) > 1
-        assert _Device.peak <= workspace + sum(g.total for g in groups[:-1]), _Device.peak
+        assert Device.peak <= workspace + sum(g.total for g in groups[:-1]), Device.peak
 
 
 @pytest.mark.parametrize("n_big", [2 << 20, 4 << 20])
@@ -329,11 +170,11 @@ def test_a_tensor_chunked_in_the_middle_of_a_window_stays_within_the_workspace(
     workspace = 2 * 6456320 + 2560 + 8192  # (found by a review: 1.2% over before the fix)
     enc = encode.Encoder("auto", workspace=workspace)
     assert any(isinstance(x, encode.Item) for x in enc._plan(list(items), True, True))
-    _Device.live = _Device.peak = 0
+    Device.live = Device.peak = 0
     for c, t in zip(enc.code(items), tensors):
         assert c.content_hash == hashing.content_hash(t.reshape(-1).view(torch.uint8)
                                                       .numpy().tobytes())
-    assert _Device.peak <= workspace, (_Device.peak, workspace)
+    assert Device.peak <= workspace, (Device.peak, workspace)
 
 
 def test_an_item_with_a_parent_is_refused_by_encode_device_before_any_work(

@@ -1,0 +1,241 @@
+"""CPU emulation of the CUDA path's kernels and device, for tests of its host side without a
+GPU: ``launch`` runs every kernel of kernels/*.cu with the reference implementations (the
+layouts' split and merge, ``rans.normalise``, the reference rANS block encoder and decoder,
+byte copies, XXH3 leaves), following their launch arguments; ``Torch`` makes device tensors
+on the CPU and counts them (``Device``). A kernel's launch arguments that change must change
+here too (the GPU tests, run on the H200, catch the kernels themselves)."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import weakref
+
+import numpy as np
+import torch
+import xxhash
+
+from s4format import layouts
+from s4format.codecs import rans
+from s4format.errors import FormatError
+
+LAYOUT = {f"{kind}_{name}": (lay, word, kind != "split", kind != "hist")
+          for kind in ("split", "hist", "split_hist")
+          for name, lay, word in (("bf16", layouts.BF16, 2), ("fp16", layouts.FP16, 2),
+                                  ("fp32", layouts.FP32, 4))}  # (layout, word, hist, write)
+
+
+MERGE = {f"merge_{name}": (lay, word) for name, lay, word in
+         (("bf16", layouts.BF16, 2), ("fp16", layouts.FP16, 2), ("fp32", layouts.FP32, 4))}
+
+def at(addr, dtype, n) -> np.ndarray:
+    """A numpy view of ``n`` items at a (CPU) address."""
+    n = int(n)
+    if n == 0:
+        return np.zeros(0, dtype)
+    ct = np.ctypeslib.as_ctypes_type(np.dtype(dtype))
+    return np.ctypeslib.as_array((ct * n).from_address(int(addr)))
+
+
+def launch(module: str, name: str, grid: int, block: int, *a) -> None:
+    if grid <= 0:
+        return
+    if name in LAYOUT:  # cs, c0, src, n, planes, hist, ones
+        lay, word, hist_on, write = LAYOUT[name]
+        nseg = int(at(a[0], np.int32, grid).max()) + 1
+        src, n = at(a[2], np.uint64, nseg), at(a[3], np.int64, nseg)
+        table = at(a[4], np.uint64, 5 * nseg).reshape(nseg, 5)
+        for r in range(nseg):
+            planes = lay.split(at(src[r], np.uint8, n[r] * word).copy(), word)
+            if write:
+                bits = np.packbits(planes[0], bitorder="little")
+                at(table[r, 0], np.uint8, bits.size)[:] = bits
+                for k, p in enumerate(planes[1:]):
+                    at(table[r, 1 + k], np.uint8, p.size)[:] = p
+            if hist_on:
+                hist = at(int(a[5]) + 8192 * r, np.uint64, 1024)
+                for k, p in enumerate(planes[1:]):
+                    hist[256 * k:256 * (k + 1)] += np.bincount(p, minlength=256).astype(
+                        np.uint64)
+                at(int(a[6]) + 8 * r, np.uint64, 1)[0] += int(planes[0].sum())
+    elif name == "rans_normalise":  # hist, ones, n, fc, counts
+        hist, ones = at(a[0], np.uint64, grid), at(a[1], np.uint64, grid)
+        n = at(a[2], np.int64, grid)
+        fc = at(a[3], np.uint32, 512 * grid).reshape(grid, 512)
+        out = at(a[4], np.uint64, 256 * grid).reshape(grid, 256)
+        for q in range(grid):
+            c = np.zeros(256, np.int64)
+            if hist[q]:
+                c[:] = at(hist[q], np.uint64, 256)
+            else:
+                o = int(at(ones[q], np.uint64, 1)[0])
+                c[:2] = n[q] - o, o
+            f = rans.normalise(c) if c.any() else np.zeros(256, np.int64)
+            fc[q, :256], fc[q, 256:], out[q] = f, np.cumsum(f) - f, c
+    elif name == "rans_encode":  # cta_first, cta_warps, src, len, tab, scratch, counts, ...
+        nb = int(at(a[1], np.uint8, grid).astype(np.int64).sum())
+        src, ln = at(a[2], np.uint64, nb), at(a[3], np.uint32, nb)
+        tab, scr = at(a[4], np.uint64, nb), at(a[5], np.uint64, nb)
+        counts, states = at(a[6], np.uint32, nb), at(a[7], np.uint32, 32 * nb)
+        firsts, varied = at(a[8], np.uint8, nb), at(a[9], np.uint8, nb)
+        for b in range(nb):
+            data = at(src[b], np.uint8, ln[b]).copy()
+            freqs = at(tab[b], np.uint32, 256).astype(np.int64)
+            words = np.empty(data.size, np.uint16)
+            c, s = np.empty(1, np.int64), np.empty(rans.LANES, np.int64)
+            rans._encode_blocks(data, rans.LOG2_BLOCK_MAX, rans._encoder_table(freqs), words,
+                                c, s)
+            counts[b] = c[0]
+            states[32 * b:32 * (b + 1)] = s
+            at(scr[b], np.uint16, c[0])[:] = words[:c[0]]
+            firsts[b], varied[b] = data[0], bool((data != data[0]).any())
+    elif name == "unpack_bits":  # bits, out, n
+        n = int(a[2])
+        at(a[1], np.uint8, n)[:] = np.unpackbits(at(a[0], np.uint8, (n + 7) // 8),
+                                                  bitorder="little")[:n]
+    elif name == "copy_ops":  # src, dst, len
+        for s, d, n in zip(*(at(x, np.uint64, grid).tolist() for x in a[:3])):
+            ctypes.memmove(d, s, n)
+    elif name == "leaf_digests":  # nseg, ptr, len, first, out
+        nseg = int(a[0])
+        ptr, ln = at(a[1], np.uint64, nseg), at(a[2], np.uint64, nseg)
+        first = at(a[3], np.int64, nseg + 1)
+        out = at(a[4], np.uint64, int(first[-1]))
+        for s in range(nseg):
+            data = at(ptr[s], np.uint8, ln[s]).tobytes()
+            for j in range(int(first[s + 1] - first[s])):
+                out[first[s] + j] = xxhash.xxh3_64_intdigest(data[j << 16:(j + 1) << 16])
+    elif name == "rans_decode":  # cta_first, cta_warps, mode, fill, words, count, states,
+        # dtab (the plane's exclusive prefix sums, shared by the CTA), out, len, errors
+        first, warps = at(a[0], np.uint32, grid), at(a[1], np.uint8, grid)
+        nb = int(first[-1]) + int(warps[-1])
+        mode, fill = at(a[2], np.uint8, nb), at(a[3], np.uint8, nb)
+        words, count, states = at(a[4], np.uint64, nb), at(a[5], np.uint32, nb), \
+            at(a[6], np.uint64, nb)
+        dtab, out, ln = at(a[7], np.uint64, nb), at(a[8], np.uint64, nb), at(a[9], np.uint32, nb)
+        errors = at(a[10], np.int32, nb)
+        for c in range(grid):
+            b0 = int(first[c])
+            table = None
+            if dtab[b0]:
+                cum = at(dtab[b0], np.uint32, 256).astype(np.int64)
+                table = rans._decoder_table(np.diff(np.append(cum, rans.PROB_SCALE)))
+            for b in range(b0, b0 + int(warps[c])):
+                dst = at(out[b], np.uint8, ln[b])
+                if mode[b] == 1:
+                    dst[:] = fill[b]
+                    continue
+                x = at(states[b], np.uint32, rans.LANES).astype(np.int64)
+                w = at(words[b], np.uint16, count[b]) if count[b] else np.zeros(0, np.uint16)
+                errors[b] = rans._decode_block(w, 0, int(count[b]), x, table, dst, 0, int(ln[b]))
+    elif name in MERGE:  # cs, c0, dst, n, planes, packed, errors
+        lay, word = MERGE[name]
+        nseg = int(at(a[0], np.int32, grid).max()) + 1
+        dst, n = at(a[2], np.uint64, nseg), at(a[3], np.int64, nseg)
+        table = at(a[4], np.uint64, 5 * nseg).reshape(nseg, 5)
+        packed, errors = at(a[5], np.uint8, nseg), at(a[6], np.int32, nseg)
+        for r in range(nseg):
+            m = int(n[r])
+            bad = False
+            if packed[r]:
+                bits = at(table[r, 0], np.uint8, (m + 7) // 8)
+                bad = bool(m % 8) and int(bits[-1]) >> (m % 8) != 0
+                sign = np.unpackbits(bits, bitorder="little")[:m]
+            else:
+                sign = at(table[r, 0], np.uint8, m).copy()
+            planes = [sign] + [at(table[r, 1 + k], np.uint8, m).copy()
+                               for k in range(len(lay.fields) - 1)]
+            try:
+                at(dst[r], np.uint8, m * word)[:] = lay.merge(planes, m * word, word)
+            except FormatError:
+                bad = True
+            if bad:
+                errors[r] = 1
+    elif name == "xor_bytes":  # a, b, out, n
+        n = int(a[3])
+        at(a[2], np.uint8, n)[:] = at(a[0], np.uint8, n) ^ at(a[1], np.uint8, n)
+    else:
+        raise AssertionError(f"no emulation of kernel {name}")
+
+
+class Event:
+    def record(self, *_a) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        pass
+
+
+class Stream(Event):
+    cuda_stream = 0
+
+    def wait_event(self, _e) -> None:
+        pass
+
+
+class Cuda:
+    Stream = staticmethod(lambda *a, **k: Stream())
+    Event = staticmethod(lambda *a, **k: Event())
+    current_stream = staticmethod(lambda *a: Stream())
+    stream = staticmethod(lambda s: contextlib.nullcontext())
+    synchronize = staticmethod(lambda: None)
+
+
+class Device:
+    """Bytes of the emulated device tensors alive now, and the most alive at once (a tensor
+    is freed when its last reference goes, as torch's caching allocator frees in stream
+    order)."""
+    live = 0
+    peak = 0
+
+    @classmethod
+    def made(cls, t: torch.Tensor) -> torch.Tensor:
+        n = t.numel() * t.element_size()
+        cls.live += n
+        cls.peak = max(cls.peak, cls.live)
+        weakref.finalize(t, cls.freed, n)
+        return t
+
+    @classmethod
+    def freed(cls, n: int) -> None:
+        cls.live -= n
+
+
+class Torch:
+    """torch, with device tensors made on the CPU (and counted: ``Device``)."""
+    cuda = Cuda()
+
+    def __getattr__(self, name):
+        return getattr(torch, name)
+
+    @staticmethod
+    def empty(*a, device=None, pin_memory=False, **k):
+        t = torch.empty(*a, **k)
+        return Device.made(t) if device is not None else t
+
+    @staticmethod
+    def zeros(*a, device=None, **k):
+        t = torch.zeros(*a, **k)
+        return Device.made(t) if device is not None else t
+
+    @staticmethod
+    def cat(*a, **k):  # only ever of device tensors here
+        return Device.made(torch.cat(*a, **k))
+
+
+class _Properties:
+    total_memory = 1 << 40
+
+
+Cuda.get_device_properties = staticmethod(lambda *a: _Properties())
+Cuda.current_device = staticmethod(lambda: 0)
+
+
+def emulate(monkeypatch) -> None:
+    """The CUDA path's modules with emulated kernels and CPU "device" tensors."""
+    from s4weights.gpu import chunked, decode, encode, runtime
+
+    for mod in (encode, decode, runtime, chunked):
+        monkeypatch.setattr(mod, "torch", Torch())
+    monkeypatch.setattr(runtime, "launch", launch)
+    monkeypatch.setattr(runtime, "pinned", lambda n: torch.empty(max(n, 1), dtype=torch.uint8))
