@@ -53,6 +53,10 @@ def timed(fn, reps: int = REPS) -> tuple[float, object]:
         b.record()
         torch.cuda.synchronize()
         times.append(a.elapsed_time(b) / 1e3)
+    # every rep, in order (stderr, the log): whether slow reps come first (settling) or at
+    # random shows here, not in the median
+    print("  timed reps, ms: " + " ".join(f"{1e3 * t:.2f}" for t in times), file=sys.stderr,
+          flush=True)
     return statistics.median(times), out
 
 
