@@ -369,8 +369,7 @@ class _Prepared:
     off: np.ndarray           # their offsets in the planes buffer
     total: int                # the planes buffer's bytes
     splits: list              # per layout: (id, sources, elements, rows per tensor, chunks)
-    jobs: np.ndarray          # rows the rANS kernel codes
-    rans: dict | None         # ``_rans_plan`` of the jobs
+    rans: dict | None         # ``_rans_plan`` of the rows the rANS kernel codes
 
 
 class Encoder:
@@ -392,11 +391,12 @@ class Encoder:
     def _workspace(self, items: list[Item]) -> int:
         return self.workspace or plan.default_workspace(sum(i.nbytes for i in items))
 
-    def _budgets(self, items: list[Item]) -> tuple[int, int, int]:
-        """(workspace, the share a window's histogram pass may hold, what groups may hold)."""
+    def _budgets(self, items: list[Item]) -> tuple[int, int]:
+        """(the share of the workspace a window's histogram pass may hold, what groups may
+        hold: the rest)."""
         workspace = self._workspace(items)
         cap = workspace // plan.WINDOW_SHARE
-        return workspace, cap, workspace - cap
+        return cap, workspace - cap
 
     @staticmethod
     def _layouts(items: list[Item]) -> None:
@@ -426,7 +426,7 @@ class Encoder:
         if not chunked and any(it.parent is not None for it in items):
             raise ValueError("an item with a parent is coded by Encoder.code only")
         self._layouts(items)
-        _workspace, cap, budget = self._budgets(items)
+        cap, budget = self._budgets(items)
         needs: dict[tuple, tuple[int, int]] = {}  # a model's layers repeat a few shapes
 
         def need_of(it: Item) -> tuple[int, int]:
@@ -505,7 +505,7 @@ class Encoder:
 
         pending: DeviceGroup | None = None
         ready: _Prepared | None = None  # the next group's tables, made while this one ran
-        _workspace, _cap, budget = self._budgets(items)
+        _cap, budget = self._budgets(items)
         for grp in self._plan(items, pipelined=True, chunked=True):
             if isinstance(grp, Item):
                 if pending is not None:
@@ -580,7 +580,7 @@ class Encoder:
         n = n_el[seg]
         buf, rows_at = None, np.zeros(n.size, np.uint64)
         if split:  # the planes, split rows in order, the sign plane as packed bits
-            size = runtime.align(np.where(field == 0, (n + 7) // 8, n))
+            size = plan.split_plane_bytes(n, field == 0)
             buf = runtime.device_empty(int(size.sum()))
             rows_at = np.uint64(buf.data_ptr()) + (np.cumsum(size) - size).astype(np.uint64)
         nseg = len(split_k)
@@ -770,7 +770,7 @@ class Encoder:
         the split launches' chunk tables, the rANS block and CTA tables."""
         rows = np.flatnonzero(pl.kind != layouts.KIND_RAW)
         n = pl.n[rows]
-        size = runtime.align(np.where(pl.kind[rows] == layouts.KIND_SIGN, (n + 7) // 8, n))
+        size = plan.split_plane_bytes(n, pl.kind[rows] == layouts.KIND_SIGN)
         off = np.cumsum(size) - size
         first = np.searchsorted(pl.item, np.arange(len(items) + 1))
         split = [k for k, it in enumerate(items)
@@ -786,7 +786,7 @@ class Encoder:
                              first[sel][:, None] + np.arange(len(lay.fields)),
                              plan.chunk_table(nel)))
         jobs = np.flatnonzero(pl.runs_rans)
-        return _Prepared(pl, rows, off, int(size.sum()), launches, jobs,
+        return _Prepared(pl, rows, off, int(size.sum()), launches,
                          _rans_plan(pl.n[jobs], self.log2_block) if jobs.size else None)
 
     def _split(self, pl: Planes, prep: _Prepared, batch: runtime.Batch) -> torch.Tensor:

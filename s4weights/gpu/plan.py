@@ -95,6 +95,13 @@ def window_meta(layout: layouts.Layout | None) -> int:
     return WINDOW_TENSOR + len(layout.fields) * WINDOW_PLANE
 
 
+def split_plane_bytes(n: np.ndarray, sign: np.ndarray) -> np.ndarray:
+    """Device bytes of split planes of ``n`` elements in a group's planes buffer: packed bits
+    for sign planes, a byte per element otherwise, each 256-byte aligned."""
+    n = np.asarray(n, np.int64)
+    return (np.where(sign, (n + 7) // 8, n) + 255) // 256 * 256
+
+
 GROUP_PLANE = 1024  # per plane of a group: its rows of the launch and copy tables, its host
 # bytes (header and frequency table) on the device
 
@@ -112,7 +119,7 @@ def group_need(item: np.ndarray, sign: np.ndarray, split: np.ndarray, n: np.ndar
     their copy), and the leaf digests of the raw bytes and of the payloads."""
     n = np.asarray(n, np.int64)
     al = (n + 255) // 256 * 256
-    row = np.where(split, np.where(sign, (n + 7) // 8 + 255, n + 255) // 256 * 256, 0)
+    row = np.where(split, split_plane_bytes(n, sign), 0)
     nb = -(-n >> log2_block)
     row += np.where(runs_rans, (2 * n + 255) // 256 * 256 + (BLOCK_META * nb + 255) // 256 * 256
                     + np.where(sign, al, 0), 0)
