@@ -7,9 +7,11 @@ tensors, planes or blocks:
 1. **Window** (consecutive tensors whose histograms and tables take at most 1/16 of the
    workspace): one histogram launch per layout (``hist_*``) reads every tensor once, and one
    launch normalises every plane's histogram into rANS frequencies (``rans_normalise``:
-   rans.normalise's integer procedure; the encoder's table input stays on the device).
-   Synchronisation: histograms and frequencies come to the host, which picks every plane's
-   candidate codecs as ``s4format.policy`` ranks them (GPU codecs only: :func:`candidates`).
+   rans.normalise's integer procedure; the encoder's table input and the streams' frequency
+   tables stay on the device) and sums each plane's rANS size estimate. Synchronisation: 32
+   bytes per plane come to the host (symbols present, estimate, first symbol, table size),
+   which picks every plane's candidate codecs as ``s4format.policy`` ranks them (GPU codecs
+   only: :func:`candidates`).
    Groups are then sized by what they really hold (``plan.group_need``: rANS scratch only for
    the planes the rANS kernel codes), not by the worst case.
 2. **Group**, one batch of launches with one table upload: the leaf digests of every tensor's
@@ -64,6 +66,7 @@ SPLIT_KERNEL = {layouts.BF16.layout_id: "split_bf16", layouts.FP16.layout_id: "s
 SPLIT_KINDS = ("split", "hist", "split_hist")
 MANTISSA_MODES = ("auto", "rans", "gdeflate", "raw")
 ALIGN_PAYLOAD = 16
+TABLE_STRIDE = 544  # kernels/rans.cu: device bytes of each plane's frequency table (the largest)
 
 
 @dataclass
@@ -102,25 +105,30 @@ class Planes:
 
     Set at creation: ``item``, ``kind``, ``index`` (the field), ``n`` (bytes = elements),
     ``ptr`` (device address; a sign plane's packed bits), ``counts`` ([P, 256] histogram; a sign
-    plane's is [zeros, ones], a raw plane's all zero).
-    By :func:`candidates`: ``nsym``, ``freqs`` (normalised, at least the rows that may take
-    rANS; or given, from the device),
-    ``est_rans``/``est_bp`` (size estimates), ``cand_rans``/``cand_bp``/``cand_gd`` (codecs of
-    ``policy.encode_plane``'s candidates the GPU codes, estimate under n) and ``runs_rans``
-    (the rANS kernel codes the plane).
+    plane's is [zeros, ones], a raw plane's all zero), or None where the device's
+    ``rans_normalise`` gave ``stats`` instead ([P, 4]: symbols present, rANS estimate, first
+    symbol present, table size; ``tdev``: the device address of each row's table bytes).
+    By :func:`candidates`: ``nsym``, ``sym0`` (first symbol present), ``tsize`` (bytes of the
+    rANS frequency table), ``freqs`` (host rows only: normalised, at least the rows that may
+    take rANS), ``est_rans``/``est_bp`` (size estimates), ``cand_rans``/``cand_bp``/``cand_gd``
+    (codecs of ``policy.encode_plane``'s candidates the GPU codes, estimate under n) and
+    ``runs_rans`` (the rANS kernel codes the plane).
     By :func:`choose`: ``codec``, ``form`` (FORM_*), ``size`` (stored bytes), ``head`` (bytes
     of the payload written from the host: header and table, or the whole CONST stream, or a
-    GDeflate page table) and ``head_at`` (where in ``heads``, the host bytes of all rows).
+    GDeflate page table), ``head_at`` (where in ``heads``, the host bytes of all rows) and
+    ``dtab`` (bytes of a RANS stream's table that follow the head, copied from ``tdev``).
     By the encoder's assembly: ``offset`` (in the group's buffer; -1 for planes of items the
     CPU codes) and ``checksum``."""
 
-    def __init__(self, item, kind, index, n, ptr, counts) -> None:
+    def __init__(self, item, kind, index, n, ptr, counts, stats=None, tdev=None) -> None:
         self.item = np.asarray(item, np.int64)
         self.kind = np.asarray(kind, np.int64)
         self.index = np.asarray(index, np.int64)
         self.n = np.asarray(n, np.int64)
         self.ptr = np.asarray(ptr, np.uint64)
-        self.counts = np.asarray(counts, np.int64).reshape(-1, 256)  # no copy when int64
+        self.counts = None if counts is None else np.asarray(counts, np.int64).reshape(-1, 256)
+        self.stats = None if stats is None else np.asarray(stats, np.int64).reshape(-1, 4)
+        self.tdev = None if tdev is None else np.asarray(tdev, np.uint64)
         self.offset = np.full(self.n.size, -1, np.int64)
         self.checksum = np.zeros(self.n.size, np.uint64)
         # normalised frequencies already made (the device's ``rans_normalise``), and the
@@ -129,13 +137,16 @@ class Planes:
         self.tab: np.ndarray | None = None
         self.tables: object = None  # the device buffer ``tab`` points into, while needed
 
-    _CHOSEN = ("nsym", "est_rans", "est_bp", "cand_rans", "cand_bp", "cand_gd", "runs_rans")
+    _CHOSEN = ("nsym", "sym0", "tsize", "est_rans", "est_bp", "cand_rans", "cand_bp", "cand_gd",
+               "runs_rans")
 
     def take(self, rows: np.ndarray, item: np.ndarray) -> Planes:
         """Rows ``rows`` as a table of their own, ``item`` their items' positions there (a
         group's rows of its window's table), with what :func:`candidates` set."""
         out = Planes(item, self.kind[rows], self.index[rows], self.n[rows], self.ptr[rows],
-                     self.counts[rows])
+                     None if self.counts is None else self.counts[rows],
+                     None if self.stats is None else self.stats[rows],
+                     None if self.tdev is None else self.tdev[rows])
         out.freqs = None if self.freqs is None else self.freqs[rows]
         out.tab = None if self.tab is None else self.tab[rows]
         for name in self._CHOSEN:
@@ -161,11 +172,12 @@ class Planes:
 
 def candidates(pl: Planes, policy_name: str, mantissa: str, gd: bool, log2_block: int) -> None:
     """``policy.encode_plane``'s candidates for every plane, those the GPU codes, with their
-    estimates (``ranshost.estimate_many``): sign planes bitpack and rANS (not under ``seed``),
-    exponent planes rANS, mantissa planes rANS (``mantissa`` auto or rans, not ``seed``) or
-    GDeflate (``gd``, under ``seed`` or ``mantissa="gdeflate"``: its real size ranks it). A
-    candidate whose estimate is not under the plane's size is dropped; planes under
-    ``policy.MIN_CODED`` bytes have none (stored raw)."""
+    estimates (``ranshost.estimate_many``, or the same from the device: ``pl.stats``): sign
+    planes bitpack and rANS (not under ``seed``), exponent planes rANS, mantissa planes rANS
+    (``mantissa`` auto or rans, not ``seed``) or GDeflate (``gd``, under ``seed`` or
+    ``mantissa="gdeflate"``: its real size ranks it). A candidate whose estimate is not under
+    the plane's size is dropped; planes under ``policy.MIN_CODED`` bytes have none (stored
+    raw)."""
     n, kind = pl.n, pl.kind
     seed = policy_name == "seed"
     coded = n >= policy.MIN_CODED
@@ -173,17 +185,23 @@ def candidates(pl: Planes, policy_name: str, mantissa: str, gd: bool, log2_block
     mant = kind == layouts.KIND_MANTISSA
     want = coded & ((sign & (not seed)) | (kind == layouts.KIND_EXPONENT)
                     | (mant & (not seed) & (mantissa in ("auto", "rans"))))
-    nsym = np.count_nonzero(pl.counts, axis=1)
-    est = np.zeros(n.size, np.int64)
-    multi = np.flatnonzero(want & (nsym > 1))
-    if pl.freqs is None:  # else normalised on the device, every row
-        pl.freqs = np.zeros((n.size, 256), np.int64)
+    if pl.stats is not None:  # from the device: the same figures, every split row
+        nsym, pl.sym0, pl.tsize = pl.stats[:, 0], pl.stats[:, 2], pl.stats[:, 3]
+        est = np.where(want, pl.stats[:, 1], 0)
+    else:
+        nsym = np.count_nonzero(pl.counts, axis=1)
+        est = np.zeros(n.size, np.int64)
+        multi = np.flatnonzero(want & (nsym > 1))
+        if pl.freqs is None:
+            pl.freqs = np.zeros((n.size, 256), np.int64)
+            if multi.size:
+                pl.freqs[multi] = ranshost.normalise_many(pl.counts[multi])
         if multi.size:
-            pl.freqs[multi] = ranshost.normalise_many(pl.counts[multi])
-    if multi.size:
-        est[multi] = ranshost.estimate_many(pl.counts[multi], pl.freqs[multi], log2_block)
-    single = want & (nsym == 1)
-    est[single] = ranshost.HEADER_SIZE + ranshost.n_blocks(n[single], rans.LOG2_BLOCK_MAX)
+            est[multi] = ranshost.estimate_many(pl.counts[multi], pl.freqs[multi], log2_block)
+        single = want & (nsym == 1)
+        est[single] = ranshost.HEADER_SIZE + ranshost.n_blocks(n[single], rans.LOG2_BLOCK_MAX)
+        pl.sym0 = np.argmax(pl.counts > 0, axis=1)
+        pl.tsize = table_sizes(pl.freqs)
     pl.nsym, pl.est_rans = nsym, est
     pl.est_bp = (n + 7) // 8
     pl.cand_rans = want & (est < n)
@@ -261,7 +279,7 @@ def choose(pl: Planes, r: dict | None, gd: gdeflate.Compressed | None, log2_bloc
         nb = np.diff(r["bt"].first)
         varied = r["plane_varied"].astype(bool)
         full = np.zeros(jobs.size, np.int64)
-        full[varied] = (hs + table_sizes(pl.freqs[jobs[varied]])
+        full[varied] = (hs + pl.tsize[jobs[varied]]
                         + rans.BLOCK_OVERHEAD * nb[varied] + 2 * r["plane_words"][varied])
         size_r[jobs] = np.where(varied, np.where(full < hs + n[jobs], full, -1), hs + nb)
     rans_ok = (size_r >= 0) & (size_r < n)
@@ -282,8 +300,13 @@ def choose(pl: Planes, r: dict | None, gd: gdeflate.Compressed | None, log2_bloc
 
     # host bytes: RANS streams' header and table, whole CONST streams, GDeflate page tables
     parts = []  # (rows, bytes, starts, lengths)
+    pl.dtab = np.zeros(n.size, np.int64)
     if rr.size:
-        body, blen = table_bodies(pl.freqs[rr])
+        if pl.tdev is None:
+            body, blen = table_bodies(pl.freqs[rr])
+        else:  # the tables are on the device: the assembly copies them after the header
+            body, blen = np.zeros(0, np.uint8), np.zeros(rr.size, np.int64)
+            pl.dtab[rr] = pl.tsize[rr]
         parts.append((rr, *stream_heads(rans.MODE_RANS, log2_block, n[rr], body, blen)))
     cj = np.flatnonzero(use_r & is_job & (form == FORM_CONST))  # constant in every block
     if cj.size:
@@ -295,7 +318,7 @@ def choose(pl: Planes, r: dict | None, gd: gdeflate.Compressed | None, log2_bloc
     oc = np.flatnonzero(use_r & one)
     if oc.size:
         nbm = ranshost.n_blocks(n[oc], rans.LOG2_BLOCK_MAX)
-        sym = np.argmax(pl.counts[oc] > 0, axis=1).astype(np.uint8)
+        sym = pl.sym0[oc].astype(np.uint8)
         parts.append((oc, *stream_heads(rans.MODE_CONST, rans.LOG2_BLOCK_MAX, n[oc],
                                         np.repeat(sym, nbm), nbm)))
     gd_rows = np.flatnonzero(pl.cand_gd)
@@ -483,7 +506,7 @@ class Encoder:
                 k0, k1 = run[grp.start], run[grp.stop - 1] + 1  # runs are consecutive
                 rows = np.arange(first[k0], first[k1])
                 sub = pl.take(rows, pl.item[rows] - k0)
-                sub.tables = tables  # the encoder-table inputs stay until the group's rANS
+                sub.tables = tables  # table inputs and bytes: until the group's copy
                 groups.append((items[k0:k1], sub, int(need[k0:k1].sum())))
             run.clear()
             for g, (its, sub, nd) in enumerate(groups):  # each with the next one's items
@@ -603,21 +626,22 @@ class Encoder:
                          batch, "split_hist" if split else "hist")
             at += sel.size
         # every split plane's rANS frequencies, normalised on the device and kept there as the
-        # encoder's table input; histograms and frequencies come to the host in plane order
+        # encoder's table input, with the frequency tables' bytes; only the planes' figures
+        # (symbols present, estimate, first symbol, table size) come to the host
         ps = n.size
         bins = np.where(field > 0, np.uint64(hp) + (8 * (hpos[seg] * 1024 + (field - 1) * 256)
                                                     ).astype(np.uint64), np.uint64(0))
         fc = runtime.device_empty(2048 * ps)
-        dev_counts = runtime.device_empty(2048 * ps)
-        host = runtime.pinned(3072 * ps)
+        meta = runtime.device_empty((TABLE_STRIDE + 32) * ps)  # table bytes, then the figures
+        host = runtime.pinned(32 * ps)
+        stats_p = meta.data_ptr() + TABLE_STRIDE * ps
         batch.launch("rans", "rans_normalise", ps, 256, *batch.table(
-            bins, np.uint64(hp) + (8 * (1024 * nseg + hpos[seg])).astype(np.uint64), n),
-            runtime.ptr(fc), runtime.ptr(dev_counts))
+            bins, np.uint64(hp) + (8 * (1024 * nseg + hpos[seg])).astype(np.uint64), n,
+            ranshost.SYMBOL_BITS), runtime.ptr(fc), np.uint64(stats_p), runtime.ptr(meta),
+            np.int32(self.log2_block))
         tables = batch.run()
         if ps:
-            host[:2048 * ps].copy_(dev_counts[:2048 * ps], non_blocking=True)
-            host[2048 * ps:].view(-1, 1024).copy_(fc[:2048 * ps].view(-1, 2048)[:, :1024],
-                                                 non_blocking=True)
+            host.copy_(meta[TABLE_STRIDE * ps:], non_blocking=True)
         # while the device works: the rows, split rows then one row per raw-layout item (its
         # bytes in place), put in item order
         item = np.concatenate((np.asarray(split_k, np.int64)[seg], raws)).astype(np.int64)
@@ -627,30 +651,30 @@ class Encoder:
         ptr = np.concatenate((rows_at,
                               np.array([items[k].data.data_ptr() for k in raws], np.uint64)))
         split_tab = np.uint64(fc.data_ptr()) + np.arange(ps, dtype=np.uint64) * np.uint64(2048)
+        split_tdev = np.uint64(meta.data_ptr()) + np.arange(ps, dtype=np.uint64) * np.uint64(
+            TABLE_STRIDE)
         if raws:
             order = np.argsort(item, kind="stable")
             at_row = np.empty(order.size, np.int64)   # split row i goes to row at_row[i]
             at_row[order] = np.arange(order.size)
         if ps:
             torch.cuda.current_stream().synchronize()  # the window's one synchronisation
-        hv = host.numpy()
-        split_counts = hv[:2048 * ps].view(np.int64).reshape(ps, 256)
-        split_freqs = hv[2048 * ps:3072 * ps].view(np.uint32).reshape(ps, 256)
+        split_stats = host.numpy()[:32 * ps].view(np.int64).reshape(ps, 4)
         if raws:
-            counts = np.zeros((order.size, 256), np.int64)
-            counts[at_row[:ps]] = split_counts
-            freqs = np.zeros((order.size, 256), np.uint32)
-            freqs[at_row[:ps]] = split_freqs
+            stats = np.zeros((order.size, 4), np.int64)
+            stats[at_row[:ps]] = split_stats
             tab = np.zeros(order.size, np.uint64)
             tab[at_row[:ps]] = split_tab
+            tdev = np.zeros(order.size, np.uint64)
+            tdev[at_row[:ps]] = split_tdev
             item, nrow, ptr = item[order], nrow[order], ptr[order]
             kind, index = np.asarray(kind)[order], np.asarray(index)[order]
         else:  # split rows only: already in item order
-            counts, freqs, tab = split_counts, split_freqs, split_tab
-        pl = Planes(item, kind, index, nrow, ptr, counts)
-        pl.freqs, pl.tab = freqs, tab
+            stats, tab, tdev = split_stats.copy(), split_tab, split_tdev
+        pl = Planes(item, kind, index, nrow, ptr, None, stats, tdev)
+        pl.tab = tab
         self.candidates(pl)
-        return pl, (fc, tables), buf
+        return pl, (fc, meta, tables), buf
 
     # -- one group --------------------------------------------------------------------------
 
@@ -682,7 +706,6 @@ class Encoder:
                 ahead()
 
         r, gd = self._encode(pl, batch, meanwhile, planned)  # sync: the blocks' word counts
-        pl.tables = None  # the window's encoder-table inputs are no longer this group's
         prof.mark("split+encode")
         choose(pl, r, gd, self.log2_block)
         cpu = {k for k, it in enumerate(items) if it.layout is None}
@@ -692,6 +715,9 @@ class Encoder:
         prof.mark("choose")
         buf, total, live, cpu_at, keep, pay_dig, pay_first = self._assemble(
             items, pl, sorted(cpu), r, gd)
+        # the window's encoder-table inputs and frequency tables are no longer this group's
+        # once its copy is queued (stream order keeps them until it has run)
+        pl.tables = None
         prof.mark("assemble")
         # the leaf digests go to the host without a synchronisation: the next group's work is
         # queued behind them, and ``finish`` roots them once they are there
@@ -810,7 +836,8 @@ class Encoder:
         gd_rows = np.flatnonzero(pl.cand_gd)
         jobs = np.flatnonzero(pl.runs_rans)
         launched = self._rans_launch(
-            pl.kind[jobs] == layouts.KIND_SIGN, pl.n[jobs], pl.ptr[jobs], pl.freqs[jobs],
+            pl.kind[jobs] == layouts.KIND_SIGN, pl.n[jobs], pl.ptr[jobs],
+            None if pl.freqs is None else pl.freqs[jobs],
             None if pl.tab is None else pl.tab[jobs], batch, planned) if jobs.size else None
         tables = batch.run()
         gd = gdeflate.Compressed(pl.ptr[gd_rows].tolist(), pl.n[gd_rows].tolist(),
@@ -834,7 +861,7 @@ class Encoder:
         return self._rans_collect(launched, meanwhile)
 
     def _rans_launch(self, sign: np.ndarray, n: np.ndarray, ptr: np.ndarray,
-                     freqs: np.ndarray, tabs: np.ndarray | None, batch: runtime.Batch,
+                     freqs: np.ndarray | None, tabs: np.ndarray | None, batch: runtime.Batch,
                      planned: dict | None = None) -> dict:
         """Queue in ``batch`` the unpacking of sign jobs and one rANS launch over every block of
         every job (see :meth:`_rans`; ``planned``: ``_rans_plan(n)``, when made beforehand);
@@ -912,7 +939,8 @@ class Encoder:
                   gd: gdeflate.Compressed | None):
         """Lay the payloads out (16-byte aligned) in one compacted device buffer and fill it
         with one copy launch, the copy ops built with numpy over all planes and blocks at
-        once: the host bytes of every payload (``pl.heads``), raw and bitpacked planes, the
+        once: the host bytes of every payload (``pl.heads``), the frequency tables the device
+        made (``pl.dtab``), raw and bitpacked planes, the
         rANS planes' word counts, final states and one word run per block, and the raw bytes
         of the items the CPU codes; then launch the payloads' leaf digests. Returns (buffer,
         bytes used, the live rows, where each CPU-coded item's bytes are, the launches'
@@ -942,11 +970,17 @@ class Encoder:
             src.append(np.uint64(hp) + pl.head_at[live][headed].astype(np.uint64))
             dst.append(at[headed])
             ln.append(pl.head[live][headed].astype(np.uint64))
+        dtab = pl.dtab[live] > 0  # RANS streams' frequency tables, made on the device
+        if dtab.any():
+            src.append(pl.tdev[live][dtab])
+            dst.append(at[dtab] + pl.head[live][dtab].astype(np.uint64))
+            ln.append(pl.dtab[live][dtab].astype(np.uint64))
         rans_rows = form == FORM_RANS
         if rans_rows.any():
             job = np.cumsum(pl.runs_rans) - 1
-            s_, d_, l_ = rans_runs(r, job[live[rans_rows]],
-                                   at[rans_rows] + pl.head[live[rans_rows]].astype(np.uint64))
+            rows = live[rans_rows]
+            s_, d_, l_ = rans_runs(r, job[rows], at[rans_rows]
+                                   + (pl.head[rows] + pl.dtab[rows]).astype(np.uint64))
             src += s_
             dst += d_
             ln += l_

@@ -50,8 +50,9 @@ def _al(n: int) -> int:
 BLOCK_META = 4 * 34 + 2 + 32 + 48  # device bytes per rANS block: word count, 32 final states,
 # first symbol and flag, its rows of the launch's tables (source, length, table, scratch), and
 # the assembly's copy ops for its word run (up to two 64 KiB pieces of 24 bytes)
-PLANE_META = 4096  # device bytes per split plane: its normalised frequencies and cumulative
-# sums (the encoder-table input) and its histogram in plane order (rans_normalise)
+PLANE_META = 2048 + 544 + 32  # device bytes per split plane (rans_normalise's output): its
+# normalised frequencies and cumulative sums (the encoder-table input), its frequency table's
+# bytes (at most 544) and its figures for the host
 TENSOR_META = _al(8 * 1025) + 4096  # a split tensor's histograms; its launch-table rows
 
 
@@ -83,8 +84,7 @@ def encode_need(layout: layouts.Layout | None, nbytes: int, itemsize: int,
 # sized by their exact need. A window's histograms and rANS tables (``window_meta``) stay on the
 # device while its groups are coded, and take at most 1/WINDOW_SHARE of the workspace.
 WINDOW_SHARE = 16
-WINDOW_PLANE = 4096  # per split plane: normalised frequencies and cumulative sums (the encoder
-# table input, 2 KiB), and its histogram in plane order (2 KiB)
+WINDOW_PLANE = PLANE_META  # per split plane: as in a group that histograms its own tensors
 WINDOW_TENSOR = _al(8 * 1025) + 1024  # per split tensor: its histograms; its launch-table rows
 
 

@@ -122,20 +122,25 @@ def decoder_tables(freqs: np.ndarray) -> np.ndarray:
 
 
 # PROB_BITS - log2(f) for every frequency f (f = 0: absent symbols, multiplied by a zero count):
-# the same doubles as computing it per symbol, looked up instead of 256 log2 per plane
-_SYMBOL_BITS = rans.PROB_BITS - np.log2(np.maximum(np.arange(rans.PROB_SCALE + 1), 1))
+# the same doubles as computing it per symbol, looked up instead of 256 log2 per plane (the
+# device's rans_normalise gets this table too)
+SYMBOL_BITS = rans.PROB_BITS - np.log2(np.maximum(np.arange(rans.PROB_SCALE + 1), 1))
 
 
 def estimate_many(counts: np.ndarray, freqs: np.ndarray, log2_block: int) -> np.ndarray:
     """``estimate`` of every row with more than one symbol present (others: don't care).
-    Sums the per-symbol bit costs in symbol order like the per-plane estimate; float summation
-    order can differ from numpy's pairwise sum in the last ulp, which moves the estimate by
-    at most one word on a knife edge (the estimate only ranks candidates; sizes are real)."""
+    The per-symbol bit costs are summed in symbol order, one addition at a time, as the
+    device's ``rans_normalise`` sums them, so both give the same estimate. The per-plane
+    estimate sums with numpy's pairwise order instead: the two can differ in the last ulp,
+    which moves the estimate by one word on a knife edge (the estimate only ranks candidates;
+    sizes are real)."""
     counts = np.asarray(counts, dtype=np.int64).reshape(-1, 256)
     n = counts.sum(axis=1)
     f = np.asarray(freqs, dtype=np.int64)
-    cost = counts * _SYMBOL_BITS[f]  # absent symbols: 0 * 12.0
-    bits = cost.sum(axis=1)
+    cost = counts * SYMBOL_BITS[f]  # absent symbols: 0 * 12.0
+    bits = np.zeros(counts.shape[0])
+    for t in range(256):
+        bits += cost[:, t]
     k = (freqs > 0).sum(axis=1)
     table = rans.BITMAP_SIZE + 2 * k
     table += -table % 4

@@ -18,6 +18,7 @@ import xxhash
 from s4format import layouts
 from s4format.codecs import rans
 from s4format.errors import FormatError
+from s4weights.gpu.encode import TABLE_STRIDE
 
 LAYOUT = {f"{kind}_{name}": (lay, word, kind != "split", kind != "hist")
           for kind in ("split", "hist", "split_hist")
@@ -58,11 +59,12 @@ def launch(module: str, name: str, grid: int, block: int, *a) -> None:
                     hist[256 * k:256 * (k + 1)] += np.bincount(p, minlength=256).astype(
                         np.uint64)
                 at(int(a[6]) + 8 * r, np.uint64, 1)[0] += int(planes[0].sum())
-    elif name == "rans_normalise":  # hist, ones, n, fc, counts
+    elif name == "rans_normalise":  # hist, ones, n, sbits, fc, stats, tbytes, log2_block
         hist, ones = at(a[0], np.uint64, grid), at(a[1], np.uint64, grid)
-        n = at(a[2], np.int64, grid)
-        fc = at(a[3], np.uint32, 512 * grid).reshape(grid, 512)
-        out = at(a[4], np.uint64, 256 * grid).reshape(grid, 256)
+        n, sbits = at(a[2], np.int64, grid), at(a[3], np.float64, rans.PROB_SCALE + 1)
+        fc = at(a[4], np.uint32, 512 * grid).reshape(grid, 512)
+        stats = at(a[5], np.uint64, 4 * grid).reshape(grid, 4)
+        lb = int(a[7])
         for q in range(grid):
             c = np.zeros(256, np.int64)
             if hist[q]:
@@ -71,7 +73,21 @@ def launch(module: str, name: str, grid: int, block: int, *a) -> None:
                 o = int(at(ones[q], np.uint64, 1)[0])
                 c[:2] = n[q] - o, o
             f = rans.normalise(c) if c.any() else np.zeros(256, np.int64)
-            fc[q, :256], fc[q, 256:], out[q] = f, np.cumsum(f) - f, c
+            fc[q, :256], fc[q, 256:] = f, np.cumsum(f) - f
+            k = int(np.count_nonzero(c))
+            table = rans.table_bytes(f) if k else np.zeros(32, np.uint8).tobytes()
+            at(int(a[6]) + TABLE_STRIDE * q, np.uint8, len(table))[:] = np.frombuffer(
+                table, np.uint8)
+            total, est = int(c.sum()), 12
+            if k == 1:
+                est = 12 + -(-total >> 20)
+            elif k > 1:
+                bits = 0.0  # the kernel's order: one addition at a time, in symbol order
+                for t in range(256):
+                    bits += float(c[t]) * float(sbits[f[t]]) if c[t] else 0.0
+                full = 12 + len(table) + 132 * -(-total >> lb) + 2 * int(np.ceil(bits / 16))
+                est = min(full, 12 + total)
+            stats[q] = k, est, int(np.argmax(c > 0)) if k else 0, len(table)
     elif name == "rans_encode":  # cta_first, cta_warps, src, len, tab, scratch, counts, ...
         nb = int(at(a[1], np.uint8, grid).astype(np.int64).sum())
         src, ln = at(a[2], np.uint64, nb), at(a[3], np.uint32, nb)

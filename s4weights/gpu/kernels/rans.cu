@@ -221,16 +221,24 @@ __device__ __forceinline__ u64 cta_sum(u64 v, u64* red) {
 
 // rans.normalise of many histograms (spec/rans.md: the exact integer procedure), one CTA of
 // 256 threads per plane, thread s for symbol s; writes each plane's encoder-table input as
-// rans_encode reads it: u32 freq[256] then u32 cum[256] (exclusive prefix sums) at fc + 512 q,
-// and its histogram as u64 counts[256] at counts + 256 q (the host's copy, in plane order).
+// rans_encode reads it: u32 freq[256] then u32 cum[256] (exclusive prefix sums) at fc + 512 q.
 // Plane q's bins are the 256 u64 at hist[q]; a sign plane (hist[q] == 0) has the bins
 // [n[q] - ones, ones], ones being the u64 at ones[q]. An empty histogram gives zeros.
+// For the host, which then needs no histogram or table (32 bytes per plane instead of 3 KiB):
+// the u64 row stats + 4 q = [symbols present, the rANS size estimate (ranshost.estimate_many,
+// sbits = ranshost.SYMBOL_BITS: the bit costs summed in symbol order, one addition at a time),
+// the first symbol present, the frequency table's size T], and the table's T bytes
+// (rans.table_bytes) at tbytes + TABLE_STRIDE q, for the assembly to copy into the stream.
+#define TABLE_STRIDE 544  // 32 + 2 * 256: the largest frequency table
 extern "C" __global__ void __launch_bounds__(256)
-rans_normalise(const u64* hist, const u64* ones, const i64* n, u32* fc, u64* counts) {
+rans_normalise(const u64* hist, const u64* ones, const i64* n, const double* sbits, u32* fc,
+               u64* stats, u8* tbytes, int log2_block) {
     __shared__ u64 red[8];
     __shared__ u64 rem[256];
     __shared__ u8 pres[256];
     __shared__ u32 wsum[8];
+    __shared__ u32 wpres[8];
+    __shared__ double cost[256];
     const int q = blockIdx.x, s = threadIdx.x, lane = s & 31, warp = s >> 5;
     u64 c;
     if (hist[q]) {
@@ -239,7 +247,6 @@ rans_normalise(const u64* hist, const u64* ones, const i64* n, u32* fc, u64* cou
         const u64 o = *(const u64*)ones[q];
         c = s == 0 ? (u64)n[q] - o : (s == 1 ? o : 0);
     }
-    counts[(u64)q * 256 + s] = c;
     const bool present = c > 0;
     const u64 total = cta_sum(c, red);
     const u64 k = cta_sum(present ? 1 : 0, red);
@@ -272,4 +279,37 @@ rans_normalise(const u64* hist, const u64* ones, const i64* n, u32* fc, u64* cou
     for (int i = 0; i < warp; i++) before += wsum[i];
     fc[(u64)q * 512 + s] = f;
     fc[(u64)q * 512 + 256 + s] = before + v - f;
+    // the table's bytes: presence bitmap (bit s % 8 of byte s / 8 is bit s % 32 of the
+    // little-endian u32 s / 32: a warp's ballot), then each present symbol's u16 frequency at
+    // its rank among the present symbols, then 2 zero bytes when k is odd
+    const u32 pb = __ballot_sync(0xFFFFFFFFu, present);
+    if (lane == 0) wpres[warp] = pb;
+    cost[s] = present ? __dmul_rn((double)c, sbits[f]) : 0.0;
+    __syncthreads();
+    u32 rank_p = __popc(pb & lanemask_lt());
+    for (int i = 0; i < warp; i++) rank_p += __popc(wpres[i]);
+    u8* tb = tbytes + (u64)q * TABLE_STRIDE;
+    if (lane == 0) ((u32*)tb)[warp] = pb;
+    if (present) ((u16*)(tb + 32))[rank_p] = (u16)f;
+    if (s == 0) {
+        const u32 tsize = 32 + 2 * (u32)k + 2 * (u32)(k & 1);
+        if (k & 1) ((u16*)(tb + 32))[k] = 0;
+        u32 sym0 = 0;
+        for (int i = 7; i >= 0; i--)
+            if (wpres[i]) sym0 = 32 * i + __ffs(wpres[i]) - 1;
+        u64 est = 12;
+        if (k == 1) {
+            est = 12 + ((total + (1ull << 20) - 1) >> 20);  // CONST, 2^20-symbol blocks
+        } else if (k > 1) {
+            double bits = 0.0;
+            for (int t = 0; t < 256; t++) bits = __dadd_rn(bits, cost[t]);
+            const u64 nb = (total + (1ull << log2_block) - 1) >> log2_block;
+            const u64 full = 12 + tsize + 132 * nb + 2 * (u64)ceil(bits / 16.0);
+            est = full < 12 + total ? full : 12 + total;
+        }
+        stats[4 * (u64)q] = k;
+        stats[4 * (u64)q + 1] = est;
+        stats[4 * (u64)q + 2] = sym0;
+        stats[4 * (u64)q + 3] = tsize;
+    }
 }
