@@ -381,7 +381,8 @@ def _rans_plan(n: np.ndarray, log2_block: int) -> dict:
     np.cumsum(runtime.align(2 * n), out=scratch_off[1:])
     start = bt.start.astype(np.uint64)
     return dict(bt=bt, scratch_off=scratch_off, start=start, cta=plan.cta_table(bt.first),
-                scratch_at=scratch_off[bt.plane].astype(np.uint64) + 2 * start)
+                scratch_at=scratch_off[bt.plane].astype(np.uint64) + 2 * start,
+                job=bt.plane.astype(np.uint32))
 
 
 @dataclass
@@ -840,6 +841,9 @@ class Encoder:
             None if pl.freqs is None else pl.freqs[jobs],
             None if pl.tab is None else pl.tab[jobs], batch, planned) if jobs.size else None
         tables = batch.run()
+        if launched is not None:  # the assembly places the words with these tables: keep them
+            launched["place"] = [batch.address(a) for a in launched.pop("place_at")]
+            launched["keep"][0].append(tables)
         gd = gdeflate.Compressed(pl.ptr[gd_rows].tolist(), pl.n[gd_rows].tolist(),
                                  self.gd_algorithm) if gd_rows.size else None
         r = self._rans_collect(launched, meanwhile) if launched is not None else None
@@ -897,12 +901,15 @@ class Encoder:
         blk_tab = np.asarray(tabs, np.uint64)[bt.plane]
         blk_scr = np.uint64(scratch.data_ptr()) + planned["scratch_at"]
         cta_first, cta_warps = planned["cta"]
-        batch.launch("rans", "rans_encode", cta_first.size, 32 * plan.RANS_WARPS,
-                     *batch.table(cta_first, cta_warps, blk_src, bt.length, blk_tab, blk_scr),
+        tabs_at = batch.table(cta_first, cta_warps, blk_src, bt.length, blk_tab, blk_scr)
+        batch.launch("rans", "rans_encode", cta_first.size, 32 * plan.RANS_WARPS, *tabs_at,
                      np.uint64(counts_p), np.uint64(states_p), np.uint64(firsts_p),
                      np.uint64(varied_p))
+        # for the assembly's rans_place: each block's scratch (above) and job, on the device
+        place_at = (tabs_at[5], *batch.table(planned["job"]))
         return dict(bt=bt, n=n, out=out, states_p=states_p, counts_p=counts_p,
-                    scratch_off=scratch_off, scratch=scratch, keep=(keep, out))
+                    scratch_off=scratch_off, scratch=scratch, keep=(keep, out),
+                    place_at=place_at)
 
     @staticmethod
     def _rans_collect(launched: dict, meanwhile=None) -> dict:
@@ -976,14 +983,19 @@ class Encoder:
             dst.append(at[dtab] + pl.head[live][dtab].astype(np.uint64))
             ln.append(pl.dtab[live][dtab].astype(np.uint64))
         rans_rows = form == FORM_RANS
+        words = None  # where each rANS job's words go (0: not a RANS-mode stream)
         if rans_rows.any():
             job = np.cumsum(pl.runs_rans) - 1
             rows = live[rans_rows]
-            s_, d_, l_ = rans_runs(r, job[rows], at[rans_rows]
-                                   + (pl.head[rows] + pl.dtab[rows]).astype(np.uint64))
+            starts = at[rans_rows] + (pl.head[rows] + pl.dtab[rows]).astype(np.uint64)
+            s_, d_, l_ = rans_runs(r, job[rows], starts, words=False)
             src += s_
             dst += d_
             ln += l_
+            first = r["bt"].first
+            words = np.zeros(first.size - 1, np.uint64)
+            words[job[rows]] = starts + (rans.BLOCK_OVERHEAD * np.diff(first)[job[rows]]
+                                         ).astype(np.uint64)
         for q in np.flatnonzero(form == FORM_GDEFLATE).tolist():  # rare: a step per plane
             row = int(live[q])
             _head, pieces = gd.pieces(int(pl.gd_job[row]), int(pl.ptr[row]))
@@ -997,12 +1009,32 @@ class Encoder:
             src.append(np.array([items[k].data.data_ptr() for k in cpu], np.uint64))
             dst.append(base + offs[live.size:-1].astype(np.uint64))
             ln.append(np.array([items[k].nbytes for k in cpu], np.uint64))
-        batch = runtime.Batch()  # the copy and the payload digests, tables in one upload
+        batch = runtime.Batch()  # the copies and the payload digests, tables in one upload
         runtime.copy_ops(np.concatenate(src), np.concatenate(dst), np.concatenate(ln), batch)
+        if words is not None:  # every block's words after the words of its stream's blocks before
+            keep.append(self._place(r, words, batch))
         pay_dig, pay_first = runtime.leaf_digests(base + pl.offset[live].astype(np.uint64),
                                                   pl.size[live], batch)
         keep.append(batch.run())
         return out, total, live, cpu_at, keep, pay_dig, pay_first
+
+    @staticmethod
+    def _place(r: dict, words: np.ndarray, batch: runtime.Batch) -> torch.Tensor:
+        """Queue in ``batch`` the launch that copies every rANS block's words to its stream
+        (``words[j]``: where job j's words start; 0: not a RANS-mode stream), at the block's
+        place among its stream's words: the exclusive prefix sum of the word counts, made on
+        the device, so the host builds no table per block. Returns that sum (keep it until the
+        launch has run)."""
+        bt = r["bt"]
+        nb = bt.size
+        counts = r["keep"][1][:4 * nb].view(torch.int32).to(torch.int64)
+        excl = torch.cumsum(counts, 0).sub_(counts)
+        scratch_p, job_p = r["place"]
+        batch.launch("copy", "rans_place", nb, 256, np.uint64(scratch_p), np.uint64(job_p),
+                     *batch.table(bt.first[:-1].astype(np.int64), words),
+                     np.uint64(r["counts_p"]), runtime.ptr(excl))
+        return excl
+
 
 def launch_split(layout_id: int, src: list[int], nelems,
                  planes: list[list[int]] | np.ndarray | None, hist_p: int, ones_p: int,
@@ -1036,12 +1068,12 @@ def launch_split(layout_id: int, src: list[int], nelems,
     return batch.run() if own else None
 
 
-def rans_runs(r: dict, jobs: np.ndarray, at: np.ndarray
+def rans_runs(r: dict, jobs: np.ndarray, at: np.ndarray, words: bool = True
               ) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]]:
     """Copy ops (sources, destinations, lengths) that lay rANS job ``jobs[q]`` of an ``_rans``
     result out at device address ``at[q]`` as a stream's sections (spec/rans.md, section 2):
-    word counts, final states, then the words of every block back to back. Built with numpy
-    over all jobs and blocks at once, never a call per plane or per block."""
+    word counts, final states, then (``words``) the words of every block back to back. Built
+    with numpy over all jobs and blocks at once, never a call per plane or per block."""
     bt = r["bt"]
     b0 = bt.first[jobs]
     nbk = bt.first[jobs + 1] - b0
@@ -1051,6 +1083,8 @@ def rans_runs(r: dict, jobs: np.ndarray, at: np.ndarray
            np.uint64(r["states_p"]) + 128 * b0.astype(np.uint64)]
     dst = [at, at + 4 * nb_u]
     ln = [4 * nb_u, 128 * nb_u]
+    if not words:
+        return src, dst, ln
     # one word run per block: blocks of plane q are b0[q] .. b0[q] + nbk[q] - 1
     q = np.repeat(np.arange(jobs.size), nbk)
     firstq = np.cumsum(nbk) - nbk

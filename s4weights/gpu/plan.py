@@ -47,9 +47,9 @@ def _al(n: int) -> int:
     return (n + 255) // 256 * 256  # runtime.ALIGN: every device buffer is 256-byte aligned
 
 
-BLOCK_META = 4 * 34 + 2 + 32 + 48  # device bytes per rANS block: word count, 32 final states,
-# first symbol and flag, its rows of the launch's tables (source, length, table, scratch), and
-# the assembly's copy ops for its word run (up to two 64 KiB pieces of 24 bytes)
+BLOCK_META = 4 * 34 + 2 + 36 + 16  # device bytes per rANS block: word count, 32 final states,
+# first symbol and flag, its rows of the launch's tables (source, length, table, scratch, job),
+# and its word count as i64 and the prefix sum of those (the assembly's rans_place)
 PLANE_META = 2048 + 544 + 32  # device bytes per split plane (rans_normalise's output): its
 # normalised frequencies and cumulative sums (the encoder-table input), its frequency table's
 # bytes (at most 544) and its figures for the host

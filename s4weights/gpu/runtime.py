@@ -78,7 +78,8 @@ class Batch:
     staging buffer, a device buffer and a copy: tens of microseconds of host time).
     ``table(*arrays)`` reserves tables and returns their placeholders; ``launch`` takes them
     among its arguments; ``run()`` uploads every table at once, then launches in order, and
-    returns the device buffer (stream-ordered: keep it or drop it)."""
+    returns the device buffer (stream-ordered: keep it or drop it; ``address`` gives a table's
+    place in it, for later launches while it is kept)."""
 
     class _At:
         def __init__(self, i: int) -> None:
@@ -87,6 +88,7 @@ class Batch:
     def __init__(self) -> None:
         self._arrays: list[np.ndarray] = []
         self._launches: list[tuple] = []
+        self._addrs: list[int] = []
 
     def table(self, *arrays: np.ndarray) -> list[Batch._At]:
         self._arrays += arrays
@@ -100,8 +102,13 @@ class Batch:
         for module, name, grid, block, args in self._launches:
             launch(module, name, grid, block,
                    *(np.uint64(addrs[a.i]) if isinstance(a, Batch._At) else a for a in args))
-        self._arrays, self._launches = [], []
+        self._arrays, self._launches, self._addrs = [], [], addrs
         return dev
+
+    def address(self, at: Batch._At) -> int:
+        """The device address of a table of the last ``run()`` (valid while its buffer is
+        kept)."""
+        return self._addrs[at.i]
 
 
 def ptr(t: torch.Tensor) -> np.uint64:

@@ -112,6 +112,16 @@ def launch(module: str, name: str, grid: int, block: int, *a) -> None:
     elif name == "copy_ops":  # src, dst, len
         for s, d, n in zip(*(at(x, np.uint64, grid).tolist() for x in a[:3])):
             ctypes.memmove(d, s, n)
+    elif name == "rans_place":  # scratch, job, first, words, count, excl (per block b)
+        scratch, job = at(a[0], np.uint64, grid), at(a[1], np.uint32, grid)
+        count, excl = at(a[4], np.uint32, grid), at(a[5], np.int64, grid)
+        njobs = int(job.max()) + 1
+        first, words = at(a[2], np.int64, njobs), at(a[3], np.uint64, njobs)
+        for b in range(grid):
+            j = int(job[b])
+            if words[j]:
+                ctypes.memmove(int(words[j]) + 2 * int(excl[b] - excl[first[j]]),
+                               int(scratch[b]), 2 * int(count[b]))
     elif name == "leaf_digests":  # nseg, ptr, len, first, out
         nseg = int(a[0])
         ptr, ln = at(a[1], np.uint64, nseg), at(a[2], np.uint64, nseg)

@@ -1,7 +1,8 @@
 // Batched copies: op i copies len[i] bytes from src[i] to dst[i], one CTA per op, with 16-byte
 // stores (the source read by aligned words and funnel shifts where the ends are misaligned).
-// The host assembles every stored payload from pieces with it (stream headers and tables, rANS counts, states and words,
-// GDeflate page tables and pages, raw planes) into one compacted buffer per group.
+// The host assembles every stored payload from pieces with it (stream headers and tables, rANS
+// counts and states, GDeflate page tables and pages, raw planes) into one compacted buffer per
+// group; rans_place lays the rANS blocks' words out, where only the device knows their sizes.
 #include "common.cuh"
 
 template <typename T>
@@ -10,10 +11,8 @@ __device__ __forceinline__ void copy_as(const u8* s, u8* d, u64 n) {
     for (u64 i = threadIdx.x; i < k; i += blockDim.x) ((T*)d)[i] = ((const T*)s)[i];
 }
 
-extern "C" __global__ void copy_ops(const u64* src, const u64* dst, const u64* len) {
-    const u8* s = (const u8*)src[blockIdx.x];
-    u8* d = (u8*)dst[blockIdx.x];
-    u64 n = len[blockIdx.x];
+// n bytes from s to d by the CTA
+__device__ void copy_bytes(const u8* s, u8* d, u64 n) {
     if ((((u64)s | (u64)d | n) & 15) == 0) {
         copy_as<uint4>(s, d, n);
         return;
@@ -49,4 +48,21 @@ extern "C" __global__ void copy_ops(const u64* src, const u64* dst, const u64* l
         out[i] = make_uint4(__funnelshift_r(a0, a1, sh), __funnelshift_r(a1, a2, sh),
                             __funnelshift_r(a2, a3, sh), __funnelshift_r(a3, a4, sh));
     }
+}
+
+extern "C" __global__ void copy_ops(const u64* src, const u64* dst, const u64* len) {
+    copy_bytes((const u8*)src[blockIdx.x], (u8*)dst[blockIdx.x], len[blockIdx.x]);
+}
+
+// The words of rANS block b (one CTA each; a stream's blocks are consecutive): count[b] u16 words
+// from the encoder's scratch at scratch[b] to the word section of its job's stream, job[b], which
+// starts at words[job]: after the words of the job's blocks before b. excl[b] is the exclusive
+// prefix sum of count over the launch's blocks, first[job] the job's first block. A job whose
+// stream is not in RANS mode (CONST, or stored raw) has words[job] = 0 and nothing is copied.
+extern "C" __global__ void rans_place(const u64* scratch, const u32* job, const i64* first,
+                                      const u64* words, const u32* count, const i64* excl) {
+    const u32 b = blockIdx.x, j = job[b];
+    if (words[j] == 0) return;
+    const u64 at = 2 * (u64)(excl[b] - excl[first[j]]);
+    copy_bytes((const u8*)scratch[b], (u8*)words[j] + at, 2 * (u64)count[b]);
 }
