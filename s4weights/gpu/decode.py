@@ -450,6 +450,7 @@ def decode_staged(st: Staged, outs: list[torch.Tensor]) -> None:
     # a delta's content hash is of its bytes after the XOR with the parent (checked then)
     checked = [k for k in range(nt) if not reader.tensors[st.idx[k]].is_delta] if verify else []
     parts = [errs.view(torch.uint8) if errs is not None else None,
+             rb.bad.view(torch.uint8) if errs is not None else None,
              *(lerr.view(torch.uint8) for _sel, lerr in merrs)]
     cfirst = None
     if checked:
@@ -466,15 +467,10 @@ def decode_staged(st: Staged, outs: list[torch.Tensor]) -> None:
     if errs is not None:
         e = back[:4 * rb.nblocks].view(np.int32)
         pos = 4 * rb.nblocks
-        bad = np.flatnonzero(e)
-        if bad.size:  # blocks are in plane order, planes in tensor order: the first is lowest
-            b = int(bad[0])
-            q = int(np.searchsorted(rb.first, b, side="right") - 1)
-            row = int(rb.coded[q])
-            found.append((int(rb.pos[row]), 0, CodecError(
-                f"{rb.where(row)}: rans block {b - int(rb.first[q])} of "
-                f"{int(rb.first[q + 1] - rb.first[q])} is corrupt: "
-                f"{rans._ERR_TEXT.get(int(e[b]), 'error')}")))
+        flags = back[pos:pos + 4 * rb.coded.size].view(np.int32)
+        pos += 4 * rb.coded.size
+        if (err := rb.failure(e, flags)) is not None:
+            found.append(err)
     me = np.zeros(nt, np.int32)
     for sel_a, _lerr in merrs:
         me[sel_a] = back[pos:pos + 4 * sel_a.size].view(np.int32)
@@ -587,8 +583,9 @@ def _prepare(st: Staged, outs: list[torch.Tensor], base: int, keep: list[object]
 
 
 class _RansBatch:
-    """Every rANS plane of a group: queued as arrays, validated and turned into one block
-    table by ``ranshost.parse_streams`` (numpy over all planes at once), launched once."""
+    """Every rANS plane of a group: queued as arrays, its streams' headers and tables validated
+    by ``ranshost.parse_streams`` (numpy over all planes at once), its block table made and
+    checked on the device (``rans_blocks``: the host reads no word count), launched once."""
 
     def __init__(self, host: np.ndarray, where) -> None:
         self.host = host
@@ -612,38 +609,73 @@ class _RansBatch:
         return self._where(int(self.q[row]))
 
     def prepare(self, keep: list[object]) -> None:
-        """Validate every queued stream and upload the block table (no kernel yet)."""
+        """Validate every queued stream's header and table and queue the kernel that makes
+        the block table (``rans_blocks``; the decode is :meth:`launch`)."""
         self._launch = None
+        self.bad = None
         if not self.q.size:
             return
         a, stored, n, src, dst = self.rows
         try:
-            st = ranshost.parse_streams(self.host, a, stored, n)
+            st = ranshost.parse_streams(self.host, a, stored, n, blocks=False)
         except ranshost.StreamError as e:
             raise CodecError(f"{self.where(e.plane)}: {e}") from None
         self.first, self.coded = st.first, st.coded
         nb = self.nblocks = st.nblocks
         if not nb:
             return
-        owner = np.repeat(np.arange(st.coded.size), np.diff(st.first))
-        row = st.coded[owner]
+        row = st.coded
         # per table the exclusive prefix sums of its frequencies: each CTA builds its decoder
         # table from them in shared memory (1 KiB per plane up instead of 16 KiB)
         cums = (np.cumsum(st.freqs, axis=1) - st.freqs).astype(np.uint32) if st.freqs.shape[0] \
             else np.zeros((1, 256), np.uint32)
         d_tab, (tab_p,) = runtime.upload(cums)
-        rans_blk = st.table >= 0
-        words = np.where(rans_blk, src[row] + st.words.astype(np.uint64), np.uint64(0))
-        states = np.where(rans_blk, src[row] + st.states.astype(np.uint64), np.uint64(0))
-        dtab = np.where(rans_blk, np.uint64(tab_p) + st.table.astype(np.uint64) * np.uint64(1024),
-                        np.uint64(0))
-        cols = (st.const, st.fill, words.astype(np.uint64), st.count, states.astype(np.uint64),
-                dtab.astype(np.uint64), (dst[row] + st.start.astype(np.uint64)).astype(np.uint64),
-                st.length)
+        tab = np.where(st.tab_of[row] >= 0, np.uint64(tab_p) + st.tab_of[row].astype(np.uint64)
+                       * np.uint64(1024), np.uint64(0))
         cta_first, cta_warps = plan.cta_table(self.first)
-        dev, dp = runtime.upload(cta_first, cta_warps, *cols)
-        keep += [d_tab, dev]
-        self._launch = (cta_first.size, dp)
+        batch = runtime.Batch()
+        ctaf_at, ctaw_at = batch.table(cta_first, cta_warps)
+        # the block table's columns on the device, u64 ones first
+        cols = runtime.device_empty(42 * nb)
+        c0 = cols.data_ptr()
+        words, states, dtab, out = (np.uint64(c0 + 8 * i * nb) for i in range(4))
+        count, length = np.uint64(c0 + 32 * nb), np.uint64(c0 + 36 * nb)
+        bmode, fill = np.uint64(c0 + 40 * nb), np.uint64(c0 + 41 * nb)
+        self.bad = torch.zeros(row.size, dtype=torch.int32, device="cuda")
+        batch.launch("rans", "rans_blocks", row.size, 256, *batch.table(
+            src[row], stored[row], n[row], dst[row], st.nb[row], st.pos[row], self.first[:-1],
+            tab, st.lg[row].astype(np.uint8), st.mode[row].astype(np.uint8)),
+            bmode, fill, words, count, states, dtab, out, length, runtime.ptr(self.bad))
+        keep += [d_tab, batch.run(), cols]
+        self._launch = (cta_first.size, (batch.address(ctaf_at), batch.address(ctaw_at), bmode,
+                                         fill, words, count, states, dtab, out, length))
+
+    def failure(self, errors: np.ndarray, flags: np.ndarray) -> tuple | None:
+        """The first failure of the batch's streams, plane by plane as the CPU reader meets
+        them, as (tensor position, 0, error): a stream that failed ``rans_blocks``' checks
+        (``flags``, per stream; named by the host's own check of that stream) or a corrupt
+        block (``errors``, per block: blocks are in plane order, planes in tensor order)."""
+        blk = np.flatnonzero(errors)
+        bad = np.flatnonzero(flags)
+        q_blk = int(np.searchsorted(self.first, blk[0], side="right") - 1) if blk.size else None
+        q_bad = int(bad[0]) if bad.size else None
+        if q_blk is None and q_bad is None:
+            return None
+        if q_blk is None or (q_bad is not None and q_bad < q_blk):
+            row = int(self.coded[q_bad])
+            a, stored, n, _src, _dst = self.rows
+            try:
+                ranshost.parse_streams(self.host, a[[row]], stored[[row]], n[[row]])
+                msg = "rans stream failed the block checks"  # (not expected: the same checks)
+            except ranshost.StreamError as ex:
+                msg = str(ex)
+            return int(self.pos[row]), 0, CodecError(f"{self.where(row)}: {msg}")
+        b = int(blk[0])
+        row = int(self.coded[q_blk])
+        return int(self.pos[row]), 0, CodecError(
+            f"{self.where(row)}: rans block {b - int(self.first[q_blk])} of "
+            f"{int(self.first[q_blk + 1] - self.first[q_blk])} is corrupt: "
+            f"{rans._ERR_TEXT.get(int(errors[b]), 'error')}")
 
     def launch(self) -> torch.Tensor | None:
         """Decode every block (after :meth:`prepare`); the per-block error codes."""

@@ -182,6 +182,12 @@ class Streams:
     start: np.ndarray
     length: np.ndarray
     freqs: np.ndarray
+    # per stream: log2 of its block size, its blocks, where its block section starts (the word
+    # counts of a RANS stream, the fill bytes of a CONST one) and its row of ``freqs`` (or -1)
+    lg: np.ndarray | None = None
+    nb: np.ndarray | None = None
+    pos: np.ndarray | None = None
+    tab_of: np.ndarray | None = None
 
     @property
     def nblocks(self) -> int:
@@ -221,13 +227,18 @@ def stream_blocks(host: np.ndarray, at, stored, n) -> np.ndarray:
     return np.where(coded, (n + (np.int64(1) << lg) - 1) >> lg, 0)
 
 
-def parse_streams(host: np.ndarray, at, stored, n) -> Streams:
+def parse_streams(host: np.ndarray, at, stored, n, blocks: bool = True) -> Streams:
     """Validate every stream ``host[at[q] : at[q] + stored[q]]`` that must decode to ``n[q]``
     symbols, exactly as the CPU decoder's checks before decoding (header, table, word counts,
     lengths), with numpy over all streams at once. A failing stream is reported as the CPU
     reader would report it, decoding streams in order: :class:`StreamError` for the lowest
     failing stream, with the first check it fails. The per-block checks of the bitstream
     itself (states, word underflow, final states) are the kernel's.
+
+    ``blocks=False``: only the checks of each stream's header and table, and no block table
+    (the per-block fields are None); the GPU decoder's ``rans_blocks`` kernel reads the word
+    counts, makes the block table and runs the two checks left (a block's word count, the
+    stream's length against its word counts) on the device.
 
     Every check runs on all streams; a stream that failed one is masked out of the later
     ones, and every gather clips its indices into ``host``, so the values a failed stream
@@ -313,6 +324,13 @@ def parse_streams(host: np.ndarray, at, stored, n) -> Streams:
     nbc = nb[ci]
     first_blk = np.zeros(ci.size + 1, np.int64)
     np.cumsum(nbc, out=first_blk[1:])
+    if not blocks:
+        if first[0] is not None:
+            raise StreamError(*first[0])
+        return Streams(mode=mode, data_at=np.where(raw, HEADER_SIZE, 0), coded=ci,
+                       first=first_blk, const=None, fill=None, words=None, count=None,
+                       states=None, table=None, start=None, length=None, freqs=freqs,
+                       lg=lg, nb=nb, pos=np.where(coded_r, pos, HEADER_SIZE), tab_of=tab_of)
     owner = np.repeat(np.arange(ci.size), nbc)
     row = ci[owner]
     j = np.arange(int(first_blk[-1]), dtype=np.int64) - first_blk[:-1][owner]
@@ -343,4 +361,4 @@ def parse_streams(host: np.ndarray, at, stored, n) -> Streams:
         count=count.astype(np.uint32),
         states=np.where(is_rans, pos[row] + 4 * nb[row] + 128 * j, 0),
         table=np.where(is_rans, tab_of[row], -1), start=start, length=length.astype(np.uint32),
-        freqs=freqs)
+        freqs=freqs, lg=lg, nb=nb, pos=np.where(coded_r, pos, HEADER_SIZE), tab_of=tab_of)

@@ -147,6 +147,8 @@ def launch(module: str, name: str, grid: int, block: int, *a) -> None:
                 cum = at(dtab[b0], np.uint32, 256).astype(np.int64)
                 table = rans._decoder_table(np.diff(np.append(cum, rans.PROB_SCALE)))
             for b in range(b0, b0 + int(warps[c])):
+                if mode[b] == 2:  # its stream failed rans_blocks' checks
+                    continue
                 dst = at(out[b], np.uint8, ln[b])
                 if mode[b] == 1:
                     dst[:] = fill[b]
@@ -154,6 +156,42 @@ def launch(module: str, name: str, grid: int, block: int, *a) -> None:
                 x = at(states[b], np.uint32, rans.LANES).astype(np.int64)
                 w = at(words[b], np.uint16, count[b]) if count[b] else np.zeros(0, np.uint16)
                 errors[b] = rans._decode_block(w, 0, int(count[b]), x, table, dst, 0, int(ln[b]))
+    elif name == "rans_blocks":  # per stream: src, stored, n, dst, nb, pos, first, tab, lg,
+        # mode; per block: mode, fill, words, count, states, dtab, out, len; per stream: bad
+        src, stored, n = at(a[0], np.uint64, grid), at(a[1], np.int64, grid), \
+            at(a[2], np.int64, grid)
+        dst, nb, pos = at(a[3], np.uint64, grid), at(a[4], np.int64, grid), \
+            at(a[5], np.int64, grid)
+        first, tab = at(a[6], np.int64, grid), at(a[7], np.uint64, grid)
+        lg, smode = at(a[8], np.uint8, grid), at(a[9], np.uint8, grid)
+        total = int(first[-1] + nb[-1])
+        bmode, fill = at(a[10], np.uint8, total), at(a[11], np.uint8, total)
+        words, count = at(a[12], np.uint64, total), at(a[13], np.uint32, total)
+        states, dtab = at(a[14], np.uint64, total), at(a[15], np.uint64, total)
+        out, ln = at(a[16], np.uint64, total), at(a[17], np.uint32, total)
+        bad = at(a[18], np.int32, grid)
+        for q in range(grid):
+            m, p, f0, is_rans = int(nb[q]), int(pos[q]), int(first[q]), smode[q] == 2
+            if not m:
+                continue
+            j = np.arange(m, dtype=np.int64)
+            start = j << int(lg[q])
+            length = np.minimum(int(n[q]) - start, 1 << int(lg[q]))
+            c = at(int(src[q]) + p, np.uint32, m).astype(np.int64) if is_rans \
+                else np.zeros(m, np.int64)
+            excl = np.cumsum(c) - c
+            wbase = int(src[q]) + p + 132 * m
+            sl = slice(f0, f0 + m)
+            bmode[sl] = 0 if is_rans else 1
+            fill[sl] = 0 if is_rans else at(int(src[q]) + p, np.uint8, m)
+            count[sl] = c
+            words[sl] = (wbase + 2 * excl) if is_rans else 0
+            states[sl] = (int(src[q]) + p + 4 * m + 128 * j) if is_rans else 0
+            dtab[sl] = tab[q] if is_rans else 0
+            out[sl] = int(dst[q]) + start
+            ln[sl] = length
+            if (c > length).any() or (is_rans and int(stored[q]) != p + 132 * m + 2 * c.sum()):
+                bmode[sl], dtab[sl], bad[q] = 2, 0, 1
     elif name in MERGE:  # cs, c0, dst, n, planes, packed, errors
         lay, word = MERGE[name]
         nseg = int(at(a[0], np.int32, grid).max()) + 1

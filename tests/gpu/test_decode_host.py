@@ -224,6 +224,59 @@ def test_a_corrupt_rans_word_is_reported_by_plane_and_block() -> None:
         bad.read_raw(1)
 
 
+def _word_counts_at(stored: np.ndarray) -> int:
+    """Where a RANS-mode stream's word counts start: after the header and frequency table."""
+    k = int(np.unpackbits(stored[rans.HEADER_SIZE:rans.HEADER_SIZE + 32]).sum())
+    return rans.HEADER_SIZE + 32 + 2 * k + 2 * (k % 2)
+
+
+def _count_edit(delta: int):
+    def edit(stored: np.ndarray) -> np.ndarray:
+        at = _word_counts_at(stored)
+        c = int(stored[at:at + 4].view("<u4")[0]) + delta
+        stored[at:at + 4] = np.array([c], "<u4").view(np.uint8)
+        return stored
+    return edit
+
+
+@pytest.mark.parametrize("delta,message", [
+    (1 << 20, "a rans block stores more words than symbols"),
+    (-1, "rans stream length does not match its word counts")])
+def test_word_count_checks_run_on_the_device_and_name_the_plane(delta: int,
+                                                                message: str) -> None:
+    # the host reads no word count: rans_blocks finds a block that stores more words than
+    # symbols, or a stream whose length disagrees with its word counts; the error names the
+    # plane with the CPU decoder's check, and an earlier plane's corrupt word comes first
+    tensors = {"a": _state()["float32.w200000"], "b": _state()["bfloat16.w200000"]}
+    blob = _gpu_file(tensors)
+    r = s4format.Reader(blob)
+
+    def rans_plane(t) -> int:
+        return next(k for k, p in enumerate(t.planes) if p.codec == codecs.RANS
+                    and int(r.source.read_at(p.offset, 1)[0]) == rans.MODE_RANS)
+
+    jb, ja = rans_plane(r.tensors[1]), rans_plane(r.tensors[0])
+    bad = _rewrite(blob, "b", jb, _count_edit(delta))
+    label = r.tensors[1].planes[jb].label
+    with pytest.raises(CodecError, match=f"tensor 'b' plane {label}: {message}$"):
+        decode.read_tensors(s4format.Reader(bad), [0, 1])
+    with pytest.raises(CodecError):  # the CPU reader refuses it too
+        s4format.Reader(bad).read_raw(1)
+
+    def flip_last_word(stored: np.ndarray) -> np.ndarray:
+        stored[-2:] ^= 0xFF
+        return stored
+
+    both = s4format.Reader(_rewrite(bad, "a", ja, flip_last_word))
+    with pytest.raises(CodecError, match=rf"tensor 'a' plane {r.tensors[0].planes[ja].label}: "
+                                         r"rans block \d+ of \d+ is corrupt"):
+        decode.read_tensors(both, [0, 1])
+    worse = s4format.Reader(_rewrite(_rewrite(blob, "a", ja, _count_edit(delta)), "b", jb,
+                                     flip_last_word))
+    with pytest.raises(CodecError, match=f"tensor 'a' plane .*: {message}$"):
+        decode.read_tensors(worse, [0, 1])
+
+
 def test_a_field_overflow_and_a_wrong_content_hash_are_found_after_decoding() -> None:
     tensors = {"a": _state()["bfloat16.w70000"], "b": _state()["bfloat16.zeros"]}
     blob = _gpu_file(tensors)

@@ -134,3 +134,40 @@ def test_max_tensor_bytes_is_enforced_before_the_gpu_allocates() -> None:
     reader = s4format.Reader(buf.getvalue(), max_tensor_bytes=1 << 10)
     with pytest.raises(s4format.LimitError, match="max_tensor_bytes"):
         decode.read_tensors(reader, [0])
+
+
+@pytest.mark.parametrize("delta,message", [
+    (1 << 20, "a rans block stores more words than symbols"),
+    (-1, "rans stream length does not match its word counts")])
+def test_word_count_checks_run_in_rans_blocks_on_the_gpu(delta: int, message: str) -> None:
+    # the checks the host no longer makes (rans_blocks makes them on the device), on a file the
+    # GPU wrote; an earlier plane's corrupt word is still reported first
+    from tests.gpu.test_decode_host import _count_edit, _rewrite
+
+    g = torch.Generator(device="cuda").manual_seed(5)
+    state = {"a": torch.randn(200_000, device="cuda", generator=g) * 0.02,
+             "b": (torch.randn(200_000, device="cuda", generator=g) * 0.02).bfloat16()}
+    buf = io.BytesIO()
+    s4weights.save(state, buf, device="cuda")
+    blob = buf.getvalue()
+    r = s4format.Reader(blob)
+    ia, ib = r.index_of("a"), r.index_of("b")
+
+    def rans_plane(t) -> int:
+        return next(k for k, p in enumerate(t.planes) if p.codec == codecs.RANS
+                    and int(r.source.read_at(p.offset, 1)[0]) == 2)
+
+    ja, jb = rans_plane(r.tensors[ia]), rans_plane(r.tensors[ib])
+    bad = _rewrite(blob, "b", jb, _count_edit(delta))
+    with pytest.raises(s4format.CodecError,
+                       match=f"tensor 'b' plane {r.tensors[ib].planes[jb].label}: {message}$"):
+        decode.read_tensors(s4format.Reader(bad), [ia, ib])
+
+    def flip_last_word(stored: np.ndarray) -> np.ndarray:
+        stored[-2:] ^= 0xFF
+        return stored
+
+    both = s4format.Reader(_rewrite(bad, "a", ja, flip_last_word))
+    with pytest.raises(s4format.CodecError, match=r"tensor 'a' plane .*: rans block \d+ of \d+ "
+                                                  "is corrupt"):
+        decode.read_tensors(both, [ia, ib])

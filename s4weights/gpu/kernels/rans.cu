@@ -135,8 +135,9 @@ __device__ __forceinline__ bool decode_row(u32& x, u32& p, const u32* dtab, u8* 
 }
 
 // Decode one block per warp straight into its output bytes. mode 0: RANS (words, states,
-// decode table); mode 1: CONST (fill with `fill`). Errors per block, numbered as the CPU
-// reference: 1 state out of range, 2 word underflow, 3 words left over, 4 wrong final state.
+// decode table); mode 1: CONST (fill with `fill`); mode 2: nothing (its stream failed
+// rans_blocks' checks). Errors per block, numbered as the CPU reference: 1 state out of range,
+// 2 word underflow, 3 words left over, 4 wrong final state.
 extern "C" __global__ void __launch_bounds__(RANS_WARPS * 32)
 rans_decode(const u32* cta_first, const u8* cta_warps, const u8* blk_mode, const u8* blk_fill,
             const u64* blk_words, const u32* blk_count, const u64* blk_states,
@@ -171,6 +172,7 @@ rans_decode(const u32* cta_first, const u8* cta_warps, const u8* blk_mode, const
     const u32 b = b0 + warp;
     u8* out = (u8*)blk_out[b];
     const u32 len = blk_len[b];
+    if (blk_mode[b] == 2) return;
     if (blk_mode[b] == 1) {
         const u8 v = blk_fill[b];
         for (u32 i = lane; i < len; i += 32) out[i] = v;
@@ -311,5 +313,83 @@ rans_normalise(const u64* hist, const u64* ones, const i64* n, const double* sbi
         stats[4 * (u64)q + 1] = est;
         stats[4 * (u64)q + 2] = sym0;
         stats[4 * (u64)q + 3] = tsize;
+    }
+}
+
+// The decoder's block table, made on the device from the streams (one CTA of 256 threads per
+// CONST or RANS stream s, whose header and frequency table the host has checked): stream s is
+// at src[s], stores stored[s] bytes, decodes n[s] symbols into dst[s] in nb[s] blocks of
+// 2^lg[s] symbols, mode[s] 1 = CONST (block j's fill byte at offset pos[s] + j) or 2 = RANS
+// (word counts at pos[s], then the final states, then the words; its decode table's input at
+// tab[s]). Its blocks are rows first[s] .. of the table's columns, as rans_decode reads them.
+// The checks the host has not made (spec/rans.md, section 6, check 4): no block stores more
+// words than symbols, and the stream's length is 12 + T + 132 nb + 2 (its words) exactly. A
+// stream that fails one gets bad[s] = 1 and its blocks mode 2 (rans_decode skips them); the
+// host names the failure after the decode.
+extern "C" __global__ void __launch_bounds__(256)
+rans_blocks(const u64* src, const i64* stored, const i64* n, const u64* dst, const i64* nb,
+            const i64* pos, const i64* first, const u64* tab, const u8* lg, const u8* mode,
+            u8* b_mode, u8* b_fill, u64* b_words, u32* b_count, u64* b_states, u64* b_dtab,
+            u64* b_out, u32* b_len, int* bad) {
+    __shared__ u64 wsum[8];
+    __shared__ int any_bad;
+    const int s = blockIdx.x, t = threadIdx.x, lane = t & 31, warp = t >> 5;
+    const u8* in = (const u8*)src[s];
+    const i64 nbs = nb[s], p = pos[s], f0 = first[s], ns = n[s];
+    const int l = lg[s];
+    const bool is_rans = mode[s] == 2;
+    const u8* words = in + p + 132 * nbs;
+    if (t == 0) any_bad = 0;
+    u64 carry = 0;  // words of the stream's blocks before this chunk
+    int badt = 0;
+    for (i64 j0 = 0; j0 < nbs; j0 += 256) {
+        const i64 j = j0 + t;
+        const bool active = j < nbs;
+        u64 c = 0, len = 0, start = 0;
+        if (active) {
+            start = (u64)j << l;
+            len = (u64)ns - start < (1ull << l) ? (u64)ns - start : (1ull << l);
+            if (is_rans) {
+                const u8* cp = in + p + 4 * j;  // little-endian u32, byte loads (any alignment)
+                c = (u64)cp[0] | (u64)cp[1] << 8 | (u64)cp[2] << 16 | (u64)cp[3] << 24;
+                badt |= c > len;
+            }
+        }
+        // exclusive prefix sum of c over the chunk
+        u64 v = c;
+        for (int o = 1; o < 32; o <<= 1) {
+            const u64 x = __shfl_up_sync(0xFFFFFFFFu, v, o);
+            if (lane >= o) v += x;
+        }
+        if (lane == 31) wsum[warp] = v;
+        __syncthreads();
+        u64 before = 0, chunk = 0;
+        for (int i = 0; i < 8; i++) {
+            if (i < warp) before += wsum[i];
+            chunk += wsum[i];
+        }
+        __syncthreads();  // wsum is reused by the next chunk
+        if (active) {
+            const i64 b = f0 + j;
+            b_mode[b] = is_rans ? 0 : 1;
+            b_fill[b] = is_rans ? 0 : in[p + j];
+            b_count[b] = (u32)c;
+            b_words[b] = is_rans ? (u64)(words + 2 * (carry + before + v - c)) : 0;
+            b_states[b] = is_rans ? (u64)(in + p + 4 * nbs + 128 * j) : 0;
+            b_dtab[b] = is_rans ? tab[s] : 0;
+            b_out[b] = dst[s] + start;
+            b_len[b] = (u32)len;
+        }
+        carry += chunk;
+    }
+    if (badt) any_bad = 1;  // (a benign race: every writer writes 1)
+    __syncthreads();
+    const bool failed = any_bad || (is_rans && (u64)stored[s] != (u64)(p + 132 * nbs) + 2 * carry);
+    if (failed) {
+        for (i64 j = t; j < nbs; j += 256) {
+            b_mode[f0 + j] = 2;
+            b_dtab[f0 + j] = 0;
+        }
+        if (t == 0) bad[s] = 1;
     }
 }
