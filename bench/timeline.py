@@ -152,6 +152,25 @@ def d2d_calls(tensors: dict[str, torch.Tensor], workspace: int | None):
     return (lambda: enc.encode_device(items)), dec
 
 
+def reps(what: str, fn, collect: bool, n: int = 5) -> None:
+    """Wall ms of ``n`` calls, as bench/gpu.py times them (``collect``: with its garbage
+    collection before each call), to compare with the traced call."""
+    import gc
+    times, out = [], None
+    for _ in range(n):
+        out = None
+        if collect:
+            gc.collect()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        out = fn()
+        torch.cuda.synchronize()
+        times.append(1e3 * (time.perf_counter() - t0))
+    del out
+    print(f"reps {what} ({'gc.collect() before each' if collect else 'no collection'}), ms: "
+          + " ".join(f"{t:.2f}" for t in times), flush=True)
+
+
 def main() -> None:
     trace_dir = os.environ.get("S4_TRACE_DIR")
     mark_stages()
@@ -166,6 +185,9 @@ def main() -> None:
             del r
             dec()
         torch.cuda.synchronize()
+        for collect in (False, True):
+            reps(f"({name}) encode", enc, collect)
+            reps(f"({name}) decode", dec, collect)
         timeline(f"({name}) encode", enc, trace_dir)
         timeline(f"({name}) decode", dec, trace_dir)
 
