@@ -374,15 +374,12 @@ class DeviceGroup:
 
 def _rans_plan(n: np.ndarray, log2_block: int) -> dict:
     """The address-free tables of a rANS launch over jobs of ``n`` symbols: blocks, scratch
-    offsets (two bytes per symbol), CTAs."""
+    offsets (two bytes per symbol), CTAs; a row per job or CTA, none per block."""
     n = np.asarray(n, np.int64)
-    bt = plan.block_table(n, log2_block)
+    bt = plan.blocks(n, log2_block)
     scratch_off = np.zeros(n.size + 1, dtype=np.int64)
     np.cumsum(runtime.align(2 * n), out=scratch_off[1:])
-    start = bt.start.astype(np.uint64)
-    return dict(bt=bt, scratch_off=scratch_off, start=start, cta=plan.cta_table(bt.first),
-                scratch_at=scratch_off[bt.plane].astype(np.uint64) + 2 * start,
-                job=bt.plane.astype(np.uint32))
+    return dict(bt=bt, scratch_off=scratch_off, cta=plan.cta_planes(bt.first))
 
 
 @dataclass
@@ -794,7 +791,7 @@ class Encoder:
     def _prepare(self, items: list[Item], pl: Planes) -> _Prepared:
         """The group's launch tables that need no device address (host work that can run while
         the group before is on the device): where each split plane goes in the planes buffer,
-        the split launches' chunk tables, the rANS block and CTA tables."""
+        the split launches' chunk tables, the rANS launch's CTA table."""
         rows = np.flatnonzero(pl.kind != layouts.KIND_RAW)
         n = pl.n[rows]
         size = plan.split_plane_bytes(n, pl.kind[rows] == layouts.KIND_SIGN)
@@ -841,9 +838,6 @@ class Encoder:
             None if pl.freqs is None else pl.freqs[jobs],
             None if pl.tab is None else pl.tab[jobs], batch, planned) if jobs.size else None
         tables = batch.run()
-        if launched is not None:  # the assembly places the words with these tables: keep them
-            launched["place"] = [batch.address(a) for a in launched.pop("place_at")]
-            launched["keep"][0].append(tables)
         gd = gdeflate.Compressed(pl.ptr[gd_rows].tolist(), pl.n[gd_rows].tolist(),
                                  self.gd_algorithm) if gd_rows.size else None
         r = self._rans_collect(launched, meanwhile) if launched is not None else None
@@ -896,20 +890,16 @@ class Encoder:
             d_tabs, (tab_p,) = runtime.upload(fc)
             keep.append(d_tabs)
             tabs = np.uint64(tab_p) + np.arange(n.size, dtype=np.uint64) * np.uint64(2048)
-        start = planned["start"]
-        blk_src = srcs[bt.plane] + start
-        blk_tab = np.asarray(tabs, np.uint64)[bt.plane]
-        blk_scr = np.uint64(scratch.data_ptr()) + planned["scratch_at"]
-        cta_first, cta_warps = planned["cta"]
-        tabs_at = batch.table(cta_first, cta_warps, blk_src, bt.length, blk_tab, blk_scr)
-        batch.launch("rans", "rans_encode", cta_first.size, 32 * plan.RANS_WARPS, *tabs_at,
-                     np.uint64(counts_p), np.uint64(states_p), np.uint64(firsts_p),
-                     np.uint64(varied_p))
-        # for the assembly's rans_place: each block's scratch (above) and job, on the device
-        place_at = (tabs_at[5], *batch.table(planned["job"]))
+        cta_plane, cta_block, cta_warps = planned["cta"]
+        job_scratch = np.uint64(scratch.data_ptr()) + scratch_off[:-1].astype(np.uint64)
+        tabs_at = batch.table(cta_plane, cta_block, cta_warps, srcs, n,
+                              np.asarray(tabs, np.uint64), job_scratch, bt.first[:-1])
+        batch.launch("rans", "rans_encode", cta_plane.size, 32 * plan.RANS_WARPS, *tabs_at,
+                     np.int32(self.log2_block), np.uint64(counts_p), np.uint64(states_p),
+                     np.uint64(firsts_p), np.uint64(varied_p))
         return dict(bt=bt, n=n, out=out, states_p=states_p, counts_p=counts_p,
                     scratch_off=scratch_off, scratch=scratch, keep=(keep, out),
-                    place_at=place_at)
+                    log2_block=self.log2_block)
 
     @staticmethod
     def _rans_collect(launched: dict, meanwhile=None) -> dict:
@@ -1025,14 +1015,14 @@ class Encoder:
         place among its stream's words: the exclusive prefix sum of the word counts, made on
         the device, so the host builds no table per block. Returns that sum (keep it until the
         launch has run)."""
-        bt = r["bt"]
-        nb = bt.size
+        first = r["bt"].first
+        nb = int(first[-1])
         counts = r["keep"][1][:4 * nb].view(torch.int32).to(torch.int64)
         excl = torch.cumsum(counts, 0).sub_(counts)
-        scratch_p, job_p = r["place"]
-        batch.launch("copy", "rans_place", nb, 256, np.uint64(scratch_p), np.uint64(job_p),
-                     *batch.table(bt.first[:-1].astype(np.int64), words),
-                     np.uint64(r["counts_p"]), runtime.ptr(excl))
+        scratch = np.uint64(r["scratch"].data_ptr()) + r["scratch_off"][:-1].astype(np.uint64)
+        batch.launch("copy", "rans_place", nb, 256, np.int32(first.size - 1),
+                     *batch.table(first.astype(np.int64), scratch, words),
+                     np.int32(r["log2_block"]), np.uint64(r["counts_p"]), runtime.ptr(excl))
         return excl
 
 
@@ -1093,8 +1083,9 @@ def rans_runs(r: dict, jobs: np.ndarray, at: np.ndarray, words: bool = True
     run_start = np.zeros(c.size + 1, np.int64)
     np.cumsum(c, out=run_start[1:])
     within = run_start[:-1] - run_start[firstq][q]
+    start = (blk - b0[q]) << r["log2_block"]  # the block's first symbol in its plane
     src.append(np.uint64(r["scratch"].data_ptr()) + r["scratch_off"][jobs][q].astype(np.uint64)
-               + 2 * bt.start[blk].astype(np.uint64))
+               + 2 * start.astype(np.uint64))
     dst.append(at[q] + 132 * nb_u[q] + 2 * within.astype(np.uint64))
     ln.append(2 * c.astype(np.uint64))
     return src, dst, ln

@@ -47,9 +47,9 @@ def _al(n: int) -> int:
     return (n + 255) // 256 * 256  # runtime.ALIGN: every device buffer is 256-byte aligned
 
 
-BLOCK_META = 4 * 34 + 2 + 36 + 16  # device bytes per rANS block: word count, 32 final states,
-# first symbol and flag, its rows of the launch's tables (source, length, table, scratch, job),
-# and its word count as i64 and the prefix sum of those (the assembly's rans_place)
+BLOCK_META = 4 * 33 + 2 + 2 + 16  # device bytes per rANS block: word count, 32 final states,
+# first symbol and flag, its share of the launch's CTA table (9 bytes per 8 blocks), and its
+# word count as i64 and the prefix sum of those (the assembly's rans_place)
 PLANE_META = 2048 + 544 + 32  # device bytes per split plane (rans_normalise's output): its
 # normalised frequencies and cumulative sums (the encoder-table input), its frequency table's
 # bytes (at most 544) and its figures for the host
@@ -235,18 +235,46 @@ def block_table(lengths, log2_block: int) -> BlockTable:
 RANS_WARPS = 8  # rans.cu: blocks (warps) per CTA
 
 
-def cta_table(first: np.ndarray, warps: int = RANS_WARPS) -> tuple[np.ndarray, np.ndarray]:
-    """CTAs of a rANS launch: (first block, number of blocks) of each, every CTA taking up to
-    ``warps`` consecutive blocks of ONE plane (``first``: each plane's first block, plus the
-    total), so the CTA loads that plane's table into shared memory once."""
+@dataclass(frozen=True)
+class Blocks:
+    """The blocks of a rANS launch over planes, without a row per block: plane q owns blocks
+    ``first[q] .. first[q + 1] - 1`` of the launch."""
+    first: np.ndarray  # int64[planes + 1]
+
+    @property
+    def size(self) -> int:
+        return int(self.first[-1])
+
+
+def blocks(lengths, log2_block: int) -> Blocks:
+    counts = (np.asarray(lengths, dtype=np.int64).reshape(-1) + (1 << log2_block) - 1) \
+        >> log2_block
+    first = np.zeros(counts.size + 1, dtype=np.int64)
+    np.cumsum(counts, out=first[1:])
+    return Blocks(first)
+
+
+def cta_planes(first: np.ndarray, warps: int = RANS_WARPS
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """CTAs of a rANS launch: (plane, its first block inside the plane, number of blocks) of
+    each, every CTA taking up to ``warps`` consecutive blocks of ONE plane (``first``: each
+    plane's first block, plus the total), so the CTA loads that plane's table into shared
+    memory once."""
     first = np.asarray(first, dtype=np.int64)
     nb = np.diff(first)
     nc = (nb + warps - 1) // warps
     plane = np.repeat(np.arange(nb.size), nc)
-    k = np.arange(int(nc.sum()), dtype=np.int64) - np.repeat(np.cumsum(nc) - nc, nc)
-    start = first[:-1][plane] + k * warps
-    count = np.minimum(warps, first[1:][plane] - start)
-    return start.astype(np.uint32), count.astype(np.uint8)
+    within = (np.arange(int(nc.sum()), dtype=np.int64) - np.repeat(np.cumsum(nc) - nc, nc)
+              ) * warps
+    count = np.minimum(warps, nb[plane] - within)
+    return plane.astype(np.uint32), within.astype(np.uint32), count.astype(np.uint8)
+
+
+def cta_table(first: np.ndarray, warps: int = RANS_WARPS) -> tuple[np.ndarray, np.ndarray]:
+    """The CTAs of :func:`cta_planes` as (first block in the launch, number of blocks)."""
+    plane, within, count = cta_planes(first, warps)
+    first = np.asarray(first, dtype=np.int64)
+    return (first[:-1][plane] + within).astype(np.uint32), count
 
 
 def split_copies(src, dst, length, piece: int = COPY_PIECE

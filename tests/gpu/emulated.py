@@ -88,23 +88,31 @@ def launch(module: str, name: str, grid: int, block: int, *a) -> None:
                 full = 12 + len(table) + 132 * -(-total >> lb) + 2 * int(np.ceil(bits / 16))
                 est = min(full, 12 + total)
             stats[q] = k, est, int(np.argmax(c > 0)) if k else 0, len(table)
-    elif name == "rans_encode":  # cta_first, cta_warps, src, len, tab, scratch, counts, ...
-        nb = int(at(a[1], np.uint8, grid).astype(np.int64).sum())
-        src, ln = at(a[2], np.uint64, nb), at(a[3], np.uint32, nb)
-        tab, scr = at(a[4], np.uint64, nb), at(a[5], np.uint64, nb)
-        counts, states = at(a[6], np.uint32, nb), at(a[7], np.uint32, 32 * nb)
-        firsts, varied = at(a[8], np.uint8, nb), at(a[9], np.uint8, nb)
-        for b in range(nb):
-            data = at(src[b], np.uint8, ln[b]).copy()
-            freqs = at(tab[b], np.uint32, 256).astype(np.int64)
-            words = np.empty(data.size, np.uint16)
-            c, s = np.empty(1, np.int64), np.empty(rans.LANES, np.int64)
-            rans._encode_blocks(data, rans.LOG2_BLOCK_MAX, rans._encoder_table(freqs), words,
-                                c, s)
-            counts[b] = c[0]
-            states[32 * b:32 * (b + 1)] = s
-            at(scr[b], np.uint16, c[0])[:] = words[:c[0]]
-            firsts[b], varied[b] = data[0], bool((data != data[0]).any())
+    elif name == "rans_encode":  # CTAs: plane, block, warps; planes: src, n, tab, scratch,
+        # first block; log2_block; per block: counts, states, firsts, varied
+        cplane, cblock = at(a[0], np.uint32, grid), at(a[1], np.uint32, grid)
+        cwarps = at(a[2], np.uint8, grid)
+        nq = int(cplane.max()) + 1
+        src, n, tab = at(a[3], np.uint64, nq), at(a[4], np.int64, nq), at(a[5], np.uint64, nq)
+        scr, pfirst, lg = at(a[6], np.uint64, nq), at(a[7], np.int64, nq), int(a[8])
+        nb = int(pfirst[-1] + -(-int(n[-1]) >> lg))
+        counts, states = at(a[9], np.uint32, nb), at(a[10], np.uint32, 32 * nb)
+        firsts, varied = at(a[11], np.uint8, nb), at(a[12], np.uint8, nb)
+        for c in range(grid):
+            q = int(cplane[c])
+            freqs = at(tab[q], np.uint32, 256).astype(np.int64)
+            for k in range(int(cblock[c]), int(cblock[c]) + int(cwarps[c])):
+                start = k << lg
+                b = int(pfirst[q]) + k
+                data = at(int(src[q]) + start, np.uint8, min(int(n[q]) - start, 1 << lg)).copy()
+                words = np.empty(data.size, np.uint16)
+                cnt, s_ = np.empty(1, np.int64), np.empty(rans.LANES, np.int64)
+                rans._encode_blocks(data, rans.LOG2_BLOCK_MAX, rans._encoder_table(freqs), words,
+                                    cnt, s_)
+                counts[b] = cnt[0]
+                states[32 * b:32 * (b + 1)] = s_
+                at(int(scr[q]) + 2 * start, np.uint16, cnt[0])[:] = words[:cnt[0]]
+                firsts[b], varied[b] = data[0], bool((data != data[0]).any())
     elif name == "unpack_bits":  # bits, out, n
         n = int(a[2])
         at(a[1], np.uint8, n)[:] = np.unpackbits(at(a[0], np.uint8, (n + 7) // 8),
@@ -112,16 +120,18 @@ def launch(module: str, name: str, grid: int, block: int, *a) -> None:
     elif name == "copy_ops":  # src, dst, len
         for s, d, n in zip(*(at(x, np.uint64, grid).tolist() for x in a[:3])):
             ctypes.memmove(d, s, n)
-    elif name == "rans_place":  # scratch, job, first, words, count, excl (per block b)
-        scratch, job = at(a[0], np.uint64, grid), at(a[1], np.uint32, grid)
-        count, excl = at(a[4], np.uint32, grid), at(a[5], np.int64, grid)
-        njobs = int(job.max()) + 1
-        first, words = at(a[2], np.int64, njobs), at(a[3], np.uint64, njobs)
+    elif name == "rans_place":  # njobs, first, scratch, words (per job), log2_block; per
+        # block: count, excl
+        nj = int(a[0])
+        first = at(a[1], np.int64, nj + 1)
+        scratch, words, lg = at(a[2], np.uint64, nj), at(a[3], np.uint64, nj), int(a[4])
+        count, excl = at(a[5], np.uint32, grid), at(a[6], np.int64, grid)
         for b in range(grid):
-            j = int(job[b])
+            j = int(np.searchsorted(first, b, side="right") - 1)
             if words[j]:
                 ctypes.memmove(int(words[j]) + 2 * int(excl[b] - excl[first[j]]),
-                               int(scratch[b]), 2 * int(count[b]))
+                               int(scratch[j]) + (2 * (b - int(first[j])) << lg),
+                               2 * int(count[b]))
     elif name == "leaf_digests":  # nseg, ptr, len, first, out
         nseg = int(a[0])
         ptr, ln = at(a[1], np.uint64, nseg), at(a[2], np.uint64, nseg)

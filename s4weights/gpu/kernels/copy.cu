@@ -54,15 +54,23 @@ extern "C" __global__ void copy_ops(const u64* src, const u64* dst, const u64* l
     copy_bytes((const u8*)src[blockIdx.x], (u8*)dst[blockIdx.x], len[blockIdx.x]);
 }
 
-// The words of rANS block b (one CTA each; a stream's blocks are consecutive): count[b] u16 words
-// from the encoder's scratch at scratch[b] to the word section of its job's stream, job[b], which
-// starts at words[job]: after the words of the job's blocks before b. excl[b] is the exclusive
-// prefix sum of count over the launch's blocks, first[job] the job's first block. A job whose
-// stream is not in RANS mode (CONST, or stored raw) has words[job] = 0 and nothing is copied.
-extern "C" __global__ void rans_place(const u64* scratch, const u32* job, const i64* first,
-                                      const u64* words, const u32* count, const i64* excl) {
-    const u32 b = blockIdx.x, j = job[b];
-    if (words[j] == 0) return;
-    const u64 at = 2 * (u64)(excl[b] - excl[first[j]]);
-    copy_bytes((const u8*)scratch[b], (u8*)words[j] + at, 2 * (u64)count[b]);
+// The words of rANS block b (one CTA each; a stream's blocks are consecutive): count[b] u16
+// words from the encoder's scratch to the word section of its job's stream, which starts at
+// words[job]: after the words of the job's blocks before b. Job j owns blocks first[j] ..
+// first[j + 1] - 1 (of 2^log2_block symbols) and its scratch, two bytes per symbol, starts at
+// scratch[j]; excl[b] is the exclusive prefix sum of count over the launch's blocks. A job
+// whose stream is not in RANS mode (CONST, or stored raw) has words[j] = 0: nothing is copied.
+extern "C" __global__ void rans_place(int njobs, const i64* first, const u64* scratch,
+                                      const u64* words, int log2_block, const u32* count,
+                                      const i64* excl) {
+    const i64 b = blockIdx.x;
+    int lo = 0, hi = njobs - 1;  // the job whose blocks include b
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) >> 1;
+        if (first[mid] <= b) lo = mid; else hi = mid - 1;
+    }
+    if (words[lo] == 0) return;
+    const u64 at = 2 * (u64)(excl[b] - excl[first[lo]]);
+    const u8* src = (const u8*)scratch[lo] + (2 * (u64)(b - first[lo]) << log2_block);
+    copy_bytes(src, (u8*)words[lo] + at, 2 * (u64)count[b]);
 }

@@ -3,10 +3,11 @@
 // same word order (within a row, renormalising lanes in lane order: one ballot per row, a lane's
 // word index is the words before the row plus the popcount of the lower lanes' ballot bits).
 //
-// Blocks of many planes go into one launch through a block table built on the host (pointers
-// per block) and a CTA table: each CTA takes up to RANS_WARPS consecutive blocks of ONE plane
-// (cta_first, cta_warps), so its warps share the plane's table, which the CTA builds in shared
-// memory once from the plane's frequencies. (A warp's 32 table lookups per row are a random
+// Blocks of many planes go into one encode launch through a plane table (source, length, table
+// input, scratch, first block) and a CTA table: each CTA takes up to RANS_WARPS consecutive
+// blocks of ONE plane (cta_plane, cta_block: its first block inside the plane, cta_warps), so
+// its warps share the plane's table, which the CTA builds in shared memory once from the
+// plane's frequencies; each warp finds its block from them (no table per block). (A warp's 32 table lookups per row are a random
 // gather: from global memory they touch ~28 cache lines per row and were the decoder's
 // bottleneck; from shared memory they cost a few bank conflicts.) The encoder writes a block's
 // words to its own scratch region (at most one word per symbol) and its word count, 32 final
@@ -27,16 +28,16 @@ __device__ __forceinline__ u32 lanemask_lt() {
     return m;
 }
 extern "C" __global__ void __launch_bounds__(RANS_WARPS * 32)
-rans_encode(const u32* cta_first, const u8* cta_warps, const u64* blk_src, const u32* blk_len,
-            const u64* blk_tab, const u64* blk_scratch, u32* counts, u32* states, u8* firsts,
-            u8* varied) {
+rans_encode(const u32* cta_plane, const u32* cta_block, const u8* cta_warps, const u64* p_src,
+            const i64* p_n, const u64* p_tab, const u64* p_scratch, const i64* p_first,
+            int log2_block, u32* counts, u32* states, u8* firsts, u8* varied) {
     __shared__ __align__(16) u8 stage[RANS_WARPS][STAGE];
     __shared__ uint4 tab[256];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const u32 b0 = cta_first[blockIdx.x];
+    const u32 q = cta_plane[blockIdx.x];
     // the plane's encoder table, built here from its frequencies and their exclusive prefix
     // sums (u32 freq[256], cum[256]): exactly ranshost.encoder_tables / rans._encoder_table
-    const u32* fc = (const u32*)blk_tab[b0];
+    const u32* fc = (const u32*)p_tab[q];
     for (int s = threadIdx.x; s < 256; s += blockDim.x) {
         const u32 f = fc[s], c = fc[256 + s];
         uint4 e = make_uint4(0, 0, 0, 0);
@@ -51,10 +52,12 @@ rans_encode(const u32* cta_first, const u8* cta_warps, const u64* blk_src, const
     }
     __syncthreads();
     if (warp >= cta_warps[blockIdx.x]) return;
-    const u32 b = b0 + warp;
-    const u8* src = (const u8*)blk_src[b];
-    const u32 len = blk_len[b];
-    u16* words = (u16*)blk_scratch[b];
+    const u64 k = (u64)cta_block[blockIdx.x] + warp;  // the block inside the plane
+    const u64 start = k << log2_block, rest = (u64)p_n[q] - start;
+    const u64 b = (u64)p_first[q] + k;                // the block in the launch
+    const u8* src = (const u8*)p_src[q] + start;
+    const u32 len = (u32)(rest < (1ull << log2_block) ? rest : (1ull << log2_block));
+    u16* words = (u16*)p_scratch[q] + start;  // two bytes of scratch per symbol
     u8* st = stage[warp];
     const bool vec = ((u64)src & 15) == 0;
     const u8 first = src[0];
