@@ -204,6 +204,12 @@ def _rewrite(blob: bytes, name: str, j: int, edit) -> bytes:
     return buf.getvalue()
 
 
+def flip_last_word(stored: np.ndarray) -> np.ndarray:
+    """A stream's last word with every bit flipped."""
+    stored[-2:] ^= 0xFF
+    return stored
+
+
 def test_a_corrupt_rans_word_is_reported_by_plane_and_block() -> None:
     tensors = {"a": _state()["float32.w200000"], "b": _state()["bfloat16.w200000"]}
     blob = _gpu_file(tensors)
@@ -211,10 +217,6 @@ def test_a_corrupt_rans_word_is_reported_by_plane_and_block() -> None:
     t = r.tensors[1]
     j = next(k for k, p in enumerate(t.planes) if p.codec == codecs.RANS
              and int(r.source.read_at(p.offset, 1)[0]) == rans.MODE_RANS)
-
-    def flip_last_word(stored: np.ndarray) -> np.ndarray:
-        stored[-2:] ^= 0xFF
-        return stored
 
     bad = s4format.Reader(_rewrite(blob, "b", j, flip_last_word))
     with pytest.raises(CodecError, match=rf"tensor 'b' plane {t.planes[j].label}: rans block "
@@ -262,10 +264,6 @@ def test_word_count_checks_run_on_the_device_and_name_the_plane(delta: int,
         decode.read_tensors(s4format.Reader(bad), [0, 1])
     with pytest.raises(CodecError):  # the CPU reader refuses it too
         s4format.Reader(bad).read_raw(1)
-
-    def flip_last_word(stored: np.ndarray) -> np.ndarray:
-        stored[-2:] ^= 0xFF
-        return stored
 
     both = s4format.Reader(_rewrite(bad, "a", ja, flip_last_word))
     with pytest.raises(CodecError, match=rf"tensor 'a' plane {r.tensors[0].planes[ja].label}: "

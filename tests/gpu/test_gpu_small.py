@@ -142,7 +142,7 @@ def test_max_tensor_bytes_is_enforced_before_the_gpu_allocates() -> None:
 def test_word_count_checks_run_in_rans_blocks_on_the_gpu(delta: int, message: str) -> None:
     # the checks the host no longer makes (rans_blocks makes them on the device), on a file the
     # GPU wrote; an earlier plane's corrupt word is still reported first
-    from tests.gpu.test_decode_host import _count_edit, _rewrite
+    from tests.gpu.test_decode_host import _count_edit, _rewrite, flip_last_word
 
     g = torch.Generator(device="cuda").manual_seed(5)
     state = {"a": torch.randn(200_000, device="cuda", generator=g) * 0.02,
@@ -162,10 +162,6 @@ def test_word_count_checks_run_in_rans_blocks_on_the_gpu(delta: int, message: st
     with pytest.raises(s4format.CodecError,
                        match=f"tensor 'b' plane {r.tensors[ib].planes[jb].label}: {message}$"):
         decode.read_tensors(s4format.Reader(bad), [ia, ib])
-
-    def flip_last_word(stored: np.ndarray) -> np.ndarray:
-        stored[-2:] ^= 0xFF
-        return stored
 
     both = s4format.Reader(_rewrite(bad, "a", ja, flip_last_word))
     with pytest.raises(s4format.CodecError, match=r"tensor 'a' plane .*: rans block \d+ of \d+ "

@@ -224,6 +224,16 @@ __device__ __forceinline__ u64 cta_sum(u64 v, u64* red) {
     return t;
 }
 
+// The inclusive prefix sum of v over the warp's lanes.
+template <typename T>
+__device__ __forceinline__ T warp_scan(T v, int lane) {
+    for (int o = 1; o < 32; o <<= 1) {
+        const T x = __shfl_up_sync(0xFFFFFFFFu, v, o);
+        if (lane >= o) v += x;
+    }
+    return v;
+}
+
 // rans.normalise of many histograms (spec/rans.md: the exact integer procedure), one CTA of
 // 256 threads per plane, thread s for symbol s; writes each plane's encoder-table input as
 // rans_encode reads it: u32 freq[256] then u32 cum[256] (exclusive prefix sums) at fc + 512 q.
@@ -273,11 +283,7 @@ rans_normalise(const u64* hist, const u64* ones, const i64* n, const double* sbi
         f += rank < leftover;
     }
     // exclusive prefix sum of f over the CTA
-    u32 v = f;
-    for (int o = 1; o < 32; o <<= 1) {
-        const u32 x = __shfl_up_sync(0xFFFFFFFFu, v, o);
-        if (lane >= o) v += x;
-    }
+    const u32 v = warp_scan(f, lane);
     if (lane == 31) wsum[warp] = v;
     __syncthreads();
     u32 before = 0;
@@ -359,11 +365,7 @@ rans_blocks(const u64* src, const i64* stored, const i64* n, const u64* dst, con
             }
         }
         // exclusive prefix sum of c over the chunk
-        u64 v = c;
-        for (int o = 1; o < 32; o <<= 1) {
-            const u64 x = __shfl_up_sync(0xFFFFFFFFu, v, o);
-            if (lane >= o) v += x;
-        }
+        const u64 v = warp_scan(c, lane);
         if (lane == 31) wsum[warp] = v;
         __syncthreads();
         u64 before = 0, chunk = 0;
