@@ -9,12 +9,16 @@ for files; other sources copy once into it) and copied up in one H2D.
 
 Host synchronisations per group: two. (1) the plane-leaf digests come back and every plane
 checksum is compared before decoding starts (spec/validation.md: verify before decoding);
-(2) after decoding, the per-block rANS error codes, the merge range flags and the content-leaf
-digests come back in one copy. Every stream is validated on the host before a kernel reads it,
-as the CPU decoders do (``s4format.codecs.rans``, ``s4format.codecs.gdeflate``): the kernels
-only see lengths, counts and offsets proven in range; what only decoding can reveal (a bad final
-state, a word underflow) comes back as a per-block error code and raises ``CodecError`` naming
-the plane.
+(2) after decoding, the per-block rANS error codes, the streams' block-check flags, the merge
+range flags and the content-leaf digests come back in one copy. Every stream's header and
+tables are validated on the host before a kernel reads it, as the CPU decoders do
+(``s4format.codecs.rans``, ``s4format.codecs.gdeflate``). A rANS stream's word counts are read
+and checked on the device (``rans_blocks``: each block's count within its length, the stream's
+length exactly its sections and words) before ``rans_decode`` reads a word; a stream that fails
+is skipped, so the decode kernel only sees counts and offsets proven in range. What only the
+device finds (those checks, a bad final state, a word underflow) raises ``CodecError`` naming
+the plane after the decode, lowest plane first as the CPU reader would meet it; by then the
+group's other planes may have been written to their destinations.
 
 :func:`stage` and :func:`decode_staged` split the work at the H2D so the device-to-device part
 can be timed alone (coded payloads already on the device -> tensors).
