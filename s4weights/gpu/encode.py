@@ -20,10 +20,12 @@ tensors, planes or blocks:
    go to nvCOMP in one batch where asked for. Synchronisation: the word counts, first symbols
    and "varied" flags of the blocks come back.
 3. the host sizes every payload and picks its codec (:func:`choose`), lays the payloads out in
-   one compacted device buffer (16-byte aligned), and one copy launch assembles them; one hash
-   launch digests the payload leaves. The digests (payload leaves and content leaves) go to
-   pinned host memory without a synchronisation, while the next group is coded, and
-   ``Encoder.finish`` roots them into plane checksums and content hashes.
+   one compacted device buffer (16-byte aligned), and one copy launch assembles them (with
+   one more that places every rANS block's words, from a prefix sum of the word counts made on
+   the device: no table per block); one hash launch digests the payload leaves. The digests
+   (payload leaves and content leaves) go to pinned host memory without a synchronisation,
+   while the next group is coded, and ``Encoder.finish`` roots them into plane checksums and
+   content hashes.
 
 The compacted buffer with that metadata is the device-to-device result (:class:`DeviceGroup`).
 For a file, the buffer goes to pinned host memory in one copy on a side stream, overlapped with
@@ -935,11 +937,11 @@ class Encoder:
     def _assemble(self, items: list[Item], pl: Planes, cpu: list[int], r: dict | None,
                   gd: gdeflate.Compressed | None):
         """Lay the payloads out (16-byte aligned) in one compacted device buffer and fill it
-        with one copy launch, the copy ops built with numpy over all planes and blocks at
-        once: the host bytes of every payload (``pl.heads``), the frequency tables the device
-        made (``pl.dtab``), raw and bitpacked planes, the
-        rANS planes' word counts, final states and one word run per block, and the raw bytes
-        of the items the CPU codes; then launch the payloads' leaf digests. Returns (buffer,
+        with one copy launch, the copy ops built with numpy over all planes at once: the host
+        bytes of every payload (``pl.heads``), the frequency tables the device made
+        (``pl.dtab``), raw and bitpacked planes, the rANS planes' word counts and final states,
+        and the raw bytes of the items the CPU codes; one launch places every rANS block's
+        words (:meth:`_place`); then launch the payloads' leaf digests. Returns (buffer,
         bytes used, the live rows, where each CPU-coded item's bytes are, the launches'
         tables to keep, the payload digests and their first index per live row)."""
         live = np.flatnonzero(~np.isin(pl.item, cpu)) if cpu else np.arange(len(pl))

@@ -1,6 +1,6 @@
 """Pure planning for the CUDA path (no CUDA needed, tested on CPU): which tensors the GPU codes,
 how they are batched into groups under a workspace bound, the chunk tables of the split and
-merge kernels, and the block tables of the rANS kernels.
+merge kernels, and the block and CTA tables of the rANS kernels.
 
 Groups are runs of consecutive tensors: the writer must add tensors in the order of the
 flattened tree (tensor references are positions), so batching never reorders. Inside a group,
