@@ -623,7 +623,14 @@ class _RansBatch:
         try:
             st = ranshost.parse_streams(self.host, a, stored, n, blocks=False)
         except ranshost.StreamError as e:
-            raise CodecError(f"{self.where(e.plane)}: {e}") from None
+            # a lower stream may fail a word-count check the host did not make: the full host
+            # checks name the lowest failing stream, as the CPU reader meets them
+            err = e
+            try:
+                ranshost.parse_streams(self.host, a, stored, n)
+            except ranshost.StreamError as lowest:
+                err = lowest
+            raise CodecError(f"{self.where(err.plane)}: {err}") from None
         self.first, self.coded = st.first, st.coded
         nb = self.nblocks = st.nblocks
         if not nb:

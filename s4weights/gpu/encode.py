@@ -463,7 +463,8 @@ class Encoder:
             return v
 
         window: list[Item] = []
-        meta = worst = 0
+        # a histogram pass also holds the bit-cost table (plan.WINDOW_FIXED), once
+        meta = worst = plan.WINDOW_FIXED
         for it in items:
             least, most = need_of(it)
             # a tensor too large even with no plane rANS-coded: no sizing to do
@@ -472,11 +473,11 @@ class Encoder:
             m = plan.window_meta(it.layout)
             if large or alone or (window and meta + m > cap):
                 yield from self._window(window, budget, pipelined, chunked, worst)
-                window, meta, worst = [], 0, 0
+                window, meta, worst = [], plan.WINDOW_FIXED, plan.WINDOW_FIXED
             if large:
                 yield it
             elif alone:
-                yield [it], None, most, None
+                yield [it], None, most + plan.WINDOW_FIXED, None
             else:
                 window.append(it)
                 meta += m

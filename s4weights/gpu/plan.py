@@ -47,9 +47,10 @@ def _al(n: int) -> int:
     return (n + 255) // 256 * 256  # runtime.ALIGN: every device buffer is 256-byte aligned
 
 
-BLOCK_META = 4 * 33 + 2 + 2 + 16  # device bytes per rANS block: word count, 32 final states,
-# first symbol and flag, its share of the launch's CTA table (9 bytes per 8 blocks), and its
-# word count as i64 and the prefix sum of those (the assembly's rans_place)
+BLOCK_META = 4 * 34 + 2 + 2 + 16  # device bytes per rANS block: word count, 32 final states
+# and a spare word, first symbol and flag (the encoder's result buffer), its share of the
+# launch's CTA table (9 bytes per 8 blocks), and its word count as i64 and the prefix sum of
+# those (the assembly's rans_place)
 PLANE_META = 2048 + 544 + 32  # device bytes per split plane (rans_normalise's output): its
 # normalised frequencies and cumulative sums (the encoder-table input), its frequency table's
 # bytes (at most 544) and its figures for the host
@@ -86,6 +87,8 @@ def encode_need(layout: layouts.Layout | None, nbytes: int, itemsize: int,
 WINDOW_SHARE = 16
 WINDOW_PLANE = PLANE_META  # per split plane: as in a group that histograms its own tensors
 WINDOW_TENSOR = _al(8 * 1025) + 1024  # per split tensor: its histograms; its launch-table rows
+WINDOW_FIXED = _al(8 * 4097)  # per histogram pass (a window, or a group that histograms its
+# own tensors): the table of rANS bit costs its normalisation reads (ranshost.SYMBOL_BITS)
 
 
 def window_meta(layout: layouts.Layout | None) -> int:
@@ -103,7 +106,7 @@ def split_plane_bytes(n: np.ndarray, sign: np.ndarray) -> np.ndarray:
 
 
 GROUP_PLANE = 1024  # per plane of a group: its rows of the launch and copy tables, its host
-# bytes (header and frequency table) on the device
+# bytes (a stream header, or a whole CONST stream's) on the device
 
 
 def group_need(item: np.ndarray, sign: np.ndarray, split: np.ndarray, n: np.ndarray,
@@ -204,32 +207,6 @@ def chunk_table(nelems) -> tuple[np.ndarray, np.ndarray]:
     first = (np.arange(int(counts.sum()), dtype=np.int64)
              - np.repeat(np.cumsum(counts) - counts, counts)) * CHUNK_ELEMS
     return seg, first
-
-
-@dataclass(frozen=True)
-class BlockTable:
-    """One row per rANS block of a batch of planes: where its symbols are and how many."""
-    plane: np.ndarray   # int64: which plane of the batch
-    start: np.ndarray   # int64: first symbol inside the plane
-    length: np.ndarray  # uint32: symbols in the block
-    first: np.ndarray   # int64[planes + 1]: the batch's first block of each plane
-
-    @property
-    def size(self) -> int:
-        return int(self.plane.size)
-
-
-def block_table(lengths, log2_block: int) -> BlockTable:
-    b = 1 << log2_block
-    lengths = np.asarray(lengths, dtype=np.int64).reshape(-1)
-    counts = (lengths + b - 1) >> log2_block
-    first = np.zeros(lengths.size + 1, dtype=np.int64)
-    np.cumsum(counts, out=first[1:])
-    plane = np.repeat(np.arange(len(lengths), dtype=np.int64), counts)
-    start = (np.arange(int(first[-1]), dtype=np.int64) - first[plane]) << log2_block
-    n = lengths[plane]
-    length = np.minimum(n - start, b).astype(np.uint32)
-    return BlockTable(plane, start, length, first)
 
 
 RANS_WARPS = 8  # rans.cu: blocks (warps) per CTA

@@ -325,6 +325,10 @@ def parse_streams(host: np.ndarray, at, stored, n, blocks: bool = True) -> Strea
     first_blk = np.zeros(ci.size + 1, np.int64)
     np.cumsum(nbc, out=first_blk[1:])
     if not blocks:
+        # a RANS stream without blocks (n = 0) is its header and table exactly: no kernel
+        # looks at it, so its length is checked here
+        check(coded_r & (nb == 0) & (stored != pos),
+              "rans stream length does not match its word counts")
         if first[0] is not None:
             raise StreamError(*first[0])
         return Streams(mode=mode, data_at=np.where(raw, HEADER_SIZE, 0), coded=ci,

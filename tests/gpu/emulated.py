@@ -182,8 +182,6 @@ def launch(module: str, name: str, grid: int, block: int, *a) -> None:
         bad = at(a[18], np.int32, grid)
         for q in range(grid):
             m, p, f0, is_rans = int(nb[q]), int(pos[q]), int(first[q]), smode[q] == 2
-            if not m:
-                continue
             j = np.arange(m, dtype=np.int64)
             start = j << int(lg[q])
             length = np.minimum(int(n[q]) - start, 1 << int(lg[q]))

@@ -73,7 +73,7 @@ def _kernel_result(pl: encode.Planes, planes: list[np.ndarray]) -> dict | None:
         words.append(int(stream[at:at + 4 * nb].view("<u4").astype(np.int64).sum()))
         firsts.append(p[::1 << LG])
         varied.append(bool((p != np.repeat(p[::1 << LG], 1 << LG)[:p.size]).any()))
-    return dict(bt=plan.block_table(pl.n[jobs], LG), plane_words=np.array(words),
+    return dict(bt=plan.blocks(pl.n[jobs], LG), plane_words=np.array(words),
                 plane_varied=np.array(varied), firsts=np.concatenate(firsts))
 
 

@@ -23,7 +23,7 @@ from s4format import codecs, dtypes, hashing, layouts, objtree
 from s4format.codecs import rans
 from s4format.errors import CodecError, ContentHashError
 from s4format.writer import CodedPlane, CodedTensor, Writer
-from s4weights.gpu import decode, encode
+from s4weights.gpu import decode, encode, ranshost
 from tests.gpu.emulated import emulate
 
 N = 1001  # elements: the packed sign plane has 5 padding bits
@@ -273,6 +273,54 @@ def test_word_count_checks_run_on_the_device_and_name_the_plane(delta: int,
                                      flip_last_word))
     with pytest.raises(CodecError, match=f"tensor 'a' plane .*: {message}$"):
         decode.read_tensors(worse, [0, 1])
+
+
+def test_a_lower_word_count_failure_comes_before_a_higher_header_failure() -> None:
+    # the host checks headers first; a lower plane's word count (checked on the device) must
+    # still be the one reported, as the CPU reader meets them
+    tensors = {"a": _state()["float32.w200000"], "b": _state()["bfloat16.w200000"]}
+    blob = _gpu_file(tensors)
+    r = s4format.Reader(blob)
+    ja, jb = (next(k for k, p in enumerate(t.planes) if p.codec == codecs.RANS
+                   and int(r.source.read_at(p.offset, 1)[0]) == rans.MODE_RANS)
+              for t in r.tensors)
+
+    def reserved(stored: np.ndarray) -> np.ndarray:
+        stored[2] = 1
+        return stored
+
+    bad = s4format.Reader(_rewrite(_rewrite(blob, "a", ja, _count_edit(1 << 20)), "b", jb,
+                                   reserved))
+    with pytest.raises(CodecError, match=f"tensor 'a' plane {r.tensors[0].planes[ja].label}: "
+                                         "a rans block stores more words than symbols$"):
+        decode.read_tensors(bad, [0, 1])
+
+
+@pytest.mark.parametrize("with_blocks", [False, True])
+def test_an_empty_rans_stream_with_extra_bytes_is_refused(with_blocks: bool) -> None:
+    # n = 0: a RANS-mode stream is its header and table exactly (no block, no kernel reads it)
+    table = np.zeros(32, np.uint8)
+    table[0] = 1  # symbol 0, frequency 4096
+    head = np.concatenate((np.frombuffer(ranshost.header(rans.MODE_RANS, 16, 0), np.uint8), table,
+                           np.array([0, 16, 0, 0], np.uint8)))
+    bad = np.concatenate((head, np.frombuffer(b"JUNKJUNK", np.uint8)))
+    x = np.random.default_rng(1).integers(0, 4, 5000).astype(np.uint8)
+    buf = io.BytesIO()
+    with Writer(buf) as w:
+        if with_blocks:  # a stream with blocks in the same batch: rans_blocks runs too
+            w.add_coded("g", dtypes.BY_NAME["uint8"], (x.size,), CodedTensor(layouts.RAW, (
+                CodedPlane(layouts.KIND_RAW, 0, codecs.RANS, x.size, np.frombuffer(
+                    bytes(rans.RansCodec().encode(x).payload), np.uint8)),)),
+                hashing.content_hash(x.tobytes()))
+        w.add_coded("e", dtypes.BY_NAME["uint8"], (0,), CodedTensor(layouts.RAW, (
+            CodedPlane(layouts.KIND_RAW, 0, codecs.RANS, 0, bad),)), hashing.content_hash(b""))
+        w.set_tree([objtree.TensorRef(i) for i in range(1 + with_blocks)])
+    r = s4format.Reader(buf.getvalue())
+    with pytest.raises(CodecError):  # the CPU reader refuses it
+        r.read_raw(int(with_blocks))
+    with pytest.raises(CodecError, match=r"tensor 'e' plane .*: rans stream length does not "
+                                         r"match its word counts$"):
+        decode.read_tensors(r, list(range(1 + with_blocks)))
 
 
 def test_a_field_overflow_and_a_wrong_content_hash_are_found_after_decoding() -> None:

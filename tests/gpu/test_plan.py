@@ -60,13 +60,15 @@ def test_chunk_table_covers_each_segment_once() -> None:
     assert first.tolist() == [0, 0, 0, plan.CHUNK_ELEMS]
 
 
-def test_block_table_matches_the_spec_block_split() -> None:
-    bt = plan.block_table([100, 0, 64, 65], log2_block=5)
+def test_blocks_match_the_spec_block_split() -> None:
+    bt = plan.blocks([100, 0, 64, 65], log2_block=5)
     assert bt.first.tolist() == [0, 4, 4, 6, 9]
-    assert bt.plane.tolist() == [0, 0, 0, 0, 2, 2, 3, 3, 3]
-    assert bt.start.tolist() == [0, 32, 64, 96, 0, 32, 0, 32, 64]
-    assert bt.length.tolist() == [32, 32, 32, 4, 32, 32, 32, 32, 1]
-    assert bt.length.dtype == np.uint32
+    assert bt.size == 9
+    # CTAs of up to 2 blocks: (plane, first block inside it, blocks)
+    plane, within, count = plan.cta_planes(bt.first, warps=2)
+    assert plane.tolist() == [0, 0, 2, 3, 3]
+    assert within.tolist() == [0, 2, 0, 0, 2]
+    assert count.tolist() == [2, 2, 2, 2, 1]
 
 
 def test_split_copies_tiles_every_op_and_keeps_alignment() -> None:
