@@ -15,7 +15,9 @@ tables are validated on the host before a kernel reads it, as the CPU decoders d
 (``s4format.codecs.rans``, ``s4format.codecs.gdeflate``). A rANS stream's word counts are read
 and checked on the device (``rans_blocks``: each block's count within its length, the stream's
 length exactly its sections and words) before ``rans_decode`` reads a word; a stream that fails
-is skipped, so the decode kernel only sees counts and offsets proven in range. What only the
+is skipped, so the decode kernel only sees counts and offsets proven in range. (``rans_blocks``
+may run while the checksums are compared: it reads only inside the streams and writes only the
+block table; ``rans_decode`` launches after the checksums pass.) What only the
 device finds (those checks, a bad final state, a word underflow) raises ``CodecError`` naming
 the plane after the decode, lowest plane first as the CPU reader would meet it; by then the
 group's other planes may have been written to their destinations.
