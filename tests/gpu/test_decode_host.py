@@ -13,10 +13,13 @@ the same on the device for real."""
 from __future__ import annotations
 
 import io
+import re
 
 import numpy as np
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import s4format
 from s4format import codecs, dtypes, hashing, layouts, objtree
@@ -370,3 +373,67 @@ def test_raw_mode_streams_are_read_in_place() -> None:
     got = decode.read_tensors(r, [0, 1])
     assert got[0].numpy().tobytes() == x.view(torch.uint8).numpy().tobytes()
     assert got[1].numpy().tobytes() == small.tobytes()
+
+
+_WHO = re.compile(r"tensor '([^']*)'(?: plane (\w+))?")
+
+
+def _who(exc: Exception) -> tuple[str, str | None]:
+    """(tensor, plane or None) an error names."""
+    m = _WHO.search(str(exc))
+    assert m, str(exc)
+    return m.group(1), m.group(2)
+
+
+_FUZZ_TENSORS = None
+
+
+def _fuzz_file() -> tuple[bytes, list[tuple[str, int, int]]]:
+    """A GPU-written file of a few tensors (RANS and CONST streams, bitpack, raw planes) and its
+    planes as (tensor, plane, stored bytes); made once."""
+    global _FUZZ_TENSORS
+    if _FUZZ_TENSORS is None:
+        s = _state()
+        blob = _gpu_file({k: s[k] for k in ("float32.w70000", "bfloat16.const_blocks",
+                                            "bfloat16.w2500", "float16.zeros")})
+        r = s4format.Reader(blob)
+        planes = [(t.name, j, p.stored_len) for t in r.tensors for j, p in enumerate(t.planes)
+                  if p.stored_len]
+        _FUZZ_TENSORS = blob, planes
+    return _FUZZ_TENSORS
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_one_damaged_plane_is_named_as_the_cpu_reader_names_it(data) -> None:
+    # any byte of any plane changed, its checksum made for the new bytes (only decoding can
+    # find the damage): the GPU decoder (header and table checks on the host, word counts and
+    # the bitstream on the device) refuses the file iff the CPU reader does, naming the same
+    # tensor and, where both name one, the same plane
+    blob, planes = _fuzz_file()
+    name, j, size = data.draw(st.sampled_from(planes))
+    at = data.draw(st.integers(0, size - 1))
+    flip = data.draw(st.integers(1, 255))
+
+    def damage(stored: np.ndarray) -> np.ndarray:
+        stored[at] ^= flip
+        return stored
+
+    r = s4format.Reader(_rewrite(blob, name, j, damage))
+    cpu = None
+    for i in range(len(r.tensors)):
+        try:
+            r.read_raw(i)
+        except s4format.S4Error as e:
+            cpu = e
+            break
+    try:
+        decode.read_tensors(r, list(range(len(r.tensors))))
+        gpu = None
+    except s4format.S4Error as e:
+        gpu = e
+    assert (cpu is None) == (gpu is None), (cpu, gpu)
+    if cpu is not None:
+        (ct, cp), (gt, gp) = _who(cpu), _who(gpu)
+        assert ct == gt == name, (cpu, gpu)
+        assert cp is None or gp is None or cp == gp, (cpu, gpu)
