@@ -29,6 +29,7 @@ can be timed alone (coded payloads already on the device -> tensors).
 from __future__ import annotations
 
 import os
+import re
 import threading
 import weakref
 from concurrent.futures import ThreadPoolExecutor, wait
@@ -47,6 +48,7 @@ from s4format.errors import (
     FormatError,
     LimitError,
     ParentMismatchError,
+    S4Error,
 )
 from s4format.reader import Reader
 from s4weights.gpu import gdeflate, nvans, plan, ranshost, runtime
@@ -179,12 +181,53 @@ def read_tensors(reader: Reader, idx: list[int],
 
 def read_on_cpu(reader: Reader, i: int, out: torch.Tensor) -> None:
     """Tensor i decoded by the CPU reader (parents applied there) and copied into ``out``."""
-    raw = reader.read_raw(i)
+    try:
+        raw = reader.read_raw(i)
+    except S4Error as exc:
+        raise _about(exc, reader, i) from None
     if raw.size:
         out.copy_(torch.from_numpy(raw))
 
 
+def _about(exc: S4Error, reader: Reader, i: int) -> S4Error:
+    """``exc``, marked as the failure of ``reader``'s tensor i."""
+    exc.s4_tensor = (reader, i)
+    return exc
+
+
+_WHO = re.compile(r"tensor '([^']*)'(?: plane (\w+))?")
+
+
+def _who(exc: Exception) -> tuple[str, str | None] | None:
+    """The tensor and plane (or None) an error message names."""
+    m = _WHO.search(str(exc))
+    return (m.group(1), m.group(2)) if m else None
+
+
 def _read_aligned(reader: Reader, idx: list[int], outs: list[torch.Tensor]) -> list[torch.Tensor]:
+    """:func:`_read_batch`, failing as the CPU reader would, reading ``idx`` in order and each
+    tensor's planes in order. The batch finds some failures before decoding anything
+    (checksums, stream headers and tables, forms) and others after (a corrupt bitstream, a
+    content hash), so on failure the CPU reader reads the tensors up to the one the failure is
+    about (only on this error path): the first failure it meets is raised, or the batch's own
+    when it names the same tensor and plane."""
+    try:
+        return _read_batch(reader, idx, outs)
+    except S4Error as exc:
+        at = getattr(exc, "s4_tensor", None)
+        if at is None or at[0] is not reader or at[1] not in idx:
+            raise
+        for i in idx[:idx.index(at[1]) + 1]:
+            try:
+                reader.read_raw(i)
+            except S4Error as first:
+                if i == at[1] and _who(first) == _who(exc):
+                    raise exc from None
+                raise _about(first, reader, i) from None
+        raise
+
+
+def _read_batch(reader: Reader, idx: list[int], outs: list[torch.Tensor]) -> list[torch.Tensor]:
     """:func:`read_tensors` into checked, 16-byte aligned destinations."""
     gpu = [k for k, i in enumerate(idx) if decodable(reader, i)]
     on_gpu = set(gpu)
@@ -249,9 +292,9 @@ def _apply_parents(reader: Reader, idx: list[int], outs: list[torch.Tensor]) -> 
         t = reader.tensors[i]
         j = parent_index(reader, i)
         if j is None:
-            raise ParentMismatchError(f"{reader.name}: parent {parent.name} holds no tensor "
-                                      f"with hash {t.parent_hash.hex()} of {t.raw_nbytes} bytes "
-                                      f"for delta {t.name!r}")
+            raise _about(ParentMismatchError(
+                f"{reader.name}: parent {parent.name} holds no tensor with hash "
+                f"{t.parent_hash.hex()} of {t.raw_nbytes} bytes for delta {t.name!r}"), reader, i)
         pidx.append(j)
     uniq = sorted(set(pidx))
     praw = dict(zip(uniq, read_tensors(parent, uniq)))
@@ -265,8 +308,9 @@ def _apply_parents(reader: Reader, idx: list[int], outs: list[torch.Tensor]) -> 
     for k, got in enumerate(hashes):
         t = reader.tensors[idx[k]]
         if got != t.content_hash:
-            raise ContentHashError(f"{reader.name}: tensor {t.name!r} content hash mismatch "
-                                   "after decoding: the file is corrupt or its parent is wrong")
+            raise _about(ContentHashError(
+                f"{reader.name}: tensor {t.name!r} content hash mismatch after decoding: the "
+                "file is corrupt or its parent is wrong"), reader, idx[k])
 
 
 # -- staging: file -> pinned host -> device ------------------------------------------------
@@ -404,9 +448,10 @@ def decode_staged(st: Staged, outs: list[torch.Tensor]) -> None:
         for (k, _j, p), got in zip(st.planes, sums):
             if got != p.checksum:
                 t = reader.tensors[st.idx[k]]
-                raise ChecksumError(f"{reader.name}: tensor {t.name!r} plane {p.label}: checksum "
-                                    f"of the {p.stored_len} stored bytes at offset {p.offset} "
-                                    "mismatch")
+                raise _about(ChecksumError(
+                    f"{reader.name}: tensor {t.name!r} plane {p.label}: checksum of the "
+                    f"{p.stored_len} stored bytes at offset {p.offset} mismatch"), reader,
+                    st.idx[k])
 
     # Every checksum is verified before any plane is decoded (spec R1 before R2). nvCOMP
     # (GDeflate, codec 6) must not even see unverified bytes: with such planes the checksums
@@ -498,7 +543,8 @@ def decode_staged(st: Staged, outs: list[torch.Tensor]) -> None:
                     "on the GPU")))
                 break
     if found:
-        raise min(found, key=lambda f: f[:2])[2]
+        k, _rank, exc = min(found, key=lambda f: f[:2])
+        raise _about(exc, reader, st.idx[k])
     prof.mark("content hash")
     prof.report()
     del keep, scratch
@@ -565,7 +611,7 @@ def _prepare(st: Staged, outs: list[torch.Tensor], base: int, keep: list[object]
                                 p.decoded_len)
     if first_bad < nq:
         msg = next(m(first_bad) for bad, m in errors if bad[first_bad])
-        raise CodecError(f"{where(first_bad)}: {msg}")
+        raise _about(CodecError(f"{where(first_bad)}: {msg}"), reader, st.idx[k[first_bad]])
     rb = _RansBatch(st.host, where)
     rq = np.flatnonzero(rn)
     rb.add_many(rq, at[rq], stored[rq], n[rq], src[rq],
@@ -583,7 +629,10 @@ def _prepare(st: Staged, outs: list[torch.Tensor], base: int, keep: list[object]
     cp = whole & (raw | raw_mode)
     copies = list(zip(np.where(raw_mode[cp], src[cp] + np.uint64(rans.HEADER_SIZE),
                                src[cp]).tolist(), dst_t[k[cp]].tolist(), n[cp].tolist()))
-    rb.prepare(keep)
+    try:
+        rb.prepare(keep)
+    except CodecError as exc:  # a stream's header or table (row ``failed`` of the batch)
+        raise _about(exc, reader, st.idx[int(rb.pos[rb.failed])]) from None
     keep.append(scratch)
     return ptrs, packed, copies, rb, scratch
 
@@ -632,6 +681,7 @@ class _RansBatch:
                 ranshost.parse_streams(self.host, a, stored, n)
             except ranshost.StreamError as lowest:
                 err = lowest
+            self.failed = err.plane
             raise CodecError(f"{self.where(err.plane)}: {err}") from None
         self.first, self.coded = st.first, st.coded
         nb = self.nblocks = st.nblocks
