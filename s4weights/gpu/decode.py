@@ -29,7 +29,6 @@ can be timed alone (coded payloads already on the device -> tensors).
 from __future__ import annotations
 
 import os
-import re
 import threading
 import weakref
 from concurrent.futures import ThreadPoolExecutor, wait
@@ -195,13 +194,20 @@ def _about(exc: S4Error, reader: Reader, i: int) -> S4Error:
     return exc
 
 
-_WHO = re.compile(r"tensor '([^']*)'(?: plane (\w+))?")
-
-
-def _who(exc: Exception) -> tuple[str, str | None] | None:
-    """The tensor and plane (or None) an error message names."""
-    m = _WHO.search(str(exc))
-    return (m.group(1), m.group(2)) if m else None
+def _plane_named(reader: Reader, i: int, exc: Exception) -> int | None:
+    """Which plane of ``reader``'s tensor i an error message is about (its index; -1: the
+    tensor, no plane), or None when the message is not about that tensor."""
+    t = reader.tensors[i]
+    head = f"{reader.name}: tensor {t.name!r}"
+    msg = str(exc)
+    if not msg.startswith(head):
+        return None
+    rest = msg[len(head):]
+    for j, p in enumerate(t.planes):
+        label = f" plane {p.label}"
+        if rest.startswith(label) and rest[len(label):len(label) + 1] in (":", " "):
+            return j
+    return -1 if rest[:1] in (":", " ") else None
 
 
 def _read_aligned(reader: Reader, idx: list[int], outs: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -221,7 +227,8 @@ def _read_aligned(reader: Reader, idx: list[int], outs: list[torch.Tensor]) -> l
             try:
                 reader.read_raw(i)
             except S4Error as first:
-                if i == at[1] and _who(first) == _who(exc):
+                if i == at[1] and _plane_named(reader, i, exc) is not None \
+                        and _plane_named(reader, i, first) == _plane_named(reader, i, exc):
                     raise exc from None
                 raise _about(first, reader, i) from None
         raise
@@ -297,7 +304,13 @@ def _apply_parents(reader: Reader, idx: list[int], outs: list[torch.Tensor]) -> 
                 f"{t.parent_hash.hex()} of {t.raw_nbytes} bytes for delta {t.name!r}"), reader, i)
         pidx.append(j)
     uniq = sorted(set(pidx))
-    praw = dict(zip(uniq, read_tensors(parent, uniq)))
+    try:
+        praw = dict(zip(uniq, read_tensors(parent, uniq)))
+    except S4Error as exc:  # about the first delta (in order) whose parent failed
+        at = getattr(exc, "s4_tensor", None)
+        if at is None or at[0] is not parent or at[1] not in pidx:
+            raise
+        raise _about(exc, reader, idx[pidx.index(at[1])]) from None
     for j, o in zip(pidx, outs):
         if o.numel():
             xor(o, praw[j], out=o)
@@ -601,14 +614,18 @@ def _prepare(st: Staged, outs: list[torch.Tensor], base: int, keep: list[object]
         if q >= first_bad:
             break
         a, p = int(at[q]), planes[q][2]
-        if codec[q] == codecs.NVCOMP_ANS:
-            nvans.decode_into(st.device[a:a + p.stored_len], p.decoded_len, p.params,
-                              outs[k[q]], where(q))
-        else:
-            entries, offsets = cpu_gdeflate.parse_page_table(st.host[a:a + p.stored_len],
-                                                             p.decoded_len)
-            gdeflate.decompress(st.device[a:], entries, offsets, int(slot_at[q]),
-                                p.decoded_len)
+        try:
+            if codec[q] == codecs.NVCOMP_ANS:
+                nvans.decode_into(st.device[a:a + p.stored_len], p.decoded_len, p.params,
+                                  outs[k[q]], where(q))
+            else:
+                entries, offsets = cpu_gdeflate.parse_page_table(st.host[a:a + p.stored_len],
+                                                                 p.decoded_len)
+                gdeflate.decompress(st.device[a:], entries, offsets, int(slot_at[q]),
+                                    p.decoded_len)
+        except CodecError as exc:  # named by its plane, like every other failure
+            named = exc if str(exc).startswith(where(q)) else CodecError(f"{where(q)}: {exc}")
+            raise _about(named, reader, st.idx[k[q]]) from None
     if first_bad < nq:
         msg = next(m(first_bad) for bad, m in errors if bad[first_bad])
         raise _about(CodecError(f"{where(first_bad)}: {msg}"), reader, st.idx[k[first_bad]])

@@ -440,3 +440,81 @@ def test_damaged_planes_are_named_as_the_cpu_reader_names_them(data) -> None:
         (ct, cp), (gt, gp) = _who(cpu), _who(gpu)
         assert ct == gt and ct in {name for name, _j, _s in picks}, (cpu, gpu)
         assert cp is None or gp is None or cp == gp, (cpu, gpu)
+
+
+def _rans_plane(r: s4format.Reader, name: str, last: bool = False) -> int:
+    t = r.tensors[r.index_of(name)]
+    js = [k for k, p in enumerate(t.planes) if p.codec == codecs.RANS
+          and int(r.source.read_at(p.offset, 1)[0]) == rans.MODE_RANS]
+    return js[-1] if last else js[0]
+
+
+def _first_cpu_failure(r: s4format.Reader) -> Exception | None:
+    for i in range(len(r.tensors)):
+        try:
+            r.read_raw(i)
+        except s4format.S4Error as e:
+            return e
+    return None
+
+
+@pytest.mark.parametrize("name", ["ab", "a'b"])
+def test_a_tensor_whose_name_holds_a_quote_fails_in_plane_order(name: str) -> None:
+    # a corrupt bitstream in an early plane (found after decoding) and a bad header in a later
+    # plane (found before): the CPU reader names the early plane, and so does the GPU path,
+    # whatever the name's quoting in messages
+    blob = _gpu_file({name: _state()["float32.w200000"]})
+    r = s4format.Reader(blob)
+
+    def reserved(stored: np.ndarray) -> np.ndarray:
+        stored[2] = 1
+        return stored
+
+    bad = _rewrite(_rewrite(blob, name, _rans_plane(r, name), flip_last_word), name,
+                   _rans_plane(r, name, last=True), reserved)
+    cpu = _first_cpu_failure(s4format.Reader(bad))
+    with pytest.raises(CodecError) as gpu:
+        decode.read_tensors(s4format.Reader(bad), [0])
+    assert str(gpu.value) == str(cpu)
+
+
+@pytest.mark.parametrize("case", ["own hash before the other parent", "parents in child order"])
+def test_a_delta_batch_fails_as_the_cpu_reader_reads_it(case: str) -> None:
+    # deltas read their parents after the whole batch has decoded: a failure in a parent is
+    # put back in the order the CPU reader meets it (each delta: its planes, its parent, its
+    # content hash)
+    g = torch.Generator().manual_seed(3)
+    parents = {f"p{k}": (torch.randn(70_000, generator=g) * 0.02).bfloat16() for k in (0, 1)}
+    pblob = _gpu_file(parents)
+    pr = s4format.Reader(pblob)
+    order = [("c0", "p0"), ("c1", "p1")] if case.startswith("own") else \
+        [("c0", "p1"), ("c1", "p0")]
+    buf = io.BytesIO()
+    with Writer(buf, parent_id=pr.checkpoint_id) as w:
+        for cname, pname in order:
+            base = parents[pname].view(torch.uint8).numpy().copy()
+            x = base.copy()
+            x[::1000] ^= 1
+            d = torch.from_numpy(np.bitwise_xor(x, base))
+            it = encode.Item(dtypes.BY_NAME["bfloat16"], (70_000,), d)
+            c = next(iter(encode.Encoder().code([it])))
+            wrong = case.startswith("own") and cname == "c0"
+            w.add_coded(cname, it.dtype, (70_000,), c.coded,
+                        hashing.content_hash(b"wrong" if wrong else x.tobytes()),
+                        parent_hash=hashing.content_hash(base.tobytes()))
+        w.set_tree([objtree.TensorRef(i) for i in range(2)])
+    bad_parent = _rewrite(pblob, "p1", _rans_plane(pr, "p1"), flip_last_word)
+    if not case.startswith("own"):
+        bad_parent = _rewrite(bad_parent, "p0", _rans_plane(pr, "p0"), flip_last_word)
+
+    def child() -> s4format.Reader:
+        r = s4format.Reader(buf.getvalue())
+        r.attach_parent(s4format.Reader(bad_parent))
+        return r
+
+    cpu = _first_cpu_failure(child())
+    assert cpu is not None
+    with pytest.raises(s4format.S4Error) as gpu:
+        decode.read_tensors(child(), [0, 1])
+    assert str(gpu.value) == str(cpu)
+    assert ("c0" if case.startswith("own") else "p1") in str(cpu)
