@@ -68,7 +68,6 @@ SPLIT_KERNEL = {layouts.BF16.layout_id: "split_bf16", layouts.FP16.layout_id: "s
 SPLIT_KINDS = ("split", "hist", "split_hist")
 MANTISSA_MODES = ("auto", "rans", "gdeflate", "raw")
 ALIGN_PAYLOAD = 16
-TABLE_STRIDE = 544  # kernels/rans.cu: device bytes of each plane's frequency table (the largest)
 
 
 @dataclass
@@ -633,16 +632,16 @@ class Encoder:
         bins = np.where(field > 0, np.uint64(hp) + (8 * (hpos[seg] * 1024 + (field - 1) * 256)
                                                     ).astype(np.uint64), np.uint64(0))
         fc = runtime.device_empty(2048 * ps)
-        meta = runtime.device_empty((TABLE_STRIDE + 32) * ps)  # table bytes, then the figures
+        meta = runtime.device_empty((plan.TABLE_STRIDE + 32) * ps)  # table bytes, then the figures
         host = runtime.pinned(32 * ps)
-        stats_p = meta.data_ptr() + TABLE_STRIDE * ps
+        stats_p = meta.data_ptr() + plan.TABLE_STRIDE * ps
         batch.launch("rans", "rans_normalise", ps, 256, *batch.table(
             bins, np.uint64(hp) + (8 * (1024 * nseg + hpos[seg])).astype(np.uint64), n,
             ranshost.SYMBOL_BITS), runtime.ptr(fc), np.uint64(stats_p), runtime.ptr(meta),
             np.int32(self.log2_block))
         tables = batch.run()
         if ps:
-            host.copy_(meta[TABLE_STRIDE * ps:], non_blocking=True)
+            host.copy_(meta[plan.TABLE_STRIDE * ps:], non_blocking=True)
         # while the device works: the rows, split rows then one row per raw-layout item (its
         # bytes in place), put in item order
         item = np.concatenate((np.asarray(split_k, np.int64)[seg], raws)).astype(np.int64)
@@ -653,7 +652,7 @@ class Encoder:
                               np.array([items[k].data.data_ptr() for k in raws], np.uint64)))
         split_tab = np.uint64(fc.data_ptr()) + np.arange(ps, dtype=np.uint64) * np.uint64(2048)
         split_tdev = np.uint64(meta.data_ptr()) + np.arange(ps, dtype=np.uint64) * np.uint64(
-            TABLE_STRIDE)
+            plan.TABLE_STRIDE)
         if raws:
             order = np.argsort(item, kind="stable")
             at_row = np.empty(order.size, np.int64)   # split row i goes to row at_row[i]

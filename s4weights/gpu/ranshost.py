@@ -324,6 +324,7 @@ def parse_streams(host: np.ndarray, at, stored, n, blocks: bool = True) -> Strea
     nbc = nb[ci]
     first_blk = np.zeros(ci.size + 1, np.int64)
     np.cumsum(nbc, out=first_blk[1:])
+    section = np.where(coded_r, pos, HEADER_SIZE)  # per stream: where its block section starts
     if not blocks:
         # a RANS stream without blocks (n = 0) is its header and table exactly: no kernel
         # looks at it, so its length is checked here
@@ -334,7 +335,7 @@ def parse_streams(host: np.ndarray, at, stored, n, blocks: bool = True) -> Strea
         return Streams(mode=mode, data_at=np.where(raw, HEADER_SIZE, 0), coded=ci,
                        first=first_blk, const=None, fill=None, words=None, count=None,
                        states=None, table=None, start=None, length=None, freqs=freqs,
-                       lg=lg, nb=nb, pos=np.where(coded_r, pos, HEADER_SIZE), tab_of=tab_of)
+                       lg=lg, nb=nb, pos=section, tab_of=tab_of)
     owner = np.repeat(np.arange(ci.size), nbc)
     row = ci[owner]
     j = np.arange(int(first_blk[-1]), dtype=np.int64) - first_blk[:-1][owner]
@@ -365,4 +366,4 @@ def parse_streams(host: np.ndarray, at, stored, n, blocks: bool = True) -> Strea
         count=count.astype(np.uint32),
         states=np.where(is_rans, pos[row] + 4 * nb[row] + 128 * j, 0),
         table=np.where(is_rans, tab_of[row], -1), start=start, length=length.astype(np.uint32),
-        freqs=freqs, lg=lg, nb=nb, pos=np.where(coded_r, pos, HEADER_SIZE), tab_of=tab_of)
+        freqs=freqs, lg=lg, nb=nb, pos=section, tab_of=tab_of)

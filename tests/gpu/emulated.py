@@ -18,7 +18,7 @@ import xxhash
 from s4format import layouts
 from s4format.codecs import rans
 from s4format.errors import FormatError
-from s4weights.gpu.encode import TABLE_STRIDE
+from s4weights.gpu.plan import TABLE_STRIDE
 
 LAYOUT = {f"{kind}_{name}": (lay, word, kind != "split", kind != "hist")
           for kind in ("split", "hist", "split_hist")

@@ -425,13 +425,7 @@ def test_damaged_planes_are_named_as_the_cpu_reader_names_them(data) -> None:
 
         blob = _rewrite(blob, name, j, damage)
     r = s4format.Reader(blob)
-    cpu = None
-    for i in range(len(r.tensors)):
-        try:
-            r.read_raw(i)
-        except s4format.S4Error as e:
-            cpu = e
-            break
+    cpu = _first_cpu_failure(r)
     try:
         decode.read_tensors(r, list(range(len(r.tensors))))
         gpu = None

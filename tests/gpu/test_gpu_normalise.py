@@ -16,7 +16,7 @@ if not torch.cuda.is_available():
     pytest.skip("no CUDA device", allow_module_level=True)
 
 from s4format.codecs import rans  # noqa: E402
-from s4weights.gpu import encode, ranshost, runtime  # noqa: E402
+from s4weights.gpu import plan, ranshost, runtime  # noqa: E402
 from tests.gpu.common import histograms  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -46,7 +46,7 @@ def test_device_normalisation_equals_the_reference() -> None:
     sign = np.zeros((sign_n.size, 256), np.int64)
     sign[:, 0], sign[:, 1] = sign_n - sign_ones, sign_ones
     every = np.concatenate((counts, sign))
-    stride = encode.TABLE_STRIDE
+    stride = plan.TABLE_STRIDE
     for log2_block in (16, 5):
         out = torch.full((hist.size * 512,), 0xDEADBEEF, dtype=torch.int64, device="cuda")
         fc = out.view(torch.int32)
