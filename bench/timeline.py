@@ -64,7 +64,9 @@ def timeline(what: str, fn, trace_dir: str | None) -> None:
         torch.cuda.synchronize()
         wall = time.perf_counter() - t0
     stem = "".join(c for c in what if c.isalnum() or c == " ").replace(" ", "_")
-    path = Path(trace_dir or tempfile.mkdtemp()) / f"{stem}.json"
+    folder = Path(trace_dir or tempfile.mkdtemp())
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{stem}.json"
     prof.export_chrome_trace(str(path))
     ev = [e for e in json.loads(path.read_text())["traceEvents"] if e.get("ph") == "X"]
     if not trace_dir:
