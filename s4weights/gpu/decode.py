@@ -455,22 +455,33 @@ def decode_staged(st: Staged, outs: list[torch.Tensor]) -> None:
     base = st.device.data_ptr()
     digests, first = runtime.leaf_digests(base + st.at, [p.stored_len for _k, _j, p in st.planes])
 
-    def verify_checksums() -> None:  # sync 1
-        d = digests[:int(first[-1])].cpu().numpy().view(np.uint64)
+    nleaf = int(first[-1])
+
+    def checksum_failure(d: np.ndarray) -> tuple[int, Exception] | None:
+        """The first plane (in order) whose stored bytes' leaf digests ``d`` miss its
+        checksum: (tensor position, error)."""
         sums = plane_checksums_from_leaves([p.stored_len for _k, _j, p in st.planes], d, first)
         for (k, _j, p), got in zip(st.planes, sums):
             if got != p.checksum:
                 t = reader.tensors[st.idx[k]]
-                raise _about(ChecksumError(
+                return k, ChecksumError(
                     f"{reader.name}: tensor {t.name!r} plane {p.label}: checksum of the "
-                    f"{p.stored_len} stored bytes at offset {p.offset} mismatch"), reader,
-                    st.idx[k])
+                    f"{p.stored_len} stored bytes at offset {p.offset} mismatch")
+        return None
 
-    # Every checksum is verified before any plane is decoded (spec R1 before R2). nvCOMP
-    # (GDeflate, codec 6) must not even see unverified bytes: with such planes the checksums
-    # come first; otherwise the host validates the streams while the device hashes, and the
-    # decode kernels launch only after the checksums pass (a stream that fails validation is
-    # reported as a checksum error when its bytes are damaged).
+    def verify_checksums() -> None:  # a synchronisation before any plane is decoded
+        bad = checksum_failure(digests[:nleaf].cpu().numpy().view(np.uint64))
+        if bad is not None:
+            raise _about(bad[1], reader, st.idx[bad[0]])
+
+    # Every checksum is verified before a plane's decoded bytes are used (spec R1 before R2:
+    # a damaged plane is reported as ChecksumError even where a plane would fail to decode).
+    # nvCOMP (GDeflate, codec 6) must not even see unverified bytes: with such planes the
+    # checksums come first, in their own synchronisation. The other codecs' kernels are safe
+    # on any bytes (the host has checked every header and table, the device every block's
+    # words), so they decode while the device hashes, and the checksums are read with the
+    # decode's flags and content hashes: one synchronisation per group, and a checksum
+    # failure outranks the same tensor's decode failures.
     early = any(p.codec in (codecs.GDEFLATE, codecs.NVCOMP_ANS) for _k, _j, p in st.planes)
     if early:
         verify_checksums()
@@ -481,8 +492,6 @@ def decode_staged(st: Staged, outs: list[torch.Tensor]) -> None:
         if not early:
             verify_checksums()
         raise
-    if not early:
-        verify_checksums()
     prof.mark("validate")
     ptrs, packed, copies, rb, scratch = decoded
     errs = rb.launch()
@@ -513,7 +522,8 @@ def decode_staged(st: Staged, outs: list[torch.Tensor]) -> None:
     verify = reader.verify_hashes
     # a delta's content hash is of its bytes after the XOR with the parent (checked then)
     checked = [k for k in range(nt) if not reader.tensors[st.idx[k]].is_delta] if verify else []
-    parts = [errs.view(torch.uint8) if errs is not None else None,
+    parts = [None if early or not nleaf else digests[:nleaf].view(torch.uint8),
+             errs.view(torch.uint8) if errs is not None else None,
              rb.bad.view(torch.uint8) if errs is not None else None,
              *(lerr.view(torch.uint8) for _sel, lerr in merrs)]
     cfirst = None
@@ -522,15 +532,20 @@ def decode_staged(st: Staged, outs: list[torch.Tensor]) -> None:
                                           [outs[k].numel() for k in checked])
         parts.append(cd[:int(cfirst[-1])].view(torch.uint8))
     parts = [x for x in parts if x is not None]
-    back = torch.cat(parts).cpu().numpy() if parts else np.zeros(0, np.uint8)  # sync 2
+    back = torch.cat(parts).cpu().numpy() if parts else np.zeros(0, np.uint8)  # sync
     pos = 0
     # Every failure found after decoding, raised for the lowest tensor position as the CPU
-    # reader would meet them reading in order: a tensor's rANS errors (it decodes every plane
-    # first), then its merge flag, then its content hash.
+    # reader would meet them reading in order: a tensor's plane checksums (all checked before
+    # any plane decodes), then its rANS errors (it decodes every plane first), its merge flag,
+    # its content hash.
     found: list[tuple[int, int, Exception]] = []  # (tensor position, rank, error)
+    if not early and nleaf:
+        pos = 8 * nleaf
+        if (bad := checksum_failure(back[:pos].view(np.uint64))) is not None:
+            found.append((bad[0], -1, bad[1]))
     if errs is not None:
-        e = back[:4 * rb.nblocks].view(np.int32)
-        pos = 4 * rb.nblocks
+        e = back[pos:pos + 4 * rb.nblocks].view(np.int32)
+        pos += 4 * rb.nblocks
         flags = back[pos:pos + 4 * rb.coded.size].view(np.int32)
         pos += 4 * rb.coded.size
         if (err := rb.failure(e, flags)) is not None:

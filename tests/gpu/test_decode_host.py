@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 import s4format
 from s4format import codecs, dtypes, hashing, layouts, objtree
 from s4format.codecs import rans
-from s4format.errors import CodecError, ContentHashError
+from s4format.errors import ChecksumError, CodecError, ContentHashError
 from s4format.writer import CodedPlane, CodedTensor, Writer
 from s4weights.gpu import decode, encode, ranshost
 from tests.gpu.emulated import emulate
@@ -514,3 +514,41 @@ def test_a_delta_batch_fails_as_the_cpu_reader_reads_it(case: str) -> None:
         decode.read_tensors(child(), [0, 1])
     assert str(gpu.value) == str(cpu)
     assert ("c0" if case.startswith("own") else "p1") in str(cpu)
+
+
+def _damage_in_place(blob: bytes, name: str, j: int) -> bytes:
+    """The file with one stored byte of plane j of tensor ``name`` changed and its checksum
+    left as it was: the plane fails R1."""
+    r = s4format.Reader(blob)
+    p = r.tensors[r.index_of(name)].planes[j]
+    out = bytearray(blob)
+    out[p.offset + p.stored_len // 2] ^= 0x5A
+    return bytes(out)
+
+
+@pytest.mark.parametrize("case", ["same tensor", "later tensor"])
+def test_checksums_outrank_decode_failures_as_in_the_cpu_reader(case: str) -> None:
+    # The rANS planes decode before the host has read the checksums (one synchronisation per
+    # group); a checksum failure still outranks every decode failure of its tensor (R1 before
+    # R2), and a decode failure of an earlier tensor outranks it.
+    s = _state()
+    blob = _gpu_file({"a": s["bfloat16.w200000"], "b": s["float32.w200000"]})
+    r = s4format.Reader(blob)
+    corrupt = _rans_plane(r, "a")
+    blob = _rewrite(blob, "a", corrupt, flip_last_word)  # checksum made: R2 fails
+    other = "a" if case == "same tensor" else "b"
+    j = next(k for k, p in enumerate(r.tensors[r.index_of(other)].planes)
+             if p.stored_len and (other, k) != ("a", corrupt))
+    bad = s4format.Reader(_damage_in_place(blob, other, j))
+    cpu = _first_cpu_failure(bad)
+    want = ChecksumError if case == "same tensor" else CodecError
+    assert type(cpu) is want, cpu
+    # the group's own decode (no CPU re-read) and the reading API name the same failure
+    outs = [torch.empty(t.nbytes, dtype=torch.uint8) for t in (s["bfloat16.w200000"],
+                                                                 s["float32.w200000"])]
+    with pytest.raises(s4format.S4Error) as staged:
+        decode.decode_staged(decode.stage(bad, [0, 1]), outs)
+    with pytest.raises(s4format.S4Error) as got:
+        decode.read_tensors(bad, [0, 1])
+    for e in (staged.value, got.value):
+        assert type(e) is want and _who(e) == _who(cpu), (cpu, e)
