@@ -234,7 +234,7 @@ def loader_for(reader, device: str, update=None, direct: dict | None = None,
         import torch
 
         from s4weights.gpu.chunked import chunkable, load_large
-        from s4weights.gpu.decode import decodable, read_on_cpu, read_tensors
+        from s4weights.gpu.decode import decodable, over_limit, read_on_cpu, read_tensors
 
         t = reader.tensors[i]
         dev = torch.device(dev)
@@ -260,7 +260,9 @@ def loader_for(reader, device: str, update=None, direct: dict | None = None,
                 for j in range(i + 1, len(sizes)):
                     if (j, str(dev)) in ready or not decodable(reader, j):
                         continue
-                    if used + extra_of(j) > budget:
+                    # a tensor over the size limit (R0) starts a batch of its own, so that the
+                    # tensors before it are read first, as the CPU reader reads them
+                    if used + extra_of(j) > budget or over_limit(reader, j):
                         break
                     idx.append(j)
                     used += extra_of(j)

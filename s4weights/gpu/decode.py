@@ -135,17 +135,43 @@ def plane_form_error(p, payload: np.ndarray, j: int) -> str | None:
     return None
 
 
+def _cap(reader: Reader) -> int:
+    return min(reader.max_tensor_bytes,
+               torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory)
+
+
+def over_limit(reader: Reader, i: int) -> bool:
+    """Whether tensor i fails rule R0 on the GPU path (:func:`check_limit`)."""
+    return reader.tensors[i].raw_nbytes > _cap(reader)
+
+
 def check_limit(reader: Reader, i: int) -> None:
     """Rule R0 on the GPU path: refuse, before allocating anything, a tensor larger than the
     reader's ``max_tensor_bytes`` or than the current device's memory (codec 6 has no expansion
     bound of its own; every codec may expand a small file enormously)."""
     t = reader.tensors[i]
-    cap = min(reader.max_tensor_bytes,
-              torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory)
-    if t.raw_nbytes > cap:
+    if over_limit(reader, i):
         raise LimitError(f"{reader.name}: tensor {t.name!r} declares {t.raw_nbytes} raw bytes, "
-                         f"more than {cap} (the reader's max_tensor_bytes or the device's "
-                         "memory)")
+                         f"more than {_cap(reader)} (the reader's max_tensor_bytes or the "
+                         "device's memory)")
+
+
+def _check_limits(reader: Reader, idx: list[int]) -> None:
+    """Rule R0 for a batch before anything is allocated, failing as the CPU reader would
+    reading ``idx`` in order: when a tensor is over the limit, the CPU reader first reads the
+    tensors before it (on this error path only), and the first failure among them wins."""
+    for k, i in enumerate(idx):
+        if not over_limit(reader, i):
+            continue
+        for j in idx[:k]:
+            try:
+                reader.read_raw(j)
+            except S4Error as first:
+                raise _about(first, reader, j) from None
+        try:
+            check_limit(reader, i)
+        except LimitError as exc:
+            raise _about(exc, reader, i) from None
 
 
 def read_tensor(reader: Reader, i: int, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -158,8 +184,7 @@ def read_tensors(reader: Reader, idx: list[int],
     """Raw bytes of tensors ``idx`` as flat uint8 CUDA tensors, decoded as one batch. Delta
     tensors are decoded to their XOR bytes, XORed on the device with their parent's bytes
     (read the same way from ``reader.parent``), and their content hash is checked after."""
-    for i in idx:
-        check_limit(reader, i)
+    _check_limits(reader, idx)
     if outs is None:
         outs = [runtime.device_empty(reader.tensors[i].raw_nbytes)[:reader.tensors[i].raw_nbytes]
                 for i in idx]

@@ -552,3 +552,20 @@ def test_checksums_outrank_decode_failures_as_in_the_cpu_reader(case: str) -> No
         decode.read_tensors(bad, [0, 1])
     for e in (staged.value, got.value):
         assert type(e) is want and _who(e) == _who(cpu), (cpu, e)
+
+
+@pytest.mark.parametrize("corrupt", [True, False])
+def test_a_tensor_over_the_size_limit_fails_after_the_tensors_before_it(corrupt: bool) -> None:
+    # R0 is checked for the whole batch before anything is allocated; a tensor over the limit
+    # is still reported only after the tensors before it are read, as the CPU reader reads them
+    s = _state()
+    blob = _gpu_file({"a": s["bfloat16.w200000"], "b": s["float32.w200000"]})
+    if corrupt:
+        blob = _rewrite(blob, "a", _rans_plane(s4format.Reader(blob), "a"), flip_last_word)
+    r = s4format.Reader(blob, max_tensor_bytes=500_000)  # a: 400,000 raw bytes; b: 800,000
+    cpu = _first_cpu_failure(r)
+    with pytest.raises(s4format.S4Error) as got:
+        decode.read_tensors(r, [0, 1])
+    want = CodecError if corrupt else s4format.LimitError
+    assert type(cpu) is want and type(got.value) is want, (cpu, got.value)
+    assert _who(got.value)[0] == _who(cpu)[0] == ("a" if corrupt else "b")

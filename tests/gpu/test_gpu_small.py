@@ -167,3 +167,27 @@ def test_word_count_checks_run_in_rans_blocks_on_the_gpu(delta: int, message: st
     with pytest.raises(s4format.CodecError, match=r"tensor 'a' plane .*: rans block \d+ of \d+ "
                                                   "is corrupt"):
         decode.read_tensors(both, [ia, ib])
+
+
+def test_the_loader_reads_the_tensors_before_one_over_the_size_limit_first() -> None:
+    # load(into=...) for some tensors: a batch stops before a tensor over the limit (R0), so a
+    # damaged tensor before it is reported first, as the CPU reader reads them
+    from s4weights.gpu import loader_for
+    from tests.gpu.test_decode_host import _rans_plane, _rewrite, flip_last_word
+
+    g = torch.Generator(device="cuda").manual_seed(6)
+    state = {"a": (torch.randn(200_000, device="cuda", generator=g) * 0.02).bfloat16(),
+             "b": torch.randn(200_000, device="cuda", generator=g)}
+    buf = io.BytesIO()
+    s4weights.save(state, buf, device="cuda")
+    blob = buf.getvalue()
+    blob = _rewrite(blob, "a", _rans_plane(s4format.Reader(blob), "a"), flip_last_word)
+    reader = s4format.Reader(blob, max_tensor_bytes=500_000)  # a: 400,000 bytes; b: 800,000
+    ia, ib = reader.index_of("a"), reader.index_of("b")
+    assert ia < ib
+    load = loader_for(reader, "cuda",
+                      direct={ia: torch.empty(400_000, dtype=torch.uint8, device="cuda")})
+    with pytest.raises(s4format.CodecError, match="tensor 'a'"):
+        load(ia, "cuda")
+    with pytest.raises(s4format.LimitError, match="tensor 'b'"):
+        load(ib, "cuda")
