@@ -28,7 +28,13 @@ import torch
 
 from s4format import codecs, hashing, layouts
 from s4format.codecs import rans
-from s4format.errors import CodecError, ContentHashError, FormatError, ParentMismatchError
+from s4format.errors import (
+    CodecError,
+    ContentHashError,
+    FormatError,
+    ParentMismatchError,
+    S4Error,
+)
 from s4format.hashing import LEAF_SIZE
 from s4format.writer import CodedPlane, CodedTensor, code_tensor
 from s4weights.gpu import plan, ranshost, runtime
@@ -481,20 +487,44 @@ def load_large(reader, i: int, out: torch.Tensor, workspace: int) -> None:
     ``LOAD_ALIGN`` bytes). Every plane's checksum is verified (on the host, where its stored
     bytes are read) and every stream validated before any kernel runs. A delta's chain is
     applied chunk by chunk: each ancestor's bytes for the chunk are decoded and XORed in; the
-    content hash of the result is checked at the end, as for any delta."""
-    from s4weights.gpu import decode, xor
+    content hash of the result is checked at the end, as for any delta. Failures come in the
+    CPU reader's order: a parent that fails its checks is reported after the delta's own
+    planes have decoded without failure."""
+    from s4weights.gpu import decode
 
     decode.check_limit(reader, i)
     levels = [_Level(reader, i)]
+    deferred = None
     while levels[-1].t.is_delta:
         lv = levels[-1]
-        j = decode.parent_index(lv.reader, lv.i)
-        if j is None:
-            raise ParentMismatchError(
-                f"{lv.reader.name}: parent {lv.reader.parent.name} holds no tensor with hash "
-                f"{lv.t.parent_hash.hex()} of {lv.t.raw_nbytes} bytes for delta {lv.t.name!r}")
-        levels.append(_Level(lv.reader.parent, j))
-    nbytes = reader.tensors[i].raw_nbytes
+        try:
+            j = decode.parent_index(lv.reader, lv.i)
+            if j is None:
+                raise ParentMismatchError(
+                    f"{lv.reader.name}: parent {lv.reader.parent.name} holds no tensor with "
+                    f"hash {lv.t.parent_hash.hex()} of {lv.t.raw_nbytes} bytes for delta "
+                    f"{lv.t.name!r}")
+            levels.append(_Level(lv.reader.parent, j))
+        except S4Error as exc:
+            deferred = exc
+            break
+    if deferred is not None:
+        # The CPU reader meets a parent's failure only after decoding the delta's own planes
+        # (R2-R4, then R5): each level before the failing one is decoded alone, in order, and
+        # its first failure wins (on this error path only).
+        for lv in levels:
+            _decode_levels([lv], out, workspace, content=False)
+        raise deferred
+    _decode_levels(levels, out, workspace)
+
+
+def _decode_levels(levels: list[_Level], out: torch.Tensor, workspace: int,
+                   content: bool = True) -> None:
+    """Decode the chain ``levels`` (the requested tensor first) into ``out`` chunk by chunk
+    and check it (``content``: and the content hash of the result)."""
+    from s4weights.gpu import xor
+
+    nbytes = levels[0].t.raw_nbytes
     chunk = _load_chunk(levels, nbytes, workspace)
     tabs = [_tables(lv) for lv in levels]
     errs: list[tuple[_Level, torch.Tensor, np.ndarray, str]] = []
@@ -514,7 +544,7 @@ def load_large(reader, i: int, out: torch.Tensor, workspace: int) -> None:
             if depth:
                 xor(out[lo:hi], dst, out=out[lo:hi])
             k += 1
-    _check(levels[0], out, errs)
+    _check(levels[0], out, errs, content)
 
 
 def _load_chunk(levels: list[_Level], nbytes: int, workspace: int) -> int:
@@ -637,9 +667,9 @@ def _decode_range(lv: _Level, tab, lo: int, hi: int, dst: torch.Tensor, errs: li
     return pinned, ev
 
 
-def _check(top: _Level, out: torch.Tensor, errs: list) -> None:
+def _check(top: _Level, out: torch.Tensor, errs: list, content: bool = True) -> None:
     """One synchronisation: each chunk's first failing block, its merge flag, the content
-    hash."""
+    hash (unless not ``content``)."""
     parts = [e.view(torch.uint8) for _lv, e, _b, _k in errs]
     dig, first = runtime.leaf_digests([out.data_ptr()], [out.numel()])
     nleaf = int(first[-1])
@@ -678,7 +708,7 @@ def _check(top: _Level, out: torch.Tensor, errs: list) -> None:
             if errs[q][3] == "merge" and back[at[q]:at[q] + 4].view(np.int32)[0]:
                 raise FormatError(f"{name}: a plane holds values wider than its field")
     t = top.t
-    if top.reader.verify_hashes or t.is_delta:
+    if content and (top.reader.verify_hashes or t.is_delta):
         got = content_hashes_from_leaves([out.numel()], back[pos:].view(np.uint64),
                                          [0, nleaf])[0]
         if got != t.content_hash:

@@ -569,3 +569,44 @@ def test_a_tensor_over_the_size_limit_fails_after_the_tensors_before_it(corrupt:
     want = CodecError if corrupt else s4format.LimitError
     assert type(cpu) is want and type(got.value) is want, (cpu, got.value)
     assert _who(got.value)[0] == _who(cpu)[0] == ("a" if corrupt else "b")
+
+
+@pytest.mark.parametrize("child_corrupt", [True, False])
+def test_a_chunked_delta_fails_as_the_cpu_reader_reads_it(child_corrupt: bool) -> None:
+    # the chunked loader (tensors larger than the workspace) checks a parent's planes before
+    # decoding anything; a delta's own corrupt bitstream is still reported first, as the CPU
+    # reader meets it (the delta's planes, then its parent)
+    from s4weights.gpu import chunked
+
+    g = torch.Generator().manual_seed(4)
+    n = 300_000
+    base = (torch.randn(n, generator=g) * 0.02).bfloat16()
+    pblob = _gpu_file({"p": base})
+    b = base.view(torch.uint8).numpy().copy()
+    x = b.copy()
+    x[::777] ^= 3
+    it = encode.Item(dtypes.BY_NAME["bfloat16"], (n,), torch.from_numpy(np.bitwise_xor(x, b)))
+    planes = list(next(iter(encode.Encoder().code([it]))).coded.planes)
+    if child_corrupt:  # a corrupt word, the checksum made for it: only decoding finds it
+        j = next(k for k, p in enumerate(planes) if p.codec == codecs.RANS
+                 and int(np.asarray(p.payload)[0]) == rans.MODE_RANS)
+        planes[j] = CodedPlane(planes[j].kind, planes[j].index, planes[j].codec,
+                               planes[j].decoded_len,
+                               flip_last_word(np.array(planes[j].payload, np.uint8)))
+    buf = io.BytesIO()
+    with Writer(buf, parent_id=s4format.Reader(pblob).checkpoint_id) as w:
+        w.add_coded("c", it.dtype, (n,), CodedTensor(layouts.BF16, tuple(planes)),
+                    hashing.content_hash(x.tobytes()),
+                    parent_hash=hashing.content_hash(b.tobytes()))
+        w.set_tree([objtree.TensorRef(0)])
+    blob = buf.getvalue()
+    bad_parent = _damage_in_place(pblob, "p", 1)
+
+    def child() -> s4format.Reader:
+        return s4format.Reader(blob, parent=s4format.Reader(bad_parent))
+
+    cpu = _first_cpu_failure(child())
+    assert type(cpu) is (CodecError if child_corrupt else ChecksumError), cpu
+    with pytest.raises(s4format.S4Error) as got:
+        chunked.load_large(child(), 0, torch.empty(2 * n, dtype=torch.uint8), 1 << 16)
+    assert type(got.value) is type(cpu) and _who(got.value) == _who(cpu), (cpu, got.value)
