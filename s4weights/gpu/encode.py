@@ -686,9 +686,7 @@ class Encoder:
         ``previous``'s hashes (the group before, if not done yet) and runs ``ahead()`` (the
         next group's :meth:`_prepare`); ``prep``: this group's, if made that way."""
         prof = runtime.Profile("encode")
-        batch = runtime.Batch()  # content digests, split, rANS: their tables in one upload
-        content_dig, content_first = runtime.leaf_digests(
-            [i.data.data_ptr() for i in items], [i.nbytes for i in items], batch)
+        batch = runtime.Batch()  # split, rANS: their tables in one upload
         planned = None
         if pl is None:  # a group that needs no sizing: split and histograms in one pass
             pl, pl.tables, planes_buf = self._histograms(items, batch, split=True)  # sync
@@ -699,13 +697,20 @@ class Encoder:
             planes_buf = self._split(pl, prep, batch)
             planned = prep.rans
 
+        content: list = []
+
         def meanwhile() -> None:
+            # the content digests, queued behind the rANS encoder and its word counts' copy:
+            # the device hashes while the host chooses codecs and lays out the payload
+            content.extend(runtime.leaf_digests([i.data.data_ptr() for i in items],
+                                                [i.nbytes for i in items]))
             if previous is not None:
                 self.finish(previous)
             if ahead is not None:
                 ahead()
 
         r, gd = self._encode(pl, batch, meanwhile, planned)  # sync: the blocks' word counts
+        content_dig, content_first = content
         prof.mark("split+encode")
         choose(pl, r, gd, self.log2_block)
         cpu = {k for k, it in enumerate(items) if it.layout is None}
@@ -906,16 +911,19 @@ class Encoder:
     @staticmethod
     def _rans_collect(launched: dict, meanwhile=None) -> dict:
         """After the launch has been queued: copy the blocks' word counts, first symbols and
-        "varied" flags to the host, run ``meanwhile()``, synchronise, and sum them per job."""
+        "varied" flags to the host, run ``meanwhile()``, wait for the copies (not for what
+        ``meanwhile`` queued), and sum them per job."""
         bt, out = launched["bt"], launched.pop("out")
         nb = bt.size
         meta_h = runtime.pinned(6 * nb)
         if nb:
             meta_h[:4 * nb].copy_(out[:4 * nb], non_blocking=True)
             meta_h[4 * nb:6 * nb].copy_(out[132 * nb:134 * nb], non_blocking=True)
+        copied = torch.cuda.Event()
+        copied.record()
         if meanwhile is not None:
-            meanwhile()  # host work that does not wait for the kernel
-        torch.cuda.current_stream().synchronize()
+            meanwhile()  # host work that does not wait for the kernel (it may queue more)
+        copied.synchronize()  # not what ``meanwhile`` queued
         meta = meta_h.numpy()
         counts = meta[:4 * nb].view(np.uint32).astype(np.int64)
         fv = meta[4 * nb:6 * nb]
