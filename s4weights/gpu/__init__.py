@@ -255,18 +255,18 @@ def loader_for(reader, device: str, update=None, direct: dict | None = None,
                     read_on_cpu(reader, i, raw)
         if raw is None:
             idx = [i]
-            if decodable(reader, i):
-                used = extra_of(i)
-                for j in range(i + 1, len(sizes)):
-                    if (j, str(dev)) in ready or not decodable(reader, j):
-                        continue
-                    # a tensor over the size limit (R0) starts a batch of its own, so that the
-                    # tensors before it are read first, as the CPU reader reads them
-                    if used + extra_of(j) > budget or over_limit(reader, j):
-                        break
-                    idx.append(j)
-                    used += extra_of(j)
-            with torch.cuda.device(dev):
+            with torch.cuda.device(dev):  # (the size limit counts that device's memory)
+                if decodable(reader, i):
+                    used = extra_of(i)
+                    for j in range(i + 1, len(sizes)):
+                        if (j, str(dev)) in ready or not decodable(reader, j):
+                            continue
+                        # a tensor over the size limit (R0) starts a batch of its own, so that
+                        # the tensors before it are read first, as the CPU reader reads them
+                        if used + extra_of(j) > budget or over_limit(reader, j):
+                            break
+                        idx.append(j)
+                        used += extra_of(j)
                 outs = read_tensors(reader, idx, [_dest(j, dev) for j in idx] if direct
                                     else None)
             raw = outs[0]

@@ -486,10 +486,12 @@ def load_large(reader, i: int, out: torch.Tensor, workspace: int) -> None:
     chunk, each chunk's device memory under ``workspace`` (at least one chunk of
     ``LOAD_ALIGN`` bytes). Every plane's checksum is verified (on the host, where its stored
     bytes are read) and every stream validated before any kernel runs. A delta's chain is
-    applied chunk by chunk: each ancestor's bytes for the chunk are decoded and XORed in; the
-    content hash of the result is checked at the end, as for any delta. Failures come in the
-    CPU reader's order: a parent that fails its checks is reported after the delta's own
-    planes have decoded without failure."""
+    applied chunk by chunk: the deepest ancestor's bytes for the chunk are decoded, then each
+    delta's XORed in; every level's content hash is checked at the end (an ancestor's where
+    its reader verifies hashes, a delta's always). Failures come in the CPU reader's order: a
+    parent that fails its checks before decoding (no such tensor, size limit, checksums,
+    headers) is reported after the delta's own planes have decoded without failure, and
+    content hashes from the deepest level up, after every level's planes."""
     from s4weights.gpu import decode
 
     decode.check_limit(reader, i)
@@ -504,6 +506,7 @@ def load_large(reader, i: int, out: torch.Tensor, workspace: int) -> None:
                     f"{lv.reader.name}: parent {lv.reader.parent.name} holds no tensor with "
                     f"hash {lv.t.parent_hash.hex()} of {lv.t.raw_nbytes} bytes for delta "
                     f"{lv.t.name!r}")
+            decode.check_limit(lv.reader.parent, j)  # R0 with the parent's own limit
             levels.append(_Level(lv.reader.parent, j))
         except S4Error as exc:
             deferred = exc
@@ -521,30 +524,40 @@ def load_large(reader, i: int, out: torch.Tensor, workspace: int) -> None:
 def _decode_levels(levels: list[_Level], out: torch.Tensor, workspace: int,
                    content: bool = True) -> None:
     """Decode the chain ``levels`` (the requested tensor first) into ``out`` chunk by chunk
-    and check it (``content``: and the content hash of the result)."""
+    and check it (``content``: and the content hashes). Each chunk is built from the deepest
+    level up: its bytes first, then each delta's XORed in, so that after level d the chunk
+    holds level d's raw bytes, whose leaves are hashed there when that level's content hash
+    is to be checked (chunks are whole leaves but for the tensor's last)."""
     from s4weights.gpu import xor
 
     nbytes = levels[0].t.raw_nbytes
     chunk = _load_chunk(levels, nbytes, workspace)
     tabs = [_tables(lv) for lv in levels]
     errs: list[tuple[_Level, torch.Tensor, np.ndarray, str]] = []
+    hashed = [d for d, lv in enumerate(levels)
+              if content and (lv.reader.verify_hashes or lv.t.is_delta)]
+    digests: dict[int, list[torch.Tensor]] = {d: [] for d in hashed}
     pinned = [None, None]
     events = [None, None]
     pbuf = runtime.device_empty(chunk) if len(levels) > 1 else None
     k = 0
     for lo in range(0, nbytes, chunk):
         hi = min(nbytes, lo + chunk)
-        for depth, lv in enumerate(levels):
-            dst = out[lo:hi] if depth == 0 else pbuf[:hi - lo]
+        for depth in range(len(levels) - 1, -1, -1):
+            deepest = depth == len(levels) - 1
+            dst = out[lo:hi] if deepest else pbuf[:hi - lo]
             slot = k % 2
             if events[slot] is not None:
                 events[slot].synchronize()  # its pinned buffer is free again
-            pinned[slot], events[slot] = _decode_range(lv, tabs[depth], lo, hi, dst, errs,
-                                                       pinned[slot])
-            if depth:
+            pinned[slot], events[slot] = _decode_range(levels[depth], tabs[depth], lo, hi, dst,
+                                                       errs, pinned[slot])
+            if not deepest:
                 xor(out[lo:hi], dst, out=out[lo:hi])
+            if depth in digests:
+                d, first = runtime.leaf_digests([out.data_ptr() + lo], [hi - lo])
+                digests[depth].append(d[:int(first[-1])])
             k += 1
-    _check(levels[0], out, errs, content)
+    _check(levels, nbytes, errs, digests)
 
 
 def _load_chunk(levels: list[_Level], nbytes: int, workspace: int) -> int:
@@ -667,26 +680,23 @@ def _decode_range(lv: _Level, tab, lo: int, hi: int, dst: torch.Tensor, errs: li
     return pinned, ev
 
 
-def _check(top: _Level, out: torch.Tensor, errs: list, content: bool = True) -> None:
-    """One synchronisation: each chunk's first failing block, its merge flag, the content
-    hash (unless not ``content``)."""
+def _check(levels: list[_Level], nbytes: int, errs: list,
+           digests: dict[int, list[torch.Tensor]]) -> None:
+    """One synchronisation: each chunk's first failing block and merge flag, and the leaf
+    digests of the levels whose content hashes are checked. Failures are raised in the CPU
+    reader's order, not chunk by chunk: per level (the requested tensor first, then its
+    ancestors), the rANS error of the lowest block (blocks are numbered plane by plane, so:
+    the first plane that fails, at its first failing block), then the merge flags; then the
+    content hashes from the deepest level up (a delta reads its parent, hash checked, before
+    its own hash is checked)."""
     parts = [e.view(torch.uint8) for _lv, e, _b, _k in errs]
-    dig, first = runtime.leaf_digests([out.data_ptr()], [out.numel()])
-    nleaf = int(first[-1])
-    parts.append(dig[:nleaf].view(torch.uint8))
-    back = torch.cat(parts).cpu().numpy()
+    for d in sorted(digests):
+        parts += [x.view(torch.uint8) for x in digests[d]]
+    back = torch.cat(parts).cpu().numpy() if parts else np.zeros(0, np.uint8)
     at, pos = [], 0
     for _lv, e, _b, _k in errs:
         at.append(pos)
         pos += 4 * e.numel()
-    # reported in the CPU reader's order, not chunk by chunk: per level (the requested tensor
-    # first, then its ancestors), the rANS error of the lowest block (blocks are numbered
-    # plane by plane, so: the first plane that fails, at its first failing block), then the
-    # merge flags
-    levels: list[_Level] = []
-    for lv, _e, _b, _k in errs:
-        if all(lv is not x for x in levels):
-            levels.append(lv)
     for lv in levels:
         mine = [q for q in range(len(errs)) if errs[q][0] is lv]
         fails = []
@@ -707,12 +717,17 @@ def _check(top: _Level, out: torch.Tensor, errs: list, content: bool = True) -> 
         for q in mine:
             if errs[q][3] == "merge" and back[at[q]:at[q] + 4].view(np.int32)[0]:
                 raise FormatError(f"{name}: a plane holds values wider than its field")
-    t = top.t
-    if content and (top.reader.verify_hashes or t.is_delta):
-        got = content_hashes_from_leaves([out.numel()], back[pos:].view(np.uint64),
-                                         [0, nleaf])[0]
-        if got != t.content_hash:
-            raise ContentHashError(f"{top.reader.name}: tensor {t.name!r} content hash "
+    nleaf = -(-nbytes // LEAF_SIZE)
+    where = {}
+    for d in sorted(digests):
+        where[d] = pos
+        pos += 8 * nleaf
+    for d in sorted(digests, reverse=True):
+        lv = levels[d]
+        got = content_hashes_from_leaves([nbytes], back[where[d]:where[d] + 8 * nleaf].view(
+            np.uint64), [0, nleaf])[0]
+        if got != lv.t.content_hash:
+            raise ContentHashError(f"{lv.reader.name}: tensor {lv.t.name!r} content hash "
                                    "mismatch after decoding on the GPU"
                                    + (" (the file is corrupt or its parent is wrong)"
-                                      if t.is_delta else ""))
+                                      if lv.t.is_delta else ""))

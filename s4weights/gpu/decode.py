@@ -506,16 +506,23 @@ def decode_staged(st: Staged, outs: list[torch.Tensor]) -> None:
     # on any bytes (the host has checked every header and table, the device every block's
     # words), so they decode while the device hashes, and the checksums are read with the
     # decode's flags and content hashes: one synchronisation per group, and a checksum
-    # failure outranks the same tensor's decode failures.
+    # failure outranks the same tensor's decode failures and a later tensor's. (The caller's
+    # destinations may then hold bytes decoded from a damaged plane, as after any failure.)
     early = any(p.codec in (codecs.GDEFLATE, codecs.NVCOMP_ANS) for _k, _j, p in st.planes)
     if early:
         verify_checksums()
     prof.mark("checksums")
     try:
         decoded = _prepare(st, outs, base, keep := [])
-    except CodecError:
+    except CodecError as exc:
+        # a plane's form or stream header failed (no kernel has run): a checksum failure
+        # outranks it when it is about the same tensor or an earlier one
         if not early:
-            verify_checksums()
+            bad = checksum_failure(digests[:nleaf].cpu().numpy().view(np.uint64))
+            at = getattr(exc, "s4_tensor", None)
+            if bad is not None and (at is None or at[0] is not reader or at[1] not in st.idx
+                                    or bad[0] <= st.idx.index(at[1])):
+                raise _about(bad[1], reader, st.idx[bad[0]]) from None
         raise
     prof.mark("validate")
     ptrs, packed, copies, rb, scratch = decoded
@@ -564,7 +571,7 @@ def decode_staged(st: Staged, outs: list[torch.Tensor]) -> None:
     # any plane decodes), then its rANS errors (it decodes every plane first), its merge flag,
     # its content hash.
     found: list[tuple[int, int, Exception]] = []  # (tensor position, rank, error)
-    if not early and nleaf:
+    if not early:  # (an empty plane has a checksum too: the hash of its length alone)
         pos = 8 * nleaf
         if (bad := checksum_failure(back[:pos].view(np.uint64))) is not None:
             found.append((bad[0], -1, bad[1]))

@@ -408,13 +408,15 @@ def _fuzz_file() -> tuple[bytes, list[tuple[str, int, int]]]:
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_damaged_planes_are_named_as_the_cpu_reader_names_them(data) -> None:
-    # any byte of one to three planes changed, their checksums made for the new bytes (only
-    # decoding can find the damage): the GPU decoder (header and table checks on the host,
+    # any byte of one to three planes changed, each plane's checksum made for the new bytes
+    # (only decoding can find the damage) or left as it was (R1 fails), content hashes
+    # verified or not: the GPU decoder (header and table checks on the host,
     # word counts and the bitstream on the device, content hashes after) refuses the file iff
     # the CPU reader does, naming the same tensor (the first the CPU reader fails on, reading
     # in order) and, where both name one, the same plane
     blob, planes = _fuzz_file()
     picks = data.draw(st.lists(st.sampled_from(planes), min_size=1, max_size=3, unique=True))
+    in_place = []  # damage that keeps the old checksum (R1 fails), made after the rewrites
     for name, j, size in picks:
         at = data.draw(st.integers(0, size - 1))
         flip = data.draw(st.integers(1, 255))
@@ -423,8 +425,16 @@ def test_damaged_planes_are_named_as_the_cpu_reader_names_them(data) -> None:
             stored[at] ^= flip
             return stored
 
-        blob = _rewrite(blob, name, j, damage)
-    r = s4format.Reader(blob)
+        if data.draw(st.booleans()):
+            in_place.append((name, j, at, flip))
+        else:
+            blob = _rewrite(blob, name, j, damage)
+    for name, j, at, flip in in_place:
+        p = s4format.Reader(blob).tensors[s4format.Reader(blob).index_of(name)].planes[j]
+        b = bytearray(blob)
+        b[p.offset + at] ^= flip
+        blob = bytes(b)
+    r = s4format.Reader(blob, verify=data.draw(st.booleans()))
     cpu = _first_cpu_failure(r)
     try:
         decode.read_tensors(r, list(range(len(r.tensors))))
@@ -610,3 +620,93 @@ def test_a_chunked_delta_fails_as_the_cpu_reader_reads_it(child_corrupt: bool) -
     with pytest.raises(s4format.S4Error) as got:
         chunked.load_large(child(), 0, torch.empty(2 * n, dtype=torch.uint8), 1 << 16)
     assert type(got.value) is type(cpu) and _who(got.value) == _who(cpu), (cpu, got.value)
+
+
+@pytest.mark.parametrize("layout", ["raw", "bf16"])
+def test_an_empty_plane_with_a_wrong_checksum_is_refused(layout: str) -> None:
+    # an empty plane's checksum is the hash of its length alone; a group of nothing else has
+    # no leaves to hash, and is checked all the same
+    if layout == "raw":
+        lay, planes = layouts.RAW, (CodedPlane(layouts.KIND_RAW, 0, codecs.RAW, 0,
+                                               np.zeros(0, np.uint8), checksum=12345),)
+    else:
+        lay = layouts.BF16
+        planes = (CodedPlane(layouts.KIND_SIGN, 0, codecs.RAW, 0, np.zeros(0, np.uint8),
+                             checksum=12345),
+                  CodedPlane(layouts.KIND_EXPONENT, 0, codecs.RAW, 0, np.zeros(0, np.uint8)),
+                  CodedPlane(layouts.KIND_MANTISSA, 0, codecs.RAW, 0, np.zeros(0, np.uint8)))
+    buf = io.BytesIO()
+    with Writer(buf) as w:
+        w.add_coded("e", dtypes.BY_NAME["bfloat16"], (0,), CodedTensor(lay, planes),
+                    hashing.content_hash(b""))
+        w.set_tree([objtree.TensorRef(0)])
+    r = s4format.Reader(buf.getvalue())
+    with pytest.raises(ChecksumError):
+        r.read_raw(0)
+    assert decode.decodable(r, 0)
+    with pytest.raises(ChecksumError, match="tensor 'e' plane"):
+        decode.read_tensors(r, [0])
+
+
+def test_a_header_failure_outranks_a_later_tensors_checksum_failure() -> None:
+    # a bad stream header (found on the host before any kernel) in tensor a, a damaged plane
+    # (checksum kept) in tensor b: the group's own decode names a, as the CPU reader does
+    s = _state()
+    blob = _gpu_file({"a": s["float32.w200000"], "b": s["bfloat16.w200000"]})
+    r = s4format.Reader(blob)
+
+    def reserved(stored: np.ndarray) -> np.ndarray:
+        stored[2] = 1
+        return stored
+
+    blob = _rewrite(blob, "a", _rans_plane(r, "a"), reserved)
+    bad = s4format.Reader(_damage_in_place(blob, "b", 1))
+    cpu = _first_cpu_failure(bad)
+    assert type(cpu) is CodecError and _who(cpu)[0] == "a", cpu
+    outs = [torch.empty(t.nbytes, dtype=torch.uint8) for t in (s["float32.w200000"],
+                                                                 s["bfloat16.w200000"])]
+    with pytest.raises(CodecError) as staged:
+        decode.decode_staged(decode.stage(bad, [0, 1]), outs)
+    assert _who(staged.value) == _who(cpu), (staged.value, cpu)
+
+
+def test_a_chunked_delta_names_a_parent_with_a_wrong_content_hash() -> None:
+    # a parent whose planes decode (checksums made) to bytes that miss its content hash: the
+    # CPU reader names the parent (read, and checked, before the delta's own hash); so must
+    # the chunked loader, which builds each chunk from the parent up
+    from s4weights.gpu import chunked
+
+    g = torch.Generator().manual_seed(4)
+    n = 300_000
+    base = (torch.randn(n, generator=g) * 0.02).bfloat16()
+    pblob = _gpu_file({"p": base})
+    b = base.view(torch.uint8).numpy().copy()
+    x = b.copy()
+    x[::777] ^= 3
+    it = encode.Item(dtypes.BY_NAME["bfloat16"], (n,), torch.from_numpy(np.bitwise_xor(x, b)))
+    planes = next(iter(encode.Encoder().code([it]))).coded.planes
+    buf = io.BytesIO()
+    with Writer(buf, parent_id=s4format.Reader(pblob).checkpoint_id) as w:
+        w.add_coded("c", it.dtype, (n,), CodedTensor(layouts.BF16, planes),
+                    hashing.content_hash(x.tobytes()),
+                    parent_hash=hashing.content_hash(b.tobytes()))
+        w.set_tree([objtree.TensorRef(0)])
+    pr = s4format.Reader(pblob)
+    j = next(k for k, p in enumerate(pr.tensors[0].planes)
+             if p.codec in (codecs.RAW, codecs.BITPACK))
+
+    def flip_bit(stored: np.ndarray) -> np.ndarray:
+        stored[5] ^= 1
+        return stored
+
+    bad_parent = _rewrite(pblob, "p", j, flip_bit)
+
+    def child() -> s4format.Reader:
+        return s4format.Reader(buf.getvalue(), parent=s4format.Reader(bad_parent))
+
+    cpu = _first_cpu_failure(child())
+    assert type(cpu) is ContentHashError and _who(cpu)[0] == "p", cpu
+    for workspace in (1 << 16, 1 << 30):  # many chunks, one
+        with pytest.raises(ContentHashError) as got:
+            chunked.load_large(child(), 0, torch.empty(2 * n, dtype=torch.uint8), workspace)
+        assert _who(got.value)[0] == "p", got.value

@@ -191,3 +191,31 @@ def test_the_loader_reads_the_tensors_before_one_over_the_size_limit_first() -> 
         load(ia, "cuda")
     with pytest.raises(s4format.LimitError, match="tensor 'b'"):
         load(ib, "cuda")
+
+
+def test_a_damaged_plane_fails_its_checksum_after_the_decode_kernels() -> None:
+    # without nvCOMP planes the checksums are read after the rANS and merge kernels have run
+    # on the damaged bytes: still a ChecksumError naming the plane, for the group's own decode
+    # and through read_tensors, and the CPU reader agrees
+    g = torch.Generator(device="cuda").manual_seed(7)
+    state = {"a": (torch.randn(200_000, device="cuda", generator=g) * 0.02).bfloat16(),
+             "b": torch.randn(200_000, device="cuda", generator=g) * 0.02}
+    buf = io.BytesIO()
+    s4weights.save(state, buf, device="cuda")
+    blob = bytearray(buf.getvalue())
+    r = s4format.Reader(bytes(blob))
+    assert all(p.codec not in (codecs.GDEFLATE, codecs.NVCOMP_ANS)
+               for t in r.tensors for p in t.planes)
+    t = r.tensors[r.index_of("b")]
+    p = max(t.planes, key=lambda p: p.stored_len)
+    blob[p.offset + p.stored_len // 2] ^= 0x10
+    bad = s4format.Reader(bytes(blob))
+    with pytest.raises(s4format.ChecksumError, match=f"tensor 'b' plane {p.label}"):
+        bad.read_raw(bad.index_of("b"))
+    idx = [bad.index_of("a"), bad.index_of("b")]
+    outs = [torch.empty(bad.tensors[i].raw_nbytes, dtype=torch.uint8, device="cuda")
+            for i in idx]
+    with pytest.raises(s4format.ChecksumError, match=f"tensor 'b' plane {p.label}"):
+        decode.decode_staged(decode.stage(bad, idx), outs)
+    with pytest.raises(s4format.ChecksumError, match=f"tensor 'b' plane {p.label}"):
+        decode.read_tensors(bad, idx)
