@@ -462,8 +462,7 @@ class Encoder:
             return v
 
         window: list[Item] = []
-        # a histogram pass also holds the bit-cost table (plan.WINDOW_FIXED), once
-        meta = worst = plan.WINDOW_FIXED
+        meta = worst = 0
         for it in items:
             least, most = need_of(it)
             # a tensor too large even with no plane rANS-coded: no sizing to do
@@ -472,11 +471,11 @@ class Encoder:
             m = plan.window_meta(it.layout)
             if large or alone or (window and meta + m > cap):
                 yield from self._window(window, budget, pipelined, chunked, worst)
-                window, meta, worst = [], plan.WINDOW_FIXED, plan.WINDOW_FIXED
+                window, meta, worst = [], 0, 0
             if large:
                 yield it
             elif alone:
-                yield [it], None, most + plan.WINDOW_FIXED, None
+                yield [it], None, most, None
             else:
                 window.append(it)
                 meta += m
@@ -636,9 +635,9 @@ class Encoder:
         host = runtime.pinned(32 * ps)
         stats_p = meta.data_ptr() + plan.TABLE_STRIDE * ps
         batch.launch("rans", "rans_normalise", ps, 256, *batch.table(
-            bins, np.uint64(hp) + (8 * (1024 * nseg + hpos[seg])).astype(np.uint64), n,
-            ranshost.SYMBOL_BITS), runtime.ptr(fc), np.uint64(stats_p), runtime.ptr(meta),
-            np.int32(self.log2_block))
+            bins, np.uint64(hp) + (8 * (1024 * nseg + hpos[seg])).astype(np.uint64), n),
+            runtime.constant("symbol_bits", ranshost.SYMBOL_BITS), runtime.ptr(fc),
+            np.uint64(stats_p), runtime.ptr(meta), np.int32(self.log2_block))
         tables = batch.run()
         if ps:
             host.copy_(meta[plan.TABLE_STRIDE * ps:], non_blocking=True)

@@ -88,8 +88,6 @@ def encode_need(layout: layouts.Layout | None, nbytes: int, itemsize: int,
 WINDOW_SHARE = 16
 WINDOW_PLANE = PLANE_META  # per split plane: as in a group that histograms its own tensors
 WINDOW_TENSOR = _al(8 * 1025) + 1024  # per split tensor: its histograms; its launch-table rows
-WINDOW_FIXED = _al(8 * 4097)  # per histogram pass (a window, or a group that histograms its
-# own tensors): the table of rANS bit costs its normalisation reads (ranshost.SYMBOL_BITS)
 
 
 def window_meta(layout: layouts.Layout | None) -> int:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -146,6 +147,23 @@ def upload(*arrays: np.ndarray) -> tuple[torch.Tensor, list[int]]:
     dev.copy_(host, non_blocking=True)
     base = dev.data_ptr()
     return dev, [base + o for o in offs]
+
+
+_CONSTANTS: dict[tuple[str, int], torch.Tensor] = {}
+_CONSTANTS_LOCK = threading.Lock()
+
+
+def constant(name: str, array: np.ndarray) -> np.uint64:
+    """The device address of a constant table, uploaded once per device and kept for the
+    process (a few KiB, like the kernels' own constants; not workspace)."""
+    key = (name, torch.cuda.current_device())
+    with _CONSTANTS_LOCK:
+        t = _CONSTANTS.get(key)
+        if t is None:
+            t = upload(array)[0]
+            torch.cuda.current_stream().synchronize()  # (once: then any stream may read it)
+            _CONSTANTS[key] = t
+    return np.uint64(t.data_ptr())
 
 
 def to_host(t: torch.Tensor, dtype: np.dtype) -> np.ndarray:

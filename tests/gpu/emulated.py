@@ -311,3 +311,5 @@ def emulate(monkeypatch) -> None:
         monkeypatch.setattr(mod, "torch", Torch())
     monkeypatch.setattr(runtime, "launch", launch)
     monkeypatch.setattr(runtime, "pinned", lambda n: torch.empty(max(n, 1), dtype=torch.uint8))
+    # constant tables made here are CPU tensors: a cache of their own, gone with the test
+    monkeypatch.setattr(runtime, "_CONSTANTS", {})

@@ -227,3 +227,23 @@ def test_any_state_at_any_workspace_reads_back_exactly(emulated, spec, workspace
     groups = enc.encode_device(items)
     got = [h for grp in groups for h in grp.content]
     assert got == [reader.tensors[i].content_hash for i in range(len(items))]
+
+
+def test_the_bit_cost_table_goes_to_the_device_once(emulated, monkeypatch) -> None:
+    # rans_normalise's table of bit costs (32 KiB) is a constant: uploaded once per device,
+    # not once per histogram pass, and not counted in any window's share of the workspace
+    from s4weights.gpu import ranshost
+
+    sent = []
+    real = runtime.upload
+
+    def spy(*arrays):
+        sent.extend(a for a in arrays if a is ranshost.SYMBOL_BITS)
+        return real(*arrays)
+
+    monkeypatch.setattr(runtime, "upload", spy)
+    tensors = _tensors()
+    items = _items(tensors.values())
+    for _ in range(2):  # 1 MiB: many windows, each with its histogram pass
+        _read_back(encode.Encoder("auto", workspace=1 << 20), tensors, items)
+    assert len(sent) == 1
