@@ -581,13 +581,10 @@ def test_a_tensor_over_the_size_limit_fails_after_the_tensors_before_it(corrupt:
     assert _who(got.value)[0] == _who(cpu)[0] == ("a" if corrupt else "b")
 
 
-@pytest.mark.parametrize("child_corrupt", [True, False])
-def test_a_chunked_delta_fails_as_the_cpu_reader_reads_it(child_corrupt: bool) -> None:
-    # the chunked loader (tensors larger than the workspace) checks a parent's planes before
-    # decoding anything; a delta's own corrupt bitstream is still reported first, as the CPU
-    # reader meets it (the delta's planes, then its parent)
-    from s4weights.gpu import chunked
-
+def _delta_pair(corrupt_child: bool = False) -> tuple[bytes, bytes]:
+    """(parent file, delta file) of one 300,000-element bf16 tensor, "p" and its delta "c",
+    both written by the GPU encoder; ``corrupt_child``: one word of the delta's rANS stream
+    flipped, its checksum made for it (only decoding finds it)."""
     g = torch.Generator().manual_seed(4)
     n = 300_000
     base = (torch.randn(n, generator=g) * 0.02).bfloat16()
@@ -597,7 +594,7 @@ def test_a_chunked_delta_fails_as_the_cpu_reader_reads_it(child_corrupt: bool) -
     x[::777] ^= 3
     it = encode.Item(dtypes.BY_NAME["bfloat16"], (n,), torch.from_numpy(np.bitwise_xor(x, b)))
     planes = list(next(iter(encode.Encoder().code([it]))).coded.planes)
-    if child_corrupt:  # a corrupt word, the checksum made for it: only decoding finds it
+    if corrupt_child:
         j = next(k for k, p in enumerate(planes) if p.codec == codecs.RANS
                  and int(np.asarray(p.payload)[0]) == rans.MODE_RANS)
         planes[j] = CodedPlane(planes[j].kind, planes[j].index, planes[j].codec,
@@ -609,7 +606,18 @@ def test_a_chunked_delta_fails_as_the_cpu_reader_reads_it(child_corrupt: bool) -
                     hashing.content_hash(x.tobytes()),
                     parent_hash=hashing.content_hash(b.tobytes()))
         w.set_tree([objtree.TensorRef(0)])
-    blob = buf.getvalue()
+    return pblob, buf.getvalue()
+
+
+@pytest.mark.parametrize("child_corrupt", [True, False])
+def test_a_chunked_delta_fails_as_the_cpu_reader_reads_it(child_corrupt: bool) -> None:
+    # the chunked loader (tensors larger than the workspace) checks a parent's planes before
+    # decoding anything; a delta's own corrupt bitstream is still reported first, as the CPU
+    # reader meets it (the delta's planes, then its parent)
+    from s4weights.gpu import chunked
+
+    pblob, blob = _delta_pair(child_corrupt)
+    n = 300_000
     bad_parent = _damage_in_place(pblob, "p", 1)
 
     def child() -> s4format.Reader:
@@ -676,21 +684,8 @@ def test_a_chunked_delta_names_a_parent_with_a_wrong_content_hash() -> None:
     # the chunked loader, which builds each chunk from the parent up
     from s4weights.gpu import chunked
 
-    g = torch.Generator().manual_seed(4)
+    pblob, blob = _delta_pair()
     n = 300_000
-    base = (torch.randn(n, generator=g) * 0.02).bfloat16()
-    pblob = _gpu_file({"p": base})
-    b = base.view(torch.uint8).numpy().copy()
-    x = b.copy()
-    x[::777] ^= 3
-    it = encode.Item(dtypes.BY_NAME["bfloat16"], (n,), torch.from_numpy(np.bitwise_xor(x, b)))
-    planes = next(iter(encode.Encoder().code([it]))).coded.planes
-    buf = io.BytesIO()
-    with Writer(buf, parent_id=s4format.Reader(pblob).checkpoint_id) as w:
-        w.add_coded("c", it.dtype, (n,), CodedTensor(layouts.BF16, planes),
-                    hashing.content_hash(x.tobytes()),
-                    parent_hash=hashing.content_hash(b.tobytes()))
-        w.set_tree([objtree.TensorRef(0)])
     pr = s4format.Reader(pblob)
     j = next(k for k, p in enumerate(pr.tensors[0].planes)
              if p.codec in (codecs.RAW, codecs.BITPACK))
@@ -702,7 +697,7 @@ def test_a_chunked_delta_names_a_parent_with_a_wrong_content_hash() -> None:
     bad_parent = _rewrite(pblob, "p", j, flip_bit)
 
     def child() -> s4format.Reader:
-        return s4format.Reader(buf.getvalue(), parent=s4format.Reader(bad_parent))
+        return s4format.Reader(blob, parent=s4format.Reader(bad_parent))
 
     cpu = _first_cpu_failure(child())
     assert type(cpu) is ContentHashError and _who(cpu)[0] == "p", cpu
