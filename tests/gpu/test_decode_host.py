@@ -8,8 +8,10 @@ batch with several reports the first plane in file order, as the CPU reader meet
 Whole decodes (``decode.read_tensors``: staging, checksums, validation, the rANS and merge
 kernels' launch tables, copies, content hashes, errors found by the kernels) of files the
 encoder wrote, under the same emulation. Damaged files fail as the CPU reader fails reading in
-order (which tensor and plane is named), with one to three damaged planes (a property test),
-deltas whose parents are damaged, and names that print with double quotes. The GPU tests
+order (which tensor and plane is named), with one to three damaged planes (a property test:
+checksums remade, so only decoding finds the damage, or kept, so R1 does), checksum failures
+read after the decode kernels, empty planes, deltas whose parents are damaged (also through the
+chunked loader), tensors over the size limit, and names that print with double quotes. The GPU tests
 (test_gpu_small, test_gpu_codec) cover the same on the device for real."""
 
 from __future__ import annotations
