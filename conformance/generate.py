@@ -1,4 +1,5 @@
-"""Generate the .s4w v1 conformance vectors into ``conformance/v1/`` (or ``--out DIR``).
+"""Generate the .s4w v1 conformance vectors: format 1.0's into ``conformance/v1/``, what format
+1.1 adds into ``conformance/v1.1/`` (or one suite into ``--out DIR``).
 
 Deterministic: fixed seeds (PCG64's raw bit stream, which numpy keeps stable), no timestamps,
 sorted JSON. Expected tensor bytes are hashed from the arrays built here, *before* writing, and
@@ -6,7 +7,7 @@ trees are converted from the Python objects given to the writer: nothing expecte
 reader. Vectors of a released version are frozen: an existing file is never overwritten with
 different bytes unless ``--force`` is given (see ``README.md``).
 
-    python -m conformance.generate [--out DIR] [--force]
+    python -m conformance.generate [--suite v1|v1.1 [--out DIR]] [--force]
 """
 
 from __future__ import annotations
@@ -35,8 +36,10 @@ from s4format.objtree import TensorRef, Typed
 from s4format.tensor import Tensor
 from s4format.writer import CodedPlane, CodedTensor, Writer
 
-SUITE = Path(__file__).resolve().parent / "v1"
-SIZE_BUDGET = 8 << 20
+ROOT = Path(__file__).resolve().parent
+SUITE = ROOT / "v1"  # format 1.0, frozen
+SUITE_1_1 = ROOT / "v1.1"  # what format 1.1 adds
+SIZE_BUDGET = 8 << 20  # per suite; tests/conformance/test_generate.py holds all suites to it
 
 
 # -- deterministic data -----------------------------------------------------------------------
@@ -126,9 +129,11 @@ def codecs_used(blob: bytes) -> set[str]:
 
 
 def write_file(tensors: list[TensorSpec], tree: Any = None, *, align_log2: int = 6,
-               parent_id: bytes | None = None, metadata: dict[str, str] | None = None) -> bytes:
+               parent_id: bytes | None = None, metadata: dict[str, str] | None = None,
+               policy: str = "auto-1.0") -> bytes:
+    """The vectors frozen before format 1.1 are 1.0 files, written under ``auto-1.0``."""
     buf = io.BytesIO()
-    w = Writer(buf, align_log2=align_log2, parent_id=parent_id)
+    w = Writer(buf, align_log2=align_log2, parent_id=parent_id, policy=policy)
     for t in tensors:
         dt = dtypes.by_name(t.dtype)
         if t.coded is not None:
@@ -558,6 +563,33 @@ def patch(blob: bytes, at: int, new: bytes) -> bytes:
     return blob[:at] + new + blob[at + len(new):]
 
 
+def payload_edited(blob: bytes, plane: tuple[int, int],
+                   fn: Callable[[bytearray], Any]) -> bytes:
+    """Edit the stored bytes of plane (tensor, plane) in place (same length), checksum fixed."""
+    def edit(p: craft.Parts) -> None:
+        b = bytearray(craft.plane_bytes(p, *plane))
+        fn(b)
+        craft.set_plane_bytes(p, *plane, bytes(b))
+    return edited(blob, edit)
+
+
+def replaced(blob: bytes, plane: tuple[int, int], new: bytes | Callable[[bytes], bytes],
+             params: bytes | None = None) -> bytes:
+    """Give plane (tensor, plane) new stored bytes of any length, appended to the data section
+    (and new params, if given), checksum fixed."""
+    def edit(p: craft.Parts) -> None:
+        old = craft.plane_bytes(p, *plane)
+        payload = new(old) if callable(new) else new
+        rec = p.tensors[plane[0]]["planes"][plane[1]]
+        p.data += bytes(-(len(p.data) + 32) % 64)
+        rec.update(offset=32 + len(p.data), stored_len=len(payload),
+                   checksum=hashing.plane_checksum(payload))
+        if params is not None:
+            rec["params"] = params
+        p.data += payload
+    return edited(blob, edit)
+
+
 def header_vectors(tiny: bytes) -> list[Vector]:
     h = lambda **kw: edited(tiny, lambda p: p.header.update(**kw))  # noqa: E731
     rest = tiny[8:]
@@ -804,27 +836,11 @@ def read_vectors() -> list[Vector]:
     H_MANT1, _R_RAW = (1, 3), (2, 0)
 
     def payload_edit(plane: tuple[int, int], fn: Callable[[bytearray], Any]) -> bytes:
-        """Edit a plane's stored bytes in place (same length), checksum fixed."""
-        def edit(p: craft.Parts) -> None:
-            b = bytearray(craft.plane_bytes(p, *plane))
-            fn(b)
-            craft.set_plane_bytes(p, *plane, bytes(b))
-        return edited(base, edit)
+        return payload_edited(base, plane, fn)
 
     def replace(plane: tuple[int, int], new: bytes | Callable[[bytes], bytes],
                 params: bytes | None = None) -> bytes:
-        """Give a plane new stored bytes of any length, appended to the data section."""
-        def edit(p: craft.Parts) -> None:
-            old = craft.plane_bytes(p, *plane)
-            payload = new(old) if callable(new) else new
-            rec = p.tensors[plane[0]]["planes"][plane[1]]
-            p.data += bytes(-(len(p.data) + 32) % 64)
-            rec.update(offset=32 + len(p.data), stored_len=len(payload),
-                       checksum=hashing.plane_checksum(payload))
-            if params is not None:
-                rec["params"] = params
-            p.data += payload
-        return edited(base, edit)
+        return replaced(base, plane, new, params)
 
     def set_u32(at: int, value: int) -> Callable[[bytearray], None]:
         return lambda b: b.__setitem__(slice(at, at + 4), struct.pack("<I", value))
@@ -990,9 +1006,171 @@ def all_vectors() -> list[Vector]:
     return vectors
 
 
+# -- format 1.1 (v1.1/): codec 8, bitpack-w -------------------------------------------------
+#
+# v1/ is frozen as the suite of format 1.0, which a 1.0 reader passes; what 1.1 adds is in its
+# own folder (README.md, "Frozen vectors"). A 1.1 reader passes v1/ and v1.1/.
+
+POLICY_1_1 = "auto"  # files whose header says minor 1 and that may use codec 8
+BITPACK_W_RULES = ["codecs.md#8--bitpack-w"]
+
+
+def bitpack_w(w: int, params: bytes | None = None
+              ) -> Callable[[np.ndarray], tuple[bytes, bytes, int]]:
+    """Code a plane with bitpack-w at width ``w`` straight from the bit layout of codecs.md
+    (bit ``b`` of plane byte ``i`` is stored bit ``w*i + b``, LSB first), not with s4format's
+    codec; ``params`` replaces the one byte ``w`` in the plane record."""
+    def code(plane: np.ndarray) -> tuple[bytes, bytes, int]:
+        if plane.size and int(plane.max()) >> w:
+            raise ValueError(f"a plane byte does not fit in {w} bits")
+        planebits = (plane[:, None] >> np.arange(w, dtype=np.uint8)) & 1
+        payload = np.packbits(planebits.reshape(-1), bitorder="little").tobytes()
+        return payload, bytes([w]) if params is None else params, codecs.BITPACK_W
+    return code
+
+
+def packed_planes(blob: bytes) -> list[tuple[str, int]]:
+    """(tensor name, plane number) of every codec-8 plane in a file."""
+    return [(t["name"], k) for t in craft.parse(blob).tensors
+            for k, p in enumerate(t["planes"]) if p["codec"] == codecs.BITPACK_W]
+
+
+def bitpackw_vectors() -> list[Vector]:
+    out = []
+    tensors = []
+    for w in range(1, 8):
+        for k, n in enumerate((1000, 1001, w)):  # n % 8 = 0; padding bits; one partial group
+            plane = rand_bytes(300 + 10 * w + k, n) & np.uint8((1 << w) - 1)
+            plane[0] = (1 << w) - 1  # the width is exactly w
+            tensors.append(TensorSpec(f"w{w}_n{n}", "uint8", (n,), plane,
+                                      force(plane, "uint8", layouts.RAW, [bitpack_w(w)])))
+    narrow = rand_bytes(380, 1003) & np.uint8(3)
+    empty = np.zeros(0, np.uint8)
+    tensors += [TensorSpec("w7_holding_2_bits", "uint8", (1003,), narrow,
+                           force(narrow, "uint8", layouts.RAW, [bitpack_w(7)])),
+                TensorSpec("empty", "uint8", (0,), empty,
+                           force(empty, "uint8", layouts.RAW, [bitpack_w(7)]))]
+    out.append(valid("bitpackw_widths", "bitpack-w at every width 1..7 (uint8, raw layout, "
+                     "largest byte 2^w - 1) over 1000 bytes (n % 8 = 0, no padding), 1001 bytes "
+                     "(padding bits in the last stored byte) and w bytes (one partial group); "
+                     "a 2-bit plane at width 7 (any width that holds the bytes is valid); an "
+                     "empty plane", BITPACK_W_RULES, tensors, policy=POLICY_1_1))
+    examples = []
+    for name, w, plane, stored in (("w3", 3, "0502070003", "d531"),
+                                   ("w7", 7, "057f004112336a017e2c", "853f202899a9037e16")):
+        raw = np.frombuffer(bytes.fromhex(plane), np.uint8).copy()
+        coded = force(raw, "uint8", layouts.RAW, [bitpack_w(w)])
+        assert coded.planes[0].payload.hex() == stored, f"codecs.md's example {name} changed"
+        examples.append(TensorSpec(name, "uint8", (raw.size,), raw, coded))
+    out.append(valid("bitpackw_spec_examples", "the two worked examples of codecs.md, byte for "
+                     "byte: 05 02 07 00 03 at w = 3 -> D5 31; a 10-byte plane at w = 7 -> "
+                     "85 3F 20 28 99 A9 03 7E 16", BITPACK_W_RULES, examples, policy=POLICY_1_1))
+    spec_examples = out[-1]
+    assert spec_examples.data[10] == 1, "a 1.1 file declares minor 1"
+    out.append(Vector("bitpackw_in_minor_0", "the spec examples in a file whose header says "
+                      "minor 0: readers decode what the records name, whatever minor the "
+                      "header declares", ["README.md#versioning", "validation.md#H3",
+                                          "validation.md#P3", *BITPACK_W_RULES],
+                      edited(spec_examples.data, lambda p: p.header.update(minor=0)),
+                      tensors=spec_examples.tensors, tree=spec_examples.tree))
+    n = 4096
+    w16 = weights_bf16(81, n).view(np.uint8).copy()
+    f32 = weights_f32(82, n).view(np.uint8).copy()
+    h = rand_bytes(83, 2 * n)  # any fp16 patterns: exponent 5 bits, mantissa0 2 bits
+    auto = valid("bitpackw_weights", "the writer's choice (policy auto) on bf16 and fp32 "
+                 "weights: the 7-bit mantissa0 planes are bitpack-w; fp16 with its 5-bit "
+                 "exponent and 2-bit mantissa0 planes forced to bitpack-w",
+                 [*BITPACK_W_RULES, "codecs.md#choosing-codecs-informative", "planes.md"],
+                 [TensorSpec("bf16", "bfloat16", (64, 64), w16),
+                  TensorSpec("f32", "float32", (n,), f32),
+                  TensorSpec("f16", "float16", (n,), h,
+                             force(h, "float16", layouts.FP16,
+                                   [codecs.BITPACK, bitpack_w(5), bitpack_w(2), codecs.RAW]))],
+                 policy=POLICY_1_1)
+    assert packed_planes(auto.data) == [("bf16", 2), ("f32", 2), ("f16", 1), ("f16", 2)], \
+        packed_planes(auto.data)
+    out.append(auto)
+    return out
+
+
+def bitpackw_read_vectors() -> list[Vector]:
+    """The rules of codec 8 (R2), its expansion bound (P4) and merge (R4), one each."""
+    n = 4087  # 7·n % 8 = 1: the bf16 mantissa plane's last stored byte has 7 padding bits
+    w = weights_bf16(90, n).view(np.uint8).copy()
+    # fp16 patterns with the 4 low mantissa bits clear: mantissa1 takes 16 values, so rANS
+    # gains back the padding the packed planes cost (the split must not outgrow the raw bytes)
+    h = (rand_bytes(91, 2 * n).view("<u2") & np.uint16(0xFFF0)).view(np.uint8)
+    base_t = [TensorSpec("w", "bfloat16", (n,), w,
+                         force(w, "bfloat16", layouts.BF16,
+                               [codecs.BITPACK, codecs.RANS, bitpack_w(7)])),
+              TensorSpec("h", "float16", (n,), h,
+                         force(h, "float16", layouts.FP16,
+                               [codecs.BITPACK, bitpack_w(5), bitpack_w(2), codecs.RANS]))]
+    base = valid("bitpackw_base", "the valid file the bitpack-w must-fail vectors are made "
+                 "from: bf16 mantissa at w = 7 (n = 4087), fp16 exponent at w = 5 and mantissa0 "
+                 "at w = 2", BITPACK_W_RULES, base_t, policy=POLICY_1_1)
+    W_MANT, H_EXP = (0, 2), (1, 1)
+    mant = layouts.BF16.split(w, 2)[2]
+    stored = craft.plane_bytes(craft.parse(base.data), *W_MANT)
+    assert len(stored) == -(-7 * n // 8) == 3577
+
+    def params(new: bytes) -> bytes:
+        return edited(base.data, lambda p: p.tensors[0]["planes"][2].update(params=new))
+
+    exp = layouts.FP16.split(h, 2)[1].copy()
+    exp[0] = 32  # fits 6 bits, not the 5-bit exponent field
+    wide_exp = bitpack_w(6)(exp)[0]
+    at_bound = ["validation.md#P4", *BITPACK_W_RULES]
+    return [
+        base,
+        fail("bitpackw_params_empty", "bitpack-w with no params byte", BITPACK_W_RULES,
+             "CodecError", params(b"")),
+        fail("bitpackw_params_2", "bitpack-w params 07 00 (two bytes)", BITPACK_W_RULES,
+             "CodecError", params(b"\x07\x00")),
+        fail("bitpackw_w_0", "bitpack-w params 00 (width 0; the stored bytes of width 7 kept, "
+             "so the expansion bound holds)", BITPACK_W_RULES, "CodecError", params(b"\x00")),
+        fail("bitpackw_w_8", "bitpack-w params 08, the stored bytes being the plane itself "
+             "(width 8 is not allowed: that is raw)", BITPACK_W_RULES, "CodecError",
+             replaced(base.data, W_MANT, mant.tobytes(), b"\x08")),
+        fail("bitpackw_width_mismatch", "bitpack-w params 06 with the 3577 stored bytes of "
+             "width 7 (width 6 needs 3066)", BITPACK_W_RULES, "CodecError", params(b"\x06")),
+        fail("bitpackw_stored_short", "bitpack-w at width 7: one stored byte missing (3576 of "
+             "3577; within the expansion bound)", BITPACK_W_RULES, "CodecError",
+             replaced(base.data, W_MANT, lambda old: old[:-1])),
+        fail("bitpackw_stored_long", "bitpack-w at width 7: one stored byte too many (3578)",
+             BITPACK_W_RULES, "CodecError",
+             replaced(base.data, W_MANT, lambda old: old + b"\x00")),
+        fail("bitpackw_padding_high", "bitpack-w: the highest padding bit (bit 7) of the last "
+             "stored byte set", BITPACK_W_RULES, "CodecError",
+             payload_edited(base.data, W_MANT, lambda b: b.__setitem__(-1, b[-1] | 0x80))),
+        fail("bitpackw_padding_low", "bitpack-w: the lowest padding bit (bit 7·n mod 8 = 1) of "
+             "the last stored byte set", BITPACK_W_RULES, "CodecError",
+             payload_edited(base.data, W_MANT, lambda b: b.__setitem__(-1, b[-1] | 0x02))),
+        fail("bitpackw_at_bound", "bitpack-w at width 7 with 511 stored bytes: decoded_len 4087 "
+             "is within 8 x stored_len, so the file opens; the length rule fails on reading",
+             at_bound, "CodecError", replaced(base.data, W_MANT, lambda old: old[:511])),
+        fail("bitpackw_over_bound", "bitpack-w with 510 stored bytes: decoded_len 4087 exceeds "
+             "8 x stored_len (checked before decoding)", at_bound, "LimitError",
+             replaced(base.data, W_MANT, lambda old: old[:510])),
+        fail("bitpackw_merge_wide", "fp16 exponent plane at width 6 holding 32, wider than its "
+             "5-bit field: the codec decodes it, merge rejects it",
+             ["validation.md#R4", "planes.md#words-and-fields", *BITPACK_W_RULES],
+             "FormatError", replaced(base.data, H_EXP, wide_exp, b"\x06")),
+    ]
+
+
+def all_vectors_1_1() -> list[Vector]:
+    return bitpackw_vectors() + bitpackw_read_vectors()
+
+
 # -- writing the suite ------------------------------------------------------------------------
 
-def render(vectors: list[Vector]) -> dict[str, bytes]:
+# suite folder -> (the format version it tests, its vectors)
+SUITES: dict[str, tuple[str, Callable[[], list[Vector]]]] = {
+    "v1": ("1.0", all_vectors), "v1.1": ("1.1", all_vectors_1_1)}
+
+
+def render(vectors: list[Vector], suite: str = "v1") -> dict[str, bytes]:
     """File name -> bytes for every vector file and the manifest."""
     files: dict[str, bytes] = {}
     for v in vectors:
@@ -1002,7 +1180,7 @@ def render(vectors: list[Vector]) -> dict[str, bytes]:
     ids = [v.id for v in vectors]
     if len(set(ids)) != len(ids):
         raise AssertionError("duplicate vector IDs")
-    manifest = dict(format=".s4w", version="1.0", suite="v1",
+    manifest = dict(format=".s4w", version=SUITES[suite][0], suite=suite,
                     protocol="conformance/README.md", vectors=[v.entry() for v in vectors])
     # One vector per line: readable, and a change to one vector is a one-line diff.
     head = json.dumps({k: v for k, v in manifest.items() if k != "vectors"}, ensure_ascii=False)
@@ -1012,8 +1190,8 @@ def render(vectors: list[Vector]) -> dict[str, bytes]:
     return files
 
 
-def write_suite(out: Path, *, force: bool = False) -> dict[str, bytes]:
-    files = render(all_vectors())
+def write_suite(out: Path, *, force: bool = False, suite: str = "v1") -> dict[str, bytes]:
+    files = render(SUITES[suite][1](), suite)
     total = sum(len(b) for b in files.values())
     if total > SIZE_BUDGET:
         raise SystemExit(f"the suite is {total} bytes, over its {SIZE_BUDGET}-byte budget")
@@ -1031,15 +1209,23 @@ def write_suite(out: Path, *, force: bool = False) -> dict[str, bytes]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", type=Path, default=SUITE, help=f"output folder (default {SUITE})")
+    ap.add_argument("--suite", choices=list(SUITES), action="append",
+                    help="the suite to write (repeatable; default: every suite)")
+    ap.add_argument("--out", type=Path,
+                    help=f"output folder, with one --suite (default: {ROOT}/SUITE)")
     ap.add_argument("--force", action="store_true",
                     help="overwrite existing vector files whose bytes changed")
     args = ap.parse_args(argv)
-    files = write_suite(args.out, force=args.force)
-    vectors = json.loads(files["manifest.json"])["vectors"]
-    n_valid = sum(v["expect"] == "valid" for v in vectors)
-    print(f"{args.out}: {len(vectors)} vectors ({n_valid} valid, {len(vectors) - n_valid} "
-          f"must-fail) in {len(files) - 1} files, {sum(map(len, files.values()))} bytes")
+    names = args.suite or list(SUITES)
+    if args.out and len(names) != 1:
+        ap.error("--out needs exactly one --suite")
+    for name in names:
+        out = args.out or ROOT / name
+        files = write_suite(out, force=args.force, suite=name)
+        vectors = json.loads(files["manifest.json"])["vectors"]
+        n_valid = sum(v["expect"] == "valid" for v in vectors)
+        print(f"{out}: {len(vectors)} vectors ({n_valid} valid, {len(vectors) - n_valid} "
+              f"must-fail) in {len(files) - 1} files, {sum(map(len, files.values()))} bytes")
     return 0
 
 

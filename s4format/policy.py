@@ -2,8 +2,10 @@
 valid file; this is what our writer does).
 
 ``auto`` (default) ranks the candidate codecs for a plane kind by their size estimate and codes
-with the smallest; ``seed`` uses the fixed assignment exponent->rANS, mantissa->GDeflate,
-sign->bitpack. Either way ``raw`` is the floor: a plane never stores more than its own length.
+with the smallest (but bitpack-w wins unless an entropy coder saves more than 1/65 of its size);
+``seed`` uses the fixed assignment exponent->rANS, mantissa->GDeflate, sign->bitpack;
+``auto-1.0`` is ``auto`` without the codecs format 1.1 added, for files that format-1.0 readers
+decode. Under every policy ``raw`` is the floor: a plane never stores more than its own length.
 """
 
 from __future__ import annotations
@@ -12,20 +14,33 @@ import numpy as np
 
 from s4format import codecs, layouts
 from s4format.codecs.abc import Encoded
+from s4format.schema import MINOR
 
-POLICIES = ("auto", "seed")
+POLICIES = ("auto", "seed", "auto-1.0")
 
 _AUTO = {
     layouts.KIND_SIGN: (codecs.BITPACK, codecs.RANS),
-    layouts.KIND_EXPONENT: (codecs.RANS, codecs.ZSTD, codecs.GDEFLATE),
-    layouts.KIND_MANTISSA: (codecs.RANS, codecs.ZSTD, codecs.GDEFLATE),
-    layouts.KIND_BYTE: (codecs.BITPACK, codecs.RANS, codecs.ZSTD, codecs.GDEFLATE),
-    layouts.KIND_RAW: (codecs.BITPACK, codecs.RANS, codecs.ZSTD, codecs.GDEFLATE),
+    layouts.KIND_EXPONENT: (codecs.BITPACK_W, codecs.RANS, codecs.ZSTD, codecs.GDEFLATE),
+    layouts.KIND_MANTISSA: (codecs.BITPACK_W, codecs.RANS, codecs.ZSTD, codecs.GDEFLATE),
+    layouts.KIND_BYTE: (codecs.BITPACK, codecs.BITPACK_W, codecs.RANS, codecs.ZSTD,
+                        codecs.GDEFLATE),
+    layouts.KIND_RAW: (codecs.BITPACK, codecs.BITPACK_W, codecs.RANS, codecs.ZSTD,
+                       codecs.GDEFLATE),
 }
+# The entropy coders (rANS, zstd, GDeflate) must beat bitpack-w by more than this share of its
+# size to be chosen over it: bitpack-w codes and decodes at memory speed, and a 7-bit mantissa
+# plane of trained weights is within about 0.2% of its order-0 entropy (bench/RESULTS.md), so
+# rANS would cost a full entropy-coding pass for that. As integers: bitpack-w's size s wins
+# against an estimate e when 64 * s <= 65 * e.
+PACKED_SLACK = (64, 65)
+_ENTROPY = frozenset((codecs.RANS, codecs.ZSTD, codecs.GDEFLATE))
 # On the CPU GDeflate codes about 6x slower than zstd and rarely smaller (bench/RESULTS.md),
 # so auto estimates it only where zstd's estimate shows LZ-style redundancy that the order-0
 # rANS misses: zstd at least this much smaller than the best so far.
 _LZ_GATE = 0.99
+# "auto-1.0": auto as format 1.0 had it, without the codecs 1.1 added (bitpack-w): files that
+# readers of format 1.0 decode. The writer marks them 1.0 in the header.
+_AUTO_1_0 = {k: tuple(c for c in v if c != codecs.BITPACK_W) for k, v in _AUTO.items()}
 _SEED = {
     layouts.KIND_SIGN: (codecs.BITPACK,),
     layouts.KIND_EXPONENT: (codecs.RANS,),
@@ -38,10 +53,31 @@ _SEED = {
 MIN_CODED = 64
 
 
+# The codec IDs each minor version of format 1 defines (spec/README.md, "Versioning"). 7 stays
+# unassigned: the frozen conformance suite v1 uses it as its unknown codec (codec_7).
+CODECS_OF_MINOR = {0: frozenset(range(1, 7)), 1: frozenset((*range(1, 7), codecs.BITPACK_W))}
+
+
+def format_minor(policy: str) -> int:
+    """The minor version a file written under ``policy`` declares: 0 for ``auto-1.0``."""
+    return 0 if policy == "auto-1.0" else MINOR
+
+
 def check_policy(policy: str) -> str:
     if policy not in POLICIES:
         raise ValueError(f"unknown policy {policy!r}; choose one of {POLICIES}")
     return policy
+
+
+def prefer_packed(ranked: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """``ranked`` (sorted by (estimate, codec ID)) with bitpack-w moved to the front when only
+    entropy coders rank before it and the best of them is within :data:`PACKED_SLACK`."""
+    at = next((i for i, (_e, c) in enumerate(ranked) if c == codecs.BITPACK_W), 0)
+    if at == 0 or any(c not in _ENTROPY for _e, c in ranked[:at]):
+        return ranked
+    if PACKED_SLACK[0] * ranked[at][0] <= PACKED_SLACK[1] * ranked[0][0]:
+        return [ranked[at], *ranked[:at], *ranked[at + 1:]]
+    return ranked
 
 
 def encode_plane(plane: np.ndarray, kind: int, policy: str = "auto") -> tuple[int, Encoded]:
@@ -50,7 +86,7 @@ def encode_plane(plane: np.ndarray, kind: int, policy: str = "auto") -> tuple[in
     if plane.size < MIN_CODED:
         return raw
     available = codecs.available()
-    table = _SEED if policy == "seed" else _AUTO
+    table = {"seed": _SEED, "auto-1.0": _AUTO_1_0}.get(policy, _AUTO)
     ranked: list[tuple[int, int]] = []
     zstd_est = None
     for cid in table[kind]:
@@ -58,7 +94,7 @@ def encode_plane(plane: np.ndarray, kind: int, policy: str = "auto") -> tuple[in
         if codec is None:
             continue
         best = min((e for e, _ in ranked), default=plane.size)
-        if policy == "auto" and cid == codecs.GDEFLATE and not (
+        if policy != "seed" and cid == codecs.GDEFLATE and not (
                 zstd_est is not None and zstd_est < _LZ_GATE * best):
             continue
         est = codec.estimate(plane)
@@ -66,7 +102,10 @@ def encode_plane(plane: np.ndarray, kind: int, policy: str = "auto") -> tuple[in
             zstd_est = est
         if est is not None and est < plane.size:
             ranked.append((est, cid))
-    for _est, cid in sorted(ranked):
+    ranked.sort()
+    if policy == "auto":
+        ranked = prefer_packed(ranked)
+    for _est, cid in ranked:
         enc = available[cid].encode(plane)
         if enc is not None and enc.nbytes < plane.size:
             return cid, enc

@@ -31,7 +31,7 @@ from construct import (
 MAGIC = b"\x89S4W\r\n\x1a\n"
 END_MAGIC = b"\n\x1aS4WEND"
 MAJOR = 1
-MINOR = 0
+MINOR = 1  # 1.1 added codec 8, bitpack-w (spec/README.md, Versioning)
 
 HEADER_SIZE = 32
 FOOTER_SIZE = 40

@@ -23,13 +23,13 @@ from s4format import hashing, layouts, objtree, policy
 from s4format.dtypes import DType
 from s4format.errors import FormatError, LimitError, StorageError, UnsupportedObjectError
 from s4format.layouts import Layout
+from s4format.policy import CODECS_OF_MINOR, format_minor
 from s4format.policy import check_policy as policy_check
 from s4format.reader import MAX_INDEX_SIZE, MAX_TENSORS, checkpoint_id
 from s4format.records import MAX_NDIM, MAX_RAW_NBYTES, check_planes
 from s4format.schema import (
     MAGIC,
     MAJOR,
-    MINOR,
     NO_PARENT,
     TRANSFORM_NONE,
     TRANSFORM_XOR,
@@ -117,6 +117,7 @@ class Writer:
     def __init__(self, sink: str | os.PathLike[str] | BinaryIO, *, policy: str = "auto",
                  align_log2: int = DEFAULT_ALIGN_LOG2, parent_id: bytes | None = None) -> None:
         self.policy = policy_check(policy)
+        self.minor = format_minor(self.policy)
         if not 0 <= align_log2 <= 16:
             raise ValueError("align_log2 must be in 0..16")
         self._own = isinstance(sink, (str, os.PathLike))
@@ -137,9 +138,9 @@ class Writer:
         self._full_total = 0
         self._deltas = 0
         self._closed = False
-        self._write(_sealed(Header, dict(magic=MAGIC, major=MAJOR, minor=MINOR, required_flags=0,
-                                         optional_flags=0, align_log2=align_log2,
-                                         reserved=bytes(3))))
+        self._write(_sealed(Header, dict(magic=MAGIC, major=MAJOR, minor=self.minor,
+                                         required_flags=0, optional_flags=0,
+                                         align_log2=align_log2, reserved=bytes(3))))
 
     def _write(self, data: bytes | np.ndarray | memoryview) -> None:
         mv = memoryview(data)
@@ -217,6 +218,10 @@ class Writer:
         if len(content_hash) != 16 or (parent_hash is not None and len(parent_hash) != 16):
             raise ValueError("content and parent hashes are 16 bytes")
         _check_limits(name, shape, dtype, coded)
+        newer = {p.codec for p in coded.planes} - CODECS_OF_MINOR[self.minor]
+        if newer:
+            raise ValueError(f"tensor {name!r} uses codec IDs {sorted(newer)}, which format "
+                             f"{MAJOR}.{self.minor} (policy {self.policy!r}) does not define")
         planes = []
         for p in coded.planes:
             self._pad()

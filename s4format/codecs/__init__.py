@@ -12,16 +12,18 @@ import contextlib
 from s4format.codecs.abc import Codec, Encoded
 from s4format.errors import UnsupportedCodecError
 
-# The registered IDs of .s4w v1 (spec/codecs.md). 0 is never a valid ID.
+# The registered IDs of .s4w v1 (spec/codecs.md). 0 is never a valid ID; 7 is held unassigned
+# (the frozen conformance suite v1 uses it as its unknown codec, vector codec_7).
 RAW = 1
 BITPACK = 2
 ZSTD = 3
 RANS = 4
 GDEFLATE = 5
 NVCOMP_ANS = 6
+BITPACK_W = 8
 
 NAMES = {RAW: "raw", BITPACK: "bitpack", ZSTD: "zstd", RANS: "rans", GDEFLATE: "gdeflate",
-         NVCOMP_ANS: "nvcomp-ans"}
+         NVCOMP_ANS: "nvcomp-ans", BITPACK_W: "bitpack-w"}
 
 _REGISTRY: dict[int, Codec] = {}
 
@@ -66,13 +68,14 @@ def _load_builtin() -> None:
         return
     _loaded = True
     from s4format.codecs import bitpack, raw, zstd  # noqa: F401
-    for optional in ("rans", "gdeflate"):
+    for optional in ("rans", "bitpackw", "gdeflate"):
         with contextlib.suppress(ImportError):
             __import__(f"s4format.codecs.{optional}")
 
 
 __all__ = [
     "BITPACK",
+    "BITPACK_W",
     "GDEFLATE",
     "NAMES",
     "NVCOMP_ANS",
