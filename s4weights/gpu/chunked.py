@@ -133,7 +133,9 @@ def code_large(enc: Encoder, it: Item, workspace: int) -> Coded:
 
     # pass 2: coding, chunk by chunk
     sign_rans = bool(sign.any())
-    ch = _Chunks(it, plan.large_chunk(lay, size, workspace, n, len(jobs), sign_rans, xor, lg))
+    # a bitpack-w plane's packed chunk is counted as a rANS plane's scratch (more than it needs)
+    ch = _Chunks(it, plan.large_chunk(lay, size, workspace, n,
+                                      len(jobs) + int(planes.cand_bw.sum()), sign_rans, xor, lg))
     cap = plan.large_staging(ch.chunk, len(jobs), lg)
     for c0 in ch:
         m = ch.split(c0)[0]
@@ -146,14 +148,16 @@ def code_large(enc: Encoder, it: Item, workspace: int) -> Coded:
             st.add_chunk(c0, r, cap)
             del r
     prof.mark(f"coding ({-(-n // ch.chunk)} chunks)")
-    # pass 3: byte planes whose rANS stream would reach their raw size are stored raw
+    # pass 3: byte planes whose rANS stream would reach their raw size: bitpack-w where it
+    # applies (the next candidate), else raw
     redo = [i for i in jobs if st.over[i] and st.varied[i]
             and planes.kind[i] != layouts.KIND_SIGN]
+    st.packed |= {i for i in redo if planes.cand_bw[i]}
     if redo:
         for c0 in ch:
             m = ch.split(c0)[0]
             for i in redo:
-                st.d2h(st.stream_at(i) + c0, ch.plane(i, m))
+                st.copy_plane(i, c0, m, ch)
     torch.cuda.current_stream().synchronize()
     del ch
     prof.mark("raw planes, D2H")
@@ -220,6 +224,9 @@ class _Streams:
         self.words = {i: 0 for i in jobs}          # bytes of words so far
         self.firsts = {i: np.zeros(self.nb, np.uint8) for i in jobs}
         self.varied = {i: False for i in jobs}
+        # byte planes stored as bitpack-w: those it ranks first, and those whose rANS stream
+        # turns out not to pay (its next candidate, as policy.encode_plane codes them)
+        self.packed = {i for i in range(len(planes)) if planes.bw_first[i]}
         self.at, total = [], 0
         self.sign_len = (n + 7) // 8
         for i, kind in enumerate(planes.kind.tolist()):
@@ -246,7 +253,19 @@ class _Streams:
             if kind == layouts.KIND_SIGN:
                 self.d2h(self.at[i] + c0 // 8, ch.plane(0, (m + 7) // 8))
             elif i not in self.job:
-                self.d2h(self.at[i] + c0, ch.plane(i, m))
+                self.copy_plane(i, c0, m, ch)
+
+    def copy_plane(self, i: int, c0: int, m: int, ch: _Chunks) -> None:
+        """The chunk's bytes of byte plane i as stored: raw, or packed on the device to
+        bitpack-w (chunks start at multiples of 8 elements: on a whole stored byte)."""
+        if i not in self.packed:
+            self.d2h(self.stream_at(i) + c0, ch.plane(i, m))
+            return
+        w = int(self.planes.width[i])
+        out = runtime.device_empty((m * w + 7) // 8)
+        runtime.pack_ops([ch.addr(i)], [out.data_ptr()], [m], [w])
+        self.d2h(self.stream_at(i) + c0 // 8 * w, out)
+        del out  # stream-ordered: reused only after the copy
 
     def add_chunk(self, c0: int, r: dict, cap: int) -> None:
         """Record the chunk's block symbols, and copy its word counts, final states and words
@@ -317,7 +336,7 @@ class _Streams:
 
     def coded(self) -> tuple[CodedPlane, ...]:
         """Codecs and payloads, chosen as ``encode.choose`` chooses them: the first candidate
-        in rank order whose real size is under the plane's (only rANS and bitpack here)."""
+        in rank order whose real size is under the plane's (rANS, bitpack and bitpack-w)."""
         out = []
         pl, n = self.planes, self.n
         for i in range(len(pl)):
@@ -338,6 +357,12 @@ class _Streams:
                     self.hnp[at:at + len(self.prefix[i])] = np.frombuffer(self.prefix[i],
                                                                           np.uint8)
                     codec, payload = codecs.RANS, self.hnp[at:end]
+            if payload is None and i in self.packed:
+                at = self.stream_at(i)
+                out.append(CodedPlane(kind, int(pl.index[i]), codecs.BITPACK_W, n,
+                                      self.hnp[at:at + int(pl.est_bw[i])],
+                                      bytes([int(pl.width[i])])))
+                continue
             if payload is None and kind == layouts.KIND_SIGN:
                 if pl.cand_bp[i]:
                     codec, payload = codecs.BITPACK, self.hnp[self.at[i]:self.at[i]
@@ -355,13 +380,14 @@ class _Streams:
 
 LOAD_ALIGN = 4 << 20  # bytes per chunk: a multiple of this (2^20 elements of any word size,
 # so whole rANS blocks at any log2_block, whole sign bytes, whole merge CTAs)
-_LOAD_CODECS = (codecs.RAW, codecs.BITPACK, codecs.RANS)
+_LOAD_CODECS = (codecs.RAW, codecs.BITPACK, codecs.RANS, codecs.BITPACK_W)
 BLOCK_TABLE = 64  # device bytes per rANS block of a chunk's launch: its table row, error code
 
 
 def chunkable(reader, i: int) -> bool:
     """Whether tensor i decodes on the GPU in chunks (:func:`load_large`): the GPU decodes it,
-    its planes are raw, bitpack or rANS (GDeflate and nvCOMP streams decode whole), and for a
+    its planes are raw, bitpack, bitpack-w or rANS (GDeflate and nvCOMP streams decode whole),
+    and for a
     delta so is its parent's tensor, down the chain."""
     from s4weights.gpu import decode
 
@@ -439,6 +465,9 @@ class _Level:
             s = self.stored[j]
             if p.codec == codecs.BITPACK:
                 out.append(("plain", j, [s[e0 // 8:(e1 + 7) // 8]], ()))
+            elif p.codec == codecs.BITPACK_W:  # e0 is a multiple of 8: a whole stored byte
+                w = p.params[0]
+                out.append(("plain", j, [s[e0 // 8 * w:(e1 * w + 7) // 8]], ()))
             elif p.codec == codecs.RAW:
                 out.append(("plain", j, [s[e0:e1]], ()))
             else:
@@ -612,7 +641,7 @@ def _decode_range(lv: _Level, tab, lo: int, hi: int, dst: torch.Tensor, errs: li
     coded = [x for x in pieces if x[0] in ("rans", "const")]
     scratch = runtime.device_empty(0 if lv.whole else len(coded) * runtime.align(e, 16))
     ptrs = [0] * 5
-    packed = 1
+    packed = [1, 0, 0, 0, 0]  # the merge kernels' ``width``: packed sign bits, bitpack-w
     tab_dev, tab_p = tab
     cols: list[list[np.ndarray]] = [[] for _ in range(8)]
     nblk = []
@@ -622,7 +651,9 @@ def _decode_range(lv: _Level, tab, lo: int, hi: int, dst: torch.Tensor, errs: li
         if form == "plain":
             ptrs[j] = base + o
             if j == 0 and lv.t.planes[0].codec != codecs.BITPACK:
-                packed = 0
+                packed[0] = 0
+            if lv.t.planes[j].codec == codecs.BITPACK_W:
+                packed[j] = lv.t.planes[j].params[0]
             if lv.whole:
                 dst.copy_(dev[o:o + (hi - lo)])
             continue
@@ -631,7 +662,7 @@ def _decode_range(lv: _Level, tab, lo: int, hi: int, dst: torch.Tensor, errs: li
         slot += 1
         ptrs[j] = target
         if j == 0:
-            packed = 0
+            packed[0] = 0
         s = lv.streams
         blk = np.arange(b0, b1)
         is_rans = s.table[blk] >= 0
@@ -670,7 +701,7 @@ def _decode_range(lv: _Level, tab, lo: int, hi: int, dst: torch.Tensor, errs: li
         cs, c0 = plan.chunk_table([e])
         mdev, mp = runtime.upload(cs, c0, np.array([dst.data_ptr()], np.uint64),
                                   np.array([e], np.int64), np.array(ptrs, np.uint64),
-                                  np.array([packed], np.uint8))
+                                  np.array(packed, np.uint8))
         keep.append(mdev)
         flag = torch.zeros(1, dtype=torch.int32, device="cuda")
         runtime.launch("planes", decode.MERGE_KERNEL[lv.t.layout.layout_id], cs.size, 256,

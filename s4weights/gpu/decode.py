@@ -59,7 +59,7 @@ from s4weights.gpu.plan import GPU_LAYOUTS, chunk_table
 
 MERGE_KERNEL = {layouts.BF16.layout_id: "merge_bf16", layouts.FP16.layout_id: "merge_fp16",
                 layouts.FP32.layout_id: "merge_fp32"}
-GPU_CODECS = {codecs.RAW, codecs.BITPACK, codecs.RANS, codecs.GDEFLATE}
+GPU_CODECS = {codecs.RAW, codecs.BITPACK, codecs.RANS, codecs.GDEFLATE, codecs.BITPACK_W}
 SLOT_ALIGN = 16
 DEST_ALIGN = 16  # the merge kernels store 16-byte vectors: destinations decoded into in place
 
@@ -69,8 +69,8 @@ def decodable(reader: Reader, i: int) -> bool:
     XOR delta decodes on the GPU when its planes do and its parent is attached; the parent's
     bytes are then decoded (or copied up) to the device too and XORed there."""
     t = reader.tensors[i]
-    # The merge kernels read packed bits only for the sign plane (plane 0); the spec allows
-    # bitpack on any plane, and such tensors decode on the CPU.
+    # The merge kernels read bitpack only on the sign plane (plane 0) and bitpack-w only on
+    # the others; the spec allows either on any plane, and such tensors decode on the CPU.
     if t.layout.layout_id == layouts.RAW.layout_id:  # one plane: copied or decoded into place
         c = t.planes[0].codec
         return ((not t.is_delta or reader.parent is not None)
@@ -80,6 +80,7 @@ def decodable(reader: Reader, i: int) -> bool:
             and (not t.is_delta or reader.parent is not None)
             and all(p.codec in GPU_CODECS for p in t.planes)
             and all(p.codec != codecs.BITPACK for p in t.planes[1:])
+            and t.planes[0].codec != codecs.BITPACK_W
             and (gdeflate.available() or all(p.codec != codecs.GDEFLATE for p in t.planes)))
 
 
@@ -132,6 +133,23 @@ def plane_form_error(p, payload: np.ndarray, j: int) -> str | None:
             return "bitpack on a plane other than the sign plane"
     if p.codec == codecs.RANS and p.params:
         return "rans takes no parameters"
+    if p.codec == codecs.BITPACK_W:
+        return bitpack_w_error(n, p.params, len(payload), int(payload[-1]) if len(payload) else 0)
+    return None
+
+
+def bitpack_w_error(n: int, params: bytes, stored: int, last: int) -> str | None:
+    """The bitpack-w codec's checks of a plane's form (s4format.codecs.bitpackw, its messages),
+    from its parameters, stored length and last stored byte; None if it passes."""
+    if len(params) != 1 or not 1 <= params[0] <= 7:
+        return (f"bitpack-w takes one parameter byte, the width 1..7; got "
+                f"{params.hex() or 'none'}")
+    w = params[0]
+    need = (n * w + 7) // 8
+    if stored != need:
+        return f"bitpack-w plane of {n} bytes at {w} bits must store {need} bytes, stores {stored}"
+    if (n * w) % 8 and last >> ((n * w) % 8):
+        return "bitpack-w padding bits in the last byte are not zero"
     return None
 
 
@@ -542,7 +560,7 @@ def decode_staged(st: Staged, outs: list[torch.Tensor]) -> None:
         cs, c0 = chunk_table(nel)
         dev, dp = runtime.upload(cs, c0, np.array([outs[k].data_ptr() for k in sel], np.uint64),
                                  np.asarray(nel, np.int64),
-                                 ptrs[sel].reshape(-1), packed[sel])
+                                 ptrs[sel].reshape(-1), packed[sel].reshape(-1))
         keep.append(dev)
         # merge flags go to a per-launch array, mapped back to tensor positions on the host
         # (no index upload from pageable memory: that copy would wait for the kernels)
@@ -615,8 +633,8 @@ def _prepare(st: Staged, outs: list[torch.Tensor], base: int, keep: list[object]
     the rANS streams (validated together), plan the copies and the merge inputs, and start
     GDeflate (only after the checksums, see decode_staged). Numpy over all planes at once
     (a Python step only for GDeflate and codec-6 planes, which go to nvCOMP one by one).
-    Returns (merge plane pointers [tensors, 5], packed-sign flags, copies, rANS batch,
-    scratch)."""
+    Returns (merge plane pointers [tensors, 5], their stored forms [tensors, 5]: the merge
+    kernels' ``width``, copies, rANS batch, scratch)."""
     reader = st.reader
     planes = st.planes
     nq, nt = len(planes), len(st.idx)
@@ -645,6 +663,19 @@ def _prepare(st: Staged, outs: list[torch.Tensor], base: int, keep: list[object]
               (bp & ~bad_bp & (j != 0), lambda q: "bitpack on a plane other than the sign plane"),
               (rn & (nparams > 0), lambda q: "rans takes no parameters"),
               (gd & ~whole & (nparams > 1), lambda q: "gdeflate parameters are at most 1 byte")]
+    # bitpack-w planes (codec 8): their width, and their form as the codec checks it
+    width = np.zeros(nq, np.int64)
+    bw_msg: dict[int, str] = {}
+    for q in np.flatnonzero(codec == codecs.BITPACK_W).tolist():
+        prm = planes[q][2].params
+        msg = bitpack_w_error(int(n[q]), prm, int(stored[q]), int(last[q]))
+        if msg is None:
+            width[q] = prm[0]
+        else:
+            bw_msg[q] = msg
+    bad_bw = np.zeros(nq, bool)
+    bad_bw[list(bw_msg)] = True
+    errors.append((bad_bw, lambda q: bw_msg[q]))
     first_bad = min((int(np.argmax(m)) for m, _ in errors if m.any()), default=nq)
     # rANS streams: RAW-mode ones are used in place (their bytes follow the header)
     raw_mode = rn & (stored >= rans.HEADER_SIZE)
@@ -681,14 +712,14 @@ def _prepare(st: Staged, outs: list[torch.Tensor], base: int, keep: list[object]
     rb.add_many(rq, at[rq], stored[rq], n[rq], src[rq],
                 np.where(whole[rq], dst_t[k[rq]], slot_at[rq]), k[rq])
     # merge inputs of split tensors: the plane's bytes in place, its RAW-mode stream's bytes,
-    # or its decoded slot; the sign plane is packed bits only when bitpacked
+    # or its decoded slot; the sign plane is packed bits only when bitpacked, another plane
+    # bitpack-w's values of its width
     split = ~whole
     inp = np.where(raw_mode, src + np.uint64(rans.HEADER_SIZE), np.where(slot, slot_at, src))
     ptrs = np.zeros((nt, 5), np.uint64)
     ptrs[k[split], j[split]] = inp[split]
-    packed = np.ones(nt, np.uint8)
-    s0 = split & (j == 0) & ~bp
-    packed[k[s0]] = 0
+    packed = np.zeros((nt, 5), np.uint8)
+    packed[k[split], j[split]] = np.where(bp, 1, width)[split]
     # whole (raw-layout) tensors: raw planes and RAW-mode streams are copied into place
     cp = whole & (raw | raw_mode)
     copies = list(zip(np.where(raw_mode[cp], src[cp] + np.uint64(rans.HEADER_SIZE),

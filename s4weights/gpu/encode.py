@@ -92,9 +92,9 @@ class Coded:
     content_hash: bytes
 
 
-FORM_RAW, FORM_BITPACK, FORM_CONST, FORM_RANS, FORM_GDEFLATE = range(5)
-_FORM_CODEC = np.array([codecs.RAW, codecs.BITPACK, codecs.RANS, codecs.RANS, codecs.GDEFLATE],
-                       np.int64)
+FORM_RAW, FORM_BITPACK, FORM_CONST, FORM_RANS, FORM_GDEFLATE, FORM_BITPACK_W = range(6)
+_FORM_CODEC = np.array([codecs.RAW, codecs.BITPACK, codecs.RANS, codecs.RANS, codecs.GDEFLATE,
+                        codecs.BITPACK_W], np.int64)
 
 
 class Planes:
@@ -139,7 +139,7 @@ class Planes:
         self.tables: object = None  # the device buffer ``tab`` points into, while needed
 
     _CHOSEN = ("nsym", "sym0", "tsize", "est_rans", "est_bp", "cand_rans", "cand_bp", "cand_gd",
-               "runs_rans")
+               "runs_rans", "width", "est_bw", "cand_bw", "bw_first")
 
     def take(self, rows: np.ndarray, item: np.ndarray) -> Planes:
         """Rows ``rows`` as a table of their own, ``item`` their items' positions there (a
@@ -187,7 +187,8 @@ def candidates(pl: Planes, policy_name: str, mantissa: str, gd: bool, log2_block
     want = coded & ((sign & (not seed)) | (kind == layouts.KIND_EXPONENT)
                     | (mant & (not seed) & (mantissa in ("auto", "rans"))))
     if pl.stats is not None:  # from the device: the same figures, every split row
-        nsym, pl.sym0, pl.tsize = pl.stats[:, 0], pl.stats[:, 2], pl.stats[:, 3]
+        nsym, pl.sym0, pl.tsize = pl.stats[:, 0], pl.stats[:, 2] & 0xFFFF, pl.stats[:, 3]
+        top = pl.stats[:, 2] >> 16
         est = np.where(want, pl.stats[:, 1], 0)
     else:
         nsym = np.count_nonzero(pl.counts, axis=1)
@@ -202,17 +203,27 @@ def candidates(pl: Planes, policy_name: str, mantissa: str, gd: bool, log2_block
         single = want & (nsym == 1)
         est[single] = ranshost.HEADER_SIZE + ranshost.n_blocks(n[single], rans.LOG2_BLOCK_MAX)
         pl.sym0 = np.argmax(pl.counts > 0, axis=1)
+        top = 255 - np.argmax(pl.counts[:, ::-1] > 0, axis=1)
         pl.tsize = table_sizes(pl.freqs)
     pl.nsym, pl.est_rans = nsym, est
     pl.est_bp = (n + 7) // 8
     pl.cand_rans = want & (est < n)
     pl.cand_bp = coded & sign & (pl.est_bp < n)
     pl.cand_gd = coded & mant & gd & (seed or mantissa == "gdeflate")
+    # bitpack-w (policy auto): exponent planes, and mantissa planes under mantissa="auto";
+    # ``width`` bits per byte, from the largest symbol present
+    pl.width = np.maximum(1, np.ceil(np.log2(top + 1)).astype(np.int64))
+    pl.est_bw = (n * pl.width + 7) // 8
+    pl.cand_bw = (coded & (policy_name == "auto") & (pl.width <= 7) & (pl.est_bw < n)
+                  & ((kind == layouts.KIND_EXPONENT) | (mant & (mantissa == "auto"))))
     # rank order is (estimate, codec id): bitpack (2) before rANS (4) on equal estimates;
-    # bitpack always succeeds, so a rANS candidate behind it is never coded. A plane of one
+    # bitpack always succeeds, so a rANS candidate behind it is never coded. Bitpack-w goes
+    # first where rANS would not save 1/65 of it (policy.prefer_packed). A plane of one
     # symbol is a CONST stream the host writes.
     bitpack_first = pl.cand_bp & pl.cand_rans & (pl.est_bp <= est)
-    pl.runs_rans = pl.cand_rans & ~bitpack_first & (nsym > 1)
+    slack, over = policy.PACKED_SLACK
+    pl.bw_first = pl.cand_bw & (~pl.cand_rans | (slack * pl.est_bw <= over * est))
+    pl.runs_rans = pl.cand_rans & ~bitpack_first & ~pl.bw_first & (nsym > 1)
 
 
 def table_sizes(freqs: np.ndarray) -> np.ndarray:
@@ -285,12 +296,15 @@ def choose(pl: Planes, r: dict | None, gd: gdeflate.Compressed | None, log2_bloc
         size_r[jobs] = np.where(varied, np.where(full < hs + n[jobs], full, -1), hs + nb)
     rans_ok = (size_r >= 0) & (size_r < n)
     rans_first = pl.est_rans < pl.est_bp    # (estimate, codec id) rank; bitpack wins ties
-    use_r = rans_ok & (~pl.cand_bp | rans_first)
+    use_r = rans_ok & (~pl.cand_bp | rans_first) & ~pl.bw_first
     use_bp = pl.cand_bp & ~use_r
+    use_bw = pl.cand_bw & ~use_r   # first, or next after a rANS stream that did not pay
     form = np.full(n.size, FORM_RAW, np.int64)
     size = n.copy()
     form[use_bp] = FORM_BITPACK
     size[use_bp] = pl.est_bp[use_bp]
+    form[use_bw] = FORM_BITPACK_W
+    size[use_bw] = pl.est_bw[use_bw]
     form[use_r] = FORM_CONST
     size[use_r] = size_r[use_r]
     is_job = np.zeros(n.size, bool)
@@ -346,6 +360,11 @@ def choose(pl: Planes, r: dict | None, gd: gdeflate.Compressed | None, log2_bloc
         base += blob.size
     pl.heads = np.concatenate([p[1] for p in parts]) if parts else np.zeros(0, np.uint8)
     pl.form, pl.size, pl.codec = form, size, _FORM_CODEC[form]
+
+
+def params_of(pl: Planes, q: int) -> bytes:
+    """The codec parameters of row q's payload: bitpack-w's width byte, else none."""
+    return bytes([int(pl.width[q])]) if pl.form[q] == FORM_BITPACK_W else b""
 
 
 def const_whole(counts: np.ndarray, n: int) -> bytes:
@@ -787,7 +806,7 @@ class Encoder:
                 out.append(Coded(code_tensor(raw, it.dtype, self.policy), g.content[k]))
                 continue
             coded = tuple(CodedPlane(kind[q], index[q], codec[q], n[q],
-                                     host[off[q]:off[q] + size[q]], b"", check[q])
+                                     host[off[q]:off[q] + size[q]], params_of(pl, q), check[q])
                           for q in range(first[k], first[k + 1]))
             out.append(Coded(CodedTensor(it.layout, coded), g.content[k]))
         return out
@@ -981,6 +1000,10 @@ class Encoder:
             src.append(pl.tdev[live][dtab])
             dst.append(at[dtab] + pl.head[live][dtab].astype(np.uint64))
             ln.append(pl.dtab[live][dtab].astype(np.uint64))
+        packed = form == FORM_BITPACK_W  # w bits per plane byte, packed on the way
+        pack = None
+        if packed.any():
+            pack = (pl.ptr[live][packed], at[packed], pl.n[live][packed], pl.width[live][packed])
         rans_rows = form == FORM_RANS
         words = None  # where each rANS job's words go (0: not a RANS-mode stream)
         if rans_rows.any():
@@ -1010,6 +1033,8 @@ class Encoder:
             ln.append(np.array([items[k].nbytes for k in cpu], np.uint64))
         batch = runtime.Batch()  # the copies and the payload digests, tables in one upload
         runtime.copy_ops(np.concatenate(src), np.concatenate(dst), np.concatenate(ln), batch)
+        if pack is not None:
+            runtime.pack_ops(*pack, batch)
         if words is not None:  # every block's words after the words of its stream's blocks before
             keep.append(self._place(r, words, batch))
         pay_dig, pay_first = runtime.leaf_digests(base + pl.offset[live].astype(np.uint64),

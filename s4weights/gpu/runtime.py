@@ -192,6 +192,30 @@ def copy_ops(src: np.ndarray, dst: np.ndarray, length: np.ndarray, batch: Batch 
     return batch.run() if own else None
 
 
+def pack_ops(src, dst, n, width, batch: Batch | None = None) -> torch.Tensor | None:
+    """Batched bitpack-w packing (codec 8): the ``n[i]`` plane bytes at ``src[i]`` stored as
+    ``width[i]`` bits each at ``dst[i]``. Long planes are cut into pieces of
+    ``plan.COPY_PIECE`` bytes (whole 8-byte groups: a piece's output starts on a byte), one
+    CTA each. Returns the op table as :func:`copy_ops` does."""
+    from s4weights.gpu.plan import COPY_PIECE
+
+    src, dst = (np.asarray(x, np.uint64).reshape(-1) for x in (src, dst))
+    n, width = (np.asarray(x, np.int64).reshape(-1) for x in (n, width))
+    keep = n > 0
+    src, dst, n, width = src[keep], dst[keep], n[keep], width[keep]
+    if not n.size:
+        return None
+    pieces = (n + COPY_PIECE - 1) // COPY_PIECE
+    op = np.repeat(np.arange(n.size), pieces)
+    off = (np.arange(op.size) - (np.cumsum(pieces) - pieces)[op]) * COPY_PIECE
+    own = batch is None
+    batch = Batch() if own else batch
+    batch.launch("copy", "pack_ops", int(op.size), 256, *batch.table(
+        src[op] + off.astype(np.uint64), dst[op] + (off // 8 * width[op]).astype(np.uint64),
+        np.minimum(n[op] - off, COPY_PIECE).astype(np.uint64), width[op].astype(np.uint8)))
+    return batch.run() if own else None
+
+
 def leaf_digests(ptrs, lengths, batch: Batch | None = None) -> tuple[torch.Tensor, np.ndarray]:
     """XXH3-64 digests of the 64 KiB leaves of each segment: (device digests, first index).
     No host synchronisation: the digests stay on the device until the caller copies them.

@@ -87,7 +87,8 @@ def launch(module: str, name: str, grid: int, block: int, *a) -> None:
                     bits += float(c[t]) * float(sbits[f[t]]) if c[t] else 0.0
                 full = 12 + len(table) + 132 * -(-total >> lb) + 2 * int(np.ceil(bits / 16))
                 est = min(full, 12 + total)
-            stats[q] = k, est, int(np.argmax(c > 0)) if k else 0, len(table)
+            ends = (int(np.argmax(c > 0)) | 255 - int(np.argmax(c[::-1] > 0)) << 16) if k else 0
+            stats[q] = k, est, ends, len(table)
     elif name == "rans_encode":  # CTAs: plane, block, warps; planes: src, n, tab, scratch,
         # first block; log2_block; per block: counts, states, firsts, varied
         cplane, cblock = at(a[0], np.uint32, grid), at(a[1], np.uint32, grid)
@@ -120,6 +121,14 @@ def launch(module: str, name: str, grid: int, block: int, *a) -> None:
     elif name == "copy_ops":  # src, dst, len
         for s, d, n in zip(*(at(x, np.uint64, grid).tolist() for x in a[:3])):
             ctypes.memmove(d, s, n)
+    elif name == "pack_ops":  # src, dst, n, w
+        for s, d, n, w in zip(*(at(x, np.uint64, grid).tolist() for x in a[:3]),
+                              at(a[3], np.uint8, grid).tolist()):
+            assert int(at(s, np.uint8, n).max()) < 1 << w
+            packed = np.packbits(np.unpackbits(at(s, np.uint8, n)[:, None], axis=1,
+                                               count=w, bitorder="little").reshape(-1),
+                                 bitorder="little")
+            at(d, np.uint8, packed.size)[:] = packed
     elif name == "rans_place":  # njobs, first, scratch, words (per job), log2_block; per
         # block: count, excl
         nj = int(a[0])
@@ -200,23 +209,30 @@ def launch(module: str, name: str, grid: int, block: int, *a) -> None:
             ln[sl] = length
             if (c > length).any() or (is_rans and int(stored[q]) != p + 132 * m + 2 * c.sum()):
                 bmode[sl], dtab[sl], bad[q] = 2, 0, 1
-    elif name in MERGE:  # cs, c0, dst, n, planes, packed, errors
+    elif name in MERGE:  # cs, c0, dst, n, planes, width (5 per segment), errors
         lay, word = MERGE[name]
         nseg = int(at(a[0], np.int32, grid).max()) + 1
         dst, n = at(a[2], np.uint64, nseg), at(a[3], np.int64, nseg)
         table = at(a[4], np.uint64, 5 * nseg).reshape(nseg, 5)
-        packed, errors = at(a[5], np.uint8, nseg), at(a[6], np.int32, nseg)
+        width, errors = at(a[5], np.uint8, 5 * nseg).reshape(nseg, 5), at(a[6], np.int32, nseg)
         for r in range(nseg):
             m = int(n[r])
             bad = False
-            if packed[r]:
+            if width[r, 0]:
                 bits = at(table[r, 0], np.uint8, (m + 7) // 8)
                 bad = bool(m % 8) and int(bits[-1]) >> (m % 8) != 0
                 sign = np.unpackbits(bits, bitorder="little")[:m]
             else:
                 sign = at(table[r, 0], np.uint8, m).copy()
-            planes = [sign] + [at(table[r, 1 + k], np.uint8, m).copy()
-                               for k in range(len(lay.fields) - 1)]
+            planes = [sign]
+            for k in range(len(lay.fields) - 1):
+                w = int(width[r, 1 + k])
+                if w:  # bitpack-w: m values of w bits, LSB first
+                    bits = np.unpackbits(at(table[r, 1 + k], np.uint8, (m * w + 7) // 8),
+                                         bitorder="little")[:m * w].reshape(m, w)
+                    planes.append(np.packbits(bits, axis=1, bitorder="little").reshape(-1))
+                else:
+                    planes.append(at(table[r, 1 + k], np.uint8, m).copy())
             try:
                 at(dst[r], np.uint8, m * word)[:] = lay.merge(planes, m * word, word)
             except FormatError:

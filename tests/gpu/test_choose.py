@@ -2,8 +2,9 @@
 ``encode.choose`` decide every plane of a group with numpy over all planes at once. Fed the
 block word counts that the CPU reference encoder produces for the same planes (what the rANS
 kernel produces: the kernel is byte-identical to it, tests/gpu/test_gpu_codec.py), they must
-pick what ``policy.encode_plane`` picks among the codecs the GPU codes (bitpack, rANS), with the
-same stored size, and write the same stream heads (header and table, or whole CONST streams)."""
+pick what ``policy.encode_plane`` picks among the codecs the GPU codes (bitpack, rANS,
+bitpack-w), with the same stored size, and write the same stream heads (header and table, or
+whole CONST streams)."""
 
 from __future__ import annotations
 
@@ -41,7 +42,12 @@ def _planes() -> list[tuple[int, np.ndarray]]:
         (E, np.where(RNG.random(N) < 0.5, 120, 121).astype(np.uint8)),
         (E, expo[:100]),                                       # small, one block
         (E, expo[:64]),
-        (M, ((w >> 16) & 0x7F).astype(np.uint8)),             # 7 uniform bits: rANS
+        (M, ((w >> 16) & 0x7F).astype(np.uint8)),             # 7 bits: bitpack-w (rANS
+        # saves ~0.2%: under the 1/65 preference)
+        (M, RNG.integers(0, 4, N, dtype=np.uint8)),           # 2 uniform bits: bitpack-w
+        (M, (RNG.geometric(0.3, N) % 128).astype(np.uint8)),  # skewed 7 bits: rANS
+        (E, RNG.integers(0, 32, N, dtype=np.uint8)),          # 5 uniform bits: bitpack-w
+        (E, RNG.integers(0, 32, 100, dtype=np.uint8)),        # small: bitpack-w
         (M, (w & 0xFF).astype(np.uint8)),                      # 8 uniform bits: raw
         (M, (RNG.geometric(0.3, N) % 256).astype(np.uint8)),  # skewed
         (M, np.zeros(N, np.uint8)),
@@ -49,10 +55,14 @@ def _planes() -> list[tuple[int, np.ndarray]]:
     return out
 
 
-def _reference(kind: int, plane: np.ndarray, pol: str, monkeypatch) -> tuple[int, bytes]:
-    """``policy.encode_plane`` with only the codecs the GPU path codes."""
+def _reference(kind: int, plane: np.ndarray, pol: str, mantissa: str, monkeypatch
+               ) -> tuple[int, bytes]:
+    """``policy.encode_plane`` with only the codecs the GPU path codes (``mantissa="rans"``
+    asks for rANS on mantissa planes: no bitpack-w there)."""
     every = codecs.available()
-    gpu = {c: every[c] for c in (codecs.BITPACK, codecs.RANS)}
+    gpu = {c: every[c] for c in (codecs.BITPACK, codecs.RANS, codecs.BITPACK_W)}
+    if kind == layouts.KIND_MANTISSA and mantissa != "auto":
+        del gpu[codecs.BITPACK_W]
     with monkeypatch.context() as m:
         m.setattr(policy.codecs, "available", lambda: gpu)
         cid, enc = policy.encode_plane(plane, kind, pol)
@@ -78,7 +88,8 @@ def _kernel_result(pl: encode.Planes, planes: list[np.ndarray]) -> dict | None:
 
 
 @pytest.mark.parametrize("pol,mantissa", [("auto", "auto"), ("auto", "rans"),
-                                          ("auto", "raw"), ("seed", "auto")])
+                                          ("auto", "raw"), ("seed", "auto"),
+                                          ("auto-1.0", "auto")])
 def test_choice_equals_the_cpu_policy(pol: str, mantissa: str, monkeypatch) -> None:
     cases = _planes()
     planes = [p for _k, p in cases]
@@ -92,16 +103,20 @@ def test_choice_equals_the_cpu_policy(pol: str, mantissa: str, monkeypatch) -> N
         if kind == layouts.KIND_MANTISSA and mantissa == "raw":
             want = (codecs.RAW, p.tobytes())
         else:
-            want = _reference(kind, p, pol, monkeypatch)
+            want = _reference(kind, p, pol, mantissa, monkeypatch)
         assert (int(pl.codec[q]), int(pl.size[q])) == (want[0], len(want[1])), q
         head = pl.heads[pl.head_at[q]:pl.head_at[q] + pl.head[q]].tobytes()
         assert want[1].startswith(head), q
+        if pl.form[q] == encode.FORM_BITPACK_W:
+            assert encode.params_of(pl, q) == bytes([max(1, int(p.max()).bit_length())]), q
         if pl.form[q] == encode.FORM_CONST:
             assert head == want[1], q  # a CONST stream is all host bytes
         forms.add(int(pl.form[q]))
     if (pol, mantissa) == ("auto", "auto"):
         assert forms == {encode.FORM_RAW, encode.FORM_BITPACK, encode.FORM_CONST,
-                         encode.FORM_RANS}
+                         encode.FORM_RANS, encode.FORM_BITPACK_W}
+    if pol != "auto":
+        assert encode.FORM_BITPACK_W not in forms
 
 
 def test_device_frequencies_give_the_same_choice() -> None:
@@ -116,7 +131,7 @@ def test_device_frequencies_give_the_same_choice() -> None:
     b.freqs[nz] = ranshost.normalise_many(counts[nz])
     for pl in (a, b):
         encode.candidates(pl, "auto", "auto", False, LG)
-    for name in ("est_rans", "cand_rans", "cand_bp", "runs_rans"):
+    for name in ("est_rans", "cand_rans", "cand_bp", "runs_rans", "width", "cand_bw"):
         assert (getattr(a, name) == getattr(b, name)).all(), name
     rows = a.runs_rans
     assert (a.freqs[rows] == b.freqs[rows]).all()

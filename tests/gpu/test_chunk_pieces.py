@@ -52,6 +52,8 @@ def _rebuild(lv: chunked._Level, piece, e0: int, e1: int) -> np.ndarray:
         a = arrays[0]
         if p.codec == codecs.BITPACK:
             return np.unpackbits(a, bitorder="little")[:e1 - e0]
+        if p.codec == codecs.BITPACK_W:
+            return codecs.get(codecs.BITPACK_W).decode(a, e1 - e0, p.params)
         return a
     s = lv.streams
     b0, b1 = extra[:2]
@@ -83,7 +85,7 @@ def test_pieces_rebuild_every_chunk_of_every_plane() -> None:
                     got = _rebuild(lv, piece, e0, e1)
                     assert np.array_equal(got, planes[piece[1]][e0:e1]), (t.name, piece[:2], e0)
     assert {("rans", codecs.RANS), ("const", codecs.RANS), ("plain", codecs.BITPACK),
-            ("plain", codecs.RAW)} <= forms, forms
+            ("plain", codecs.RAW), ("plain", codecs.BITPACK_W)} <= forms, forms
 
 
 def test_chunk_length_fits_the_workspace() -> None:

@@ -107,6 +107,50 @@ def test_each_malformed_form_is_refused_naming_its_plane(j: int, how: str, messa
         _prepare(blob)
 
 
+def _bitpack_w(planes: list[CodedPlane], how: str = "") -> list[CodedPlane]:
+    """The tensor with its mantissa plane as bitpack-w (7 bits; 1001 * 7 bits leave one
+    padding bit), damaged as ``how`` says."""
+    man = planes[2].payload
+    enc = codecs.get(codecs.BITPACK_W).encode(man)
+    payload, params = np.array(enc.payload, np.uint8, copy=True), enc.params
+    if how == "none":
+        params = b""
+    elif how == "eight":
+        params = b"\x08"
+    elif how == "short":
+        payload = payload[:-1]
+    elif how == "padding":
+        payload[-1] |= 0x80
+    return [*planes[:2], CodedPlane(layouts.KIND_MANTISSA, 0, codecs.BITPACK_W, N, payload,
+                                    params)]
+
+
+@pytest.mark.parametrize("how,message", [
+    ("none", "bitpack-w takes one parameter byte, the width 1..7; got none"),
+    ("eight", "bitpack-w takes one parameter byte, the width 1..7; got 08"),
+    ("short", "bitpack-w plane of 1001 bytes at 7 bits must store 876 bytes, stores 875"),
+    ("padding", "bitpack-w padding bits in the last byte are not zero")])
+def test_malformed_bitpack_w_is_refused_as_the_cpu_reader_refuses_it(how: str,
+                                                                     message: str) -> None:
+    blob = _file({"a": _bitpack_w(_good_bf16(1)), "b": _bitpack_w(_good_bf16(2), how)})
+    with pytest.raises(CodecError, match=f"tensor 'b' plane mantissa0: {re.escape(message)}$"):
+        _prepare(blob)
+    with pytest.raises(CodecError, match=re.escape(message)):
+        s4format.Reader(blob).read_raw(1)
+
+
+def test_bitpack_w_planes_are_merged_from_their_packed_bytes() -> None:
+    good = [_good_bf16(1), _good_bf16(2)]
+    blob = _file({"a": _bitpack_w(good[0]), "b": good[1]})
+    _ptrs, packed, _copies, _rb, _scratch = _prepare(blob)
+    assert packed.tolist() == [[1, 0, 7, 0, 0], [1, 0, 0, 0, 0]]
+    r = s4format.Reader(blob, verify=False)  # (the test file's content hashes are dummies)
+    outs = [torch.empty(r.tensors[i].raw_nbytes, dtype=torch.uint8) for i in range(2)]
+    decode.read_tensors(r, [0, 1], outs)
+    for i in range(2):
+        assert np.array_equal(outs[i].numpy(), r.read_raw(i))
+
+
 def test_the_first_bad_plane_in_file_order_is_reported() -> None:
     # c's sign plane is bad in a later check than b's mantissa; b comes first in the file
     blob = _file({"a": _good_bf16(1), "b": _damaged(_good_bf16(2), 2, "params"),
@@ -124,7 +168,7 @@ def test_a_good_batch_yields_the_merge_inputs() -> None:
     ptrs, packed, copies, rb, _scratch = _prepare(blob)
     r = s4format.Reader(blob)
     st = decode.stage(r, [0, 1])
-    assert packed.tolist() == [1, 1]  # bitpacked signs
+    assert packed.tolist() == [[1, 0, 0, 0, 0]] * 2  # bitpacked signs, byte planes
     assert not copies                 # no raw-layout tensors
     assert rb.q.tolist() == [1, 4]    # the two exponent planes go to the rANS kernel
     # the mantissa planes are read in place: their offset in the staged buffer

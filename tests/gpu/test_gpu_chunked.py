@@ -210,7 +210,9 @@ def test_large_tensors_load_in_chunks_within_the_workspace(writer: str, monkeypa
     blob = buf.getvalue()
     r = s4format.Reader(blob)
     assert sum(chunked.chunkable(r, i) for i in range(len(r.tensors))) >= 6
-    workspace = 24 * MIB
+    # under every split tensor's one-batch need (bf16 with a bitpack-w mantissa read in place:
+    # about 23 MiB)
+    workspace = 20 * MIB
     calls = []
     orig = chunked.load_large
 

@@ -72,6 +72,7 @@ def test_device_normalisation_equals_the_reference() -> None:
                 est = ranshost.HEADER_SIZE + ranshost.n_blocks(int(c.sum()), rans.LOG2_BLOCK_MAX)
             else:
                 est = ranshost.HEADER_SIZE
-            first = int(np.argmax(c > 0)) if k else 0
-            assert st[q].tolist() == [k, est, first, len(table)], q
+            # the first symbol present, and the last one (bitpack-w's width) above bit 16
+            ends = int(np.argmax(c > 0)) | (255 - int(np.argmax(c[::-1] > 0))) << 16 if k else 0
+            assert st[q].tolist() == [k, est, ends, len(table)], q
     del tables

@@ -74,3 +74,46 @@ extern "C" __global__ void rans_place(int njobs, const i64* first, const u64* sc
     const u8* src = (const u8*)scratch[lo] + (2 * (u64)(b - first[lo]) << log2_block);
     copy_bytes(src, (u8*)words[lo] + at, 2 * (u64)count[b]);
 }
+
+// Bitpack-w (codec 8): op i packs n[i] plane bytes at src[i] into w[i] bits each at dst[i],
+// one CTA per op (``runtime.pack_ops`` cuts long planes into pieces of whole 8-byte groups).
+// Eight plane bytes become w stored bytes, the little-endian integer sum(b_j << (w * j)); a
+// last group of m < 8 bytes stores ceil(m * w / 8) bytes, its unused high bits 0. A warp packs
+// 32 groups (one 8-byte load per lane) into shared memory, then stores their 32 w bytes as
+// 4-byte words (the destination 4-aligned, as payloads are) or, at the end, byte by byte.
+#define PACK_WARPS 8
+extern "C" __global__ void __launch_bounds__(32 * PACK_WARPS)
+pack_ops(const u64* src, const u64* dst, const u64* n, const u8* w) {
+    __shared__ __align__(16) u8 stage[PACK_WARPS][32 * 8];
+    const u8* s = (const u8*)src[blockIdx.x];
+    u8* d = (u8*)dst[blockIdx.x];
+    const u64 len = n[blockIdx.x];
+    const u32 wd = w[blockIdx.x];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const bool vec = ((u64)s & 7) == 0, words = ((u64)d & 3) == 0;
+    u8* st = stage[warp];
+    for (u64 g0 = 32 * (u64)warp; 8 * g0 < len; g0 += 32 * PACK_WARPS) {
+        const u64 g = g0 + lane;
+        const u64 left = 8 * g < len ? len - 8 * g : 0;
+        const u32 m = left < 8 ? (u32)left : 8;
+        u64 v = 0;
+        if (m == 8 && vec) {
+            v = ((const u64*)s)[g];
+        } else {
+            for (u32 j = 0; j < m; j++) v |= (u64)s[8 * g + j] << (8 * j);
+        }
+        u64 acc = 0;
+        for (u32 j = 0; j < 8; j++) acc |= ((v >> (8 * j)) & 0xFFu) << (wd * j);
+        for (u32 b = 0; b < wd; b++) st[lane * wd + b] = (u8)(acc >> (8 * b));
+        __syncwarp();
+        const u64 rest = len - 8 * g0;  // plane bytes from this round on
+        u8* o = d + g0 * wd;
+        if (rest >= 256 && words) {
+            for (u32 i = lane; i < 8 * wd; i += 32) ((u32*)o)[i] = ((const u32*)st)[i];
+        } else {
+            const u32 nb = rest >= 256 ? 32 * wd : (u32)((rest * wd + 7) / 8);
+            for (u32 i = lane; i < nb; i += 32) o[i] = st[i];
+        }
+        __syncwarp();
+    }
+}

@@ -9,8 +9,9 @@
 // split_hist: both at once (a group that needs no sizing: one tensor alone, or a window that
 // fits the workspace whatever its planes take). One template (split_impl), the histograms and
 // the stores switched at compile time.
-// merge: the inverse; it reads the sign plane as packed bits or as bytes and flags any plane
-// byte with bits outside its field (spec: merge MUST reject those).
+// merge: the inverse; it reads the sign plane as packed bits or as bytes, every other plane as
+// bytes or as bitpack-w's w-bit values (codec 8: eight values in w stored bytes), and flags any
+// plane byte with bits outside its field (spec: merge MUST reject those).
 //
 // Every thread handles 8 consecutive elements, so its sign bits are exactly one stored byte and
 // its plane bytes one 8-byte store. Words are read and written as integers, never as floats
@@ -123,9 +124,35 @@ __device__ __forceinline__ u64 load8(const u8* p, i64 e, int m) {
     return v;
 }
 
+// 8 values of a bitpack-w plane of width w (1..7) at element e (a multiple of 8; m valid, the
+// rest 0) as 8 bytes: the group's ceil(m * w / 8) stored bytes, unpacked. The padding bits of
+// the last byte are the host's to check.
+__device__ __forceinline__ u64 unpack8(const u8* p, i64 e, int m, u32 w) {
+    const u8* g = p + (e >> 3) * w;
+    u64 acc = 0;
+    if (m == 8) {
+        // the aligned 4-byte words that hold the group's w bytes (only those: none past its
+        // last byte), shifted into place
+        const u32* q = (const u32*)((u64)g & ~(u64)3);
+        const u32 sh = 8 * (u32)((u64)g & 3);
+        acc = (u64)q[0] >> sh;
+        if (sh + 8 * w > 32) acc |= (u64)q[1] << (32 - sh);
+        if (sh + 8 * w > 64) acc |= (u64)q[2] << (64 - sh);
+    } else {
+        const u32 nb = (m * w + 7) / 8;
+        for (u32 b = 0; b < nb; b++) acc |= (u64)g[b] << (8 * b);
+    }
+    const u64 mask = (1ull << w) - 1;
+    u64 v = 0;
+    for (int j = 0; j < m; j++) v |= ((acc >> (w * j)) & mask) << (8 * j);
+    return v;
+}
+
+// width[s*5 + k]: plane k's stored form; the sign plane (k = 0): 1 packed bits, 0 bytes; the
+// others: 0 bytes, w = bitpack-w of width w
 template <int L>
 __device__ void merge_impl(const int* chunk_seg, const i64* chunk_start, const u64* dst,
-                           const i64* nelem, const u64* planes, const u8* sign_packed,
+                           const i64* nelem, const u64* planes, const u8* width,
                            int* errors) {
     typedef typename Lay<L>::W W;
     constexpr int NP = Lay<L>::NP;
@@ -138,7 +165,9 @@ __device__ void merge_impl(const int* chunk_seg, const i64* chunk_start, const u
     const u8* sign = (const u8*)planes[seg * 5];
     const u8* pl[NP];
     for (int k = 0; k < NP; k++) pl[k] = (const u8*)planes[seg * 5 + 1 + k];
-    const bool packed_sign = sign_packed[seg] != 0;
+    const bool packed_sign = width[seg * 5] != 0;
+    u32 wd[NP];
+    for (int k = 0; k < NP; k++) wd[k] = width[seg * 5 + 1 + k];
     const bool vec = ((u64)out & 15) == 0;
     u64 bad = 0;
     for (i64 e0 = c0 + 8 * (i64)threadIdx.x; e0 < c1; e0 += G * 8 * SPLIT_THREADS) {
@@ -150,7 +179,9 @@ __device__ void merge_impl(const int* chunk_seg, const i64* chunk_start, const u
             m[g] = e >= c1 ? 0 : (c1 - e < 8 ? (int)(c1 - e) : 8);
             if (packed_sign) sv[g] = m[g] ? sign[e >> 3] : 0;
             else sv[g] = load8(sign, e, m[g]);
-            for (int k = 0; k < NP; k++) v[g][k] = load8(pl[k], e, m[g]);
+            for (int k = 0; k < NP; k++)
+                v[g][k] = m[g] == 0 ? 0 : (wd[k] ? unpack8(pl[k], e, m[g], wd[k])
+                                                 : load8(pl[k], e, m[g]));
         }
 #pragma unroll
         for (int g = 0; g < G; g++) {

@@ -242,7 +242,8 @@ __device__ __forceinline__ T warp_scan(T v, int lane) {
 // For the host, which then needs no histogram or table (32 bytes per plane instead of 3 KiB):
 // the u64 row stats + 4 q = [symbols present, the rANS size estimate (ranshost.estimate_many,
 // sbits = ranshost.SYMBOL_BITS: the bit costs summed in symbol order, one addition at a time),
-// the first symbol present, the frequency table's size T], and the table's T bytes
+// the first symbol present | the last one << 16 (bitpack-w's width), the frequency table's
+// size T], and the table's T bytes
 // (rans.table_bytes) at tbytes + TABLE_STRIDE q, for the assembly to copy into the stream.
 #define TABLE_STRIDE 544  // 32 + 2 * 256: the largest frequency table
 extern "C" __global__ void __launch_bounds__(256)
@@ -305,9 +306,11 @@ rans_normalise(const u64* hist, const u64* ones, const i64* n, const double* sbi
     if (s == 0) {
         const u32 tsize = 32 + 2 * (u32)k + 2 * (u32)(k & 1);
         if (k & 1) ((u16*)(tb + 32))[k] = 0;
-        u32 sym0 = 0;
+        u32 sym0 = 0, top = 0;
         for (int i = 7; i >= 0; i--)
             if (wpres[i]) sym0 = 32 * i + __ffs(wpres[i]) - 1;
+        for (int i = 0; i < 8; i++)
+            if (wpres[i]) top = 32 * i + 31 - __clz(wpres[i]);
         u64 est = 12;
         if (k == 1) {
             est = 12 + ((total + (1ull << 20) - 1) >> 20);  // CONST, 2^20-symbol blocks
@@ -320,7 +323,7 @@ rans_normalise(const u64* hist, const u64* ones, const i64* n, const double* sbi
         }
         stats[4 * (u64)q] = k;
         stats[4 * (u64)q + 1] = est;
-        stats[4 * (u64)q + 2] = sym0;
+        stats[4 * (u64)q + 2] = sym0 | (top << 16);
         stats[4 * (u64)q + 3] = tsize;
     }
 }
