@@ -133,9 +133,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "longer chain: the parent first, then its parent, down to the base")
     p.set_defaults(func=cmd_verify)
     p = sub.add_parser("conformance", help="run the conformance vectors against a reader",
-                       description="Run every vector of the conformance suite against this "
-                                   "reader (default) or an external one; prints a pass/fail "
-                                   "table, exit status 1 on any failure.")
+                       description="Run every vector of the conformance suites (v1 and "
+                                   "v1.1) against this reader (default) or an external one; "
+                                   "prints a pass/fail table, exit status 1 on any failure.")
     conformance.add_arguments(p)
     p.set_defaults(func=conformance.main)
     return ap

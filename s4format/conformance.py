@@ -1,6 +1,7 @@
-"""The conformance runner: every vector of a suite (``conformance/v1/manifest.json``) against our
-reader in-process, or against an external reader through the protocol of
-``conformance/README.md``; ``--device cuda`` adds GPU round trips (the AMI-build gate).
+"""The conformance runner: every vector of the suites (``conformance/v1/manifest.json``, format
+1.0, and ``conformance/v1.1/manifest.json``, what 1.1 adds) against our reader in-process, or
+against an external reader through the protocol of ``conformance/README.md``; ``--device cuda``
+adds GPU round trips (the AMI-build gate).
 
 Valid vectors must decode to the manifest's tensors (name, dtype, shape, SHA-256 of the raw
 bytes) and object tree; must-fail vectors must be rejected with the manifest's error class
@@ -32,6 +33,8 @@ from s4format.reader import Reader
 from s4format.verify import verify
 
 DEFAULT_SUITE = Path(__file__).resolve().parent.parent / "conformance" / "v1"
+# What a reader of format 1.1 passes: format 1.0's frozen suite and the one 1.1 added.
+DEFAULT_SUITES = (DEFAULT_SUITE, DEFAULT_SUITE.parent / "v1.1")
 DEFAULT_TIMEOUT = 60.0
 ERROR_CLASSES = frozenset(n for n in dir(errors) if n.endswith("Error"))
 
@@ -317,20 +320,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="cuda: also decode every valid vector on the GPU and round-trip the "
                         "adversarial sets through the GPU encoder; fails if the GPU path "
                         "cannot run")
-    p.add_argument("--suite", type=Path, default=DEFAULT_SUITE,
-                   help=f"folder with manifest.json and the vectors (default {DEFAULT_SUITE})")
+    p.add_argument("--suite", type=Path, action="append",
+                   help="folder with manifest.json and the vectors; repeatable (default: "
+                        f"{' and '.join(str(s) for s in DEFAULT_SUITES)})")
     p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT,
                    help="seconds per vector for an external reader")
 
 
 def main(args: argparse.Namespace) -> int:
     who = f"external reader {args.reader!r}" if args.reader else "s4format (CPU, in-process)"
-    results = run_suite(args.suite, args.reader, args.timeout)
-    print_table(results, f"conformance {args.suite} against {who}")
-    failed = any(not r.passed for r in results)
+    suites = args.suite or DEFAULT_SUITES
+    failed = False
+    for suite in suites:
+        results = run_suite(suite, args.reader, args.timeout)
+        print_table(results, f"conformance {suite} against {who}")
+        failed = failed or any(not r.passed for r in results)
     if args.device == "cuda":
         try:
-            gpu_results = run_gpu(args.suite)
+            gpu_results = [r for suite in suites for r in run_gpu(suite)]
         except GpuUnavailable as exc:
             print(f"\nFAIL: --device cuda requested but the GPU path cannot run: {exc}",
                   file=sys.stderr)

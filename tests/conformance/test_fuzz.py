@@ -33,10 +33,11 @@ from s4format.objtree import TensorRef
 
 TIME_BOUND = 2.0
 MEMORY_BASE = 64 << 20
-# The valid vectors small enough to mutate quickly.
-SEEDS = sorted({v["file"] for v in json.loads((generate.SUITE / "manifest.json").read_text())
+# The valid vectors of every suite small enough to mutate quickly, as "suite/file".
+SEEDS = sorted({f"{suite}/{v['file']}" for suite in generate.SUITES
+                for v in json.loads((generate.ROOT / suite / "manifest.json").read_text())
                 ["vectors"] if v["expect"] == "valid"
-                and (generate.SUITE / v["file"]).stat().st_size <= 48 << 10})
+                and (generate.ROOT / suite / v["file"]).stat().st_size <= 48 << 10})
 SETTINGS = settings(max_examples=300, deadline=None, derandomize=True,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
@@ -74,7 +75,7 @@ def check_bounded(blob: bytes) -> None:
 
 
 def seed_bytes(name: str) -> bytes:
-    return (generate.SUITE / name).read_bytes()
+    return (generate.ROOT / name).read_bytes()
 
 
 @st.composite
@@ -170,27 +171,27 @@ def test_field_mutations_are_answered_within_bounds(blob: bytes) -> None:
 
 
 def small_multi_codec_file() -> bytes:
-    """~2 KiB: bitpack, rANS (RANS and CONST), GDeflate and raw planes, a tree, metadata (zstd
-    is covered by the byte mutations; a frame small enough here would not pay)."""
+    """~2 KiB: bitpack, rANS (RANS and CONST), GDeflate, bitpack-w and raw planes, a tree,
+    metadata (zstd is covered by the byte mutations; a frame small enough here would not pay)."""
     n = 600
     w = generate.weights_bf16(90, n).view(np.uint8).copy()
     g = np.zeros(400, np.uint8)
     g[::7] = 3
     tensors = [
         generate.TensorSpec("w", "bfloat16", (n,), w, generate.force(
-            w, "bfloat16", layouts.BF16, [codecs.BITPACK, RansCodec(10), codecs.RAW])),
+            w, "bfloat16", layouts.BF16, [codecs.BITPACK, RansCodec(10), generate.bitpack_w(7)])),
         generate.TensorSpec("g", "uint8", (400,), g, generate.force(
             g, "uint8", layouts.RAW, [codecs.get(codecs.GDEFLATE)])),
         generate.TensorSpec("c", "int16", (40,), np.full(80, 9, np.uint8), generate.force(
             np.full(80, 9, np.uint8), "int16", layouts.BYTES, [RansCodec(5), codecs.RAW])),
     ]
     tree = {"w": TensorRef(0), "rest": [TensorRef(1), (TensorRef(2), 1.5, None)]}
-    assert {p.codec for t in tensors for p in t.coded.planes} == {1, 2, 4, 5}
-    return generate.write_file(tensors, tree, metadata={"k": "v"})
+    assert {p.codec for t in tensors for p in t.coded.planes} == {1, 2, 4, 5, 8}
+    return generate.write_file(tensors, tree, metadata={"k": "v"}, policy=generate.POLICY_1_1)
 
 
 def test_every_single_damaged_byte_is_detected() -> None:
-    for blob in (seed_bytes("appendix_a.s4w"), small_multi_codec_file()):
+    for blob in (seed_bytes("v1/appendix_a.s4w"), small_multi_codec_file()):
         assert read_everything(blob)
         missed = [(i, x) for i in range(len(blob)) for x in (0x01, 0xFF)
                   if read_everything(blob[:i] + bytes([blob[i] ^ x]) + blob[i + 1:])]

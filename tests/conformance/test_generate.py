@@ -16,34 +16,60 @@ pytestmark = pytest.mark.skipif(
 
 
 @pytest.fixture(scope="module")
-def rendered() -> dict[str, bytes]:
-    return generate.render(generate.all_vectors())
+def rendered() -> dict[str, dict[str, bytes]]:
+    """Suite folder name -> its rendered files."""
+    return {name: generate.render(vectors(), name)
+            for name, (_version, vectors) in generate.SUITES.items()}
 
 
-def test_committed_vectors_are_byte_identical(rendered: dict[str, bytes]) -> None:
-    committed = {p.name for p in generate.SUITE.iterdir()}
-    assert committed == set(rendered), "vector files missing from or extra in conformance/v1"
-    differ = [n for n, data in rendered.items() if (generate.SUITE / n).read_bytes() != data]
+@pytest.mark.parametrize("suite", list(generate.SUITES))
+def test_committed_vectors_are_byte_identical(rendered, suite: str) -> None:
+    folder = generate.ROOT / suite
+    committed = {p.name for p in folder.iterdir()}
+    assert committed == set(rendered[suite]), f"vector files missing from or extra in {folder}"
+    differ = [n for n, data in rendered[suite].items() if (folder / n).read_bytes() != data]
     assert differ == [], f"regenerated vectors differ from the committed ones: {differ}"
 
 
-def test_suite_is_within_its_size_budget(rendered: dict[str, bytes]) -> None:
-    assert sum(map(len, rendered.values())) < generate.SIZE_BUDGET
+def test_suites_are_within_their_size_budget(rendered) -> None:
+    assert sum(len(data) for files in rendered.values() for data in files.values()) \
+        < generate.SIZE_BUDGET
 
 
-def test_manifest_is_complete(rendered: dict[str, bytes]) -> None:
-    vectors = json.loads(rendered["manifest.json"])["vectors"]
+@pytest.mark.parametrize("suite", list(generate.SUITES))
+def test_manifest_is_complete(rendered, suite: str) -> None:
+    manifest = json.loads(rendered[suite]["manifest.json"])
+    assert (manifest["suite"], manifest["version"]) == (suite, generate.SUITES[suite][0])
     names = {n for n in dir(errors) if n.endswith("Error")}
-    for v in vectors:
-        assert v["file"] in rendered and v["description"] and v["rules"] is not None, v["id"]
+    for v in manifest["vectors"]:
+        assert v["file"] in rendered[suite] and v["description"] and v["rules"] is not None, \
+            v["id"]
         if v["expect"] == "valid":
             assert all(len(t["sha256"]) == 64 for t in v["tensors"]), v["id"]
         else:
             assert v["expect"] == "error" and v["error"] in names, v["id"]
         if "parent" in v:
-            assert v["parent"] in rendered, v["id"]
-    kinds = {v["expect"] for v in vectors}
+            assert v["parent"] in rendered[suite], v["id"]
+    kinds = {v["expect"] for v in manifest["vectors"]}
     assert kinds == {"valid", "error"}
+
+
+def test_suites_do_not_share_ids(rendered) -> None:
+    ids = [v["id"] for files in rendered.values()
+           for v in json.loads(files["manifest.json"])["vectors"]]
+    assert len(ids) == len(set(ids))
+
+
+def test_v1_is_format_1_0_and_v1_1_adds_codec_8(rendered) -> None:
+    """A 1.0 reader passes v1: no v1 vector declares a later minor (except the one that tests
+    minor 9) or uses codec 8; every v1.1 vector that names a codec uses bitpack-w."""
+    v1 = json.loads(rendered["v1"]["manifest.json"])["vectors"]
+    assert not [v["id"] for v in v1 if "bitpack-w" in v["codecs"]]
+    minors = {v["id"]: rendered["v1"][v["file"]][10] for v in v1
+              if len(rendered["v1"][v["file"]]) >= 72 and v["expect"] == "valid"}
+    assert {k: m for k, m in minors.items() if m} == {"minor_version_9": 9}
+    v11 = json.loads(rendered["v1.1"]["manifest.json"])["vectors"]
+    assert all("bitpack-w" in v["codecs"] for v in v11)
 
 
 def test_refuses_to_overwrite_changed_vectors(tmp_path, rendered) -> None:
@@ -53,4 +79,13 @@ def test_refuses_to_overwrite_changed_vectors(tmp_path, rendered) -> None:
         generate.write_suite(tmp_path)
     assert (tmp_path / "appendix_a.s4w").read_bytes() == b"changed"
     generate.write_suite(tmp_path, force=True)
-    assert (tmp_path / "appendix_a.s4w").read_bytes() == rendered["appendix_a.s4w"]
+    assert (tmp_path / "appendix_a.s4w").read_bytes() == rendered["v1"]["appendix_a.s4w"]
+
+
+def test_cli_writes_one_suite_into_out(tmp_path, capsys, rendered) -> None:
+    assert generate.main(["--suite", "v1.1", "--out", str(tmp_path)]) == 0
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == rendered["v1.1"]
+    n = len(json.loads(rendered["v1.1"]["manifest.json"])["vectors"])
+    assert f"{tmp_path}: {n} vectors" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        generate.main(["--out", str(tmp_path)])

@@ -12,26 +12,37 @@ import pytest
 from s4format import conformance
 
 SUITE = conformance.DEFAULT_SUITE
+SUITE_1_1 = SUITE.parent / "v1.1"
 REFERENCE = f"{sys.executable} {SUITE.parent / 'reference_reader.py'}"
 
 
-def _manifest_subset(tmp_path: Path, ids: list[str]) -> Path:
+def _manifest_subset(tmp_path: Path, ids: list[str], suite: Path = SUITE) -> Path:
     """A suite folder with only the vectors ``ids`` (files linked from the real suite)."""
-    manifest = conformance.load_manifest(SUITE)
+    manifest = conformance.load_manifest(suite)
     manifest["vectors"] = [v for v in manifest["vectors"] if v["id"] in ids]
     for v in manifest["vectors"]:
         for name in filter(None, (v["file"], v.get("parent"))):
             if not (tmp_path / name).exists():
-                (tmp_path / name).symlink_to(SUITE / name)
+                (tmp_path / name).symlink_to(suite / name)
     (tmp_path / "manifest.json").write_text(json.dumps(manifest))
     return tmp_path
 
 
-def test_every_vector_passes_on_the_cpu_reader() -> None:
-    results = conformance.run_suite(SUITE)
+@pytest.mark.parametrize(("suite", "least"), [(SUITE, 150), (SUITE_1_1, 15)])
+def test_every_vector_passes_on_the_cpu_reader(suite: Path, least: int) -> None:
+    results = conformance.run_suite(suite)
     failed = [f"{r.id}: {r.got} ({r.detail})" for r in results if not r.passed]
     assert failed == []
-    assert len(results) == len(conformance.load_manifest(SUITE)["vectors"]) > 150
+    assert len(results) == len(conformance.load_manifest(suite)["vectors"]) > least
+
+
+def test_default_suites_are_v1_and_v1_1(monkeypatch) -> None:
+    ran = []
+    monkeypatch.setattr(conformance, "run_suite", lambda suite, *_args: ran.append(suite) or [])
+    monkeypatch.setattr(conformance, "print_table", lambda *_args: None)
+    args = argparse.Namespace(reader=None, device="cpu", suite=None, timeout=10.0)
+    assert conformance.main(args) == 0
+    assert ran == [SUITE, SUITE_1_1]
 
 
 def test_reference_reader_through_the_protocol(tmp_path: Path) -> None:
@@ -42,6 +53,15 @@ def test_reference_reader_through_the_protocol(tmp_path: Path) -> None:
         ("tree_all_tags", True, "valid"), ("delta_child", True, "valid"),
         ("major_2", True, "rejected UnsupportedVersionError"),
         ("delta_parent_missing", True, "rejected ParentMismatchError")]
+
+
+def test_reference_reader_decodes_codec_8(tmp_path: Path) -> None:
+    suite = _manifest_subset(tmp_path, ["bitpackw_spec_examples", "bitpackw_padding_low"],
+                             SUITE_1_1)
+    results = conformance.run_suite(suite, REFERENCE, timeout=120)
+    assert [(r.id, r.passed, r.got) for r in results] == [
+        ("bitpackw_spec_examples", True, "valid"),
+        ("bitpackw_padding_low", True, "rejected CodecError")]
 
 
 def test_runner_catches_bad_external_readers(tmp_path: Path) -> None:
@@ -76,7 +96,7 @@ def test_cuda_gate_fails_loudly_without_the_gpu_path(capsys) -> None:
     gpu = pytest.importorskip("s4weights.gpu")
     if gpu.available():
         pytest.skip("a GPU is present: the gate runs for real (see --device cuda)")
-    args = argparse.Namespace(reader=None, device="cuda", suite=SUITE, timeout=10.0)
+    args = argparse.Namespace(reader=None, device="cuda", suite=[SUITE], timeout=10.0)
     assert conformance.main(args) == 1
     err = capsys.readouterr().err
     assert "FAIL: --device cuda requested but the GPU path cannot run" in err

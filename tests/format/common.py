@@ -9,9 +9,9 @@ from typing import Any
 import numpy as np
 
 import s4format
-from s4format import Reader, Tensor, TensorRef, Typed
+from s4format import Reader, Tensor, TensorRef, Typed, policy
 
-POLICIES = ("auto", "seed")
+POLICIES = policy.POLICIES
 
 
 def small_tree() -> OrderedDict:

@@ -11,7 +11,8 @@ from construct import ConstructError
 
 from s4format.schema import FOOTER_SIZE, Footer, Index, compiled_index
 
-VECTORS = sorted((Path(__file__).parents[2] / "conformance" / "v1").glob("*.s4w"))
+SUITES = Path(__file__).parents[2] / "conformance"
+VECTORS = sorted(SUITES.glob("v1/*.s4w")) + sorted(SUITES.glob("v1.1/*.s4w"))
 
 
 def _index(blob: bytes) -> bytes | None:
@@ -52,7 +53,7 @@ def test_extension_data_cut_short_is_refused() -> None:
     import s4format
     from conformance import craft
 
-    blob = (VECTORS[0].parent / "extension_optional.s4w").read_bytes()
+    blob = (SUITES / "v1" / "extension_optional.s4w").read_bytes()
     parts = craft.parse(blob)
     index = craft.index_bytes(parts.index)
     s4format.Reader(craft.build(parts, index=index))  # as crafted: opens

@@ -1,0 +1,159 @@
+"""The codec policies (spec/codecs.md, "Choosing codecs"): bitpack-w's 1/65 preference under
+``auto``, ``auto-1.0`` as format 1.0 had it, and the format version each policy declares."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+
+import s4format
+from s4format import Reader, Writer, codecs, dtypes, hashing, layouts, policy
+from s4format.policy import encode_plane, prefer_packed
+from s4format.writer import CodedPlane, CodedTensor
+
+RANS, ZSTD, GDEFLATE = codecs.RANS, codecs.ZSTD, codecs.GDEFLATE
+BITPACK, BITPACK_W = codecs.BITPACK, codecs.BITPACK_W
+
+
+def near_uniform_7bit(n: int = 1 << 16) -> np.ndarray:
+    """7-bit bytes, uniform except that 30% are drawn from the lower half: rANS stores about
+    0.2% less than bitpack-w's 7 bits per byte."""
+    rng = np.random.default_rng(11)
+    low = rng.random(n) < 0.3
+    return np.where(low, rng.integers(0, 64, n), rng.integers(0, 128, n)).astype(np.uint8)
+
+
+def test_near_uniform_7bit_plane_is_bitpack_w_though_rans_is_a_little_smaller() -> None:
+    plane = near_uniform_7bit()
+    packed = codecs.get(BITPACK_W).estimate(plane)
+    rans = codecs.get(RANS).estimate(plane)
+    assert packed == 7 * plane.size // 8
+    assert 0.001 < (packed - rans) / packed < 1 / 65  # rANS wins by about 0.2%: not enough
+    cid, enc = encode_plane(plane, layouts.KIND_MANTISSA, "auto")
+    assert (cid, enc.params, enc.nbytes) == (BITPACK_W, b"\x07", packed)
+    assert encode_plane(plane, layouts.KIND_MANTISSA, "auto-1.0")[0] == RANS
+
+
+def test_skewed_7bit_plane_stays_rans() -> None:
+    rng = np.random.default_rng(12)
+    plane = np.minimum(rng.geometric(0.2, 1 << 16), 127).astype(np.uint8)
+    plane[0] = 127  # bitpack-w applies, at 7 bits
+    cid, enc = encode_plane(plane, layouts.KIND_MANTISSA, "auto")
+    assert cid == RANS and enc.nbytes < 0.6 * codecs.get(BITPACK_W).estimate(plane)
+
+
+@pytest.mark.parametrize("kind", [layouts.KIND_BYTE, layouts.KIND_RAW])
+def test_zero_one_planes_stay_bitpack(kind: int) -> None:
+    plane = np.random.default_rng(13).integers(0, 2, 5000, dtype=np.uint8)
+    assert encode_plane(plane, kind, "auto")[0] == BITPACK
+
+
+def test_sign_planes_never_use_bitpack_w() -> None:
+    plane = np.random.default_rng(14).integers(0, 2, 5000, dtype=np.uint8)
+    assert encode_plane(plane, layouts.KIND_SIGN, "auto")[0] == BITPACK
+    assert BITPACK_W not in policy._AUTO[layouts.KIND_SIGN]
+
+
+@pytest.mark.parametrize(("ranked", "want"), [
+    # 64 * 65 <= 65 * 64: saving exactly 1/65 is not enough, bitpack-w moves to the front
+    ([(64, RANS), (65, BITPACK_W)], [(65, BITPACK_W), (64, RANS)]),
+    # 64 * 65 > 65 * 63: rANS saves more than 1/65 and keeps its place
+    ([(63, RANS), (65, BITPACK_W)], [(63, RANS), (65, BITPACK_W)]),
+    ([(6400, ZSTD), (6401, GDEFLATE), (6500, BITPACK_W), (7000, RANS)],
+     [(6500, BITPACK_W), (6400, ZSTD), (6401, GDEFLATE), (7000, RANS)]),
+    # a codec other than an entropy coder ahead of it (bitpack: a 0/1 plane) keeps the order
+    ([(10, BITPACK), (10, BITPACK_W), (10, RANS)], [(10, BITPACK), (10, BITPACK_W), (10, RANS)]),
+    ([(9, RANS), (10, BITPACK), (10, BITPACK_W)], [(9, RANS), (10, BITPACK), (10, BITPACK_W)]),
+    ([(5, BITPACK_W), (6, RANS)], [(5, BITPACK_W), (6, RANS)]),
+    ([(5, RANS), (6, ZSTD)], [(5, RANS), (6, ZSTD)]),
+    ([], []),
+])
+def test_prefer_packed_applies_the_1_in_65_rule(ranked, want) -> None:
+    assert prefer_packed(ranked) == want
+
+
+def bf16_weights(n: int = 8192) -> np.ndarray:
+    """bf16 bit patterns of N(0, 0.02) weights: a uniform-looking 7-bit mantissa plane."""
+    w = np.random.default_rng(15).normal(0, 0.02, n).astype("<f4")
+    return (w.view("<u4") >> 16).astype("<u2")
+
+
+def plane_codecs(blob: bytes) -> dict[str, int]:
+    with Reader(blob) as r:
+        return {p.label: p.codec for p in r.tensors[0].planes}
+
+
+def test_default_writer_declares_1_1_and_packs_the_bf16_mantissa() -> None:
+    bits = bf16_weights()
+    blob = s4format.dumps({"w": bits.view(np.uint8)}, policy="auto")
+    assert blob[8:12] == b"\x01\x00\x01\x00"
+    buf = io.BytesIO()
+    with Writer(buf) as w:
+        w.add("w", s4format.Tensor(dtypes.by_name("bfloat16"), bits.shape, bits.view(np.uint8)))
+    blob = buf.getvalue()
+    with Reader(blob) as r:
+        assert (r.header.major, r.header.minor) == (1, 1)
+        assert r.read_raw(0).tobytes() == bits.tobytes()
+    assert plane_codecs(blob) == {"sign": BITPACK, "exponent": RANS, "mantissa0": BITPACK_W}
+
+
+def test_auto_1_0_declares_1_0_and_never_uses_codec_8() -> None:
+    bits = bf16_weights()
+    buf = io.BytesIO()
+    with Writer(buf, policy="auto-1.0") as w:
+        w.add("w", s4format.Tensor(dtypes.by_name("bfloat16"), bits.shape, bits.view(np.uint8)))
+        w.add("u", s4format.Tensor(dtypes.by_name("uint8"), (5000,),
+                                   (np.arange(5000) % 100).astype(np.uint8)))
+    blob = buf.getvalue()
+    with Reader(blob) as r:
+        assert (r.header.major, r.header.minor) == (1, 0)
+        assert r.read_raw(0).tobytes() == bits.tobytes()
+        assert BITPACK_W not in {p.codec for t in r.tensors for p in t.planes}
+        assert s4format.verify(r) == []
+
+
+@pytest.mark.parametrize(("name", "minor"), [("auto", 1), ("seed", 1), ("auto-1.0", 0)])
+def test_format_minor_of_each_policy(name: str, minor: int) -> None:
+    assert policy.format_minor(name) == minor
+    assert s4format.dumps({}, policy=name)[10] == minor
+    assert policy.CODECS_OF_MINOR[minor] >= {1, 2, 3, 4, 5, 6}
+    assert (BITPACK_W in policy.CODECS_OF_MINOR[minor]) == (minor == 1)
+    assert 7 not in policy.CODECS_OF_MINOR[minor]
+
+
+def packed_tensor() -> tuple[CodedTensor, bytes]:
+    plane = (np.arange(100) % 128).astype(np.uint8)
+    enc = codecs.get(BITPACK_W).encode(plane)
+    cp = CodedPlane(layouts.KIND_RAW, 0, BITPACK_W, plane.size, bytes(enc.payload), enc.params)
+    return CodedTensor(layouts.RAW, (cp,)), hashing.content_hash(plane)
+
+
+def test_auto_1_0_writer_refuses_a_precoded_codec_8_plane() -> None:
+    coded, content_hash = packed_tensor()
+    with Writer(io.BytesIO(), policy="auto-1.0") as w, \
+            pytest.raises(ValueError, match=r"tensor 'p' uses codec IDs \[8\], which format 1\.0 "
+                                            r"\(policy 'auto-1\.0'\) does not define"):
+        w.add_coded("p", dtypes.by_name("uint8"), (100,), coded, content_hash)
+
+
+@pytest.mark.parametrize("name", ["auto", "seed"])
+def test_1_1_writers_accept_a_precoded_codec_8_plane(name: str) -> None:
+    coded, content_hash = packed_tensor()
+    buf = io.BytesIO()
+    with Writer(buf, policy=name) as w:
+        w.add_coded("p", dtypes.by_name("uint8"), (100,), coded, content_hash)
+    with Reader(buf.getvalue()) as r:
+        assert r.read_raw(0).tobytes() == (np.arange(100) % 128).astype(np.uint8).tobytes()
+
+
+def test_reader_reads_1_0_and_1_1_files_alike() -> None:
+    tree = {"w": bf16_weights().view(np.uint8), "x": np.linspace(-1, 1, 3000).astype("<f4")}
+    blobs = [s4format.dumps(tree, policy=p) for p in ("auto", "auto-1.0")]
+    assert [b[10] for b in blobs] == [1, 0]
+    for blob in blobs:
+        with Reader(blob) as r:
+            got = r.load()
+            assert s4format.verify(r) == []
+        assert all(got[k].data.tobytes() == v.tobytes() for k, v in tree.items())
