@@ -28,10 +28,11 @@ _AUTO = {
                        codecs.GDEFLATE),
 }
 # The entropy coders (rANS, zstd, GDeflate) must beat bitpack-w by more than this share of its
-# size to be chosen over it: bitpack-w codes and decodes at memory speed, and a 7-bit mantissa
-# plane of trained weights is within about 0.2% of its order-0 entropy (bench/RESULTS.md), so
-# rANS would cost a full entropy-coding pass for that. As integers: bitpack-w's size s wins
-# against an estimate e when 64 * s <= 65 * e.
+# size to be chosen over it: bitpack-w codes and decodes at memory speed, and rANS stores the
+# 7-bit mantissa plane of weights only about 0.2% below 7 bits per byte (bench/RESULTS.md,
+# session 9), a full entropy-coding pass for that. As integers: bitpack-w's size s wins against
+# an estimate e when 64 * s <= 65 * e. (A plane of 0s and 1s whose kind has no bitpack
+# candidate, such as an exponent plane, gets bitpack-w at w = 1: bitpack's bytes, codec 8.)
 PACKED_SLACK = (64, 65)
 _ENTROPY = frozenset((codecs.RANS, codecs.ZSTD, codecs.GDEFLATE))
 # On the CPU GDeflate codes about 6x slower than zstd and rarely smaller (bench/RESULTS.md),
