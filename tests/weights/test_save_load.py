@@ -116,12 +116,17 @@ def test_metadata_is_stored_with_the_producer(tmp_path: Path) -> None:
         assert r.metadata["torch"] == str(torch.__version__)
 
 
-@pytest.mark.parametrize("policy", ["auto", "seed"])
-def test_both_policies_round_trip(policy: str) -> None:
+@pytest.mark.parametrize("policy", ["auto", "seed", "auto-1.0"])
+def test_every_policy_round_trips(policy: str) -> None:
     state = {"w": torch.randn(64, 64), "h": torch.randn(4096).to(torch.bfloat16)}
     buf = io.BytesIO()
     s4weights.save(state, buf, policy=policy)
     assert_same(s4weights.load(buf.getvalue()), state)
+    r = s4format.Reader(buf.getvalue())
+    packed = any(p.codec == s4format.codecs.BITPACK_W for t in r.tensors for p in t.planes)
+    # auto bit-packs the 7-bit mantissa planes (format 1.1); auto-1.0 writes a 1.0 file
+    assert (r.version, packed) == {"auto": ((1, 1), True), "seed": ((1, 1), False),
+                                   "auto-1.0": ((1, 0), False)}[policy]
 
 
 def test_unknown_policy_is_refused() -> None:
