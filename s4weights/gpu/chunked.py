@@ -511,6 +511,20 @@ class _Level:
 
 
 def load_large(reader, i: int, out: torch.Tensor, workspace: int) -> None:
+    """:func:`_load_large`, failing as the CPU reader would: a stream or form failure is
+    reported for the first plane that fails in the CPU reader's order (the host checks forms
+    and stream headers before the device finds corrupt blocks), by re-reading the tensor on
+    the CPU, on this error path only."""
+    from s4weights.gpu import decode
+
+    try:
+        _load_large(reader, i, out, workspace)
+    except CodecError as exc:
+        decode.raise_as_cpu(reader, i, exc)
+        raise
+
+
+def _load_large(reader, i: int, out: torch.Tensor, workspace: int) -> None:
     """Decode tensor i into ``out`` (its raw bytes, flat uint8 on the current device) chunk by
     chunk, each chunk's device memory under ``workspace`` (at least one chunk of
     ``LOAD_ALIGN`` bytes). Every plane's checksum is verified (on the host, where its stored

@@ -266,15 +266,27 @@ def _read_aligned(reader: Reader, idx: list[int], outs: list[torch.Tensor]) -> l
         at = getattr(exc, "s4_tensor", None)
         if at is None or at[0] is not reader or at[1] not in idx:
             raise
-        for i in idx[:idx.index(at[1]) + 1]:
+        for i in idx[:idx.index(at[1])]:
             try:
                 reader.read_raw(i)
             except S4Error as first:
-                if i == at[1] and _plane_named(reader, i, exc) is not None \
-                        and _plane_named(reader, i, first) == _plane_named(reader, i, exc):
-                    raise exc from None
                 raise _about(first, reader, i) from None
+        raise_as_cpu(reader, at[1], exc)
         raise
+
+
+def raise_as_cpu(reader: Reader, i: int, exc: S4Error) -> None:
+    """On a failure ``exc`` about tensor i, read it with the CPU reader (only on this error
+    path) and raise its failure: ``exc`` itself when both name the same plane, else the CPU
+    reader's (the GPU paths find some failures before decoding and others after, so the
+    first plane to fail can differ). Returns if the CPU reader reads the tensor."""
+    try:
+        reader.read_raw(i)
+    except S4Error as first:
+        if _plane_named(reader, i, exc) is not None \
+                and _plane_named(reader, i, first) == _plane_named(reader, i, exc):
+            raise exc from None
+        raise _about(first, reader, i) from None
 
 
 def _read_batch(reader: Reader, idx: list[int], outs: list[torch.Tensor]) -> list[torch.Tensor]:

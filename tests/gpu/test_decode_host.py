@@ -139,6 +139,31 @@ def test_malformed_bitpack_w_is_refused_as_the_cpu_reader_refuses_it(how: str,
         s4format.Reader(blob).read_raw(1)
 
 
+def _bad_rans_mode(planes: list[CodedPlane]) -> list[CodedPlane]:
+    p = planes[1]
+    payload = np.array(p.payload, np.uint8, copy=True)
+    payload[0] = 9  # no such rANS mode: the stream header fails, on the host
+    return [planes[0], CodedPlane(p.kind, p.index, p.codec, p.decoded_len, payload), planes[2]]
+
+
+@pytest.mark.parametrize("where", ["batch", "chunked"])
+def test_an_earlier_rans_plane_outranks_a_later_bitpack_w_form(where: str) -> None:
+    # the exponent stream's header is bad and the mantissa's bitpack-w padding too: the CPU
+    # reader meets the exponent first, so both GPU paths must report it
+    blob = _file({"a": _bitpack_w(_bad_rans_mode(_good_bf16(1)), "padding")})
+    r = s4format.Reader(blob, verify=False)
+    with pytest.raises(CodecError) as cpu:
+        r.read_raw(0)
+    assert "plane exponent: " in str(cpu.value)
+    with pytest.raises(CodecError) as got:
+        if where == "batch":
+            decode.read_tensors(r, [0])
+        else:
+            from s4weights.gpu import chunked
+            chunked.load_large(r, 0, torch.empty(2 * N, dtype=torch.uint8), 1 << 16)
+    assert str(got.value) == str(cpu.value)
+
+
 def test_bitpack_w_planes_are_merged_from_their_packed_bytes() -> None:
     good = [_good_bf16(1), _good_bf16(2)]
     blob = _file({"a": _bitpack_w(good[0]), "b": good[1]})
