@@ -212,7 +212,7 @@ def loader_for(reader, device: str, update=None, direct: dict | None = None,
     the merge (``decode.device_extra``, known from the index): a batch holds at most
     ``workspace`` of it (default ``plan.default_workspace`` of the file's raw bytes). A tensor
     that alone needs more is decoded in chunks that fit (``chunked.load_large``) where its
-    codecs allow (raw, bitpack, rANS; else whole, as one batch of its own)."""
+    codecs allow (raw, bitpack, bitpack-w, rANS; else whole, as one batch of its own)."""
     if not use_gpu(device, True):
         return None
     ready: dict[tuple[int, str], object] = {}

@@ -39,8 +39,10 @@ GPU does not split (other dtypes) and tensors whose planes would store more than
 bytes are copied to the host in the same buffer and coded by the CPU coder, as the CPU path
 codes them.
 
-Codec choice: sign planes take bitpack or rANS (including CONST) in the CPU policy's rank order;
-exponent planes rANS or raw; mantissa planes rANS or raw by the histogram estimate. GDeflate
+Codec choice, in the CPU policy's rank order: sign planes take bitpack or rANS (including
+CONST); exponent and mantissa planes bitpack-w (policy auto; its width from the largest symbol
+present), rANS or raw by the histogram estimate, bitpack-w first unless rANS would save over
+1/65 of it (``policy.prefer_packed``). GDeflate
 (nvCOMP, far slower than the rANS kernels) runs only where asked for: ``mantissa="gdeflate"``
 or the ``seed`` policy; ``mantissa="auto"`` never pays for it on the GPU.
 """
@@ -108,12 +110,14 @@ class Planes:
     ``ptr`` (device address; a sign plane's packed bits), ``counts`` ([P, 256] histogram; a sign
     plane's is [zeros, ones], a raw plane's all zero), or None where the device's
     ``rans_normalise`` gave ``stats`` instead ([P, 4]: symbols present, rANS estimate, first
-    symbol present, table size; ``tdev``: the device address of each row's table bytes).
+    symbol present | last symbol present << 16, table size; ``tdev``: the device address of
+    each row's table bytes).
     By :func:`candidates`: ``nsym``, ``sym0`` (first symbol present), ``tsize`` (bytes of the
     rANS frequency table), ``freqs`` (host rows only: normalised, at least the rows that may
-    take rANS), ``est_rans``/``est_bp`` (size estimates), ``cand_rans``/``cand_bp``/``cand_gd``
-    (codecs of ``policy.encode_plane``'s candidates the GPU codes, estimate under n) and
-    ``runs_rans`` (the rANS kernel codes the plane).
+    take rANS), ``est_rans``/``est_bp``/``est_bw`` (size estimates; bitpack-w's is exact at
+    ``width`` bits), ``cand_rans``/``cand_bp``/``cand_bw``/``cand_gd`` (codecs of
+    ``policy.encode_plane``'s candidates the GPU codes, estimate under n), ``bw_first``
+    (bitpack-w ranks first) and ``runs_rans`` (the rANS kernel codes the plane).
     By :func:`choose`: ``codec``, ``form`` (FORM_*), ``size`` (stored bytes), ``head`` (bytes
     of the payload written from the host: header and table, or the whole CONST stream, or a
     GDeflate page table), ``head_at`` (where in ``heads``, the host bytes of all rows) and

@@ -126,7 +126,9 @@ def group_need(item: np.ndarray, sign: np.ndarray, split: np.ndarray, n: np.ndar
     row += np.where(runs_rans, (2 * n + 255) // 256 * 256 + (BLOCK_META * nb + 255) // 256 * 256
                     + np.where(sign, al, 0), 0)
     row += np.where(gdeflate, (-(-n // 65536) * (2 * 65536 + 4096) + 255) // 256 * 256, 0)
-    row += GROUP_PLANE + 16 + 24 * (n // COPY_PIECE + 1)  # (a copy op per 64 KiB of payload)
+    # a copy op (24 bytes) or a bitpack-w pack op (25) per 64 KiB of payload, and its tables'
+    # 16-byte padding
+    row += GROUP_PLANE + 16 + 25 * (n // COPY_PIECE + 1) + 64
     nbytes = np.asarray(nbytes, np.int64)
     need = np.bincount(item, weights=row, minlength=nbytes.size).astype(np.int64)
     rows = np.bincount(item, minlength=nbytes.size)
