@@ -42,9 +42,9 @@ codes them.
 Codec choice, in the CPU policy's rank order: sign planes take bitpack or rANS (including
 CONST); exponent and mantissa planes bitpack-w (policy auto; its width from the largest symbol
 present), rANS or raw by the histogram estimate, bitpack-w first unless rANS would save over
-1/65 of it (``policy.prefer_packed``). GDeflate
-(nvCOMP, far slower than the rANS kernels) runs only where asked for: ``mantissa="gdeflate"``
-or the ``seed`` policy; ``mantissa="auto"`` never pays for it on the GPU.
+1/65 of it (``policy.prefer_packed``). GDeflate (nvCOMP, far slower than the rANS kernels) runs
+only where asked for: ``mantissa="gdeflate"`` or the ``seed`` policy; ``mantissa="auto"`` never
+pays for it on the GPU.
 """
 
 from __future__ import annotations
@@ -216,7 +216,7 @@ def candidates(pl: Planes, policy_name: str, mantissa: str, gd: bool, log2_block
     pl.cand_gd = coded & mant & gd & (seed or mantissa == "gdeflate")
     # bitpack-w (policy auto): exponent planes, and mantissa planes under mantissa="auto";
     # ``width`` bits per byte, from the largest symbol present
-    pl.width = np.maximum(1, np.ceil(np.log2(top + 1)).astype(np.int64))
+    pl.width = np.maximum(1, np.frexp(np.asarray(top, np.float64))[1]).astype(np.int64)
     pl.est_bw = (n * pl.width + 7) // 8
     pl.cand_bw = (coded & (policy_name == "auto") & (pl.width <= 7) & (pl.est_bw < n)
                   & ((kind == layouts.KIND_EXPONENT) | (mant & (mantissa == "auto"))))
