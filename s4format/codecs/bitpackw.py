@@ -13,7 +13,7 @@ while this codes and decodes at memory speed.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import njit, prange
 
 from s4format.codecs import BITPACK_W, register
 from s4format.codecs.abc import Codec, Encoded
@@ -29,17 +29,22 @@ def stored_len(n: int, w: int) -> int:
     return (n * w + 7) // 8
 
 
-@njit(cache=True, nogil=True)
+_GROUPS = 1 << 16  # 8-byte groups per parallel task (512 KiB of plane)
+
+
+@njit(cache=True, nogil=True, parallel=True)
 def _pack(plane, w, out):  # pragma: no cover - compiled
-    # eight plane bytes -> w stored bytes, as one little-endian integer; then the tail
+    # eight plane bytes -> w stored bytes, as one little-endian integer, in parallel tasks of
+    # whole groups (the output does not depend on the thread count); then the tail
     n = plane.size
     g = n // 8
-    for i in range(g):
-        acc = np.uint64(0)
-        for j in range(8):
-            acc |= np.uint64(plane[8 * i + j]) << np.uint64(w * j)
-        for b in range(w):
-            out[w * i + b] = np.uint8((acc >> np.uint64(8 * b)) & np.uint64(0xFF))
+    for t in prange((g + _GROUPS - 1) // _GROUPS):
+        for i in range(t * _GROUPS, min(g, (t + 1) * _GROUPS)):
+            acc = np.uint64(0)
+            for j in range(8):
+                acc |= np.uint64(plane[8 * i + j]) << np.uint64(w * j)
+            for b in range(w):
+                out[w * i + b] = np.uint8((acc >> np.uint64(8 * b)) & np.uint64(0xFF))
     acc = np.uint64(0)
     for j in range(n - 8 * g):
         acc |= np.uint64(plane[8 * g + j]) << np.uint64(w * j)
@@ -47,17 +52,18 @@ def _pack(plane, w, out):  # pragma: no cover - compiled
         out[w * g + b] = np.uint8((acc >> np.uint64(8 * b)) & np.uint64(0xFF))
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, parallel=True)
 def _unpack(payload, w, n, out):  # pragma: no cover - compiled
     # returns the unused high bits of the last stored byte (must be 0)
     mask = np.uint64((1 << w) - 1)
     g = n // 8
-    for i in range(g):
-        acc = np.uint64(0)
-        for b in range(w):
-            acc |= np.uint64(payload[w * i + b]) << np.uint64(8 * b)
-        for j in range(8):
-            out[8 * i + j] = np.uint8((acc >> np.uint64(w * j)) & mask)
+    for t in prange((g + _GROUPS - 1) // _GROUPS):
+        for i in range(t * _GROUPS, min(g, (t + 1) * _GROUPS)):
+            acc = np.uint64(0)
+            for b in range(w):
+                acc |= np.uint64(payload[w * i + b]) << np.uint64(8 * b)
+            for j in range(8):
+                out[8 * i + j] = np.uint8((acc >> np.uint64(w * j)) & mask)
     acc = np.uint64(0)
     for b in range(payload.size - w * g):
         acc |= np.uint64(payload[w * g + b]) << np.uint64(8 * b)
