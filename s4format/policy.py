@@ -50,6 +50,8 @@ _SEED = {
     layouts.KIND_RAW: (codecs.ZSTD,),
 }
 
+_TABLES = {"auto": _AUTO, "seed": _SEED, "auto-1.0": _AUTO_1_0}
+
 # Below this a plane is stored raw: coding cannot win back its own bookkeeping.
 MIN_CODED = 64
 
@@ -70,13 +72,19 @@ def check_policy(policy: str) -> str:
     return policy
 
 
+def packed_wins(size, estimate):
+    """Whether bitpack-w's ``size`` wins against an entropy coder's ``estimate`` (ints or
+    numpy arrays): the coder saves at most 1/65 of it (:data:`PACKED_SLACK`)."""
+    return PACKED_SLACK[0] * size <= PACKED_SLACK[1] * estimate
+
+
 def prefer_packed(ranked: list[tuple[int, int]]) -> list[tuple[int, int]]:
     """``ranked`` (sorted by (estimate, codec ID)) with bitpack-w moved to the front when only
     entropy coders rank before it and the best of them is within :data:`PACKED_SLACK`."""
     at = next((i for i, (_e, c) in enumerate(ranked) if c == codecs.BITPACK_W), 0)
     if at == 0 or any(c not in _ENTROPY for _e, c in ranked[:at]):
         return ranked
-    if PACKED_SLACK[0] * ranked[at][0] <= PACKED_SLACK[1] * ranked[0][0]:
+    if packed_wins(ranked[at][0], ranked[0][0]):
         return [ranked[at], *ranked[:at], *ranked[at + 1:]]
     return ranked
 
@@ -87,7 +95,7 @@ def encode_plane(plane: np.ndarray, kind: int, policy: str = "auto") -> tuple[in
     if plane.size < MIN_CODED:
         return raw
     available = codecs.available()
-    table = {"seed": _SEED, "auto-1.0": _AUTO_1_0}.get(policy, _AUTO)
+    table = _TABLES[policy]
     ranked: list[tuple[int, int]] = []
     zstd_est = None
     for cid in table[kind]:

@@ -54,7 +54,7 @@ def _pack(plane, w, out):  # pragma: no cover - compiled
 
 @njit(cache=True, nogil=True, parallel=True)
 def _unpack(payload, w, n, out):  # pragma: no cover - compiled
-    # returns the unused high bits of the last stored byte (must be 0)
+    # (the padding bits of the last byte are form_error's to check)
     mask = np.uint64((1 << w) - 1)
     g = n // 8
     for t in prange((g + _GROUPS - 1) // _GROUPS):
@@ -67,10 +67,23 @@ def _unpack(payload, w, n, out):  # pragma: no cover - compiled
     acc = np.uint64(0)
     for b in range(payload.size - w * g):
         acc |= np.uint64(payload[w * g + b]) << np.uint64(8 * b)
-    r = n - 8 * g
-    for j in range(r):
+    for j in range(n - 8 * g):
         out[8 * g + j] = np.uint8((acc >> np.uint64(w * j)) & mask)
-    return acc >> np.uint64(w * r)
+
+
+def form_error(decoded_len: int, params: bytes, stored: int, last: int) -> str | None:
+    """What is wrong with a bitpack-w plane's form, from its parameters, stored length and last
+    stored byte (checked in this order); None if nothing. The GPU decoder checks with it too."""
+    if len(params) != 1 or not 1 <= params[0] <= 7:
+        return f"bitpack-w takes one parameter byte, the width 1..7; got {params.hex() or 'none'}"
+    w = params[0]
+    need = stored_len(decoded_len, w)
+    if stored != need:
+        return (f"bitpack-w plane of {decoded_len} bytes at {w} bits must store {need} bytes, "
+                f"stores {stored}")
+    if (decoded_len * w) % 8 and last >> ((decoded_len * w) % 8):
+        return "bitpack-w padding bits in the last byte are not zero"
+    return None
 
 
 class BitpackWCodec(Codec):
@@ -86,18 +99,12 @@ class BitpackWCodec(Codec):
         return Encoded(out, bytes([w]))
 
     def decode(self, payload: np.ndarray, decoded_len: int, params: bytes) -> np.ndarray:
-        if len(params) != 1 or not 1 <= params[0] <= 7:
-            raise CodecError(f"bitpack-w takes one parameter byte, the width 1..7; got "
-                             f"{params.hex() or 'none'}")
-        w = params[0]
-        need = stored_len(decoded_len, w)
-        if len(payload) != need:
-            raise CodecError(f"bitpack-w plane of {decoded_len} bytes at {w} bits must store "
-                             f"{need} bytes, stores {len(payload)}")
+        msg = form_error(decoded_len, params, len(payload),
+                         int(payload[-1]) if len(payload) else 0)
+        if msg is not None:
+            raise CodecError(msg)
         out = np.empty(decoded_len, np.uint8)
-        rest = _unpack(np.ascontiguousarray(payload, np.uint8), w, decoded_len, out)
-        if rest:
-            raise CodecError("bitpack-w padding bits in the last byte are not zero")
+        _unpack(np.ascontiguousarray(payload, np.uint8), params[0], decoded_len, out)
         return out
 
     def max_decoded_len(self, stored_len: int) -> int:

@@ -38,8 +38,8 @@ import numpy as np
 import torch
 
 from s4format import codecs, layouts
+from s4format.codecs import bitpackw, rans
 from s4format.codecs import gdeflate as cpu_gdeflate
-from s4format.codecs import rans
 from s4format.errors import (
     ChecksumError,
     CodecError,
@@ -134,22 +134,8 @@ def plane_form_error(p, payload: np.ndarray, j: int) -> str | None:
     if p.codec == codecs.RANS and p.params:
         return "rans takes no parameters"
     if p.codec == codecs.BITPACK_W:
-        return bitpack_w_error(n, p.params, len(payload), int(payload[-1]) if len(payload) else 0)
-    return None
-
-
-def bitpack_w_error(n: int, params: bytes, stored: int, last: int) -> str | None:
-    """The bitpack-w codec's checks of a plane's form (s4format.codecs.bitpackw, its messages),
-    from its parameters, stored length and last stored byte; None if it passes."""
-    if len(params) != 1 or not 1 <= params[0] <= 7:
-        return (f"bitpack-w takes one parameter byte, the width 1..7; got "
-                f"{params.hex() or 'none'}")
-    w = params[0]
-    need = (n * w + 7) // 8
-    if stored != need:
-        return f"bitpack-w plane of {n} bytes at {w} bits must store {need} bytes, stores {stored}"
-    if (n * w) % 8 and last >> ((n * w) % 8):
-        return "bitpack-w padding bits in the last byte are not zero"
+        return bitpackw.form_error(n, p.params, len(payload),
+                                   int(payload[-1]) if len(payload) else 0)
     return None
 
 
@@ -680,7 +666,7 @@ def _prepare(st: Staged, outs: list[torch.Tensor], base: int, keep: list[object]
     bw_msg: dict[int, str] = {}
     for q in np.flatnonzero(codec == codecs.BITPACK_W).tolist():
         prm = planes[q][2].params
-        msg = bitpack_w_error(int(n[q]), prm, int(stored[q]), int(last[q]))
+        msg = bitpackw.form_error(int(n[q]), prm, int(stored[q]), int(last[q]))
         if msg is None:
             width[q] = prm[0]
         else:

@@ -225,8 +225,7 @@ def candidates(pl: Planes, policy_name: str, mantissa: str, gd: bool, log2_block
     # first where rANS would not save 1/65 of it (policy.prefer_packed). A plane of one
     # symbol is a CONST stream the host writes.
     bitpack_first = pl.cand_bp & pl.cand_rans & (pl.est_bp <= est)
-    slack, over = policy.PACKED_SLACK
-    pl.bw_first = pl.cand_bw & (~pl.cand_rans | (slack * pl.est_bw <= over * est))
+    pl.bw_first = pl.cand_bw & (~pl.cand_rans | policy.packed_wins(pl.est_bw, est))
     pl.runs_rans = pl.cand_rans & ~bitpack_first & ~pl.bw_first & (nsym > 1)
 
 

@@ -268,10 +268,16 @@ def split_copies(src, dst, length, piece: int = COPY_PIECE
     length = np.asarray(length, dtype=np.uint64).reshape(-1)
     keep = length > 0
     src, dst, length = src[keep], dst[keep], length[keep]
-    pieces = ((length + np.uint64(piece - 1)) // np.uint64(piece)).astype(np.int64)
-    if not (pieces > 1).any():
+    if not (length > np.uint64(piece)).any():
         return src, dst, length
-    op = np.repeat(np.arange(pieces.size), pieces)
-    first = np.cumsum(pieces) - pieces
-    off = (np.arange(op.size, dtype=np.int64) - first[op]).astype(np.uint64) * np.uint64(piece)
+    op, off = cut(length, piece)
+    off = off.astype(np.uint64)
     return src[op] + off, dst[op] + off, np.minimum(length[op] - off, np.uint64(piece))
+
+
+def cut(length, piece: int) -> tuple[np.ndarray, np.ndarray]:
+    """The pieces ops of ``length`` bytes are cut into, ``piece`` bytes each (the last of an op
+    shorter; an empty op has none): (the op of each piece, its offset in the op), in order."""
+    pieces = (np.asarray(length, np.int64).reshape(-1) + piece - 1) // piece
+    op = np.repeat(np.arange(pieces.size), pieces)
+    return op, (np.arange(op.size) - (np.cumsum(pieces) - pieces)[op]) * piece

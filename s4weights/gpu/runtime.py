@@ -197,17 +197,13 @@ def pack_ops(src, dst, n, width, batch: Batch | None = None) -> torch.Tensor | N
     ``width[i]`` bits each at ``dst[i]``. Long planes are cut into pieces of
     ``plan.COPY_PIECE`` bytes (whole 8-byte groups: a piece's output starts on a byte), one
     CTA each. Returns the op table as :func:`copy_ops` does."""
-    from s4weights.gpu.plan import COPY_PIECE
+    from s4weights.gpu.plan import COPY_PIECE, cut
 
     src, dst = (np.asarray(x, np.uint64).reshape(-1) for x in (src, dst))
     n, width = (np.asarray(x, np.int64).reshape(-1) for x in (n, width))
-    keep = n > 0
-    src, dst, n, width = src[keep], dst[keep], n[keep], width[keep]
-    if not n.size:
+    op, off = cut(n, COPY_PIECE)
+    if not op.size:
         return None
-    pieces = (n + COPY_PIECE - 1) // COPY_PIECE
-    op = np.repeat(np.arange(n.size), pieces)
-    off = (np.arange(op.size) - (np.cumsum(pieces) - pieces)[op]) * COPY_PIECE
     own = batch is None
     batch = Batch() if own else batch
     batch.launch("copy", "pack_ops", int(op.size), 256, *batch.table(
