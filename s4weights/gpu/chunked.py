@@ -110,7 +110,7 @@ def code_large(enc: Encoder, it: Item, workspace: int) -> Coded:
 
     prof = runtime.Profile("encode large")
     # pass 1: histograms and content leaves (chunks hold whole 64 KiB leaves)
-    ch = _Chunks(it, plan.large_chunk(lay, size, workspace, n, 0, False, xor, lg))
+    ch = _Chunks(it, plan.large_chunk(lay, size, workspace, n, 0, xor, lg))
     hist = torch.zeros(1025, dtype=torch.int64, device="cuda")
     digests = []
     for c0 in ch:
@@ -128,20 +128,20 @@ def code_large(enc: Encoder, it: Item, workspace: int) -> Coded:
     enc.candidates(planes)
     jobs = np.flatnonzero(planes.runs_rans).tolist()
     freqs = planes.freqs[jobs]
-    sign = planes.kind[jobs] == layouts.KIND_SIGN
+    # bits per symbol the rANS kernel reads: the sign plane's packed bits, bytes otherwise
+    width = np.where(planes.kind[jobs] == layouts.KIND_SIGN, 1, 8)
     st = _Streams(planes, jobs, freqs, n, lg)
 
     # pass 2: coding, chunk by chunk
-    sign_rans = bool(sign.any())
     # a bitpack-w plane's packed chunk is counted as a rANS plane's scratch (more than it needs)
     ch = _Chunks(it, plan.large_chunk(lay, size, workspace, n,
-                                      len(jobs) + int(planes.cand_bw.sum()), sign_rans, xor, lg))
+                                      len(jobs) + int(planes.cand_bw.sum()), xor, lg))
     cap = plan.large_staging(ch.chunk, len(jobs), lg)
     for c0 in ch:
         m = ch.split(c0)[0]
         st.copy_plain(c0, m, ch)
         if jobs:
-            r = enc._rans(sign, np.full(len(jobs), m), np.array([ch.addr(i) for i in jobs],
+            r = enc._rans(width, np.full(len(jobs), m), np.array([ch.addr(i) for i in jobs],
                                                                 np.uint64),
                           freqs)  # sync: the chunk's block word counts
             ch.release()  # the staged sections take the planes' place

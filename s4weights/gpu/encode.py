@@ -15,7 +15,9 @@ tensors, planes or blocks:
    Groups are then sized by what they really hold (``plan.group_need``: rANS scratch only for
    the planes the rANS kernel codes), not by the worst case.
 2. **Group**, one batch of launches with one table upload: the leaf digests of every tensor's
-   raw bytes (content hashes), one split launch per layout (packed sign bits and byte planes),
+   raw bytes (content hashes), one split launch per layout (packed sign bits and byte planes;
+   a narrow mantissa plane that will be stored bit-packed at its field's width is written
+   packed, see :func:`pack_widths`),
    and one launch that encodes every rANS block of the group (one warp each); GDeflate pages
    go to nvCOMP in one batch where asked for. Synchronisation: the word counts, first symbols
    and "varied" flags of the blocks come back.
@@ -107,7 +109,10 @@ class Planes:
     per plane (the encoder before this table) cost several times the whole device pass.
 
     Set at creation: ``item``, ``kind``, ``index`` (the field), ``n`` (bytes = elements),
-    ``ptr`` (device address; a sign plane's packed bits), ``counts`` ([P, 256] histogram; a sign
+    ``bits`` (the field's bits; 8 for raw rows), ``ptr`` (device address) and ``pw`` (how the
+    plane is stored there: 8 a byte per element; fewer, packed at that many bits, as
+    bitpack-w: a sign plane's bits at 1, a narrow mantissa plane the split packed at its
+    field's bits), ``counts`` ([P, 256] histogram; a sign
     plane's is [zeros, ones], a raw plane's all zero), or None where the device's
     ``rans_normalise`` gave ``stats`` instead ([P, 4]: symbols present, rANS estimate, first
     symbol present | last symbol present << 16, table size; ``tdev``: the device address of
@@ -125,12 +130,17 @@ class Planes:
     By the encoder's assembly: ``offset`` (in the group's buffer; -1 for planes of items the
     CPU codes) and ``checksum``."""
 
-    def __init__(self, item, kind, index, n, ptr, counts, stats=None, tdev=None) -> None:
+    def __init__(self, item, kind, index, n, ptr, counts, stats=None, tdev=None,
+                 bits=None, pw=None) -> None:
         self.item = np.asarray(item, np.int64)
         self.kind = np.asarray(kind, np.int64)
         self.index = np.asarray(index, np.int64)
         self.n = np.asarray(n, np.int64)
         self.ptr = np.asarray(ptr, np.uint64)
+        self.bits = np.full(self.n.size, 8, np.int64) if bits is None else np.asarray(
+            bits, np.int64)
+        self.pw = (np.where(self.kind == layouts.KIND_SIGN, 1, 8) if pw is None
+                   else np.asarray(pw, np.int64))
         self.counts = None if counts is None else np.asarray(counts, np.int64).reshape(-1, 256)
         self.stats = None if stats is None else np.asarray(stats, np.int64).reshape(-1, 4)
         self.tdev = None if tdev is None else np.asarray(tdev, np.uint64)
@@ -151,7 +161,8 @@ class Planes:
         out = Planes(item, self.kind[rows], self.index[rows], self.n[rows], self.ptr[rows],
                      None if self.counts is None else self.counts[rows],
                      None if self.stats is None else self.stats[rows],
-                     None if self.tdev is None else self.tdev[rows])
+                     None if self.tdev is None else self.tdev[rows], self.bits[rows],
+                     self.pw[rows])
         out.freqs = None if self.freqs is None else self.freqs[rows]
         out.tab = None if self.tab is None else self.tab[rows]
         for name in self._CHOSEN:
@@ -172,7 +183,8 @@ class Planes:
         counts[0, :2] = n - ones, ones
         counts[1:] = np.asarray(hist, np.int64)[:256 * (nf - 1)].reshape(nf - 1, 256)
         return cls(np.zeros(nf), [f.kind for f in layout.fields],
-                   [f.index for f in layout.fields], np.full(nf, n), np.zeros(nf), counts)
+                   [f.index for f in layout.fields], np.full(nf, n), np.zeros(nf), counts,
+                   bits=[f.bits for f in layout.fields])
 
 
 def candidates(pl: Planes, policy_name: str, mantissa: str, gd: bool, log2_block: int) -> None:
@@ -370,6 +382,21 @@ def params_of(pl: Planes, q: int) -> bytes:
     return bytes([int(pl.width[q])]) if pl.form[q] == FORM_BITPACK_W else b""
 
 
+def narrow(pl: Planes) -> np.ndarray:
+    """Rows of mantissa fields narrower than a byte (the bf16 and fp32 7-bit, the fp16 2-bit
+    planes): the split kernels can store these as bitpack-w at the field's width."""
+    return (pl.kind == layouts.KIND_MANTISSA) & (pl.bits < 8)
+
+
+def pack_widths(pl: Planes) -> np.ndarray:
+    """How a group's split stores each row once its candidates are known (``Planes.pw``): sign
+    bits packed (1); a narrow mantissa plane whose codec is sure to be bitpack-w at its field's
+    full width (ranked first: no other candidate can take it) packed at that width, so the
+    assembly copies it as it is; every other plane a byte per element."""
+    packed = narrow(pl) & pl.bw_first & (pl.width == pl.bits)
+    return np.where(pl.kind == layouts.KIND_SIGN, 1, np.where(packed, pl.bits, 8))
+
+
 def const_whole(counts: np.ndarray, n: int) -> bytes:
     """The CONST stream of a plane of ``n`` bytes that hold one symbol."""
     sym = int(np.flatnonzero(counts)[0])
@@ -410,9 +437,11 @@ class _Prepared:
     """A group's launch tables made before its launches (``Encoder._prepare``)."""
     planes: Planes            # the plane table they were made for
     rows: np.ndarray          # its split rows
+    width: np.ndarray         # how the split stores them (``Planes.pw``)
     off: np.ndarray           # their offsets in the planes buffer
     total: int                # the planes buffer's bytes
-    splits: list              # per layout: (id, sources, elements, rows per tensor, chunks)
+    splits: list              # per layout: (id, sources, elements, rows per tensor, chunks,
+    #                           pack flags)
     rans: dict | None         # ``_rans_plan`` of the rows the rANS kernel codes
 
 
@@ -430,6 +459,11 @@ class Encoder:
         self.workspace = workspace
         self.gd_algorithm = gdeflate_algorithm
         self.gd = (mantissa == "gdeflate" or self.policy == "seed") and gdeflate.available()
+        # a group split before its codecs are known (``_histograms(split=True)``) stores its
+        # narrow mantissa planes packed where bitpack-w is a candidate for them: the codec they
+        # take unless rANS saves over 1/65 (then its kernel reads them packed), so the assembly
+        # usually copies them as they are
+        self.packs = self.policy == "auto" and mantissa == "auto"
         self._copy_stream: torch.cuda.Stream | None = None
 
     def _workspace(self, items: list[Item]) -> int:
@@ -514,9 +548,8 @@ class Encoder:
             return
         pl, tables, _none = self._histograms(items)
         nbytes = np.array([it.nbytes for it in items], np.int64)
-        need = plan.group_need(pl.item, pl.kind == layouts.KIND_SIGN,
-                               pl.kind != layouts.KIND_RAW, pl.n, pl.runs_rans, pl.cand_gd,
-                               nbytes, self.log2_block)
+        need = plan.group_need(pl.item, pack_widths(pl), pl.kind != layouts.KIND_RAW, pl.n,
+                               pl.runs_rans, pl.cand_gd, nbytes, self.log2_block)
         first = np.searchsorted(pl.item, np.arange(len(items) + 1))
         run: list[int] = []
 
@@ -610,8 +643,9 @@ class Encoder:
         tensor's planes, a raw-layout item's bytes in place; an item the CPU codes has none.
         ``split``: the same pass splits the tensors too (a group that needs no sizing), into
         the returned buffer, and the rows hold their addresses; else the rows of split planes
-        have none yet (each group splits its own). Returns the table, the device tables to
-        keep, and the planes' buffer (or None)."""
+        have none yet (each group splits its own); that pass stores narrow mantissa planes
+        packed where ``packs`` (``Planes.pw``). Returns the table, the device tables to keep,
+        and the planes' buffer (or None)."""
         split_k = [k for k, it in enumerate(items)
                    if it.layout is not None and it.layout is not layouts.RAW]
         raws = [k for k, it in enumerate(items) if it.layout is layouts.RAW]
@@ -622,9 +656,17 @@ class Encoder:
         seg = np.repeat(np.arange(len(split_k)), nf)          # split rows: their tensor
         field = np.arange(int(nf.sum())) - np.repeat(np.cumsum(nf) - nf, nf)
         n = n_el[seg]
+        bits = np.array([f.bits for lay in lays for f in lay.fields], np.int64)
+        kind = [f.kind for lay in lays for f in lay.fields]
+        pack = split and self.packs
+        # how the split stores each row: sign bits packed, narrow mantissa planes packed when
+        # ``pack``, bytes otherwise (the hist-only pass stores nothing: each group's split
+        # decides, ``pack_widths``)
+        pw = np.where(field == 0, 1, np.where(
+            pack & (np.asarray(kind, np.int64) == layouts.KIND_MANTISSA) & (bits < 8), bits, 8))
         buf, rows_at = None, np.zeros(n.size, np.uint64)
-        if split:  # the planes, split rows in order, the sign plane as packed bits
-            size = plan.split_plane_bytes(n, field == 0)
+        if split:  # the planes, split rows in order
+            size = plan.split_plane_bytes(n, pw)
             buf = runtime.device_empty(int(size.sum()))
             rows_at = np.uint64(buf.data_ptr()) + (np.cumsum(size) - size).astype(np.uint64)
         nseg = len(split_k)
@@ -644,7 +686,8 @@ class Encoder:
                 if split else None
             launch_split(lay_id, [items[split_k[j]].data.data_ptr() for j in sel.tolist()],
                          n_el[sel], addrs, hp + 8 * 1024 * at, hp + 8 * (1024 * nseg + at),
-                         batch, "split_hist" if split else "hist")
+                         batch, "split_hist" if split else "hist",
+                         pack=np.full(sel.size, pack, np.uint8))
             at += sel.size
         # every split plane's rANS frequencies, normalised on the device and kept there as the
         # encoder's table input, with the frequency tables' bytes; only the planes' figures
@@ -666,7 +709,9 @@ class Encoder:
         # while the device works: the rows, split rows then one row per raw-layout item (its
         # bytes in place), put in item order
         item = np.concatenate((np.asarray(split_k, np.int64)[seg], raws)).astype(np.int64)
-        kind = [f.kind for lay in lays for f in lay.fields] + [layouts.KIND_RAW] * len(raws)
+        kind = kind + [layouts.KIND_RAW] * len(raws)
+        bits = np.concatenate((bits, np.full(len(raws), 8, np.int64)))
+        pw = np.concatenate((pw, np.full(len(raws), 8, np.int64)))
         index = [f.index for lay in lays for f in lay.fields] + [0] * len(raws)
         nrow = np.concatenate((n, [items[k].nbytes for k in raws])).astype(np.int64)
         ptr = np.concatenate((rows_at,
@@ -690,9 +735,10 @@ class Encoder:
             tdev[at_row[:ps]] = split_tdev
             item, nrow, ptr = item[order], nrow[order], ptr[order]
             kind, index = np.asarray(kind)[order], np.asarray(index)[order]
+            bits, pw = bits[order], pw[order]
         else:  # split rows only: already in item order
             stats, tab, tdev = split_stats.copy(), split_tab, split_tdev
-        pl = Planes(item, kind, index, nrow, ptr, None, stats, tdev)
+        pl = Planes(item, kind, index, nrow, ptr, None, stats, tdev, bits, pw)
         pl.tab = tab
         self.candidates(pl)
         return pl, (fc, meta, tables), buf
@@ -822,7 +868,8 @@ class Encoder:
         the split launches' chunk tables, the rANS launch's CTA table."""
         rows = np.flatnonzero(pl.kind != layouts.KIND_RAW)
         n = pl.n[rows]
-        size = plan.split_plane_bytes(n, pl.kind[rows] == layouts.KIND_SIGN)
+        width = pack_widths(pl)
+        size = plan.split_plane_bytes(n, width[rows])
         off = np.cumsum(size) - size
         first = np.searchsorted(pl.item, np.arange(len(items) + 1))
         split = [k for k, it in enumerate(items)
@@ -834,21 +881,24 @@ class Encoder:
                 continue
             lay = items[sel[0]].layout
             nel = [items[k].nbytes // lay.word_size(items[k].dtype.itemsize) for k in sel]
-            launches.append((lay_id, [items[k].data.data_ptr() for k in sel], nel,
-                             first[sel][:, None] + np.arange(len(lay.fields)),
-                             plan.chunk_table(nel)))
+            at_rows = first[sel][:, None] + np.arange(len(lay.fields))
+            launches.append((lay_id, [items[k].data.data_ptr() for k in sel], nel, at_rows,
+                             plan.chunk_table(nel),
+                             (width[at_rows] < 8)[:, 1:].any(axis=1).astype(np.uint8)))
         jobs = np.flatnonzero(pl.runs_rans)
-        return _Prepared(pl, rows, off, int(size.sum()), launches,
+        return _Prepared(pl, rows, width[rows], off, int(size.sum()), launches,
                          _rans_plan(pl.n[jobs], self.log2_block) if jobs.size else None)
 
     def _split(self, pl: Planes, prep: _Prepared, batch: runtime.Batch) -> torch.Tensor:
         """The group's planes in one device buffer, one split launch per layout (in ``batch``):
-        packed sign bits and byte planes, no histograms (the window has them). Sets the device
-        address of every split row of ``pl``."""
+        packed sign bits, byte planes and the narrow mantissa planes ``pack_widths`` packs, no
+        histograms (the window has them). Sets the device address and the stored width of
+        every split row of ``pl``."""
         buf = runtime.device_empty(prep.total)
         pl.ptr[prep.rows] = np.uint64(buf.data_ptr()) + prep.off.astype(np.uint64)
-        for lay_id, src, nel, at_rows, chunks in prep.splits:
-            launch_split(lay_id, src, nel, pl.ptr[at_rows], 0, 0, batch, "split", chunks)
+        pl.pw[prep.rows] = prep.width
+        for lay_id, src, nel, at_rows, chunks, pack in prep.splits:
+            launch_split(lay_id, src, nel, pl.ptr[at_rows], 0, 0, batch, "split", chunks, pack)
         return buf
 
     def candidates(self, pl: Planes) -> None:
@@ -862,7 +912,7 @@ class Encoder:
         gd_rows = np.flatnonzero(pl.cand_gd)
         jobs = np.flatnonzero(pl.runs_rans)
         launched = self._rans_launch(
-            pl.kind[jobs] == layouts.KIND_SIGN, pl.n[jobs], pl.ptr[jobs],
+            pl.pw[jobs], pl.n[jobs], pl.ptr[jobs],
             None if pl.freqs is None else pl.freqs[jobs],
             None if pl.tab is None else pl.tab[jobs], batch, planned) if jobs.size else None
         tables = batch.run()
@@ -874,33 +924,28 @@ class Encoder:
         del tables
         return r, gd
 
-    def _rans(self, sign: np.ndarray, n: np.ndarray, ptr: np.ndarray, freqs: np.ndarray,
+    def _rans(self, width: np.ndarray, n: np.ndarray, ptr: np.ndarray, freqs: np.ndarray,
               tabs: np.ndarray | None = None, meanwhile=None) -> dict:
-        """Encode every block of every job (a plane of ``n[j]`` bytes at ``ptr[j]``; a sign
-        plane's packed bits are unpacked first) in one launch; read back the per-block counts.
+        """Encode every block of every job (a plane of ``n[j]`` symbols at ``ptr[j]``, stored
+        at ``width[j]`` bits each: 8 bytes, fewer packed as bitpack-w, a sign plane's bits at
+        1; the kernel unpacks as it reads) in one launch; read back the per-block counts.
         Job j's frequencies are ``freqs[j]``; ``tabs[j]``, where given, is the device address
         of its encoder-table input (``rans_normalise``'s output), else it is uploaded.
         ``meanwhile()`` runs on the host while the kernel runs."""
         batch = runtime.Batch()
-        launched = self._rans_launch(sign, n, ptr, freqs, tabs, batch)
+        launched = self._rans_launch(width, n, ptr, freqs, tabs, batch)
         launched["keep"][0].append(batch.run())
         return self._rans_collect(launched, meanwhile)
 
-    def _rans_launch(self, sign: np.ndarray, n: np.ndarray, ptr: np.ndarray,
+    def _rans_launch(self, width: np.ndarray, n: np.ndarray, ptr: np.ndarray,
                      freqs: np.ndarray | None, tabs: np.ndarray | None, batch: runtime.Batch,
                      planned: dict | None = None) -> dict:
-        """Queue in ``batch`` the unpacking of sign jobs and one rANS launch over every block of
-        every job (see :meth:`_rans`; ``planned``: ``_rans_plan(n)``, when made beforehand);
-        returns what :meth:`_rans_collect` reads back."""
+        """Queue in ``batch`` one rANS launch over every block of every job (see :meth:`_rans`;
+        ``planned``: ``_rans_plan(n)``, when made beforehand); returns what
+        :meth:`_rans_collect` reads back."""
         keep: list[object] = []
         n = np.asarray(n, np.int64)
-        srcs = np.asarray(ptr, np.uint64).copy()
-        for j in np.flatnonzero(sign).tolist():
-            tmp = runtime.device_empty(int(n[j]))
-            batch.launch("planes", "unpack_bits", min(4096, (int(n[j]) + 255) // 256), 256,
-                         np.uint64(srcs[j]), runtime.ptr(tmp), runtime.i64(int(n[j])))
-            keep.append(tmp)
-            srcs[j] = tmp.data_ptr()
+        srcs = np.asarray(ptr, np.uint64)
         planned = planned or _rans_plan(n, self.log2_block)
         bt, scratch_off = planned["bt"], planned["scratch_off"]
         nb = bt.size
@@ -921,7 +966,8 @@ class Encoder:
         cta_plane, cta_block, cta_warps = planned["cta"]
         job_scratch = np.uint64(scratch.data_ptr()) + scratch_off[:-1].astype(np.uint64)
         tabs_at = batch.table(cta_plane, cta_block, cta_warps, srcs, n,
-                              np.asarray(tabs, np.uint64), job_scratch, bt.first[:-1])
+                              np.asarray(tabs, np.uint64), job_scratch, bt.first[:-1],
+                              np.asarray(width, np.uint8))
         batch.launch("rans", "rans_encode", cta_plane.size, 32 * plan.RANS_WARPS, *tabs_at,
                      np.int32(self.log2_block), np.uint64(counts_p), np.uint64(states_p),
                      np.uint64(firsts_p), np.uint64(varied_p))
@@ -982,11 +1028,14 @@ class Encoder:
         base = np.uint64(out.data_ptr())
         pl.offset[live] = offs[:live.size]
         at = base + pl.offset[live].astype(np.uint64)
-        form = pl.form[live]
+        form, pw = pl.form[live], pl.pw[live]
         src: list[np.ndarray] = []
         dst: list[np.ndarray] = []
         ln: list[np.ndarray] = []
-        plain = (form == FORM_RAW) | (form == FORM_BITPACK)   # the plane's bytes as they are
+        # the plane's bytes as the split stored them: raw bytes, sign bits for bitpack, a
+        # plane packed at the width bitpack-w stores
+        plain = (((form == FORM_RAW) & (pw == 8)) | (form == FORM_BITPACK)
+                 | ((form == FORM_BITPACK_W) & (pw == pl.width[live])))
         src.append(pl.ptr[live][plain])
         dst.append(at[plain])
         ln.append(pl.size[live][plain].astype(np.uint64))
@@ -1003,10 +1052,13 @@ class Encoder:
             src.append(pl.tdev[live][dtab])
             dst.append(at[dtab] + pl.head[live][dtab].astype(np.uint64))
             ln.append(pl.dtab[live][dtab].astype(np.uint64))
-        packed = form == FORM_BITPACK_W  # w bits per plane byte, packed on the way
+        # bitpack-w from bytes, or from a packed plane at another width; raw bytes from a packed
+        # plane (width 8)
+        packed = (((form == FORM_BITPACK_W) | (form == FORM_RAW)) & ~plain)
         pack = None
         if packed.any():
-            pack = (pl.ptr[live][packed], at[packed], pl.n[live][packed], pl.width[live][packed])
+            pack = (pl.ptr[live][packed], at[packed], pl.n[live][packed],
+                    np.where(form[packed] == FORM_RAW, 8, pl.width[live][packed]), pw[packed])
         rans_rows = form == FORM_RANS
         words = None  # where each rANS job's words go (0: not a RANS-mode stream)
         if rans_rows.any():
@@ -1037,7 +1089,7 @@ class Encoder:
         batch = runtime.Batch()  # the copies and the payload digests, tables in one upload
         runtime.copy_ops(np.concatenate(src), np.concatenate(dst), np.concatenate(ln), batch)
         if pack is not None:
-            runtime.pack_ops(*pack, batch)
+            runtime.pack_ops(*pack, batch=batch)
         if words is not None:  # every block's words after the words of its stream's blocks before
             keep.append(self._place(r, words, batch))
         pay_dig, pay_first = runtime.leaf_digests(base + pl.offset[live].astype(np.uint64),
@@ -1066,7 +1118,8 @@ class Encoder:
 def launch_split(layout_id: int, src: list[int], nelems,
                  planes: list[list[int]] | np.ndarray | None, hist_p: int, ones_p: int,
                  batch: runtime.Batch | None = None, kind: str = "split",
-                 chunks: tuple[np.ndarray, np.ndarray] | None = None) -> torch.Tensor | None:
+                 chunks: tuple[np.ndarray, np.ndarray] | None = None,
+                 pack: np.ndarray | None = None) -> torch.Tensor | None:
     """One split launch (``kernels/planes.cu``) for tensors of one layout: tensor r has
     ``nelems[r]`` elements at address ``src[r]`` and its planes (packed sign bits first) at
     ``planes[r]``; its byte histograms are added to the 1024 u64 at ``hist_p + 8192 * r`` and its
@@ -1075,7 +1128,8 @@ def launch_split(layout_id: int, src: list[int], nelems,
     None), "split_hist" does both. Returns the launch's device table (stream-ordered: keep it
     or drop it, the caching allocator reuses it after the launch); with a ``batch``, the
     launch joins it (and runs with it). ``chunks``: ``plan.chunk_table(nelems)``, when made
-    beforehand."""
+    beforehand. ``pack[r]`` 1: tensor r's narrow mantissa plane (a field of under 8 bits) is
+    stored as bitpack-w at the field's width (its address 4-aligned); default none."""
     if kind not in SPLIT_KINDS:
         raise ValueError(f"kind must be one of {SPLIT_KINDS}")
     cs, c0 = plan.chunk_table(nelems) if chunks is None else chunks
@@ -1088,9 +1142,12 @@ def launch_split(layout_id: int, src: list[int], nelems,
     own = batch is None
     batch = runtime.Batch() if own else batch
     name = SPLIT_KERNEL[layout_id].replace("split", kind, 1)
+    pack = np.zeros(len(src), np.uint8) if pack is None else np.asarray(pack, np.uint8)
+    if pack.any() and (table[pack != 0, 2] % 4).any():
+        raise ValueError("a packed plane must be 4-byte aligned")
     batch.launch("planes", name, cs.size, 256,
                  *batch.table(cs, c0, np.asarray(src, dtype=np.uint64),
-                              np.asarray(nelems, dtype=np.int64), table),
+                              np.asarray(nelems, dtype=np.int64), table, pack),
                  np.uint64(hist_p), np.uint64(ones_p))
     return batch.run() if own else None
 
@@ -1140,7 +1197,7 @@ def rans_stream(plane: torch.Tensor, log2_block: int = rans.LOG2_BLOCK_DEFAULT) 
     if np.count_nonzero(counts) == 1:
         return np.frombuffer(const_whole(counts, n), np.uint8)
     freqs = rans.normalise(counts)[None, :]
-    r = Encoder(log2_block=log2_block)._rans(np.zeros(1, bool), np.array([n]),
+    r = Encoder(log2_block=log2_block)._rans(np.full(1, 8), np.array([n]),
                                              np.array([plane.data_ptr()], np.uint64), freqs)
     if not r["plane_varied"][0]:
         return np.frombuffer(ranshost.const_stream(r["firsts"], log2_block, n), np.uint8)

@@ -62,7 +62,7 @@ def encode_need(layout: layouts.Layout | None, nbytes: int, itemsize: int,
                 gdeflate: bool = False, log2_block: int = 16, rans: bool = True) -> int:
     """Device bytes the encoder may hold for one tensor at once, at worst: its planes (packed
     sign bits and one byte per element per other field), rANS scratch of two bytes per symbol
-    for every plane (the sign plane too, with its unpacked bytes), each plane's tables and each
+    for every plane (the sign plane too), each plane's tables and each
     rANS block's metadata (``log2_block``), GDeflate's output pages where GDeflate runs, and the
     compacted payloads (at most the raw bytes: larger codings fall back to a raw copy). A
     tensor the GPU does not split holds only its copy in the payloads. ``rans=False``: the
@@ -76,7 +76,7 @@ def encode_need(layout: layouts.Layout | None, nbytes: int, itemsize: int,
     need += (planes + 1) * PLANE_META + TENSOR_META
     if rans:
         nb = -(-n >> log2_block)
-        need += (planes + 1) * (_al(2 * n) + _al(BLOCK_META * nb)) + _al(n)  # scratch, signs
+        need += (planes + 1) * (_al(2 * n) + _al(BLOCK_META * nb))  # scratch
     if gdeflate:
         need += planes * _al(-(-n // 65536) * (2 * 65536 + 4096))
     return need + _al(nbytes)
@@ -97,34 +97,34 @@ def window_meta(layout: layouts.Layout | None) -> int:
     return WINDOW_TENSOR + len(layout.fields) * WINDOW_PLANE
 
 
-def split_plane_bytes(n: np.ndarray, sign: np.ndarray) -> np.ndarray:
-    """Device bytes of split planes of ``n`` elements in a group's planes buffer: packed bits
-    for sign planes, a byte per element otherwise, each 256-byte aligned."""
+def split_plane_bytes(n: np.ndarray, width: np.ndarray) -> np.ndarray:
+    """Device bytes of split planes of ``n`` elements in a group's planes buffer, stored at
+    ``width`` bits per element (8: a byte each; a sign plane's packed bits: 1; a narrow
+    mantissa plane the split packs: its field's bits), each 256-byte aligned."""
     n = np.asarray(n, np.int64)
-    return (np.where(sign, (n + 7) // 8, n) + 255) // 256 * 256
+    return ((n * np.asarray(width, np.int64) + 7) // 8 + 255) // 256 * 256
 
 
 GROUP_PLANE = 1024  # per plane of a group: its rows of the launch and copy tables, its host
 # bytes (a stream header, or a whole CONST stream's) on the device
 
 
-def group_need(item: np.ndarray, sign: np.ndarray, split: np.ndarray, n: np.ndarray,
+def group_need(item: np.ndarray, width: np.ndarray, split: np.ndarray, n: np.ndarray,
                runs_rans: np.ndarray, gdeflate: np.ndarray, nbytes: np.ndarray,
                log2_block: int) -> np.ndarray:
     """Exact device bytes the encoder holds for each tensor of a group at once, from its planes'
     chosen candidates (rows: plane q of tensor ``item[q]``; ``split``: the row is a split plane,
-    not a raw-layout tensor's bytes in place; ``sign``: packed sign bits): the split planes, rANS
-    scratch (two bytes per symbol) and block metadata only for planes the rANS kernel codes
-    (and the unpacked bytes of a sign plane it codes), GDeflate's pages for planes it codes,
+    not a raw-layout tensor's bytes in place, stored at ``width`` bits per element,
+    ``split_plane_bytes``): the split planes, rANS scratch (two bytes per symbol) and block
+    metadata only for planes the rANS kernel codes, GDeflate's pages for planes it codes,
     per-plane tables and copy ops, the compacted payloads (at most the raw bytes and 16-byte
     padding per plane; ``nbytes``: each tensor's raw bytes; tensors without rows hold only
     their copy), and the leaf digests of the raw bytes and of the payloads."""
     n = np.asarray(n, np.int64)
-    al = (n + 255) // 256 * 256
-    row = np.where(split, split_plane_bytes(n, sign), 0)
+    row = np.where(split, split_plane_bytes(n, width), 0)
     nb = -(-n >> log2_block)
-    row += np.where(runs_rans, (2 * n + 255) // 256 * 256 + (BLOCK_META * nb + 255) // 256 * 256
-                    + np.where(sign, al, 0), 0)
+    row += np.where(runs_rans, (2 * n + 255) // 256 * 256 + (BLOCK_META * nb + 255) // 256 * 256,
+                    0)
     row += np.where(gdeflate, (-(-n // 65536) * (2 * 65536 + 4096) + 255) // 256 * 256, 0)
     # a copy op (24 bytes) or a bitpack-w pack op (25) per 64 KiB of payload, and its tables'
     # 16-byte padding
@@ -150,11 +150,11 @@ def large_staging(chunk: int, rans_planes: int, log2_block: int) -> int:
 
 
 def large_need(layout: layouts.Layout, itemsize: int, chunk: int, rans_planes: int,
-               sign_rans: bool, xor: bool, log2_block: int) -> int:
+               xor: bool, log2_block: int) -> int:
     """Device bytes the chunked encoder (``chunked.code_large``) holds at once with chunks of
     ``chunk`` elements: the chunk's XOR with its parent (deltas); for each of ``rans_planes``
-    rANS-coded planes the kernel's scratch (2 bytes per symbol) and per-block metadata, and the
-    unpacked sign bytes when the sign plane is one of them; then either the chunk's planes
+    rANS-coded planes the kernel's scratch (2 bytes per symbol) and per-block metadata (the
+    kernel reads the sign plane's packed bits as they are); then either the chunk's planes
     (while they are coded) or the staging (``large_staging``, once the planes are released);
     one chunk's leaf digests and the histograms (``large_chunk`` counts the whole tensor's
     digests)."""
@@ -164,17 +164,15 @@ def large_need(layout: layouts.Layout, itemsize: int, chunk: int, rans_planes: i
     if rans_planes:
         nb = -(-chunk >> log2_block)
         need += rans_planes * (_al(2 * chunk) + _al(256 * nb) + 4096)
-        if sign_rans:
-            need += _al(chunk)
     need += max(planes, large_staging(chunk, rans_planes, log2_block))
     return need + _al(8 * (chunk * word // 65536 + 1)) + 2 * _al(8 * 1025)
 
 
 def large_chunk(layout: layouts.Layout, itemsize: int, workspace: int, n: int, rans_planes: int,
-                sign_rans: bool, xor: bool, log2_block: int) -> int:
+                xor: bool, log2_block: int) -> int:
     """Elements per chunk so that ``large_need`` stays under ``workspace``: a multiple of
     ``LARGE_ALIGN`` (at least one, whatever the workspace), no longer than the tensor needs."""
-    per = large_need(layout, itemsize, LARGE_ALIGN, rans_planes, sign_rans, xor, log2_block)
+    per = large_need(layout, itemsize, LARGE_ALIGN, rans_planes, xor, log2_block)
     # the whole tensor's content leaf digests stay on the device (and one copy of them)
     digests = 2 * _al(8 * (n * layout.word_size(itemsize) // 65536 + 1))
     k = max(1, (workspace - digests) // per)

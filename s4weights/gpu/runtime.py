@@ -192,23 +192,29 @@ def copy_ops(src: np.ndarray, dst: np.ndarray, length: np.ndarray, batch: Batch 
     return batch.run() if own else None
 
 
-def pack_ops(src, dst, n, width, batch: Batch | None = None) -> torch.Tensor | None:
-    """Batched bitpack-w packing (codec 8): the ``n[i]`` plane bytes at ``src[i]`` stored as
-    ``width[i]`` bits each at ``dst[i]``. Long planes are cut into pieces of
-    ``plan.COPY_PIECE`` bytes (whole 8-byte groups: a piece's output starts on a byte), one
-    CTA each. Returns the op table as :func:`copy_ops` does."""
+def pack_ops(src, dst, n, width, src_width=None, batch: Batch | None = None
+             ) -> torch.Tensor | None:
+    """Batched bitpack-w packing (codec 8): the ``n[i]`` plane values at ``src[i]`` stored as
+    ``width[i]`` bits each at ``dst[i]`` (8: a byte each, as they are), the source a byte per
+    value or, where ``src_width[i]`` < 8, itself packed at that many bits. Long planes are cut
+    into pieces of ``plan.COPY_PIECE`` values (whole 8-value groups: a piece starts on a byte
+    in both), one CTA each. Returns the op table as :func:`copy_ops` does."""
     from s4weights.gpu.plan import COPY_PIECE, cut
 
     src, dst = (np.asarray(x, np.uint64).reshape(-1) for x in (src, dst))
     n, width = (np.asarray(x, np.int64).reshape(-1) for x in (n, width))
+    sw = np.full(n.size, 8, np.int64) if src_width is None else np.asarray(
+        src_width, np.int64).reshape(-1)
     op, off = cut(n, COPY_PIECE)
     if not op.size:
         return None
     own = batch is None
     batch = Batch() if own else batch
     batch.launch("copy", "pack_ops", int(op.size), 256, *batch.table(
-        src[op] + off.astype(np.uint64), dst[op] + (off // 8 * width[op]).astype(np.uint64),
-        np.minimum(n[op] - off, COPY_PIECE).astype(np.uint64), width[op].astype(np.uint8)))
+        src[op] + (off // 8 * sw[op]).astype(np.uint64),
+        dst[op] + (off // 8 * width[op]).astype(np.uint64),
+        np.minimum(n[op] - off, COPY_PIECE).astype(np.uint64), width[op].astype(np.uint8),
+        sw[op].astype(np.uint8)))
     return batch.run() if own else None
 
 

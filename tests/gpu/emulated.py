@@ -38,27 +38,46 @@ def at(addr, dtype, n) -> np.ndarray:
     return np.ctypeslib.as_array((ct * n).from_address(int(addr)))
 
 
+def pack_bits(values: np.ndarray, w: int) -> np.ndarray:
+    """Bitpack-w's stored bytes of ``values`` at ``w`` bits each (w = 8: the bytes)."""
+    return np.packbits(np.unpackbits(values[:, None], axis=1, count=w,
+                                     bitorder="little").reshape(-1), bitorder="little")
+
+
+def unpack_plane(addr: int, n: int, w: int) -> np.ndarray:
+    """``n`` plane values at ``addr``: bytes (w = 8) or packed at ``w`` bits each."""
+    if w == 8:
+        return at(addr, np.uint8, n).copy()
+    bits = np.unpackbits(at(addr, np.uint8, (n * w + 7) // 8), bitorder="little")
+    return np.packbits(bits[:n * w].reshape(n, w), axis=1, bitorder="little").reshape(-1)
+
+
 def launch(module: str, name: str, grid: int, block: int, *a) -> None:
     if grid <= 0:
         return
-    if name in LAYOUT:  # cs, c0, src, n, planes, hist, ones
+    if name in LAYOUT:  # cs, c0, src, n, planes, pack, hist, ones
         lay, word, hist_on, write = LAYOUT[name]
         nseg = int(at(a[0], np.int32, grid).max()) + 1
         src, n = at(a[2], np.uint64, nseg), at(a[3], np.int64, nseg)
         table = at(a[4], np.uint64, 5 * nseg).reshape(nseg, 5)
+        pack = at(a[5], np.uint8, nseg)
         for r in range(nseg):
             planes = lay.split(at(src[r], np.uint8, n[r] * word).copy(), word)
             if write:
                 bits = np.packbits(planes[0], bitorder="little")
                 at(table[r, 0], np.uint8, bits.size)[:] = bits
                 for k, p in enumerate(planes[1:]):
+                    f = lay.fields[1 + k]
+                    if pack[r] and f.kind == layouts.KIND_MANTISSA and f.bits < 8:
+                        assert table[r, 1 + k] % 4 == 0
+                        p = pack_bits(p, f.bits)
                     at(table[r, 1 + k], np.uint8, p.size)[:] = p
             if hist_on:
-                hist = at(int(a[5]) + 8192 * r, np.uint64, 1024)
+                hist = at(int(a[6]) + 8192 * r, np.uint64, 1024)
                 for k, p in enumerate(planes[1:]):
                     hist[256 * k:256 * (k + 1)] += np.bincount(p, minlength=256).astype(
                         np.uint64)
-                at(int(a[6]) + 8 * r, np.uint64, 1)[0] += int(planes[0].sum())
+                at(int(a[7]) + 8 * r, np.uint64, 1)[0] += int(planes[0].sum())
     elif name == "rans_normalise":  # hist, ones, n, sbits, fc, stats, tbytes, log2_block
         hist, ones = at(a[0], np.uint64, grid), at(a[1], np.uint64, grid)
         n, sbits = at(a[2], np.int64, grid), at(a[3], np.float64, rans.PROB_SCALE + 1)
@@ -90,22 +109,24 @@ def launch(module: str, name: str, grid: int, block: int, *a) -> None:
             ends = (int(np.argmax(c > 0)) | 255 - int(np.argmax(c[::-1] > 0)) << 16) if k else 0
             stats[q] = k, est, ends, len(table)
     elif name == "rans_encode":  # CTAs: plane, block, warps; planes: src, n, tab, scratch,
-        # first block; log2_block; per block: counts, states, firsts, varied
+        # first block, source width; log2_block; per block: counts, states, firsts, varied
         cplane, cblock = at(a[0], np.uint32, grid), at(a[1], np.uint32, grid)
         cwarps = at(a[2], np.uint8, grid)
         nq = int(cplane.max()) + 1
         src, n, tab = at(a[3], np.uint64, nq), at(a[4], np.int64, nq), at(a[5], np.uint64, nq)
-        scr, pfirst, lg = at(a[6], np.uint64, nq), at(a[7], np.int64, nq), int(a[8])
+        scr, pfirst = at(a[6], np.uint64, nq), at(a[7], np.int64, nq)
+        width, lg = at(a[8], np.uint8, nq), int(a[9])
         nb = int(pfirst[-1] + -(-int(n[-1]) >> lg))
-        counts, states = at(a[9], np.uint32, nb), at(a[10], np.uint32, 32 * nb)
-        firsts, varied = at(a[11], np.uint8, nb), at(a[12], np.uint8, nb)
+        counts, states = at(a[10], np.uint32, nb), at(a[11], np.uint32, 32 * nb)
+        firsts, varied = at(a[12], np.uint8, nb), at(a[13], np.uint8, nb)
         for c in range(grid):
             q = int(cplane[c])
             freqs = at(tab[q], np.uint32, 256).astype(np.int64)
+            plane = unpack_plane(int(src[q]), int(n[q]), int(width[q]))
             for k in range(int(cblock[c]), int(cblock[c]) + int(cwarps[c])):
                 start = k << lg
                 b = int(pfirst[q]) + k
-                data = at(int(src[q]) + start, np.uint8, min(int(n[q]) - start, 1 << lg)).copy()
+                data = plane[start:start + (1 << lg)].copy()
                 words = np.empty(data.size, np.uint16)
                 cnt, s_ = np.empty(1, np.int64), np.empty(rans.LANES, np.int64)
                 rans._encode_blocks(data, rans.LOG2_BLOCK_MAX, rans._encoder_table(freqs), words,
@@ -114,20 +135,15 @@ def launch(module: str, name: str, grid: int, block: int, *a) -> None:
                 states[32 * b:32 * (b + 1)] = s_
                 at(int(scr[q]) + 2 * start, np.uint16, cnt[0])[:] = words[:cnt[0]]
                 firsts[b], varied[b] = data[0], bool((data != data[0]).any())
-    elif name == "unpack_bits":  # bits, out, n
-        n = int(a[2])
-        at(a[1], np.uint8, n)[:] = np.unpackbits(at(a[0], np.uint8, (n + 7) // 8),
-                                                  bitorder="little")[:n]
     elif name == "copy_ops":  # src, dst, len
         for s, d, n in zip(*(at(x, np.uint64, grid).tolist() for x in a[:3])):
             ctypes.memmove(d, s, n)
-    elif name == "pack_ops":  # src, dst, n, w
-        for s, d, n, w in zip(*(at(x, np.uint64, grid).tolist() for x in a[:3]),
-                              at(a[3], np.uint8, grid).tolist()):
-            assert int(at(s, np.uint8, n).max()) < 1 << w
-            packed = np.packbits(np.unpackbits(at(s, np.uint8, n)[:, None], axis=1,
-                                               count=w, bitorder="little").reshape(-1),
-                                 bitorder="little")
+    elif name == "pack_ops":  # src, dst, n, w, source width
+        for s, d, n, w, sw in zip(*(at(x, np.uint64, grid).tolist() for x in a[:3]),
+                                  *(at(x, np.uint8, grid).tolist() for x in a[3:5])):
+            values = unpack_plane(s, n, sw)
+            assert int(values.max()) < 1 << w
+            packed = pack_bits(values, w)
             at(d, np.uint8, packed.size)[:] = packed
     elif name == "rans_place":  # njobs, first, scratch, words (per job), log2_block; per
         # block: count, excl

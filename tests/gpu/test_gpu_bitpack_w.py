@@ -1,7 +1,8 @@
 """Bitpack-w (codec 8) on a GPU: the pack kernel's bytes equal the CPU codec's for every width
-and length; files whose byte planes are bitpack-w of every width decode on the GPU exactly as
-on the CPU (whole and in chunks); the GPU writer's bitpack-w planes decode on the CPU. Skipped
-without CUDA and CuPy."""
+and length, from byte planes and from planes packed at another width; the split's packed narrow
+mantissa planes give the files of the byte-plane split; files whose byte planes are bitpack-w
+of every width decode on the GPU exactly as on the CPU (whole and in chunks); the GPU writer's
+bitpack-w planes decode on the CPU. Skipped without CUDA and CuPy."""
 
 from __future__ import annotations
 
@@ -19,7 +20,9 @@ import s4format  # noqa: E402
 import s4weights  # noqa: E402
 from s4format import codecs, dtypes, hashing, layouts  # noqa: E402
 from s4format.writer import CodedPlane, CodedTensor, Writer  # noqa: E402
-from s4weights.gpu import chunked, decode, runtime  # noqa: E402
+from s4weights.gpu import chunked, decode, encode, runtime  # noqa: E402
+from tests.gpu import test_packed_split  # noqa: E402
+from tests.gpu.emulated import pack_bits  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 RNG = np.random.default_rng(808)
@@ -40,6 +43,39 @@ def test_pack_kernel_bytes_equal_the_cpu_codec() -> None:
             want = np.asarray(BW.encode(p).payload)
             assert got[:want.size].tobytes() == want.tobytes(), (w, n)
             assert (got[want.size:] == 0xAB).all(), (w, n)  # nothing written past the end
+
+
+def test_pack_kernel_repacks_packed_planes() -> None:
+    # a plane the split stored at ws bits, stored at wd (narrower, or 8: its bytes as they are)
+    lengths = (1, 9, 255, 256, 257, 65536 + 77, 3 * 65536)
+    for ws in (1, 2, 7):
+        for wd in (*range(1, ws), 8):
+            planes = [RNG.integers(0, 1 << min(ws, wd), n, dtype=np.uint8) for n in lengths]
+            src = [torch.from_numpy(pack_bits(p, ws)).cuda() for p in planes]
+            dst = [torch.full(((n * wd + 7) // 8 + 16,), 0xAB, dtype=torch.uint8, device="cuda")
+                   for n in lengths]
+            runtime.pack_ops([s.data_ptr() for s in src], [d.data_ptr() for d in dst],
+                             list(lengths), [wd] * len(lengths), [ws] * len(lengths))
+            for p, d in zip(planes, dst):
+                got = d.cpu().numpy()
+                want = pack_bits(p, wd)
+                assert got[:want.size].tobytes() == want.tobytes(), (ws, wd, p.size)
+                assert (got[want.size:] == 0xAB).all(), (ws, wd, p.size)
+
+
+@pytest.mark.parametrize("workspace", [1 << 30, 3 << 20])
+def test_packed_split_files_equal_the_byte_split(workspace: int) -> None:
+    # the split packing narrow mantissa planes (copied, repacked, rANS-coded from the packed
+    # bits, or CONST) writes the file the byte-plane split writes, and it reads back exactly
+    tensors = {k: v.cuda() for k, v in test_packed_split._tensors().items()}
+    plain = encode.Encoder("auto", workspace=workspace)
+    plain.packs = False
+    blob = test_packed_split._file(encode.Encoder("auto", workspace=workspace), tensors)
+    assert blob == test_packed_split._file(plain, tensors)
+    reader = s4format.Reader(blob)
+    for i, t in enumerate(tensors.values()):
+        assert reader.read_raw(i).tobytes() == \
+            t.reshape(-1).view(torch.uint8).cpu().numpy().tobytes(), i
 
 
 def _file(n: int) -> tuple[bytes, list[np.ndarray]]:

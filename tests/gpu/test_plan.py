@@ -42,7 +42,9 @@ def test_encode_need_covers_planes_scratch_and_payloads(lay, isz) -> None:
     n = nbytes // isz
     planes = len(lay.fields) - 1
     need = plan.encode_need(lay, nbytes, isz)
-    assert need >= n // 8 + planes * n + 2 * n * (planes + 1) + n + nbytes
+    # the planes (a byte per element each, sign bits packed), two bytes of rANS scratch per
+    # symbol of every plane, the payloads
+    assert need >= n // 8 + planes * n + 2 * n * (planes + 1) + nbytes
     assert plan.encode_need(lay, nbytes, isz, gdeflate=True) > need
     assert plan.encode_need(None, 1000, 8) == plan.encode_need(layouts.RAW, 1000, 1) == 1024
 
@@ -112,16 +114,16 @@ def test_large_chunks_fit_the_workspace() -> None:
             for xor in (False, True):
                 for ws in (32 << 20, 188 << 20, 1 << 30):
                     n = 1 << 34
-                    c = plan.large_chunk(lay, size, ws, n, rans_planes, rans_planes > 0, xor, 16)
+                    c = plan.large_chunk(lay, size, ws, n, rans_planes, xor, 16)
                     assert c % plan.LARGE_ALIGN == 0 and c >= plan.LARGE_ALIGN
-                    need = plan.large_need(lay, size, c, rans_planes, rans_planes > 0, xor, 16)
+                    need = plan.large_need(lay, size, c, rans_planes, xor, 16)
                     digests = 2 * 8 * (n * size // 65536 + 1)
                     # fits, or is the smallest chunk there is
                     assert need + digests <= ws or c == plan.LARGE_ALIGN
                     # and uses most of it (chunks are sized from the need of the smallest)
                     assert need + digests > ws * 3 // 4 or c == plan.LARGE_ALIGN
         # a small tensor gets one chunk of its own rounded length, not the workspace's
-        assert plan.large_chunk(lay, size, 1 << 30, 3 << 20, 2, False, False, 16) == 3 << 20
+        assert plan.large_chunk(lay, size, 1 << 30, 3 << 20, 2, False, 16) == 3 << 20
 
 
 def test_large_staging_counts_a_byte_per_symbol_and_block_sections() -> None:

@@ -3,7 +3,7 @@
 // The host assembles every stored payload from pieces with it (stream headers and tables, rANS
 // counts and states, GDeflate page tables and pages, raw planes) into one compacted buffer per
 // group; rans_place lays the rANS blocks' words out, where only the device knows their sizes.
-#include "common.cuh"
+#include "packing.cuh"
 
 template <typename T>
 __device__ __forceinline__ void copy_as(const u8* s, u8* d, u64 n) {
@@ -75,20 +75,22 @@ extern "C" __global__ void rans_place(int njobs, const i64* first, const u64* sc
     copy_bytes(src, (u8*)words[lo] + at, 2 * (u64)count[b]);
 }
 
-// Bitpack-w (codec 8): op i packs n[i] plane bytes at src[i] into w[i] bits each at dst[i],
+// Bitpack-w (codec 8): op i packs n[i] plane values at src[i] into w[i] bits each at dst[i],
 // one CTA per op (``runtime.pack_ops`` cuts long planes into pieces of whole 8-byte groups).
-// Eight plane bytes become w stored bytes, the little-endian integer sum(b_j << (w * j)); a
-// last group of m < 8 bytes stores ceil(m * w / 8) bytes, its unused high bits 0. A warp packs
-// 32 groups (one 8-byte load per lane) into shared memory, then stores their 32 w bytes as
-// 4-byte words (the destination 4-aligned, as payloads are) or, at the end, byte by byte.
+// Eight values become w stored bytes, the little-endian integer sum(b_j << (w * j)); a last
+// group of m < 8 values stores ceil(m * w / 8) bytes, its unused high bits 0; w = 8 stores the
+// bytes as they are. The source holds a byte per value (sw[i] = 8) or is itself packed at
+// sw[i] bits (a plane the split stored packed, repacked narrower or to bytes). A warp packs 32
+// groups (one 8-byte load per lane) into shared memory, then stores their 32 w bytes as 4-byte
+// words (the destination 4-aligned, as payloads are) or, at the end, byte by byte.
 #define PACK_WARPS 8
 extern "C" __global__ void __launch_bounds__(32 * PACK_WARPS)
-pack_ops(const u64* src, const u64* dst, const u64* n, const u8* w) {
+pack_ops(const u64* src, const u64* dst, const u64* n, const u8* w, const u8* sw) {
     __shared__ __align__(16) u8 stage[PACK_WARPS][32 * 8];
     const u8* s = (const u8*)src[blockIdx.x];
     u8* d = (u8*)dst[blockIdx.x];
     const u64 len = n[blockIdx.x];
-    const u32 wd = w[blockIdx.x];
+    const u32 wd = w[blockIdx.x], ws = sw[blockIdx.x];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const bool vec = ((u64)s & 7) == 0, words = ((u64)d & 3) == 0;
     u8* st = stage[warp];
@@ -97,7 +99,9 @@ pack_ops(const u64* src, const u64* dst, const u64* n, const u8* w) {
         const u64 left = 8 * g < len ? len - 8 * g : 0;
         const u32 m = left < 8 ? (u32)left : 8;
         u64 v = 0;
-        if (m == 8 && vec) {
+        if (ws < 8) {
+            if (m) v = unpack8(s, 8 * g, m, ws);
+        } else if (m == 8 && vec) {
             v = ((const u64*)s)[g];
         } else {
             for (u32 j = 0; j < m; j++) v |= (u64)s[8 * g + j] << (8 * j);

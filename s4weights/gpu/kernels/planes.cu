@@ -5,7 +5,9 @@
 // the count of set sign bits), which the host needs for the codec choice and the rANS
 // frequency tables before anything is split (the encoder sizes its groups by them).
 // split: reads each element once and writes the packed sign bits (the bitpack codec's stored
-// form: bit i of the plane is bit i % 8 of byte i / 8) and one byte plane per other field.
+// form: bit i of the plane is bit i % 8 of byte i / 8) and one byte plane per other field, or,
+// where asked, the narrow mantissa field (7 bits in bf16 and fp32, 2 in fp16) as bitpack-w at
+// its width: the stored form that plane usually takes, so the assembly copies it as it is.
 // split_hist: both at once (a group that needs no sizing: one tensor alone, or a window that
 // fits the workspace whatever its planes take). One template (split_impl), the histograms and
 // the stores switched at compile time.
@@ -16,19 +18,22 @@
 // Every thread handles 8 consecutive elements, so its sign bits are exactly one stored byte and
 // its plane bytes one 8-byte store. Words are read and written as integers, never as floats
 // (NaN payloads survive).
-#include "common.cuh"
+#include "packing.cuh"
 
 #define SPLIT_THREADS 256
 #define SPLIT_WARPS (SPLIT_THREADS / 32)
 #define CHUNK_ELEMS 65536   // elements per CTA; a multiple of 8 * SPLIT_THREADS
 
 template <int L> struct Lay;
+// narrow(k): the width of byte plane k when it is a mantissa field narrower than a byte (the
+// plane the split may store as bitpack-w at that width), else 0.
 // bf16: sign 15 | exponent 14-7 | mantissa0 6-0
 template <> struct Lay<1> {
     typedef u16 W;
     static constexpr int NP = 2;
     static __device__ __forceinline__ int shift(int k) { return k == 0 ? 7 : 0; }
     static __device__ __forceinline__ u32 mask(int k) { return k == 0 ? 0xFFu : 0x7Fu; }
+    static __device__ __forceinline__ u32 narrow(int k) { return k == 1 ? 7 : 0; }
 };
 // fp16: sign 15 | exponent 14-10 | mantissa0 9-8 | mantissa1 7-0
 template <> struct Lay<2> {
@@ -36,6 +41,7 @@ template <> struct Lay<2> {
     static constexpr int NP = 3;
     static __device__ __forceinline__ int shift(int k) { return k == 0 ? 10 : (k == 1 ? 8 : 0); }
     static __device__ __forceinline__ u32 mask(int k) { return k == 0 ? 0x1Fu : (k == 1 ? 0x3u : 0xFFu); }
+    static __device__ __forceinline__ u32 narrow(int k) { return k == 1 ? 2 : 0; }
 };
 // fp32: sign 31 | exponent 30-23 | mantissa0 22-16 | mantissa1 15-8 | mantissa2 7-0
 template <> struct Lay<3> {
@@ -43,20 +49,44 @@ template <> struct Lay<3> {
     static constexpr int NP = 4;
     static __device__ __forceinline__ int shift(int k) { return k == 0 ? 23 : (k == 1 ? 16 : (k == 2 ? 8 : 0)); }
     static __device__ __forceinline__ u32 mask(int k) { return k == 0 ? 0xFFu : (k == 1 ? 0x7Fu : 0xFFu); }
+    static __device__ __forceinline__ u32 narrow(int k) { return k == 1 ? 7 : 0; }
 };
+
+// A warp's 32 groups of 8 values (lane l: group l, its values as the bytes of v, 0 past the
+// end) stored at wd bits each (bitpack-w) at `o`, the warp's first group's place: through the
+// warp's 256 bytes of shared memory, then as 4-byte words (o is 4-aligned), or, for the last
+// groups of a plane (`rest` values from the warp's first on, under 256), byte by byte up to
+// the plane's last stored byte. Every lane of the warp calls it.
+__device__ __forceinline__ void warp_pack(u8* o, u64 v, u32 wd, i64 rest, u8* st, int lane) {
+    u64 acc = 0;
+    for (u32 j = 0; j < 8; j++) acc |= ((v >> (8 * j)) & 0xFFu) << (wd * j);
+    for (u32 b = 0; b < wd; b++) st[lane * wd + b] = (u8)(acc >> (8 * b));
+    __syncwarp();
+    if (rest >= 256) {
+        for (u32 i = lane; i < 8 * wd; i += 32) ((u32*)o)[i] = ((const u32*)st)[i];
+    } else if (rest > 0) {
+        const u32 nb = (u32)((rest * wd + 7) / 8);
+        for (u32 i = lane; i < nb; i += 32) o[i] = st[i];
+    }
+    __syncwarp();
+}
 
 // Segment table, one entry per tensor, as parallel arrays:
 //   src/dst[s]     the tensor's words (split reads, merge writes)
 //   n[s]           elements
 //   planes[s*5+k]  k = 0: sign (packed bits or bytes), 1..: the byte planes in layout order
+//   pack[s]        split: 1 stores the narrow mantissa plane (Lay::narrow) as bitpack-w at its
+//                  width (the plane 4-aligned), 0 as bytes
 //   hist           u64[nseg][4][256] byte histograms of planes 1..NP; sign_ones u64[nseg]
 template <int L, bool HIST, bool WRITE>
 __device__ void split_impl(const int* chunk_seg, const i64* chunk_start, const u64* src,
-                           const i64* nelem, const u64* planes, u64* hist, u64* sign_ones) {
+                           const i64* nelem, const u64* planes, const u8* pack, u64* hist,
+                           u64* sign_ones) {
     typedef typename Lay<L>::W W;
     constexpr int NP = Lay<L>::NP;
     __shared__ u32 h[HIST ? SPLIT_WARPS : 1][NP][256];
-    const int tid = threadIdx.x, warp = tid >> 5;
+    __shared__ __align__(16) u8 stage[WRITE ? SPLIT_WARPS : 1][32 * 8];
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     if constexpr (HIST) {
         for (int i = tid; i < SPLIT_WARPS * NP * 256; i += SPLIT_THREADS) (&h[0][0][0])[i] = 0;
         __syncthreads();
@@ -68,11 +98,15 @@ __device__ void split_impl(const int* chunk_seg, const i64* chunk_start, const u
     const i64 c1 = c0 + CHUNK_ELEMS < n ? c0 + CHUNK_ELEMS : n;
     const W* in = (const W*)src[seg];
     u8* sign = WRITE ? (u8*)planes[seg * 5] : nullptr;
+    const bool packs = WRITE && pack[seg];
     const bool vec = ((u64)in & 15) == 0;
     u32 ones = 0;
-    for (i64 e = c0 + 8 * (i64)tid; e < c1; e += 8 * SPLIT_THREADS) {
+    // rounds of 8 * SPLIT_THREADS elements, every thread in every round (the packed stores are
+    // a warp's); a thread past the end has m = 0 and zeros
+    for (i64 r0 = c0; r0 < c1; r0 += 8 * SPLIT_THREADS) {
+        const i64 e = r0 + 8 * (i64)tid;
         W w[8];
-        const int m = c1 - e < 8 ? (int)(c1 - e) : 8;
+        const int m = e >= c1 ? 0 : (c1 - e < 8 ? (int)(c1 - e) : 8);
         if (m == 8 && vec) {
             if (sizeof(W) == 2) {
                 uint4 v = *(const uint4*)(in + e);
@@ -88,7 +122,7 @@ __device__ void split_impl(const int* chunk_seg, const i64* chunk_start, const u
         }
         u32 sbits = 0;
         for (int j = 0; j < 8; j++) sbits |= (u32)(w[j] >> (8 * sizeof(W) - 1)) << j;
-        if constexpr (WRITE) sign[e >> 3] = (u8)sbits;
+        if constexpr (WRITE) if (m) sign[e >> 3] = (u8)sbits;
         ones += __popc(sbits);
         for (int k = 0; k < NP; k++) {
             u64 packed = 0;
@@ -99,8 +133,15 @@ __device__ void split_impl(const int* chunk_seg, const i64* chunk_start, const u
             }
             if constexpr (WRITE) {
                 u8* out = (u8*)planes[seg * 5 + 1 + k];
-                if (m == 8) *(u64*)(out + e) = packed;
-                else for (int j = 0; j < m; j++) out[e + j] = (u8)(packed >> (8 * j));
+                const u32 nw = Lay<L>::narrow(k);
+                if (nw && packs) {  // the warp's groups start at element r0 + 256 warp
+                    const i64 ew = r0 + 256 * (i64)warp;
+                    warp_pack(out + (ew >> 3) * nw, packed, nw, c1 - ew, stage[warp], lane);
+                } else if (m == 8) {
+                    *(u64*)(out + e) = packed;
+                } else {
+                    for (int j = 0; j < m; j++) out[e + j] = (u8)(packed >> (8 * j));
+                }
             }
         }
     }
@@ -121,30 +162,6 @@ __device__ __forceinline__ u64 load8(const u8* p, i64 e, int m) {
     if (m == 8 && (((u64)(p + e)) & 7) == 0) return *(const u64*)(p + e);
     u64 v = 0;
     for (int j = 0; j < m; j++) v |= (u64)p[e + j] << (8 * j);
-    return v;
-}
-
-// 8 values of a bitpack-w plane of width w (1..7) at element e (a multiple of 8; m valid, the
-// rest 0) as 8 bytes: the group's ceil(m * w / 8) stored bytes, unpacked. The padding bits of
-// the last byte are the host's to check.
-__device__ __forceinline__ u64 unpack8(const u8* p, i64 e, int m, u32 w) {
-    const u8* g = p + (e >> 3) * w;
-    u64 acc = 0;
-    if (m == 8) {
-        // the aligned 4-byte words that hold the group's w bytes (only those: none past its
-        // last byte), shifted into place
-        const u32* q = (const u32*)((u64)g & ~(u64)3);
-        const u32 sh = 8 * (u32)((u64)g & 3);
-        acc = (u64)q[0] >> sh;
-        if (sh + 8 * w > 32) acc |= (u64)q[1] << (32 - sh);
-        if (sh + 8 * w > 64) acc |= (u64)q[2] << (64 - sh);
-    } else {
-        const u32 nb = (m * w + 7) / 8;
-        for (u32 b = 0; b < nb; b++) acc |= (u64)g[b] << (8 * b);
-    }
-    const u64 mask = (1ull << w) - 1;
-    u64 v = 0;
-    for (int j = 0; j < m; j++) v |= ((acc >> (w * j)) & mask) << (8 * j);
     return v;
 }
 
@@ -226,8 +243,8 @@ __device__ void merge_impl(const int* chunk_seg, const i64* chunk_start, const u
 #define S4_SPLIT(L, NAME, HIST, WRITE)                                                         \
     extern "C" __global__ void __launch_bounds__(SPLIT_THREADS) NAME(                          \
         const int* cs, const i64* c0, const u64* src, const i64* n, const u64* planes,         \
-        u64* hist, u64* ones) {                                                                \
-        split_impl<L, HIST, WRITE>(cs, c0, src, n, planes, hist, ones);                        \
+        const u8* pack, u64* hist, u64* ones) {                                                \
+        split_impl<L, HIST, WRITE>(cs, c0, src, n, planes, pack, hist, ones);                  \
     }
 #define S4_MERGE(L, NAME)                                                                      \
     extern "C" __global__ void __launch_bounds__(SPLIT_THREADS) NAME(                          \
@@ -245,12 +262,6 @@ S4_SPLIT(3, split_hist_fp32, true, true)
 S4_MERGE(1, merge_bf16)
 S4_MERGE(2, merge_fp16)
 S4_MERGE(3, merge_fp32)
-
-// Bytes 0/1 from packed bits (a sign plane that rANS codes needs its byte form).
-extern "C" __global__ void unpack_bits(const u8* bits, u8* out, i64 n) {
-    for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x)
-        out[i] = (bits[i >> 3] >> (i & 7)) & 1;
-}
 
 // out = a ^ b over n bytes (XOR delta against a parent tensor).
 extern "C" __global__ void xor_bytes(const u8* a, const u8* b, u8* out, i64 n) {

@@ -12,12 +12,14 @@
 // bottleneck; from shared memory they cost a few bank conflicts.) The encoder writes a block's
 // words to its own scratch region (at most one word per symbol) and its word count, 32 final
 // states, first symbol and "not constant" flag; the host then knows every stream size and
-// assembles the streams with the copy kernel.
+// assembles the streams with the copy kernel. A plane is read as bytes, or as the split stored
+// it packed (p_w[q] < 8: bitpack-w of that width, the sign plane's bits at 1), unpacked into
+// the warp's stage.
 //
 // Encoder table entry per symbol (uint4): x = x_max (renormalise while x >= x_max), y = the
 // reciprocal, z = the bias, w = shift | (4096 - freq) << 8; coding is
 // x' = x + bias + ((umulhi(x, rcp) >> shift) * (4096 - freq)).
-#include "common.cuh"
+#include "packing.cuh"
 
 #define RANS_WARPS 8          // warps (blocks of one plane) per CTA
 #define STAGE 512             // symbols staged in shared memory per warp step (16 rows)
@@ -30,7 +32,7 @@ __device__ __forceinline__ u32 lanemask_lt() {
 extern "C" __global__ void __launch_bounds__(RANS_WARPS * 32)
 rans_encode(const u32* cta_plane, const u32* cta_block, const u8* cta_warps, const u64* p_src,
             const i64* p_n, const u64* p_tab, const u64* p_scratch, const i64* p_first,
-            int log2_block, u32* counts, u32* states, u8* firsts, u8* varied) {
+            const u8* p_w, int log2_block, u32* counts, u32* states, u8* firsts, u8* varied) {
     __shared__ __align__(16) u8 stage[RANS_WARPS][STAGE];
     __shared__ uint4 tab[256];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -55,12 +57,13 @@ rans_encode(const u32* cta_plane, const u32* cta_block, const u8* cta_warps, con
     const u64 k = (u64)cta_block[blockIdx.x] + warp;  // the block inside the plane
     const u64 start = k << log2_block, rest = (u64)p_n[q] - start;
     const u64 b = (u64)p_first[q] + k;                // the block in the launch
-    const u8* src = (const u8*)p_src[q] + start;
+    const u32 sw = p_w[q];  // 8: bytes; else packed at sw bits (start is a multiple of 8)
+    const u8* src = (const u8*)p_src[q] + (sw == 8 ? start : (start >> 3) * sw);
     const u32 len = (u32)(rest < (1ull << log2_block) ? rest : (1ull << log2_block));
     u16* words = (u16*)p_scratch[q] + start;  // two bytes of scratch per symbol
     u8* st = stage[warp];
-    const bool vec = ((u64)src & 15) == 0;
-    const u8 first = src[0];
+    const bool vec = sw == 8 && ((u64)src & 15) == 0;
+    const u8 first = sw == 8 ? src[0] : (u8)unpack8(src, 0, 1, sw);
     const u32 lt = lanemask_lt();
     u32 x = 1u << 15, w = 0, diff = 0;
     // full chunks: the next chunk's 16 bytes per lane are loaded while this one is coded
@@ -72,6 +75,9 @@ rans_encode(const u32* cta_plane, const u32* cta_block, const u8* cta_warps, con
         if (vec && chunk == STAGE) {
             ((uint4*)st)[lane] = pre;
             if (base + 2 * STAGE <= len) pre = ((const uint4*)(src + base + STAGE))[lane];
+        } else if (sw < 8) {  // two groups of 8 per lane
+            for (u32 i0 = 16 * lane; i0 < 16 * lane + 16 && i0 < chunk; i0 += 8)
+                *(u64*)(st + i0) = unpack8(src, base + i0, chunk - i0 < 8 ? chunk - i0 : 8, sw);
         } else {
             for (u32 i = lane; i < chunk; i += 32) st[i] = src[base + i];
         }

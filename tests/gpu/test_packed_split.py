@@ -1,0 +1,145 @@
+"""The split storing narrow mantissa planes packed (bitpack-w at the field's width: 7 bits in
+bf16 and fp32, 2 in fp16), on the host with the kernels emulated (tests/gpu/emulated.py): every
+form such a plane can end in comes out byte for byte as the encoder without packing writes it,
+and reads back exactly on the CPU reader. A group split before its codecs are known packs
+every narrow plane and then copies it (bitpack-w at full width), repacks it (narrower, or to
+bytes), lets the rANS kernel read it packed (a skewed plane) or drops it (CONST); a group
+split after a histogram pass packs only the planes sure to be stored at full width. The GPU
+tests (test_gpu_codec.py and the rest) run the same paths on the H200."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+import torch
+
+import s4format
+from s4format import codecs, dtypes, layouts, objtree
+from s4format.writer import Writer
+from s4weights.gpu import encode
+from tests.gpu.emulated import emulate
+
+N = 150_000
+RNG = np.random.default_rng(2026)
+
+
+@pytest.fixture
+def emulated(monkeypatch):
+    emulate(monkeypatch)
+
+
+def _with_mantissa(dt: torch.dtype, mant: np.ndarray) -> torch.Tensor:
+    """Normal-ish values of ``dt`` whose narrow mantissa field is ``mant``."""
+    x = torch.from_numpy((RNG.standard_normal(mant.size) * 0.02).astype(np.float32)).to(dt)
+    if dt == torch.float32:
+        w = x.view(torch.int32).numpy().astype(np.uint32)
+        w = (w & ~np.uint32(0x7F << 16)) | (mant.astype(np.uint32) << 16)
+        return torch.from_numpy(w.view(np.int32)).view(torch.float32)
+    w = x.view(torch.int16).numpy().view(np.uint16)
+    if dt == torch.bfloat16:
+        w = (w & ~np.uint16(0x7F)) | mant.astype(np.uint16)
+    else:
+        w = (w & ~np.uint16(0x3 << 8)) | (mant.astype(np.uint16) << 8)
+    return torch.from_numpy(w.view(np.int16)).view(dt)
+
+
+def _tensors() -> dict[str, torch.Tensor]:
+    out = {}
+    for dt, bits in ((torch.bfloat16, 7), (torch.float32, 7), (torch.float16, 2)):
+        name = str(dt).removeprefix("torch.")
+        top = 1 << bits
+        out[f"{name}.full"] = _with_mantissa(dt, RNG.integers(0, top, N))
+        out[f"{name}.narrower"] = _with_mantissa(dt, RNG.integers(0, top // 2, N))
+        out[f"{name}.skewed"] = _with_mantissa(dt, RNG.geometric(0.35, N) % top)
+        out[f"{name}.const"] = _with_mantissa(dt, np.full(N, top - 1))
+        out[f"{name}.odd"] = _with_mantissa(dt, RNG.integers(0, top, 8 * 1037 + 5))  # a partial
+        # last group and warp
+    return out
+
+
+def _items(tensors) -> list[encode.Item]:
+    return [encode.Item(dtypes.BY_NAME[str(t.dtype).removeprefix("torch.")], tuple(t.shape),
+                        t.reshape(-1).view(torch.uint8)) for t in tensors]
+
+
+def _file(enc: encode.Encoder, tensors: dict[str, torch.Tensor]) -> bytes:
+    items = _items(tensors.values())
+    buf = io.BytesIO()
+    with Writer(buf) as w:
+        for (name, t), it, c in zip(tensors.items(), items, enc.code(items)):
+            w.add_coded(name, it.dtype, tuple(t.shape), c.coded, c.content_hash)
+        w.set_tree({k: objtree.TensorRef(i) for i, k in enumerate(tensors)})
+    return buf.getvalue()
+
+
+def _narrow_plane(reader: s4format.Reader, i: int):
+    return next(p for p in reader.tensors[i].planes if p.kind == layouts.KIND_MANTISSA
+                and p.index == 0)
+
+
+@pytest.mark.parametrize("workspace", [1 << 30, 3 << 20])
+def test_packed_planes_give_the_bytes_of_the_unpacked_split(emulated, workspace) -> None:
+    tensors = _tensors()
+    packed = encode.Encoder("auto", workspace=workspace)
+    plain = encode.Encoder("auto", workspace=workspace)
+    plain.packs = False
+    assert packed.packs
+    blob = _file(packed, tensors)
+    assert blob == _file(plain, tensors)
+    reader = s4format.Reader(blob)
+    for i, t in enumerate(tensors.values()):
+        assert reader.read_raw(i).tobytes() == t.reshape(-1).view(torch.uint8).numpy().tobytes()
+    # every form a packed plane can end in is there
+    got = {name: (_narrow_plane(reader, i).codec, bytes(_narrow_plane(reader, i).params))
+           for i, name in enumerate(tensors)}
+    for name, bits in (("bfloat16", 7), ("float32", 7), ("float16", 2)):
+        assert got[f"{name}.full"] == (codecs.BITPACK_W, bytes([bits]))
+        assert got[f"{name}.narrower"] == (codecs.BITPACK_W, bytes([bits - 1]))
+        assert got[f"{name}.const"][0] == codecs.RANS
+        if bits == 7:  # (two bits: rANS never saves 1/65 of bitpack-w there)
+            assert got[f"{name}.skewed"][0] == codecs.RANS
+
+
+def test_a_group_split_before_its_codecs_packs_every_narrow_plane(emulated) -> None:
+    tensors = _tensors()
+    items = _items(tensors.values())
+    enc = encode.Encoder("auto", workspace=1 << 30)
+    (g,) = enc.encode_device(items)
+    pl = g.planes
+    narrow = encode.narrow(pl)
+    assert narrow.sum() == len(items)
+    assert (pl.pw[narrow] == pl.bits[narrow]).all()
+    assert (pl.pw[pl.kind == layouts.KIND_SIGN] == 1).all()
+    # the copies: narrow planes stored at full width; the rest repacked, rANS-coded or CONST
+    full = narrow & (pl.form == encode.FORM_BITPACK_W) & (pl.width == pl.bits)
+    assert full.sum() == 6
+    assert (narrow & (pl.form == encode.FORM_BITPACK_W) & (pl.width < pl.bits)).sum() == 3
+
+
+def test_a_sized_group_packs_only_the_planes_stored_at_full_width(emulated) -> None:
+    tensors = _tensors()
+    items = _items(tensors.values())
+    enc = encode.Encoder("auto", workspace=3 << 20)
+    groups = enc.encode_device(items)
+    assert len(groups) > 1
+    for g in groups:
+        pl = g.planes
+        packed = encode.narrow(pl) & (pl.pw < 8)
+        assert (pl.form[packed] == encode.FORM_BITPACK_W).all()
+        assert (pl.width[packed] == pl.bits[packed]).all()
+    assert sum(int((encode.narrow(g.planes) & (g.planes.pw < 8)).sum()) for g in groups) == 6
+
+
+@pytest.mark.parametrize("pol,mantissa", [("auto-1.0", "auto"), ("auto", "rans"),
+                                          ("seed", "auto")])
+def test_other_policies_split_to_bytes(emulated, pol, mantissa) -> None:
+    enc = encode.Encoder(pol, mantissa=mantissa, workspace=1 << 30)
+    assert not enc.packs
+    tensors = _tensors()
+    (g,) = enc.encode_device(_items(tensors.values()))
+    assert (g.planes.pw[g.planes.kind != layouts.KIND_SIGN] == 8).all()
+    reader = s4format.Reader(_file(enc, tensors))
+    for i, t in enumerate(tensors.values()):
+        assert reader.read_raw(i).tobytes() == t.reshape(-1).view(torch.uint8).numpy().tobytes()
