@@ -151,6 +151,10 @@ class Planes:
         self.freqs: np.ndarray | None = None
         self.tab: np.ndarray | None = None
         self.tables: object = None  # the device buffer ``tab`` points into, while needed
+        # the buffer of the planes the split packs (``place_split``), their offsets in it (-1:
+        # a row not there)
+        self.fixed: torch.Tensor | None = None
+        self.fixed_off = np.full(self.n.size, -1, np.int64)
 
     _CHOSEN = ("nsym", "sym0", "tsize", "est_rans", "est_bp", "cand_rans", "cand_bp", "cand_gd",
                "runs_rans", "width", "est_bw", "cand_bw", "bw_first")
@@ -397,6 +401,23 @@ def pack_widths(pl: Planes) -> np.ndarray:
     return np.where(pl.kind == layouts.KIND_SIGN, 1, np.where(packed, pl.bits, 8))
 
 
+def place_split(n: np.ndarray, width: np.ndarray, packed: np.ndarray
+                ) -> tuple[np.ndarray, int, int]:
+    """Where a group's split stores its rows (``n`` elements at ``width`` bits,
+    ``plan.split_plane_bytes``): ``packed`` rows (narrow planes the split packs) back to back in
+    a buffer of their own, which the group's result keeps as part of its payloads (the
+    assembly copies nothing there), the others in the planes buffer, freed after the assembly.
+    Returns (each row's offset in its buffer, the planes buffer's bytes, the packed one's)."""
+    size = plan.split_plane_bytes(n, width)
+    off = np.zeros(size.size, np.int64)
+    totals = []
+    for sel in (~packed, packed):
+        s_ = size[sel]
+        off[sel] = np.cumsum(s_) - s_
+        totals.append(int(s_.sum()))
+    return off, totals[0], totals[1]
+
+
 def const_whole(counts: np.ndarray, n: int) -> bytes:
     """The CONST stream of a plane of ``n`` bytes that hold one symbol."""
     sym = int(np.flatnonzero(counts)[0])
@@ -409,7 +430,10 @@ class DeviceGroup:
     """Device-to-device result for one group: the compacted payloads on the device and every
     piece of metadata a writer needs (codec, sizes, offsets, plane checksums, content hashes;
     the last two once ``Encoder.finish`` has run, as ``encode_device`` and ``code`` do).
-    ``cpu[k]`` is the offset of item k's raw bytes in the buffer where the CPU coder codes it."""
+    ``cpu[k]`` is the offset of item k's raw bytes in the buffer where the CPU coder codes it.
+    The payloads are one image of ``total`` bytes: ``buffer``'s first ``fixed_at`` bytes, then
+    (where the split stored planes as they are stored, ``Planes.fixed``) ``fixed``'s bytes;
+    offsets (``planes.offset``, ``cpu``) are in the image."""
     items: list[Item]
     buffer: torch.Tensor
     total: int
@@ -420,6 +444,14 @@ class DeviceGroup:
     host: torch.Tensor | None = None
     done: torch.cuda.Event | None = None
     digests: tuple | None = None  # leaf digests on their way to the host (``finish``)
+    fixed: torch.Tensor | None = None
+    fixed_at: int = -1            # where ``fixed`` starts in the image (-1: not in it)
+
+    def payload(self, off: int, size: int) -> torch.Tensor:
+        """The device bytes of the image at ``off`` (within one of its two parts)."""
+        if self.fixed is not None and off >= self.fixed_at >= 0:
+            return self.fixed[off - self.fixed_at:off - self.fixed_at + size]
+        return self.buffer[off:off + size]
 
 
 def _rans_plan(n: np.ndarray, log2_block: int) -> dict:
@@ -438,8 +470,10 @@ class _Prepared:
     planes: Planes            # the plane table they were made for
     rows: np.ndarray          # its split rows
     width: np.ndarray         # how the split stores them (``Planes.pw``)
-    off: np.ndarray           # their offsets in the planes buffer
+    off: np.ndarray           # their offsets in the planes buffer, or the packed planes'
     total: int                # the planes buffer's bytes
+    infix: np.ndarray         # the rows in the packed planes' buffer (``place_split``)
+    fixed_total: int          # its bytes
     splits: list              # per layout: (id, sources, elements, rows per tensor, chunks,
     #                           pack flags)
     rans: dict | None         # ``_rans_plan`` of the rows the rANS kernel codes
@@ -548,14 +582,20 @@ class Encoder:
             return
         pl, tables, _none = self._histograms(items)
         nbytes = np.array([it.nbytes for it in items], np.int64)
-        need = plan.group_need(pl.item, pack_widths(pl), pl.kind != layouts.KIND_RAW, pl.n,
+        width = pack_widths(pl)
+        need = plan.group_need(pl.item, width, pl.kind != layouts.KIND_RAW, pl.n,
                                pl.runs_rans, pl.cand_gd, nbytes, self.log2_block)
+        # what a group's result holds on the device: its payloads (at most the raw bytes) and
+        # the planes its split packed as they are stored
+        held = nbytes + np.bincount(pl.item, weights=np.where(
+            narrow(pl) & (width < 8), plan.split_plane_bytes(pl.n, width), 0),
+            minlength=nbytes.size).astype(np.int64)
         first = np.searchsorted(pl.item, np.arange(len(items) + 1))
         run: list[int] = []
 
         def flush() -> Iterator[tuple[list[Item], Planes, int, tuple | None]]:
             groups = []
-            for grp in plan.groups_by_need(need[run].tolist(), nbytes[run].tolist(), budget,
+            for grp in plan.groups_by_need(need[run].tolist(), held[run].tolist(), budget,
                                            pipelined):
                 k0, k1 = run[grp.start], run[grp.stop - 1] + 1  # runs are consecutive
                 rows = np.arange(first[k0], first[k1])
@@ -664,11 +704,15 @@ class Encoder:
         # decides, ``pack_widths``)
         pw = np.where(field == 0, 1, np.where(
             pack & (np.asarray(kind, np.int64) == layouts.KIND_MANTISSA) & (bits < 8), bits, 8))
-        buf, rows_at = None, np.zeros(n.size, np.uint64)
-        if split:  # the planes, split rows in order
-            size = plan.split_plane_bytes(n, pw)
-            buf = runtime.device_empty(int(size.sum()))
-            rows_at = np.uint64(buf.data_ptr()) + (np.cumsum(size) - size).astype(np.uint64)
+        buf, fixed, rows_at = None, None, np.zeros(n.size, np.uint64)
+        infix = (field > 0) & (pw < 8)  # the packed narrow planes
+        if split:  # the planes, split rows in order (the packed ones in a buffer of their own)
+            off, total, ftotal = place_split(n, pw, infix)
+            buf = runtime.device_empty(total)
+            fixed = runtime.device_empty(ftotal) if ftotal else None
+            rows_at = np.uint64(buf.data_ptr()) + off.astype(np.uint64)
+            if fixed is not None:
+                rows_at[infix] = np.uint64(fixed.data_ptr()) + off[infix].astype(np.uint64)
         nseg = len(split_k)
         batch = runtime.Batch() if batch is None else batch
         hist = torch.zeros(nseg * 1025 + 1, dtype=torch.int64, device="cuda")
@@ -712,6 +756,8 @@ class Encoder:
         kind = kind + [layouts.KIND_RAW] * len(raws)
         bits = np.concatenate((bits, np.full(len(raws), 8, np.int64)))
         pw = np.concatenate((pw, np.full(len(raws), 8, np.int64)))
+        fixed_off = np.concatenate((np.where(infix, off, -1) if split else np.full(n.size, -1),
+                                    np.full(len(raws), -1))).astype(np.int64)
         index = [f.index for lay in lays for f in lay.fields] + [0] * len(raws)
         nrow = np.concatenate((n, [items[k].nbytes for k in raws])).astype(np.int64)
         ptr = np.concatenate((rows_at,
@@ -735,10 +781,11 @@ class Encoder:
             tdev[at_row[:ps]] = split_tdev
             item, nrow, ptr = item[order], nrow[order], ptr[order]
             kind, index = np.asarray(kind)[order], np.asarray(index)[order]
-            bits, pw = bits[order], pw[order]
+            bits, pw, fixed_off = bits[order], pw[order], fixed_off[order]
         else:  # split rows only: already in item order
             stats, tab, tdev = split_stats.copy(), split_tab, split_tdev
         pl = Planes(item, kind, index, nrow, ptr, None, stats, tdev, bits, pw)
+        pl.fixed, pl.fixed_off = fixed, fixed_off
         pl.tab = tab
         self.candidates(pl)
         return pl, (fc, meta, tables), buf
@@ -785,8 +832,9 @@ class Encoder:
         nbytes = np.array([it.nbytes for it in items], np.int64)
         cpu |= set(np.flatnonzero(stored > nbytes).tolist())
         prof.mark("choose")
-        buf, total, live, cpu_at, keep, pay_dig, pay_first = self._assemble(
+        buf, total, fixed_at, live, cpu_at, keep, pay_dig, pay_first = self._assemble(
             items, pl, sorted(cpu), r, gd)
+        fixed, pl.fixed = (pl.fixed if fixed_at >= 0 else None), None
         # the window's encoder-table inputs and frequency tables are no longer this group's
         # once its copy is queued (stream order keeps them until it has run)
         pl.tables = None
@@ -803,7 +851,7 @@ class Encoder:
         prof.mark("payload hash")
         prof.report()
         del planes_buf, r, gd, keep
-        g = DeviceGroup(items, buf, total, pl, live, cpu_at, [])
+        g = DeviceGroup(items, buf, total, pl, live, cpu_at, [], fixed=fixed, fixed_at=fixed_at)
         g.digests = (host, arrived, nbytes, content_first, pay_first)
         return g
 
@@ -833,8 +881,11 @@ class Encoder:
         cs = self._copy_stream
         cs.wait_event(ready)
         with torch.cuda.stream(cs):
-            if g.total:
-                g.host[:g.total].copy_(g.buffer[:g.total], non_blocking=True)
+            end = g.total if g.fixed_at < 0 else g.fixed_at
+            if end:
+                g.host[:end].copy_(g.buffer[:end], non_blocking=True)
+            if g.fixed_at >= 0:
+                g.host[g.fixed_at:g.total].copy_(g.fixed, non_blocking=True)
             g.done = torch.cuda.Event()
             g.done.record(cs)
 
@@ -842,7 +893,7 @@ class Encoder:
         self.finish(g)
         g.done.synchronize()
         host = g.host.numpy()
-        g.buffer = None  # the copy has run: the device buffer can go
+        g.buffer = g.fixed = None  # the copy has run: the device buffers can go
         pl = g.planes
         # rows are in item order: item k's planes are rows first[k] .. first[k + 1] - 1
         first = np.searchsorted(pl.item, np.arange(len(g.items) + 1)).tolist()
@@ -869,8 +920,8 @@ class Encoder:
         rows = np.flatnonzero(pl.kind != layouts.KIND_RAW)
         n = pl.n[rows]
         width = pack_widths(pl)
-        size = plan.split_plane_bytes(n, width[rows])
-        off = np.cumsum(size) - size
+        infix = narrow(pl)[rows] & (width[rows] < 8)
+        off, total, ftotal = place_split(n, width[rows], infix)
         first = np.searchsorted(pl.item, np.arange(len(items) + 1))
         split = [k for k, it in enumerate(items)
                  if it.layout is not None and it.layout is not layouts.RAW]
@@ -886,7 +937,7 @@ class Encoder:
                              plan.chunk_table(nel),
                              (width[at_rows] < 8)[:, 1:].any(axis=1).astype(np.uint8)))
         jobs = np.flatnonzero(pl.runs_rans)
-        return _Prepared(pl, rows, width[rows], off, int(size.sum()), launches,
+        return _Prepared(pl, rows, width[rows], off, total, infix, ftotal, launches,
                          _rans_plan(pl.n[jobs], self.log2_block) if jobs.size else None)
 
     def _split(self, pl: Planes, prep: _Prepared, batch: runtime.Batch) -> torch.Tensor:
@@ -897,6 +948,11 @@ class Encoder:
         buf = runtime.device_empty(prep.total)
         pl.ptr[prep.rows] = np.uint64(buf.data_ptr()) + prep.off.astype(np.uint64)
         pl.pw[prep.rows] = prep.width
+        if prep.fixed_total:
+            pl.fixed = runtime.device_empty(prep.fixed_total)
+            fr = prep.rows[prep.infix]
+            pl.ptr[fr] = np.uint64(pl.fixed.data_ptr()) + prep.off[prep.infix].astype(np.uint64)
+            pl.fixed_off[fr] = prep.off[prep.infix]
         for lay_id, src, nel, at_rows, chunks, pack in prep.splits:
             launch_split(lay_id, src, nel, pl.ptr[at_rows], 0, 0, batch, "split", chunks, pack)
         return buf
@@ -1016,29 +1072,43 @@ class Encoder:
         bytes of every payload (``pl.heads``), the frequency tables the device made
         (``pl.dtab``), raw and bitpacked planes, the rANS planes' word counts and final states,
         and the raw bytes of the items the CPU codes; one launch places every rANS block's
-        words (:meth:`_place`); then launch the payloads' leaf digests. Returns (buffer,
-        bytes used, the live rows, where each CPU-coded item's bytes are, the launches'
-        tables to keep, the payload digests and their first index per live row)."""
+        words (:meth:`_place`); then launch the payloads' leaf digests. Planes the split packed
+        as they are stored stay where it put them (``Planes.fixed``: the second part of the
+        group's payload image, after the buffer's bytes). Returns (buffer, bytes of the image,
+        where ``Planes.fixed`` starts in it or -1, the live rows, where each CPU-coded item's
+        bytes are, the launches' tables to keep, the payload digests and their first index per
+        live row)."""
         live = np.flatnonzero(~np.isin(pl.item, cpu)) if cpu else np.arange(len(pl))
-        sizes = np.concatenate((pl.size[live], [items[k].nbytes for k in cpu])).astype(np.int64)
+        form, pw = pl.form[live], pl.pw[live]
+        # the plane's bytes as the split stored them: raw bytes, sign bits for bitpack, a
+        # plane packed at the width bitpack-w stores; those in ``pl.fixed`` are not moved
+        plain = (((form == FORM_RAW) & (pw == 8)) | (form == FORM_BITPACK)
+                 | ((form == FORM_BITPACK_W) & (pw == pl.width[live])))
+        kept = plain & (pl.fixed_off[live] >= 0)
+        placed = ~kept
+        sizes = np.concatenate((pl.size[live][placed], [items[k].nbytes for k in cpu])
+                               ).astype(np.int64)
         offs = np.zeros(sizes.size + 1, dtype=np.int64)
         np.cumsum((sizes + ALIGN_PAYLOAD - 1) // ALIGN_PAYLOAD * ALIGN_PAYLOAD, out=offs[1:])
         total = int(offs[-1])
         out = runtime.device_empty(total)
         base = np.uint64(out.data_ptr())
-        pl.offset[live] = offs[:live.size]
-        at = base + pl.offset[live].astype(np.uint64)
-        form, pw = pl.form[live], pl.pw[live]
+        fixed_at = -1
+        pl.offset[live[placed]] = offs[:int(placed.sum())]
+        if kept.any():  # (planes of it that took another form leave their bytes unused there)
+            fixed_at = total
+            pl.offset[live[kept]] = fixed_at + pl.fixed_off[live[kept]]
+            total = fixed_at + int(pl.fixed.numel())
+        # every live payload's device address, and where placed ones go
+        addr = np.where(kept, pl.ptr[live], base + pl.offset[live].astype(np.uint64))
+        at = addr
         src: list[np.ndarray] = []
         dst: list[np.ndarray] = []
         ln: list[np.ndarray] = []
-        # the plane's bytes as the split stored them: raw bytes, sign bits for bitpack, a
-        # plane packed at the width bitpack-w stores
-        plain = (((form == FORM_RAW) & (pw == 8)) | (form == FORM_BITPACK)
-                 | ((form == FORM_BITPACK_W) & (pw == pl.width[live])))
-        src.append(pl.ptr[live][plain])
-        dst.append(at[plain])
-        ln.append(pl.size[live][plain].astype(np.uint64))
+        copied = plain & placed
+        src.append(pl.ptr[live][copied])
+        dst.append(at[copied])
+        ln.append(pl.size[live][copied].astype(np.uint64))
         headed = pl.head[live] > 0
         keep = []
         if headed.any():
@@ -1081,10 +1151,10 @@ class Encoder:
             src.append(pa)
             dst.append(at[q] + np.uint64(pl.head[row]) + np.cumsum(pn) - pn)
             ln.append(pn)
-        cpu_at = {k: int(offs[live.size + j]) for j, k in enumerate(cpu)}
+        cpu_at = {k: int(offs[int(placed.sum()) + j]) for j, k in enumerate(cpu)}
         if cpu:
             src.append(np.array([items[k].data.data_ptr() for k in cpu], np.uint64))
-            dst.append(base + offs[live.size:-1].astype(np.uint64))
+            dst.append(base + offs[int(placed.sum()):-1].astype(np.uint64))
             ln.append(np.array([items[k].nbytes for k in cpu], np.uint64))
         batch = runtime.Batch()  # the copies and the payload digests, tables in one upload
         runtime.copy_ops(np.concatenate(src), np.concatenate(dst), np.concatenate(ln), batch)
@@ -1092,10 +1162,9 @@ class Encoder:
             runtime.pack_ops(*pack, batch=batch)
         if words is not None:  # every block's words after the words of its stream's blocks before
             keep.append(self._place(r, words, batch))
-        pay_dig, pay_first = runtime.leaf_digests(base + pl.offset[live].astype(np.uint64),
-                                                  pl.size[live], batch)
+        pay_dig, pay_first = runtime.leaf_digests(addr, pl.size[live], batch)
         keep.append(batch.run())
-        return out, total, live, cpu_at, keep, pay_dig, pay_first
+        return out, total, fixed_at, live, cpu_at, keep, pay_dig, pay_first
 
     @staticmethod
     def _place(r: dict, words: np.ndarray, batch: runtime.Batch) -> torch.Tensor:

@@ -116,7 +116,7 @@ def test_device_to_device_groups_hold_the_same_payloads(emulated, workspace) -> 
                         hashing.plane_checksum(bytes(p.payload))
                     assert (int(pl.codec[q]), int(pl.checksum[q])) == (p.codec, want)
                     off, size = int(pl.offset[q]), int(pl.size[q])
-                    assert g.buffer[off:off + size].numpy().tobytes() == bytes(p.payload)
+                    assert g.payload(off, size).numpy().tobytes() == bytes(p.payload)
             k += 1
     assert k == len(items)
 

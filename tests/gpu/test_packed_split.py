@@ -116,6 +116,18 @@ def test_a_group_split_before_its_codecs_packs_every_narrow_plane(emulated) -> N
     full = narrow & (pl.form == encode.FORM_BITPACK_W) & (pl.width == pl.bits)
     assert full.sum() == 6
     assert (narrow & (pl.form == encode.FORM_BITPACK_W) & (pl.width < pl.bits)).sum() == 3
+    # the full-width planes stay where the split put them: the image's second part
+    assert g.fixed is not None and 0 < g.fixed_at < g.total == g.fixed_at + g.fixed.numel()
+    assert (pl.offset[full] >= g.fixed_at).all()
+    assert (pl.offset[pl.offset >= 0][~full[pl.offset >= 0]] < g.fixed_at).all()
+
+
+def test_a_group_whose_packed_planes_all_take_other_forms_has_one_part(emulated) -> None:
+    tensors = {k: v for k, v in _tensors().items() if not k.endswith((".full", ".odd"))}
+    (g,) = encode.Encoder("auto", workspace=1 << 30).encode_device(
+        _items(tensors.values()))
+    assert g.fixed is None and g.fixed_at == -1 and g.planes.fixed is None
+    assert g.total == g.buffer.numel()
 
 
 def test_a_sized_group_packs_only_the_planes_stored_at_full_width(emulated) -> None:
@@ -129,6 +141,8 @@ def test_a_sized_group_packs_only_the_planes_stored_at_full_width(emulated) -> N
         packed = encode.narrow(pl) & (pl.pw < 8)
         assert (pl.form[packed] == encode.FORM_BITPACK_W).all()
         assert (pl.width[packed] == pl.bits[packed]).all()
+        assert (g.fixed is None) == (not packed.any())
+        assert (pl.offset[packed] >= g.fixed_at).all()
     assert sum(int((encode.narrow(g.planes) & (g.planes.pw < 8)).sum()) for g in groups) == 6
 
 

@@ -25,15 +25,15 @@
 #define CHUNK_ELEMS 65536   // elements per CTA; a multiple of 8 * SPLIT_THREADS
 
 template <int L> struct Lay;
-// narrow(k): the width of byte plane k when it is a mantissa field narrower than a byte (the
-// plane the split may store as bitpack-w at that width), else 0.
+// NARROW: the width of byte plane 1, a mantissa field narrower than a byte in every layout
+// here (the plane the split may store as bitpack-w at that width).
 // bf16: sign 15 | exponent 14-7 | mantissa0 6-0
 template <> struct Lay<1> {
     typedef u16 W;
     static constexpr int NP = 2;
     static __device__ __forceinline__ int shift(int k) { return k == 0 ? 7 : 0; }
     static __device__ __forceinline__ u32 mask(int k) { return k == 0 ? 0xFFu : 0x7Fu; }
-    static __device__ __forceinline__ u32 narrow(int k) { return k == 1 ? 7 : 0; }
+    static constexpr u32 NARROW = 7;
 };
 // fp16: sign 15 | exponent 14-10 | mantissa0 9-8 | mantissa1 7-0
 template <> struct Lay<2> {
@@ -41,7 +41,7 @@ template <> struct Lay<2> {
     static constexpr int NP = 3;
     static __device__ __forceinline__ int shift(int k) { return k == 0 ? 10 : (k == 1 ? 8 : 0); }
     static __device__ __forceinline__ u32 mask(int k) { return k == 0 ? 0x1Fu : (k == 1 ? 0x3u : 0xFFu); }
-    static __device__ __forceinline__ u32 narrow(int k) { return k == 1 ? 2 : 0; }
+    static constexpr u32 NARROW = 2;
 };
 // fp32: sign 31 | exponent 30-23 | mantissa0 22-16 | mantissa1 15-8 | mantissa2 7-0
 template <> struct Lay<3> {
@@ -49,33 +49,56 @@ template <> struct Lay<3> {
     static constexpr int NP = 4;
     static __device__ __forceinline__ int shift(int k) { return k == 0 ? 23 : (k == 1 ? 16 : (k == 2 ? 8 : 0)); }
     static __device__ __forceinline__ u32 mask(int k) { return k == 0 ? 0xFFu : (k == 1 ? 0x7Fu : 0xFFu); }
-    static __device__ __forceinline__ u32 narrow(int k) { return k == 1 ? 7 : 0; }
+    static constexpr u32 NARROW = 7;
 };
 
 // A warp's 32 groups of 8 values (lane l: group l, its values as the bytes of v, 0 past the
-// end) stored at wd bits each (bitpack-w) at `o`, the warp's first group's place: through the
-// warp's 256 bytes of shared memory, then as 4-byte words (o is 4-aligned), or, for the last
-// groups of a plane (`rest` values from the warp's first on, under 256), byte by byte up to
-// the plane's last stored byte. Every lane of the warp calls it.
-__device__ __forceinline__ void warp_pack(u8* o, u64 v, u32 wd, i64 rest, u8* st, int lane) {
+// end) stored at WD bits each (bitpack-w) at `o`, the warp's first group's place (4-aligned):
+// the warp's 256 WD bits are 8 WD words, word i the bits 32 i .. 32 i + 31, which lie in the
+// groups of lanes 32 i / (8 WD) and the next (WD = 2 or 7); each lane makes words lane and
+// lane + 32 from those lanes' bits by shuffles and stores them, or, for the last groups of a
+// plane (`rest` values from the warp's first on, under 256), their bytes up to the plane's
+// last stored byte. Every lane of the warp calls it.
+template <u32 WD>
+__device__ __forceinline__ void warp_pack(u8* o, u64 v, i64 rest, int lane) {
+    constexpr u32 B = 8 * WD, NW = 8 * WD;  // bits per lane, words per warp
     u64 acc = 0;
-    for (u32 j = 0; j < 8; j++) acc |= ((v >> (8 * j)) & 0xFFu) << (wd * j);
-    for (u32 b = 0; b < wd; b++) st[lane * wd + b] = (u8)(acc >> (8 * b));
-    __syncwarp();
-    if (rest >= 256) {
-        for (u32 i = lane; i < 8 * wd; i += 32) ((u32*)o)[i] = ((const u32*)st)[i];
-    } else if (rest > 0) {
-        const u32 nb = (u32)((rest * wd + 7) / 8);
-        for (u32 i = lane; i < nb; i += 32) o[i] = st[i];
+#pragma unroll
+    for (u32 j = 0; j < 8; j++) acc |= ((v >> (8 * j)) & 0xFFu) << (WD * j);
+    const u32 lo = (u32)acc, hi = (u32)(acc >> 32);
+    u32 word[2] = {0, 0};
+#pragma unroll
+    for (u32 r = 0; r < 2; r++) {
+        if (32 * r >= NW) break;  // (uniform)
+        const u32 bit = 32 * (lane + 32 * r);
+        const u32 l0 = bit / B, o0 = bit % B;
+        const u32 s0 = l0 < 31 ? l0 : 31, s1 = l0 + 1 < 31 ? l0 + 1 : 31;
+        const u64 a0 = (u64)__shfl_sync(0xFFFFFFFFu, lo, s0)
+                       | (u64)__shfl_sync(0xFFFFFFFFu, hi, s0) << 32;
+        const u64 a1 = (u64)__shfl_sync(0xFFFFFFFFu, lo, s1)
+                       | (u64)__shfl_sync(0xFFFFFFFFu, hi, s1) << 32;
+        u64 x = a0 >> o0;
+        if (B - o0 < 32) x |= a1 << (B - o0);
+        word[r] = (u32)x;
     }
-    __syncwarp();
+    if (rest >= 256) {
+        if (lane < NW) ((u32*)o)[lane] = word[0];
+        if (lane + 32 < NW) ((u32*)o)[lane + 32] = word[1];
+    } else if (rest > 0) {
+        const u32 nb = (u32)((rest * WD + 7) / 8);
+        for (u32 r = 0; r < 2; r++)
+            for (u32 b = 0; b < 4; b++) {
+                const u32 at = 4 * (lane + 32 * r) + b;
+                if (at < nb) o[at] = (u8)(word[r] >> (8 * b));
+            }
+    }
 }
 
 // Segment table, one entry per tensor, as parallel arrays:
 //   src/dst[s]     the tensor's words (split reads, merge writes)
 //   n[s]           elements
 //   planes[s*5+k]  k = 0: sign (packed bits or bytes), 1..: the byte planes in layout order
-//   pack[s]        split: 1 stores the narrow mantissa plane (Lay::narrow) as bitpack-w at its
+//   pack[s]        split: 1 stores the narrow mantissa plane (Lay::NARROW) as bitpack-w at its
 //                  width (the plane 4-aligned), 0 as bytes
 //   hist           u64[nseg][4][256] byte histograms of planes 1..NP; sign_ones u64[nseg]
 template <int L, bool HIST, bool WRITE>
@@ -85,7 +108,6 @@ __device__ void split_impl(const int* chunk_seg, const i64* chunk_start, const u
     typedef typename Lay<L>::W W;
     constexpr int NP = Lay<L>::NP;
     __shared__ u32 h[HIST ? SPLIT_WARPS : 1][NP][256];
-    __shared__ __align__(16) u8 stage[WRITE ? SPLIT_WARPS : 1][32 * 8];
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     if constexpr (HIST) {
         for (int i = tid; i < SPLIT_WARPS * NP * 256; i += SPLIT_THREADS) (&h[0][0][0])[i] = 0;
@@ -133,10 +155,10 @@ __device__ void split_impl(const int* chunk_seg, const i64* chunk_start, const u
             }
             if constexpr (WRITE) {
                 u8* out = (u8*)planes[seg * 5 + 1 + k];
-                const u32 nw = Lay<L>::narrow(k);
-                if (nw && packs) {  // the warp's groups start at element r0 + 256 warp
+                if (k == 1 && packs) {  // the warp's groups start at element r0 + 256 warp
                     const i64 ew = r0 + 256 * (i64)warp;
-                    warp_pack(out + (ew >> 3) * nw, packed, nw, c1 - ew, stage[warp], lane);
+                    warp_pack<Lay<L>::NARROW>(out + (ew >> 3) * Lay<L>::NARROW, packed,
+                                              c1 - ew, lane);
                 } else if (m == 8) {
                     *(u64*)(out + e) = packed;
                 } else {
