@@ -23,6 +23,16 @@
 #define SPLIT_THREADS 256
 #define SPLIT_WARPS (SPLIT_THREADS / 32)
 #define CHUNK_ELEMS 65536   // elements per CTA; a multiple of 8 * SPLIT_THREADS
+// Tuning, fixed at compile time: SPLIT_G / MERGE_G rounds of 8 elements per thread whose loads
+// are issued together (bench/kernel_variants.py measures the choices on a GPU; on the H200,
+// 1 GiB of bf16: split_hist 1.10 ms at SPLIT_G 1, 1.03 at 2; merge 1.03 / 0.80 / 0.88 ms at
+// MERGE_G 1 / 2 / 4).
+#ifndef SPLIT_G
+#define SPLIT_G 2
+#endif
+#ifndef MERGE_G
+#define MERGE_G 2
+#endif
 
 template <int L> struct Lay;
 // NARROW: the width of byte plane 1, a mantissa field narrower than a byte in every layout
@@ -123,46 +133,56 @@ __device__ void split_impl(const int* chunk_seg, const i64* chunk_start, const u
     const bool packs = WRITE && pack[seg];
     const bool vec = ((u64)in & 15) == 0;
     u32 ones = 0;
-    // rounds of 8 * SPLIT_THREADS elements, every thread in every round (the packed stores are
-    // a warp's); a thread past the end has m = 0 and zeros
-    for (i64 r0 = c0; r0 < c1; r0 += 8 * SPLIT_THREADS) {
-        const i64 e = r0 + 8 * (i64)tid;
-        W w[8];
-        const int m = e >= c1 ? 0 : (c1 - e < 8 ? (int)(c1 - e) : 8);
-        if (m == 8 && vec) {
-            if (sizeof(W) == 2) {
-                uint4 v = *(const uint4*)(in + e);
-                const W* p = (const W*)&v;
-                for (int j = 0; j < 8; j++) w[j] = p[j];
-            } else {
-                uint4 v0 = *(const uint4*)(in + e), v1 = *(const uint4*)(in + e + 4);
-                w[0] = v0.x; w[1] = v0.y; w[2] = v0.z; w[3] = v0.w;
-                w[4] = v1.x; w[5] = v1.y; w[6] = v1.z; w[7] = v1.w;
-            }
-        } else {
-            for (int j = 0; j < 8; j++) w[j] = j < m ? in[e + j] : (W)0;
-        }
-        u32 sbits = 0;
-        for (int j = 0; j < 8; j++) sbits |= (u32)(w[j] >> (8 * sizeof(W) - 1)) << j;
-        if constexpr (WRITE) if (m) sign[e >> 3] = (u8)sbits;
-        ones += __popc(sbits);
-        for (int k = 0; k < NP; k++) {
-            u64 packed = 0;
-            for (int j = 0; j < 8; j++) {
-                u32 b = ((u32)w[j] >> Lay<L>::shift(k)) & Lay<L>::mask(k);
-                packed |= (u64)b << (8 * j);
-                if constexpr (HIST) if (j < m) atomicAdd(&h[warp][k][b], 1u);
-            }
-            if constexpr (WRITE) {
-                u8* out = (u8*)planes[seg * 5 + 1 + k];
-                if (k == 1 && packs) {  // the warp's groups start at element r0 + 256 warp
-                    const i64 ew = r0 + 256 * (i64)warp;
-                    warp_pack<Lay<L>::NARROW>(out + (ew >> 3) * Lay<L>::NARROW, packed,
-                                              c1 - ew, lane);
-                } else if (m == 8) {
-                    *(u64*)(out + e) = packed;
+    // rounds of 8 * SPLIT_THREADS elements, SPLIT_G at a time (every load of a step before its
+    // work), every thread in every round (the packed stores are a warp's); a thread past the
+    // end has m = 0 and zeros
+    for (i64 s0 = c0; s0 < c1; s0 += SPLIT_G * 8 * SPLIT_THREADS) {
+        W w[SPLIT_G][8];
+        int m[SPLIT_G];
+#pragma unroll
+        for (int g = 0; g < SPLIT_G; g++) {
+            const i64 e = s0 + (i64)g * 8 * SPLIT_THREADS + 8 * (i64)tid;
+            m[g] = e >= c1 ? 0 : (c1 - e < 8 ? (int)(c1 - e) : 8);
+            if (m[g] == 8 && vec) {
+                if (sizeof(W) == 2) {
+                    uint4 v = *(const uint4*)(in + e);
+                    const W* p = (const W*)&v;
+                    for (int j = 0; j < 8; j++) w[g][j] = p[j];
                 } else {
-                    for (int j = 0; j < m; j++) out[e + j] = (u8)(packed >> (8 * j));
+                    uint4 v0 = *(const uint4*)(in + e), v1 = *(const uint4*)(in + e + 4);
+                    w[g][0] = v0.x; w[g][1] = v0.y; w[g][2] = v0.z; w[g][3] = v0.w;
+                    w[g][4] = v1.x; w[g][5] = v1.y; w[g][6] = v1.z; w[g][7] = v1.w;
+                }
+            } else {
+                for (int j = 0; j < 8; j++) w[g][j] = j < m[g] ? in[e + j] : (W)0;
+            }
+        }
+#pragma unroll
+        for (int g = 0; g < SPLIT_G; g++) {
+            const i64 r0 = s0 + (i64)g * 8 * SPLIT_THREADS;  // this round's first element
+            const i64 e = r0 + 8 * (i64)tid;
+            u32 sbits = 0;
+            for (int j = 0; j < 8; j++) sbits |= (u32)(w[g][j] >> (8 * sizeof(W) - 1)) << j;
+            if constexpr (WRITE) if (m[g]) sign[e >> 3] = (u8)sbits;
+            ones += __popc(sbits);
+            for (int k = 0; k < NP; k++) {
+                u64 packed = 0;
+                for (int j = 0; j < 8; j++) {
+                    u32 b = ((u32)w[g][j] >> Lay<L>::shift(k)) & Lay<L>::mask(k);
+                    packed |= (u64)b << (8 * j);
+                    if constexpr (HIST) if (j < m[g]) atomicAdd(&h[warp][k][b], 1u);
+                }
+                if constexpr (WRITE) {
+                    u8* out = (u8*)planes[seg * 5 + 1 + k];
+                    if (k == 1 && packs) {  // the warp's groups start at element r0 + 256 warp
+                        const i64 ew = r0 + 256 * (i64)warp;
+                        warp_pack<Lay<L>::NARROW>(out + (ew >> 3) * Lay<L>::NARROW, packed,
+                                                  c1 - ew, lane);
+                    } else if (m[g] == 8) {
+                        *(u64*)(out + e) = packed;
+                    } else {
+                        for (int j = 0; j < m[g]; j++) out[e + j] = (u8)(packed >> (8 * j));
+                    }
                 }
             }
         }
@@ -195,7 +215,7 @@ __device__ void merge_impl(const int* chunk_seg, const i64* chunk_start, const u
                            int* errors) {
     typedef typename Lay<L>::W W;
     constexpr int NP = Lay<L>::NP;
-    constexpr int G = 2;  // groups of 8 elements per thread and step: all loads before stores
+    constexpr int G = MERGE_G;  // groups of 8 elements per thread and step: loads first
     const int seg = chunk_seg[blockIdx.x];
     const i64 n = nelem[seg];
     const i64 c0 = chunk_start[blockIdx.x];
