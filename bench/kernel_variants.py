@@ -36,8 +36,8 @@ _DEFAULT = runtime._function
 @functools.cache
 def _planes(opts: tuple[str, ...]):
     import cupy as cp
-    src = (runtime.KERNELS / "planes.cu").read_text()
-    return cp.RawModule(code=src, options=("-std=c++17", f"-I{runtime.KERNELS}", *opts))
+    return cp.RawModule(code=runtime.kernel_source("planes"),
+                        options=("-std=c++17", f"-I{runtime.KERNELS}", *opts))
 
 
 def use(opts: tuple[str, ...]) -> None:

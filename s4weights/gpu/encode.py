@@ -22,14 +22,16 @@ tensors, planes or blocks:
    go to nvCOMP in one batch where asked for. Synchronisation: the word counts, first symbols
    and "varied" flags of the blocks come back.
 3. the host sizes every payload and picks its codec (:func:`choose`), lays the payloads out in
-   one compacted device buffer (16-byte aligned), and one copy launch assembles them (with
+   one compacted device buffer (16-byte aligned; the planes the split packed as they are
+   stored stay in their own buffer, the second part of the group's payload image), and one
+   copy launch assembles them (with
    one more that places every rANS block's words, from a prefix sum of the word counts made on
    the device: no table per block); one hash launch digests the payload leaves. The digests
    (payload leaves and content leaves) go to pinned host memory without a synchronisation,
    while the next group is coded, and ``Encoder.finish`` roots them into plane checksums and
    content hashes.
 
-The compacted buffer with that metadata is the device-to-device result (:class:`DeviceGroup`).
+The payload image with that metadata is the device-to-device result (:class:`DeviceGroup`).
 For a file, the buffer goes to pinned host memory in one copy on a side stream, overlapped with
 the next group's device work (``Encoder.code`` keeps one group in flight); payloads are views of
 that pinned buffer and keep it alive as long as the caller holds them.

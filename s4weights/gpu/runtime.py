@@ -9,6 +9,7 @@ the path composes with the caller's stream and memory accounting.
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 import sys
 import threading
@@ -26,13 +27,23 @@ def align(n: int, a: int = ALIGN) -> int:
     return (n + a - 1) // a * a
 
 
+def kernel_source(name: str, folder: Path = KERNELS) -> str:
+    """The source CuPy compiles for ``kernels/<name>.cu``: the file, after a line that names the
+    digest of every header in the folder. CuPy's on-disk kernel cache is keyed by the source
+    text and the options, not by what the source includes, so without that line a changed
+    header alone would load kernels compiled from the old one."""
+    digest = hashlib.sha256()
+    for h in sorted(folder.glob("*.cuh")):
+        digest.update(h.name.encode() + b"\0" + h.read_bytes() + b"\0")
+    return f"// headers {digest.hexdigest()}\n" + (folder / f"{name}.cu").read_text()
+
+
 @functools.cache
 def _module(name: str, device: int):
     import cupy as cp
 
     with cp.cuda.Device(device):
-        src = (KERNELS / f"{name}.cu").read_text()
-        return cp.RawModule(code=src, options=("-std=c++17", f"-I{KERNELS}"))
+        return cp.RawModule(code=kernel_source(name), options=("-std=c++17", f"-I{KERNELS}"))
 
 
 @functools.cache

@@ -71,6 +71,7 @@ template <> struct Lay<3> {
 // last stored byte. Every lane of the warp calls it.
 template <u32 WD>
 __device__ __forceinline__ void warp_pack(u8* o, u64 v, i64 rest, int lane) {
+    static_assert(WD >= 2 && WD <= 7, "a word must span at most two lanes' groups");
     constexpr u32 B = 8 * WD, NW = 8 * WD;  // bits per lane, words per warp
     u64 acc = 0;
 #pragma unroll
