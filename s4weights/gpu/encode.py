@@ -55,7 +55,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -433,9 +433,11 @@ class DeviceGroup:
     piece of metadata a writer needs (codec, sizes, offsets, plane checksums, content hashes;
     the last two once ``Encoder.finish`` has run, as ``encode_device`` and ``code`` do).
     ``cpu[k]`` is the offset of item k's raw bytes in the buffer where the CPU coder codes it.
-    The payloads are one image of ``total`` bytes: ``buffer``'s first ``fixed_at`` bytes, then
-    (where the split stored planes as they are stored, ``Planes.fixed``) ``fixed``'s bytes;
-    offsets (``planes.offset``, ``cpu``) are in the image."""
+    The payloads are one image of ``total`` bytes: ``buffer``'s first ``head`` bytes, then the
+    ``parts`` (image offset, device bytes): runs of planes the split stored as they are stored,
+    left where it put them (``Planes.fixed``, which ``fixed`` keeps while the parts are used;
+    planes of it that took another form are in no part). Offsets (``planes.offset``, ``cpu``)
+    are in the image."""
     items: list[Item]
     buffer: torch.Tensor
     total: int
@@ -446,13 +448,21 @@ class DeviceGroup:
     host: torch.Tensor | None = None
     done: torch.cuda.Event | None = None
     digests: tuple | None = None  # leaf digests on their way to the host (``finish``)
+    head: int = -1                # bytes of ``buffer`` in the image (-1: all ``total``)
+    parts: list[tuple[int, torch.Tensor]] = field(default_factory=list)
     fixed: torch.Tensor | None = None
-    fixed_at: int = -1            # where ``fixed`` starts in the image (-1: not in it)
+
+    @property
+    def device_bytes(self) -> int:
+        """Device bytes the result holds."""
+        held = 0 if self.buffer is None else self.buffer.numel()
+        return held + (0 if self.fixed is None else self.fixed.numel())
 
     def payload(self, off: int, size: int) -> torch.Tensor:
-        """The device bytes of the image at ``off`` (within one of its two parts)."""
-        if self.fixed is not None and off >= self.fixed_at >= 0:
-            return self.fixed[off - self.fixed_at:off - self.fixed_at + size]
+        """The device bytes of the image at ``off`` (inside one part)."""
+        for at, part in self.parts:
+            if at <= off < at + part.numel():
+                return part[off - at:off - at + size]
         return self.buffer[off:off + size]
 
 
@@ -637,7 +647,7 @@ class Encoder:
                        else chunked.code_host(self, grp, budget))
                 continue
             its, pl, need, following = grp
-            if pending is not None and pending.total + need > budget:
+            if pending is not None and pending.device_bytes + need > budget:
                 # the first group of a new window: wait for the previous group's copy
                 yield from self._results(pending)
                 pending = None
@@ -834,9 +844,9 @@ class Encoder:
         nbytes = np.array([it.nbytes for it in items], np.int64)
         cpu |= set(np.flatnonzero(stored > nbytes).tolist())
         prof.mark("choose")
-        buf, total, fixed_at, live, cpu_at, keep, pay_dig, pay_first = self._assemble(
+        buf, total, head, parts, live, cpu_at, keep, pay_dig, pay_first = self._assemble(
             items, pl, sorted(cpu), r, gd)
-        fixed, pl.fixed = (pl.fixed if fixed_at >= 0 else None), None
+        fixed, pl.fixed = (pl.fixed if parts else None), None
         # the window's encoder-table inputs and frequency tables are no longer this group's
         # once its copy is queued (stream order keeps them until it has run)
         pl.tables = None
@@ -853,7 +863,8 @@ class Encoder:
         prof.mark("payload hash")
         prof.report()
         del planes_buf, r, gd, keep
-        g = DeviceGroup(items, buf, total, pl, live, cpu_at, [], fixed=fixed, fixed_at=fixed_at)
+        g = DeviceGroup(items, buf, total, pl, live, cpu_at, [], head=head, parts=parts,
+                        fixed=fixed)
         g.digests = (host, arrived, nbytes, content_first, pay_first)
         return g
 
@@ -883,11 +894,11 @@ class Encoder:
         cs = self._copy_stream
         cs.wait_event(ready)
         with torch.cuda.stream(cs):
-            end = g.total if g.fixed_at < 0 else g.fixed_at
+            end = g.total if g.head < 0 else g.head
             if end:
                 g.host[:end].copy_(g.buffer[:end], non_blocking=True)
-            if g.fixed_at >= 0:
-                g.host[g.fixed_at:g.total].copy_(g.fixed, non_blocking=True)
+            for at, part in g.parts:
+                g.host[at:at + part.numel()].copy_(part, non_blocking=True)
             g.done = torch.cuda.Event()
             g.done.record(cs)
 
@@ -896,6 +907,7 @@ class Encoder:
         g.done.synchronize()
         host = g.host.numpy()
         g.buffer = g.fixed = None  # the copy has run: the device buffers can go
+        g.parts = []
         pl = g.planes
         # rows are in item order: item k's planes are rows first[k] .. first[k + 1] - 1
         first = np.searchsorted(pl.item, np.arange(len(g.items) + 1)).tolist()
@@ -1075,11 +1087,12 @@ class Encoder:
         (``pl.dtab``), raw and bitpacked planes, the rANS planes' word counts and final states,
         and the raw bytes of the items the CPU codes; one launch places every rANS block's
         words (:meth:`_place`); then launch the payloads' leaf digests. Planes the split packed
-        as they are stored stay where it put them (``Planes.fixed``: the second part of the
-        group's payload image, after the buffer's bytes). Returns (buffer, bytes of the image,
-        where ``Planes.fixed`` starts in it or -1, the live rows, where each CPU-coded item's
-        bytes are, the launches' tables to keep, the payload digests and their first index per
-        live row)."""
+        as they are stored stay where it put them (``Planes.fixed``): each run of them there
+        that no other plane interrupts is a part of the group's payload image, after the
+        buffer's bytes. Returns (buffer, bytes of the image, the buffer's bytes in it or -1 for
+        all, the other parts (image offset, device bytes), the live rows, where each CPU-coded
+        item's bytes are, the launches' tables to keep, the payload digests and their first
+        index per live row)."""
         live = np.flatnonzero(~np.isin(pl.item, cpu)) if cpu else np.arange(len(pl))
         form, pw = pl.form[live], pl.pw[live]
         # the plane's bytes as the split stored them: raw bytes, sign bits for bitpack, a
@@ -1095,12 +1108,10 @@ class Encoder:
         total = int(offs[-1])
         out = runtime.device_empty(total)
         base = np.uint64(out.data_ptr())
-        fixed_at = -1
         pl.offset[live[placed]] = offs[:int(placed.sum())]
-        if kept.any():  # (planes of it that took another form leave their bytes unused there)
-            fixed_at = total
-            pl.offset[live[kept]] = fixed_at + pl.fixed_off[live[kept]]
-            total = fixed_at + int(pl.fixed.numel())
+        head, parts = -1, []
+        if kept.any():
+            head, total = total, self._parts(pl, live[kept], total, parts)
         # every live payload's device address, and where placed ones go
         addr = np.where(kept, pl.ptr[live], base + pl.offset[live].astype(np.uint64))
         at = addr
@@ -1166,7 +1177,29 @@ class Encoder:
             keep.append(self._place(r, words, batch))
         pay_dig, pay_first = runtime.leaf_digests(addr, pl.size[live], batch)
         keep.append(batch.run())
-        return out, total, fixed_at, live, cpu_at, keep, pay_dig, pay_first
+        return out, total, head, parts, live, cpu_at, keep, pay_dig, pay_first
+
+    @staticmethod
+    def _parts(pl: Planes, kept: np.ndarray, at: int, parts: list) -> int:
+        """Image parts of the planes ``kept`` where the split put them in ``pl.fixed``: each run
+        of them there with no other plane between (a plane that took another form, or of a
+        CPU-coded item, leaves its bytes out of the image), from image offset ``at`` on (16-byte
+        aligned). Sets their offsets and appends the parts; returns the image's end."""
+        rows = np.flatnonzero(pl.fixed_off >= 0)
+        rows = rows[np.argsort(pl.fixed_off[rows], kind="stable")]  # in their buffer's order
+        keep = np.isin(rows, kept)
+        # runs: consecutive kept rows of that order
+        starts = np.flatnonzero(keep & ~np.concatenate(([False], keep[:-1])))
+        ends = np.flatnonzero(keep & ~np.concatenate((keep[1:], [False]))) + 1
+        for a, b in zip(starts.tolist(), ends.tolist()):
+            run = rows[a:b]
+            lo = int(pl.fixed_off[run[0]])
+            hi = int(pl.fixed_off[run[-1]] + pl.size[run[-1]])
+            at = (at + ALIGN_PAYLOAD - 1) // ALIGN_PAYLOAD * ALIGN_PAYLOAD
+            pl.offset[run] = at + pl.fixed_off[run] - lo
+            parts.append((at, pl.fixed[lo:hi]))
+            at += hi - lo
+        return at
 
     @staticmethod
     def _place(r: dict, words: np.ndarray, batch: runtime.Batch) -> torch.Tensor:

@@ -117,16 +117,46 @@ def test_a_group_split_before_its_codecs_packs_every_narrow_plane(emulated) -> N
     assert full.sum() == 6
     assert (narrow & (pl.form == encode.FORM_BITPACK_W) & (pl.width < pl.bits)).sum() == 3
     # the full-width planes stay where the split put them: the image's second part
-    assert g.fixed is not None and 0 < g.fixed_at < g.total == g.fixed_at + g.fixed.numel()
-    assert (pl.offset[full] >= g.fixed_at).all()
-    assert (pl.offset[pl.offset >= 0][~full[pl.offset >= 0]] < g.fixed_at).all()
+    # (runs of kept planes: the planes between them took other forms)
+    assert g.fixed is not None and 0 < g.head < g.total
+    assert [at for at, _ in g.parts] == sorted(at for at, _ in g.parts)
+    assert (pl.offset[full] >= g.head).all()
+    assert (pl.offset[pl.offset >= 0][~full[pl.offset >= 0]] < g.head).all()
+    # the image holds no plane that took another form: only the kept planes' bytes and
+    # alignment padding follow the buffer's
+    kept = int(sum(p.numel() for _at, p in g.parts))
+    assert kept < int(pl.size[full].sum()) + 256 * len(items)
+    for q in np.flatnonzero(full).tolist():
+        part = g.payload(int(pl.offset[q]), int(pl.size[q]))
+        assert part.numel() == int(pl.size[q])
+
+
+def test_planes_that_took_other_forms_stay_out_of_the_image(emulated) -> None:
+    # one plane kept where the split put it, seven repacked narrower: the image is the size of
+    # the unpacked split's, not that plus seven dead packed planes
+    tensors = {"full": _with_mantissa(torch.bfloat16, RNG.integers(0, 128, 1 << 18))}
+    for i in range(7):
+        tensors[f"narrow{i}"] = _with_mantissa(torch.bfloat16, RNG.integers(0, 64, 1 << 18))
+    items = _items(tensors.values())
+    plain = encode.Encoder("auto", workspace=1 << 30)
+    plain.packs = False
+    (g,) = encode.Encoder("auto", workspace=1 << 30).encode_device(items)
+    (h,) = plain.encode_device(items)
+    assert len(g.parts) == 1 and g.head > 0
+    assert h.total <= g.total <= h.total + 2 * 256
+    assert g.device_bytes > g.total  # (the dead planes stay allocated until the copy is done)
+    for q in range(len(g.planes)):
+        if g.planes.offset[q] >= 0:
+            got = g.payload(int(g.planes.offset[q]), int(g.planes.size[q]))
+            want = h.payload(int(h.planes.offset[q]), int(h.planes.size[q]))
+            assert torch.equal(got, want), q
 
 
 def test_a_group_whose_packed_planes_all_take_other_forms_has_one_part(emulated) -> None:
     tensors = {k: v for k, v in _tensors().items() if not k.endswith((".full", ".odd"))}
     (g,) = encode.Encoder("auto", workspace=1 << 30).encode_device(
         _items(tensors.values()))
-    assert g.fixed is None and g.fixed_at == -1 and g.planes.fixed is None
+    assert g.fixed is None and g.head == -1 and not g.parts and g.planes.fixed is None
     assert g.total == g.buffer.numel()
 
 
@@ -142,7 +172,8 @@ def test_a_sized_group_packs_only_the_planes_stored_at_full_width(emulated) -> N
         assert (pl.form[packed] == encode.FORM_BITPACK_W).all()
         assert (pl.width[packed] == pl.bits[packed]).all()
         assert (g.fixed is None) == (not packed.any())
-        assert (pl.offset[packed] >= g.fixed_at).all()
+        assert (pl.offset[packed] >= g.head).all()
+        assert len(g.parts) == (1 if packed.any() else 0)  # nothing but kept planes there
     assert sum(int((encode.narrow(g.planes) & (g.planes.pw < 8)).sum()) for g in groups) == 6
 
 
