@@ -28,3 +28,28 @@ __device__ __forceinline__ u64 unpack8(const u8* p, i64 e, int m, u32 w) {
     for (int j = 0; j < m; j++) v |= ((acc >> (w * j)) & mask) << (8 * j);
     return v;
 }
+
+// unpack8 at a width fixed at compile time: every value's shift a constant (the merge's common
+// case, the narrow mantissa plane at its field's width; a runtime width costs a 64-bit
+// variable shift per value).
+template <u32 W>
+__device__ __forceinline__ u64 unpack8c(const u8* p, i64 e, int m) {
+    const u8* g = p + (e >> 3) * W;
+    u64 acc = 0;
+    if (m == 8) {
+        const u32* q = (const u32*)((u64)g & ~(u64)3);
+        const u32 sh = 8 * (u32)((u64)g & 3);
+        acc = (u64)q[0] >> sh;
+        if (sh + 8 * W > 32) acc |= (u64)q[1] << (32 - sh);
+        if (sh + 8 * W > 64) acc |= (u64)q[2] << (64 - sh);
+    } else {
+        const u32 nb = (m * W + 7) / 8;
+        for (u32 b = 0; b < nb; b++) acc |= (u64)g[b] << (8 * b);
+    }
+    constexpr u64 mask = (1ull << W) - 1;
+    u64 v = 0;
+#pragma unroll
+    for (int j = 0; j < 8; j++) v |= ((acc >> (W * j)) & mask) << (8 * j);
+    // values past m are 0 (their bits are the last byte's padding, which the host checks)
+    return m >= 8 ? v : v & ((1ull << (8 * m)) - 1);
+}

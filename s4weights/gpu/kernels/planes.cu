@@ -30,6 +30,9 @@
 #ifndef SPLIT_G
 #define SPLIT_G 2
 #endif
+#ifndef MERGE_CONSTW  // the narrow plane at its field's width unpacked with constant shifts
+#define MERGE_CONSTW 1
+#endif
 #ifndef MERGE_G
 #define MERGE_G 2
 #endif
@@ -239,9 +242,14 @@ __device__ void merge_impl(const int* chunk_seg, const i64* chunk_start, const u
             m[g] = e >= c1 ? 0 : (c1 - e < 8 ? (int)(c1 - e) : 8);
             if (packed_sign) sv[g] = m[g] ? sign[e >> 3] : 0;
             else sv[g] = load8(sign, e, m[g]);
-            for (int k = 0; k < NP; k++)
-                v[g][k] = m[g] == 0 ? 0 : (wd[k] ? unpack8(pl[k], e, m[g], wd[k])
-                                                 : load8(pl[k], e, m[g]));
+#pragma unroll
+            for (int k = 0; k < NP; k++) {
+                if (m[g] == 0) v[g][k] = 0;
+                else if (MERGE_CONSTW && k == 1 && wd[k] == Lay<L>::NARROW)
+                    v[g][k] = unpack8c<Lay<L>::NARROW>(pl[k], e, m[g]);
+                else if (wd[k]) v[g][k] = unpack8(pl[k], e, m[g], wd[k]);
+                else v[g][k] = load8(pl[k], e, m[g]);
+            }
         }
 #pragma unroll
         for (int g = 0; g < G; g++) {
