@@ -1,5 +1,6 @@
-"""The split and merge kernels' compile-time tuning (kernels/planes.cu: SPLIT_G, MERGE_G,
-MERGE_CONSTW), measured side by side on the GPU machine (``python3 bench/kernel_variants.py``).
+"""The split and merge kernels' compile-time tuning (kernels/planes.cu: SPLIT_G, SPLIT_PERM,
+MERGE_G, MERGE_CONSTW), measured side by side on the GPU machine
+(``python3 bench/kernel_variants.py``).
 
 For each variant: the device time per call of every kernel (CUPTI, median of ``S4_BENCH_REPS``
 warm calls) of a device-to-device encode and decode of (a) 1 GiB of N(0, 0.02) bf16 and of
@@ -28,7 +29,7 @@ from s4weights.gpu import decode, runtime
 from s4weights.gpu.encode import Encoder
 
 REPS = int(os.environ.get("S4_BENCH_REPS", "5"))
-VARIANTS = [(), ("-DMERGE_CONSTW=0",), ("-DSPLIT_G=4",), ("-DMERGE_G=4",)]
+VARIANTS = [(), ("-DSPLIT_PERM=0",), ("-DMERGE_CONSTW=0",)]
 KERNELS = ("split_hist_bf16", "merge_bf16", "split_hist_fp32", "merge_fp32")
 _DEFAULT = runtime._function
 

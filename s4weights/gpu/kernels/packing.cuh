@@ -29,6 +29,24 @@ __device__ __forceinline__ u64 unpack8(const u8* p, i64 e, int m, u32 w) {
     return v;
 }
 
+// Eight bytes below 2^W (byte j: value j) as their 8 W bits (value j at bit W j), and back:
+// three steps of pairing neighbours (bytes, then 16-bit, then 32-bit halves), constant masks
+// and shifts instead of one shift per value.
+template <u32 W>
+__device__ __forceinline__ u64 compress8(u64 v) {
+    v = (v & 0x00FF00FF00FF00FFull) | ((v >> 8) & 0x00FF00FF00FF00FFull) << W;
+    v = (v & 0x0000FFFF0000FFFFull) | ((v >> 16) & 0x0000FFFF0000FFFFull) << (2 * W);
+    return (v & 0xFFFFFFFFull) | (v >> 32) << (4 * W);
+}
+template <u32 W>
+__device__ __forceinline__ u64 expand8(u64 a) {
+    constexpr u64 m4 = (1ull << (4 * W)) - 1, m2 = ((1ull << (2 * W)) - 1) * 0x0000000100000001ull,
+                  m1 = ((1ull << W) - 1) * 0x0001000100010001ull;
+    a = (a & m4) | ((a >> (4 * W)) & m4) << 32;
+    a = (a & m2) | ((a >> (2 * W)) & m2) << 16;
+    return (a & m1) | ((a >> W) & m1) << 8;
+}
+
 // unpack8 at a width fixed at compile time: every value's shift a constant (the merge's common
 // case, the narrow mantissa plane at its field's width; a runtime width costs a 64-bit
 // variable shift per value).
@@ -46,10 +64,7 @@ __device__ __forceinline__ u64 unpack8c(const u8* p, i64 e, int m) {
         const u32 nb = (m * W + 7) / 8;
         for (u32 b = 0; b < nb; b++) acc |= (u64)g[b] << (8 * b);
     }
-    constexpr u64 mask = (1ull << W) - 1;
-    u64 v = 0;
-#pragma unroll
-    for (int j = 0; j < 8; j++) v |= ((acc >> (W * j)) & mask) << (8 * j);
+    const u64 v = expand8<W>(acc & ((1ull << (8 * W)) - 1));
     // values past m are 0 (their bits are the last byte's padding, which the host checks)
     return m >= 8 ? v : v & ((1ull << (8 * m)) - 1);
 }

@@ -30,6 +30,9 @@
 #ifndef SPLIT_G
 #define SPLIT_G 2
 #endif
+#ifndef SPLIT_PERM  // bf16: its sign bits and byte planes by byte permutes (a u32 holds two)
+#define SPLIT_PERM 1
+#endif
 #ifndef MERGE_CONSTW  // the narrow plane at its field's width unpacked with constant shifts
 #define MERGE_CONSTW 1
 #endif
@@ -76,9 +79,7 @@ template <u32 WD>
 __device__ __forceinline__ void warp_pack(u8* o, u64 v, i64 rest, int lane) {
     static_assert(WD >= 2 && WD <= 7, "a word must span at most two lanes' groups");
     constexpr u32 B = 8 * WD, NW = 8 * WD;  // bits per lane, words per warp
-    u64 acc = 0;
-#pragma unroll
-    for (u32 j = 0; j < 8; j++) acc |= ((v >> (8 * j)) & 0xFFu) << (WD * j);
+    const u64 acc = compress8<WD>(v);
     const u32 lo = (u32)acc, hi = (u32)(acc >> 32);
     u32 word[2] = {0, 0};
 #pragma unroll
@@ -141,41 +142,60 @@ __device__ void split_impl(const int* chunk_seg, const i64* chunk_start, const u
     // work), every thread in every round (the packed stores are a warp's); a thread past the
     // end has m = 0 and zeros
     for (i64 s0 = c0; s0 < c1; s0 += SPLIT_G * 8 * SPLIT_THREADS) {
-        W w[SPLIT_G][8];
+        // a group's 8 words: as 4 u32 (two 16-bit words each) or 8 u32
+        u32 x[SPLIT_G][8 * sizeof(W) / 4];
         int m[SPLIT_G];
 #pragma unroll
         for (int g = 0; g < SPLIT_G; g++) {
             const i64 e = s0 + (i64)g * 8 * SPLIT_THREADS + 8 * (i64)tid;
             m[g] = e >= c1 ? 0 : (c1 - e < 8 ? (int)(c1 - e) : 8);
             if (m[g] == 8 && vec) {
-                if (sizeof(W) == 2) {
-                    uint4 v = *(const uint4*)(in + e);
-                    const W* p = (const W*)&v;
-                    for (int j = 0; j < 8; j++) w[g][j] = p[j];
-                } else {
-                    uint4 v0 = *(const uint4*)(in + e), v1 = *(const uint4*)(in + e + 4);
-                    w[g][0] = v0.x; w[g][1] = v0.y; w[g][2] = v0.z; w[g][3] = v0.w;
-                    w[g][4] = v1.x; w[g][5] = v1.y; w[g][6] = v1.z; w[g][7] = v1.w;
+                const uint4 v0 = *(const uint4*)(in + e);
+                x[g][0] = v0.x; x[g][1] = v0.y; x[g][2] = v0.z; x[g][3] = v0.w;
+                if constexpr (sizeof(W) == 4) {
+                    const uint4 v1 = *(const uint4*)(in + e + 4);
+                    x[g][4] = v1.x; x[g][5] = v1.y; x[g][6] = v1.z; x[g][7] = v1.w;
                 }
             } else {
-                for (int j = 0; j < 8; j++) w[g][j] = j < m[g] ? in[e + j] : (W)0;
+                for (int i = 0; i < 8 * (int)sizeof(W) / 4; i++) x[g][i] = 0;
+                for (int j = 0; j < m[g]; j++)
+                    x[g][j * sizeof(W) / 4] |= (u32)in[e + j] << (sizeof(W) == 2 ? 16 * (j & 1) : 0);
             }
         }
 #pragma unroll
         for (int g = 0; g < SPLIT_G; g++) {
             const i64 r0 = s0 + (i64)g * 8 * SPLIT_THREADS;  // this round's first element
             const i64 e = r0 + 8 * (i64)tid;
+            // the sign bits (bit j: element j) and each byte plane's 8 bytes
             u32 sbits = 0;
-            for (int j = 0; j < 8; j++) sbits |= (u32)(w[g][j] >> (8 * sizeof(W) - 1)) << j;
+            u64 pk[NP];
+            if constexpr (L == 1 && SPLIT_PERM) {
+                const u32* q = x[g];
+                const u32 c = ((q[0] & 0x80008000u) >> 15) | ((q[1] & 0x80008000u) >> 13)
+                              | ((q[2] & 0x80008000u) >> 11) | ((q[3] & 0x80008000u) >> 9);
+                sbits = (c | (c >> 15)) & 0xFFu;
+                pk[0] = __byte_perm(q[0] >> 7, q[1] >> 7, 0x6420)
+                        | (u64)__byte_perm(q[2] >> 7, q[3] >> 7, 0x6420) << 32;
+                pk[1] = __byte_perm(q[0] & 0x007F007Fu, q[1] & 0x007F007Fu, 0x6420)
+                        | (u64)__byte_perm(q[2] & 0x007F007Fu, q[3] & 0x007F007Fu, 0x6420) << 32;
+            } else {
+                W w[8];
+                for (int j = 0; j < 8; j++)
+                    w[j] = sizeof(W) == 2 ? (W)(x[g][j >> 1] >> (16 * (j & 1))) : (W)x[g][j];
+                for (int j = 0; j < 8; j++) sbits |= (u32)(w[j] >> (8 * sizeof(W) - 1)) << j;
+                for (int k = 0; k < NP; k++) {
+                    pk[k] = 0;
+                    for (int j = 0; j < 8; j++)
+                        pk[k] |= (u64)(((u32)w[j] >> Lay<L>::shift(k)) & Lay<L>::mask(k)) << (8 * j);
+                }
+            }
             if constexpr (WRITE) if (m[g]) sign[e >> 3] = (u8)sbits;
             ones += __popc(sbits);
             for (int k = 0; k < NP; k++) {
-                u64 packed = 0;
-                for (int j = 0; j < 8; j++) {
-                    u32 b = ((u32)w[g][j] >> Lay<L>::shift(k)) & Lay<L>::mask(k);
-                    packed |= (u64)b << (8 * j);
-                    if constexpr (HIST) if (j < m[g]) atomicAdd(&h[warp][k][b], 1u);
-                }
+                const u64 packed = pk[k];
+                if constexpr (HIST)
+                    for (int j = 0; j < m[g]; j++)
+                        atomicAdd(&h[warp][k][(u32)(packed >> (8 * j)) & 0xFFu], 1u);
                 if constexpr (WRITE) {
                     u8* out = (u8*)planes[seg * 5 + 1 + k];
                     if (k == 1 && packs) {  // the warp's groups start at element r0 + 256 warp
