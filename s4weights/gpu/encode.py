@@ -391,7 +391,11 @@ def params_of(pl: Planes, q: int) -> bytes:
 def narrow(pl: Planes) -> np.ndarray:
     """Rows of mantissa fields narrower than a byte (the bf16 and fp32 7-bit, the fp16 2-bit
     planes): the split kernels can store these as bitpack-w at the field's width."""
-    return (pl.kind == layouts.KIND_MANTISSA) & (pl.bits < 8)
+    return _narrow(pl.kind, pl.bits)
+
+
+def _narrow(kind, bits) -> np.ndarray:
+    return (np.asarray(kind, np.int64) == layouts.KIND_MANTISSA) & (np.asarray(bits) < 8)
 
 
 def pack_widths(pl: Planes) -> np.ndarray:
@@ -714,8 +718,7 @@ class Encoder:
         # how the split stores each row: sign bits packed, narrow mantissa planes packed when
         # ``pack``, bytes otherwise (the hist-only pass stores nothing: each group's split
         # decides, ``pack_widths``)
-        pw = np.where(field == 0, 1, np.where(
-            pack & (np.asarray(kind, np.int64) == layouts.KIND_MANTISSA) & (bits < 8), bits, 8))
+        pw = np.where(field == 0, 1, np.where(pack & _narrow(kind, bits), bits, 8))
         buf, fixed, rows_at = None, None, np.zeros(n.size, np.uint64)
         infix = (field > 0) & (pw < 8)  # the packed narrow planes
         if split:  # the planes, split rows in order (the packed ones in a buffer of their own)
@@ -1108,13 +1111,13 @@ class Encoder:
         total = int(offs[-1])
         out = runtime.device_empty(total)
         base = np.uint64(out.data_ptr())
-        pl.offset[live[placed]] = offs[:int(placed.sum())]
+        nplaced = int(placed.sum())
+        pl.offset[live[placed]] = offs[:nplaced]
         head, parts = -1, []
         if kept.any():
             head, total = total, self._parts(pl, live[kept], total, parts)
-        # every live payload's device address, and where placed ones go
-        addr = np.where(kept, pl.ptr[live], base + pl.offset[live].astype(np.uint64))
-        at = addr
+        # every live payload's device address: where placed ones go, where kept ones are
+        at = np.where(kept, pl.ptr[live], base + pl.offset[live].astype(np.uint64))
         src: list[np.ndarray] = []
         dst: list[np.ndarray] = []
         ln: list[np.ndarray] = []
@@ -1164,10 +1167,10 @@ class Encoder:
             src.append(pa)
             dst.append(at[q] + np.uint64(pl.head[row]) + np.cumsum(pn) - pn)
             ln.append(pn)
-        cpu_at = {k: int(offs[int(placed.sum()) + j]) for j, k in enumerate(cpu)}
+        cpu_at = {k: int(offs[nplaced + j]) for j, k in enumerate(cpu)}
         if cpu:
             src.append(np.array([items[k].data.data_ptr() for k in cpu], np.uint64))
-            dst.append(base + offs[int(placed.sum()):-1].astype(np.uint64))
+            dst.append(base + offs[nplaced:-1].astype(np.uint64))
             ln.append(np.array([items[k].nbytes for k in cpu], np.uint64))
         batch = runtime.Batch()  # the copies and the payload digests, tables in one upload
         runtime.copy_ops(np.concatenate(src), np.concatenate(dst), np.concatenate(ln), batch)
@@ -1175,7 +1178,7 @@ class Encoder:
             runtime.pack_ops(*pack, batch=batch)
         if words is not None:  # every block's words after the words of its stream's blocks before
             keep.append(self._place(r, words, batch))
-        pay_dig, pay_first = runtime.leaf_digests(addr, pl.size[live], batch)
+        pay_dig, pay_first = runtime.leaf_digests(at, pl.size[live], batch)
         keep.append(batch.run())
         return out, total, head, parts, live, cpu_at, keep, pay_dig, pay_first
 

@@ -24,9 +24,8 @@
 #define SPLIT_WARPS (SPLIT_THREADS / 32)
 #define CHUNK_ELEMS 65536   // elements per CTA; a multiple of 8 * SPLIT_THREADS
 // Tuning, fixed at compile time: SPLIT_G / MERGE_G rounds of 8 elements per thread whose loads
-// are issued together (bench/kernel_variants.py measures the choices on a GPU; on the H200,
-// 1 GiB of bf16: split_hist 1.10 ms at SPLIT_G 1, 1.03 at 2; merge 1.03 / 0.80 / 0.88 ms at
-// MERGE_G 1 / 2 / 4).
+// are issued together (bench/kernel_variants.py measures the choices side by side on a GPU;
+// the figures behind these defaults are in bench/RESULTS.md, session 10).
 #ifndef SPLIT_G
 #define SPLIT_G 2
 #endif
