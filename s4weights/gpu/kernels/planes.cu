@@ -38,6 +38,9 @@
 #ifndef MERGE_G
 #define MERGE_G 2
 #endif
+#ifndef MERGE_PERM  // bf16: two elements per u32 assembled by byte permutes
+#define MERGE_PERM 1
+#endif
 
 template <int L> struct Lay;
 // NARROW: the width of byte plane 1, a mantissa field narrower than a byte in every layout
@@ -108,6 +111,16 @@ __device__ __forceinline__ void warp_pack(u8* o, u64 v, i64 rest, int lane) {
     }
 }
 
+// The 8 bytes of v counted in the bins hk[256]: each byte picked by a permute, its bin's
+// address one LEA (a loop over a runtime count shifted the u64 by a variable per byte).
+__device__ __forceinline__ void count8(u32* hk, u64 v) {
+    const u32 lo = (u32)v, hi = (u32)(v >> 32);
+#pragma unroll
+    for (u32 j = 0; j < 4; j++) atomicAdd(&hk[__byte_perm(lo, 0, 0x4440 + j)], 1u);
+#pragma unroll
+    for (u32 j = 0; j < 4; j++) atomicAdd(&hk[__byte_perm(hi, 0, 0x4440 + j)], 1u);
+}
+
 // Segment table, one entry per tensor, as parallel arrays:
 //   src/dst[s]     the tensor's words (split reads, merge writes)
 //   n[s]           elements
@@ -134,6 +147,9 @@ __device__ void split_impl(const int* chunk_seg, const i64* chunk_start, const u
     const i64 c1 = c0 + CHUNK_ELEMS < n ? c0 + CHUNK_ELEMS : n;
     const W* in = (const W*)src[seg];
     u8* sign = WRITE ? (u8*)planes[seg * 5] : nullptr;
+    u8* outp[NP];  // (loaded once: the stores below may alias the table for all the compiler knows)
+#pragma unroll
+    for (int k = 0; k < NP; k++) outp[k] = WRITE ? (u8*)planes[seg * 5 + 1 + k] : nullptr;
     const bool packs = WRITE && pack[seg];
     const bool vec = ((u64)in & 15) == 0;
     u32 ones = 0;
@@ -155,10 +171,13 @@ __device__ void split_impl(const int* chunk_seg, const i64* chunk_start, const u
                     const uint4 v1 = *(const uint4*)(in + e + 4);
                     x[g][4] = v1.x; x[g][5] = v1.y; x[g][6] = v1.z; x[g][7] = v1.w;
                 }
-            } else {
+            } else {  // (unrolled: constant indices keep x in registers)
+#pragma unroll
                 for (int i = 0; i < 8 * (int)sizeof(W) / 4; i++) x[g][i] = 0;
-                for (int j = 0; j < m[g]; j++)
-                    x[g][j * sizeof(W) / 4] |= (u32)in[e + j] << (sizeof(W) == 2 ? 16 * (j & 1) : 0);
+#pragma unroll
+                for (int j = 0; j < 8; j++)
+                    if (j < m[g])
+                        x[g][j * sizeof(W) / 4] |= (u32)in[e + j] << (sizeof(W) == 2 ? 16 * (j & 1) : 0);
             }
         }
 #pragma unroll
@@ -192,11 +211,14 @@ __device__ void split_impl(const int* chunk_seg, const i64* chunk_start, const u
             ones += __popc(sbits);
             for (int k = 0; k < NP; k++) {
                 const u64 packed = pk[k];
-                if constexpr (HIST)
-                    for (int j = 0; j < m[g]; j++)
-                        atomicAdd(&h[warp][k][(u32)(packed >> (8 * j)) & 0xFFu], 1u);
+                if constexpr (HIST) {
+                    if (m[g] == 8) count8(h[warp][k], packed);
+                    else
+                        for (int j = 0; j < m[g]; j++)
+                            atomicAdd(&h[warp][k][(u32)(packed >> (8 * j)) & 0xFFu], 1u);
+                }
                 if constexpr (WRITE) {
-                    u8* out = (u8*)planes[seg * 5 + 1 + k];
+                    u8* out = outp[k];
                     if (k == 1 && packs) {  // the warp's groups start at element r0 + 256 warp
                         const i64 ew = r0 + 256 * (i64)warp;
                         warp_pack<Lay<L>::NARROW>(out + (ew >> 3) * Lay<L>::NARROW, packed,
@@ -274,34 +296,56 @@ __device__ void merge_impl(const int* chunk_seg, const i64* chunk_start, const u
         for (int g = 0; g < G; g++) {
             if (!m[g]) continue;
             const i64 e = e0 + (i64)g * 8 * SPLIT_THREADS;
-            W w[8];
             if (packed_sign) {
                 if (m[g] < 8) bad |= sv[g] >> m[g];  // padding bits of the last byte must be 0
             } else {
                 bad |= sv[g] & 0xFEFEFEFEFEFEFEFEull;  // sign bytes are 0 or 1
             }
-            for (int j = 0; j < 8; j++) {
-                const u32 s = packed_sign ? (u32)(sv[g] >> j) & 1u : (u32)(sv[g] >> (8 * j)) & 1u;
-                w[j] = (W)((u32)s << (8 * sizeof(W) - 1));
-            }
             for (int k = 0; k < NP; k++) {
                 const u64 mk = 0x0101010101010101ull * (u64)(0xFFu & ~Lay<L>::mask(k));
                 bad |= v[g][k] & mk;  // bits outside the field
-                for (int j = 0; j < 8; j++)
-                    w[j] |= (W)(((u32)(v[g][k] >> (8 * j)) & 0xFFu) << Lay<L>::shift(k));
+            }
+            // the 8 words as u32 (bf16: two per u32, element 2i + 1 in the high half)
+            constexpr int NO = 2 * (int)sizeof(W);
+            u32 o[NO];
+            if constexpr (L == 1 && MERGE_PERM) {
+                // the sign values as bytes (0 or 1): 4 packed bits to 4 bytes by one multiply
+                const u32 s0 = (u32)sv[g], s1 = (u32)(sv[g] >> 32);
+                const u32 sb[2] = {packed_sign ? ((s0 & 0xFu) * 0x00204081u) & 0x01010101u : s0,
+                                   packed_sign ? (((s0 >> 4) & 0xFu) * 0x00204081u) & 0x01010101u : s1};
+                const u32 ex[2] = {(u32)v[g][0], (u32)(v[g][0] >> 32)};
+                const u32 mt[2] = {(u32)v[g][1], (u32)(v[g][1] >> 32)};
+                // elements 2i, 2i + 1: bytes (e, s, e', s') shifted left 7 put the exponents at
+                // bits 7 and 23 and the signs at 15 and 31; (m, 0, m', 0) fills bits 0-6, 16-22
+#pragma unroll
+                for (int i = 0; i < 4; i++)
+                    o[i] = (__byte_perm(ex[i >> 1], sb[i >> 1], i & 1 ? 0x7362 : 0x5140) << 7)
+                           + __byte_perm(mt[i >> 1], 0, i & 1 ? 0x4342 : 0x4140);
+            } else {
+                W w[8];
+#pragma unroll
+                for (int j = 0; j < 8; j++) {
+                    const u32 s = packed_sign ? (u32)(sv[g] >> j) & 1u : (u32)(sv[g] >> (8 * j)) & 1u;
+                    w[j] = (W)((u32)s << (8 * sizeof(W) - 1));
+                }
+#pragma unroll
+                for (int k = 0; k < NP; k++)
+#pragma unroll
+                    for (int j = 0; j < 8; j++)
+                        w[j] |= (W)(((u32)(v[g][k] >> (8 * j)) & 0xFFu) << Lay<L>::shift(k));
+#pragma unroll
+                for (int i = 0; i < NO; i++)
+                    o[i] = sizeof(W) == 2 ? (u32)w[2 * i] | (u32)w[2 * i + 1] << 16 : (u32)w[i];
             }
             if (m[g] == 8 && vec) {
-                if (sizeof(W) == 2) {
-                    uint4 q;
-                    W* qw = (W*)&q;
-                    for (int j = 0; j < 8; j++) qw[j] = w[j];
-                    *(uint4*)(out + e) = q;
-                } else {
-                    *(uint4*)(out + e) = make_uint4(w[0], w[1], w[2], w[3]);
-                    *(uint4*)(out + e + 4) = make_uint4(w[4], w[5], w[6], w[7]);
-                }
-            } else {
-                for (int j = 0; j < m[g]; j++) out[e + j] = w[j];
+#pragma unroll
+                for (int i = 0; i < NO; i += 4)
+                    *(uint4*)((u32*)(out + e) + i) = make_uint4(o[i], o[i + 1], o[i + 2], o[i + 3]);
+            } else {  // (unrolled: constant indices keep o in registers)
+#pragma unroll
+                for (int j = 0; j < 8; j++)
+                    if (j < m[g])
+                        out[e + j] = (W)(sizeof(W) == 2 ? o[j >> 1] >> (16 * (j & 1)) : o[j]);
             }
         }
     }
