@@ -1,12 +1,14 @@
-"""The split and merge kernels' compile-time tuning (kernels/planes.cu: SPLIT_G, SPLIT_PERM,
-MERGE_G, MERGE_CONSTW), measured side by side on the GPU machine
+"""The kernels' compile-time tuning (kernels/planes.cu: SPLIT_G, SPLIT_PERM, MERGE_G,
+MERGE_CONSTW, MERGE_PERM) and the choice of rANS decode kernel
+(``runtime.RANS_WINDOW_WARPS_PER_SM``), measured side by side on the GPU machine
 (``python3 bench/kernel_variants.py``).
 
 For each variant: the device time per call of every kernel (CUPTI, median of ``S4_BENCH_REPS``
-warm calls) of a device-to-device encode and decode of (a) 1 GiB of N(0, 0.02) bf16 and of
-512 MiB of N(0, 0.02) fp32, each alone in its group; the file the encoder writes (it must be
-the default build's, byte for byte) and the decoded tensors (they must equal the input). The
-variants change only the planes module; every other kernel is the default build's."""
+warm calls) of a device-to-device encode and decode of 1 GiB and 256 MiB of N(0, 0.02) bf16
+(16,384 and 4,096 rANS blocks) and of 512 MiB of N(0, 0.02) fp32 (4,096 blocks), each alone
+in its group; the file the encoder writes (it must be the default build's, byte for byte) and
+the decoded tensors (they must equal the input). A variant rebuilds one module with its
+options (every other module is the default build's) or changes the decode kernel's choice."""
 
 from __future__ import annotations
 
@@ -29,23 +31,28 @@ from s4weights.gpu import decode, runtime
 from s4weights.gpu.encode import Encoder
 
 REPS = int(os.environ.get("S4_BENCH_REPS", "5"))
-VARIANTS = [(), ("-DSPLIT_PERM=0",), ("-DMERGE_CONSTW=0",)]
-KERNELS = ("split_hist_bf16", "merge_bf16", "split_hist_fp32", "merge_fp32")
+# (name, module to rebuild, its build options, RANS_WINDOW_WARPS_PER_SM or None)
+VARIANTS = [("default", "", (), None), ("MERGE_PERM=0", "planes", ("-DMERGE_PERM=0",), None),
+            ("rans_decode only", "", (), 0), ("rans_decode_window only", "", (), 1 << 30)]
+CASES = {"bf16": ("bf16", 1 << 29), "bf16 256M": ("bf16", 1 << 27), "fp32": ("fp32", 1 << 27)}
+KERNELS = ("split_hist bf16", "rans_encode bf16", "merge bf16", "rans_decode bf16",
+           "rans_decode bf16 256M", "split_hist fp32", "merge fp32", "rans_decode fp32")
 _DEFAULT = runtime._function
 
 
 @functools.cache
-def _planes(opts: tuple[str, ...]):
+def _build(module: str, opts: tuple[str, ...]):
     import cupy as cp
-    return cp.RawModule(code=runtime.kernel_source("planes"),
+    return cp.RawModule(code=runtime.kernel_source(module),
                         options=("-std=c++17", f"-I{runtime.KERNELS}", *opts))
 
 
-def use(opts: tuple[str, ...]) -> None:
-    """Launch the planes module's kernels from the build with ``opts``."""
+def use(variant: str, opts: tuple[str, ...]) -> None:
+    """Launch ``variant``'s kernels from the build with ``opts``, the others' from the
+    default build."""
     def function(module: str, name: str, device: int):
-        if module == "planes":
-            return _planes(opts).get_function(name)
+        if module == variant:
+            return _build(module, opts).get_function(name)
         return _DEFAULT(module, name, device)
     runtime._function = function
 
@@ -91,32 +98,39 @@ def decode_times(blob: bytes, x: torch.Tensor) -> tuple[dict[str, float], bool]:
 def main() -> None:
     torch.cuda.init()
     print(torch.cuda.get_device_name(), torch.__version__, flush=True)
-    cases = {"bf16": {"w": (torch.randn(1 << 29, device="cuda") * 0.02).to(torch.bfloat16)},
-             "fp32": {"w": torch.randn(1 << 27, device="cuda") * 0.02}}
+    cases = {case: {"w": (torch.randn(n, device="cuda") * 0.02).to(getattr(torch, (
+        "bfloat16" if dt == "bf16" else "float32")))} for case, (dt, n) in CASES.items()}
     want: dict[str, bytes] = {}
     rows = []
-    for opts in VARIANTS:
-        use(opts)
-        row = {"variant": " ".join(opts) or "default", "same_file": True, "exact": True}
+    window = runtime.RANS_WINDOW_WARPS_PER_SM
+    for name, module, opts, warps in VARIANTS:
+        use(module, opts)
+        runtime.RANS_WINDOW_WARPS_PER_SM = window if warps is None else warps
+        row = {"variant": name, "same_file": True, "exact": True}
         for case, tensors in cases.items():
+            dt = CASES[case][0]
             enc = Encoder("auto")
             blob = file_of(enc, tensors)
             row["same_file"] &= want.setdefault(case, blob) == blob
             t = kernel_times(functools.partial(enc.encode_device, gpu.s4_items(tensors)))
-            row[f"split_hist_{case}"] = t.get(f"split_hist_{case}", float("nan"))
+            row[f"split_hist {case}"] = t.get(f"split_hist_{dt}", float("nan"))
+            row[f"rans_encode {case}"] = t.get("rans_encode", float("nan"))
             row[f"encode busy {case}"] = sum(t.values())
             t, exact = decode_times(blob, tensors["w"])
             row["exact"] &= exact
-            row[f"merge_{case}"] = t.get(f"merge_{case}", float("nan"))
+            row[f"merge {case}"] = t.get(f"merge_{dt}", float("nan"))
+            row[f"rans_decode {case}"] = (t.get("rans_decode", 0.0)
+                                          + t.get("rans_decode_window", 0.0))
             row[f"decode busy {case}"] = sum(t.values())
         rows.append(row)
         print(row, flush=True)
+    runtime.RANS_WINDOW_WARPS_PER_SM = window
     runtime._function = _DEFAULT
     cols = [*KERNELS, "encode busy bf16", "decode busy bf16", "encode busy fp32",
             "decode busy fp32"]
-    print(f"\n{'variant':34}" + "".join(f"{c:>18}" for c in cols) + "  same file  exact")
+    print(f"\n{'variant':24}" + "".join(f"{c:>22}" for c in cols) + "  same file  exact")
     for r in rows:
-        print(f"{r['variant']:34}" + "".join(f"{r[c]:18.3f}" for c in cols)
+        print(f"{r['variant']:24}" + "".join(f"{r[c]:22.3f}" for c in cols)
               + f"  {r['same_file']!s:9}  {r['exact']}")
 
 

@@ -705,7 +705,8 @@ def _decode_range(lv: _Level, tab, lo: int, hi: int, dst: torch.Tensor, errs: li
         tdev, dp = runtime.upload(cta_first, cta_warps, *(np.concatenate(c) for c in cols))
         keep.append(tdev)
         err = torch.zeros(int(first[-1]), dtype=torch.int32, device="cuda")
-        runtime.launch("rans", "rans_decode", cta_first.size, 32 * plan.RANS_WARPS,
+        runtime.launch("rans", runtime.rans_decode_kernel(int(first[-1])), cta_first.size,
+                       32 * plan.RANS_WARPS,
                        *(np.uint64(v) for v in dp), runtime.ptr(err))
         # kept until the end: the first failing block's position and code (no sync here)
         pos = torch.argmax((err != 0).to(torch.int32)).reshape(1)

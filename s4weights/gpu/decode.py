@@ -839,6 +839,7 @@ class _RansBatch:
             return None
         ctas, dp = self._launch
         err = torch.zeros(self.nblocks, dtype=torch.int32, device="cuda")
-        runtime.launch("rans", "rans_decode", ctas, 32 * plan.RANS_WARPS,
+        runtime.launch("rans", runtime.rans_decode_kernel(self.nblocks), ctas,
+                       32 * plan.RANS_WARPS,
                        *(np.uint64(x) for x in dp), runtime.ptr(err))
         return err

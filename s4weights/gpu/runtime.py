@@ -77,6 +77,30 @@ def stream():
     return _external(_raw_stream(dev), dev)
 
 
+_SMS: dict[int, int] = {}
+
+
+def sm_count() -> int:
+    """The current device's multiprocessor count (asked once per device)."""
+    dev = torch.cuda.current_device()
+    if dev not in _SMS:
+        _SMS[dev] = torch.cuda.get_device_properties(dev).multi_processor_count
+    return _SMS[dev]
+
+
+# A launch of at most this many rANS decode warps (blocks) per multiprocessor takes
+# kernels/rans.cu's windowed build: too few warps to hide the latency of a load per row
+# (bench/RESULTS.md, session 11, on the H200's 132 SMs: 2,048 blocks 0.47 -> 0.37 ms with the
+# window, 8,192 blocks 0.80 -> 0.91 ms; the threshold lies between, not measured closer).
+RANS_WINDOW_WARPS_PER_SM = 32
+
+
+def rans_decode_kernel(nblocks: int) -> str:
+    """The rANS decode kernel for a launch of ``nblocks`` blocks (one warp each)."""
+    return ("rans_decode_window" if nblocks <= RANS_WINDOW_WARPS_PER_SM * sm_count()
+            else "rans_decode")
+
+
 def launch(module: str, name: str, grid: int, block: int, *args: object) -> None:
     """Launch ``name`` from ``kernels/<module>.cu`` on torch's current stream."""
     if grid <= 0:

@@ -166,7 +166,8 @@ def launch(module: str, name: str, grid: int, block: int, *a) -> None:
             data = at(ptr[s], np.uint8, ln[s]).tobytes()
             for j in range(int(first[s + 1] - first[s])):
                 out[first[s] + j] = xxhash.xxh3_64_intdigest(data[j << 16:(j + 1) << 16])
-    elif name == "rans_decode":  # cta_first, cta_warps, mode, fill, words, count, states,
+    elif name in ("rans_decode", "rans_decode_window"):
+        # cta_first, cta_warps, mode, fill, words, count, states,
         # dtab (the plane's exclusive prefix sums, shared by the CTA), out, len, errors
         first, warps = at(a[0], np.uint32, grid), at(a[1], np.uint8, grid)
         nb = int(first[-1]) + int(warps[-1])
@@ -329,6 +330,7 @@ class Torch:
 
 class _Properties:
     total_memory = 1 << 40
+    multi_processor_count = 132
 
 
 Cuda.get_device_properties = staticmethod(lambda *a: _Properties())
@@ -345,3 +347,4 @@ def emulate(monkeypatch) -> None:
     monkeypatch.setattr(runtime, "pinned", lambda n: torch.empty(max(n, 1), dtype=torch.uint8))
     # constant tables made here are CPU tensors: a cache of their own, gone with the test
     monkeypatch.setattr(runtime, "_CONSTANTS", {})
+    monkeypatch.setattr(runtime, "_SMS", {})

@@ -260,3 +260,50 @@ def test_a_batch_reports_the_first_tensors_error_as_the_cpu_reader_does() -> Non
     r = s4format.Reader(blob)
     with pytest.raises(s4format.FormatError, match="tensor 'a': a plane holds values wider"):
         decode.read_tensors(r, [0, 1])
+
+
+def _damaged_exponent_file(t: torch.Tensor, at: int) -> bytes:
+    """A file of ``t`` (bf16) whose exponent stream has word ``at`` (from its end) changed under
+    a checksum made for the damaged bytes: only the rANS decoder can find it."""
+    from s4format import dtypes, layouts
+    from s4weights.gpu.encode import Encoder, Item
+
+    (c,) = Encoder().code([Item(dtypes.BY_NAME["bfloat16"], tuple(t.shape), t.view(torch.uint8))])
+    planes = list(c.coded.planes)
+    k = next(i for i, p in enumerate(planes) if p.kind == layouts.KIND_EXPONENT)
+    assert planes[k].codec == codecs.RANS
+    bad = np.array(planes[k].payload, copy=True)
+    bad[bad.size - 2 * at:bad.size - 2 * at + 2] ^= np.uint8(0x5A)
+    p = planes[k]
+    planes[k] = type(p)(p.kind, p.index, p.codec, p.decoded_len, bad, p.params, None)
+    buf = io.BytesIO()
+    with s4format.Writer(buf) as w:
+        w.set_tree({"w": w.add_coded("w", dtypes.BY_NAME["bfloat16"], tuple(t.shape),
+                                     type(c.coded)(c.coded.layout, tuple(planes)),
+                                     c.content_hash)})
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("warps", [0, 1 << 30], ids=["rans_decode", "rans_decode_window"])
+def test_both_rans_decode_kernels_decode_exactly_and_find_damage(monkeypatch, warps) -> None:
+    # kernels/rans.cu builds the decoder twice (words loaded per row, or taken from a window
+    # held in registers); runtime.rans_decode_kernel picks one by the launch's size: each must
+    # decode every block exactly (partial rows, blocks of one word or none, many planes in one
+    # launch) and report a damaged stream
+    monkeypatch.setattr(runtime, "RANS_WINDOW_WARPS_PER_SM", warps)
+    want = "rans_decode_window" if warps else "rans_decode"
+    assert runtime.rans_decode_kernel(1) == want
+    g = torch.Generator(device="cuda").manual_seed(11)
+    state = {f"n{n}": (torch.randn(n, device="cuda", generator=g) * 0.02).bfloat16()
+             for n in (4097, 32769, 65537, 1 << 20, 3_000_001)}
+    state["adv"] = _adversarial(torch.bfloat16)
+    state["fp32"] = torch.randn(1 << 20, device="cuda", generator=g)
+    state["narrow"] = torch.randint(0, 3, (1 << 19,), device="cuda", generator=g).bfloat16()
+    _blob, got = _roundtrip_gpu(state)
+    for k in state:
+        assert _same(got[k], state[k]), k
+    t = (torch.randn(1 << 18, device="cuda", generator=g) * 0.02).bfloat16()
+    for at in (1, 40, 3000):
+        blob = _damaged_exponent_file(t, at)
+        with pytest.raises(s4format.FormatError, match="rans block"):
+            s4weights.load(blob, map_location="cuda", device="cuda")

@@ -123,11 +123,48 @@ rans_encode(const u32* cta_plane, const u32* cta_block, const u8* cta_warps, con
     }
 }
 
+// The words a decoding warp takes next, read from the end down: lane l holds cur = words[wb + l]
+// and nxt = words[wb - 32 + l] (0 below the first word), and the load of the 32 below them
+// (ahead) is in flight. Before each row wb <= p <= wb + 32 (p: the words left), so a row's
+// words [p - total, p) lie in cur and nxt and come by shuffles; when p drops below wb, the
+// window slides down 32 words and loads the next 32 (one coalesced load, several rows ahead
+// of its use, where before every renormalising row waited on a load of its own).
+struct Window {
+    const u16* words;
+    int wb;
+    u32 cur, nxt, ahead;
+    __device__ __forceinline__ u32 at(int i) const { return i >= 0 ? words[i] : 0u; }
+    __device__ __forceinline__ void init(const u16* w, u32 p, int lane) {
+        words = w;
+        wb = (int)p - 32;
+        cur = at(wb + lane);
+        nxt = at(wb - 32 + lane);
+        ahead = at(wb - 64 + lane);
+    }
+    // the word at index i (p - total <= i < p; every lane calls it)
+    __device__ __forceinline__ u32 take(int i) const {
+        const int off = i - wb;
+        const u32 a = __shfl_sync(0xFFFFFFFFu, cur, off & 31);
+        const u32 b = __shfl_sync(0xFFFFFFFFu, nxt, off & 31);
+        return off >= 0 ? a : b;
+    }
+    __device__ __forceinline__ void slide(u32 p, int lane) {  // (uniform)
+        if ((int)p < wb) {
+            wb -= 32;
+            cur = nxt;
+            nxt = ahead;
+            ahead = at(wb - 64 + lane);
+        }
+    }
+};
+
 // One decoder row: each active lane decodes its symbol into out[i] and, if its state drops
-// below 2^15, takes the next word from the end (lanes in lane order). Returns false, the same in
-// every lane, when the row needs more words than the block has left (error 2).
+// below 2^15, takes the next word from the end (lanes in lane order): from the window, or
+// loaded (WINDOW false). Returns false, the same in every lane, when the row needs more words
+// than the block has left (error 2).
+template <bool WINDOW>
 __device__ __forceinline__ bool decode_row(u32& x, u32& p, const u32* dtab, u8* out, int i,
-                                           bool active, const u16* words, u32 lt) {
+                                           bool active, Window& win, u32 lt, int lane) {
     bool need = false;
     if (active) {
         const u32 e = dtab[x & 4095u];
@@ -139,7 +176,13 @@ __device__ __forceinline__ bool decode_row(u32& x, u32& p, const u32* dtab, u8* 
     const u32 total = __popc(ballot);
     if (total > p) return false;
     p -= total;
-    if (need) x = (x << 16) | words[p + __popc(ballot & lt)];
+    if constexpr (WINDOW) {
+        const u32 w = win.take((int)(p + __popc(ballot & lt)));
+        if (need) x = (x << 16) | w;
+        win.slide(p, lane);
+    } else {
+        if (need) x = (x << 16) | win.words[p + __popc(ballot & lt)];
+    }
     return true;
 }
 
@@ -147,10 +190,16 @@ __device__ __forceinline__ bool decode_row(u32& x, u32& p, const u32* dtab, u8* 
 // decode table); mode 1: CONST (fill with `fill`); mode 2: nothing (its stream failed
 // rans_blocks' checks). Errors per block, numbered as the CPU reference: 1 state out of range,
 // 2 word underflow, 3 words left over, 4 wrong final state.
-extern "C" __global__ void __launch_bounds__(RANS_WARPS * 32)
-rans_decode(const u32* cta_first, const u8* cta_warps, const u8* blk_mode, const u8* blk_fill,
-            const u64* blk_words, const u32* blk_count, const u64* blk_states,
-            const u64* blk_dtab, const u64* blk_out, const u32* blk_len, int* errors) {
+// Two builds (the host picks one per launch, decode.RansBatch.kernel): rans_decode loads each
+// renormalising lane's word in its row; rans_decode_window takes the words from a window held
+// in registers (Window), which saves the warp a load's latency in most rows for a dozen more
+// instructions per row: it wins when the launch has too few warps to hide that latency
+// (bench/RESULTS.md, session 11).
+template <bool WINDOW>
+__device__ void decode_impl(const u32* cta_first, const u8* cta_warps, const u8* blk_mode,
+                            const u8* blk_fill, const u64* blk_words, const u32* blk_count,
+                            const u64* blk_states, const u64* blk_dtab, const u64* blk_out,
+                            const u32* blk_len, int* errors) {
     __shared__ u32 dtab[4096];
     __shared__ u32 cum[257];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -198,9 +247,12 @@ rans_decode(const u32* cta_first, const u8* cta_warps, const u8* blk_mode, const
     // the end: after p -= total, lane l's word is words[p + (renormalising lanes below l)].
     u32 p = blk_count[b];
     const u32 lt = lanemask_lt();
+    Window win;
+    if constexpr (WINDOW) win.init(words, p, lane);
+    else win.words = words;
     int r = (int)(((len - 1) >> 5) << 5);
     if (len & 31) {  // the last row is partial
-        if (!decode_row(x, p, dtab, out, r + lane, (u32)r + lane < len, words, lt)) {
+        if (!decode_row<WINDOW>(x, p, dtab, out, r + lane, (u32)r + lane < len, win, lt, lane)) {
             if (lane == 0) errors[b] = 2;
             return;
         }
@@ -208,7 +260,7 @@ rans_decode(const u32* cta_first, const u8* cta_warps, const u8* blk_mode, const
     }
 #pragma unroll 4
     for (; r >= 0; r -= 32) {  // full rows
-        if (!decode_row(x, p, dtab, out, r + lane, true, words, lt)) {
+        if (!decode_row<WINDOW>(x, p, dtab, out, r + lane, true, win, lt, lane)) {
             if (lane == 0) errors[b] = 2;
             return;
         }
@@ -218,6 +270,15 @@ rans_decode(const u32* cta_first, const u8* cta_warps, const u8* blk_mode, const
     const u32 bad = __ballot_sync(0xFFFFFFFFu, err != 0);
     if (bad && lane == 0) errors[b] = p != 0 ? 3 : 4;
 }
+#define S4_DECODE(NAME, WINDOW)                                                                \
+    extern "C" __global__ void __launch_bounds__(RANS_WARPS * 32) NAME(                        \
+        const u32* cf, const u8* cw, const u8* mode, const u8* fill, const u64* words,         \
+        const u32* count, const u64* states, const u64* dtab, const u64* out, const u32* len,  \
+        int* errors) {                                                                         \
+        decode_impl<WINDOW>(cf, cw, mode, fill, words, count, states, dtab, out, len, errors); \
+    }
+S4_DECODE(rans_decode, false)
+S4_DECODE(rans_decode_window, true)
 
 // A sum over the CTA's 256 threads (8 warps), every thread gets it; `red` is 8 shared slots.
 __device__ __forceinline__ u64 cta_sum(u64 v, u64* red) {
