@@ -720,7 +720,8 @@ def _decode_range(lv: _Level, tab, lo: int, hi: int, dst: torch.Tensor, errs: li
         keep.append(mdev)
         flag = torch.zeros(1, dtype=torch.int32, device="cuda")
         runtime.launch("planes", decode.MERGE_KERNEL[lv.t.layout.layout_id], cs.size, 256,
-                       *(np.uint64(v) for v in mp), runtime.ptr(flag))
+                       *(np.uint64(v) for v in mp), runtime.ptr(flag),
+                       np.uint64(0), np.uint64(0))  # (content digests: the chunks' own launch)
         errs.append((lv, flag, np.zeros(1, np.int64), "merge"))
     del keep  # stream-ordered: reused only after these launches
     return pinned, ev

@@ -49,6 +49,7 @@ from s4format.errors import (
     ParentMismatchError,
     S4Error,
 )
+from s4format.hashing import LEAF_SIZE
 from s4format.reader import Reader
 from s4weights.gpu import gdeflate, nvans, plan, ranshost, runtime
 from s4weights.gpu.hash import (
@@ -547,38 +548,47 @@ def decode_staged(st: Staged, outs: list[torch.Tensor]) -> None:
         keep.append(runtime.copy_ops(*(np.array(c, np.uint64) for c in zip(*copies))))
     prof.mark("rans")
     nt = len(st.idx)
+    verify = reader.verify_hashes
+    # the content hashes' leaf digests (a delta's is of its bytes after the XOR with its
+    # parent: checked then): the merges digest the full leaves of what they write; one hash
+    # launch takes the rest (last partial leaves, tensors nothing merges): ``content_leaves``
+    checked = [k for k in range(nt) if not reader.tensors[st.idx[k]].is_delta] if verify else []
+    cnb = np.array([outs[k].numel() for k in checked], np.int64)
+    cfirst = np.zeros(cnb.size + 1, np.int64)
+    np.cumsum((cnb + LEAF_SIZE - 1) // LEAF_SIZE, out=cfirst[1:])
+    cd = runtime.device_empty(8 * int(cfirst[-1]))
+    dfirst = np.full(nt, -1, np.int64)
+    dfirst[checked] = cfirst[:-1]
+    merged = np.zeros(nt, bool)
     merrs: list[tuple[np.ndarray, torch.Tensor]] = []  # (tensor positions, flags) per launch
     for lay_id, kernel_name in MERGE_KERNEL.items():
         sel = [k for k in range(nt) if reader.tensors[st.idx[k]].layout.layout_id == lay_id
                and outs[k].numel()]
         if not sel:
             continue
+        merged[sel] = True
         word = 4 if lay_id == layouts.FP32.layout_id else 2
         nel = [outs[k].numel() // word for k in sel]
         cs, c0 = chunk_table(nel)
         dev, dp = runtime.upload(cs, c0, np.array([outs[k].data_ptr() for k in sel], np.uint64),
                                  np.asarray(nel, np.int64),
-                                 ptrs[sel].reshape(-1), packed[sel].reshape(-1))
+                                 ptrs[sel].reshape(-1), packed[sel].reshape(-1), dfirst[sel])
         keep.append(dev)
         # merge flags go to a per-launch array, mapped back to tensor positions on the host
         # (no index upload from pageable memory: that copy would wait for the kernels)
         lerr = torch.zeros(len(sel), dtype=torch.int32, device="cuda")
-        runtime.launch("planes", kernel_name, cs.size, 256, *(np.uint64(x) for x in dp),
-                       runtime.ptr(lerr))
+        runtime.launch("planes", kernel_name, cs.size, 256, *(np.uint64(x) for x in dp[:6]),
+                       runtime.ptr(lerr), runtime.ptr(cd), np.uint64(dp[6]))
         merrs.append((np.asarray(sel, np.int64), lerr))
     prof.mark("merge")
-    verify = reader.verify_hashes
-    # a delta's content hash is of its bytes after the XOR with the parent (checked then)
-    checked = [k for k in range(nt) if not reader.tensors[st.idx[k]].is_delta] if verify else []
     parts = [None if early or not nleaf else digests[:nleaf].view(torch.uint8),
              errs.view(torch.uint8) if errs is not None else None,
              rb.bad.view(torch.uint8) if errs is not None else None,
              *(lerr.view(torch.uint8) for _sel, lerr in merrs)]
-    cfirst = None
     if checked:
-        cd, cfirst = runtime.leaf_digests([outs[k].data_ptr() for k in checked],
-                                          [outs[k].numel() for k in checked])
-        parts.append(cd[:int(cfirst[-1])].view(torch.uint8))
+        rest_at, rest_dig = content_leaves([outs[k].data_ptr() for k in checked], cnb, cfirst,
+                                           merged[checked])
+        parts += [cd[:8 * int(cfirst[-1])], rest_dig]
     parts = [x for x in parts if x is not None]
     back = torch.cat(parts).cpu().numpy() if parts else np.zeros(0, np.uint8)  # sync
     pos = 0
@@ -609,8 +619,9 @@ def decode_staged(st: Staged, outs: list[torch.Tensor]) -> None:
                                         f"{reader.tensors[st.idx[k]].name!r}: a plane holds "
                                         "values wider than its field")))
     if checked:
-        cd = back[pos:].view(np.uint64)
-        hashes = content_hashes_from_leaves([outs[k].numel() for k in checked], cd, cfirst)
+        cd = back[pos:pos + 8 * int(cfirst[-1])].view(np.uint64).copy()
+        cd[rest_at] = back[pos + 8 * int(cfirst[-1]):].view(np.uint64)[:rest_at.size]
+        hashes = content_hashes_from_leaves(cnb, cd, cfirst)
         for k, got in zip(checked, hashes):
             t = reader.tensors[st.idx[k]]
             if got != t.content_hash:
@@ -624,6 +635,25 @@ def decode_staged(st: Staged, outs: list[torch.Tensor]) -> None:
     prof.mark("content hash")
     prof.report()
     del keep, scratch
+
+
+def content_leaves(ptrs, nbytes: np.ndarray, first: np.ndarray, merged: np.ndarray
+                   ) -> tuple[np.ndarray, torch.Tensor]:
+    """Launch the leaf digests a merge did not make: every leaf of a tensor not ``merged``, the
+    last partial leaf of one merged (``kernels/planes.cu`` digests a merged tensor's full
+    leaves as it writes them). Tensor k (``nbytes[k]`` bytes at ``ptrs[k]``) has the digests
+    ``first[k]`` .. of the content hash; returns (the places of the digests launched in that
+    numbering, the device digests, in that order)."""
+    nbytes = np.asarray(nbytes, np.int64)
+    full = np.where(merged, nbytes // LEAF_SIZE, 0)  # the leaves the merge digests
+    start = full * LEAF_SIZE
+    rest = nbytes - start
+    todo = np.flatnonzero(rest > 0)
+    dig, dfirst = runtime.leaf_digests(np.asarray(ptrs, np.uint64)[todo]
+                                       + start[todo].astype(np.uint64), rest[todo])
+    counts = np.diff(dfirst)
+    at = np.repeat(first[todo] + full[todo] - dfirst[:-1], counts) + np.arange(int(dfirst[-1]))
+    return at.astype(np.int64), dig[:int(dfirst[-1])].view(torch.uint8)
 
 
 def _prepare(st: Staged, outs: list[torch.Tensor], base: int, keep: list[object]):

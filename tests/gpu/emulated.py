@@ -226,12 +226,14 @@ def launch(module: str, name: str, grid: int, block: int, *a) -> None:
             ln[sl] = length
             if (c > length).any() or (is_rans and int(stored[q]) != p + 132 * m + 2 * c.sum()):
                 bmode[sl], dtab[sl], bad[q] = 2, 0, 1
-    elif name in MERGE:  # cs, c0, dst, n, planes, width (5 per segment), errors
+    elif name in MERGE:  # cs, c0, dst, n, planes, width (5 per segment), errors, digests,
+        # dfirst: the digests of each segment's full leaves (where digests and dfirst >= 0)
         lay, word = MERGE[name]
         nseg = int(at(a[0], np.int32, grid).max()) + 1
         dst, n = at(a[2], np.uint64, nseg), at(a[3], np.int64, nseg)
         table = at(a[4], np.uint64, 5 * nseg).reshape(nseg, 5)
         width, errors = at(a[5], np.uint8, 5 * nseg).reshape(nseg, 5), at(a[6], np.int32, nseg)
+        dfirst = at(a[8], np.int64, nseg) if int(a[7]) else np.full(nseg, -1)
         for r in range(nseg):
             m = int(n[r])
             bad = False
@@ -256,6 +258,11 @@ def launch(module: str, name: str, grid: int, block: int, *a) -> None:
                 bad = True
             if bad:
                 errors[r] = 1
+            if dfirst[r] >= 0:
+                data = at(dst[r], np.uint8, m * word).tobytes()
+                for j in range(m * word >> 16):
+                    at(int(a[7]) + 8 * (int(dfirst[r]) + j), np.uint64, 1)[0] = \
+                        xxhash.xxh3_64_intdigest(data[j << 16:(j + 1) << 16])
     elif name == "xor_bytes":  # a, b, out, n
         n = int(a[3])
         at(a[2], np.uint8, n)[:] = at(a[0], np.uint8, n) ^ at(a[1], np.uint8, n)

@@ -22,6 +22,7 @@ import re
 import numpy as np
 import pytest
 import torch
+import xxhash
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -776,3 +777,29 @@ def test_a_chunked_delta_names_a_parent_with_a_wrong_content_hash() -> None:
         with pytest.raises(ContentHashError) as got:
             chunked.load_large(child(), 0, torch.empty(2 * n, dtype=torch.uint8), workspace)
         assert _who(got.value)[0] == "p", got.value
+
+
+def test_content_leaves_hashes_the_leaves_no_merge_digests() -> None:
+    # a merged tensor's full leaves are digested by the merge kernel; content_leaves launches
+    # the rest (every leaf of a tensor nothing merged, a merged tensor's last partial leaf) and
+    # says where each digest goes in the content hash's numbering
+    from s4format.hashing import LEAF_SIZE
+
+    rng = np.random.default_rng(5)
+    sizes = [0, 100, LEAF_SIZE, LEAF_SIZE + 1, 3 * LEAF_SIZE + 5, 200_000, 2 * LEAF_SIZE]
+    merged = np.array([True, True, True, True, False, True, False])
+    data = [torch.from_numpy(rng.integers(0, 256, n, dtype=np.uint8)) for n in sizes]
+    nbytes = np.array(sizes, np.int64)
+    first = np.concatenate(([0], np.cumsum(-(-nbytes // LEAF_SIZE))))
+    at, dig = decode.content_leaves([d.data_ptr() for d in data], nbytes, first, merged)
+    want = {}
+    for k, d in enumerate(data):
+        b = d.numpy().tobytes()
+        for j in range(int(first[k + 1] - first[k])):
+            full = (j + 1) * LEAF_SIZE <= sizes[k]
+            if not (merged[k] and full):
+                want[int(first[k]) + j] = xxhash.xxh3_64_intdigest(b[j * LEAF_SIZE:
+                                                                     (j + 1) * LEAF_SIZE])
+    got = dig.numpy().view(np.uint64)
+    assert sorted(at.tolist()) == sorted(want) and len(at) == len(want)
+    assert {int(a): int(g) for a, g in zip(at, got)} == want

@@ -19,10 +19,12 @@
 // its plane bytes one 8-byte store. Words are read and written as integers, never as floats
 // (NaN payloads survive).
 #include "packing.cuh"
+#include "xxh3.cuh"
 
 #define SPLIT_THREADS 256
 #define SPLIT_WARPS (SPLIT_THREADS / 32)
 #define CHUNK_ELEMS 65536   // elements per CTA; a multiple of 8 * SPLIT_THREADS
+#define LEAF_BYTES 65536    // the content hash's leaves (spec/format.md, "Hashes")
 // Tuning, fixed at compile time: SPLIT_G / MERGE_G rounds of 8 elements per thread whose loads
 // are issued together (bench/kernel_variants.py measures the choices side by side on a GPU;
 // the figures behind these defaults are in bench/RESULTS.md, session 10).
@@ -253,14 +255,32 @@ __device__ __forceinline__ u64 load8(const u8* p, i64 e, int m) {
 }
 
 // width[s*5 + k]: plane k's stored form; the sign plane (k = 0): 1 packed bits, 0 bytes; the
-// others: 0 bytes, w = bitpack-w of width w
+// others: 0 bytes, w = bitpack-w of width w.
+//
+// The content hash's leaf digests (spec/format.md, "Hashes": XXH3-64 of each 64 KiB leaf of the
+// tensor's bytes) of every FULL leaf, from the words the merge writes, where digests is not
+// null and dfirst[s] >= 0 (segment s's first leaf digest goes to digests[dfirst[s]]; a last
+// partial leaf is the host's to hash). A warp's step covers whole 1 KiB blocks of the output
+// (8 elements per lane, its groups one after another), and inside a block XXH3's 16 stripes only
+// add into the 8 accumulators: each lane adds what its words give, the warp sums them by
+// shuffles, and the block's 8 sums go to shared memory; after the chunk (2 or 4 leaves) one warp
+// per full leaf runs the 63 scrambles between blocks and the merge (xxh3_long's order exactly).
 template <int L>
 __device__ void merge_impl(const int* chunk_seg, const i64* chunk_start, const u64* dst,
                            const i64* nelem, const u64* planes, const u8* width,
-                           int* errors) {
+                           int* errors, u64* digests, const i64* dfirst) {
     typedef typename Lay<L>::W W;
     constexpr int NP = Lay<L>::NP;
     constexpr int G = MERGE_G;  // groups of 8 elements per thread and step: loads first
+    constexpr int WPL = sizeof(W);                  // u64 words of a lane's 8 elements
+    constexpr int LPS = 8 / WPL;                    // lanes per 64-byte stripe
+    constexpr int GPB = 1024 / (256 * sizeof(W));   // a warp's groups per 1 KiB block
+    constexpr int NBW = G / GPB;                    // blocks per warp step
+    constexpr int LPC = CHUNK_ELEMS * sizeof(W) / LEAF_BYTES;  // leaves per chunk
+    static_assert(G % GPB == 0 && LPC <= SPLIT_WARPS, "a warp step is whole blocks");
+    __shared__ u64 hsum[LPC][64][8];  // per leaf of the chunk: each block's 8 sums
+    __shared__ u64 hsec[XXH_SECRET_SIZE / 8 + 8];  // the secret's words, then the last stripe's
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int seg = chunk_seg[blockIdx.x];
     const i64 n = nelem[seg];
     const i64 c0 = chunk_start[blockIdx.x];
@@ -273,13 +293,23 @@ __device__ void merge_impl(const int* chunk_seg, const i64* chunk_start, const u
     u32 wd[NP];
     for (int k = 0; k < NP; k++) wd[k] = width[seg * 5 + 1 + k];
     const bool vec = ((u64)out & 15) == 0;
+    const i64 dfs = digests ? dfirst[seg] : -1;  // (uniform: the CTA's segment)
+    const i64 full_leaves = n * (i64)sizeof(W) / LEAF_BYTES;
+    if (dfs >= 0) {
+        for (int i = tid; i < XXH_SECRET_SIZE / 8; i += SPLIT_THREADS) hsec[i] = xxh_secret64(8 * i);
+        if (tid < 8) hsec[XXH_SECRET_SIZE / 8 + tid] = xxh_secret64(XXH_LAST_STRIPE_SOFF + 8 * tid);
+        __syncthreads();
+    }
     u64 bad = 0;
-    for (i64 e0 = c0 + 8 * (i64)threadIdx.x; e0 < c1; e0 += G * 8 * SPLIT_THREADS) {
+    // a step: warp w's elements [s0 + w G 256, + G 256), group g's 256 of them from g 256 on,
+    // 8 per lane
+    for (i64 s0 = c0; s0 < c1; s0 += G * 8 * SPLIT_THREADS) {
+        const i64 w0 = s0 + (i64)warp * G * 256;
         int m[G];
         u64 sv[G], v[G][NP];
 #pragma unroll
         for (int g = 0; g < G; g++) {
-            const i64 e = e0 + (i64)g * 8 * SPLIT_THREADS;
+            const i64 e = w0 + (i64)g * 256 + 8 * lane;
             m[g] = e >= c1 ? 0 : (c1 - e < 8 ? (int)(c1 - e) : 8);
             if (packed_sign) sv[g] = m[g] ? sign[e >> 3] : 0;
             else sv[g] = load8(sign, e, m[g]);
@@ -292,10 +322,20 @@ __device__ void merge_impl(const int* chunk_seg, const i64* chunk_start, const u
                 else v[g][k] = load8(pl[k], e, m[g]);
             }
         }
+        // the step's blocks' place: leaf (of the tensor) and block in it; hashed when the leaf
+        // is full (then every lane has 8 elements in every group)
+        const i64 bofs = (w0 - c0) * (i64)sizeof(W);  // the warp's first byte in the chunk
+        const i64 leaf = (c0 * (i64)sizeof(W) + bofs) / LEAF_BYTES;
+        const bool hashing = dfs >= 0 && leaf < full_leaves;  // (uniform in the warp)
+        u64 part[NBW][WPL];
+#pragma unroll
+        for (int b = 0; b < NBW; b++)
+#pragma unroll
+            for (int j = 0; j < WPL; j++) part[b][j] = 0;
 #pragma unroll
         for (int g = 0; g < G; g++) {
             if (!m[g]) continue;
-            const i64 e = e0 + (i64)g * 8 * SPLIT_THREADS;
+            const i64 e = w0 + (i64)g * 256 + 8 * lane;
             if (packed_sign) {
                 if (m[g] < 8) bad |= sv[g] >> m[g];  // padding bits of the last byte must be 0
             } else {
@@ -337,6 +377,18 @@ __device__ void merge_impl(const int* chunk_seg, const i64* chunk_start, const u
                 for (int i = 0; i < NO; i++)
                     o[i] = sizeof(W) == 2 ? (u32)w[2 * i] | (u32)w[2 * i + 1] << 16 : (u32)w[i];
             }
+            if (hashing) {  // this lane's words of stripe `st`: words i0 .. i0 + WPL - 1
+                const int st = lane / LPS + (32 / LPS) * (g % GPB), i0 = WPL * (lane % LPS);
+                const int blk = (int)(((bofs + (i64)g * 256 * sizeof(W)) >> 10) & 63);
+                const bool last = blk == 63 && st == 15;  // the leaf's last stripe: its secret
+#pragma unroll
+                for (int j = 0; j < WPL; j++) {
+                    const u64 d = o[2 * j] | (u64)o[2 * j + 1] << 32;
+                    const u64 k = d ^ hsec[last ? XXH_SECRET_SIZE / 8 + i0 + j : st + i0 + j];
+                    part[g / GPB][j] += (u64)(u32)k * (k >> 32);
+                    part[g / GPB][j ^ 1] += d;
+                }
+            }
             if (m[g] == 8 && vec) {
 #pragma unroll
                 for (int i = 0; i < NO; i += 4)
@@ -348,8 +400,42 @@ __device__ void merge_impl(const int* chunk_seg, const i64* chunk_start, const u
                         out[e + j] = (W)(sizeof(W) == 2 ? o[j >> 1] >> (16 * (j & 1)) : o[j]);
             }
         }
+        if (hashing) {  // each block's sums: over the lanes of its stripes, to shared memory
+#pragma unroll
+            for (int b = 0; b < NBW; b++) {
+#pragma unroll
+                for (int j = 0; j < WPL; j++)
+                    for (int off = LPS; off < 32; off <<= 1)
+                        part[b][j] += __shfl_xor_sync(0xFFFFFFFFu, part[b][j], off);
+                const i64 bo = bofs + (i64)b * 1024;
+                if (lane < LPS)
+#pragma unroll
+                    for (int j = 0; j < WPL; j++)
+                        hsum[bo / LEAF_BYTES][(bo >> 10) & 63][WPL * lane + j] = part[b][j];
+            }
+        }
     }
     if (bad) atomicExch(&errors[seg], 1);
+    if (dfs >= 0) {  // the chunk's full leaves: the scrambles between blocks, then the merge
+        __syncthreads();
+        const i64 leaf = c0 * (i64)sizeof(W) / LEAF_BYTES + warp;
+        if (warp < LPC && leaf < full_leaves) {
+            const int i = lane & 7;
+            u64 acc = 0;  // xxh3_acc_init's lane i (selected: no array in local memory)
+            {
+                u64 init[8];
+                xxh3_acc_init(init);
+#pragma unroll
+                for (int k = 0; k < 8; k++) acc = i == k ? init[k] : acc;
+            }
+            for (int b = 0; b < 63; b++) acc = xxh3_scramble_lane(acc + hsum[warp][b][i], i);
+            acc += hsum[warp][63][i];
+            u64 all[8];
+#pragma unroll
+            for (int k = 0; k < 8; k++) all[k] = __shfl_sync(0xFFFFFFFFu, acc, k);
+            if (lane == 0) digests[dfs + leaf] = xxh3_merge(all, LEAF_BYTES);
+        }
+    }
 }
 
 // split_*: the planes; hist_*: the histograms and set sign bits (``planes`` unused);
@@ -363,7 +449,9 @@ __device__ void merge_impl(const int* chunk_seg, const i64* chunk_start, const u
 #define S4_MERGE(L, NAME)                                                                      \
     extern "C" __global__ void __launch_bounds__(SPLIT_THREADS) NAME(                          \
         const int* cs, const i64* c0, const u64* dst, const i64* n, const u64* planes,         \
-        const u8* packed, int* err) { merge_impl<L>(cs, c0, dst, n, planes, packed, err); }
+        const u8* packed, int* err, u64* digests, const i64* dfirst) {                         \
+        merge_impl<L>(cs, c0, dst, n, planes, packed, err, digests, dfirst);                   \
+    }
 S4_SPLIT(1, split_bf16, false, true)
 S4_SPLIT(2, split_fp16, false, true)
 S4_SPLIT(3, split_fp32, false, true)
