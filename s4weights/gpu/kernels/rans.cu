@@ -60,12 +60,18 @@ rans_encode(const u32* cta_plane, const u32* cta_block, const u8* cta_warps, con
     const u32 sw = p_w[q];  // 8: bytes; else packed at sw bits (start is a multiple of 8)
     const u8* src = (const u8*)p_src[q] + (sw == 8 ? start : (start >> 3) * sw);
     const u32 len = (u32)(rest < (1ull << log2_block) ? rest : (1ull << log2_block));
-    u16* words = (u16*)p_scratch[q] + start;  // two bytes of scratch per symbol
+    // two bytes of scratch per symbol; (the pointer laundered through a mov, so that it stays in
+    // a register pair: a row's store address is then one IMAD.WIDE, where the compiler's
+    // uniform base plus 64-bit offset took four instructions)
+    u16* words;
+    asm("mov.b64 %0, %1;" : "=l"(words) : "l"((u16*)p_scratch[q] + start));
     u8* st = stage[warp];
     const bool vec = sw == 8 && ((u64)src & 15) == 0;
     const u8 first = sw == 8 ? src[0] : (u8)unpack8(src, 0, 1, sw);
     const u32 lt = lanemask_lt();
-    u32 x = 1u << 15, w = 0, diff = 0;
+    const u32 f4 = 0x01010101u * first;
+    const u64 f8 = 0x0101010101010101ull * first;
+    u32 x = 1u << 15, w = 0, diff = 0;  // diff: a staged byte differs from the first symbol
     // full chunks: the next chunk's 16 bytes per lane are loaded while this one is coded
     uint4 pre = make_uint4(0, 0, 0, 0);
     if (vec && len >= STAGE) pre = ((const uint4*)src)[lane];
@@ -74,43 +80,50 @@ rans_encode(const u32* cta_plane, const u32* cta_block, const u8* cta_warps, con
         __syncwarp();
         if (vec && chunk == STAGE) {
             ((uint4*)st)[lane] = pre;
+            diff |= ((pre.x ^ f4) | (pre.y ^ f4) | (pre.z ^ f4) | (pre.w ^ f4)) != 0;
             if (base + 2 * STAGE <= len) pre = ((const uint4*)(src + base + STAGE))[lane];
-        } else if (sw < 8) {  // two groups of 8 per lane
-            for (u32 i0 = 16 * lane; i0 < 16 * lane + 16 && i0 < chunk; i0 += 8)
-                *(u64*)(st + i0) = unpack8(src, base + i0, chunk - i0 < 8 ? chunk - i0 : 8, sw);
+        } else if (sw < 8) {  // two groups of 8 per lane (unpack8 zeroes the bytes past m)
+            for (u32 i0 = 16 * lane; i0 < 16 * lane + 16 && i0 < chunk; i0 += 8) {
+                const int m = chunk - i0 < 8 ? chunk - i0 : 8;
+                const u64 v = unpack8(src, base + i0, m, sw);
+                *(u64*)(st + i0) = v;
+                diff |= ((v ^ f8) & (m == 8 ? ~0ull : (1ull << (8 * m)) - 1)) != 0;
+            }
         } else {
-            for (u32 i = lane; i < chunk; i += 32) st[i] = src[base + i];
+            for (u32 i = lane; i < chunk; i += 32) {
+                st[i] = src[base + i];
+                diff |= src[base + i] != first;
+            }
         }
         __syncwarp();
+        // a row: x' = x + bias + floor(x / f) (4096 - f), the quotient as umulhi(x, rcp)
+        // shifted right by the entry's low bits (a funnel shift: it reads only the shift's low
+        // 5 bits, so no mask)
         if (chunk == STAGE) {  // every lane active
 #pragma unroll 4
             for (u32 r = 0; r < STAGE; r += 32) {
-                const u32 s = st[r + lane];
-                diff |= s != first;
-                const uint4 e = tab[s];
+                const uint4 e = tab[st[r + lane]];
                 const bool need = x >= e.x;
                 const u32 ballot = __ballot_sync(0xFFFFFFFFu, need);
                 if (need) {
                     words[w + __popc(ballot & lt)] = (u16)(x & 0xFFFF);
                     x >>= 16;
                 }
-                x = x + e.z + (__umulhi(x, e.y) >> (e.w & 0xFF)) * (e.w >> 8);
+                x = x + e.z + __funnelshift_r(__umulhi(x, e.y), 0, e.w) * (e.w >> 8);
                 w += __popc(ballot);
             }
             continue;
         }
         for (u32 r = 0; r < chunk; r += 32) {
             const bool active = r + lane < chunk;
-            const u32 s = active ? st[r + lane] : first;
-            diff |= s != first;
-            const uint4 e = tab[s];
+            const uint4 e = tab[active ? st[r + lane] : first];
             const bool need = active && x >= e.x;
             const u32 ballot = __ballot_sync(0xFFFFFFFFu, need);
             if (need) {
                 words[w + __popc(ballot & lt)] = (u16)(x & 0xFFFF);
                 x >>= 16;
             }
-            if (active) x = x + e.z + (__umulhi(x, e.y) >> (e.w & 0xFF)) * (e.w >> 8);
+            if (active) x = x + e.z + __funnelshift_r(__umulhi(x, e.y), 0, e.w) * (e.w >> 8);
             w += __popc(ballot);
         }
     }
