@@ -142,8 +142,11 @@ rans_encode(const u32* cta_plane, const u32* cta_block, const u8* cta_warps, con
 // words [p - total, p) lie in cur and nxt and come by shuffles; when p drops below wb, the
 // window slides down 32 words and loads the next 32 (one coalesced load, several rows ahead
 // of its use, where before every renormalising row waited on a load of its own).
+__device__ u16 rans_no_words;  // what the plain decoder's loads read in a block of no words
+
 struct Window {
     const u16* words;
+    u32 last;  // (the plain decoder) the last word's index; words: a safe word when there are none
     int wb;
     u32 cur, nxt, ahead;
     __device__ __forceinline__ u32 at(int i) const { return i >= 0 ? words[i] : 0u; }
@@ -173,9 +176,10 @@ struct Window {
 
 // One decoder row: each active lane decodes its symbol into out[i] and, if its state drops
 // below 2^15, takes the next word from the end (lanes in lane order): from the window, or
-// loaded (WINDOW false). Returns false, the same in every lane, when the row needs more words
-// than the block has left (error 2).
-template <bool WINDOW>
+// loaded (WINDOW false: every lane loads, at an index clamped into the block's words, so the
+// load needs no branch). Returns false, the same in every lane, when the row needs more words
+// than the block has left (error 2); CHECK false: the caller knows it has enough.
+template <bool WINDOW, bool CHECK>
 __device__ __forceinline__ bool decode_row(u32& x, u32& p, const u32* dtab, u8* out, int i,
                                            bool active, Window& win, u32 lt, int lane) {
     bool need = false;
@@ -187,14 +191,18 @@ __device__ __forceinline__ bool decode_row(u32& x, u32& p, const u32* dtab, u8* 
     }
     const u32 ballot = __ballot_sync(0xFFFFFFFFu, need);
     const u32 total = __popc(ballot);
-    if (total > p) return false;
+    if (CHECK && total > p) return false;
     p -= total;
     if constexpr (WINDOW) {
         const u32 w = win.take((int)(p + __popc(ballot & lt)));
         if (need) x = (x << 16) | w;
         win.slide(p, lane);
     } else {
-        if (need) x = (x << 16) | win.words[p + __popc(ballot & lt)];
+        const u32 at = p + __popc(ballot & lt);
+        u16 w;  // (volatile: the compiler would sink the load under `need`, behind a branch)
+        asm volatile("ld.global.nc.u16 %0, [%1];"
+                     : "=h"(w) : "l"(win.words + (at < win.last ? at : win.last)));
+        if (need) x = (x << 16) | w;
     }
     return true;
 }
@@ -261,21 +269,32 @@ __device__ void decode_impl(const u32* cta_first, const u8* cta_warps, const u8*
     u32 p = blk_count[b];
     const u32 lt = lanemask_lt();
     Window win;
-    if constexpr (WINDOW) win.init(words, p, lane);
-    else win.words = words;
+    if constexpr (WINDOW) {
+        win.init(words, p, lane);
+    } else {
+        win.words = p ? words : &rans_no_words;
+        win.last = p ? p - 1 : 0;
+    }
     int r = (int)(((len - 1) >> 5) << 5);
     if (len & 31) {  // the last row is partial
-        if (!decode_row<WINDOW>(x, p, dtab, out, r + lane, (u32)r + lane < len, win, lt, lane)) {
+        if (!decode_row<WINDOW, true>(x, p, dtab, out, r + lane, (u32)r + lane < len, win, lt,
+                                      lane)) {
             if (lane == 0) errors[b] = 2;
             return;
         }
         r -= 32;
     }
-#pragma unroll 4
-    for (; r >= 0; r -= 32) {  // full rows
-        if (!decode_row<WINDOW>(x, p, dtab, out, r + lane, true, win, lt, lane)) {
-            if (lane == 0) errors[b] = 2;
-            return;
+    while (r >= 0) {  // full rows
+        if (r >= 96 && p >= 128) {  // words left for four rows whatever they take: unchecked
+#pragma unroll
+            for (int k = 0; k < 4; k++, r -= 32)
+                decode_row<WINDOW, false>(x, p, dtab, out, r + lane, true, win, lt, lane);
+        } else {
+            if (!decode_row<WINDOW, true>(x, p, dtab, out, r + lane, true, win, lt, lane)) {
+                if (lane == 0) errors[b] = 2;
+                return;
+            }
+            r -= 32;
         }
     }
     if (p != 0) err = 3;
