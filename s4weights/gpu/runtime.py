@@ -90,8 +90,9 @@ def sm_count() -> int:
 
 # A launch of at most this many rANS decode warps (blocks) per multiprocessor takes
 # kernels/rans.cu's windowed build: too few warps to hide the latency of a load per row
-# (bench/RESULTS.md, session 11, on the H200's 132 SMs: 2,048 blocks 0.47 -> 0.37 ms with the
-# window, 8,192 blocks 0.80 -> 0.91 ms; the threshold lies between, not measured closer).
+# (bench/RESULTS.md, session 11, on the H200's 132 SMs: 2,048 blocks 0.37 -> 0.34 ms with the
+# window (fp32's 0.72 -> 0.61), 8,192 blocks 0.69 -> 0.84 ms; the threshold lies between, not
+# measured closer).
 RANS_WINDOW_WARPS_PER_SM = 32
 
 
