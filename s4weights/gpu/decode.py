@@ -1,8 +1,10 @@
 """Load side of the CUDA path, batched: every plane of a group of tensors goes to the device in
 one copy, is checked there (plane checksums from leaf digests) before any kernel decodes it,
 and one launch per kernel decodes the group: every rANS block of every plane (one warp each),
-one merge per layout straight into the destination tensors, one hash launch for the content
-hashes. GDeflate planes go to nvCOMP; raw, bitpack and rANS RAW-mode planes are used in place.
+one merge per layout straight into the destination tensors (which also digests every full
+64 KiB leaf of the content hash from the words it writes), one hash launch for the leaves no
+merge digests (a tensor's last partial leaf, tensors of other layouts). GDeflate planes go to
+nvCOMP; raw, bitpack and rANS RAW-mode planes are used in place.
 
 Staging: the planes are read from the file straight into pinned host memory (``os.preadv``
 for files; other sources copy once into it) and copied up in one H2D.

@@ -13,7 +13,8 @@
 // the stores switched at compile time.
 // merge: the inverse; it reads the sign plane as packed bits or as bytes, every other plane as
 // bytes or as bitpack-w's w-bit values (codec 8: eight values in w stored bytes), and flags any
-// plane byte with bits outside its field (spec: merge MUST reject those).
+// plane byte with bits outside its field (spec: merge MUST reject those); where asked, it also
+// makes the content hash's digests of the full 64 KiB leaves it writes (merge_impl).
 //
 // Every thread handles 8 consecutive elements, so its sign bits are exactly one stored byte and
 // its plane bytes one 8-byte store. Words are read and written as integers, never as floats
