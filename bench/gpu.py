@@ -73,9 +73,7 @@ def row(case: str, codec: str, raw: int, stored: int, enc_s: float, dec_s: float
 # -- S4 on a list of device tensors -----------------------------------------------------------
 
 def s4_items(tensors: dict[str, torch.Tensor]) -> list[Item]:
-    from s4format import dtypes
-    return [Item(dtypes.BY_NAME[str(t.dtype).removeprefix("torch.")], tuple(t.shape),
-                 t.reshape(-1).view(torch.uint8)) for t in tensors.values()]
+    return [Item.of(t) for t in tensors.values()]
 
 
 def s4_case(case: str, tensors: dict[str, torch.Tensor], mantissa: str,

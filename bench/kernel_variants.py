@@ -13,7 +13,6 @@ options (every other module is the default build's) or changes the decode kernel
 from __future__ import annotations
 
 import functools
-import io
 import os
 import statistics
 import sys
@@ -25,10 +24,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 import gpu
 
 import s4format
-from s4format import objtree
-from s4format.writer import Writer
 from s4weights.gpu import decode, runtime
-from s4weights.gpu.encode import Encoder
+from s4weights.gpu.encode import Encoder, file_of
 
 REPS = int(os.environ.get("S4_BENCH_REPS", "5"))
 # (name, module to rebuild, its build options, RANS_WINDOW_WARPS_PER_SM or None)
@@ -74,16 +71,6 @@ def kernel_times(fn) -> dict[str, float]:
         runs.append(per)
     names = set().union(*runs)
     return {k: statistics.median(r.get(k, 0.0) for r in runs) for k in names}
-
-
-def file_of(enc: Encoder, tensors: dict[str, torch.Tensor]) -> bytes:
-    items = gpu.s4_items(tensors)
-    buf = io.BytesIO()
-    with Writer(buf) as w:
-        for (name, t), it, c in zip(tensors.items(), items, enc.code(items)):
-            w.add_coded(name, it.dtype, tuple(t.shape), c.coded, c.content_hash)
-        w.set_tree({k: objtree.TensorRef(i) for i, k in enumerate(tensors)})
-    return buf.getvalue()
 
 
 def decode_times(blob: bytes, x: torch.Tensor) -> tuple[dict[str, float], bool]:

@@ -11,11 +11,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 import gpu
-import kernel_variants
 
 import s4format
 from s4weights.gpu import decode
-from s4weights.gpu.encode import Encoder
+from s4weights.gpu.encode import Encoder, file_of
 
 
 def main() -> None:
@@ -23,7 +22,7 @@ def main() -> None:
     enc = Encoder("auto")
     enc.encode_device(gpu.s4_items(x))              # the encode kernels, first
     torch.cuda.synchronize()
-    blob = kernel_variants.file_of(enc, x)
+    blob = file_of(enc, x)
     st = decode.stage(s4format.Reader(blob), [0])
     out = [torch.empty_like(x["w"]).view(torch.uint8).reshape(-1)]
     decode.decode_staged(st, out)

@@ -125,14 +125,7 @@ def d2d_calls(tensors: dict[str, torch.Tensor], workspace: int | None):
     """(encode, decode) as bench/gpu.py's device-to-device rows time them."""
     enc = Encoder("auto", workspace=workspace)
     items = gpu.s4_items(tensors)
-    import io
-    buf = io.BytesIO()
-    coded = list(enc.code(items))
-    with s4format.Writer(buf) as w:
-        for (name, t), it, c in zip(tensors.items(), items, coded):
-            w.add_coded(name, it.dtype, tuple(t.shape), c.coded, c.content_hash)
-        w.set_tree({k: s4format.objtree.TensorRef(i) for i, k in enumerate(tensors)})
-    reader = s4format.Reader(buf.getvalue())
+    reader = s4format.Reader(encode.file_of(enc, tensors))
     outs = [torch.empty(t.numel() * t.element_size(), dtype=torch.uint8, device="cuda")
             for t in tensors.values()]
     gpu_rows = [i for i in range(len(outs)) if decode.decodable(reader, i)]

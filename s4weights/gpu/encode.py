@@ -91,6 +91,14 @@ class Item:
     def nbytes(self) -> int:
         return int(self.data.numel())
 
+    @classmethod
+    def of(cls, t: torch.Tensor) -> Item:
+        """The item of a contiguous tensor: its dtype, shape and bytes."""
+        from s4format import dtypes
+
+        return cls(dtypes.BY_NAME[str(t.dtype).removeprefix("torch.")], tuple(t.shape),
+                   t.reshape(-1).view(torch.uint8))
+
 
 @dataclass
 class Coded:
@@ -1220,6 +1228,24 @@ class Encoder:
                      *batch.table(first.astype(np.int64), scratch, words),
                      np.int32(r["log2_block"]), np.uint64(r["counts_p"]), runtime.ptr(excl))
         return excl
+
+
+def file_of(enc: Encoder, tensors: dict[str, torch.Tensor]) -> bytes:
+    """A file image of ``tensors`` coded by ``enc`` (``Encoder.code``), each a top-level entry
+    under its name: what the device-to-device benchmarks and the coder's tests read back (no
+    torch object tree, no deltas; ``s4weights.save`` writes real checkpoints)."""
+    import io
+
+    from s4format import objtree
+    from s4format.writer import Writer
+
+    items = [Item.of(t) for t in tensors.values()]
+    buf = io.BytesIO()
+    with Writer(buf) as w:
+        for (name, t), it, c in zip(tensors.items(), items, enc.code(items)):
+            w.add_coded(name, it.dtype, tuple(t.shape), c.coded, c.content_hash)
+        w.set_tree({k: objtree.TensorRef(i) for i, k in enumerate(tensors)})
+    return buf.getvalue()
 
 
 def launch_split(layout_id: int, src: list[int], nelems,

@@ -226,14 +226,7 @@ def _state() -> dict[str, torch.Tensor]:
 
 def _gpu_file(tensors: dict[str, torch.Tensor]) -> bytes:
     """The file the GPU encoder writes (its kernels emulated too)."""
-    items = [encode.Item(dtypes.BY_NAME[str(t.dtype).removeprefix("torch.")], tuple(t.shape),
-                         t.reshape(-1).view(torch.uint8)) for t in tensors.values()]
-    buf = io.BytesIO()
-    with Writer(buf) as w:
-        for (name, t), it, c in zip(tensors.items(), items, encode.Encoder().code(items)):
-            w.add_coded(name, it.dtype, tuple(t.shape), c.coded, c.content_hash)
-        w.set_tree({k: objtree.TensorRef(i) for i, k in enumerate(tensors)})
-    return buf.getvalue()
+    return encode.file_of(encode.Encoder(), tensors)
 
 
 @pytest.mark.parametrize("batch", [1, 5, 1000])

@@ -9,15 +9,12 @@ tests (test_gpu_codec.py and the rest) run the same paths on the H200."""
 
 from __future__ import annotations
 
-import io
-
 import numpy as np
 import pytest
 import torch
 
 import s4format
-from s4format import codecs, dtypes, layouts, objtree
-from s4format.writer import Writer
+from s4format import codecs, layouts
 from s4weights.gpu import encode
 from tests.gpu.emulated import emulate
 
@@ -60,18 +57,7 @@ def _tensors() -> dict[str, torch.Tensor]:
 
 
 def _items(tensors) -> list[encode.Item]:
-    return [encode.Item(dtypes.BY_NAME[str(t.dtype).removeprefix("torch.")], tuple(t.shape),
-                        t.reshape(-1).view(torch.uint8)) for t in tensors]
-
-
-def _file(enc: encode.Encoder, tensors: dict[str, torch.Tensor]) -> bytes:
-    items = _items(tensors.values())
-    buf = io.BytesIO()
-    with Writer(buf) as w:
-        for (name, t), it, c in zip(tensors.items(), items, enc.code(items)):
-            w.add_coded(name, it.dtype, tuple(t.shape), c.coded, c.content_hash)
-        w.set_tree({k: objtree.TensorRef(i) for i, k in enumerate(tensors)})
-    return buf.getvalue()
+    return [encode.Item.of(t) for t in tensors]
 
 
 def _narrow_plane(reader: s4format.Reader, i: int):
@@ -86,8 +72,8 @@ def test_packed_planes_give_the_bytes_of_the_unpacked_split(emulated, workspace)
     plain = encode.Encoder("auto", workspace=workspace)
     plain.packs = False
     assert packed.packs
-    blob = _file(packed, tensors)
-    assert blob == _file(plain, tensors)
+    blob = encode.file_of(packed, tensors)
+    assert blob == encode.file_of(plain, tensors)
     reader = s4format.Reader(blob)
     for i, t in enumerate(tensors.values()):
         assert reader.read_raw(i).tobytes() == t.reshape(-1).view(torch.uint8).numpy().tobytes()
@@ -185,6 +171,6 @@ def test_other_policies_split_to_bytes(emulated, pol, mantissa) -> None:
     tensors = _tensors()
     (g,) = enc.encode_device(_items(tensors.values()))
     assert (g.planes.pw[g.planes.kind != layouts.KIND_SIGN] == 8).all()
-    reader = s4format.Reader(_file(enc, tensors))
+    reader = s4format.Reader(encode.file_of(enc, tensors))
     for i, t in enumerate(tensors.values()):
         assert reader.read_raw(i).tobytes() == t.reshape(-1).view(torch.uint8).numpy().tobytes()

@@ -5,10 +5,9 @@
 #pragma once
 #include "common.cuh"
 
-// 8 values of a bitpack-w plane of width w (1..7) at element e (a multiple of 8; m valid, the
-// rest 0) as 8 bytes: the group's ceil(m * w / 8) stored bytes, unpacked. The padding bits of
-// the last byte are the host's to check.
-__device__ __forceinline__ u64 unpack8(const u8* p, i64 e, int m, u32 w) {
+// The stored bytes of the group of 8 values of a bitpack-w plane of width w (1..7) at element e
+// (a multiple of 8; m valid) as the low bytes of a u64: ceil(m * w / 8) of them, the rest 0.
+__device__ __forceinline__ u64 load_group(const u8* p, i64 e, int m, u32 w) {
     const u8* g = p + (e >> 3) * w;
     u64 acc = 0;
     if (m == 8) {
@@ -23,6 +22,14 @@ __device__ __forceinline__ u64 unpack8(const u8* p, i64 e, int m, u32 w) {
         const u32 nb = (m * w + 7) / 8;
         for (u32 b = 0; b < nb; b++) acc |= (u64)g[b] << (8 * b);
     }
+    return acc;
+}
+
+// 8 values of a bitpack-w plane of width w (1..7) at element e (a multiple of 8; m valid, the
+// rest 0) as 8 bytes: the group's stored bytes, unpacked. The padding bits of the last byte
+// are the host's to check.
+__device__ __forceinline__ u64 unpack8(const u8* p, i64 e, int m, u32 w) {
+    const u64 acc = load_group(p, e, m, w);
     const u64 mask = (1ull << w) - 1;
     u64 v = 0;
     for (int j = 0; j < m; j++) v |= ((acc >> (w * j)) & mask) << (8 * j);
@@ -52,18 +59,7 @@ __device__ __forceinline__ u64 expand8(u64 a) {
 // variable shift per value).
 template <u32 W>
 __device__ __forceinline__ u64 unpack8c(const u8* p, i64 e, int m) {
-    const u8* g = p + (e >> 3) * W;
-    u64 acc = 0;
-    if (m == 8) {
-        const u32* q = (const u32*)((u64)g & ~(u64)3);
-        const u32 sh = 8 * (u32)((u64)g & 3);
-        acc = (u64)q[0] >> sh;
-        if (sh + 8 * W > 32) acc |= (u64)q[1] << (32 - sh);
-        if (sh + 8 * W > 64) acc |= (u64)q[2] << (64 - sh);
-    } else {
-        const u32 nb = (m * W + 7) / 8;
-        for (u32 b = 0; b < nb; b++) acc |= (u64)g[b] << (8 * b);
-    }
+    const u64 acc = load_group(p, e, m, W);
     const u64 v = expand8<W>(acc & ((1ull << (8 * W)) - 1));
     // values past m are 0 (their bits are the last byte's padding, which the host checks)
     return m >= 8 ? v : v & ((1ull << (8 * m)) - 1);
