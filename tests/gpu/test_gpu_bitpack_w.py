@@ -70,8 +70,8 @@ def test_packed_split_files_equal_the_byte_split(workspace: int) -> None:
     tensors = {k: v.cuda() for k, v in test_packed_split._tensors().items()}
     plain = encode.Encoder("auto", workspace=workspace)
     plain.packs = False
-    blob = test_packed_split._file(encode.Encoder("auto", workspace=workspace), tensors)
-    assert blob == test_packed_split._file(plain, tensors)
+    blob = encode.file_of(encode.Encoder("auto", workspace=workspace), tensors)
+    assert blob == encode.file_of(plain, tensors)
     reader = s4format.Reader(blob)
     for i, t in enumerate(tensors.values()):
         assert reader.read_raw(i).tobytes() == \
