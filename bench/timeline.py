@@ -5,7 +5,7 @@
 prints, per call, the wall time, the device's busy time, and the device's idle gaps with the
 host stages that ran during each: what the device waits for. Informative only; bench/gpu.py
 holds the figures the issue's targets are read from. ``S4_TRACE_DIR``: also write each call's
-Chrome trace there."""
+Chrome trace there. ``S4_TIMELINE_CASES=a``: the (a) calls only (no training)."""
 
 from __future__ import annotations
 
@@ -171,8 +171,10 @@ def main() -> None:
     mark_stages()
     g = torch.Generator(device="cuda").manual_seed(0)
     one = {"x": (torch.randn(1 << 29, device="cuda", generator=g) * 0.02).to(torch.bfloat16)}
-    state = gpu.trained_state(int(os.environ.get("S4_BENCH_STEPS", "30")))
-    cases = [("a", one, None), ("b", gpu.flat_tensors(state), 1 << 30)]
+    cases = [("a", one, None)]
+    if "b" in os.environ.get("S4_TIMELINE_CASES", "ab"):
+        state = gpu.trained_state(int(os.environ.get("S4_BENCH_STEPS", "30")))
+        cases.append(("b", gpu.flat_tensors(state), 1 << 30))
     for name, tensors, workspace in cases:
         enc, dec = d2d_calls(tensors, workspace)
         for _ in range(3):

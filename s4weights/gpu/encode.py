@@ -54,6 +54,7 @@ pays for it on the GPU.
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -74,6 +75,8 @@ SPLIT_KERNEL = {layouts.BF16.layout_id: "split_bf16", layouts.FP16.layout_id: "s
 SPLIT_KINDS = ("split", "hist", "split_hist")
 MANTISSA_MODES = ("auto", "rans", "gdeflate", "raw")
 ALIGN_PAYLOAD = 16
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -165,9 +168,11 @@ class Planes:
         # a row not there)
         self.fixed: torch.Tensor | None = None
         self.fixed_off = np.full(self.n.size, -1, np.int64)
+        # a rANS launch already queued over rows ``launched`` (Encoder._histograms), or None
+        self.rans_queued: dict | None = None
 
     _CHOSEN = ("nsym", "sym0", "tsize", "est_rans", "est_bp", "cand_rans", "cand_bp", "cand_gd",
-               "runs_rans", "width", "est_bw", "cand_bw", "bw_first")
+               "runs_rans", "launched", "width", "est_bw", "cand_bw", "bw_first")
 
     def take(self, rows: np.ndarray, item: np.ndarray) -> Planes:
         """Rows ``rows`` as a table of their own, ``item`` their items' positions there (a
@@ -210,12 +215,9 @@ def candidates(pl: Planes, policy_name: str, mantissa: str, gd: bool, log2_block
     the plane's size is dropped; planes under ``policy.MIN_CODED`` bytes have none (stored
     raw)."""
     n, kind = pl.n, pl.kind
-    seed = policy_name == "seed"
-    coded = n >= policy.MIN_CODED
-    sign = kind == layouts.KIND_SIGN
+    want, bp_ok, bw_ok = candidate_kinds(n, kind, policy_name, mantissa)
     mant = kind == layouts.KIND_MANTISSA
-    want = coded & ((sign & (not seed)) | (kind == layouts.KIND_EXPONENT)
-                    | (mant & (not seed) & (mantissa in ("auto", "rans"))))
+    coded = n >= policy.MIN_CODED
     if pl.stats is not None:  # from the device: the same figures, every split row
         nsym, pl.sym0, pl.tsize = pl.stats[:, 0], pl.stats[:, 2] & 0xFFFF, pl.stats[:, 3]
         top = pl.stats[:, 2] >> 16
@@ -238,14 +240,12 @@ def candidates(pl: Planes, policy_name: str, mantissa: str, gd: bool, log2_block
     pl.nsym, pl.est_rans = nsym, est
     pl.est_bp = (n + 7) // 8
     pl.cand_rans = want & (est < n)
-    pl.cand_bp = coded & sign & (pl.est_bp < n)
-    pl.cand_gd = coded & mant & gd & (seed or mantissa == "gdeflate")
-    # bitpack-w (policy auto): exponent planes, and mantissa planes under mantissa="auto";
-    # ``width`` bits per byte, from the largest symbol present
+    pl.cand_bp = bp_ok & (pl.est_bp < n)
+    pl.cand_gd = coded & mant & gd & (policy_name == "seed" or mantissa == "gdeflate")
+    # bitpack-w: ``width`` bits per byte, from the largest symbol present
     pl.width = np.maximum(1, np.frexp(np.asarray(top, np.float64))[1]).astype(np.int64)
     pl.est_bw = (n * pl.width + 7) // 8
-    pl.cand_bw = (coded & (policy_name == "auto") & (pl.width <= 7) & (pl.est_bw < n)
-                  & ((kind == layouts.KIND_EXPONENT) | (mant & (mantissa == "auto"))))
+    pl.cand_bw = bw_ok & (pl.width <= 7) & (pl.est_bw < n)
     # rank order is (estimate, codec id): bitpack (2) before rANS (4) on equal estimates;
     # bitpack always succeeds, so a rANS candidate behind it is never coded. Bitpack-w goes
     # first where rANS would not save 1/65 of it (policy.prefer_packed). A plane of one
@@ -253,6 +253,25 @@ def candidates(pl: Planes, policy_name: str, mantissa: str, gd: bool, log2_block
     bitpack_first = pl.cand_bp & pl.cand_rans & (pl.est_bp <= est)
     pl.bw_first = pl.cand_bw & (~pl.cand_rans | policy.packed_wins(pl.est_bw, est))
     pl.runs_rans = pl.cand_rans & ~bitpack_first & ~pl.bw_first & (nsym > 1)
+    pl.launched = pl.runs_rans  # the rows a rANS launch covers (Encoder._speculate: more)
+
+
+def candidate_kinds(n: np.ndarray, kind: np.ndarray, policy_name: str, mantissa: str
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per plane, what its kind and size allow (:func:`candidates`), before any figure: (rANS:
+    sign planes (not under ``seed``), exponent planes, mantissa planes under ``mantissa``
+    auto or rans (not ``seed``); bitpack: sign planes; bitpack-w: exponent planes, and
+    mantissa planes under ``mantissa="auto"``, policy auto only). None for planes under
+    ``policy.MIN_CODED`` bytes (stored raw)."""
+    seed = policy_name == "seed"
+    coded = n >= policy.MIN_CODED
+    sign = kind == layouts.KIND_SIGN
+    expo = kind == layouts.KIND_EXPONENT
+    mant = kind == layouts.KIND_MANTISSA
+    want = coded & ((sign & (not seed)) | expo
+                    | (mant & (not seed) & (mantissa in ("auto", "rans"))))
+    bw_ok = coded & (policy_name == "auto") & (expo | (mant & (mantissa == "auto")))
+    return want, coded & sign, bw_ok
 
 
 def table_sizes(freqs: np.ndarray) -> np.ndarray:
@@ -313,16 +332,21 @@ def choose(pl: Planes, r: dict | None, gd: gdeflate.Compressed | None, log2_bloc
     size_r = np.full(n.size, -1, np.int64)   # the rANS candidate's real size; -1: none
     one = pl.cand_rans & (pl.nsym == 1)      # a CONST stream of the whole plane
     size_r[one] = hs + ranshost.n_blocks(n[one], rans.LOG2_BLOCK_MAX)
-    jobs = np.flatnonzero(pl.runs_rans)
+    # the jobs of the rANS launch (r), in row order; those of rows the rule does not run (a
+    # launch queued before the rule, Encoder._histograms) coded nothing
+    jobs = np.flatnonzero(pl.launched)
+    ran = np.zeros(0, bool)
     varied = np.zeros(0, bool)
     nb = np.zeros(0, np.int64)  # blocks per job
     if jobs.size:
         nb = np.diff(r["bt"].first)
-        varied = r["plane_varied"].astype(bool)
+        ran = pl.runs_rans[jobs]
+        varied = r["plane_varied"].astype(bool) & ran
         full = np.zeros(jobs.size, np.int64)
         full[varied] = (hs + pl.tsize[jobs[varied]]
                         + rans.BLOCK_OVERHEAD * nb[varied] + 2 * r["plane_words"][varied])
-        size_r[jobs] = np.where(varied, np.where(full < hs + n[jobs], full, -1), hs + nb)
+        size_r[jobs[ran]] = np.where(varied, np.where(full < hs + n[jobs], full, -1),
+                                     hs + nb)[ran]
     rans_ok = (size_r >= 0) & (size_r < n)
     rans_first = pl.est_rans < pl.est_bp    # (estimate, codec id) rank; bitpack wins ties
     use_r = rans_ok & (~pl.cand_bp | rans_first) & ~pl.bw_first
@@ -337,7 +361,7 @@ def choose(pl: Planes, r: dict | None, gd: gdeflate.Compressed | None, log2_bloc
     form[use_r] = FORM_CONST
     size[use_r] = size_r[use_r]
     is_job = np.zeros(n.size, bool)
-    is_job[jobs] = True
+    is_job[jobs[ran]] = True
     rr = jobs[varied]
     rr = rr[use_r[rr]]   # RANS-mode streams
     form[rr] = FORM_RANS
@@ -480,12 +504,23 @@ class DeviceGroup:
 
 def _rans_plan(n: np.ndarray, log2_block: int) -> dict:
     """The address-free tables of a rANS launch over jobs of ``n`` symbols: blocks, scratch
-    offsets (two bytes per symbol), CTAs; a row per job or CTA, none per block."""
+    offsets (two bytes per symbol), CTAs; a row per job or CTA, none per block. Read-only
+    arrays, shared by the launches of the same lengths (a training run saves the same shapes
+    again and again; the CTA table of a 1 GiB plane took 0.1-0.3 ms of host time per call)."""
     n = np.asarray(n, np.int64)
+    return _rans_plan_of(n.tobytes(), log2_block)
+
+
+@functools.lru_cache(maxsize=64)
+def _rans_plan_of(n_bytes: bytes, log2_block: int) -> dict:
+    n = np.frombuffer(n_bytes, np.int64)
     bt = plan.blocks(n, log2_block)
     scratch_off = np.zeros(n.size + 1, dtype=np.int64)
     np.cumsum(runtime.align(2 * n), out=scratch_off[1:])
-    return dict(bt=bt, scratch_off=scratch_off, cta=plan.cta_planes(bt.first))
+    out = dict(bt=bt, scratch_off=scratch_off, cta=plan.cta_planes(bt.first))
+    for a in (bt.first, scratch_off, *out["cta"]):
+        a.flags.writeable = False
+    return out
 
 
 @dataclass
@@ -523,6 +558,12 @@ class Encoder:
         # usually copies them as they are
         self.packs = self.policy == "auto" and mantissa == "auto"
         self._copy_stream: torch.cuda.Stream | None = None
+        # a group split before its codecs are known queues its rANS launch before the host has
+        # read its figures, the planes picked on the device (``_histograms``); the groups
+        # where that launch picked other planes than the host's rule (a bug: rans_jobs is
+        # candidates' rule; the host's wins and codes again)
+        self.early_rans = True
+        self.mispredicted = 0
 
     def _workspace(self, items: list[Item]) -> int:
         return self.workspace or plan.default_workspace(sum(i.nbytes for i in items))
@@ -763,16 +804,38 @@ class Encoder:
         bins = np.where(field > 0, np.uint64(hp) + (8 * (hpos[seg] * 1024 + (field - 1) * 256)
                                                     ).astype(np.uint64), np.uint64(0))
         fc = runtime.device_empty(2048 * ps)
-        meta = runtime.device_empty((plan.TABLE_STRIDE + 32) * ps)  # table bytes, then the figures
-        host = runtime.pinned(32 * ps)
+        # table bytes, then the figures, then (``split``) the rows rans_jobs picks
+        meta = runtime.device_empty((plan.TABLE_STRIDE + 33) * ps)
+        host = runtime.pinned(33 * ps)
         stats_p = meta.data_ptr() + plan.TABLE_STRIDE * ps
         batch.launch("rans", "rans_normalise", ps, 256, *batch.table(
             bins, np.uint64(hp) + (8 * (1024 * nseg + hpos[seg])).astype(np.uint64), n),
             runtime.constant("symbol_bits", ranshost.SYMBOL_BITS), runtime.ptr(fc),
             np.uint64(stats_p), runtime.ptr(meta), np.int32(self.log2_block))
+        split_tab = np.uint64(fc.data_ptr()) + np.arange(ps, dtype=np.uint64) * np.uint64(2048)
+        queued = None
+        early = split and ps and self.early_rans
+        if early:
+            # This pass splits too, so the planes' addresses are known: the rANS launch is
+            # queued now, over every split row, and rans_jobs picks on the device the rows
+            # candidates() will pick on the host (the others' blocks code nothing). The host
+            # then waits only for the figures, and decides while the device codes.
+            want, bp_ok, bw_ok = candidate_kinds(n, np.asarray(kind), self.policy,
+                                                 self.mantissa)
+            rule = (want | bp_ok << 1 | bw_ok << 2).astype(np.uint8)
+            run_p = stats_p + 32 * ps
+            batch.launch("rans", "rans_jobs", -(-ps // 256), 256, np.uint64(stats_p),
+                         *batch.table(n, rule), np.int32(ps), np.int32(policy.PACKED_SLACK[0]),
+                         np.int32(policy.PACKED_SLACK[1]), np.uint64(run_p))
         tables = batch.run()
         if ps:
             host.copy_(meta[plan.TABLE_STRIDE * ps:], non_blocking=True)
+        if early:
+            figures = torch.cuda.Event()
+            figures.record()
+            rb = runtime.Batch()
+            queued = self._rans_launch(pw, n, rows_at, None, split_tab, rb, run=run_p)
+            queued["keep"][0].append(rb.run())
         # while the device works: the rows, split rows then one row per raw-layout item (its
         # bytes in place), put in item order
         item = np.concatenate((np.asarray(split_k, np.int64)[seg], raws)).astype(np.int64)
@@ -785,14 +848,15 @@ class Encoder:
         nrow = np.concatenate((n, [items[k].nbytes for k in raws])).astype(np.int64)
         ptr = np.concatenate((rows_at,
                               np.array([items[k].data.data_ptr() for k in raws], np.uint64)))
-        split_tab = np.uint64(fc.data_ptr()) + np.arange(ps, dtype=np.uint64) * np.uint64(2048)
         split_tdev = np.uint64(meta.data_ptr()) + np.arange(ps, dtype=np.uint64) * np.uint64(
             plan.TABLE_STRIDE)
         if raws:
             order = np.argsort(item, kind="stable")
             at_row = np.empty(order.size, np.int64)   # split row i goes to row at_row[i]
             at_row[order] = np.arange(order.size)
-        if ps:
+        if queued is not None:
+            figures.synchronize()  # the group's one synchronisation before its rANS counts
+        elif ps:
             torch.cuda.current_stream().synchronize()  # the window's one synchronisation
         split_stats = host.numpy()[:32 * ps].view(np.int64).reshape(ps, 4)
         if raws:
@@ -811,6 +875,20 @@ class Encoder:
         pl.fixed, pl.fixed_off = fixed, fixed_off
         pl.tab = tab
         self.candidates(pl)
+        if queued is not None:
+            split_rows = at_row[:ps] if raws else np.arange(ps)
+            picked = host.numpy()[32 * ps:33 * ps].astype(bool)
+            # (rows not split never run rANS)
+            if np.array_equal(picked, pl.runs_rans[split_rows]) \
+                    and pl.runs_rans.sum() == picked.sum():
+                pl.launched = np.zeros(len(pl), bool)
+                pl.launched[split_rows] = True
+                pl.rans_queued = queued
+            else:  # (a bug: the device's rule and the host's differ) the host's rule codes
+                self.mispredicted += 1
+                log.warning("rans_jobs picked other planes than the host's rule: %s against "
+                            "%s; coding the host's", picked.tolist(),
+                            pl.runs_rans[split_rows].tolist())
         return pl, (fc, meta, tables), buf
 
     # -- one group --------------------------------------------------------------------------
@@ -991,11 +1069,13 @@ class Encoder:
         asked for, and read the blocks' word counts back (``meanwhile()`` runs on the host while
         the device works; ``planned``: the jobs' ``_rans_plan``, when made beforehand)."""
         gd_rows = np.flatnonzero(pl.cand_gd)
-        jobs = np.flatnonzero(pl.runs_rans)
-        launched = self._rans_launch(
-            pl.pw[jobs], pl.n[jobs], pl.ptr[jobs],
-            None if pl.freqs is None else pl.freqs[jobs],
-            None if pl.tab is None else pl.tab[jobs], batch, planned) if jobs.size else None
+        launched, pl.rans_queued = pl.rans_queued, None
+        if launched is None:
+            jobs = np.flatnonzero(pl.runs_rans)
+            launched = self._rans_launch(
+                pl.pw[jobs], pl.n[jobs], pl.ptr[jobs],
+                None if pl.freqs is None else pl.freqs[jobs],
+                None if pl.tab is None else pl.tab[jobs], batch, planned) if jobs.size else None
         tables = batch.run()
         gd = gdeflate.Compressed(pl.ptr[gd_rows].tolist(), pl.n[gd_rows].tolist(),
                                  self.gd_algorithm) if gd_rows.size else None
@@ -1020,10 +1100,11 @@ class Encoder:
 
     def _rans_launch(self, width: np.ndarray, n: np.ndarray, ptr: np.ndarray,
                      freqs: np.ndarray | None, tabs: np.ndarray | None, batch: runtime.Batch,
-                     planned: dict | None = None) -> dict:
+                     planned: dict | None = None, run: int = 0) -> dict:
         """Queue in ``batch`` one rANS launch over every block of every job (see :meth:`_rans`;
-        ``planned``: ``_rans_plan(n)``, when made beforehand); returns what
-        :meth:`_rans_collect` reads back."""
+        ``planned``: ``_rans_plan(n)``, when made beforehand; ``run``: the device address of a
+        byte per job, 0 where its blocks code nothing (``rans_jobs``), or 0 for none: every
+        job codes); returns what :meth:`_rans_collect` reads back."""
         keep: list[object] = []
         n = np.asarray(n, np.int64)
         srcs = np.asarray(ptr, np.uint64)
@@ -1051,7 +1132,7 @@ class Encoder:
                               np.asarray(width, np.uint8))
         batch.launch("rans", "rans_encode", cta_plane.size, 32 * plan.RANS_WARPS, *tabs_at,
                      np.int32(self.log2_block), np.uint64(counts_p), np.uint64(states_p),
-                     np.uint64(firsts_p), np.uint64(varied_p))
+                     np.uint64(firsts_p), np.uint64(varied_p), np.uint64(run))
         return dict(bt=bt, n=n, out=out, states_p=states_p, counts_p=counts_p,
                     scratch_off=scratch_off, scratch=scratch, keep=(keep, out),
                     log2_block=self.log2_block)
@@ -1156,7 +1237,7 @@ class Encoder:
         rans_rows = form == FORM_RANS
         words = None  # where each rANS job's words go (0: not a RANS-mode stream)
         if rans_rows.any():
-            job = np.cumsum(pl.runs_rans) - 1
+            job = np.cumsum(pl.launched) - 1
             rows = live[rans_rows]
             starts = at[rans_rows] + (pl.head[rows] + pl.dtab[rows]).astype(np.uint64)
             s_, d_, l_ = rans_runs(r, job[rows], starts, words=False)

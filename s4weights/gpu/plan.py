@@ -52,9 +52,9 @@ BLOCK_META = 4 * 34 + 2 + 2 + 16  # device bytes per rANS block: word count, 32 
 # launch's CTA table (9 bytes per 8 blocks), and its word count as i64 and the prefix sum of
 # those (the assembly's rans_place)
 TABLE_STRIDE = 544  # kernels/rans.cu: device bytes of a plane's frequency table (the largest)
-PLANE_META = 2048 + TABLE_STRIDE + 32  # device bytes per split plane (rans_normalise's output):
+PLANE_META = 2048 + TABLE_STRIDE + 33  # device bytes per split plane (rans_normalise's output):
 # its normalised frequencies and cumulative sums (the encoder-table input), its frequency
-# table's bytes and its figures for the host
+# table's bytes, its figures for the host and whether rans_jobs picks it
 TENSOR_META = _al(8 * 1025) + 4096  # a split tensor's histograms; its launch-table rows
 
 

@@ -108,6 +108,23 @@ def launch(module: str, name: str, grid: int, block: int, *a) -> None:
                 est = min(full, 12 + total)
             ends = (int(np.argmax(c > 0)) | 255 - int(np.argmax(c[::-1] > 0)) << 16) if k else 0
             stats[q] = k, est, ends, len(table)
+    elif name == "rans_jobs":  # stats, n, rule, rows, slack_s, slack_e, run: the kernel's rule
+        rows = int(a[3])
+        stats = at(a[0], np.uint64, 4 * rows).reshape(rows, 4).astype(np.int64)
+        n, rule = at(a[1], np.int64, rows), at(a[2], np.uint8, rows)
+        out = at(a[6], np.uint8, rows)
+        for q in range(rows):
+            m, r = int(n[q]), int(rule[q])
+            est = int(stats[q, 1]) if r & 1 else 0
+            cand_rans = bool(r & 1) and est < m
+            est_bp = (m + 7) // 8
+            cand_bp = bool(r & 2) and est_bp < m
+            width = max(1, (int(stats[q, 2]) >> 16).bit_length())
+            est_bw = (m * width + 7) // 8
+            cand_bw = bool(r & 4) and width <= 7 and est_bw < m
+            bp_first = cand_bp and cand_rans and est_bp <= est
+            bw_first = cand_bw and (not cand_rans or int(a[4]) * est_bw <= int(a[5]) * est)
+            out[q] = cand_rans and not bp_first and not bw_first and stats[q, 0] > 1
     elif name == "rans_encode":  # CTAs: plane, block, warps; planes: src, n, tab, scratch,
         # first block, source width; log2_block; per block: counts, states, firsts, varied
         cplane, cblock = at(a[0], np.uint32, grid), at(a[1], np.uint32, grid)
@@ -119,8 +136,14 @@ def launch(module: str, name: str, grid: int, block: int, *a) -> None:
         nb = int(pfirst[-1] + -(-int(n[-1]) >> lg))
         counts, states = at(a[10], np.uint32, nb), at(a[11], np.uint32, 32 * nb)
         firsts, varied = at(a[12], np.uint8, nb), at(a[13], np.uint8, nb)
+        run = at(a[14], np.uint8, nq) if int(a[14]) else np.ones(nq, np.uint8)
         for c in range(grid):
             q = int(cplane[c])
+            if not run[q]:  # its blocks code nothing
+                b0 = int(pfirst[q]) + int(cblock[c])
+                w = int(cwarps[c])
+                counts[b0:b0 + w], firsts[b0:b0 + w], varied[b0:b0 + w] = 0, 0, 0
+                continue
             freqs = at(tab[q], np.uint32, 256).astype(np.int64)
             plane = unpack_plane(int(src[q]), int(n[q]), int(width[q]))
             for k in range(int(cblock[c]), int(cblock[c]) + int(cwarps[c])):

@@ -32,11 +32,21 @@ __device__ __forceinline__ u32 lanemask_lt() {
 extern "C" __global__ void __launch_bounds__(RANS_WARPS * 32)
 rans_encode(const u32* cta_plane, const u32* cta_block, const u8* cta_warps, const u64* p_src,
             const i64* p_n, const u64* p_tab, const u64* p_scratch, const i64* p_first,
-            const u8* p_w, int log2_block, u32* counts, u32* states, u8* firsts, u8* varied) {
+            const u8* p_w, int log2_block, u32* counts, u32* states, u8* firsts, u8* varied,
+            const u8* p_run) {
     __shared__ __align__(16) u8 stage[RANS_WARPS][STAGE];
     __shared__ uint4 tab[256];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const u32 q = cta_plane[blockIdx.x];
+    if (p_run && !p_run[q]) {  // a plane rans_jobs did not pick: its blocks code nothing
+        if (warp < cta_warps[blockIdx.x] && lane == 0) {
+            const u64 b = (u64)p_first[q] + cta_block[blockIdx.x] + warp;
+            counts[b] = 0;
+            firsts[b] = 0;
+            varied[b] = 0;
+        }
+        return;
+    }
     // the plane's encoder table, built here from its frequencies and their exclusive prefix
     // sums (u32 freq[256], cum[256]): exactly ranshost.encoder_tables / rans._encoder_table
     const u32* fc = (const u32*)p_tab[q];
@@ -344,6 +354,7 @@ __device__ __forceinline__ T warp_scan(T v, int lane) {
 // the first symbol present | the last one << 16 (bitpack-w's width), the frequency table's
 // size T], and the table's T bytes
 // (rans.table_bytes) at tbytes + TABLE_STRIDE q, for the assembly to copy into the stream.
+// (rans_jobs, below, decides from these figures which planes rans_encode codes.)
 #define TABLE_STRIDE 544  // 32 + 2 * 256: the largest frequency table
 extern "C" __global__ void __launch_bounds__(256)
 rans_normalise(const u64* hist, const u64* ones, const i64* n, const double* sbits, u32* fc,
@@ -425,6 +436,34 @@ rans_normalise(const u64* hist, const u64* ones, const i64* n, const double* sbi
         stats[4 * (u64)q + 2] = sym0 | (top << 16);
         stats[4 * (u64)q + 3] = tsize;
     }
+}
+
+// Which planes rans_encode codes (run[q] = 1), from rans_normalise's figures of plane q
+// (stats + 4 q) and what its kind allows (rule[q]: bit 0 rANS is a candidate, bit 1 bitpack,
+// bit 2 bitpack-w; 0 for planes under policy.MIN_CODED bytes): encode.candidates' runs_rans
+// exactly, so that a group that splits and codes in one pass can queue its rANS launch
+// before the host has read the figures. The host computes the same rule once it has them
+// and takes the launch only where both agree (encode.Encoder._histograms). slack = policy's
+// PACKED_SLACK: bitpack-w's size s ranks before an estimate e when slack_s s <= slack_e e.
+extern "C" __global__ void __launch_bounds__(256)
+rans_jobs(const u64* stats, const i64* n, const u8* rule, int rows, int slack_s, int slack_e,
+          u8* run) {
+    const int q = blockIdx.x * blockDim.x + threadIdx.x;
+    if (q >= rows) return;
+    const i64 m = n[q];
+    const u64* st = stats + 4 * (u64)q;
+    const u32 r = rule[q];
+    const i64 est = (r & 1) ? (i64)st[1] : 0;
+    const bool cand_rans = (r & 1) && est < m;
+    const i64 est_bp = (m + 7) / 8;
+    const bool cand_bp = (r & 2) && est_bp < m;
+    const u32 top = (u32)(st[2] >> 16);
+    const i64 width = top ? 32 - __clz(top) : 1;  // bits of the largest symbol, at least 1
+    const i64 est_bw = (m * width + 7) / 8;
+    const bool cand_bw = (r & 4) && width <= 7 && est_bw < m;
+    const bool bp_first = cand_bp && cand_rans && est_bp <= est;
+    const bool bw_first = cand_bw && (!cand_rans || slack_s * est_bw <= slack_e * est);
+    run[q] = cand_rans && !bp_first && !bw_first && st[0] > 1;
 }
 
 // The decoder's block table, made on the device from the streams (one CTA of 256 threads per
