@@ -534,7 +534,8 @@ def decode_staged(st: Staged, outs: list[torch.Tensor]) -> None:
     try:
         decoded = _prepare(st, outs, base, keep := [])
     except CodecError as exc:
-        # a plane's form or stream header failed (no kernel has run): a checksum failure
+        # a plane's form or stream header failed (no merge has run; the rANS decode may be
+        # queued, writing scratch and destinations as after any failure): a checksum failure
         # outranks it when it is about the same tensor or an earlier one
         if not early:
             bad = checksum_failure(digests[:nleaf].cpu().numpy().view(np.uint64))
@@ -545,7 +546,7 @@ def decode_staged(st: Staged, outs: list[torch.Tensor]) -> None:
         raise
     prof.mark("validate")
     ptrs, packed, copies, rb, scratch = decoded
-    errs = rb.launch()
+    errs = rb.errs  # the rANS decode is queued (the device decodes while the host goes on)
     if copies:
         keep.append(runtime.copy_ops(*(np.array(c, np.uint64) for c in zip(*copies))))
     prof.mark("rans")
@@ -659,12 +660,14 @@ def content_leaves(ptrs, nbytes: np.ndarray, first: np.ndarray, merged: np.ndarr
 
 
 def _prepare(st: Staged, outs: list[torch.Tensor], base: int, keep: list[object]):
-    """Host side of a group's decode before any kernel runs: check every plane's form, queue
-    the rANS streams (validated together), plan the copies and the merge inputs, and start
-    GDeflate (only after the checksums, see decode_staged). Numpy over all planes at once
-    (a Python step only for GDeflate and codec-6 planes, which go to nvCOMP one by one).
-    Returns (merge plane pointers [tensors, 5], their stored forms [tensors, 5]: the merge
-    kernels' ``width``, copies, rANS batch, scratch)."""
+    """Host side of a group's decode up to the merge: validate the rANS streams and queue
+    their decode first (the device decodes while the host does the rest), then check every
+    plane's form, start GDeflate (only after the checksums, see decode_staged) and plan the
+    copies and the merge inputs. Numpy over all planes at once (a Python step only for
+    GDeflate and codec-6 planes, which go to nvCOMP one by one). The failure raised is the
+    first plane's in order, whichever check found it. Returns (merge plane pointers
+    [tensors, 5], their stored forms [tensors, 5]: the merge kernels' ``width``, copies, rANS
+    batch (its decode queued: ``errs``), scratch)."""
     reader = st.reader
     planes = st.planes
     nq, nt = len(planes), len(st.idx)
@@ -679,8 +682,86 @@ def _prepare(st: Staged, outs: list[torch.Tensor], base: int, keep: list[object]
         return (f"{reader.name}: tensor {reader.tensors[st.idx[k[q]]].name!r} plane "
                 f"{planes[q][2].label}")
 
-    # the stored forms, as plane_form_error checks them one by one; the CPU reader meets the
-    # planes in order, so the first failing plane (and its first failing check) is reported
+    def fail(q: int, msg: str) -> CodecError:
+        return _about(CodecError(f"{where(q)}: {msg}"), reader, st.idx[k[q]])
+
+    rn, gd = codec == codecs.RANS, codec == codecs.GDEFLATE
+    # rANS streams: RAW-mode ones are used in place (their bytes follow the header)
+    raw_mode = rn & (stored >= rans.HEADER_SIZE)
+    raw_mode[raw_mode] = st.host[at[raw_mode]] == rans.MODE_RAW
+    # decoded planes of split tensors go to scratch slots, in plane order
+    slot = ~whole & ((rn & ~raw_mode) | gd)
+    sizes = np.where(slot, (n + SLOT_ALIGN - 1) // SLOT_ALIGN * SLOT_ALIGN, 0)
+    scratch_need = int((np.where(~whole & (rn | gd), (n + SLOT_ALIGN - 1) // SLOT_ALIGN
+                                 * SLOT_ALIGN, 0)).sum())
+    scratch = runtime.device_empty(scratch_need)
+    slot_at = np.uint64(scratch.data_ptr()) + (np.cumsum(sizes) - sizes).astype(np.uint64)
+    # the rANS streams first: the kernels are safe on any bytes once the host has checked the
+    # headers and tables (the device checks every block's words), whatever the other planes
+    rb = _RansBatch(st.host, where)
+    rq = np.flatnonzero(rn)
+    rb.add_many(rq, at[rq], stored[rq], n[rq], src[rq],
+                np.where(whole[rq], dst_t[k[rq]], slot_at[rq]), k[rq])
+
+    def nvcomp_upto(limit: int) -> None:
+        """nvCOMP's planes, one by one and in order, up to plane ``limit`` (not included)."""
+        for q in np.flatnonzero((gd & ~whole) | (codec == codecs.NVCOMP_ANS) & whole).tolist():
+            if q >= limit:
+                break
+            a, p = int(at[q]), planes[q][2]
+            try:
+                if codec[q] == codecs.NVCOMP_ANS:
+                    nvans.decode_into(st.device[a:a + p.stored_len], p.decoded_len, p.params,
+                                      outs[k[q]], where(q))
+                else:
+                    entries, offsets = cpu_gdeflate.parse_page_table(
+                        st.host[a:a + p.stored_len], p.decoded_len)
+                    gdeflate.decompress(st.device[a:], entries, offsets, int(slot_at[q]),
+                                        p.decoded_len)
+            except CodecError as exc:  # named by its plane, like every other failure
+                named = exc if str(exc).startswith(where(q)) \
+                    else CodecError(f"{where(q)}: {exc}")
+                raise _about(named, reader, st.idx[k[q]]) from None
+
+    try:
+        rb.prepare(keep)
+    except CodecError as exc:  # a stream's header or table (row ``failed`` of the batch)
+        q = int(rq[rb.failed])
+        first_bad, msg, _width = _form_failure(st, whole, n, stored, nparams, codec, j, at)
+        nvcomp_upto(min(first_bad, q))
+        if first_bad < q:
+            raise fail(first_bad, msg) from None
+        raise _about(exc, reader, st.idx[k[q]]) from None
+    rb.launch()
+    keep.append(scratch)
+    first_bad, msg, width = _form_failure(st, whole, n, stored, nparams, codec, j, at)
+    nvcomp_upto(first_bad)
+    if first_bad < nq:
+        raise fail(first_bad, msg)
+    # merge inputs of split tensors: the plane's bytes in place, its RAW-mode stream's bytes,
+    # or its decoded slot; the sign plane is packed bits only when bitpacked, another plane
+    # bitpack-w's values of its width
+    split = ~whole
+    bp = codec == codecs.BITPACK
+    inp = np.where(raw_mode, src + np.uint64(rans.HEADER_SIZE), np.where(slot, slot_at, src))
+    ptrs = np.zeros((nt, 5), np.uint64)
+    ptrs[k[split], j[split]] = inp[split]
+    packed = np.zeros((nt, 5), np.uint8)
+    packed[k[split], j[split]] = np.where(bp, 1, width)[split]
+    # whole (raw-layout) tensors: raw planes and RAW-mode streams are copied into place
+    cp = whole & ((codec == codecs.RAW) | raw_mode)
+    copies = list(zip(np.where(raw_mode[cp], src[cp] + np.uint64(rans.HEADER_SIZE),
+                               src[cp]).tolist(), dst_t[k[cp]].tolist(), n[cp].tolist()))
+    return ptrs, packed, copies, rb, scratch
+
+
+def _form_failure(st: Staged, whole, n, stored, nparams, codec, j, at
+                  ) -> tuple[int, str, np.ndarray]:
+    """The stored forms, as plane_form_error checks them one by one: (the first plane in a
+    bad form, or the number of planes; its first failing check's message; each bitpack-w
+    plane's width, else 0). The CPU reader meets the planes in order, so the first failing
+    plane (and its first failing check) is the one reported."""
+    nq = len(st.planes)
     raw, bp = codec == codecs.RAW, codec == codecs.BITPACK
     rn, gd = codec == codecs.RANS, codec == codecs.GDEFLATE
     last = st.host[np.clip(at + stored - 1, 0, max(st.host.size - 1, 0))] if st.host.size \
@@ -697,7 +778,7 @@ def _prepare(st: Staged, outs: list[torch.Tensor], base: int, keep: list[object]
     width = np.zeros(nq, np.int64)
     bw_msg: dict[int, str] = {}
     for q in np.flatnonzero(codec == codecs.BITPACK_W).tolist():
-        prm = planes[q][2].params
+        prm = st.planes[q][2].params
         msg = bitpackw.form_error(int(n[q]), prm, int(stored[q]), int(last[q]))
         if msg is None:
             width[q] = prm[0]
@@ -707,59 +788,9 @@ def _prepare(st: Staged, outs: list[torch.Tensor], base: int, keep: list[object]
     bad_bw[list(bw_msg)] = True
     errors.append((bad_bw, lambda q: bw_msg[q]))
     first_bad = min((int(np.argmax(m)) for m, _ in errors if m.any()), default=nq)
-    # rANS streams: RAW-mode ones are used in place (their bytes follow the header)
-    raw_mode = rn & (stored >= rans.HEADER_SIZE)
-    raw_mode[raw_mode] = st.host[at[raw_mode]] == rans.MODE_RAW
-    # decoded planes of split tensors go to scratch slots, in plane order
-    slot = ~whole & ((rn & ~raw_mode) | gd)
-    sizes = np.where(slot, (n + SLOT_ALIGN - 1) // SLOT_ALIGN * SLOT_ALIGN, 0)
-    scratch_need = int((np.where(~whole & (rn | gd), (n + SLOT_ALIGN - 1) // SLOT_ALIGN
-                                 * SLOT_ALIGN, 0)).sum())
-    scratch = runtime.device_empty(scratch_need)
-    slot_at = np.uint64(scratch.data_ptr()) + (np.cumsum(sizes) - sizes).astype(np.uint64)
-    # nvCOMP's planes, one by one and in order, up to the first plane in a bad form
-    for q in np.flatnonzero((gd & ~whole) | (codec == codecs.NVCOMP_ANS) & whole).tolist():
-        if q >= first_bad:
-            break
-        a, p = int(at[q]), planes[q][2]
-        try:
-            if codec[q] == codecs.NVCOMP_ANS:
-                nvans.decode_into(st.device[a:a + p.stored_len], p.decoded_len, p.params,
-                                  outs[k[q]], where(q))
-            else:
-                entries, offsets = cpu_gdeflate.parse_page_table(st.host[a:a + p.stored_len],
-                                                                 p.decoded_len)
-                gdeflate.decompress(st.device[a:], entries, offsets, int(slot_at[q]),
-                                    p.decoded_len)
-        except CodecError as exc:  # named by its plane, like every other failure
-            named = exc if str(exc).startswith(where(q)) else CodecError(f"{where(q)}: {exc}")
-            raise _about(named, reader, st.idx[k[q]]) from None
-    if first_bad < nq:
-        msg = next(m(first_bad) for bad, m in errors if bad[first_bad])
-        raise _about(CodecError(f"{where(first_bad)}: {msg}"), reader, st.idx[k[first_bad]])
-    rb = _RansBatch(st.host, where)
-    rq = np.flatnonzero(rn)
-    rb.add_many(rq, at[rq], stored[rq], n[rq], src[rq],
-                np.where(whole[rq], dst_t[k[rq]], slot_at[rq]), k[rq])
-    # merge inputs of split tensors: the plane's bytes in place, its RAW-mode stream's bytes,
-    # or its decoded slot; the sign plane is packed bits only when bitpacked, another plane
-    # bitpack-w's values of its width
-    split = ~whole
-    inp = np.where(raw_mode, src + np.uint64(rans.HEADER_SIZE), np.where(slot, slot_at, src))
-    ptrs = np.zeros((nt, 5), np.uint64)
-    ptrs[k[split], j[split]] = inp[split]
-    packed = np.zeros((nt, 5), np.uint8)
-    packed[k[split], j[split]] = np.where(bp, 1, width)[split]
-    # whole (raw-layout) tensors: raw planes and RAW-mode streams are copied into place
-    cp = whole & (raw | raw_mode)
-    copies = list(zip(np.where(raw_mode[cp], src[cp] + np.uint64(rans.HEADER_SIZE),
-                               src[cp]).tolist(), dst_t[k[cp]].tolist(), n[cp].tolist()))
-    try:
-        rb.prepare(keep)
-    except CodecError as exc:  # a stream's header or table (row ``failed`` of the batch)
-        raise _about(exc, reader, st.idx[int(rb.pos[rb.failed])]) from None
-    keep.append(scratch)
-    return ptrs, packed, copies, rb, scratch
+    if first_bad == nq:
+        return nq, "", width
+    return first_bad, next(m(first_bad) for bad, m in errors if bad[first_bad]), width
 
 
 class _RansBatch:
@@ -817,11 +848,8 @@ class _RansBatch:
         # table from them in shared memory (1 KiB per plane up instead of 16 KiB)
         cums = (np.cumsum(st.freqs, axis=1) - st.freqs).astype(np.uint32) if st.freqs.shape[0] \
             else np.zeros((1, 256), np.uint32)
-        d_tab, (tab_p,) = runtime.upload(cums)
-        tab = np.where(st.tab_of[row] >= 0, np.uint64(tab_p) + st.tab_of[row].astype(np.uint64)
-                       * np.uint64(1024), np.uint64(0))
         cta_first, cta_warps = plan.cta_table(self.first)
-        batch = runtime.Batch()
+        batch = runtime.Batch()  # (the tables, cums among them, in one upload)
         ctaf_at, ctaw_at = batch.table(cta_first, cta_warps)
         # the block table's columns on the device, u64 ones first
         cols = runtime.device_empty(42 * nb)
@@ -832,9 +860,9 @@ class _RansBatch:
         self.bad = torch.zeros(row.size, dtype=torch.int32, device="cuda")
         batch.launch("rans", "rans_blocks", row.size, 256, *batch.table(
             src[row], stored[row], n[row], dst[row], st.nb[row], st.pos[row], self.first[:-1],
-            tab, st.lg[row].astype(np.uint8), st.mode[row].astype(np.uint8)),
+            cums, st.tab_of[row], st.lg[row].astype(np.uint8), st.mode[row].astype(np.uint8)),
             bmode, fill, words, count, states, dtab, out, length, runtime.ptr(self.bad))
-        keep += [d_tab, batch.run(), cols]
+        keep += [batch.run(), cols]
         self._launch = (cta_first.size, (batch.address(ctaf_at), batch.address(ctaw_at), bmode,
                                          fill, words, count, states, dtab, out, length))
 
@@ -865,13 +893,14 @@ class _RansBatch:
             f"{int(self.first[q_blk + 1] - self.first[q_blk])} is corrupt: "
             f"{rans._ERR_TEXT.get(int(errors[b]), 'error')}")
 
-    def launch(self) -> torch.Tensor | None:
-        """Decode every block (after :meth:`prepare`); the per-block error codes."""
+    def launch(self) -> None:
+        """Queue the decode of every block (after :meth:`prepare`); ``errs``: the per-block
+        error codes (None with no block)."""
+        self.errs = None
         if self._launch is None:
-            return None
+            return
         ctas, dp = self._launch
-        err = torch.zeros(self.nblocks, dtype=torch.int32, device="cuda")
+        self.errs = torch.zeros(self.nblocks, dtype=torch.int32, device="cuda")
         runtime.launch("rans", runtime.rans_decode_kernel(self.nblocks), ctas,
                        32 * plan.RANS_WARPS,
-                       *(np.uint64(x) for x in dp), runtime.ptr(err))
-        return err
+                       *(np.uint64(x) for x in dp), runtime.ptr(self.errs))

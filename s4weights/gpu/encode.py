@@ -504,23 +504,12 @@ class DeviceGroup:
 
 def _rans_plan(n: np.ndarray, log2_block: int) -> dict:
     """The address-free tables of a rANS launch over jobs of ``n`` symbols: blocks, scratch
-    offsets (two bytes per symbol), CTAs; a row per job or CTA, none per block. Read-only
-    arrays, shared by the launches of the same lengths (a training run saves the same shapes
-    again and again; the CTA table of a 1 GiB plane took 0.1-0.3 ms of host time per call)."""
+    offsets (two bytes per symbol), CTAs; a row per job or CTA, none per block."""
     n = np.asarray(n, np.int64)
-    return _rans_plan_of(n.tobytes(), log2_block)
-
-
-@functools.lru_cache(maxsize=64)
-def _rans_plan_of(n_bytes: bytes, log2_block: int) -> dict:
-    n = np.frombuffer(n_bytes, np.int64)
     bt = plan.blocks(n, log2_block)
     scratch_off = np.zeros(n.size + 1, dtype=np.int64)
     np.cumsum(runtime.align(2 * n), out=scratch_off[1:])
-    out = dict(bt=bt, scratch_off=scratch_off, cta=plan.cta_planes(bt.first))
-    for a in (bt.first, scratch_off, *out["cta"]):
-        a.flags.writeable = False
-    return out
+    return dict(bt=bt, scratch_off=scratch_off, cta=plan.cta_planes(bt.first))
 
 
 @dataclass
@@ -1266,7 +1255,7 @@ class Encoder:
         if pack is not None:
             runtime.pack_ops(*pack, batch=batch)
         if words is not None:  # every block's words after the words of its stream's blocks before
-            keep.append(self._place(r, words, batch))
+            self._place(r, words, batch)
         pay_dig, pay_first = runtime.leaf_digests(at, pl.size[live], batch)
         keep.append(batch.run())
         return out, total, head, parts, live, cpu_at, keep, pay_dig, pay_first
@@ -1294,21 +1283,19 @@ class Encoder:
         return at
 
     @staticmethod
-    def _place(r: dict, words: np.ndarray, batch: runtime.Batch) -> torch.Tensor:
+    def _place(r: dict, words: np.ndarray, batch: runtime.Batch) -> None:
         """Queue in ``batch`` the launch that copies every rANS block's words to its stream
         (``words[j]``: where job j's words start; 0: not a RANS-mode stream), at the block's
-        place among its stream's words: the exclusive prefix sum of the word counts, made on
-        the device, so the host builds no table per block. Returns that sum (keep it until the
-        launch has run)."""
+        place among its stream's words: the exclusive prefix sum of the word counts (a table
+        of the batch, from the counts the host has read; the kernel subtracts its stream's
+        first)."""
         first = r["bt"].first
-        nb = int(first[-1])
-        counts = r["keep"][1][:4 * nb].view(torch.int32).to(torch.int64)
-        excl = torch.cumsum(counts, 0).sub_(counts)
+        counts = r["counts"]
         scratch = np.uint64(r["scratch"].data_ptr()) + r["scratch_off"][:-1].astype(np.uint64)
-        batch.launch("copy", "rans_place", nb, 256, np.int32(first.size - 1),
+        batch.launch("copy", "rans_place", int(first[-1]), 256, np.int32(first.size - 1),
                      *batch.table(first.astype(np.int64), scratch, words),
-                     np.int32(r["log2_block"]), np.uint64(r["counts_p"]), runtime.ptr(excl))
-        return excl
+                     np.int32(r["log2_block"]), np.uint64(r["counts_p"]),
+                     *batch.table(np.cumsum(counts) - counts))
 
 
 def file_of(enc: Encoder, tensors: dict[str, torch.Tensor]) -> bytes:

@@ -11,6 +11,7 @@ histograms, by ``encode_need`` (the worst case).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -235,15 +236,25 @@ def cta_planes(first: np.ndarray, warps: int = RANS_WARPS
     """CTAs of a rANS launch: (plane, its first block inside the plane, number of blocks) of
     each, every CTA taking up to ``warps`` consecutive blocks of ONE plane (``first``: each
     plane's first block, plus the total), so the CTA loads that plane's table into shared
-    memory once."""
-    first = np.asarray(first, dtype=np.int64)
+    memory once. Read-only arrays, shared by the launches over the same blocks: a training
+    run codes the same shapes again and again, and the table of a 1 GiB plane took 0.1-0.25 ms
+    of host time per launch (bench/RESULTS.md, session 12)."""
+    return _cta_planes(np.asarray(first, dtype=np.int64).tobytes(), warps)
+
+
+@functools.lru_cache(maxsize=64)
+def _cta_planes(first_bytes: bytes, warps: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    first = np.frombuffer(first_bytes, np.int64)
     nb = np.diff(first)
     nc = (nb + warps - 1) // warps
     plane = np.repeat(np.arange(nb.size), nc)
     within = (np.arange(int(nc.sum()), dtype=np.int64) - np.repeat(np.cumsum(nc) - nc, nc)
               ) * warps
     count = np.minimum(warps, nb[plane] - within)
-    return plane.astype(np.uint32), within.astype(np.uint32), count.astype(np.uint8)
+    out = plane.astype(np.uint32), within.astype(np.uint32), count.astype(np.uint8)
+    for a in out:
+        a.flags.writeable = False
+    return out
 
 
 def cta_table(first: np.ndarray, warps: int = RANS_WARPS) -> tuple[np.ndarray, np.ndarray]:

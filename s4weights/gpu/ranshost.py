@@ -277,7 +277,7 @@ def parse_streams(host: np.ndarray, at, stored, n, blocks: bool = True) -> Strea
     check((hdr[:, 2] | hdr[:, 3]).astype(bool) | (lg < rans.LOG2_BLOCK_MIN)
           | (lg > rans.LOG2_BLOCK_MAX) | (count != n.astype(np.uint64)), "bad rans header")
     check((mode != rans.MODE_RAW) & (mode != rans.MODE_CONST) & (mode != rans.MODE_RANS),
-          lambda i: f"rans mode {int(mode[i])} is not RAW, CONST or RANS")
+          lambda i: f"rans mode {int(mode[i])} is not RAW (0), CONST (1) or RANS (2)")
     lg = np.where(ok, lg, rans.LOG2_BLOCK_MIN)  # failed streams: harmless values from here on
     nb = np.where(ok, (n + (np.int64(1) << lg) - 1) >> lg, 0)
     raw, const = (mode == rans.MODE_RAW) & ok, (mode == rans.MODE_CONST) & ok

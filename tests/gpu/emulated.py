@@ -215,20 +215,22 @@ def launch(module: str, name: str, grid: int, block: int, *a) -> None:
                 x = at(states[b], np.uint32, rans.LANES).astype(np.int64)
                 w = at(words[b], np.uint16, count[b]) if count[b] else np.zeros(0, np.uint16)
                 errors[b] = rans._decode_block(w, 0, int(count[b]), x, table, dst, 0, int(ln[b]))
-    elif name == "rans_blocks":  # per stream: src, stored, n, dst, nb, pos, first, tab, lg,
-        # mode; per block: mode, fill, words, count, states, dtab, out, len; per stream: bad
+    elif name == "rans_blocks":  # per stream: src, stored, n, dst, nb, pos, first; the tables'
+        # prefix sums and per stream its table's index, lg, mode; per block: mode, fill,
+        # words, count, states, dtab, out, len; per stream: bad
         src, stored, n = at(a[0], np.uint64, grid), at(a[1], np.int64, grid), \
             at(a[2], np.int64, grid)
         dst, nb, pos = at(a[3], np.uint64, grid), at(a[4], np.int64, grid), \
             at(a[5], np.int64, grid)
-        first, tab = at(a[6], np.int64, grid), at(a[7], np.uint64, grid)
-        lg, smode = at(a[8], np.uint8, grid), at(a[9], np.uint8, grid)
+        first, tab_of = at(a[6], np.int64, grid), at(a[8], np.int64, grid)
+        tab = np.uint64(int(a[7])) + (1024 * tab_of).astype(np.uint64)
+        lg, smode = at(a[9], np.uint8, grid), at(a[10], np.uint8, grid)
         total = int(first[-1] + nb[-1])
-        bmode, fill = at(a[10], np.uint8, total), at(a[11], np.uint8, total)
-        words, count = at(a[12], np.uint64, total), at(a[13], np.uint32, total)
-        states, dtab = at(a[14], np.uint64, total), at(a[15], np.uint64, total)
-        out, ln = at(a[16], np.uint64, total), at(a[17], np.uint32, total)
-        bad = at(a[18], np.int32, grid)
+        bmode, fill = at(a[11], np.uint8, total), at(a[12], np.uint8, total)
+        words, count = at(a[13], np.uint64, total), at(a[14], np.uint32, total)
+        states, dtab = at(a[15], np.uint64, total), at(a[16], np.uint64, total)
+        out, ln = at(a[17], np.uint64, total), at(a[18], np.uint32, total)
+        bad = at(a[19], np.int32, grid)
         for q in range(grid):
             m, p, f0, is_rans = int(nb[q]), int(pos[q]), int(first[q]), smode[q] == 2
             j = np.arange(m, dtype=np.int64)

@@ -470,15 +470,16 @@ rans_jobs(const u64* stats, const i64* n, const u8* rule, int rows, int slack_s,
 // CONST or RANS stream s, whose header and frequency table the host has checked): stream s is
 // at src[s], stores stored[s] bytes, decodes n[s] symbols into dst[s] in nb[s] blocks of
 // 2^lg[s] symbols, mode[s] 1 = CONST (block j's fill byte at offset pos[s] + j) or 2 = RANS
-// (word counts at pos[s], then the final states, then the words; its decode table's input at
-// tab[s]). Its blocks are rows first[s] .. of the table's columns, as rans_decode reads them.
+// (word counts at pos[s], then the final states, then the words; its decode table's input,
+// the exclusive prefix sums of its frequencies, at cums + 256 tab_of[s]). Its blocks are rows first[s] .. of the table's columns, as rans_decode reads them.
 // The checks the host has not made (spec/rans.md, section 6, check 4): no block stores more
 // words than symbols, and the stream's length is 12 + T + 132 nb + 2 (its words) exactly. A
 // stream that fails one gets bad[s] = 1 and its blocks mode 2 (rans_decode skips them); the
 // host names the failure after the decode.
 extern "C" __global__ void __launch_bounds__(256)
 rans_blocks(const u64* src, const i64* stored, const i64* n, const u64* dst, const i64* nb,
-            const i64* pos, const i64* first, const u64* tab, const u8* lg, const u8* mode,
+            const i64* pos, const i64* first, const u32* cums, const i64* tab_of,
+            const u8* lg, const u8* mode,
             u8* b_mode, u8* b_fill, u64* b_words, u32* b_count, u64* b_states, u64* b_dtab,
             u64* b_out, u32* b_len, int* bad) {
     __shared__ u64 wsum[8];
@@ -522,7 +523,7 @@ rans_blocks(const u64* src, const i64* stored, const i64* n, const u64* dst, con
             b_count[b] = (u32)c;
             b_words[b] = is_rans ? (u64)(words + 2 * (carry + before + v - c)) : 0;
             b_states[b] = is_rans ? (u64)(in + p + 4 * nbs + 128 * j) : 0;
-            b_dtab[b] = is_rans ? tab[s] : 0;
+            b_dtab[b] = is_rans ? (u64)(cums + 256 * tab_of[s]) : 0;
             b_out[b] = dst[s] + start;
             b_len[b] = (u32)len;
         }
