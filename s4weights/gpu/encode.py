@@ -905,16 +905,23 @@ class Encoder:
 
         def meanwhile() -> None:
             # the content digests, queued behind the rANS encoder and its word counts' copy:
-            # the device hashes while the host chooses codecs and lays out the payload
-            content.extend(runtime.leaf_digests([i.data.data_ptr() for i in items],
-                                                [i.nbytes for i in items]))
+            # the device hashes while the host chooses codecs and lays out the payload; they
+            # go to the host without a synchronisation
+            dig, first = runtime.leaf_digests([i.data.data_ptr() for i in items],
+                                              [i.nbytes for i in items])
+            nc = int(first[-1])
+            host = runtime.pinned(8 * nc)
+            if nc:
+                host.copy_(dig[:nc].view(torch.uint8), non_blocking=True)
+            hashed = torch.cuda.Event()
+            hashed.record()
+            content.extend((host, hashed, first))
             if previous is not None:
                 self.finish(previous)
             if ahead is not None:
                 ahead()
 
         r, gd = self._encode(pl, batch, meanwhile, planned)  # sync: the blocks' word counts
-        content_dig, content_first = content
         prof.mark("split+encode")
         choose(pl, r, gd, self.log2_block)
         cpu = {k for k, it in enumerate(items) if it.layout is None}
@@ -929,13 +936,12 @@ class Encoder:
         # once its copy is queued (stream order keeps them until it has run)
         pl.tables = None
         prof.mark("assemble")
-        # the leaf digests go to the host without a synchronisation: the next group's work is
-        # queued behind them, and ``finish`` roots them once they are there
-        nc, npay = int(content_first[-1]), int(pay_first[-1])
-        host = runtime.pinned(8 * (nc + npay))
-        if nc + npay:
-            host.copy_(torch.cat((content_dig[:nc], pay_dig[:npay])).view(torch.uint8),
-                       non_blocking=True)
+        # the payload digests go to the host without a synchronisation too: the next group's
+        # work is queued behind them, and ``finish`` roots them once they are there
+        npay = int(pay_first[-1])
+        host = runtime.pinned(8 * npay)
+        if npay:
+            host.copy_(pay_dig[:npay].view(torch.uint8), non_blocking=True)
         arrived = torch.cuda.Event()
         arrived.record()
         prof.mark("payload hash")
@@ -943,21 +949,32 @@ class Encoder:
         del planes_buf, r, gd, keep
         g = DeviceGroup(items, buf, total, pl, live, cpu_at, [], head=head, parts=parts,
                         fixed=fixed)
-        g.digests = (host, arrived, nbytes, content_first, pay_first)
+        g.digests = (*content, nbytes, host, arrived, pay_first)
+        if content[1].query():  # the input's digests are there (hashed during the layout):
+            self._root_content(g)  # rooted while the device places the payloads
         return g
 
+    @staticmethod
+    def _root_content(g: DeviceGroup) -> None:
+        """The group's content hashes from the input's leaf digests (once on the host)."""
+        host, hashed, first, nbytes = g.digests[:4]
+        hashed.synchronize()
+        # (a group of empty tensors has no leaves: its pinned buffer is one spare byte)
+        d = host.numpy()[:8 * int(first[-1])].view(np.uint64)
+        g.content = content_hashes_from_leaves(nbytes, d, first)
+
     def finish(self, g: DeviceGroup) -> None:
-        """Root the group's leaf digests into its content hashes and plane checksums, once they
-        have reached the host (a wait only if the device is still at them)."""
+        """Root the group's leaf digests into its content hashes (unless done) and plane
+        checksums, once they have reached the host (a wait only if the device is still at
+        them)."""
         if g.digests is None:
             return
-        host, arrived, nbytes, content_first, pay_first = g.digests
+        if not g.content:
+            self._root_content(g)
+        host, arrived, pay_first = g.digests[4:]
         arrived.synchronize()
-        nc = int(content_first[-1])
-        # (a group of empty tensors has no leaves: its pinned buffer is one spare byte)
-        d = host.numpy()[:8 * (nc + int(pay_first[-1]))].view(np.uint64)
-        g.content = content_hashes_from_leaves(nbytes, d[:nc], content_first)
-        g.planes.checksum[g.live] = plane_checksums_from_leaves(g.planes.size[g.live], d[nc:],
+        d = host.numpy()[:8 * int(pay_first[-1])].view(np.uint64)
+        g.planes.checksum[g.live] = plane_checksums_from_leaves(g.planes.size[g.live], d,
                                                                 pay_first)
         g.digests = None
 

@@ -299,6 +299,9 @@ class Event:
     def record(self, *_a) -> None:
         pass
 
+    def query(self) -> bool:
+        return True
+
     def synchronize(self) -> None:
         pass
 
