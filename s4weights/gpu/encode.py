@@ -1285,7 +1285,9 @@ class Encoder:
         aligned). Sets their offsets and appends the parts; returns the image's end."""
         rows = np.flatnonzero(pl.fixed_off >= 0)
         rows = rows[np.argsort(pl.fixed_off[rows], kind="stable")]  # in their buffer's order
-        keep = np.isin(rows, kept)
+        keep = np.zeros(len(pl), bool)
+        keep[kept] = True
+        keep = keep[rows]  # (np.isin costs ~50 µs on a few rows)
         # runs: consecutive kept rows of that order
         starts = np.flatnonzero(keep & ~np.concatenate(([False], keep[:-1])))
         ends = np.flatnonzero(keep & ~np.concatenate((keep[1:], [False]))) + 1
