@@ -9,20 +9,19 @@ nvCOMP; raw, bitpack and rANS RAW-mode planes are used in place.
 Staging: the planes are read from the file straight into pinned host memory (``os.preadv``
 for files; other sources copy once into it) and copied up in one H2D.
 
-Host synchronisations per group: two. (1) the plane-leaf digests come back and every plane
-checksum is compared before decoding starts (spec/validation.md: verify before decoding);
-(2) after decoding, the per-block rANS error codes, the streams' block-check flags, the merge
-range flags and the content-leaf digests come back in one copy. Every stream's header and
-tables are validated on the host before a kernel reads it, as the CPU decoders do
-(``s4format.codecs.rans``, ``s4format.codecs.gdeflate``). A rANS stream's word counts are read
-and checked on the device (``rans_blocks``: each block's count within its length, the stream's
-length exactly its sections and words) before ``rans_decode`` reads a word; a stream that fails
-is skipped, so the decode kernel only sees counts and offsets proven in range. (``rans_blocks``
-may run while the checksums are compared: it reads only inside the streams and writes only the
-block table; ``rans_decode`` launches after the checksums pass.) What only the
-device finds (those checks, a bad final state, a word underflow) raises ``CodecError`` naming
-the plane after the decode, lowest plane first as the CPU reader would meet it; by then the
-group's other planes may have been written to their destinations.
+Host synchronisations per group: one, after the merge (two with GDeflate or nvCOMP planes,
+whose checksums are compared first: nvCOMP must not see unverified bytes). The plane-leaf
+digests are launched first. Every rANS stream's header and table are then validated on the
+host, as the CPU decoders check them (``ranshost.parse_streams``, compiled per stream), and its
+decode is queued at once: the host checks every other plane's stored form and plans the
+merge while the device decodes. The rANS kernels are safe on any bytes once the headers and
+tables hold: ``rans_blocks`` checks each block's word count within its length and the stream's
+length exactly its sections and words before ``rans_decode`` reads a word, and a stream that
+fails is skipped. After the merge, the checksums' digests, the per-block rANS error codes, the
+streams' block-check flags, the merge range flags and the content-leaf digests come back in
+one copy, and the failure raised is the one the CPU reader would meet first (a plane checksum
+before anything decoded from it; then plane by plane). By then the group's destinations may
+hold bytes decoded from a damaged plane.
 
 :func:`stage` and :func:`decode_staged` split the work at the H2D so the device-to-device part
 can be timed alone (coded payloads already on the device -> tensors).

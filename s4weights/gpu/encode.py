@@ -20,16 +20,24 @@ tensors, planes or blocks:
    packed, see :func:`pack_widths`),
    and one launch that encodes every rANS block of the group (one warp each); GDeflate pages
    go to nvCOMP in one batch where asked for. Synchronisation: the word counts, first symbols
-   and "varied" flags of the blocks come back.
+   and "varied" flags of the blocks come back; the leaf digests of the raw bytes are queued
+   behind them, so the device hashes while the host lays the payloads out.
+   A group of a window that needs no sizing (it fits the workspace even if every plane took
+   rANS) is split and histogrammed in one pass (``split_hist_*``) and queues its rANS launch
+   right behind, before the host has read its figures: ``rans_jobs`` picks on the device the
+   planes :func:`candidates` will pick (the blocks of the others code nothing). The host waits
+   only for the figures, checks that both picks agree (if not, a bug, the host's rule codes
+   again: ``Encoder.mispredicted``) and decides while the device codes.
 3. the host sizes every payload and picks its codec (:func:`choose`), lays the payloads out in
    one compacted device buffer (16-byte aligned; the planes the split packed as they are
    stored stay in their own buffer, the second part of the group's payload image), and one
    copy launch assembles them (with
-   one more that places every rANS block's words, from a prefix sum of the word counts made on
-   the device: no table per block); one hash launch digests the payload leaves. The digests
-   (payload leaves and content leaves) go to pinned host memory without a synchronisation,
-   while the next group is coded, and ``Encoder.finish`` roots them into plane checksums and
-   content hashes.
+   one more that places every rANS block's words, from the prefix sums of the word counts the
+   host has read, in the batch's one upload); one hash launch digests the payload leaves. The
+   digests (content leaves, then payload leaves) go to pinned host memory without a
+   synchronisation; the group roots its content hashes as soon as their digests are there,
+   and ``Encoder.finish`` the plane checksums (and the content hashes, if not done), while the
+   next group is coded.
 
 The payload image with that metadata is the device-to-device result (:class:`DeviceGroup`).
 For a file, the buffer goes to pinned host memory in one copy on a side stream, overlapped with
