@@ -510,6 +510,17 @@ class DeviceGroup:
         return self.buffer[off:off + size]
 
 
+def _to_pinned(digests: torch.Tensor, count: int) -> tuple[torch.Tensor, torch.cuda.Event]:
+    """The first ``count`` u64 ``digests`` copied to pinned host memory without a
+    synchronisation, and the event after the copy (a spare byte when there are none)."""
+    host = runtime.pinned(8 * count)
+    if count:
+        host.copy_(digests[:count].view(torch.uint8), non_blocking=True)
+    done = torch.cuda.Event()
+    done.record()
+    return host, done
+
+
 def _rans_plan(n: np.ndarray, log2_block: int) -> dict:
     """The address-free tables of a rANS launch over jobs of ``n`` symbols: blocks, scratch
     offsets (two bytes per symbol), CTAs; a row per job or CTA, none per block."""
@@ -917,13 +928,7 @@ class Encoder:
             # go to the host without a synchronisation
             dig, first = runtime.leaf_digests([i.data.data_ptr() for i in items],
                                               [i.nbytes for i in items])
-            nc = int(first[-1])
-            host = runtime.pinned(8 * nc)
-            if nc:
-                host.copy_(dig[:nc].view(torch.uint8), non_blocking=True)
-            hashed = torch.cuda.Event()
-            hashed.record()
-            content.extend((host, hashed, first))
+            content.extend((*_to_pinned(dig, int(first[-1])), first))
             if previous is not None:
                 self.finish(previous)
             if ahead is not None:
@@ -946,12 +951,7 @@ class Encoder:
         prof.mark("assemble")
         # the payload digests go to the host without a synchronisation too: the next group's
         # work is queued behind them, and ``finish`` roots them once they are there
-        npay = int(pay_first[-1])
-        host = runtime.pinned(8 * npay)
-        if npay:
-            host.copy_(pay_dig[:npay].view(torch.uint8), non_blocking=True)
-        arrived = torch.cuda.Event()
-        arrived.record()
+        host, arrived = _to_pinned(pay_dig, int(pay_first[-1]))
         prof.mark("payload hash")
         prof.report()
         del planes_buf, r, gd, keep
