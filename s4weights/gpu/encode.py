@@ -261,7 +261,7 @@ def candidates(pl: Planes, policy_name: str, mantissa: str, gd: bool, log2_block
     bitpack_first = pl.cand_bp & pl.cand_rans & (pl.est_bp <= est)
     pl.bw_first = pl.cand_bw & (~pl.cand_rans | policy.packed_wins(pl.est_bw, est))
     pl.runs_rans = pl.cand_rans & ~bitpack_first & ~pl.bw_first & (nsym > 1)
-    pl.launched = pl.runs_rans  # the rows a rANS launch covers (Encoder._speculate: more)
+    pl.launched = pl.runs_rans  # the rows a rANS launch covers (Encoder._histograms': more)
 
 
 def candidate_kinds(n: np.ndarray, kind: np.ndarray, policy_name: str, mantissa: str
@@ -757,8 +757,11 @@ class Encoder:
         ``split``: the same pass splits the tensors too (a group that needs no sizing), into
         the returned buffer, and the rows hold their addresses; else the rows of split planes
         have none yet (each group splits its own); that pass stores narrow mantissa planes
-        packed where ``packs`` (``Planes.pw``). Returns the table, the device tables to keep,
-        and the planes' buffer (or None)."""
+        packed where ``packs`` (``Planes.pw``), and (``early_rans``) queues the rANS launch
+        over every split row before the synchronisation, the rows picked by ``rans_jobs``: the
+        table holds it (``Planes.rans_queued``, its rows ``Planes.launched``) where the host's
+        candidates agree. Returns the table, the device tables to keep, and the planes' buffer
+        (or None)."""
         split_k = [k for k, it in enumerate(items)
                    if it.layout is not None and it.layout is not layouts.RAW]
         raws = [k for k, it in enumerate(items) if it.layout is layouts.RAW]
