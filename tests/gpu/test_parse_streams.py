@@ -168,6 +168,45 @@ def test_with_several_damaged_streams_the_lowest_failing_one_is_named(seed) -> N
         assert e.value.plane == failing[0]
 
 
+_BLOCK_CHECKS = ("a rans block stores more words than symbols",
+                 "rans stream length does not match its word counts")
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_header_and_table_checks_alone_name_the_same_stream(seed) -> None:
+    # blocks=False (the GPU decoder's host checks: the word counts are the device's) fails
+    # exactly where the full checks fail on a header or table, with the same message; where
+    # the full checks fail on word counts, it fails only on a later stream, or not at all
+    rng = np.random.default_rng(200 + seed)
+    base = [(s.copy(), k) for s, k in _streams()]
+    for _ in range(60):
+        trial = list(base)
+        for row in rng.choice(len(trial), size=int(rng.integers(1, 4)), replace=False):
+            s, k = trial[int(row)]
+            d = s.copy()
+            if rng.random() < 0.3:
+                d = d[:int(rng.integers(0, d.size + 1))]
+            elif d.size:
+                i = int(rng.integers(0, min(d.size, 400)))
+                d[i] ^= np.uint8(1 << int(rng.integers(8)))
+            trial[int(row)] = (d, k)
+        host, at, stored, n = _pack(trial)
+        try:
+            parse_streams(host, at, stored, n)
+            full = None
+        except StreamError as e:
+            full = (e.plane, str(e))
+        try:
+            parse_streams(host, at, stored, n, blocks=False)
+            alone = None
+        except StreamError as e:
+            alone = (e.plane, str(e))
+        if full is None or full[1] not in _BLOCK_CHECKS:
+            assert alone == full
+        else:
+            assert alone is None or alone[0] > full[0] or alone == full
+
+
 def test_edge_streams() -> None:
     codec = RansCodec(16)
     cases = []
