@@ -138,13 +138,14 @@ def test_damaged_streams_are_refused_exactly_where_the_per_stream_checks_refuse(
             assert e.value.plane == row
 
 
-@pytest.mark.parametrize("seed", range(4))
-def test_with_several_damaged_streams_the_lowest_failing_one_is_named(seed) -> None:
-    rng = np.random.default_rng(100 + seed)
+def _damaged_batches(seed: int, fewest: int, most: int, batches: int = 60):
+    """Batches of the streams of :func:`_streams` with ``fewest`` to ``most`` - 1 of them
+    damaged (cut short, or a bit flipped where the host's checks look)."""
+    rng = np.random.default_rng(seed)
     base = [(s.copy(), k) for s, k in _streams()]
-    for _ in range(60):
+    for _ in range(batches):
         trial = list(base)
-        for row in rng.choice(len(trial), size=int(rng.integers(2, 6)), replace=False):
+        for row in rng.choice(len(trial), size=int(rng.integers(fewest, most)), replace=False):
             s, k = trial[int(row)]
             d = s.copy()
             if rng.random() < 0.3:
@@ -153,6 +154,12 @@ def test_with_several_damaged_streams_the_lowest_failing_one_is_named(seed) -> N
                 i = int(rng.integers(0, min(d.size, 400)))
                 d[i] ^= np.uint8(1 << int(rng.integers(8)))
             trial[int(row)] = (d, k)
+        yield trial
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_with_several_damaged_streams_the_lowest_failing_one_is_named(seed) -> None:
+    for trial in _damaged_batches(100 + seed, 2, 6):
         failing = []
         for row, (s, k) in enumerate(trial):
             try:
@@ -177,19 +184,7 @@ def test_header_and_table_checks_alone_name_the_same_stream(seed) -> None:
     # blocks=False (the GPU decoder's host checks: the word counts are the device's) fails
     # exactly where the full checks fail on a header or table, with the same message; where
     # the full checks fail on word counts, it fails only on a later stream, or not at all
-    rng = np.random.default_rng(200 + seed)
-    base = [(s.copy(), k) for s, k in _streams()]
-    for _ in range(60):
-        trial = list(base)
-        for row in rng.choice(len(trial), size=int(rng.integers(1, 4)), replace=False):
-            s, k = trial[int(row)]
-            d = s.copy()
-            if rng.random() < 0.3:
-                d = d[:int(rng.integers(0, d.size + 1))]
-            elif d.size:
-                i = int(rng.integers(0, min(d.size, 400)))
-                d[i] ^= np.uint8(1 << int(rng.integers(8)))
-            trial[int(row)] = (d, k)
+    for trial in _damaged_batches(200 + seed, 1, 4):
         host, at, stored, n = _pack(trial)
         try:
             parse_streams(host, at, stored, n)

@@ -471,7 +471,8 @@ rans_jobs(const u64* stats, const i64* n, const u8* rule, int rows, int slack_s,
 // at src[s], stores stored[s] bytes, decodes n[s] symbols into dst[s] in nb[s] blocks of
 // 2^lg[s] symbols, mode[s] 1 = CONST (block j's fill byte at offset pos[s] + j) or 2 = RANS
 // (word counts at pos[s], then the final states, then the words; its decode table's input,
-// the exclusive prefix sums of its frequencies, at cums + 256 tab_of[s]). Its blocks are rows first[s] .. of the table's columns, as rans_decode reads them.
+// the exclusive prefix sums of its frequencies, at cums + 256 tab_of[s]). Its blocks are rows
+// first[s] .. of the table's columns, as rans_decode reads them.
 // The checks the host has not made (spec/rans.md, section 6, check 4): no block stores more
 // words than symbols, and the stream's length is 12 + T + 132 nb + 2 (its words) exactly. A
 // stream that fails one gets bad[s] = 1 and its blocks mode 2 (rans_decode skips them); the
