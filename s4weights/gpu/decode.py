@@ -663,8 +663,11 @@ def _prepare(st: Staged, outs: list[torch.Tensor], base: int, keep: list[object]
     their decode first (the device decodes while the host does the rest), then check every
     plane's form, start GDeflate (only after the checksums, see decode_staged) and plan the
     copies and the merge inputs. Numpy over all planes at once (a Python step only for
-    GDeflate and codec-6 planes, which go to nvCOMP one by one). The failure raised is the
-    first plane's in order, whichever check found it. Returns (merge plane pointers
+    GDeflate and codec-6 planes, which go to nvCOMP one by one). Of the failures the host
+    finds (forms, stream headers and tables, nvCOMP), the one raised is the first plane's in
+    order, whichever check found it; what only the device finds comes after the decode
+    (``_read_aligned`` then reads the group on the CPU reader to raise what it meets first).
+    Returns (merge plane pointers
     [tensors, 5], their stored forms [tensors, 5]: the merge kernels' ``width``, copies, rANS
     batch (its decode queued: ``errs``), scratch)."""
     reader = st.reader
@@ -728,7 +731,7 @@ def _prepare(st: Staged, outs: list[torch.Tensor], base: int, keep: list[object]
         q = int(rq[rb.failed])
         first_bad, msg, _width = _form_failure(st, whole, n, stored, nparams, codec, j, at)
         nvcomp_upto(min(first_bad, q))
-        if first_bad < q:
+        if first_bad <= q:  # (on the same plane the CPU reader checks the form first)
             raise fail(first_bad, msg) from None
         raise _about(exc, reader, st.idx[k[q]]) from None
     rb.launch()

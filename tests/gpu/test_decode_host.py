@@ -147,6 +147,20 @@ def _bad_rans_mode(planes: list[CodedPlane]) -> list[CodedPlane]:
     return [planes[0], CodedPlane(p.kind, p.index, p.codec, p.decoded_len, payload), planes[2]]
 
 
+def test_on_one_plane_its_form_outranks_its_stream_header() -> None:
+    # the exponent plane carries a parameter byte and a bad stream header: the CPU reader
+    # checks the parameters first (the GPU decoder validates the streams before the forms)
+    planes = _bad_rans_mode(_good_bf16(2))
+    p = planes[1]
+    planes[1] = CodedPlane(p.kind, p.index, p.codec, p.decoded_len, p.payload, b"\x01")
+    blob = _file({"a": _good_bf16(1), "b": planes})
+    with pytest.raises(CodecError, match="rans takes no parameters"):
+        s4format.Reader(blob, verify=False).read_raw(1)
+    with pytest.raises(CodecError) as got:
+        _prepare(blob)
+    assert str(got.value).endswith("tensor 'b' plane exponent: rans takes no parameters")
+
+
 @pytest.mark.parametrize("where", ["batch", "chunked"])
 def test_an_earlier_rans_plane_outranks_a_later_bitpack_w_form(where: str) -> None:
     # the exponent stream's header is bad and the mantissa's bitpack-w padding too: the CPU
