@@ -713,7 +713,8 @@ class Encoder:
                 yield from self._results(pending)
                 pending = None
             box: list[_Prepared] = []
-            g = self._encode_group(its, pl, pending, ready, self._ahead(following, box))
+            g = self._encode_group(its, pl, pending, ready, self._ahead(following, box),
+                                   fits=need <= budget)
             ready = box[0] if box else None
             self._to_host(g)
             if pending is not None:
@@ -727,12 +728,13 @@ class Encoder:
         tensor larger than the workspace is one group of its own, whatever it needs)."""
         out: list[DeviceGroup] = []
         ready: _Prepared | None = None
-        for its, pl, _need, following in self._plan(items):
+        _cap, budget = self._budgets(items)
+        for its, pl, need, following in self._plan(items):
             # the previous group's hashes are rooted and the next group's tables made while
             # this group's kernels run
             box: list[_Prepared] = []
             out.append(self._encode_group(its, pl, out[-1] if out else None, ready,
-                                          self._ahead(following, box)))
+                                          self._ahead(following, box), fits=need <= budget))
             ready = box[0] if box else None
         if out:
             self.finish(out[-1])
@@ -747,7 +749,8 @@ class Encoder:
     # -- one window: histograms and candidates ---------------------------------------------
 
     def _histograms(self, items: list[Item], batch: runtime.Batch | None = None,
-                    split: bool = False) -> tuple[Planes, tuple, torch.Tensor | None]:
+                    split: bool = False, queue_rans: bool = False
+                    ) -> tuple[Planes, tuple, torch.Tensor | None]:
         """The window's plane table: one histogram launch per layout over its split tensors
         and one normalisation launch over their planes (``rans_normalise``: rans.normalise's
         integer procedure; the encoder's table inputs stay on the device), run with ``batch``'s
@@ -757,8 +760,9 @@ class Encoder:
         ``split``: the same pass splits the tensors too (a group that needs no sizing), into
         the returned buffer, and the rows hold their addresses; else the rows of split planes
         have none yet (each group splits its own); that pass stores narrow mantissa planes
-        packed where ``packs`` (``Planes.pw``), and (``early_rans``) queues the rANS launch
-        over every split row before the synchronisation, the rows picked by ``rans_jobs``: the
+        packed where ``packs`` (``Planes.pw``), and (``queue_rans`` and ``early_rans``: only
+        where the workspace holds rANS scratch for every plane) queues the rANS launch over
+        every split row before the synchronisation, the rows picked by ``rans_jobs``: the
         table holds it (``Planes.rans_queued``, its rows ``Planes.launched``) where the host's
         candidates agree. Returns the table, the device tables to keep, and the planes' buffer
         (or None)."""
@@ -825,7 +829,7 @@ class Encoder:
             np.uint64(stats_p), runtime.ptr(meta), np.int32(self.log2_block))
         split_tab = np.uint64(fc.data_ptr()) + np.arange(ps, dtype=np.uint64) * np.uint64(2048)
         queued = None
-        early = split and ps and self.early_rans
+        early = split and ps and queue_rans and self.early_rans
         if early:
             # This pass splits too, so the planes' addresses are known: the rANS launch is
             # queued now, over every split row, and rans_jobs picks on the device the rows
@@ -906,16 +910,19 @@ class Encoder:
 
     def _encode_group(self, items: list[Item], pl: Planes | None,
                       previous: DeviceGroup | None = None, prep: _Prepared | None = None,
-                      ahead=None) -> DeviceGroup:
+                      ahead=None, fits: bool = False) -> DeviceGroup:
         """Code one group (its plane table from :meth:`_plan`, or None: split and histograms
         here, one more synchronisation) on the device. While its kernels run, the host roots
         ``previous``'s hashes (the group before, if not done yet) and runs ``ahead()`` (the
-        next group's :meth:`_prepare`); ``prep``: this group's, if made that way."""
+        next group's :meth:`_prepare`); ``prep``: this group's, if made that way. ``fits``:
+        the group's worst case (every plane rANS-coded) fits the workspace, so a group split
+        here may queue its rANS launch before its figures (``_histograms``)."""
         prof = runtime.Profile("encode")
         batch = runtime.Batch()  # split, rANS: their tables in one upload
         planned = None
         if pl is None:  # a group that needs no sizing: split and histograms in one pass
-            pl, pl.tables, planes_buf = self._histograms(items, batch, split=True)  # sync
+            pl, pl.tables, planes_buf = self._histograms(items, batch, split=True,
+                                                         queue_rans=fits)  # sync
             batch = runtime.Batch()
         else:
             if prep is None or prep.planes is not pl:

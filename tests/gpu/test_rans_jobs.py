@@ -102,3 +102,25 @@ def test_a_launch_that_picked_other_planes_is_not_used(emulated, monkeypatch) ->
     assert encode.file_of(early, ts) == want
     assert early.mispredicted == 1
     assert seen == [False]
+
+
+@pytest.mark.parametrize("workspace", [1 << 18, 1 << 20, 64 << 20])
+def test_only_a_group_whose_worst_case_fits_queues_rans_early(emulated, monkeypatch,
+                                                             workspace) -> None:
+    # the early launch holds rANS scratch for every split plane: only a group whose worst case
+    # fits takes it (64 MiB); a tensor alone over the workspace (256 KiB: encode_device codes
+    # it whole) and one sized after a histogram pass (1 MiB) code the planes the host picks
+    scratch: list[int] = []
+    real = encode.Encoder._rans_launch
+
+    def spy(self, width, n, *a, **k):
+        scratch.append(2 * int(np.asarray(n).sum()))
+        return real(self, width, n, *a, **k)
+
+    monkeypatch.setattr(encode.Encoder, "_rans_launch", spy)
+    x = (torch.randn(200_000, generator=torch.Generator().manual_seed(1)) * 0.02).bfloat16()
+    enc = encode.Encoder("auto", workspace=workspace)
+    enc.encode_device([encode.Item.of(x)])
+    fits = workspace >= 64 << 20
+    # the exponent plane alone, or (fits) all three split planes
+    assert scratch == ([2 * 3 * 200_000] if fits else [2 * 200_000])
