@@ -364,7 +364,11 @@ def parse_streams(host: np.ndarray, at, stored, n, blocks: bool = True) -> Strea
     at = np.asarray(at, np.int64).reshape(-1)
     stored = np.asarray(stored, np.int64).reshape(-1)
     n = np.asarray(n, np.int64).reshape(-1)
-    if (at < 0).any() or (at + stored > host.size).any():
+    if not at.size == stored.size == n.size:
+        raise ValueError("at, stored and n differ in length")
+    # (no sum that could wrap: the compiled checks read host[at : at + stored] unchecked)
+    if (at < 0).any() or (stored < 0).any() or (at > host.size).any() \
+            or (stored > host.size - at).any():
         raise ValueError("stream outside the host buffer")
     buf = host if host.size else np.zeros(1, np.uint8)
     top = buf.size - 1

@@ -279,3 +279,15 @@ def test_stream_blocks_of_bad_headers_are_zero() -> None:
     host[20], host[21] = rans.MODE_RAW, 16
     got = ranshost.stream_blocks(host, [0, 20, 39], [20, 20, 1], [1 << 20, 100, 5])
     assert got.tolist() == [1, 0, 0]
+
+
+def test_streams_outside_the_buffer_are_refused_before_any_read() -> None:
+    # (the compiled checks read host[at : at + stored] unchecked: offsets whose sum would wrap
+    # around, negative lengths and tables of different lengths never reach them)
+    host = np.zeros(100, np.uint8)
+    for at, stored in (([1 << 62], [1 << 62]), ([-1], [20]), ([0], [-5]), ([90], [11])):
+        for blocks in (True, False):
+            with pytest.raises(ValueError, match="outside the host buffer"):
+                parse_streams(host, at, stored, [5], blocks=blocks)
+    with pytest.raises(ValueError, match="differ in length"):
+        parse_streams(host, [0], [12], [5, 6])
