@@ -667,13 +667,12 @@ def _prepare(st: Staged, outs: list[torch.Tensor], base: int, keep: list[object]
     finds (forms, stream headers and tables, nvCOMP), the one raised is the first plane's in
     order, whichever check found it; what only the device finds comes after the decode
     (``_read_aligned`` then reads the group on the CPU reader to raise what it meets first).
-    Returns (merge plane pointers
-    [tensors, 5], their stored forms [tensors, 5]: the merge kernels' ``width``, copies, rANS
-    batch (its decode queued: ``errs``), scratch)."""
+    Returns (merge plane pointers [tensors, 5], their stored forms [tensors, 5]: the merge
+    kernels' ``width``, copies, rANS batch (its decode queued: ``errs``), scratch)."""
     reader = st.reader
     planes = st.planes
     nq, nt = len(planes), len(st.idx)
-    k, j, codec, n, stored, nparams = st.meta.T
+    k, j, codec, n, stored, _nparams = st.meta.T
     whole = np.fromiter((reader.tensors[i].layout.layout_id == layouts.RAW.layout_id
                          for i in st.idx), bool, nt)[k]
     dst_t = np.fromiter((o.data_ptr() for o in outs), np.uint64, nt)
@@ -729,14 +728,14 @@ def _prepare(st: Staged, outs: list[torch.Tensor], base: int, keep: list[object]
         rb.prepare(keep)
     except CodecError as exc:  # a stream's header or table (row ``failed`` of the batch)
         q = int(rq[rb.failed])
-        first_bad, msg, _width = _form_failure(st, whole, n, stored, nparams, codec, j, at)
+        first_bad, msg, _width = _form_failure(st, whole)
         nvcomp_upto(min(first_bad, q))
         if first_bad <= q:  # (on the same plane the CPU reader checks the form first)
             raise fail(first_bad, msg) from None
         raise _about(exc, reader, st.idx[k[q]]) from None
     rb.launch()
     keep.append(scratch)
-    first_bad, msg, width = _form_failure(st, whole, n, stored, nparams, codec, j, at)
+    first_bad, msg, width = _form_failure(st, whole)
     nvcomp_upto(first_bad)
     if first_bad < nq:
         raise fail(first_bad, msg)
@@ -757,13 +756,15 @@ def _prepare(st: Staged, outs: list[torch.Tensor], base: int, keep: list[object]
     return ptrs, packed, copies, rb, scratch
 
 
-def _form_failure(st: Staged, whole, n, stored, nparams, codec, j, at
-                  ) -> tuple[int, str, np.ndarray]:
-    """The stored forms, as plane_form_error checks them one by one: (the first plane in a
-    bad form, or the number of planes; its first failing check's message; each bitpack-w
-    plane's width, else 0). The CPU reader meets the planes in order, so the first failing
-    plane (and its first failing check) is the one reported."""
+def _form_failure(st: Staged, whole: np.ndarray) -> tuple[int, str, np.ndarray]:
+    """The stored forms of the group's planes (``whole``: of a raw-layout tensor), as
+    plane_form_error checks them one by one: (the first plane in a bad form, or the number of
+    planes; its first failing check's message; each bitpack-w plane's width, else 0). The CPU
+    reader meets the planes in order, so the first failing plane (and its first failing check)
+    is the one reported."""
     nq = len(st.planes)
+    _k, j, codec, n, stored, nparams = st.meta.T
+    at = np.asarray(st.at, np.int64)
     raw, bp = codec == codecs.RAW, codec == codecs.BITPACK
     rn, gd = codec == codecs.RANS, codec == codecs.GDEFLATE
     last = st.host[np.clip(at + stored - 1, 0, max(st.host.size - 1, 0))] if st.host.size \

@@ -381,8 +381,8 @@ def parse_streams(host: np.ndarray, at, stored, n, blocks: bool = True) -> Strea
     mode, lg, nb = np.zeros(s, np.int64), np.zeros(s, np.int64), np.zeros(s, np.int64)
     pos, tab_of = np.zeros(s, np.int64), np.zeros(s, np.int64)
     freqs = np.zeros((s, 256), np.int64)
-    rows = _check_streams(buf, at, stored, n, fail, arg, mode, lg, nb, pos, tab_of, freqs)
-    freqs = freqs[:rows]
+    freqs = freqs[:_check_streams(buf, at, stored, n, fail, arg, mode, lg, nb, pos, tab_of,
+                                  freqs)]
     ok = fail == 0
     first: list = [None]  # (stream, message) of the lowest failing stream so far
     bad_q = np.flatnonzero(~ok)
