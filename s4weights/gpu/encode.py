@@ -447,6 +447,25 @@ def pack_widths(pl: Planes) -> np.ndarray:
     return np.where(pl.kind == layouts.KIND_SIGN, 1, np.where(packed, pl.bits, 8))
 
 
+def stays_raw(pl: Planes) -> np.ndarray:
+    """Split rows with no candidate codec (:func:`candidates`): stored raw whatever the rANS
+    kernel finds, their payload the split's bytes as they are (the uniform low mantissa bytes
+    of fp32 tensors and optimizer state: about half of their bytes)."""
+    return ((pl.kind != layouts.KIND_RAW) & (pl.kind != layouts.KIND_SIGN)
+            & ~(pl.cand_rans | pl.cand_bp | pl.cand_bw | pl.cand_gd))
+
+
+def kept_as_split(pl: Planes, width: np.ndarray, raw: bool = True) -> np.ndarray:
+    """The rows of a sized group (candidates known) whose payload is sure to be the split's
+    bytes as it stores them (``width``: :func:`pack_widths`): the narrow planes it packs at
+    their field's width (stored bitpack-w as they are) and (``raw``) the planes with no
+    candidate (:func:`stays_raw`). The group's split writes them where its result keeps them
+    (``place_split``): the assembly copies nothing for them, and the group's need counts
+    their bytes once (``plan.group_need``'s ``kept``)."""
+    kept = narrow(pl) & (width < 8)
+    return kept | stays_raw(pl) if raw else kept
+
+
 def place_split(n: np.ndarray, width: np.ndarray, packed: np.ndarray
                 ) -> tuple[np.ndarray, int, int]:
     """Where a group's split stores its rows (``n`` elements at ``width`` bits,
@@ -572,6 +591,9 @@ class Encoder:
         # candidates' rule; the host's wins and codes again)
         self.early_rans = True
         self.mispredicted = 0
+        # a sized group's split also writes the planes with no candidate codec (``stays_raw``)
+        # where the result keeps them (``kept_as_split``)
+        self.keep_raw = True
 
     def _workspace(self, items: list[Item]) -> int:
         return self.workspace or plan.default_workspace(sum(i.nbytes for i in items))
@@ -656,12 +678,15 @@ class Encoder:
         pl, tables, _none = self._histograms(items)
         nbytes = np.array([it.nbytes for it in items], np.int64)
         width = pack_widths(pl)
+        kept = kept_as_split(pl, width, self.keep_raw)
         need = plan.group_need(pl.item, width, pl.kind != layouts.KIND_RAW, pl.n,
-                               pl.runs_rans, pl.cand_gd, nbytes, self.log2_block)
-        # what a group's result holds on the device: its payloads (at most the raw bytes) and
-        # the planes its split packed as they are stored
+                               pl.runs_rans, pl.cand_gd, nbytes, self.log2_block, kept)
+        # what a group's result holds on the device: its compacted payloads (at most the raw
+        # bytes: a tensor whose planes would store more is copied raw for the CPU coder) and
+        # the planes kept where its split wrote them (counted whole: those of a tensor the CPU
+        # codes stay there too)
         held = nbytes + np.bincount(pl.item, weights=np.where(
-            narrow(pl) & (width < 8), plan.split_plane_bytes(pl.n, width), 0),
+            kept, plan.split_plane_bytes(pl.n, width), 0),
             minlength=nbytes.size).astype(np.int64)
         first = np.searchsorted(pl.item, np.arange(len(items) + 1))
         run: list[int] = []
@@ -1045,7 +1070,7 @@ class Encoder:
         rows = np.flatnonzero(pl.kind != layouts.KIND_RAW)
         n = pl.n[rows]
         width = pack_widths(pl)
-        infix = narrow(pl)[rows] & (width[rows] < 8)
+        infix = kept_as_split(pl, width, self.keep_raw)[rows]
         off, total, ftotal = place_split(n, width[rows], infix)
         first = np.searchsorted(pl.item, np.arange(len(items) + 1))
         split = [k for k, it in enumerate(items)

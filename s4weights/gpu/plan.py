@@ -112,7 +112,7 @@ GROUP_PLANE = 1024  # per plane of a group: its rows of the launch and copy tabl
 
 def group_need(item: np.ndarray, width: np.ndarray, split: np.ndarray, n: np.ndarray,
                runs_rans: np.ndarray, gdeflate: np.ndarray, nbytes: np.ndarray,
-               log2_block: int) -> np.ndarray:
+               log2_block: int, kept: np.ndarray | None = None) -> np.ndarray:
     """Exact device bytes the encoder holds for each tensor of a group at once, from its planes'
     chosen candidates (rows: plane q of tensor ``item[q]``; ``split``: the row is a split plane,
     not a raw-layout tensor's bytes in place, stored at ``width`` bits per element,
@@ -120,7 +120,9 @@ def group_need(item: np.ndarray, width: np.ndarray, split: np.ndarray, n: np.nda
     metadata only for planes the rANS kernel codes, GDeflate's pages for planes it codes,
     per-plane tables and copy ops, the compacted payloads (at most the raw bytes and 16-byte
     padding per plane; ``nbytes``: each tensor's raw bytes; tensors without rows hold only
-    their copy), and the leaf digests of the raw bytes and of the payloads."""
+    their copy, less the payloads of ``kept`` rows: split planes stored as the split wrote
+    them, ``width`` bits each, which the result keeps where they are, ``encode.kept_as_split``),
+    and the leaf digests of the raw bytes and of the payloads."""
     n = np.asarray(n, np.int64)
     row = np.where(split, split_plane_bytes(n, width), 0)
     nb = -(-n >> log2_block)
@@ -132,6 +134,10 @@ def group_need(item: np.ndarray, width: np.ndarray, split: np.ndarray, n: np.nda
     row += GROUP_PLANE + 16 + 25 * (n // COPY_PIECE + 1) + 64
     nbytes = np.asarray(nbytes, np.int64)
     need = np.bincount(item, weights=row, minlength=nbytes.size).astype(np.int64)
+    if kept is not None:
+        payload = (n * np.asarray(width, np.int64) + 7) // 8
+        need -= np.bincount(item, weights=np.where(kept, payload, 0), minlength=nbytes.size
+                            ).astype(np.int64)
     rows = np.bincount(item, minlength=nbytes.size)
     # leaf digests of the raw bytes and of the payloads, and both again on their way to the
     # host (one concatenation)

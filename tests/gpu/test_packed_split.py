@@ -152,15 +152,53 @@ def test_a_sized_group_packs_only_the_planes_stored_at_full_width(emulated) -> N
     enc = encode.Encoder("auto", workspace=3 << 20)
     groups = enc.encode_device(items)
     assert len(groups) > 1
+    raw_kept = 0
     for g in groups:
         pl = g.planes
         packed = encode.narrow(pl) & (pl.pw < 8)
         assert (pl.form[packed] == encode.FORM_BITPACK_W).all()
         assert (pl.width[packed] == pl.bits[packed]).all()
-        assert (g.fixed is None) == (not packed.any())
-        assert (pl.offset[packed] >= g.head).all()
-        assert len(g.parts) == (1 if packed.any() else 0)  # nothing but kept planes there
+        # planes with no candidate codec are written there too, stored raw as they are
+        stays = encode.stays_raw(pl)
+        assert not (packed & stays).any()
+        assert (pl.form[stays] == encode.FORM_RAW).all() and (pl.pw[stays] == 8).all()
+        kept = packed | stays
+        assert ((pl.fixed_off >= 0) == kept).all()
+        assert (g.fixed is None) == (not kept.any())
+        assert (pl.offset[kept] >= g.head).all()
+        assert len(g.parts) == (1 if kept.any() else 0)  # nothing but kept planes there
+        raw_kept += int(stays.sum())
     assert sum(int((encode.narrow(g.planes) & (g.planes.pw < 8)).sum()) for g in groups) == 6
+    assert raw_kept  # the fp32 tensors' low mantissa bytes (uniform: no candidate)
+    reader = s4format.Reader(encode.file_of(enc, tensors))
+    for i, t in enumerate(tensors.values()):
+        assert reader.read_raw(i).tobytes() == t.reshape(-1).view(torch.uint8).numpy().tobytes()
+
+
+def test_planes_stored_as_split_shrink_a_groups_need(emulated) -> None:
+    """A sized group's planes with no candidate are stored where the split wrote them, so its
+    need counts their bytes once: more tensors fit a group."""
+    def low_uniform() -> torch.Tensor:  # fp32 whose two low bytes have no candidate codec
+        w = (RNG.standard_normal(N) * 0.02).astype(np.float32).view(np.uint32)
+        w = (w & np.uint32(0xFFFF0000)) | RNG.integers(0, 1 << 16, N).astype(np.uint32)
+        return torch.from_numpy(w.view(np.float32))
+
+    t = {f"w{k}": low_uniform() for k in range(12)}
+    items = _items(t.values())
+    enc = encode.Encoder("auto", workspace=8 << 20)
+    groups = enc.encode_device(items)
+    assert len(groups) > 1
+    pl, _tables, _buf = enc._histograms(items)
+    stays = encode.stays_raw(pl)
+    assert int(stays.sum()) == 2 * len(items)
+    nbytes = np.array([it.nbytes for it in items], np.int64)
+    args = (pl.item, encode.pack_widths(pl), pl.kind != layouts.KIND_RAW, pl.n, pl.runs_rans,
+            pl.cand_gd, nbytes, enc.log2_block)
+    from s4weights.gpu import plan
+    assert (plan.group_need(*args) - plan.group_need(*args, stays) == 2 * N).all()
+    for g in groups:
+        # the compacted buffer holds the other planes' payloads only
+        assert g.buffer.numel() <= sum(it.nbytes for it in g.items) // 2
 
 
 @pytest.mark.parametrize("pol,mantissa", [("auto-1.0", "auto"), ("auto", "rans"),
