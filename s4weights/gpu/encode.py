@@ -264,6 +264,38 @@ def candidates(pl: Planes, policy_name: str, mantissa: str, gd: bool, log2_block
     pl.launched = pl.runs_rans  # the rows a rANS launch covers (Encoder._histograms': more)
 
 
+@functools.cache
+def _layout_fields(layout: Layout) -> np.ndarray:
+    """[4, 5] int64: a split layout's fields' bits, kinds and indexes (padded to 5 fields) and
+    its word size and field count (read-only)."""
+    f = layout.fields
+    out = np.zeros((4, 5), np.int64)
+    out[0, :len(f)] = [x.bits for x in f]
+    out[1, :len(f)] = [x.kind for x in f]
+    out[2, :len(f)] = [x.index for x in f]
+    out[3, :2] = layout.word, len(f)
+    out.flags.writeable = False
+    return out
+
+
+def _field_rows(lays: list[Layout]) -> tuple[np.ndarray, ...]:
+    """The split rows of tensors of split layouts ``lays`` (a row per field, tensor by tensor),
+    without a Python step per row: (each tensor's layout id, field count; each row's tensor,
+    field, bits, kind and index; each tensor's word size)."""
+    distinct: dict[int, Layout] = {}
+    ids = np.fromiter((distinct.setdefault(lay.layout_id, lay).layout_id for lay in lays),
+                      np.int64, len(lays))
+    keys = sorted(distinct)
+    tab = np.stack([_layout_fields(distinct[k]) for k in keys]) if keys else np.zeros(
+        (0, 4, 5), np.int64)
+    which = np.searchsorted(np.asarray(keys, np.int64), ids)
+    word, nf = tab[which, 3, 0], tab[which, 3, 1]
+    seg = np.repeat(np.arange(len(lays)), nf)
+    field = np.arange(int(nf.sum())) - np.repeat(np.cumsum(nf) - nf, nf)
+    at = which[seg]
+    return ids, nf, seg, field, tab[at, 0, field], tab[at, 1, field], tab[at, 2, field], word
+
+
 def candidate_kinds(n: np.ndarray, kind: np.ndarray, policy_name: str, mantissa: str
                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per plane, what its kind and size allow (:func:`candidates`), before any figure: (rANS:
@@ -791,18 +823,16 @@ class Encoder:
         table holds it (``Planes.rans_queued``, its rows ``Planes.launched``) where the host's
         candidates agree. Returns the table, the device tables to keep, and the planes' buffer
         (or None)."""
-        split_k = [k for k, it in enumerate(items)
-                   if it.layout is not None and it.layout is not layouts.RAW]
-        raws = [k for k, it in enumerate(items) if it.layout is layouts.RAW]
-        lays = [items[k].layout for k in split_k]
-        nf = np.array([len(lay.fields) for lay in lays], np.int64)
-        n_el = np.array([items[k].nbytes // lay.word_size(items[k].dtype.itemsize)
-                         for k, lay in zip(split_k, lays)], np.int64)
-        seg = np.repeat(np.arange(len(split_k)), nf)          # split rows: their tensor
-        field = np.arange(int(nf.sum())) - np.repeat(np.cumsum(nf) - nf, nf)
+        split_k, raws, lays = [], [], []
+        for k, it in enumerate(items):
+            if it.layout is layouts.RAW:
+                raws.append(k)
+            elif it.layout is not None:
+                split_k.append(k)
+                lays.append(it.layout)
+        lay_ids, nf, seg, field, bits, kind, index, word = _field_rows(lays)
+        n_el = np.array([items[k].nbytes for k in split_k], np.int64) // word
         n = n_el[seg]
-        bits = np.array([f.bits for lay in lays for f in lay.fields], np.int64)
-        kind = [f.kind for lay in lays for f in lay.fields]
         pack = split and self.packs
         # how the split stores each row: sign bits packed, narrow mantissa planes packed when
         # ``pack``, bytes otherwise (the hist-only pass stores nothing: each group's split
@@ -822,7 +852,6 @@ class Encoder:
         hist = torch.zeros(nseg * 1025 + 1, dtype=torch.int64, device="cuda")
         hp = hist.data_ptr()
         hpos = np.zeros(nseg, np.int64)  # segment -> its histogram's position, by layout
-        lay_ids = np.array([lay.layout_id for lay in lays], np.int64)
         first_row = np.cumsum(nf) - nf
         at = 0
         for lay_id in SPLIT_KERNEL:
@@ -879,12 +908,12 @@ class Encoder:
         # while the device works: the rows, split rows then one row per raw-layout item (its
         # bytes in place), put in item order
         item = np.concatenate((np.asarray(split_k, np.int64)[seg], raws)).astype(np.int64)
-        kind = kind + [layouts.KIND_RAW] * len(raws)
+        kind = np.concatenate((kind, np.full(len(raws), layouts.KIND_RAW, np.int64)))
         bits = np.concatenate((bits, np.full(len(raws), 8, np.int64)))
         pw = np.concatenate((pw, np.full(len(raws), 8, np.int64)))
         fixed_off = np.concatenate((np.where(infix, off, -1) if split else np.full(n.size, -1),
                                     np.full(len(raws), -1))).astype(np.int64)
-        index = [f.index for lay in lays for f in lay.fields] + [0] * len(raws)
+        index = np.concatenate((index, np.zeros(len(raws), np.int64)))
         nrow = np.concatenate((n, [items[k].nbytes for k in raws])).astype(np.int64)
         ptr = np.concatenate((rows_at,
                               np.array([items[k].data.data_ptr() for k in raws], np.uint64)))
@@ -907,7 +936,7 @@ class Encoder:
             tdev = np.zeros(order.size, np.uint64)
             tdev[at_row[:ps]] = split_tdev
             item, nrow, ptr = item[order], nrow[order], ptr[order]
-            kind, index = np.asarray(kind)[order], np.asarray(index)[order]
+            kind, index = kind[order], index[order]
             bits, pw, fixed_off = bits[order], pw[order], fixed_off[order]
         else:  # split rows only: already in item order
             stats, tab, tdev = split_stats.copy(), split_tab, split_tdev
