@@ -666,26 +666,26 @@ class Encoder:
             raise ValueError("an item with a parent is coded by Encoder.code only")
         self._layouts(items)
         cap, budget = self._budgets(items)
-        needs: dict[tuple, tuple[int, int]] = {}  # a model's layers repeat a few shapes
+        needs: dict[tuple, tuple[int, int, int, bool]] = {}  # layers repeat a few shapes
 
-        def need_of(it: Item) -> tuple[int, int]:
-            """(the least it can need, the most)."""
+        def need_of(it: Item) -> tuple[int, int, int, bool]:
+            """(the least it can need, the most, its window tables' bytes, whether it is
+            alone over the budget even with no plane rANS-coded: no sizing to do)."""
             key = (-1 if it.layout is None else it.layout.layout_id, it.nbytes,
                    it.dtype.itemsize)
             if (v := needs.get(key)) is None:
-                v = needs[key] = tuple(
-                    plan.encode_need(it.layout, it.nbytes, it.dtype.itemsize, self.gd,
-                                     self.log2_block, rans=r) for r in (False, True))
+                least, most = (plan.encode_need(it.layout, it.nbytes, it.dtype.itemsize,
+                                                self.gd, self.log2_block, rans=r)
+                               for r in (False, True))
+                v = needs[key] = (least, most, plan.window_meta(it.layout),
+                                  it.layout is not layouts.RAW and least > budget)
             return v
 
         window: list[Item] = []
         meta = worst = 0
         for it in items:
-            least, most = need_of(it)
-            # a tensor too large even with no plane rANS-coded: no sizing to do
-            alone = it.layout is not layouts.RAW and least > budget
+            _least, most, m, alone = need_of(it)
             large = it.parent is not None or (chunked and alone and not self.gd)
-            m = plan.window_meta(it.layout)
             if large or alone or (window and meta + m > cap):
                 yield from self._window(window, budget, pipelined, chunked, worst)
                 window, meta, worst = [], 0, 0
