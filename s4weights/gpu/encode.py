@@ -265,15 +265,18 @@ def candidates(pl: Planes, policy_name: str, mantissa: str, gd: bool, log2_block
 
 
 @functools.cache
-def _layout_fields(layout: Layout) -> np.ndarray:
-    """[4, 5] int64: a split layout's fields' bits, kinds and indexes (padded to 5 fields) and
-    its word size and field count (read-only)."""
-    f = layout.fields
-    out = np.zeros((4, 5), np.int64)
-    out[0, :len(f)] = [x.bits for x in f]
-    out[1, :len(f)] = [x.kind for x in f]
-    out[2, :len(f)] = [x.index for x in f]
-    out[3, :2] = layout.word, len(f)
+def _field_table() -> np.ndarray:
+    """[layout id, 4, 5] int64, for the layouts the GPU splits (``plan.SPLIT_DTYPES``): the
+    fields' bits, kinds and indexes (padded to 5 fields), then the word size and field count
+    (read-only)."""
+    lays = {lay.layout_id: lay for lay in plan.SPLIT_DTYPES.values()}
+    out = np.zeros((max(lays) + 1, 4, 5), np.int64)
+    for i, lay in lays.items():
+        f = lay.fields
+        out[i, 0, :len(f)] = [x.bits for x in f]
+        out[i, 1, :len(f)] = [x.kind for x in f]
+        out[i, 2, :len(f)] = [x.index for x in f]
+        out[i, 3, :2] = lay.word, len(f)
     out.flags.writeable = False
     return out
 
@@ -282,17 +285,12 @@ def _field_rows(lays: list[Layout]) -> tuple[np.ndarray, ...]:
     """The split rows of tensors of split layouts ``lays`` (a row per field, tensor by tensor),
     without a Python step per row: (each tensor's layout id, field count; each row's tensor,
     field, bits, kind and index; each tensor's word size)."""
-    distinct: dict[int, Layout] = {}
-    ids = np.fromiter((distinct.setdefault(lay.layout_id, lay).layout_id for lay in lays),
-                      np.int64, len(lays))
-    keys = sorted(distinct)
-    tab = np.stack([_layout_fields(distinct[k]) for k in keys]) if keys else np.zeros(
-        (0, 4, 5), np.int64)
-    which = np.searchsorted(np.asarray(keys, np.int64), ids)
-    word, nf = tab[which, 3, 0], tab[which, 3, 1]
-    seg = np.repeat(np.arange(len(lays)), nf)
+    ids = np.array([lay.layout_id for lay in lays], np.int64)
+    tab = _field_table()
+    word, nf = tab[ids, 3, 0], tab[ids, 3, 1]
+    seg = np.repeat(np.arange(ids.size), nf)
     field = np.arange(int(nf.sum())) - np.repeat(np.cumsum(nf) - nf, nf)
-    at = which[seg]
+    at = ids[seg]
     return ids, nf, seg, field, tab[at, 0, field], tab[at, 1, field], tab[at, 2, field], word
 
 
