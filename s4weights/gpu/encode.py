@@ -496,6 +496,18 @@ def kept_as_split(pl: Planes, width: np.ndarray, raw: bool = True) -> np.ndarray
     return kept | stays_raw(pl) if raw else kept
 
 
+def stored_bound(pl: Planes, width: np.ndarray, kept: np.ndarray) -> np.ndarray:
+    """An upper bound on each row's stored bytes once :func:`choose` has run (``width``:
+    :func:`pack_widths`, ``kept``: :func:`kept_as_split`): a kept row's payload exactly;
+    bitpack-w's or bitpack's size where that codec is sure to be chosen (ranked first, or
+    bitpack ranked before rANS); any other row's bytes (a coded payload is smaller, raw is
+    that). A tensor whose rows' bounds sum past its raw bytes may be coded by the CPU."""
+    n = pl.n
+    bp_sure = pl.cand_bp & ~(pl.cand_rans & (pl.est_rans < pl.est_bp))
+    return np.where(kept, (n * np.asarray(width, np.int64) + 7) // 8,
+                    np.where(pl.bw_first, pl.est_bw, np.where(bp_sure, pl.est_bp, n)))
+
+
 def place_split(n: np.ndarray, width: np.ndarray, packed: np.ndarray
                 ) -> tuple[np.ndarray, int, int]:
     """Where a group's split stores its rows (``n`` elements at ``width`` bits,
@@ -709,15 +721,21 @@ class Encoder:
         nbytes = np.array([it.nbytes for it in items], np.int64)
         width = pack_widths(pl)
         kept = kept_as_split(pl, width, self.keep_raw)
+        # a tensor that may store more than its raw bytes is copied raw for the CPU coder,
+        # while its kept planes stay where the split wrote them: its need counts both
+        may_cpu = np.bincount(pl.item, weights=stored_bound(pl, width, kept),
+                              minlength=nbytes.size) > nbytes
         need = plan.group_need(pl.item, width, pl.kind != layouts.KIND_RAW, pl.n,
-                               pl.runs_rans, pl.cand_gd, nbytes, self.log2_block, kept)
+                               pl.runs_rans, pl.cand_gd, nbytes, self.log2_block,
+                               kept & ~may_cpu[pl.item])
         # what a group's result holds on the device: its compacted payloads (at most the raw
-        # bytes: a tensor whose planes would store more is copied raw for the CPU coder) and
-        # the planes kept where its split wrote them (counted whole: those of a tensor the CPU
-        # codes stay there too)
-        held = nbytes + np.bincount(pl.item, weights=np.where(
-            kept, plan.split_plane_bytes(pl.n, width), 0),
-            minlength=nbytes.size).astype(np.int64)
+        # bytes, a tensor whose planes would store more copied raw for the CPU coder; 16-byte
+        # aligned each) and the planes kept where its split wrote them (counted whole: those
+        # of a tensor the CPU codes stay there too)
+        held = ((nbytes + ALIGN_PAYLOAD - 1) // ALIGN_PAYLOAD * ALIGN_PAYLOAD
+                + np.bincount(pl.item, weights=np.where(
+                    kept, plan.split_plane_bytes(pl.n, width), ALIGN_PAYLOAD),
+                    minlength=nbytes.size).astype(np.int64))
         first = np.searchsorted(pl.item, np.arange(len(items) + 1))
         run: list[int] = []
 

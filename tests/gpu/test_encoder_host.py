@@ -178,6 +178,12 @@ def test_random_states_stay_within_the_workspace(emulated, seed) -> None:
         assert c.content_hash == hashing.content_hash(t.reshape(-1).view(torch.uint8)
                                                       .numpy().tobytes())
     assert Device.peak <= workspace, (Device.peak, workspace)
+    # what the sizing assumed of every plane holds: no plane stores more than its bound
+    for grp in enc.encode_device(_items([t for t in tensors if t.numel() < 3_000_000])):
+        pl = grp.planes
+        width = encode.pack_widths(pl)
+        bound = encode.stored_bound(pl, width, encode.kept_as_split(pl, width))
+        assert (pl.size <= bound).all()
 
 
 @pytest.mark.parametrize("n_big,workspace", [

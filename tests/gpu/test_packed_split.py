@@ -14,9 +14,9 @@ import pytest
 import torch
 
 import s4format
-from s4format import codecs, layouts
+from s4format import codecs, hashing, layouts
 from s4weights.gpu import encode
-from tests.gpu.emulated import emulate
+from tests.gpu.emulated import Device, emulate
 
 N = 150_000
 RNG = np.random.default_rng(2026)
@@ -177,7 +177,7 @@ def test_a_sized_group_packs_only_the_planes_stored_at_full_width(emulated) -> N
 
 def test_planes_stored_as_split_shrink_a_groups_need(emulated) -> None:
     """A sized group's planes with no candidate are stored where the split wrote them, so its
-    need counts their bytes once: more tensors fit a group."""
+    need counts their bytes once: more tensors fit a group, within the workspace."""
     def low_uniform() -> torch.Tensor:  # fp32 whose two low bytes have no candidate codec
         w = (RNG.standard_normal(N) * 0.02).astype(np.float32).view(np.uint32)
         w = (w & np.uint32(0xFFFF0000)) | RNG.integers(0, 1 << 16, N).astype(np.uint32)
@@ -185,20 +185,53 @@ def test_planes_stored_as_split_shrink_a_groups_need(emulated) -> None:
 
     t = {f"w{k}": low_uniform() for k in range(12)}
     items = _items(t.values())
-    enc = encode.Encoder("auto", workspace=8 << 20)
-    groups = enc.encode_device(items)
-    assert len(groups) > 1
+    workspace = 8 << 20
+    counts = {}
+    for keep in (True, False):
+        enc = encode.Encoder("auto", workspace=workspace)
+        enc.keep_raw = keep
+        Device.live = Device.peak = 0
+        groups = enc.encode_device(items)
+        counts[keep] = len(groups)
+        assert Device.peak <= workspace + sum(g.total for g in groups[:-1])
+        if keep:
+            for g in groups:  # the compacted buffer holds the other planes' payloads only
+                assert g.buffer.numel() <= sum(it.nbytes for it in g.items) // 2
+                assert int(encode.stays_raw(g.planes).sum()) == 2 * len(g.items)
+    assert counts[True] < counts[False], counts
     pl, _tables, _buf = enc._histograms(items)
-    stays = encode.stays_raw(pl)
-    assert int(stays.sum()) == 2 * len(items)
+    width = encode.pack_widths(pl)
     nbytes = np.array([it.nbytes for it in items], np.int64)
-    args = (pl.item, encode.pack_widths(pl), pl.kind != layouts.KIND_RAW, pl.n, pl.runs_rans,
-            pl.cand_gd, nbytes, enc.log2_block)
+    args = (pl.item, width, pl.kind != layouts.KIND_RAW, pl.n, pl.runs_rans, pl.cand_gd,
+            nbytes, enc.log2_block)
     from s4weights.gpu import plan
-    assert (plan.group_need(*args) - plan.group_need(*args, stays) == 2 * N).all()
-    for g in groups:
-        # the compacted buffer holds the other planes' payloads only
-        assert g.buffer.numel() <= sum(it.nbytes for it in g.items) // 2
+    assert (plan.group_need(*args) - plan.group_need(*args, encode.stays_raw(pl))
+            == 2 * N).all()
+
+
+@pytest.mark.parametrize("case", ["fp16, mantissa raw", "fp32 random bits"])
+def test_kept_planes_of_a_tensor_the_cpu_codes_stay_within_the_workspace(emulated, case) -> None:
+    """A tensor whose planes would store more than its raw bytes is copied raw for the CPU
+    coder while its kept planes stay where the split wrote them: its group's need counts
+    both (found by a review: 4.9 and 13.4 MB over a 24 MiB workspace before)."""
+    g = torch.Generator().manual_seed(0)
+    if case.startswith("fp16"):
+        tensors = [(torch.randn(600_000, generator=g) * 0.02).half() for _ in range(8)]
+        enc = encode.Encoder("auto", mantissa="raw", workspace=24 << 20)
+    else:  # n % 8 != 0: the packed sign plane's last byte tips the planes over the raw bytes
+        tensors = [torch.randint(-2**31, 2**31, (600_001,), dtype=torch.int64, generator=g)
+                   .to(torch.int32).view(torch.float32) for _ in range(8)]
+        enc = encode.Encoder("auto", workspace=24 << 20)
+    Device.live = Device.peak = 0
+    coded = list(enc.code(_items(tensors)))
+    assert Device.peak <= 24 << 20, Device.peak
+    groups = enc.encode_device(_items(tensors))
+    assert sum(len(gr.cpu) for gr in groups) == len(tensors)  # every one coded by the CPU
+    assert any(encode.kept_as_split(gr.planes, encode.pack_widths(gr.planes)).any()
+               for gr in groups)
+    for c, t in zip(coded, tensors):
+        assert c.content_hash == hashing.content_hash(t.reshape(-1).view(torch.uint8)
+                                                      .numpy().tobytes())
 
 
 @pytest.mark.parametrize("pol,mantissa", [("auto-1.0", "auto"), ("auto", "rans"),
