@@ -17,7 +17,8 @@ tensors, planes or blocks:
 2. **Group**, one batch of launches with one table upload: the leaf digests of every tensor's
    raw bytes (content hashes), one split launch per layout (packed sign bits and byte planes;
    a narrow mantissa plane that will be stored bit-packed at its field's width is written
-   packed, see :func:`pack_widths`),
+   packed, see :func:`pack_widths`; those, and the planes with no candidate codec, go to a
+   buffer of their own that the result keeps: :func:`kept_as_split`),
    and one launch that encodes every rANS block of the group (one warp each); GDeflate pages
    go to nvCOMP in one batch where asked for. Synchronisation: the word counts, first symbols
    and "varied" flags of the blocks come back; the leaf digests of the raw bytes are queued
@@ -29,7 +30,7 @@ tensors, planes or blocks:
    only for the figures, checks that both picks agree (if not, a bug, the host's rule codes
    again: ``Encoder.mispredicted``) and decides while the device codes.
 3. the host sizes every payload and picks its codec (:func:`choose`), lays the payloads out in
-   one compacted device buffer (16-byte aligned; the planes the split packed as they are
+   one compacted device buffer (16-byte aligned; the planes the split wrote as they are
    stored stay in their own buffer, the second part of the group's payload image), and one
    copy launch assembles them (with
    one more that places every rANS block's words, from the prefix sums of the word counts the
