@@ -1,5 +1,6 @@
 """Load side of the CUDA path, batched: every plane of a group of tensors goes to the device in
-one copy, is checked there (plane checksums from leaf digests) before any kernel decodes it,
+one copy, is checked there (plane checksums made on the device: ``runtime.plane_checksums``)
+before any kernel decodes it,
 and one launch per kernel decodes the group: every rANS block of every plane (one warp each),
 one merge per layout straight into the destination tensors (which also digests every full
 64 KiB leaf of the content hash from the words it writes), one hash launch for the leaves no
@@ -10,14 +11,14 @@ Staging: the planes are read from the file straight into pinned host memory (``o
 for files; other sources copy once into it) and copied up in one H2D.
 
 Host synchronisations per group: one, after the merge (two with GDeflate or nvCOMP planes,
-whose checksums are compared first: nvCOMP must not see unverified bytes). The plane-leaf
-digests are launched first. Every rANS stream's header and table are then validated on the
+whose checksums are compared first: nvCOMP must not see unverified bytes). The plane
+checksums are launched first. Every rANS stream's header and table are then validated on the
 host, as the CPU decoders check them (``ranshost.parse_streams``, compiled per stream), and its
 decode is queued at once: the host checks every other plane's stored form and plans the
 merge while the device decodes. The rANS kernels are safe on any bytes once the headers and
 tables hold: ``rans_blocks`` checks each block's word count within its length and the stream's
 length exactly its sections and words before ``rans_decode`` reads a word, and a stream that
-fails is skipped. After the merge, the checksums' digests, the per-block rANS error codes, the
+fails is skipped. After the merge, the plane checksums, the per-block rANS error codes, the
 streams' block-check flags, the merge range flags and the content-leaf digests come back in
 one copy, and the failure raised is the one the CPU reader would meet first (a plane checksum
 before anything decoded from it; then plane by plane). By then the group's destinations may
@@ -53,10 +54,7 @@ from s4format.errors import (
 from s4format.hashing import LEAF_SIZE
 from s4format.reader import Reader
 from s4weights.gpu import gdeflate, nvans, plan, ranshost, runtime
-from s4weights.gpu.hash import (
-    content_hashes_from_leaves,
-    plane_checksums_from_leaves,
-)
+from s4weights.gpu.hash import content_hashes_from_leaves
 from s4weights.gpu.plan import GPU_LAYOUTS, chunk_table
 
 MERGE_KERNEL = {layouts.BF16.layout_id: "merge_bf16", layouts.FP16.layout_id: "merge_fp16",
@@ -496,15 +494,14 @@ def decode_staged(st: Staged, outs: list[torch.Tensor]) -> None:
     prof = runtime.Profile("decode")
     prof.mark("staged")  # (profiling only) the H2D that stage() started, if still in flight
     base = st.device.data_ptr()
-    digests, first = runtime.leaf_digests(base + st.at, [p.stored_len for _k, _j, p in st.planes])
-
-    nleaf = int(first[-1])
+    # every plane's checksum of its stored bytes, made on the device
+    sums = runtime.plane_checksums(base + st.at, [p.stored_len for _k, _j, p in st.planes])
+    nsum = len(st.planes)
 
     def checksum_failure(d: np.ndarray) -> tuple[int, Exception] | None:
-        """The first plane (in order) whose stored bytes' leaf digests ``d`` miss its
-        checksum: (tensor position, error)."""
-        sums = plane_checksums_from_leaves([p.stored_len for _k, _j, p in st.planes], d, first)
-        for (k, _j, p), got in zip(st.planes, sums):
+        """The first plane (in order) whose stored bytes' checksum (the device's, ``d``)
+        misses its own: (tensor position, error)."""
+        for (k, _j, p), got in zip(st.planes, d.tolist()):
             if got != p.checksum:
                 t = reader.tensors[st.idx[k]]
                 return k, ChecksumError(
@@ -513,7 +510,7 @@ def decode_staged(st: Staged, outs: list[torch.Tensor]) -> None:
         return None
 
     def verify_checksums() -> None:  # a synchronisation before any plane is decoded
-        bad = checksum_failure(digests[:nleaf].cpu().numpy().view(np.uint64))
+        bad = checksum_failure(sums[:nsum].cpu().numpy().view(np.uint64))
         if bad is not None:
             raise _about(bad[1], reader, st.idx[bad[0]])
 
@@ -537,7 +534,7 @@ def decode_staged(st: Staged, outs: list[torch.Tensor]) -> None:
         # queued, writing scratch and destinations as after any failure): a checksum failure
         # outranks it when it is about the same tensor or an earlier one
         if not early:
-            bad = checksum_failure(digests[:nleaf].cpu().numpy().view(np.uint64))
+            bad = checksum_failure(sums[:nsum].cpu().numpy().view(np.uint64))
             at = getattr(exc, "s4_tensor", None)
             if bad is not None and (at is None or at[0] is not reader or at[1] not in st.idx
                                     or bad[0] <= st.idx.index(at[1])):
@@ -583,7 +580,7 @@ def decode_staged(st: Staged, outs: list[torch.Tensor]) -> None:
                        runtime.ptr(lerr), runtime.ptr(cd), np.uint64(dp[6]))
         merrs.append((np.asarray(sel, np.int64), lerr))
     prof.mark("merge")
-    parts = [None if early or not nleaf else digests[:nleaf].view(torch.uint8),
+    parts = [None if early or not nsum else sums[:nsum].view(torch.uint8),
              errs.view(torch.uint8) if errs is not None else None,
              rb.bad.view(torch.uint8) if errs is not None else None,
              *(lerr.view(torch.uint8) for _sel, lerr in merrs)]
@@ -600,7 +597,7 @@ def decode_staged(st: Staged, outs: list[torch.Tensor]) -> None:
     # its content hash.
     found: list[tuple[int, int, Exception]] = []  # (tensor position, rank, error)
     if not early:  # (an empty plane has a checksum too: the hash of its length alone)
-        pos = 8 * nleaf
+        pos = 8 * nsum
         if (bad := checksum_failure(back[:pos].view(np.uint64))) is not None:
             found.append((bad[0], -1, bad[1]))
     if errs is not None:

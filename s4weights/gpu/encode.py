@@ -34,11 +34,12 @@ tensors, planes or blocks:
    stored stay in their own buffer, the second part of the group's payload image), and one
    copy launch assembles them (with
    one more that places every rANS block's words, from the prefix sums of the word counts the
-   host has read, in the batch's one upload); one hash launch digests the payload leaves. The
-   digests (content leaves, then payload leaves) go to pinned host memory without a
-   synchronisation; the group roots its content hashes as soon as their digests are there,
-   and ``Encoder.finish`` the plane checksums (and the content hashes, if not done), while the
-   next group is coded.
+   host has read, in the batch's one upload); two hash launches make the plane checksums
+   (the payload leaves' digests, then their roots: ``runtime.plane_checksums``). The content
+   leaves' digests and the checksums go to pinned host memory without a synchronisation; the
+   group roots its content hashes as soon as their digests are there (XXH3-128, on the host),
+   and ``Encoder.finish`` reads the plane checksums (and roots the content hashes, if not
+   done), while the next group is coded.
 
 The payload image with that metadata is the device-to-device result (:class:`DeviceGroup`).
 For a file, the buffer goes to pinned host memory in one copy on a side stream, overlapped with
@@ -76,7 +77,7 @@ from s4format.dtypes import DType
 from s4format.layouts import Layout
 from s4format.writer import SPLIT_MIN, CodedPlane, CodedTensor, code_tensor
 from s4weights.gpu import gdeflate, plan, ranshost, runtime
-from s4weights.gpu.hash import content_hashes_from_leaves, plane_checksums_from_leaves
+from s4weights.gpu.hash import content_hashes_from_leaves
 
 SPLIT_KERNEL = {layouts.BF16.layout_id: "split_bf16", layouts.FP16.layout_id: "split_fp16",
                 layouts.FP32.layout_id: "split_fp32"}
@@ -553,7 +554,8 @@ class DeviceGroup:
     content: list[bytes]
     host: torch.Tensor | None = None
     done: torch.cuda.Event | None = None
-    digests: tuple | None = None  # leaf digests on their way to the host (``finish``)
+    digests: tuple | None = None  # content digests and plane checksums on their way to the
+    # host (``finish``)
     head: int = -1                # bytes of ``buffer`` in the image (-1: all ``total``)
     parts: list[tuple[int, torch.Tensor]] = field(default_factory=list)
     fixed: torch.Tensor | None = None
@@ -1021,7 +1023,7 @@ class Encoder:
         nbytes = np.array([it.nbytes for it in items], np.int64)
         cpu |= set(np.flatnonzero(stored > nbytes).tolist())
         prof.mark("choose")
-        buf, total, head, parts, live, cpu_at, keep, pay_dig, pay_first = self._assemble(
+        buf, total, head, parts, live, cpu_at, keep, sums = self._assemble(
             items, pl, sorted(cpu), r, gd)
         fixed, pl.fixed = (pl.fixed if parts else None), None
         # the window's encoder-table inputs and frequency tables are no longer this group's
@@ -1030,13 +1032,13 @@ class Encoder:
         prof.mark("assemble")
         # the payload digests go to the host without a synchronisation too: the next group's
         # work is queued behind them, and ``finish`` roots them once they are there
-        host, arrived = _to_pinned(pay_dig, int(pay_first[-1]))
+        host, arrived = _to_pinned(sums, live.size)
         prof.mark("payload hash")
         prof.report()
         del planes_buf, r, gd, keep
         g = DeviceGroup(items, buf, total, pl, live, cpu_at, [], head=head, parts=parts,
                         fixed=fixed)
-        g.digests = (*content, nbytes, host, arrived, pay_first)
+        g.digests = (*content, nbytes, host, arrived)
         if content[1].query():  # the input's digests are there (hashed during the layout):
             self._root_content(g)  # rooted while the device places the payloads
         return g
@@ -1051,18 +1053,16 @@ class Encoder:
         g.content = content_hashes_from_leaves(nbytes, d, first)
 
     def finish(self, g: DeviceGroup) -> None:
-        """Root the group's leaf digests into its content hashes (unless done) and plane
-        checksums, once they have reached the host (a wait only if the device is still at
-        them)."""
+        """Root the group's content leaf digests into its content hashes (unless done) and
+        read its plane checksums, once they have reached the host (a wait only if the device
+        is still at them)."""
         if g.digests is None:
             return
         if not g.content:
             self._root_content(g)
-        host, arrived, pay_first = g.digests[4:]
+        host, arrived = g.digests[4:]
         arrived.synchronize()
-        d = host.numpy()[:8 * int(pay_first[-1])].view(np.uint64)
-        g.planes.checksum[g.live] = plane_checksums_from_leaves(g.planes.size[g.live], d,
-                                                                pay_first)
+        g.planes.checksum[g.live] = host.numpy()[:8 * g.live.size].view(np.uint64)
         g.digests = None
 
     def _to_host(self, g: DeviceGroup) -> None:
@@ -1271,13 +1271,13 @@ class Encoder:
         bytes of every payload (``pl.heads``), the frequency tables the device made
         (``pl.dtab``), raw and bitpacked planes, the rANS planes' word counts and final states,
         and the raw bytes of the items the CPU codes; one launch places every rANS block's
-        words (:meth:`_place`); then launch the payloads' leaf digests. Planes the split packed
+        words (:meth:`_place`); then launch the payloads' checksums. Planes the split packed
         as they are stored stay where it put them (``Planes.fixed``): each run of them there
         that no other plane interrupts is a part of the group's payload image, after the
         buffer's bytes. Returns (buffer, bytes of the image, the buffer's bytes in it or -1 for
         all, the other parts (image offset, device bytes), the live rows, where each CPU-coded
-        item's bytes are, the launches' tables to keep, the payload digests and their first
-        index per live row)."""
+        item's bytes are, the launches' tables to keep, the device checksum of each live
+        row's payload)."""
         live = np.flatnonzero(~np.isin(pl.item, cpu)) if cpu else np.arange(len(pl))
         form, pw = pl.form[live], pl.pw[live]
         # the plane's bytes as the split stored them: raw bytes, sign bits for bitpack, a
@@ -1360,9 +1360,9 @@ class Encoder:
             runtime.pack_ops(*pack, batch=batch)
         if words is not None:  # every block's words after the words of its stream's blocks before
             self._place(r, words, batch)
-        pay_dig, pay_first = runtime.leaf_digests(at, pl.size[live], batch)
+        sums = runtime.plane_checksums(at, pl.size[live], batch)
         keep.append(batch.run())
-        return out, total, head, parts, live, cpu_at, keep, pay_dig, pay_first
+        return out, total, head, parts, live, cpu_at, keep, sums
 
     @staticmethod
     def _parts(pl: Planes, kept: np.ndarray, at: int, parts: list) -> int:

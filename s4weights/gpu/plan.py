@@ -139,9 +139,9 @@ def group_need(item: np.ndarray, width: np.ndarray, split: np.ndarray, n: np.nda
         need -= np.bincount(item, weights=np.where(kept, payload, 0), minlength=nbytes.size
                             ).astype(np.int64)
     rows = np.bincount(item, minlength=nbytes.size)
-    # leaf digests of the raw bytes and of the payloads, and both again on their way to the
-    # host (one concatenation)
-    digests = 2 * ((8 * (2 * (nbytes // 65536) + rows + 1) + 255) // 256 * 256)
+    # leaf digests of the raw bytes and of the payloads (with a slot per plane for its length:
+    # runtime.plane_checksums), the plane checksums, and all again on their way to the host
+    digests = 2 * ((8 * (2 * (nbytes // 65536) + 3 * rows + 2) + 255) // 256 * 256)
     return need + (nbytes + 255) // 256 * 256 + digests + TENSOR_META
 
 

@@ -126,6 +126,12 @@ class Batch:
         self._arrays: list[np.ndarray] = []
         self._launches: list[tuple] = []
         self._addrs: list[int] = []
+        self._held: list[object] = []
+
+    def hold(self, *objs: object) -> None:
+        """Keep device buffers the batch's launches use until they are queued (then the stream
+        orders their reuse)."""
+        self._held += objs
 
     def table(self, *arrays: np.ndarray) -> list[Batch._At]:
         self._arrays += arrays
@@ -139,7 +145,7 @@ class Batch:
         for module, name, grid, block, args in self._launches:
             launch(module, name, grid, block,
                    *(np.uint64(addrs[a.i]) if isinstance(a, Batch._At) else a for a in args))
-        self._arrays, self._launches, self._addrs = [], [], addrs
+        self._arrays, self._launches, self._addrs, self._held = [], [], addrs, []
         return dev
 
     def address(self, at: Batch._At) -> int:
@@ -272,10 +278,41 @@ def leaf_digests(ptrs, lengths, batch: Batch | None = None) -> tuple[torch.Tenso
         batch.launch("hash", "leaf_digests", (total + warps_per_cta - 1) // warps_per_cta,
                      32 * warps_per_cta, np.int32(lengths.size),
                      *batch.table(np.asarray(ptrs, dtype=np.uint64), lengths.astype(np.uint64),
-                                  first), ptr(out))
+                                  first), ptr(out), np.int32(0))
         if own:
             batch.run()
     return out, first
+
+
+def plane_checksums(ptrs, lengths, batch: Batch | None = None) -> torch.Tensor:
+    """The plane checksums (XXH3-64 roots over the 64 KiB leaves' digests, spec/format.md
+    "Hashes") of segments on the device: a u64 per segment, no host synchronisation, the
+    host hashes nothing. The leaf digests go with a slot before each segment's, where the
+    roots' launch puts its length. With a ``batch``, both launches join it."""
+    from s4format.hashing import LEAF_SIZE
+
+    lengths = np.asarray(lengths, dtype=np.int64).reshape(-1)
+    nseg = lengths.size
+    first = np.zeros(nseg + 1, dtype=np.int64)
+    np.cumsum((lengths + LEAF_SIZE - 1) // LEAF_SIZE, out=first[1:])
+    total = int(first[-1])
+    buf = torch.empty(max(total + nseg, 1), dtype=torch.int64, device="cuda")
+    out = torch.empty(max(nseg, 1), dtype=torch.int64, device="cuda")
+    if nseg:
+        own = batch is None
+        batch = Batch() if own else batch
+        warps_per_cta = 8
+        p_ptr, p_len, p_first = batch.table(np.asarray(ptrs, dtype=np.uint64),
+                                            lengths.astype(np.uint64), first)
+        batch.launch("hash", "leaf_digests", (total + warps_per_cta - 1) // warps_per_cta,
+                     32 * warps_per_cta, np.int32(nseg), p_ptr, p_len, p_first, ptr(buf),
+                     np.int32(1))
+        batch.launch("hash", "plane_roots", (nseg + warps_per_cta - 1) // warps_per_cta,
+                     32 * warps_per_cta, np.int32(nseg), p_len, p_first, ptr(buf), ptr(out))
+        batch.hold(buf)
+        if own:
+            batch.run()
+    return out
 
 
 class Profile:

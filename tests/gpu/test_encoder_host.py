@@ -158,6 +158,18 @@ def test_device_bytes_stay_within_the_workspace(emulated, workspace, how) -> Non
         assert Device.peak <= workspace + sum(g.total for g in groups[:-1]), Device.peak
 
 
+def test_plane_checksums_through_the_emulated_kernels(emulated) -> None:
+    # the runtime's launches (digests with a slot per segment, then the roots) give the CPU
+    # reader's plane checksums
+    L = hashing.LEAF_SIZE
+    rng = np.random.default_rng(3)
+    sizes = [0, 5, L, L + 1, 29 * L, 30 * L + 7, 0]
+    data = [torch.from_numpy(rng.integers(0, 256, n, dtype=np.uint8)) for n in sizes]
+    sums = runtime.plane_checksums([d.data_ptr() for d in data], sizes)
+    assert sums.numpy().view(np.uint64).tolist() == [
+        hashing.plane_checksum(d.numpy().tobytes()) for d in data]
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_random_states_stay_within_the_workspace(emulated, seed) -> None:
     # mixes of dtypes, sizes (some chunked) and value ranges (normal values: fp32 low bytes

@@ -66,6 +66,27 @@ def test_leaf_digests_equal_xxhash() -> None:
             assert got[first[k]:first[k + 1]].tolist() == want, (n, k)
 
 
+def test_plane_checksums_equal_the_cpu_checksums() -> None:
+    # root inputs of 8 (an empty plane) to 240 bytes (29 leaves: the short forms) and longer
+    # (the warp's long form), at aligned and odd addresses; the launches queued in a batch
+    # while other buffers come and go before it runs (the batch holds the digests' buffer)
+    L = hashing.LEAF_SIZE
+    sizes = [0, 1, 240, L - 1, L, L + 1, 29 * L, 29 * L + 1, 30 * L + 5, 300 * L + 3]
+    data = [RNG.integers(0, 256, n + 1, dtype=np.uint8) for n in sizes]
+    devs = [torch.from_numpy(d).cuda() for d in data]
+    ptrs = [d.data_ptr() + (k % 2) for k, d in enumerate(devs)]
+    batch = runtime.Batch()
+    sums = runtime.plane_checksums(ptrs, sizes, batch)
+    junk = [torch.full((1 << 20,), 0xAB, dtype=torch.uint8, device="cuda") for _ in range(8)]
+    keep = batch.run()
+    got = sums.cpu().numpy().view(np.uint64).tolist()
+    assert all(bool((j == 0xAB).all()) for j in junk)  # nothing wrote into a freed buffer
+    del junk, keep
+    want = [hashing.plane_checksum(d[k % 2:k % 2 + n].tobytes())
+            for k, (d, n) in enumerate(zip(data, sizes))]
+    assert got == want
+
+
 def _roundtrip_gpu(state: dict, **save_kw) -> tuple[bytes, dict]:
     buf = io.BytesIO()
     s4weights.save(state, buf, device="cuda", **save_kw)

@@ -1,6 +1,7 @@
 // XXH3-64 digests of 64 KiB leaves (spec/format.md, "Hashes"): one warp per leaf. Segment s
 // covers bytes [ptr[s], ptr[s] + len[s]) and owns digests [first[s], first[s + 1]); the host
-// hashes the digests into the root (content hash or plane checksum).
+// hashes the digests into the root (the content hash, XXH3-128), or plane_roots does (the
+// plane checksum, XXH3-64) on the device.
 #include "xxh3.cuh"
 
 #define LEAF 65536
@@ -61,8 +62,10 @@ __device__ u64 xxh3_long_warp(const u8* in, u64 len, int lane) {
     return xxh3_merge(all, len);
 }
 
+// gap = 1: segment s's digests go to out[first[s] + s + 1 ...], a slot before each segment's
+// for plane_roots to put its length in (its root's input then lies in one piece).
 extern "C" __global__ void leaf_digests(int nseg, const u64* ptr, const u64* len,
-                                        const i64* first, u64* out) {
+                                        const i64* first, u64* out, int gap) {
     const i64 leaf = (blockIdx.x * (i64)blockDim.x + threadIdx.x) >> 5;
     const int lane = threadIdx.x & 31;
     if (leaf >= first[nseg]) return;
@@ -77,5 +80,21 @@ extern "C" __global__ void leaf_digests(int nseg, const u64* ptr, const u64* len
     u64 h;
     if (n > 240) h = xxh3_long_warp(in, n, lane);
     else h = xxh3_64(in, n);
-    if (lane == 0) out[leaf] = h;
+    if (lane == 0) out[leaf + (gap ? lo + 1 : 0)] = h;
+}
+
+// The plane checksums (spec/format.md, "Hashes": XXH3-64 of u64 length || the leaf digests) of
+// nseg segments whose digests leaf_digests wrote with gaps into buf: one warp per segment puts
+// its length into the slot before its digests and hashes that root input in place.
+extern "C" __global__ void plane_roots(int nseg, const u64* len, const i64* first, u64* buf,
+                                       u64* out) {
+    const i64 s = (blockIdx.x * (i64)blockDim.x + threadIdx.x) >> 5;  // (uniform in a warp)
+    const int lane = threadIdx.x & 31;
+    if (s >= nseg) return;
+    u64* in = buf + first[s] + s;
+    if (lane == 0) in[0] = len[s];
+    __syncwarp();
+    const u64 n = 8 * (u64)(first[s + 1] - first[s] + 1);
+    const u64 h = n > 240 ? xxh3_long_warp((const u8*)in, n, lane) : xxh3_64((const u8*)in, n);
+    if (lane == 0) out[s] = h;
 }
