@@ -208,8 +208,9 @@ def loader_for(reader, device: str, update=None, direct: dict | None = None,
     later requests take theirs from that batch. Tensors are requested in stored order, so each
     batch is used up before the next; one never requested stays held until the loader goes.
 
-    Extra device memory per batch is its staged payloads and the decoded planes that wait for
-    the merge (``decode.device_extra``, known from the index): a batch holds at most
+    Extra device memory per batch is its staged payloads, the decoded planes that wait for
+    the merge and the decoder's tables (``decode.device_extra``, known from the index: block
+    tables at the writers' block size): a batch holds at most
     ``workspace`` of it (default ``plan.default_workspace`` of the file's raw bytes). A tensor
     that alone needs more is decoded in chunks that fit (``chunked.load_large``) where its
     codecs allow (raw, bitpack, bitpack-w, rANS; else whole, as one batch of its own)."""

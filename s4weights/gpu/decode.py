@@ -87,16 +87,33 @@ def decodable(reader: Reader, i: int) -> bool:
 _BY_HASH: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # reader -> hash -> index
 
 
+# Device bytes of the decoder's tables and flags, besides the staged payloads and decoded
+# planes (measured under the emulation, with room): per tensor (its merge-table rows, content
+# digest, flags), per plane (its checksum, digest slot and launch rows), per rANS plane (its
+# stream's frequency tables and rows), per rANS block at the writers' block size (the block
+# tables and error codes; a file of smaller blocks holds more, bounded per batch by
+# ``ranshost.tables_fit``), per 64 KiB leaf of stored or decoded bytes (its digest and the
+# digest's copy on the way to the host).
+DECODE_TENSOR, DECODE_PLANE, DECODE_RANS_PLANE, DECODE_RANS_BLOCK, DECODE_LEAF = (
+    512, 128, 1536, 64, 16)
+
+
 def device_extra(reader: Reader, i: int) -> int:
     """Device bytes that decoding tensor i on the GPU holds besides its output: its staged
-    payloads, and the decoded planes that wait for the merge (rANS and GDeflate planes of a
-    split layout; nvCOMP's output for a codec-6 plane). Known from the index alone, so the
-    loader sizes its batches by what they really hold."""
+    payloads, the decoded planes that wait for the merge (rANS and GDeflate planes of a
+    split layout; nvCOMP's output for a codec-6 plane) and the decoder's tables and flags
+    (``DECODE_*``). Known from the index alone, so the loader sizes its batches by what they
+    really hold."""
     t = reader.tensors[i]
     pad = max(SLOT_ALIGN, reader.alignment)  # staging keeps the file's padding between planes
     extra = sum(p.stored_len + pad for p in t.planes)
+    extra += DECODE_TENSOR + DECODE_LEAF * -(-t.raw_nbytes // LEAF_SIZE)
     whole = t.layout.layout_id == layouts.RAW.layout_id
     for p in t.planes:
+        extra += DECODE_PLANE + DECODE_LEAF * -(-p.stored_len // LEAF_SIZE)
+        if p.codec == codecs.RANS:
+            extra += DECODE_RANS_PLANE + DECODE_RANS_BLOCK * -(
+                -p.decoded_len >> rans.LOG2_BLOCK_DEFAULT)
         if (p.codec in (codecs.RANS, codecs.GDEFLATE) and not whole) \
                 or p.codec == codecs.NVCOMP_ANS:
             extra += runtime.align(p.decoded_len, SLOT_ALIGN)

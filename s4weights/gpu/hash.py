@@ -1,7 +1,9 @@
 """Container hashes from leaf digests computed on the GPU (``spec/format.md``, "Hashes").
 
 The device hashes every 64 KiB leaf (``kernels/hash.cu``); the root over ``u64 length`` and the
-digests is a few bytes per leaf and is hashed here, exactly as :mod:`s4format.hashing` does.
+digests is a few bytes per leaf and is hashed here, exactly as :mod:`s4format.hashing` does:
+the content hashes (XXH3-128) and, where a caller has only the digests, plane checksums (the
+coders root plane checksums on the device: ``runtime.plane_checksums``).
 """
 
 from __future__ import annotations

@@ -140,7 +140,7 @@ def group_need(item: np.ndarray, width: np.ndarray, split: np.ndarray, n: np.nda
                             ).astype(np.int64)
     rows = np.bincount(item, minlength=nbytes.size)
     # leaf digests of the raw bytes and of the payloads (with a slot per plane for its length:
-    # runtime.plane_checksums), the plane checksums, and all again on their way to the host
+    # runtime.plane_checksums) and the plane checksums, doubled for room
     digests = 2 * ((8 * (2 * (nbytes // 65536) + 3 * rows + 2) + 255) // 256 * 256)
     return need + (nbytes + 255) // 256 * 256 + digests + TENSOR_META
 

@@ -77,7 +77,8 @@ def test_plane_checksums_equal_the_cpu_checksums() -> None:
     ptrs = [d.data_ptr() + (k % 2) for k, d in enumerate(devs)]
     batch = runtime.Batch()
     sums = runtime.plane_checksums(ptrs, sizes, batch)
-    junk = [torch.full((1 << 20,), 0xAB, dtype=torch.uint8, device="cuda") for _ in range(8)]
+    junk = [torch.full((n,), 0xAB, dtype=torch.uint8, device="cuda")
+            for n in [*[512 * k for k in range(1, 65)], *[1 << 20] * 8]]  # (small: freed blocks)
     keep = batch.run()
     got = sums.cpu().numpy().view(np.uint64).tolist()
     assert all(bool((j == 0xAB).all()) for j in junk)  # nothing wrote into a freed buffer
