@@ -506,7 +506,7 @@ def stored_bound(pl: Planes, width: np.ndarray, kept: np.ndarray) -> np.ndarray:
     that). A tensor whose rows' bounds sum past its raw bytes may be coded by the CPU."""
     n = pl.n
     bp_sure = pl.cand_bp & ~(pl.cand_rans & (pl.est_rans < pl.est_bp))
-    return np.where(kept, (n * np.asarray(width, np.int64) + 7) // 8,
+    return np.where(kept, plan.packed_bytes(n, width),
                     np.where(pl.bw_first, pl.est_bw, np.where(bp_sure, pl.est_bp, n)))
 
 
@@ -679,25 +679,25 @@ class Encoder:
             raise ValueError("an item with a parent is coded by Encoder.code only")
         self._layouts(items)
         cap, budget = self._budgets(items)
-        needs: dict[tuple, tuple[int, int, int, bool]] = {}  # layers repeat a few shapes
+        needs: dict[tuple, tuple[int, int, bool]] = {}  # a model's layers repeat a few shapes
 
-        def need_of(it: Item) -> tuple[int, int, int, bool]:
-            """(the least it can need, the most, its window tables' bytes, whether it is
-            alone over the budget even with no plane rANS-coded: no sizing to do)."""
+        def need_of(it: Item) -> tuple[int, int, bool]:
+            """(the most it can need, its window tables' bytes, whether it is alone over the
+            budget even with no plane rANS-coded (the least it can need): no sizing to do)."""
             key = (-1 if it.layout is None else it.layout.layout_id, it.nbytes,
                    it.dtype.itemsize)
             if (v := needs.get(key)) is None:
                 least, most = (plan.encode_need(it.layout, it.nbytes, it.dtype.itemsize,
                                                 self.gd, self.log2_block, rans=r)
                                for r in (False, True))
-                v = needs[key] = (least, most, plan.window_meta(it.layout),
+                v = needs[key] = (most, plan.window_meta(it.layout),
                                   it.layout is not layouts.RAW and least > budget)
             return v
 
         window: list[Item] = []
         meta = worst = 0
         for it in items:
-            _least, most, m, alone = need_of(it)
+            most, m, alone = need_of(it)
             large = it.parent is not None or (chunked and alone and not self.gd)
             if large or alone or (window and meta + m > cap):
                 yield from self._window(window, budget, pipelined, chunked, worst)
@@ -908,8 +908,7 @@ class Encoder:
             # queued now, over every split row, and rans_jobs picks on the device the rows
             # candidates() will pick on the host (the others' blocks code nothing). The host
             # then waits only for the figures, and decides while the device codes.
-            want, bp_ok, bw_ok = candidate_kinds(n, np.asarray(kind), self.policy,
-                                                 self.mantissa)
+            want, bp_ok, bw_ok = candidate_kinds(n, kind, self.policy, self.mantissa)
             rule = (want | bp_ok << 1 | bw_ok << 2).astype(np.uint8)
             run_p = stats_p + 32 * ps
             batch.launch("rans", "rans_jobs", -(-ps // 256), 256, np.uint64(stats_p),

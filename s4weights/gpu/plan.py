@@ -98,12 +98,16 @@ def window_meta(layout: layouts.Layout | None) -> int:
     return WINDOW_TENSOR + len(layout.fields) * WINDOW_PLANE
 
 
+def packed_bytes(n: np.ndarray, width: np.ndarray) -> np.ndarray:
+    """Bytes of planes of ``n`` elements stored at ``width`` bits each."""
+    return (np.asarray(n, np.int64) * np.asarray(width, np.int64) + 7) // 8
+
+
 def split_plane_bytes(n: np.ndarray, width: np.ndarray) -> np.ndarray:
     """Device bytes of split planes of ``n`` elements in a group's planes buffer, stored at
     ``width`` bits per element (8: a byte each; a sign plane's packed bits: 1; a narrow
     mantissa plane the split packs: its field's bits), each 256-byte aligned."""
-    n = np.asarray(n, np.int64)
-    return ((n * np.asarray(width, np.int64) + 7) // 8 + 255) // 256 * 256
+    return (packed_bytes(n, width) + 255) // 256 * 256
 
 
 GROUP_PLANE = 1024  # per plane of a group: its rows of the launch and copy tables, its host
@@ -135,9 +139,8 @@ def group_need(item: np.ndarray, width: np.ndarray, split: np.ndarray, n: np.nda
     nbytes = np.asarray(nbytes, np.int64)
     need = np.bincount(item, weights=row, minlength=nbytes.size).astype(np.int64)
     if kept is not None:
-        payload = (n * np.asarray(width, np.int64) + 7) // 8
-        need -= np.bincount(item, weights=np.where(kept, payload, 0), minlength=nbytes.size
-                            ).astype(np.int64)
+        need -= np.bincount(item, weights=np.where(kept, packed_bytes(n, width), 0),
+                            minlength=nbytes.size).astype(np.int64)
     rows = np.bincount(item, minlength=nbytes.size)
     # leaf digests of the raw bytes and of the payloads (with a slot per plane for its length:
     # runtime.plane_checksums) and the plane checksums, doubled for room

@@ -260,27 +260,36 @@ def pack_ops(src, dst, n, width, src_width=None, batch: Batch | None = None
     return batch.run() if own else None
 
 
-def leaf_digests(ptrs, lengths, batch: Batch | None = None) -> tuple[torch.Tensor, np.ndarray]:
-    """XXH3-64 digests of the 64 KiB leaves of each segment: (device digests, first index).
-    No host synchronisation: the digests stay on the device until the caller copies them.
-    With a ``batch``, the launch joins it (and runs with it)."""
+def _leaf_launch(ptrs, lengths, batch: Batch, gap: bool
+                 ) -> tuple[torch.Tensor, np.ndarray, list[Batch._At]]:
+    """Queue the leaf digests of each segment in ``batch`` (``gap``: a slot before each
+    segment's, see hash.cu): (device digests, first index per segment, the batch's tables of
+    pointers, lengths and first indexes)."""
     from s4format.hashing import LEAF_SIZE
 
     lengths = np.asarray(lengths, dtype=np.int64).reshape(-1)
     first = np.zeros(lengths.size + 1, dtype=np.int64)
     np.cumsum((lengths + LEAF_SIZE - 1) // LEAF_SIZE, out=first[1:])
     total = int(first[-1])
-    out = torch.empty(max(total, 1), dtype=torch.int64, device="cuda")
-    if total:
-        own = batch is None
-        batch = Batch() if own else batch
-        warps_per_cta = 8
-        batch.launch("hash", "leaf_digests", (total + warps_per_cta - 1) // warps_per_cta,
-                     32 * warps_per_cta, np.int32(lengths.size),
-                     *batch.table(np.asarray(ptrs, dtype=np.uint64), lengths.astype(np.uint64),
-                                  first), ptr(out), np.int32(0))
-        if own:
-            batch.run()
+    out = torch.empty(max(total + (lengths.size if gap else 0), 1), dtype=torch.int64,
+                      device="cuda")
+    if not total and not gap:  # nothing to digest, no tables to keep
+        return out, first, []
+    tables = batch.table(np.asarray(ptrs, dtype=np.uint64), lengths.astype(np.uint64), first)
+    batch.launch("hash", "leaf_digests", (total + 7) // 8, 256, np.int32(lengths.size),
+                 *tables, ptr(out), np.int32(gap))
+    return out, first, tables
+
+
+def leaf_digests(ptrs, lengths, batch: Batch | None = None) -> tuple[torch.Tensor, np.ndarray]:
+    """XXH3-64 digests of the 64 KiB leaves of each segment (a warp each): (device digests,
+    first index). No host synchronisation: the digests stay on the device until the caller
+    copies them. With a ``batch``, the launch joins it (and runs with it)."""
+    own = batch is None
+    batch = Batch() if own else batch
+    out, first, tables = _leaf_launch(ptrs, lengths, batch, False)
+    if own and tables:
+        batch.run()
     return out, first
 
 
@@ -289,26 +298,14 @@ def plane_checksums(ptrs, lengths, batch: Batch | None = None) -> torch.Tensor:
     "Hashes") of segments on the device: a u64 per segment, no host synchronisation, the
     host hashes nothing. The leaf digests go with a slot before each segment's, where the
     roots' launch puts its length. With a ``batch``, both launches join it."""
-    from s4format.hashing import LEAF_SIZE
-
-    lengths = np.asarray(lengths, dtype=np.int64).reshape(-1)
-    nseg = lengths.size
-    first = np.zeros(nseg + 1, dtype=np.int64)
-    np.cumsum((lengths + LEAF_SIZE - 1) // LEAF_SIZE, out=first[1:])
-    total = int(first[-1])
-    buf = torch.empty(max(total + nseg, 1), dtype=torch.int64, device="cuda")
+    nseg = np.asarray(lengths).size
     out = torch.empty(max(nseg, 1), dtype=torch.int64, device="cuda")
     if nseg:
         own = batch is None
         batch = Batch() if own else batch
-        warps_per_cta = 8
-        p_ptr, p_len, p_first = batch.table(np.asarray(ptrs, dtype=np.uint64),
-                                            lengths.astype(np.uint64), first)
-        batch.launch("hash", "leaf_digests", (total + warps_per_cta - 1) // warps_per_cta,
-                     32 * warps_per_cta, np.int32(nseg), p_ptr, p_len, p_first, ptr(buf),
-                     np.int32(1))
-        batch.launch("hash", "plane_roots", (nseg + warps_per_cta - 1) // warps_per_cta,
-                     32 * warps_per_cta, np.int32(nseg), p_len, p_first, ptr(buf), ptr(out))
+        buf, _first, (_p, p_len, p_first) = _leaf_launch(ptrs, lengths, batch, True)
+        batch.launch("hash", "plane_roots", (nseg + 7) // 8, 256, np.int32(nseg), p_len,
+                     p_first, ptr(buf), ptr(out))
         batch.hold(buf)
         if own:
             batch.run()
