@@ -54,7 +54,6 @@ from s4format.errors import (
 from s4format.hashing import LEAF_SIZE
 from s4format.reader import Reader
 from s4weights.gpu import gdeflate, nvans, plan, ranshost, runtime
-from s4weights.gpu.hash import content_hashes_from_leaves
 from s4weights.gpu.plan import GPU_LAYOUTS, chunk_table
 
 MERGE_KERNEL = {layouts.BF16.layout_id: "merge_bf16", layouts.FP16.layout_id: "merge_fp16",
@@ -373,12 +372,11 @@ def _apply_parents(reader: Reader, idx: list[int], outs: list[torch.Tensor]) -> 
         if o.numel():
             xor(o, praw[j], out=o)
     del praw
-    cd, cfirst = runtime.leaf_digests([o.data_ptr() for o in outs], [o.numel() for o in outs])
-    d = cd[:int(cfirst[-1])].cpu().numpy().view(np.uint64)
-    hashes = content_hashes_from_leaves([o.numel() for o in outs], d, cfirst)
-    for k, got in enumerate(hashes):
+    hashes = runtime.content_hashes([o.data_ptr() for o in outs], [o.numel() for o in outs]
+                                    ).view(torch.uint8)[:16 * len(outs)].cpu().numpy().tobytes()
+    for k in range(len(outs)):
         t = reader.tensors[idx[k]]
-        if got != t.content_hash:
+        if hashes[16 * k:16 * (k + 1)] != t.content_hash:
             raise _about(ContentHashError(
                 f"{reader.name}: tensor {t.name!r} content hash mismatch after decoding: the "
                 "file is corrupt or its parent is wrong"), reader, idx[k])
@@ -566,15 +564,16 @@ def decode_staged(st: Staged, outs: list[torch.Tensor]) -> None:
     nt = len(st.idx)
     verify = reader.verify_hashes
     # the content hashes' leaf digests (a delta's is of its bytes after the XOR with its
-    # parent: checked then): the merges digest the full leaves of what they write; one hash
-    # launch takes the rest (last partial leaves, tensors nothing merges): ``content_leaves``
+    # parent: checked then), with a slot before each tensor's for its root: the merges digest
+    # the full leaves of what they write; then ``content_roots`` digests the rest (last partial
+    # leaves, tensors nothing merges) and roots them all
     checked = [k for k in range(nt) if not reader.tensors[st.idx[k]].is_delta] if verify else []
     cnb = np.array([outs[k].numel() for k in checked], np.int64)
     cfirst = np.zeros(cnb.size + 1, np.int64)
     np.cumsum((cnb + LEAF_SIZE - 1) // LEAF_SIZE, out=cfirst[1:])
-    cd = runtime.device_empty(8 * int(cfirst[-1]))
+    cd = runtime.device_empty(8 * (int(cfirst[-1]) + cnb.size))
     dfirst = np.full(nt, -1, np.int64)
-    dfirst[checked] = cfirst[:-1]
+    dfirst[checked] = cfirst[:-1] + np.arange(1, cnb.size + 1)
     merged = np.zeros(nt, bool)
     merrs: list[tuple[np.ndarray, torch.Tensor]] = []  # (tensor positions, flags) per launch
     for lay_id, kernel_name in MERGE_KERNEL.items():
@@ -602,9 +601,8 @@ def decode_staged(st: Staged, outs: list[torch.Tensor]) -> None:
              rb.bad.view(torch.uint8) if errs is not None else None,
              *(lerr.view(torch.uint8) for _sel, lerr in merrs)]
     if checked:
-        rest_at, rest_dig = content_leaves([outs[k].data_ptr() for k in checked], cnb, cfirst,
-                                           merged[checked])
-        parts += [cd[:8 * int(cfirst[-1])], rest_dig]
+        parts.append(content_roots([outs[k].data_ptr() for k in checked], cnb, cfirst,
+                                   merged[checked], cd).view(torch.uint8)[:16 * cnb.size])
     parts = [x for x in parts if x is not None]
     back = torch.cat(parts).cpu().numpy() if parts else np.zeros(0, np.uint8)  # sync
     pos = 0
@@ -635,12 +633,10 @@ def decode_staged(st: Staged, outs: list[torch.Tensor]) -> None:
                                         f"{reader.tensors[st.idx[k]].name!r}: a plane holds "
                                         "values wider than its field")))
     if checked:
-        cd = back[pos:pos + 8 * int(cfirst[-1])].view(np.uint64).copy()
-        cd[rest_at] = back[pos + 8 * int(cfirst[-1]):].view(np.uint64)[:rest_at.size]
-        hashes = content_hashes_from_leaves(cnb, cd, cfirst)
-        for k, got in zip(checked, hashes):
+        hashes = back[pos:pos + 16 * cnb.size].tobytes()
+        for j, k in enumerate(checked):
             t = reader.tensors[st.idx[k]]
-            if got != t.content_hash:
+            if hashes[16 * j:16 * (j + 1)] != t.content_hash:
                 found.append((k, 2, ContentHashError(
                     f"{reader.name}: tensor {t.name!r} content hash mismatch after decoding "
                     "on the GPU")))
@@ -653,23 +649,26 @@ def decode_staged(st: Staged, outs: list[torch.Tensor]) -> None:
     del keep, scratch
 
 
-def content_leaves(ptrs, nbytes: np.ndarray, first: np.ndarray, merged: np.ndarray
-                   ) -> tuple[np.ndarray, torch.Tensor]:
-    """Launch the leaf digests a merge did not make: every leaf of a tensor not ``merged``, the
-    last partial leaf of one merged (``kernels/planes.cu`` digests a merged tensor's full
-    leaves as it writes them). Tensor k (``nbytes[k]`` bytes at ``ptrs[k]``) has the digests
-    ``first[k]`` .. of the content hash; returns (the places of the digests launched in that
-    numbering, the device digests, in that order)."""
+def content_roots(ptrs, nbytes: np.ndarray, first: np.ndarray, merged: np.ndarray,
+                  digests: torch.Tensor) -> torch.Tensor:
+    """Queue the content hashes of tensors whose merges digested their full leaves into
+    ``digests`` (tensor k, ``nbytes[k]`` bytes at ``ptrs[k]``: its length's slot at
+    ``first[k] + k``, its leaves' digests after it, ``first`` the leaf prefix sums): one launch
+    digests the leaves a merge did not (every leaf of a tensor not ``merged``, the last partial
+    leaf of one merged: ``kernels/planes.cu`` digests a merged tensor's full leaves as it
+    writes them), one roots them all (XXH3-128). Returns the device hashes, 16 bytes each
+    (canonical), without a synchronisation."""
     nbytes = np.asarray(nbytes, np.int64)
     full = np.where(merged, nbytes // LEAF_SIZE, 0)  # the leaves the merge digests
     start = full * LEAF_SIZE
-    rest = nbytes - start
-    todo = np.flatnonzero(rest > 0)
-    dig, dfirst = runtime.leaf_digests(np.asarray(ptrs, np.uint64)[todo]
-                                       + start[todo].astype(np.uint64), rest[todo])
-    counts = np.diff(dfirst)
-    at = np.repeat(first[todo] + full[todo] - dfirst[:-1], counts) + np.arange(int(dfirst[-1]))
-    return at.astype(np.int64), dig[:int(dfirst[-1])].view(torch.uint8)
+    todo = np.flatnonzero(nbytes > start)
+    batch = runtime.Batch()
+    runtime.leaf_digests(np.asarray(ptrs, np.uint64)[todo] + start[todo].astype(np.uint64),
+                         (nbytes - start)[todo], batch, out=digests,
+                         at=(first[:-1] + np.arange(1, nbytes.size + 1) + full)[todo])
+    roots = runtime.roots_over(digests, nbytes, first, batch, wide=True)
+    batch.run()
+    return roots
 
 
 def _prepare(st: Staged, outs: list[torch.Tensor], base: int, keep: list[object]):

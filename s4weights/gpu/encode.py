@@ -14,15 +14,16 @@ tensors, planes or blocks:
    only: :func:`candidates`).
    Groups are then sized by what they really hold (``plan.group_need``: rANS scratch only for
    the planes the rANS kernel codes), not by the worst case.
-2. **Group**, one batch of launches with one table upload: the leaf digests of every tensor's
-   raw bytes (content hashes), one split launch per layout (packed sign bits and byte planes;
+2. **Group**, one batch of launches with one table upload: one split launch per layout
+   (packed sign bits and byte planes;
    a narrow mantissa plane that will be stored bit-packed at its field's width is written
    packed, see :func:`pack_widths`; those, and the planes with no candidate codec, go to a
    buffer of their own that the result keeps: :func:`kept_as_split`),
    and one launch that encodes every rANS block of the group (one warp each); GDeflate pages
    go to nvCOMP in one batch where asked for. Synchronisation: the word counts, first symbols
-   and "varied" flags of the blocks come back; the leaf digests of the raw bytes are queued
-   behind them, so the device hashes while the host lays the payloads out.
+   and "varied" flags of the blocks come back; the content hashes of the raw bytes (leaf
+   digests, then their XXH3-128 roots: ``runtime.content_hashes``) are queued behind them, so
+   the device hashes while the host lays the payloads out.
    A group of a window that needs no sizing (it fits the workspace even if every plane took
    rANS) is split and histogrammed in one pass (``split_hist_*``) and queues its rANS launch
    right behind, before the host has read its figures: ``rans_jobs`` picks on the device the
@@ -36,10 +37,9 @@ tensors, planes or blocks:
    one more that places every rANS block's words, from the prefix sums of the word counts the
    host has read, in the batch's one upload); two hash launches make the plane checksums
    (the payload leaves' digests, then their roots: ``runtime.plane_checksums``). The content
-   leaves' digests and the checksums go to pinned host memory without a synchronisation; the
-   group roots its content hashes as soon as their digests are there (XXH3-128, on the host),
-   and ``Encoder.finish`` reads the plane checksums (and roots the content hashes, if not
-   done), while the next group is coded.
+   hashes (16 bytes a tensor) and the checksums (8 bytes a plane) go to pinned host memory
+   without a synchronisation; ``Encoder.finish`` reads them once there, while the next group
+   is coded. The host hashes nothing.
 
 The payload image with that metadata is the device-to-device result (:class:`DeviceGroup`).
 For a file, the buffer goes to pinned host memory in one copy on a side stream, overlapped with
@@ -77,7 +77,6 @@ from s4format.dtypes import DType
 from s4format.layouts import Layout
 from s4format.writer import SPLIT_MIN, CodedPlane, CodedTensor, code_tensor
 from s4weights.gpu import gdeflate, plan, ranshost, runtime
-from s4weights.gpu.hash import content_hashes_from_leaves
 
 SPLIT_KERNEL = {layouts.BF16.layout_id: "split_bf16", layouts.FP16.layout_id: "split_fp16",
                 layouts.FP32.layout_id: "split_fp32"}
@@ -554,7 +553,7 @@ class DeviceGroup:
     content: list[bytes]
     host: torch.Tensor | None = None
     done: torch.cuda.Event | None = None
-    digests: tuple | None = None  # content digests and plane checksums on their way to the
+    digests: tuple | None = None  # content hashes and plane checksums on their way to the
     # host (``finish``)
     head: int = -1                # bytes of ``buffer`` in the image (-1: all ``total``)
     parts: list[tuple[int, torch.Tensor]] = field(default_factory=list)
@@ -1001,20 +1000,24 @@ class Encoder:
             planned = prep.rans
 
         content: list = []
+        roots: list[torch.Tensor] = []
+
+        def after(b: runtime.Batch) -> None:
+            # the content hashes, their tables in the split's upload, launched behind the rANS
+            # encoder and its word counts' copy: the device hashes while the host chooses
+            # codecs and lays out the payload
+            roots.append(runtime.content_hashes([i.data.data_ptr() for i in items],
+                                                [i.nbytes for i in items], b))
 
         def meanwhile() -> None:
-            # the content digests, queued behind the rANS encoder and its word counts' copy:
-            # the device hashes while the host chooses codecs and lays out the payload; they
-            # go to the host without a synchronisation
-            dig, first = runtime.leaf_digests([i.data.data_ptr() for i in items],
-                                              [i.nbytes for i in items])
-            content.extend((*_to_pinned(dig, int(first[-1])), first))
+            # the hashes go to the host without a synchronisation
+            content.extend(_to_pinned(roots[0], 2 * len(items)))
             if previous is not None:
                 self.finish(previous)
             if ahead is not None:
                 ahead()
 
-        r, gd = self._encode(pl, batch, meanwhile, planned)  # sync: the blocks' word counts
+        r, gd = self._encode(pl, batch, meanwhile, planned, after)  # sync: the word counts
         prof.mark("split+encode")
         choose(pl, r, gd, self.log2_block)
         cpu = {k for k, it in enumerate(items) if it.layout is None}
@@ -1037,29 +1040,27 @@ class Encoder:
         del planes_buf, r, gd, keep
         g = DeviceGroup(items, buf, total, pl, live, cpu_at, [], head=head, parts=parts,
                         fixed=fixed)
-        g.digests = (*content, nbytes, host, arrived)
-        if content[1].query():  # the input's digests are there (hashed during the layout):
-            self._root_content(g)  # rooted while the device places the payloads
+        g.digests = (*content, host, arrived)
+        if content[1].query():  # the input's hashes are there (hashed during the layout)
+            self._root_content(g)
         return g
 
     @staticmethod
     def _root_content(g: DeviceGroup) -> None:
-        """The group's content hashes from the input's leaf digests (once on the host)."""
-        host, hashed, first, nbytes = g.digests[:4]
+        """The group's content hashes, once the device's have reached the host."""
+        host, hashed = g.digests[:2]
         hashed.synchronize()
-        # (a group of empty tensors has no leaves: its pinned buffer is one spare byte)
-        d = host.numpy()[:8 * int(first[-1])].view(np.uint64)
-        g.content = content_hashes_from_leaves(nbytes, d, first)
+        b = host.numpy()[:16 * len(g.items)].tobytes()
+        g.content = [b[16 * k:16 * (k + 1)] for k in range(len(g.items))]
 
     def finish(self, g: DeviceGroup) -> None:
-        """Root the group's content leaf digests into its content hashes (unless done) and
-        read its plane checksums, once they have reached the host (a wait only if the device
-        is still at them)."""
+        """Read the group's content hashes (unless done) and plane checksums, once they have
+        reached the host (a wait only if the device is still at them)."""
         if g.digests is None:
             return
         if not g.content:
             self._root_content(g)
-        host, arrived = g.digests[4:]
+        host, arrived = g.digests[2:]
         arrived.synchronize()
         g.planes.checksum[g.live] = host.numpy()[:8 * g.live.size].view(np.uint64)
         g.digests = None
@@ -1156,10 +1157,12 @@ class Encoder:
         candidates(pl, self.policy, self.mantissa, self.gd, self.log2_block)
 
     def _encode(self, pl: Planes, batch: runtime.Batch, meanwhile=None,
-                planned: dict | None = None):
+                planned: dict | None = None, after=None):
         """Queue the rANS launch behind the split in ``batch``, run it, start GDeflate where
         asked for, and read the blocks' word counts back (``meanwhile()`` runs on the host while
-        the device works; ``planned``: the jobs' ``_rans_plan``, when made beforehand)."""
+        the device works; ``planned``: the jobs' ``_rans_plan``, when made beforehand;
+        ``after(batch)`` queues launches that go behind the counts' copy, their tables in the
+        same upload)."""
         gd_rows = np.flatnonzero(pl.cand_gd)
         launched, pl.rans_queued = pl.rans_queued, None
         if launched is None:
@@ -1168,12 +1171,17 @@ class Encoder:
                 pl.pw[jobs], pl.n[jobs], pl.ptr[jobs],
                 None if pl.freqs is None else pl.freqs[jobs],
                 None if pl.tab is None else pl.tab[jobs], batch, planned) if jobs.size else None
-        tables = batch.run()
+        stop = batch.mark()
+        if after is not None:
+            after(batch)
+        tables = batch.run(stop)
         gd = gdeflate.Compressed(pl.ptr[gd_rows].tolist(), pl.n[gd_rows].tolist(),
                                  self.gd_algorithm) if gd_rows.size else None
-        r = self._rans_collect(launched, meanwhile) if launched is not None else None
-        if r is None and meanwhile is not None:
-            meanwhile()
+        r = self._rans_collect(launched, meanwhile, batch) if launched is not None else None
+        if r is None:
+            batch.run()
+            if meanwhile is not None:
+                meanwhile()
         del tables
         return r, gd
 
@@ -1230,10 +1238,12 @@ class Encoder:
                     log2_block=self.log2_block)
 
     @staticmethod
-    def _rans_collect(launched: dict, meanwhile=None) -> dict:
+    def _rans_collect(launched: dict, meanwhile=None, rest: runtime.Batch | None = None
+                      ) -> dict:
         """After the launch has been queued: copy the blocks' word counts, first symbols and
-        "varied" flags to the host, run ``meanwhile()``, wait for the copies (not for what
-        ``meanwhile`` queued), and sum them per job."""
+        "varied" flags to the host, launch ``rest``'s queued launches, run ``meanwhile()``,
+        wait for the copies (not for what ``rest`` or ``meanwhile`` queued), and sum them per
+        job."""
         bt, out = launched["bt"], launched.pop("out")
         nb = bt.size
         meta_h = runtime.pinned(6 * nb)
@@ -1242,6 +1252,8 @@ class Encoder:
             meta_h[4 * nb:6 * nb].copy_(out[132 * nb:134 * nb], non_blocking=True)
         copied = torch.cuda.Event()
         copied.record()
+        if rest is not None:
+            rest.run()
         if meanwhile is not None:
             meanwhile()  # host work that does not wait for the kernel (it may queue more)
         copied.synchronize()  # not what ``meanwhile`` queued

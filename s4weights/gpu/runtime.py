@@ -140,12 +140,26 @@ class Batch:
     def launch(self, module: str, name: str, grid: int, block: int, *args: object) -> None:
         self._launches.append((module, name, grid, block, args))
 
-    def run(self) -> torch.Tensor | None:
+    def mark(self) -> int:
+        """The number of launches queued so far (a ``stop`` for :meth:`run`)."""
+        return len(self._launches)
+
+    def run(self, stop: int | None = None) -> torch.Tensor | None:
+        """Upload every table, then launch in order; with ``stop``, only the first ``stop``
+        launches: the rest (their tables uploaded with these) wait for the next ``run()``, so
+        a caller can queue other work (a copy) between them without a second upload."""
         dev, addrs = upload(*self._arrays) if self._arrays else (None, [])
-        for module, name, grid, block, args in self._launches:
-            launch(module, name, grid, block,
-                   *(np.uint64(addrs[a.i]) if isinstance(a, Batch._At) else a for a in args))
-        self._arrays, self._launches, self._addrs, self._held = [], [], addrs, []
+        if self._arrays:
+            self._launches = [(m, n, g, b, tuple(np.uint64(addrs[a.i]) if isinstance(a, Batch._At)
+                                                 else a for a in args))
+                              for m, n, g, b, args in self._launches]
+        now = self._launches if stop is None else self._launches[:stop]
+        for module, name, grid, block, args in now:
+            launch(module, name, grid, block, *args)
+        self._arrays, self._addrs = [], addrs
+        self._launches = [] if stop is None else self._launches[stop:]
+        if not self._launches:
+            self._held = []
         return dev
 
     def address(self, at: Batch._At) -> int:
@@ -260,37 +274,71 @@ def pack_ops(src, dst, n, width, src_width=None, batch: Batch | None = None
     return batch.run() if own else None
 
 
-def _leaf_launch(ptrs, lengths, batch: Batch, gap: bool
+def _leaf_launch(ptrs, lengths, batch: Batch, gap: bool, out: torch.Tensor | None = None,
+                 at: np.ndarray | None = None
                  ) -> tuple[torch.Tensor, np.ndarray, list[Batch._At]]:
-    """Queue the leaf digests of each segment in ``batch`` (``gap``: a slot before each
-    segment's, see hash.cu): (device digests, first index per segment, the batch's tables of
-    pointers, lengths and first indexes)."""
+    """Queue the leaf digests of each segment in ``batch``: segment s's go to ``out`` from index
+    ``at[s]`` on (by default a new buffer, the segments' digests back to back, or with ``gap``
+    a slot before each segment's, where :func:`_roots_launch` puts its length). Returns
+    (device digests, first leaf per segment, the batch's tables of lengths and first leaves)."""
     from s4format.hashing import LEAF_SIZE
 
     lengths = np.asarray(lengths, dtype=np.int64).reshape(-1)
     first = np.zeros(lengths.size + 1, dtype=np.int64)
     np.cumsum((lengths + LEAF_SIZE - 1) // LEAF_SIZE, out=first[1:])
     total = int(first[-1])
-    out = torch.empty(max(total + (lengths.size if gap else 0), 1), dtype=torch.int64,
-                      device="cuda")
+    if out is None:
+        out = torch.empty(max(total + (lengths.size if gap else 0), 1), dtype=torch.int64,
+                          device="cuda")
     if not total and not gap:  # nothing to digest, no tables to keep
         return out, first, []
-    tables = batch.table(np.asarray(ptrs, dtype=np.uint64), lengths.astype(np.uint64), first)
-    batch.launch("hash", "leaf_digests", (total + 7) // 8, 256, np.int32(lengths.size),
-                 *tables, ptr(out), np.int32(gap))
-    return out, first, tables
+    if at is None:
+        at = first[:-1] + (np.arange(1, lengths.size + 1) if gap else 0)
+    p_len, p_first = batch.table(lengths.astype(np.uint64), first)
+    if total:
+        batch.launch("hash", "leaf_digests", (total + 7) // 8, 256, np.int32(lengths.size),
+                     *batch.table(np.asarray(ptrs, dtype=np.uint64)), p_len, p_first,
+                     *batch.table(np.asarray(at, np.int64)), ptr(out))
+    return out, first, [p_len, p_first]
 
 
-def leaf_digests(ptrs, lengths, batch: Batch | None = None) -> tuple[torch.Tensor, np.ndarray]:
+def _roots_launch(nseg: int, tables: list[Batch._At], buf: torch.Tensor, batch: Batch,
+                  wide: bool) -> torch.Tensor:
+    """Queue the roots (kernels/hash.cu ``hash_roots``) of ``nseg`` segments whose digests lie
+    in ``buf`` with a slot before each segment's (``tables``: their lengths and first leaves):
+    a u64 each (the plane checksums) or, ``wide``, 16 bytes each (the content hashes)."""
+    out = torch.empty(max(nseg * (2 if wide else 1), 1), dtype=torch.int64, device="cuda")
+    if nseg:
+        batch.launch("hash", "hash_roots", (nseg + 7) // 8, 256, np.int32(nseg), *tables,
+                     ptr(buf), ptr(out), np.int32(wide))
+        batch.hold(buf)
+    return out
+
+
+def leaf_digests(ptrs, lengths, batch: Batch | None = None, out: torch.Tensor | None = None,
+                 at: np.ndarray | None = None) -> tuple[torch.Tensor, np.ndarray]:
     """XXH3-64 digests of the 64 KiB leaves of each segment (a warp each): (device digests,
-    first index). No host synchronisation: the digests stay on the device until the caller
-    copies them. With a ``batch``, the launch joins it (and runs with it)."""
+    first leaf per segment). No host synchronisation: the digests stay on the device until the
+    caller copies them. With ``out`` and ``at``, segment s's digests go to ``out`` from index
+    ``at[s]`` on (else to a new buffer, back to back). With a ``batch``, the launch joins it
+    (and runs with it)."""
     own = batch is None
     batch = Batch() if own else batch
-    out, first, tables = _leaf_launch(ptrs, lengths, batch, False)
+    out, first, tables = _leaf_launch(ptrs, lengths, batch, False, out, at)
     if own and tables:
         batch.run()
     return out, first
+
+
+def _rooted(ptrs, lengths, batch: Batch | None, wide: bool) -> torch.Tensor:
+    nseg = np.asarray(lengths).size
+    own = batch is None
+    batch = Batch() if own else batch
+    buf, _first, tables = _leaf_launch(ptrs, lengths, batch, True) if nseg else (None, None, [])
+    out = _roots_launch(nseg, tables, buf, batch, wide)
+    if own and nseg:
+        batch.run()
+    return out
 
 
 def plane_checksums(ptrs, lengths, batch: Batch | None = None) -> torch.Tensor:
@@ -298,18 +346,23 @@ def plane_checksums(ptrs, lengths, batch: Batch | None = None) -> torch.Tensor:
     "Hashes") of segments on the device: a u64 per segment, no host synchronisation, the
     host hashes nothing. The leaf digests go with a slot before each segment's, where the
     roots' launch puts its length. With a ``batch``, both launches join it."""
-    nseg = np.asarray(lengths).size
-    out = torch.empty(max(nseg, 1), dtype=torch.int64, device="cuda")
-    if nseg:
-        own = batch is None
-        batch = Batch() if own else batch
-        buf, _first, (_p, p_len, p_first) = _leaf_launch(ptrs, lengths, batch, True)
-        batch.launch("hash", "plane_roots", (nseg + 7) // 8, 256, np.int32(nseg), p_len,
-                     p_first, ptr(buf), ptr(out))
-        batch.hold(buf)
-        if own:
-            batch.run()
-    return out
+    return _rooted(ptrs, lengths, batch, False)
+
+
+def content_hashes(ptrs, lengths, batch: Batch | None = None) -> torch.Tensor:
+    """The content hashes (XXH3-128 roots, canonical bytes) of segments on the device, as
+    :func:`plane_checksums`: 16 bytes per segment (an int64 tensor of two words each)."""
+    return _rooted(ptrs, lengths, batch, True)
+
+
+def roots_over(buf: torch.Tensor, lengths, first, batch: Batch, wide: bool) -> torch.Tensor:
+    """Queue the roots of digests a caller laid out in ``buf`` with a slot before each
+    segment's (segment s's at ``first[s] + s``, ``first`` the leaf prefix sums): see
+    :func:`_roots_launch`."""
+    lengths = np.asarray(lengths, np.int64).reshape(-1)
+    return _roots_launch(lengths.size, batch.table(lengths.astype(np.uint64),
+                                                   np.asarray(first, np.int64)), buf, batch,
+                         wide)
 
 
 class Profile:

@@ -180,25 +180,28 @@ def launch(module: str, name: str, grid: int, block: int, *a) -> None:
                 ctypes.memmove(int(words[j]) + 2 * int(excl[b] - excl[first[j]]),
                                int(scratch[j]) + (2 * (b - int(first[j])) << lg),
                                2 * int(count[b]))
-    elif name == "leaf_digests":  # nseg, ptr, len, first, out, gap
-        nseg, gap = int(a[0]), int(a[5])
+    elif name == "leaf_digests":  # nseg, ptr, len, first, at, out
+        nseg = int(a[0])
         ptr, ln = at(a[1], np.uint64, nseg), at(a[2], np.uint64, nseg)
-        first = at(a[3], np.int64, nseg + 1)
-        out = at(a[4], np.uint64, int(first[-1]) + (nseg if gap else 0))
+        first, dst = at(a[3], np.int64, nseg + 1), at(a[4], np.int64, nseg)
         for s in range(nseg):
             data = at(ptr[s], np.uint8, ln[s]).tobytes()
-            for j in range(int(first[s + 1] - first[s])):
-                out[first[s] + j + (s + 1 if gap else 0)] = xxhash.xxh3_64_intdigest(
-                    data[j << 16:(j + 1) << 16])
-    elif name == "plane_roots":  # nseg, len, first, buf (digests with gaps), out
-        nseg = int(a[0])
+            out = at(int(a[5]) + 8 * int(dst[s]), np.uint64, int(first[s + 1] - first[s]))
+            for j in range(out.size):
+                out[j] = xxhash.xxh3_64_intdigest(data[j << 16:(j + 1) << 16])
+    elif name == "hash_roots":  # nseg, len, first, buf (digests with gaps), out, wide
+        nseg, wide = int(a[0]), int(a[5])
         ln, first = at(a[1], np.uint64, nseg), at(a[2], np.int64, nseg + 1)
         buf = at(a[3], np.uint64, int(first[-1]) + nseg)
-        out = at(a[4], np.uint64, nseg)
+        out = at(a[4], np.uint8, (16 if wide else 8) * nseg)
         for s in range(nseg):
             lo, hi = int(first[s]) + s, int(first[s + 1]) + s + 1
             buf[lo] = ln[s]
-            out[s] = xxhash.xxh3_64_intdigest(buf[lo:hi].astype("<u8").tobytes())
+            root = buf[lo:hi].astype("<u8").tobytes()
+            if wide:
+                out[16 * s:16 * (s + 1)] = np.frombuffer(xxhash.xxh3_128_digest(root), np.uint8)
+            else:
+                out.view(np.uint64)[s] = xxhash.xxh3_64_intdigest(root)
     elif name in ("rans_decode", "rans_decode_window"):
         # cta_first, cta_warps, mode, fill, words, count, states,
         # dtab (the plane's exclusive prefix sums, shared by the CTA), out, len, errors

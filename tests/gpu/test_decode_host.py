@@ -786,10 +786,11 @@ def test_a_chunked_delta_names_a_parent_with_a_wrong_content_hash() -> None:
         assert _who(got.value)[0] == "p", got.value
 
 
-def test_content_leaves_hashes_the_leaves_no_merge_digests() -> None:
-    # a merged tensor's full leaves are digested by the merge kernel; content_leaves launches
-    # the rest (every leaf of a tensor nothing merged, a merged tensor's last partial leaf) and
-    # says where each digest goes in the content hash's numbering
+def test_content_roots_digest_what_no_merge_did_and_root_it_all() -> None:
+    # a merged tensor's full leaves are digested by the merge kernel (into the slots after its
+    # length's); content_roots digests the rest (every leaf of a tensor nothing merged, a
+    # merged tensor's last partial leaf) into their slots and roots every tensor (XXH3-128)
+    from s4format import hashing
     from s4format.hashing import LEAF_SIZE
 
     rng = np.random.default_rng(5)
@@ -798,15 +799,17 @@ def test_content_leaves_hashes_the_leaves_no_merge_digests() -> None:
     data = [torch.from_numpy(rng.integers(0, 256, n, dtype=np.uint8)) for n in sizes]
     nbytes = np.array(sizes, np.int64)
     first = np.concatenate(([0], np.cumsum(-(-nbytes // LEAF_SIZE))))
-    at, dig = decode.content_leaves([d.data_ptr() for d in data], nbytes, first, merged)
-    want = {}
-    for k, d in enumerate(data):
-        b = d.numpy().tobytes()
-        for j in range(int(first[k + 1] - first[k])):
-            full = (j + 1) * LEAF_SIZE <= sizes[k]
-            if not (merged[k] and full):
-                want[int(first[k]) + j] = xxhash.xxh3_64_intdigest(b[j * LEAF_SIZE:
-                                                                     (j + 1) * LEAF_SIZE])
-    got = dig.numpy().view(np.uint64)
-    assert sorted(at.tolist()) == sorted(want) and len(at) == len(want)
-    assert {int(a): int(g) for a, g in zip(at, got)} == want
+    for wrong in (None, 5):  # a merge's digest the roots must take as it is, not redo
+        cd = torch.full((int(first[-1]) + len(sizes),), 0x5A5A, dtype=torch.int64)
+        slots = cd.numpy().view(np.uint64)
+        for k, d in enumerate(data):
+            b = d.numpy().tobytes()
+            if merged[k]:
+                for j in range(sizes[k] // LEAF_SIZE):
+                    slots[first[k] + k + 1 + j] = xxhash.xxh3_64_intdigest(
+                        b[j * LEAF_SIZE:(j + 1) * LEAF_SIZE]) ^ int(k == wrong)
+        roots = decode.content_roots([d.data_ptr() for d in data], nbytes, first, merged, cd)
+        got = roots.numpy().view(np.uint8)[:16 * len(sizes)].tobytes()
+        for k, d in enumerate(data):
+            ok = got[16 * k:16 * (k + 1)] == hashing.content_hash(d.numpy().tobytes())
+            assert ok == (k != wrong), k

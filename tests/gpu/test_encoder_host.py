@@ -160,7 +160,7 @@ def test_device_bytes_stay_within_the_workspace(emulated, workspace, how) -> Non
 
 def test_plane_checksums_through_the_emulated_kernels(emulated) -> None:
     # the runtime's launches (digests with a slot per segment, then the roots) give the CPU
-    # reader's plane checksums
+    # reader's plane checksums and content hashes
     L = hashing.LEAF_SIZE
     rng = np.random.default_rng(3)
     sizes = [0, 5, L, L + 1, 29 * L, 30 * L + 7, 0]
@@ -168,6 +168,10 @@ def test_plane_checksums_through_the_emulated_kernels(emulated) -> None:
     sums = runtime.plane_checksums([d.data_ptr() for d in data], sizes)
     assert sums.numpy().view(np.uint64).tolist() == [
         hashing.plane_checksum(d.numpy().tobytes()) for d in data]
+    # and the content hashes (XXH3-128 roots, canonical bytes)
+    roots = runtime.content_hashes([d.data_ptr() for d in data], sizes).numpy()
+    assert [roots.view(np.uint8)[16 * k:16 * (k + 1)].tobytes() for k in range(len(data))] \
+        == [hashing.content_hash(d.numpy().tobytes()) for d in data]
 
 
 @pytest.mark.parametrize("seed", range(6))

@@ -66,26 +66,31 @@ def test_leaf_digests_equal_xxhash() -> None:
             assert got[first[k]:first[k + 1]].tolist() == want, (n, k)
 
 
-def test_plane_checksums_equal_the_cpu_checksums() -> None:
-    # root inputs of 8 (an empty plane) to 240 bytes (29 leaves: the short forms) and longer
-    # (the warp's long form), at aligned and odd addresses; the launches queued in a batch
-    # while other buffers come and go before it runs (the batch holds the digests' buffer)
+def test_plane_checksums_and_content_hashes_equal_the_cpu_hashes() -> None:
+    # root inputs of 8 (an empty plane) to 240 bytes (29 leaves: every short form of XXH3-64
+    # and XXH3-128) and longer (the warp's long form), at aligned and odd addresses; the
+    # launches queued in a batch while other buffers come and go before it runs (the batch
+    # holds the digests' buffers)
     L = hashing.LEAF_SIZE
-    sizes = [0, 1, 240, L - 1, L, L + 1, 29 * L, 29 * L + 1, 30 * L + 5, 300 * L + 3]
+    sizes = [0, 1, 240, L - 1, L, L + 1, 5 * L + 3, 15 * L, 15 * L + 9, 29 * L, 29 * L + 1,
+             30 * L + 5, 300 * L + 3]
     data = [RNG.integers(0, 256, n + 1, dtype=np.uint8) for n in sizes]
     devs = [torch.from_numpy(d).cuda() for d in data]
     ptrs = [d.data_ptr() + (k % 2) for k, d in enumerate(devs)]
     batch = runtime.Batch()
     sums = runtime.plane_checksums(ptrs, sizes, batch)
+    roots = runtime.content_hashes(ptrs, sizes, batch)
     junk = [torch.full((n,), 0xAB, dtype=torch.uint8, device="cuda")
             for n in [*[512 * k for k in range(1, 65)], *[1 << 20] * 8]]  # (small: freed blocks)
     keep = batch.run()
     got = sums.cpu().numpy().view(np.uint64).tolist()
+    wide = roots.cpu().numpy().view(np.uint8)
     assert all(bool((j == 0xAB).all()) for j in junk)  # nothing wrote into a freed buffer
     del junk, keep
-    want = [hashing.plane_checksum(d[k % 2:k % 2 + n].tobytes())
-            for k, (d, n) in enumerate(zip(data, sizes))]
-    assert got == want
+    parts = [d[k % 2:k % 2 + n].tobytes() for k, (d, n) in enumerate(zip(data, sizes))]
+    assert got == [hashing.plane_checksum(p) for p in parts]
+    assert [wide[16 * k:16 * (k + 1)].tobytes() for k in range(len(sizes))] == [
+        hashing.content_hash(p) for p in parts]
 
 
 def _roundtrip_gpu(state: dict, **save_kw) -> tuple[bytes, dict]:

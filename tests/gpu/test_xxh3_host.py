@@ -32,11 +32,12 @@ def harness(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return exe
 
 
-def _run(exe: Path, inputs: list[bytes]) -> list[tuple[int, int]]:
+def _run(exe: Path, inputs: list[bytes]) -> list[tuple[int, int, bytes, bytes]]:
     blob = struct.pack("<Q", len(inputs)) + b"".join(
         struct.pack("<Q", len(x)) + x for x in inputs)
     out = subprocess.run([str(exe)], input=blob, check=True, capture_output=True).stdout
-    return [tuple(int(h, 16) for h in line.split()) for line in out.decode().splitlines()]
+    rows = [line.split() for line in out.decode().splitlines()]
+    return [(int(a, 16), int(b, 16), bytes.fromhex(c), bytes.fromhex(d)) for a, b, c, d in rows]
 
 
 @pytest.mark.parametrize("fill", ["random", "zeros", "ones"])
@@ -49,10 +50,13 @@ def test_every_length_class_matches_xxhash(harness: Path, fill: str) -> None:
         else:
             inputs.append(bytes([0xFF if fill == "ones" else 0]) * n)
     got = _run(harness, inputs)
-    for data, (scalar, warp) in zip(inputs, got):
+    for data, (scalar, warp, wide, wide_warp) in zip(inputs, got):
         want = xxhash.xxh3_64_intdigest(data)
         assert scalar == want, len(data)
         assert warp == want, len(data)
+        want = xxhash.xxh3_128_digest(data)
+        assert wide == want, len(data)
+        assert wide_warp == want, len(data)
 
 
 def test_leaf_digests_give_the_container_hashes(harness: Path) -> None:
@@ -62,6 +66,6 @@ def test_leaf_digests_give_the_container_hashes(harness: Path) -> None:
     data = np.random.default_rng(7).integers(0, 256, 3 * hashing.LEAF_SIZE + 12345,
                                              dtype=np.uint8).tobytes()
     leaves = [data[i:i + hashing.LEAF_SIZE] for i in range(0, len(data), hashing.LEAF_SIZE)]
-    digests = np.array([s for s, _ in _run(harness, leaves)], dtype=np.uint64)
+    digests = np.array([r[0] for r in _run(harness, leaves)], dtype=np.uint64)
     assert content_hash_from_leaves(len(data), digests) == hashing.content_hash(data)
     assert plane_checksum_from_leaves(len(data), digests) == hashing.plane_checksum(data)

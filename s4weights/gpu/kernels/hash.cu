@@ -1,7 +1,8 @@
 // XXH3-64 digests of 64 KiB leaves (spec/format.md, "Hashes"): one warp per leaf. Segment s
-// covers bytes [ptr[s], ptr[s] + len[s]) and owns digests [first[s], first[s + 1]); the host
-// hashes the digests into the root (the content hash, XXH3-128), or plane_roots does (the
-// plane checksum, XXH3-64) on the device.
+// covers bytes [ptr[s], ptr[s] + len[s]) and owns leaves [first[s], first[s + 1]); its digests
+// go to out[at[s]], out[at[s] + 1], ... Then hash_roots hashes each segment's root input (its
+// length, then its digests) on the device: the plane checksum (XXH3-64) or the content hash
+// (XXH3-128); a host holding the digests may root them itself (s4weights/gpu/hash.py).
 #include "xxh3.cuh"
 
 #define LEAF 65536
@@ -9,7 +10,8 @@
 // Warp-cooperative XXH3-64 of one input longer than 240 bytes: lanes 8g + i (g = 0..3) sum the
 // contributions of stripes g, g + 4, ... to accumulator i; the sums meet by shuffles before each
 // scramble. Matches xxh3_long exactly (additions inside a block commute).
-__device__ u64 xxh3_long_warp(const u8* in, u64 len, int lane) {
+// Every lane ends with all 8 accumulators (before the merge) in `all`.
+__device__ void xxh3_long_warp_acc(const u8* in, u64 len, int lane, u64* all) {
     const int i = lane & 7, g = lane >> 3;
     u64 init[8];
     xxh3_acc_init(init);
@@ -57,15 +59,17 @@ __device__ u64 xxh3_long_warp(const u8* in, u64 len, int lane) {
     sum += __shfl_xor_sync(0xFFFFFFFFu, sum, 8);
     sum += __shfl_xor_sync(0xFFFFFFFFu, sum, 16);
     acc += sum + xxh3_stripe_lane(in + len - XXH_STRIPE, XXH_LAST_STRIPE_SOFF, i);
-    u64 all[8];
     for (int k = 0; k < 8; k++) all[k] = __shfl_sync(0xFFFFFFFFu, acc, k);
+}
+
+__device__ u64 xxh3_long_warp(const u8* in, u64 len, int lane) {
+    u64 all[8];
+    xxh3_long_warp_acc(in, len, lane, all);
     return xxh3_merge(all, len);
 }
 
-// gap = 1: segment s's digests go to out[first[s] + s + 1 ...], a slot before each segment's
-// for plane_roots to put its length in (its root's input then lies in one piece).
 extern "C" __global__ void leaf_digests(int nseg, const u64* ptr, const u64* len,
-                                        const i64* first, u64* out, int gap) {
+                                        const i64* first, const i64* at, u64* out) {
     const i64 leaf = (blockIdx.x * (i64)blockDim.x + threadIdx.x) >> 5;
     const int lane = threadIdx.x & 31;
     if (leaf >= first[nseg]) return;
@@ -80,14 +84,17 @@ extern "C" __global__ void leaf_digests(int nseg, const u64* ptr, const u64* len
     u64 h;
     if (n > 240) h = xxh3_long_warp(in, n, lane);
     else h = xxh3_64(in, n);
-    if (lane == 0) out[leaf + (gap ? lo + 1 : 0)] = h;
+    if (lane == 0) out[at[lo] + (leaf - first[lo])] = h;
 }
 
-// The plane checksums (spec/format.md, "Hashes": XXH3-64 of u64 length || the leaf digests) of
-// nseg segments whose digests leaf_digests wrote with gaps into buf: one warp per segment puts
-// its length into the slot before its digests and hashes that root input in place.
-extern "C" __global__ void plane_roots(int nseg, const u64* len, const i64* first, u64* buf,
-                                       u64* out) {
+// The roots of nseg segments (spec/format.md, "Hashes": the hash of u64 length || the leaf
+// digests) whose digests lie in buf with a free slot before each segment's: segment s's slot
+// is buf[first[s] + s] (first: the leaf prefix sums, first[nseg] the total). One warp per
+// segment puts its length in the slot and hashes that root input in place: wide = 0, the plane
+// checksum (XXH3-64) to out[s]; wide = 1, the content hash (XXH3-128, canonical bytes) to the
+// 16 bytes at out + 2 s.
+extern "C" __global__ void hash_roots(int nseg, const u64* len, const i64* first, u64* buf,
+                                      u64* out, int wide) {
     const i64 s = (blockIdx.x * (i64)blockDim.x + threadIdx.x) >> 5;  // (uniform in a warp)
     const int lane = threadIdx.x & 31;
     if (s >= nseg) return;
@@ -95,6 +102,19 @@ extern "C" __global__ void plane_roots(int nseg, const u64* len, const i64* firs
     if (lane == 0) in[0] = len[s];
     __syncwarp();
     const u64 n = 8 * (u64)(first[s + 1] - first[s] + 1);
-    const u64 h = n > 240 ? xxh3_long_warp((const u8*)in, n, lane) : xxh3_64((const u8*)in, n);
-    if (lane == 0) out[s] = h;
+    if (!wide) {
+        const u64 h = n > 240 ? xxh3_long_warp((const u8*)in, n, lane)
+                              : xxh3_64((const u8*)in, n);
+        if (lane == 0) out[s] = h;
+        return;
+    }
+    xxh128 h;
+    if (n > 240) {
+        u64 all[8];
+        xxh3_long_warp_acc((const u8*)in, n, lane, all);
+        h = xxh3_128_long_finish(all, n);
+    } else {
+        h = xxh3_128((const u8*)in, n);
+    }
+    if (lane == 0) xxh128_canonical(h, (u8*)(out + 2 * s));
 }

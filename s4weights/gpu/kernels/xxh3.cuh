@@ -187,16 +187,20 @@ S4_HD int xxh3_tail_stripes(u64 len) {
 }
 #define XXH_LAST_STRIPE_SOFF (XXH_SECRET_SIZE - XXH_STRIPE - 7)
 
-S4_HD u64 xxh3_merge(const u64* acc, u64 len) {
-    u64 r = len * XXH_P64_1;
+// The long form's final step: the 8 accumulators folded pairwise with the secret from `soff`
+// on, onto `start` (XXH3-64: offset 11, len * P64_1; XXH3-128 takes a second one, below).
+S4_HD u64 xxh3_merge_from(const u64* acc, int soff, u64 start) {
+    u64 r = start;
     for (int i = 0; i < 4; i++)
-        r += xxh_mul128_fold64(acc[2 * i] ^ xxh_secret64(11 + 16 * i),
-                               acc[2 * i + 1] ^ xxh_secret64(11 + 16 * i + 8));
+        r += xxh_mul128_fold64(acc[2 * i] ^ xxh_secret64(soff + 16 * i),
+                               acc[2 * i + 1] ^ xxh_secret64(soff + 16 * i + 8));
     return xxh3_avalanche(r);
 }
 
-S4_HD u64 xxh3_long(const u8* in, u64 len) {
-    u64 acc[8];
+S4_HD u64 xxh3_merge(const u64* acc, u64 len) { return xxh3_merge_from(acc, 11, len * XXH_P64_1); }
+
+// The long form's accumulators over `len` > 240 bytes (before the merge).
+S4_HD void xxh3_long_acc(const u8* in, u64 len, u64* acc) {
     xxh3_acc_init(acc);
     u64 nb = xxh3_full_blocks(len);
     for (u64 b = 0; b < nb; b++) {
@@ -215,6 +219,11 @@ S4_HD u64 xxh3_long(const u8* in, u64 len) {
         for (int s = 0; s < ts; s++) sum += xxh3_stripe_lane(blk + s * XXH_STRIPE, 8 * s, i);
         acc[i] += sum + xxh3_stripe_lane(in + len - XXH_STRIPE, XXH_LAST_STRIPE_SOFF, i);
     }
+}
+
+S4_HD u64 xxh3_long(const u8* in, u64 len) {
+    u64 acc[8];
+    xxh3_long_acc(in, len, acc);
     return xxh3_merge(acc, len);
 }
 
@@ -223,4 +232,136 @@ S4_HD u64 xxh3_64(const u8* in, u64 len) {
     if (len <= 128) return xxh3_len_17to128(in, len);
     if (len <= 240) return xxh3_len_129to240(in, len);
     return xxh3_long(in, len);
+}
+
+// ---- XXH3-128, seed 0, default secret (the content hash's root, spec/format.md "Hashes") ----
+// Every length class, from the published algorithm; `hi` and `lo` are the two halves (the
+// canonical form is hi then lo, each big-endian: xxh128_canonical).
+struct xxh128 {
+    u64 lo, hi;
+};
+
+S4_HD xxh128 xxh_mul64to128(u64 a, u64 b) {
+    xxh128 r;
+#if defined(__CUDA_ARCH__)
+    r.lo = a * b;
+    r.hi = __umul64hi(a, b);
+#else
+    unsigned __int128 m = (unsigned __int128)a * b;
+    r.lo = (u64)m;
+    r.hi = (u64)(m >> 64);
+#endif
+    return r;
+}
+
+S4_HD u32 xxh_swap32(u32 x) {
+    return ((x << 24) & 0xff000000u) | ((x << 8) & 0x00ff0000u) | ((x >> 8) & 0x0000ff00u) |
+           ((x >> 24) & 0x000000ffu);
+}
+
+S4_HD xxh128 xxh3_128_len_0to16(const u8* in, u64 len) {
+    xxh128 h;
+    if (len > 8) {
+        const u64 bitflipl = xxh_secret64(32) ^ xxh_secret64(40);
+        const u64 bitfliph = xxh_secret64(48) ^ xxh_secret64(56);
+        const u64 input_lo = xxh_r64(in);
+        u64 input_hi = xxh_r64(in + len - 8);
+        xxh128 m = xxh_mul64to128(input_lo ^ input_hi ^ bitflipl, XXH_P64_1);
+        m.lo += (len - 1) << 54;
+        input_hi ^= bitfliph;
+        m.hi += input_hi + (u64)(u32)input_hi * (XXH_P32_2 - 1);
+        m.lo ^= xxh_swap64(m.hi);
+        h = xxh_mul64to128(m.lo, XXH_P64_2);
+        h.hi += m.hi * XXH_P64_2;
+        h.lo = xxh3_avalanche(h.lo);
+        h.hi = xxh3_avalanche(h.hi);
+        return h;
+    }
+    if (len >= 4) {
+        const u64 input_64 = (u64)xxh_r32(in) + ((u64)xxh_r32(in + len - 4) << 32);
+        const u64 keyed = input_64 ^ (xxh_secret64(16) ^ xxh_secret64(24));
+        h = xxh_mul64to128(keyed, XXH_P64_1 + (len << 2));
+        h.hi += h.lo << 1;
+        h.lo ^= h.hi >> 3;
+        h.lo ^= h.lo >> 35;
+        h.lo *= XXH_MX2;
+        h.lo ^= h.lo >> 28;
+        h.hi = xxh3_avalanche(h.hi);
+        return h;
+    }
+    if (len > 0) {
+        const u32 combinedl = ((u32)in[0] << 16) | ((u32)in[len >> 1] << 24) | (u32)in[len - 1] |
+                              ((u32)len << 8);
+        const u32 sw = xxh_swap32(combinedl);
+        const u32 combinedh = (sw << 13) | (sw >> 19);
+        h.lo = xxh64_avalanche((u64)combinedl ^ (u64)(xxh_secret32(0) ^ xxh_secret32(4)));
+        h.hi = xxh64_avalanche((u64)combinedh ^ (u64)(xxh_secret32(8) ^ xxh_secret32(12)));
+        return h;
+    }
+    h.lo = xxh64_avalanche(xxh_secret64(64) ^ xxh_secret64(72));
+    h.hi = xxh64_avalanche(xxh_secret64(80) ^ xxh_secret64(88));
+    return h;
+}
+
+// mix32B: two 16-byte inputs into both halves.
+S4_HD void xxh3_128_mix32(xxh128& acc, const u8* in1, const u8* in2, int soff) {
+    acc.lo += xxh3_mix16(in1, soff);
+    acc.lo ^= xxh_r64(in2) + xxh_r64(in2 + 8);
+    acc.hi += xxh3_mix16(in2, soff + 16);
+    acc.hi ^= xxh_r64(in1) + xxh_r64(in1 + 8);
+}
+
+S4_HD xxh128 xxh3_128_mid_finish(xxh128 acc, u64 len) {
+    xxh128 h;
+    h.lo = xxh3_avalanche(acc.lo + acc.hi);
+    h.hi = 0 - xxh3_avalanche(acc.lo * XXH_P64_1 + acc.hi * XXH_P64_4 + len * XXH_P64_2);
+    return h;
+}
+
+S4_HD xxh128 xxh3_128_len_17to128(const u8* in, u64 len) {
+    xxh128 acc;
+    acc.lo = len * XXH_P64_1;
+    acc.hi = 0;
+    for (int i = (int)((len - 1) / 32); i >= 0; i--)
+        xxh3_128_mix32(acc, in + 16 * i, in + len - 16 * (i + 1), 32 * i);
+    return xxh3_128_mid_finish(acc, len);
+}
+
+S4_HD xxh128 xxh3_128_len_129to240(const u8* in, u64 len) {
+    xxh128 acc;
+    acc.lo = len * XXH_P64_1;
+    acc.hi = 0;
+    for (int i = 0; i < 4; i++) xxh3_128_mix32(acc, in + 32 * i, in + 32 * i + 16, 32 * i);
+    acc.lo = xxh3_avalanche(acc.lo);
+    acc.hi = xxh3_avalanche(acc.hi);
+    const int rounds = (int)(len / 32);
+    for (int i = 4; i < rounds; i++)
+        xxh3_128_mix32(acc, in + 32 * i, in + 32 * i + 16, 3 + 32 * (i - 4));
+    xxh3_128_mix32(acc, in + len - 16, in + len - 32, 136 - 17 - 16);
+    return xxh3_128_mid_finish(acc, len);
+}
+
+// The long form's two merges of the same accumulators.
+S4_HD xxh128 xxh3_128_long_finish(const u64* acc, u64 len) {
+    xxh128 h;
+    h.lo = xxh3_merge_from(acc, 11, len * XXH_P64_1);
+    h.hi = xxh3_merge_from(acc, XXH_SECRET_SIZE - 64 - 11, ~(len * XXH_P64_2));
+    return h;
+}
+
+S4_HD xxh128 xxh3_128(const u8* in, u64 len) {
+    if (len <= 16) return xxh3_128_len_0to16(in, len);
+    if (len <= 128) return xxh3_128_len_17to128(in, len);
+    if (len <= 240) return xxh3_128_len_129to240(in, len);
+    u64 acc[8];
+    xxh3_long_acc(in, len, acc);
+    return xxh3_128_long_finish(acc, len);
+}
+
+// The canonical 16 bytes: hi, then lo, each big-endian (python xxhash's xxh3_128_digest).
+S4_HD void xxh128_canonical(xxh128 h, u8* out) {
+    for (int k = 0; k < 8; k++) {
+        out[k] = (u8)(h.hi >> (56 - 8 * k));
+        out[8 + k] = (u8)(h.lo >> (56 - 8 * k));
+    }
 }
