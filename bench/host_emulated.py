@@ -73,6 +73,7 @@ def stand_in(module: str, name: str, grid: int, block: int, *a) -> None:
         fc = at(a[4], np.uint32, 512 * grid).reshape(grid, 512)
         stats = at(a[5], np.uint64, 4 * grid).reshape(grid, 4)
         tb = at(a[6], np.uint8, TABLE_STRIDE * grid).reshape(grid, TABLE_STRIDE)
+        bound = at(a[9], np.uint64, grid)
         for q in range(grid):
             key = (at(hist[q], np.uint64, 256).tobytes() if hist[q]
                    else int(at(ones[q], np.uint64, 1)[0]), int(n[q]))
@@ -80,12 +81,12 @@ def stand_in(module: str, name: str, grid: int, block: int, *a) -> None:
                 h1, o1 = np.array([hist[q]], np.uint64), np.array([ones[q]], np.uint64)
                 n1 = np.array([n[q]], np.int64)
                 f1, s1 = np.zeros(512, np.uint32), np.zeros(4, np.uint64)
-                t1 = np.zeros(TABLE_STRIDE, np.uint8)
+                t1, b1 = np.zeros(TABLE_STRIDE, np.uint8), np.zeros(1, np.uint64)
                 emulated.launch(module, name, 1, block, h1.ctypes.data, o1.ctypes.data,
                                 n1.ctypes.data, a[3], f1.ctypes.data, s1.ctypes.data,
-                                t1.ctypes.data, a[7])
-                _NORMALISED[key] = (f1, s1, t1)
-            fc[q], stats[q], tb[q] = _NORMALISED[key]
+                                t1.ctypes.data, a[7], a[8], b1.ctypes.data)
+                _NORMALISED[key] = (f1, s1, t1, b1[0])
+            fc[q], stats[q], tb[q], bound[q] = _NORMALISED[key]
     elif name == "rans_jobs":
         emulated.launch(module, name, grid, block, *a)
     elif name == "rans_encode":  # every block codes 30% of its bytes, in 16-bit words

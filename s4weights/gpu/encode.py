@@ -13,7 +13,9 @@ tensors, planes or blocks:
    which picks every plane's candidate codecs as ``s4format.policy`` ranks them (GPU codecs
    only: :func:`candidates`).
    Groups are then sized by what they really hold (``plan.group_need``: rANS scratch only for
-   the planes the rANS kernel codes), not by the worst case.
+   the planes the rANS kernel codes, and only the most words each can write: the bound
+   ``ranshost.WORD_COST`` gives, which ``rans_normalise`` sums per plane, a third of a byte
+   per symbol for a weight's exponents where the worst case is two), not by the worst case.
 2. **Group**, one batch of launches with one table upload: one split launch per layout
    (packed sign bits and byte planes;
    a narrow mantissa plane that will be stored bit-packed at its field's width is written
@@ -179,9 +181,12 @@ class Planes:
         self.fixed_off = np.full(self.n.size, -1, np.int64)
         # a rANS launch already queued over rows ``launched`` (Encoder._histograms), or None
         self.rans_queued: dict | None = None
+        # the most rANS words each row can take (``ranshost.WORD_COST``: the device's
+        # rans_normalise sums it), where the window's figures came from the device, or None
+        self.words: np.ndarray | None = None
 
     _CHOSEN = ("nsym", "sym0", "tsize", "est_rans", "est_bp", "cand_rans", "cand_bp", "cand_gd",
-               "runs_rans", "launched", "width", "est_bw", "cand_bw", "bw_first")
+               "runs_rans", "launched", "width", "est_bw", "cand_bw", "bw_first", "words")
 
     def take(self, rows: np.ndarray, item: np.ndarray) -> Planes:
         """Rows ``rows`` as a table of their own, ``item`` their items' positions there (a
@@ -194,7 +199,7 @@ class Planes:
         out.freqs = None if self.freqs is None else self.freqs[rows]
         out.tab = None if self.tab is None else self.tab[rows]
         for name in self._CHOSEN:
-            if hasattr(self, name):
+            if getattr(self, name, None) is not None:
                 setattr(out, name, getattr(self, name)[rows])
         return out
 
@@ -584,14 +589,17 @@ def _to_pinned(digests: torch.Tensor, count: int) -> tuple[torch.Tensor, torch.c
     return host, done
 
 
-def _rans_plan(n: np.ndarray, log2_block: int) -> dict:
+def _rans_plan(n: np.ndarray, log2_block: int, words: np.ndarray | None = None) -> dict:
     """The address-free tables of a rANS launch over jobs of ``n`` symbols: blocks, scratch
-    offsets (two bytes per symbol), CTAs; a row per job or CTA, none per block."""
+    offsets (two bytes per symbol, or per word of ``words``: each job's bound, the kernel's
+    ``p_cap``), CTAs; a row per job or CTA, none per block."""
     n = np.asarray(n, np.int64)
     bt = plan.blocks(n, log2_block)
     scratch_off = np.zeros(n.size + 1, dtype=np.int64)
-    np.cumsum(runtime.align(2 * n), out=scratch_off[1:])
-    return dict(bt=bt, scratch_off=scratch_off, cta=plan.cta_planes(bt.first))
+    np.cumsum(runtime.align(2 * (n if words is None else np.asarray(words, np.int64))),
+              out=scratch_off[1:])
+    return dict(bt=bt, scratch_off=scratch_off, cta=plan.cta_planes(bt.first),
+                cap=None if words is None else np.asarray(words, np.uint64))
 
 
 @dataclass
@@ -729,7 +737,7 @@ class Encoder:
                               minlength=nbytes.size) > nbytes
         need = plan.group_need(pl.item, width, pl.kind != layouts.KIND_RAW, pl.n,
                                pl.runs_rans, pl.cand_gd, nbytes, self.log2_block,
-                               kept & ~may_cpu[pl.item])
+                               kept & ~may_cpu[pl.item], pl.words)
         # what a group's result holds on the device: its compacted payloads (at most the raw
         # bytes, a tensor whose planes would store more copied raw for the CPU coder; 16-byte
         # aligned each) and the planes kept where its split wrote them (counted whole: those
@@ -892,13 +900,15 @@ class Encoder:
                                                     ).astype(np.uint64), np.uint64(0))
         fc = runtime.device_empty(2048 * ps)
         # table bytes, then the figures, then (``split``) the rows rans_jobs picks
-        meta = runtime.device_empty((plan.TABLE_STRIDE + 33) * ps)
-        host = runtime.pinned(33 * ps)
+        # (figures 32 bytes a plane, then the words' bounds 8, then rans_jobs' picks 1)
+        meta = runtime.device_empty((plan.TABLE_STRIDE + 41) * ps)
+        host = runtime.pinned(41 * ps)
         stats_p = meta.data_ptr() + plan.TABLE_STRIDE * ps
         batch.launch("rans", "rans_normalise", ps, 256, *batch.table(
             bins, np.uint64(hp) + (8 * (1024 * nseg + hpos[seg])).astype(np.uint64), n),
             runtime.constant("symbol_bits", ranshost.SYMBOL_BITS), runtime.ptr(fc),
-            np.uint64(stats_p), runtime.ptr(meta), np.int32(self.log2_block))
+            np.uint64(stats_p), runtime.ptr(meta), np.int32(self.log2_block),
+            runtime.constant("word_cost", ranshost.WORD_COST), np.uint64(stats_p + 32 * ps))
         split_tab = np.uint64(fc.data_ptr()) + np.arange(ps, dtype=np.uint64) * np.uint64(2048)
         queued = None
         early = split and ps and queue_rans and self.early_rans
@@ -909,7 +919,7 @@ class Encoder:
             # then waits only for the figures, and decides while the device codes.
             want, bp_ok, bw_ok = candidate_kinds(n, kind, self.policy, self.mantissa)
             rule = (want | bp_ok << 1 | bw_ok << 2).astype(np.uint8)
-            run_p = stats_p + 32 * ps
+            run_p = stats_p + 40 * ps
             batch.launch("rans", "rans_jobs", -(-ps // 256), 256, np.uint64(stats_p),
                          *batch.table(n, rule), np.int32(ps), np.int32(policy.PACKED_SLACK[0]),
                          np.int32(policy.PACKED_SLACK[1]), np.uint64(run_p))
@@ -945,9 +955,12 @@ class Encoder:
         elif ps:
             torch.cuda.current_stream().synchronize()  # the window's one synchronisation
         split_stats = host.numpy()[:32 * ps].view(np.int64).reshape(ps, 4)
+        split_words = ranshost.word_bound(host.numpy()[32 * ps:40 * ps].view(np.int64))
         if raws:
             stats = np.zeros((order.size, 4), np.int64)
             stats[at_row[:ps]] = split_stats
+            words = np.zeros(order.size, np.int64)
+            words[at_row[:ps]] = split_words
             tab = np.zeros(order.size, np.uint64)
             tab[at_row[:ps]] = split_tab
             tdev = np.zeros(order.size, np.uint64)
@@ -956,14 +969,15 @@ class Encoder:
             kind, index = kind[order], index[order]
             bits, pw, fixed_off = bits[order], pw[order], fixed_off[order]
         else:  # split rows only: already in item order
-            stats, tab, tdev = split_stats.copy(), split_tab, split_tdev
+            stats, tab, tdev, words = split_stats.copy(), split_tab, split_tdev, split_words
         pl = Planes(item, kind, index, nrow, ptr, None, stats, tdev, bits, pw)
+        pl.words = words
         pl.fixed, pl.fixed_off = fixed, fixed_off
         pl.tab = tab
         self.candidates(pl)
         if queued is not None:
             split_rows = at_row[:ps] if raws else np.arange(ps)
-            picked = host.numpy()[32 * ps:33 * ps].astype(bool)
+            picked = host.numpy()[40 * ps:41 * ps].astype(bool)
             if np.array_equal(picked, pl.runs_rans[split_rows]):  # (other rows never run rANS)
                 pl.launched = np.zeros(len(pl), bool)
                 pl.launched[split_rows] = True
@@ -1134,7 +1148,9 @@ class Encoder:
                              (width[at_rows] < 8)[:, 1:].any(axis=1).astype(np.uint8)))
         jobs = np.flatnonzero(pl.runs_rans)
         return _Prepared(pl, rows, width[rows], off, total, infix, ftotal, launches,
-                         _rans_plan(pl.n[jobs], self.log2_block) if jobs.size else None)
+                         _rans_plan(pl.n[jobs], self.log2_block,
+                                    None if pl.words is None else pl.words[jobs])
+                         if jobs.size else None)
 
     def _split(self, pl: Planes, prep: _Prepared, batch: runtime.Batch) -> torch.Tensor:
         """The group's planes in one device buffer, one split launch per layout (in ``batch``):
@@ -1212,11 +1228,13 @@ class Encoder:
         bt, scratch_off = planned["bt"], planned["scratch_off"]
         nb = bt.size
         scratch = runtime.device_empty(int(scratch_off[-1]))
-        out = torch.empty(nb * 4 * 34 + 2 * nb, dtype=torch.uint8, device="cuda")
+        flags = runtime.align(nb * 4 * 34 + 2 * nb, 8)
+        out = torch.empty(flags + 8 * nb, dtype=torch.uint8, device="cuda")
         counts_p = out.data_ptr()
         states_p = counts_p + 4 * nb
         firsts_p = states_p + 128 * nb
         varied_p = firsts_p + nb
+        boff_p = counts_p + flags  # each block's words' place in its job's scratch
         # per job: frequencies and their exclusive prefix sums; each CTA builds its encoder
         # table from them in shared memory (2 KiB per plane up instead of a 4 KiB table)
         if tabs is None:
@@ -1230,12 +1248,18 @@ class Encoder:
         tabs_at = batch.table(cta_plane, cta_block, cta_warps, srcs, n,
                               np.asarray(tabs, np.uint64), job_scratch, bt.first[:-1],
                               np.asarray(width, np.uint8))
+        # a job sized by its bound: its capacity in words and its cursor (blocks take their
+        # shares of it); otherwise none (fixed slots of a word per symbol)
+        cap = planned.get("cap")
+        bounded = (*batch.table(cap, np.zeros(n.size, np.uint64)),) if cap is not None \
+            else (np.uint64(0), np.uint64(0))
         batch.launch("rans", "rans_encode", cta_plane.size, 32 * plan.RANS_WARPS, *tabs_at,
                      np.int32(self.log2_block), np.uint64(counts_p), np.uint64(states_p),
-                     np.uint64(firsts_p), np.uint64(varied_p), np.uint64(run))
-        return dict(bt=bt, n=n, out=out, states_p=states_p, counts_p=counts_p,
+                     np.uint64(firsts_p), np.uint64(varied_p), np.uint64(run), *bounded,
+                     np.uint64(boff_p), runtime.constant("word_cost", ranshost.WORD_COST))
+        return dict(bt=bt, n=n, out=out, states_p=states_p, counts_p=counts_p, boff_p=boff_p,
                     scratch_off=scratch_off, scratch=scratch, keep=(keep, out),
-                    log2_block=self.log2_block)
+                    log2_block=self.log2_block, bounded=cap is not None)
 
     @staticmethod
     def _rans_collect(launched: dict, meanwhile=None, rest: runtime.Batch | None = None
@@ -1259,6 +1283,9 @@ class Encoder:
         copied.synchronize()  # not what ``meanwhile`` queued
         meta = meta_h.numpy()
         counts = meta[:4 * nb].view(np.uint32).astype(np.int64)
+        if nb and (counts == 0xFFFFFFFF).any():  # (never: ranshost.WORD_COST bounds them)
+            raise RuntimeError("rANS encoder: a block wrote more words than its bound "
+                               "(ranshost.WORD_COST); this is a bug")
         fv = meta[4 * nb:6 * nb]
         first = bt.first
         jobs = launched.pop("n").size
@@ -1411,7 +1438,7 @@ class Encoder:
         scratch = np.uint64(r["scratch"].data_ptr()) + r["scratch_off"][:-1].astype(np.uint64)
         batch.launch("copy", "rans_place", int(first[-1]), 256, np.int32(first.size - 1),
                      *batch.table(first.astype(np.int64), scratch, words),
-                     np.int32(r["log2_block"]), np.uint64(r["counts_p"]),
+                     np.uint64(r["boff_p"]), np.uint64(r["counts_p"]),
                      *batch.table(np.cumsum(counts) - counts))
 
 
@@ -1487,7 +1514,10 @@ def rans_runs(r: dict, jobs: np.ndarray, at: np.ndarray, words: bool = True
     ln = [4 * nb_u, 128 * nb_u]
     if not words:
         return src, dst, ln
-    # one word run per block: blocks of plane q are b0[q] .. b0[q] + nbk[q] - 1
+    if r["bounded"]:  # (the blocks' regions are the device's: rans_place moves those words)
+        raise ValueError("rans_runs lays out the words of fixed-slot launches only")
+    # one word run per block (in its fixed slot): blocks of plane q are b0[q] .. b0[q] +
+    # nbk[q] - 1
     q = np.repeat(np.arange(jobs.size), nbk)
     firstq = np.cumsum(nbk) - nbk
     blk = np.arange(q.size, dtype=np.int64) - firstq[q] + b0[q]

@@ -48,14 +48,15 @@ def _al(n: int) -> int:
     return (n + 255) // 256 * 256  # runtime.ALIGN: every device buffer is 256-byte aligned
 
 
-BLOCK_META = 4 * 34 + 2 + 2 + 16  # device bytes per rANS block: word count, 32 final states
-# and a spare word, first symbol and flag (the encoder's result buffer), its share of the
-# launch's CTA table (9 bytes per 8 blocks), and its word count as i64 and the prefix sum of
-# those (the assembly's rans_place)
+BLOCK_META = 4 * 34 + 2 + 8 + 2 + 16  # device bytes per rANS block: word count, 32 final
+# states and a spare word, first symbol and flag, its words' place in the scratch (the
+# encoder's result buffer), its share of the launch's CTA table (9 bytes per 8 blocks), and
+# its word count as i64 and the prefix sum of those (the assembly's rans_place)
 TABLE_STRIDE = 544  # kernels/rans.cu: device bytes of a plane's frequency table (the largest)
-PLANE_META = 2048 + TABLE_STRIDE + 33  # device bytes per split plane (rans_normalise's output):
+PLANE_META = 2048 + TABLE_STRIDE + 41  # device bytes per split plane (rans_normalise's output):
 # its normalised frequencies and cumulative sums (the encoder-table input), its frequency
-# table's bytes, its figures for the host and whether rans_jobs picks it
+# table's bytes, its figures for the host, its rANS words' bound and whether rans_jobs picks
+# it
 TENSOR_META = _al(8 * 1025) + 4096  # a split tensor's histograms; its launch-table rows
 
 
@@ -67,8 +68,9 @@ def encode_need(layout: layouts.Layout | None, nbytes: int, itemsize: int,
     rANS block's metadata (``log2_block``), GDeflate's output pages where GDeflate runs, and the
     compacted payloads (at most the raw bytes: larger codings fall back to a raw copy). A
     tensor the GPU does not split holds only its copy in the payloads. ``rans=False``: the
-    least it can need, with no plane rANS-coded (the encoder's exact need, ``group_need``,
-    lies between the two)."""
+    least it can need, its planes and tables alone (no rANS scratch, no payload beyond the
+    planes the split stores as they are kept: the encoder's exact need, ``group_need``, lies
+    between the two)."""
     if layout is None or layout.layout_id == layouts.RAW.layout_id:
         return _al(nbytes)
     n = nbytes // layout.word_size(itemsize)
@@ -80,7 +82,7 @@ def encode_need(layout: layouts.Layout | None, nbytes: int, itemsize: int,
         need += (planes + 1) * (_al(2 * n) + _al(BLOCK_META * nb))  # scratch
     if gdeflate:
         need += planes * _al(-(-n // 65536) * (2 * 65536 + 4096))
-    return need + _al(nbytes)
+    return need + _al(nbytes) if rans else need
 
 
 # The encoder codes consecutive tensors in windows: one histogram pass per window, then groups
@@ -116,12 +118,14 @@ GROUP_PLANE = 1024  # per plane of a group: its rows of the launch and copy tabl
 
 def group_need(item: np.ndarray, width: np.ndarray, split: np.ndarray, n: np.ndarray,
                runs_rans: np.ndarray, gdeflate: np.ndarray, nbytes: np.ndarray,
-               log2_block: int, kept: np.ndarray | None = None) -> np.ndarray:
+               log2_block: int, kept: np.ndarray | None = None,
+               words: np.ndarray | None = None) -> np.ndarray:
     """Exact device bytes the encoder holds for each tensor of a group at once, from its planes'
     chosen candidates (rows: plane q of tensor ``item[q]``; ``split``: the row is a split plane,
     not a raw-layout tensor's bytes in place, stored at ``width`` bits per element,
-    ``split_plane_bytes``): the split planes, rANS scratch (two bytes per symbol) and block
-    metadata only for planes the rANS kernel codes, GDeflate's pages for planes it codes,
+    ``split_plane_bytes``): the split planes, rANS scratch (two bytes per symbol, or per word
+    of ``words``: each plane's bound, ``ranshost.WORD_COST``) and block metadata only for
+    planes the rANS kernel codes, GDeflate's pages for planes it codes,
     per-plane tables and copy ops, the compacted payloads (at most the raw bytes and 16-byte
     padding per plane; ``nbytes``: each tensor's raw bytes; tensors without rows hold only
     their copy, less the payloads of ``kept`` rows: split planes stored as the split wrote
@@ -130,7 +134,8 @@ def group_need(item: np.ndarray, width: np.ndarray, split: np.ndarray, n: np.nda
     n = np.asarray(n, np.int64)
     row = np.where(split, split_plane_bytes(n, width), 0)
     nb = -(-n >> log2_block)
-    row += np.where(runs_rans, (2 * n + 255) // 256 * 256 + (BLOCK_META * nb + 255) // 256 * 256,
+    scratch = 2 * (n if words is None else np.asarray(words, np.int64))
+    row += np.where(runs_rans, (scratch + 255) // 256 * 256 + (BLOCK_META * nb + 255) // 256 * 256,
                     0)
     row += np.where(gdeflate, (-(-n // 65536) * (2 * 65536 + 4096) + 255) // 256 * 256, 0)
     # a copy op (24 bytes) or a bitpack-w pack op (25) per 64 KiB of payload, and its tables'

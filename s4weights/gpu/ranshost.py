@@ -132,6 +132,26 @@ def decoder_tables(freqs: np.ndarray) -> np.ndarray:
 SYMBOL_BITS = rans.PROB_BITS - np.log2(np.maximum(np.arange(rans.PROB_SCALE + 1), 1))
 
 
+# A bound on the 16-bit words rANS writes (the encoder's scratch, sized per plane and per block
+# on the device: kernels/rans.cu rans_encode). A lane's state x stays in [2^15, 2^31): a symbol
+# of frequency f first renormalises (x >= f << 19: one word out, x >>= 16, so x >= 8 f after),
+# then x' = floor(x / f) * 4096 + x mod f + c < (4096 / f) (x + f), so
+# log2 x' < log2 x + log2(4096 / f) + log2(9 / 8). Summed over a lane's symbols, with each word
+# taking 16 bits off and the final state no smaller than the initial 2^15: 16 words <= the sum
+# of (log2(4096 / f) + log2(9 / 8)). WORD_COST[f] is that cost in units of 2^-16 bit, rounded
+# up (plus one unit for the doubles' rounding); the words of any set of lanes' symbols (a block,
+# a plane) are at most the sum of their WORD_COST >> 20. The device sums it per plane
+# (rans_normalise: the scratch the host sizes) and per block (rans_encode: each block's share).
+WORD_COST = (np.floor((rans.PROB_BITS - np.log2(np.maximum(np.arange(rans.PROB_SCALE + 1), 1))
+                       + np.log2(9 / 8)) * 65536) + 1).astype(np.uint32)
+WORD_COST[0] = 0
+
+
+def word_bound(cost_sum) -> np.ndarray:
+    """The most words a plane (or block) whose symbols' WORD_COST sum to ``cost_sum`` writes."""
+    return np.asarray(cost_sum, np.int64) >> 20
+
+
 def estimate_many(counts: np.ndarray, freqs: np.ndarray, log2_block: int) -> np.ndarray:
     """``estimate`` of every row with more than one symbol present (others: don't care).
     The per-symbol bit costs are summed in symbol order, one addition at a time, as the

@@ -78,8 +78,10 @@ def launch(module: str, name: str, grid: int, block: int, *a) -> None:
                     hist[256 * k:256 * (k + 1)] += np.bincount(p, minlength=256).astype(
                         np.uint64)
                 at(int(a[7]) + 8 * r, np.uint64, 1)[0] += int(planes[0].sum())
-    elif name == "rans_normalise":  # hist, ones, n, sbits, fc, stats, tbytes, log2_block
+    elif name == "rans_normalise":  # hist, ones, n, sbits, fc, stats, tbytes, log2_block,
+        # wcost, bound
         hist, ones = at(a[0], np.uint64, grid), at(a[1], np.uint64, grid)
+        wcost, bound = at(a[8], np.uint32, rans.PROB_SCALE + 1), at(a[9], np.uint64, grid)
         n, sbits = at(a[2], np.int64, grid), at(a[3], np.float64, rans.PROB_SCALE + 1)
         fc = at(a[4], np.uint32, 512 * grid).reshape(grid, 512)
         stats = at(a[5], np.uint64, 4 * grid).reshape(grid, 4)
@@ -93,6 +95,7 @@ def launch(module: str, name: str, grid: int, block: int, *a) -> None:
                 c[:2] = n[q] - o, o
             f = rans.normalise(c) if c.any() else np.zeros(256, np.int64)
             fc[q, :256], fc[q, 256:] = f, np.cumsum(f) - f
+            bound[q] = int((c * wcost[f].astype(np.int64)).sum())
             k = int(np.count_nonzero(c))
             table = rans.table_bytes(f) if k else np.zeros(32, np.uint8).tobytes()
             at(int(a[6]) + TABLE_STRIDE * q, np.uint8, len(table))[:] = np.frombuffer(
@@ -126,7 +129,9 @@ def launch(module: str, name: str, grid: int, block: int, *a) -> None:
             bw_first = cand_bw and (not cand_rans or int(a[4]) * est_bw <= int(a[5]) * est)
             out[q] = cand_rans and not bp_first and not bw_first and stats[q, 0] > 1
     elif name == "rans_encode":  # CTAs: plane, block, warps; planes: src, n, tab, scratch,
-        # first block, source width; log2_block; per block: counts, states, firsts, varied
+        # first block, source width; log2_block; per block: counts, states, firsts, varied;
+        # planes: run, capacity (words; none: a slot per block), cursor; per block: its
+        # words' place; wcost
         cplane, cblock = at(a[0], np.uint32, grid), at(a[1], np.uint32, grid)
         cwarps = at(a[2], np.uint8, grid)
         nq = int(cplane.max()) + 1
@@ -137,6 +142,9 @@ def launch(module: str, name: str, grid: int, block: int, *a) -> None:
         counts, states = at(a[10], np.uint32, nb), at(a[11], np.uint32, 32 * nb)
         firsts, varied = at(a[12], np.uint8, nb), at(a[13], np.uint8, nb)
         run = at(a[14], np.uint8, nq) if int(a[14]) else np.ones(nq, np.uint8)
+        cap = at(a[15], np.uint64, nq) if int(a[15]) else np.full(nq, ~np.uint64(0))
+        cursor = at(a[16], np.uint64, nq) if int(a[16]) else None
+        boff, wcost = at(a[17], np.uint64, nb), at(a[18], np.uint32, rans.PROB_SCALE + 1)
         for c in range(grid):
             q = int(cplane[c])
             if not run[q]:  # its blocks code nothing
@@ -150,13 +158,23 @@ def launch(module: str, name: str, grid: int, block: int, *a) -> None:
                 start = k << lg
                 b = int(pfirst[q]) + k
                 data = plane[start:start + (1 << lg)].copy()
+                off, most = start, data.size
+                if cap[q] != ~np.uint64(0):  # the block's share of the plane's bound
+                    most = int(wcost[freqs[data]].astype(np.int64).sum()) >> 20
+                    off = int(cursor[q])
+                    cursor[q] += np.uint64(most)
+                    if off + most > int(cap[q]):
+                        counts[b] = 0xFFFFFFFF
+                        continue
+                boff[b] = off
                 words = np.empty(data.size, np.uint16)
                 cnt, s_ = np.empty(1, np.int64), np.empty(rans.LANES, np.int64)
                 rans._encode_blocks(data, rans.LOG2_BLOCK_MAX, rans._encoder_table(freqs), words,
                                     cnt, s_)
-                counts[b] = cnt[0]
+                counts[b] = cnt[0] if cnt[0] <= most else 0xFFFFFFFF
                 states[32 * b:32 * (b + 1)] = s_
-                at(int(scr[q]) + 2 * start, np.uint16, cnt[0])[:] = words[:cnt[0]]
+                at(int(scr[q]) + 2 * off, np.uint16, min(cnt[0], most))[:] = \
+                    words[:min(cnt[0], most)]
                 firsts[b], varied[b] = data[0], bool((data != data[0]).any())
     elif name == "copy_ops":  # src, dst, len
         for s, d, n in zip(*(at(x, np.uint64, grid).tolist() for x in a[:3])):
@@ -168,17 +186,18 @@ def launch(module: str, name: str, grid: int, block: int, *a) -> None:
             assert int(values.max()) < 1 << w
             packed = pack_bits(values, w)
             at(d, np.uint8, packed.size)[:] = packed
-    elif name == "rans_place":  # njobs, first, scratch, words (per job), log2_block; per
-        # block: count, excl
+    elif name == "rans_place":  # njobs, first, scratch, words (per job); per block: its
+        # words' place, count, excl
         nj = int(a[0])
         first = at(a[1], np.int64, nj + 1)
-        scratch, words, lg = at(a[2], np.uint64, nj), at(a[3], np.uint64, nj), int(a[4])
-        count, excl = at(a[5], np.uint32, grid), at(a[6], np.int64, grid)
+        scratch, words = at(a[2], np.uint64, nj), at(a[3], np.uint64, nj)
+        boff, count, excl = at(a[4], np.uint64, grid), at(a[5], np.uint32, grid), \
+            at(a[6], np.int64, grid)
         for b in range(grid):
             j = int(np.searchsorted(first, b, side="right") - 1)
             if words[j]:
                 ctypes.memmove(int(words[j]) + 2 * int(excl[b] - excl[first[j]]),
-                               int(scratch[j]) + (2 * (b - int(first[j])) << lg),
+                               int(scratch[j]) + 2 * int(boff[b]),
                                2 * int(count[b]))
     elif name == "leaf_digests":  # nseg, ptr, len, first, at, out
         nseg = int(a[0])

@@ -178,6 +178,42 @@ def test_gpu_file_planes_equal_cpu_planes_for_the_same_codec() -> None:
     assert compared >= 8
 
 
+def test_planes_coded_in_scratch_sized_by_their_bound_equal_the_cpus() -> None:
+    # groups sized by their exact need take each rANS plane's scratch from its words' bound
+    # (ranshost.WORD_COST) and each block its own share: blocks of symbols rare in the plane
+    # (every exponent, 12 bits each) next to blocks of common ones; the streams are the CPU's
+    from s4weights.gpu import encode
+
+    n = 1_500_000
+    state = {}
+    for k, dt in enumerate((torch.bfloat16, torch.float32)):
+        x = (torch.randn(n, device="cuda") * 0.02).to(dt)
+        bits = x.view(torch.int16 if dt == torch.bfloat16 else torch.int32)
+        shift = 7 if dt == torch.bfloat16 else 23
+        every = torch.arange(1 << 16, device="cuda") % 256  # all 256 exponents, in turn
+        rare = slice((3 + k) << 16, (4 + k) << 16)
+        bits[rare] = ((bits[rare] & ~(0xFF << shift)) | (every << shift)).to(bits.dtype)
+        state[f"w{k}"] = x
+        state[f"z{k}"] = torch.zeros(n, device="cuda", dtype=dt)  # a plane of one symbol
+        state[f"z{k}"][-70_000:] = x[:70_000]  # ... but for its last blocks
+    items = [encode.Item.of(t) for t in state.values()]
+    enc = encode.Encoder("auto", workspace=16 << 20)
+    assert any(pl is not None for _its, pl, _n, _f in enc._plan(items))  # groups were sized
+    rg = s4format.Reader(encode.file_of(enc, state))
+    coded = 0
+    for i, (tg, x) in enumerate(zip(rg.tensors, state.values())):
+        raw = x.reshape(-1).view(torch.uint8).cpu().numpy()
+        assert rg.read_raw(i).tobytes() == raw.tobytes()  # (the CPU reader checks every hash)
+        assert decode.read_tensors(rg, [i])[0].cpu().numpy().tobytes() == raw.tobytes()
+        planes = tg.layout.split(raw, tg.dtype.itemsize)
+        for k, p in enumerate(tg.planes):
+            if p.codec == codecs.RANS:  # the CPU coder's stream of the same plane
+                want = RansCodec().encode(planes[k]).payload
+                assert rg.read_stored(tg, k).tobytes() == bytes(want), (tg.name, p.label)
+                coded += 1
+    assert coded >= 4
+
+
 @pytest.mark.parametrize("policy,mantissa", [("auto", "auto"), ("auto", "rans"),
                                              ("seed", "auto")])
 def test_rans_jobs_picks_the_planes_the_host_rule_picks(policy: str, mantissa: str) -> None:

@@ -52,13 +52,16 @@ def test_device_normalisation_equals_the_reference() -> None:
         fc = out.view(torch.int32)
         stats = torch.full((hist.size * 4,), -1, dtype=torch.int64, device="cuda")
         tb = torch.full((hist.size * stride,), 0xAB, dtype=torch.uint8, device="cuda")
+        bound = torch.full((hist.size,), -1, dtype=torch.int64, device="cuda")
         runtime.launch("rans", "rans_normalise", hist.size, 256, np.uint64(hp), np.uint64(op),
                        np.uint64(np_), np.uint64(sp), runtime.ptr(fc), runtime.ptr(stats),
-                       runtime.ptr(tb), np.int32(log2_block))
+                       runtime.ptr(tb), np.int32(log2_block),
+                       runtime.constant("word_cost", ranshost.WORD_COST), runtime.ptr(bound))
         got = fc.cpu().numpy().view(np.uint32)[:hist.size * 512].reshape(-1, 512).astype(
             np.int64)
         st = stats.cpu().numpy().reshape(-1, 4)
         tbytes = tb.cpu().numpy().reshape(-1, stride)
+        words = bound.cpu().numpy()
         for q, c in enumerate(every):
             want = rans.normalise(c) if c.any() else np.zeros(256, np.int64)
             assert (got[q, :256] == want).all(), q
@@ -75,4 +78,6 @@ def test_device_normalisation_equals_the_reference() -> None:
             # the first symbol present, and the last one (bitpack-w's width) above bit 16
             ends = int(np.argmax(c > 0)) | (255 - int(np.argmax(c[::-1] > 0))) << 16 if k else 0
             assert st[q].tolist() == [k, est, ends, len(table)], q
+            # the sum the words' bound comes from (ranshost.WORD_COST)
+            assert int(words[q]) == int((c * ranshost.WORD_COST[want].astype(np.int64)).sum())
     del tables

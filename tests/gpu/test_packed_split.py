@@ -185,7 +185,7 @@ def test_planes_stored_as_split_shrink_a_groups_need(emulated) -> None:
 
     t = {f"w{k}": low_uniform() for k in range(12)}
     items = _items(t.values())
-    workspace = 8 << 20
+    workspace = 6 << 20
     counts = {}
     for keep in (True, False):
         enc = encode.Encoder("auto", workspace=workspace)

@@ -57,11 +57,12 @@ extern "C" __global__ void copy_ops(const u64* src, const u64* dst, const u64* l
 // The words of rANS block b (one CTA each; a stream's blocks are consecutive): count[b] u16
 // words from the encoder's scratch to the word section of its job's stream, which starts at
 // words[job]: after the words of the job's blocks before b. Job j owns blocks first[j] ..
-// first[j + 1] - 1 (of 2^log2_block symbols) and its scratch, two bytes per symbol, starts at
-// scratch[j]; excl[b] is the exclusive prefix sum of count over the launch's blocks. A job
-// whose stream is not in RANS mode (CONST, or stored raw) has words[j] = 0: nothing is copied.
+// first[j + 1] - 1 and its scratch starts at scratch[j], block b's words boff[b] words into it
+// (rans_encode's region); excl[b] is the exclusive prefix sum of count over the launch's
+// blocks. A job whose stream is not in RANS mode (CONST, or stored raw) has words[j] = 0:
+// nothing is copied.
 extern "C" __global__ void rans_place(int njobs, const i64* first, const u64* scratch,
-                                      const u64* words, int log2_block, const u32* count,
+                                      const u64* words, const u64* boff, const u32* count,
                                       const i64* excl) {
     const i64 b = blockIdx.x;
     int lo = 0, hi = njobs - 1;  // the job whose blocks include b
@@ -71,7 +72,7 @@ extern "C" __global__ void rans_place(int njobs, const i64* first, const u64* sc
     }
     if (words[lo] == 0) return;
     const u64 at = 2 * (u64)(excl[b] - excl[first[lo]]);
-    const u8* src = (const u8*)scratch[lo] + (2 * (u64)(b - first[lo]) << log2_block);
+    const u8* src = (const u8*)scratch[lo] + 2 * boff[b];
     copy_bytes(src, (u8*)words[lo] + at, 2 * (u64)count[b]);
 }
 

@@ -10,9 +10,16 @@
 // plane's frequencies; each warp finds its block from them (no table per block). (A warp's 32 table lookups per row are a random
 // gather: from global memory they touch ~28 cache lines per row and were the decoder's
 // bottleneck; from shared memory they cost a few bank conflicts.) The encoder writes a block's
-// words to its own scratch region (at most one word per symbol) and its word count, 32 final
-// states, first symbol and "not constant" flag; the host then knows every stream size and
-// assembles the streams with the copy kernel. A plane is read as bytes, or as the split stored
+// words to its own scratch region and its word count, 32 final states, first symbol and "not
+// constant" flag, and the region's place (boff: in words from the plane's scratch); the host
+// then knows every stream size and assembles the streams with the copy kernel (rans_place
+// moves the words). A plane's region per block is either a fixed slot of one word per symbol
+// (p_cap null or p_cap[q] = ~0: the most a block can write), or, where the host sized the
+// plane's scratch by its bound (p_cap[q] words, rans_normalise's bound >> 20), the block's own
+// bound: the warp first sums wcost[f] over its symbols (a pass over the block before coding
+// it), then takes that sum >> 20 words from the plane's cursor (an atomic add; the blocks'
+// bounds add up to at most the plane's: ranshost.WORD_COST). A block whose words would not
+// fit (never, by that bound) codes nothing and reports count ~0 (the host raises). A plane is read as bytes, or as the split stored
 // it packed (p_w[q] < 8: bitpack-w of that width, the sign plane's bits at 1), unpacked into
 // the warp's stage.
 //
@@ -33,9 +40,10 @@ extern "C" __global__ void __launch_bounds__(RANS_WARPS * 32)
 rans_encode(const u32* cta_plane, const u32* cta_block, const u8* cta_warps, const u64* p_src,
             const i64* p_n, const u64* p_tab, const u64* p_scratch, const i64* p_first,
             const u8* p_w, int log2_block, u32* counts, u32* states, u8* firsts, u8* varied,
-            const u8* p_run) {
+            const u8* p_run, const u64* p_cap, u64* cursor, u64* boff, const u32* wcost) {
     __shared__ __align__(16) u8 stage[RANS_WARPS][STAGE];
     __shared__ uint4 tab[256];
+    __shared__ u32 wc[256];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const u32 q = cta_plane[blockIdx.x];
     if (p_run && !p_run[q]) {  // a plane rans_jobs did not pick: its blocks code nothing
@@ -50,8 +58,11 @@ rans_encode(const u32* cta_plane, const u32* cta_block, const u8* cta_warps, con
     // the plane's encoder table, built here from its frequencies and their exclusive prefix
     // sums (u32 freq[256], cum[256]): exactly ranshost.encoder_tables / rans._encoder_table
     const u32* fc = (const u32*)p_tab[q];
+    const u64 cap = p_cap ? p_cap[q] : ~0ull;
+    const bool bounded = cap != ~0ull;  // (uniform in the CTA)
     for (int s = threadIdx.x; s < 256; s += blockDim.x) {
         const u32 f = fc[s], c = fc[256 + s];
+        if (bounded) wc[s] = f ? wcost[f] : 0;
         uint4 e = make_uint4(0, 0, 0, 0);
         if (f == 1) {
             e = make_uint4(1u << 19, 0xFFFFFFFFu, c + 4095u, 4095u << 8);
@@ -70,13 +81,46 @@ rans_encode(const u32* cta_plane, const u32* cta_block, const u8* cta_warps, con
     const u32 sw = p_w[q];  // 8: bytes; else packed at sw bits (start is a multiple of 8)
     const u8* src = (const u8*)p_src[q] + (sw == 8 ? start : (start >> 3) * sw);
     const u32 len = (u32)(rest < (1ull << log2_block) ? rest : (1ull << log2_block));
-    // two bytes of scratch per symbol; (the pointer laundered through a mov, so that it stays in
-    // a register pair: a row's store address is then one IMAD.WIDE, where the compiler's
+    const bool vec = sw == 8 && ((u64)src & 15) == 0;
+    u64 off = start, most = ~0ull;  // the block's region (words) and its bound
+    if (bounded) {
+        u64 sb = 0;  // the block's symbols' wcost, summed
+        if (vec) {
+            for (u32 i0 = 16 * lane; i0 < len; i0 += 512) {
+                if (i0 + 16 <= len) {
+                    const uint4 v = *(const uint4*)(src + i0);
+                    const u32 w4[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+                    for (int j = 0; j < 16; j++) sb += wc[(w4[j >> 2] >> (8 * (j & 3))) & 0xFF];
+                } else {
+                    for (u32 i = i0; i < len; i++) sb += wc[src[i]];
+                }
+            }
+        } else if (sw < 8) {
+            for (u32 i0 = 8 * lane; i0 < len; i0 += 256) {
+                const int m = len - i0 < 8 ? len - i0 : 8;
+                const u64 v = unpack8(src, i0, m, sw);
+                for (int j = 0; j < m; j++) sb += wc[(v >> (8 * j)) & 0xFF];
+            }
+        } else {
+            for (u32 i = lane; i < len; i += 32) sb += wc[src[i]];
+        }
+        for (int o = 16; o; o >>= 1) sb += __shfl_xor_sync(0xFFFFFFFFu, sb, o);
+        most = sb >> 20;
+        if (lane == 0) off = atomicAdd((unsigned long long*)&cursor[q], (unsigned long long)most);
+        off = __shfl_sync(0xFFFFFFFFu, off, 0);
+        if (off + most > cap) {  // (never: the bounds add up to at most cap)
+            if (lane == 0) counts[b] = ~0u;
+            return;
+        }
+    }
+    if (lane == 0) boff[b] = off;
+    // the block's region in the scratch (the pointer laundered through a mov, so that it stays
+    // in a register pair: a row's store address is then one IMAD.WIDE, where the compiler's
     // uniform base plus 64-bit offset took four instructions)
     u16* words;
-    asm("mov.b64 %0, %1;" : "=l"(words) : "l"((u16*)p_scratch[q] + start));
+    asm("mov.b64 %0, %1;" : "=l"(words) : "l"((u16*)p_scratch[q] + off));
     u8* st = stage[warp];
-    const bool vec = sw == 8 && ((u64)src & 15) == 0;
     const u8 first = sw == 8 ? src[0] : (u8)unpack8(src, 0, 1, sw);
     const u32 lt = lanemask_lt();
     const u32 f4 = 0x01010101u * first;
@@ -140,7 +184,7 @@ rans_encode(const u32* cta_plane, const u32* cta_block, const u8* cta_warps, con
     states[(u64)b * 32 + lane] = x;
     const u32 any = __ballot_sync(0xFFFFFFFFu, diff);
     if (lane == 0) {
-        counts[b] = w;
+        counts[b] = w <= most ? w : ~0u;  // (over the bound: never)
         firsts[b] = first;
         varied[b] = any != 0;
     }
@@ -358,7 +402,7 @@ __device__ __forceinline__ T warp_scan(T v, int lane) {
 #define TABLE_STRIDE 544  // 32 + 2 * 256: the largest frequency table
 extern "C" __global__ void __launch_bounds__(256)
 rans_normalise(const u64* hist, const u64* ones, const i64* n, const double* sbits, u32* fc,
-               u64* stats, u8* tbytes, int log2_block) {
+               u64* stats, u8* tbytes, int log2_block, const u32* wcost, u64* bound) {
     __shared__ u64 red[8];
     __shared__ u64 rem[256];
     __shared__ u8 pres[256];
@@ -401,6 +445,10 @@ rans_normalise(const u64* hist, const u64* ones, const i64* n, const double* sbi
     for (int i = 0; i < warp; i++) before += wsum[i];
     fc[(u64)q * 512 + s] = f;
     fc[(u64)q * 512 + 256 + s] = before + v - f;
+    // the bound of the plane's rANS words (ranshost.WORD_COST): sum over symbols of count *
+    // wcost[f], whose >> 20 bounds the words of every block together (c < 2^44: no overflow)
+    const u64 wsum_q = cta_sum(present ? c * wcost[f] : 0, red);
+    if (s == 0) bound[q] = wsum_q;
     // the table's bytes: presence bitmap (bit s % 8 of byte s / 8 is bit s % 32 of the
     // little-endian u32 s / 32: a warp's ballot), then each present symbol's u16 frequency at
     // its rank among the present symbols, then 2 zero bytes when k is odd
