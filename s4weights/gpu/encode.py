@@ -502,16 +502,25 @@ def kept_as_split(pl: Planes, width: np.ndarray, raw: bool = True) -> np.ndarray
     return kept | stays_raw(pl) if raw else kept
 
 
-def stored_bound(pl: Planes, width: np.ndarray, kept: np.ndarray) -> np.ndarray:
+def stored_bound(pl: Planes, width: np.ndarray, kept: np.ndarray,
+                 log2_block: int = rans.LOG2_BLOCK_DEFAULT) -> np.ndarray:
     """An upper bound on each row's stored bytes once :func:`choose` has run (``width``:
     :func:`pack_widths`, ``kept``: :func:`kept_as_split`): a kept row's payload exactly;
     bitpack-w's or bitpack's size where that codec is sure to be chosen (ranked first, or
-    bitpack ranked before rANS); any other row's bytes (a coded payload is smaller, raw is
+    bitpack ranked before rANS); a rANS stream's most bytes where rANS ranks first and even
+    its most (``Planes.words``, the stream at ``log2_block``) is under the plane's bytes, so
+    that it is sure to be chosen; any other row's bytes (a coded payload is smaller, raw is
     that). A tensor whose rows' bounds sum past its raw bytes may be coded by the CPU."""
     n = pl.n
     bp_sure = pl.cand_bp & ~(pl.cand_rans & (pl.est_rans < pl.est_bp))
-    return np.where(kept, plan.packed_bytes(n, width),
-                    np.where(pl.bw_first, pl.est_bw, np.where(bp_sure, pl.est_bp, n)))
+    out = np.where(pl.bw_first, pl.est_bw, np.where(bp_sure, pl.est_bp, n))
+    if pl.words is not None:
+        # runs_rans: rANS ranks first (not bitpack's nor bitpack-w's turn); a stream of at
+        # most ``most`` bytes under n is sure to be taken (choose: its real size is under n)
+        most = (ranshost.HEADER_SIZE + pl.tsize + rans.BLOCK_OVERHEAD * -(-n >> log2_block)
+                + 2 * pl.words)
+        out = np.where(pl.runs_rans & (most < n), most, out)
+    return np.where(kept, plan.packed_bytes(n, width), out)
 
 
 def place_split(n: np.ndarray, width: np.ndarray, packed: np.ndarray
@@ -733,19 +742,23 @@ class Encoder:
         kept = kept_as_split(pl, width, self.keep_raw)
         # a tensor that may store more than its raw bytes is copied raw for the CPU coder,
         # while its kept planes stay where the split wrote them: its need counts both
-        may_cpu = np.bincount(pl.item, weights=stored_bound(pl, width, kept),
-                              minlength=nbytes.size) > nbytes
+        bound = stored_bound(pl, width, kept, self.log2_block)
+        may_cpu = np.bincount(pl.item, weights=bound, minlength=nbytes.size) > nbytes
+        # the compacted payloads: a tensor that may go to the CPU coder (or has no rows: the
+        # CPU codes it) copied raw, any other its rows' bounds but the kept ones' (16-byte
+        # aligned each)
+        may_cpu |= np.bincount(pl.item, minlength=nbytes.size) == 0
+        payload = np.where(may_cpu, (nbytes + 255) // 256 * 256, np.bincount(
+            pl.item, weights=np.where(kept, 0, (bound + ALIGN_PAYLOAD - 1) // ALIGN_PAYLOAD
+                                      * ALIGN_PAYLOAD), minlength=nbytes.size)).astype(np.int64)
         need = plan.group_need(pl.item, width, pl.kind != layouts.KIND_RAW, pl.n,
                                pl.runs_rans, pl.cand_gd, nbytes, self.log2_block,
-                               kept & ~may_cpu[pl.item], pl.words)
-        # what a group's result holds on the device: its compacted payloads (at most the raw
-        # bytes, a tensor whose planes would store more copied raw for the CPU coder; 16-byte
-        # aligned each) and the planes kept where its split wrote them (counted whole: those
-        # of a tensor the CPU codes stay there too)
-        held = ((nbytes + ALIGN_PAYLOAD - 1) // ALIGN_PAYLOAD * ALIGN_PAYLOAD
-                + np.bincount(pl.item, weights=np.where(
-                    kept, plan.split_plane_bytes(pl.n, width), ALIGN_PAYLOAD),
-                    minlength=nbytes.size).astype(np.int64))
+                               words=pl.words, payload=payload)
+        # what a group's result holds on the device: its compacted payloads and the planes
+        # kept where its split wrote them (counted whole: those of a tensor the CPU codes
+        # stay there too)
+        held = payload + np.bincount(pl.item, weights=np.where(
+            kept, plan.split_plane_bytes(pl.n, width), 0), minlength=nbytes.size).astype(np.int64)
         first = np.searchsorted(pl.item, np.arange(len(items) + 1))
         run: list[int] = []
 

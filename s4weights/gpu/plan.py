@@ -119,7 +119,8 @@ GROUP_PLANE = 1024  # per plane of a group: its rows of the launch and copy tabl
 def group_need(item: np.ndarray, width: np.ndarray, split: np.ndarray, n: np.ndarray,
                runs_rans: np.ndarray, gdeflate: np.ndarray, nbytes: np.ndarray,
                log2_block: int, kept: np.ndarray | None = None,
-               words: np.ndarray | None = None) -> np.ndarray:
+               words: np.ndarray | None = None, payload: np.ndarray | None = None
+               ) -> np.ndarray:
     """Exact device bytes the encoder holds for each tensor of a group at once, from its planes'
     chosen candidates (rows: plane q of tensor ``item[q]``; ``split``: the row is a split plane,
     not a raw-layout tensor's bytes in place, stored at ``width`` bits per element,
@@ -129,8 +130,9 @@ def group_need(item: np.ndarray, width: np.ndarray, split: np.ndarray, n: np.nda
     per-plane tables and copy ops, the compacted payloads (at most the raw bytes and 16-byte
     padding per plane; ``nbytes``: each tensor's raw bytes; tensors without rows hold only
     their copy, less the payloads of ``kept`` rows: split planes stored as the split wrote
-    them, ``width`` bits each, which the result keeps where they are, ``encode.kept_as_split``),
-    and the leaf digests of the raw bytes and of the payloads."""
+    them, ``width`` bits each, which the result keeps where they are, ``encode.kept_as_split``;
+    or ``payload``: each tensor's compacted payloads, a caller's bound), and the leaf digests
+    of the raw bytes and of the payloads."""
     n = np.asarray(n, np.int64)
     row = np.where(split, split_plane_bytes(n, width), 0)
     nb = -(-n >> log2_block)
@@ -143,14 +145,18 @@ def group_need(item: np.ndarray, width: np.ndarray, split: np.ndarray, n: np.nda
     row += GROUP_PLANE + 16 + 25 * (n // COPY_PIECE + 1) + 64
     nbytes = np.asarray(nbytes, np.int64)
     need = np.bincount(item, weights=row, minlength=nbytes.size).astype(np.int64)
-    if kept is not None:
-        need -= np.bincount(item, weights=np.where(kept, packed_bytes(n, width), 0),
-                            minlength=nbytes.size).astype(np.int64)
+    if payload is not None:
+        need += np.asarray(payload, np.int64)
+    else:
+        need += (nbytes + 255) // 256 * 256
+        if kept is not None:
+            need -= np.bincount(item, weights=np.where(kept, packed_bytes(n, width), 0),
+                                minlength=nbytes.size).astype(np.int64)
     rows = np.bincount(item, minlength=nbytes.size)
     # leaf digests of the raw bytes and of the payloads (with a slot per plane for its length:
     # runtime.plane_checksums) and the plane checksums, doubled for room
     digests = 2 * ((8 * (2 * (nbytes // 65536) + 3 * rows + 2) + 255) // 256 * 256)
-    return need + (nbytes + 255) // 256 * 256 + digests + TENSOR_META
+    return need + digests + TENSOR_META
 
 
 LARGE_ALIGN = 1 << 20  # chunked encoder: chunk lengths are multiples of this many elements
