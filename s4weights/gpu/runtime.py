@@ -309,7 +309,7 @@ def _roots_launch(nseg: int, tables: list[Batch._At], buf: torch.Tensor, batch: 
     a u64 each (the plane checksums) or, ``wide``, 16 bytes each (the content hashes)."""
     out = torch.empty(max(nseg * (2 if wide else 1), 1), dtype=torch.int64, device="cuda")
     if nseg:
-        batch.launch("hash", "hash_roots", (nseg + 7) // 8, 256, np.int32(nseg), *tables,
+        batch.launch("hash", "hash_roots", nseg, 256, np.int32(nseg), *tables,
                      ptr(buf), ptr(out), np.int32(wide))
         batch.hold(buf)
     return out

@@ -6,6 +6,7 @@ overwritten, corrupt planes are refused. Skipped without CUDA and CuPy."""
 from __future__ import annotations
 
 import io
+import struct
 
 import numpy as np
 import pytest
@@ -91,6 +92,31 @@ def test_plane_checksums_and_content_hashes_equal_the_cpu_hashes() -> None:
     assert got == [hashing.plane_checksum(p) for p in parts]
     assert [wide[16 * k:16 * (k + 1)].tobytes() for k in range(len(sizes))] == [
         hashing.content_hash(p) for p in parts]
+
+
+def test_roots_of_long_digest_runs_equal_xxhash() -> None:
+    # roots over up to 20,000 digests (160 KB: the CTA's long form over more than one round of
+    # 128 blocks), fabricated digests: the root is XXH3 of u64 length || the digests
+    counts = [20_000, 16_383, 0, 1, 29, 30, 128 * 128 + 7, 3]
+    first = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
+    lengths = np.array([c * hashing.LEAF_SIZE - 5 * (c > 0) for c in counts], np.int64)
+    dig = RNG.integers(0, 1 << 63, int(first[-1]) + len(counts), dtype=np.int64)
+    for wide in (False, True):
+        buf = torch.from_numpy(dig).cuda()
+        batch = runtime.Batch()
+        roots = runtime.roots_over(buf, lengths, first, batch, wide)
+        keep = batch.run()
+        got = roots.cpu().numpy().view(np.uint8).tobytes()
+        del keep
+        d = dig.view(np.uint64)
+        for s in range(len(counts)):
+            root = struct.pack("<Q", int(lengths[s])) + d[first[s] + s + 1:first[s + 1] + s + 1
+                                                           ].astype("<u8").tobytes()
+            if wide:
+                assert got[16 * s:16 * (s + 1)] == hashing.xxhash.xxh3_128_digest(root), s
+            else:
+                assert np.frombuffer(got, np.uint64)[s] == hashing.xxhash.xxh3_64_intdigest(
+                    root), s
 
 
 def _roundtrip_gpu(state: dict, **save_kw) -> tuple[bytes, dict]:

@@ -87,34 +87,83 @@ extern "C" __global__ void leaf_digests(int nseg, const u64* ptr, const u64* len
     if (lane == 0) out[at[lo] + (leaf - first[lo])] = h;
 }
 
+// A CTA's XXH3 long form over one input (len > 240), every thread taking part; each ends with
+// the 8 accumulators (before the merge) in `all`. Inside a 1 KiB block the stripes only add
+// into the accumulators, so the warps sum the blocks' stripes in parallel (warp w: blocks w,
+// w + 8, ...; lanes 8g + i as in xxh3_long_warp) into shared memory, ROOT_ROUND blocks a
+// round; then lanes 0-7 of warp 0 run the serial part alone: each block's scramble of
+// acc + its sum. (A root over a 1 GiB tensor's digests is 128 blocks: one warp doing it all
+// waited on its loads block after block, ~0.07 ms.)
+#define ROOT_ROUND 128
+__device__ void xxh3_long_cta_acc(const u8* in, u64 len, u64* all) {
+    __shared__ u64 sums[ROOT_ROUND][8];
+    __shared__ u64 accs[8];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, i = lane & 7, g = lane >> 3;
+    const int warps = blockDim.x >> 5;
+    u64 init[8];
+    xxh3_acc_init(init);
+    u64 acc = init[i];  // (lanes 0-7 of warp 0 carry it)
+    const u64 nb = xxh3_full_blocks(len);
+    for (u64 base = 0; base < nb; base += ROOT_ROUND) {
+        const int m = nb - base < ROOT_ROUND ? (int)(nb - base) : ROOT_ROUND;
+        for (int b = warp; b < m; b += warps) {
+            const u8* blk = in + (base + b) * XXH_BLOCK;
+            u64 sum = 0;
+            for (int st = g; st < XXH_STRIPES_PER_BLOCK; st += 4)
+                sum += xxh3_stripe_lane(blk + st * XXH_STRIPE, 8 * st, i);
+            sum += __shfl_xor_sync(0xFFFFFFFFu, sum, 8);
+            sum += __shfl_xor_sync(0xFFFFFFFFu, sum, 16);
+            if (g == 0) sums[b][i] = sum;
+        }
+        __syncthreads();
+        if (warp == 0 && lane < 8)
+            for (int b = 0; b < m; b++) acc = xxh3_scramble_lane(acc + sums[b][i], i);
+        __syncthreads();  // (sums is refilled next round)
+    }
+    if (warp == 0) {
+        const u8* blk = in + nb * XXH_BLOCK;
+        const int ts = xxh3_tail_stripes(len);
+        u64 sum = 0;
+        for (int st = g; st < ts; st += 4)
+            sum += xxh3_stripe_lane(blk + st * XXH_STRIPE, 8 * st, i);
+        sum += __shfl_xor_sync(0xFFFFFFFFu, sum, 8);
+        sum += __shfl_xor_sync(0xFFFFFFFFu, sum, 16);
+        acc += sum + xxh3_stripe_lane(in + len - XXH_STRIPE, XXH_LAST_STRIPE_SOFF, i);
+        if (lane < 8) accs[lane] = acc;
+    }
+    __syncthreads();
+    for (int k = 0; k < 8; k++) all[k] = accs[k];
+}
+
 // The roots of nseg segments (spec/format.md, "Hashes": the hash of u64 length || the leaf
 // digests) whose digests lie in buf with a free slot before each segment's: segment s's slot
-// is buf[first[s] + s] (first: the leaf prefix sums, first[nseg] the total). One warp per
-// segment puts its length in the slot and hashes that root input in place: wide = 0, the plane
-// checksum (XXH3-64) to out[s]; wide = 1, the content hash (XXH3-128, canonical bytes) to the
-// 16 bytes at out + 2 s.
+// is buf[first[s] + s] (first: the leaf prefix sums, first[nseg] the total). One CTA per
+// segment puts its length in the slot and hashes that root input in place (warp 0 alone for
+// the short forms, the whole CTA for the long one): wide = 0, the plane checksum (XXH3-64) to
+// out[s]; wide = 1, the content hash (XXH3-128, canonical bytes) to the 16 bytes at out + 2 s.
 extern "C" __global__ void hash_roots(int nseg, const u64* len, const i64* first, u64* buf,
                                       u64* out, int wide) {
-    const i64 s = (blockIdx.x * (i64)blockDim.x + threadIdx.x) >> 5;  // (uniform in a warp)
-    const int lane = threadIdx.x & 31;
-    if (s >= nseg) return;
+    const i64 s = blockIdx.x;
+    if (s >= nseg) return;  // (uniform in the CTA)
     u64* in = buf + first[s] + s;
-    if (lane == 0) in[0] = len[s];
-    __syncwarp();
     const u64 n = 8 * (u64)(first[s + 1] - first[s] + 1);
-    if (!wide) {
-        const u64 h = n > 240 ? xxh3_long_warp((const u8*)in, n, lane)
-                              : xxh3_64((const u8*)in, n);
-        if (lane == 0) out[s] = h;
-        return;
-    }
-    xxh128 h;
+    if (threadIdx.x == 0) in[0] = len[s];
+    __syncthreads();
     if (n > 240) {
         u64 all[8];
-        xxh3_long_warp_acc((const u8*)in, n, lane, all);
-        h = xxh3_128_long_finish(all, n);
-    } else {
-        h = xxh3_128((const u8*)in, n);
+        xxh3_long_cta_acc((const u8*)in, n, all);
+        if (threadIdx.x != 0) return;
+        if (!wide) {
+            out[s] = xxh3_merge(all, n);
+        } else {
+            xxh128_canonical(xxh3_128_long_finish(all, n), (u8*)(out + 2 * s));
+        }
+        return;
     }
-    if (lane == 0) xxh128_canonical(h, (u8*)(out + 2 * s));
+    if (threadIdx.x != 0) return;
+    if (!wide) {
+        out[s] = xxh3_64((const u8*)in, n);
+    } else {
+        xxh128_canonical(xxh3_128((const u8*)in, n), (u8*)(out + 2 * s));
+    }
 }
