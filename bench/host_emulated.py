@@ -89,7 +89,8 @@ def stand_in(module: str, name: str, grid: int, block: int, *a) -> None:
             fc[q], stats[q], tb[q], bound[q] = _NORMALISED[key]
     elif name == "rans_jobs":
         emulated.launch(module, name, grid, block, *a)
-    elif name == "rans_encode":  # every block codes 30% of its bytes, in 16-bit words
+    elif name == "rans_encode":  # every block codes 30% of its bytes, in 16-bit words (the
+        # sizes only: nothing is written)
         cplane = at(a[0], np.uint32, grid)
         nq = int(cplane.max()) + 1
         n, pfirst = at(a[4], np.int64, nq), at(a[7], np.int64, nq)
@@ -98,6 +99,7 @@ def stand_in(module: str, name: str, grid: int, block: int, *a) -> None:
         at(a[10], np.uint32, nb)[:] = (1 << lg) * 3 // 10
         at(a[12], np.uint8, nb)[:] = 0
         at(a[13], np.uint8, nb)[:] = 1
+        at(a[17], np.uint64, nb)[:] = 0  # (rans_place's stand-in moves nothing)
     STAND_IN[0] += time.perf_counter() - t0
 
 

@@ -30,9 +30,9 @@ from s4weights.gpu.encode import Encoder
 STAGES = [
     (Encoder, ["_plan", "_histograms", "_encode_group", "_prepare", "_split", "_encode",
                "_rans_launch", "_rans_collect", "_assemble", "finish", "candidates"]),
-    (encode, ["choose", "content_hashes_from_leaves"]),
+    (encode, ["choose"]),
     (decode, ["stage", "decode_staged", "_prepare"]),
-    (runtime, ["leaf_digests", "plane_checksums", "upload", "copy_ops"]),
+    (runtime, ["leaf_digests", "plane_checksums", "content_hashes", "upload", "copy_ops"]),
 ]
 DEVICE_CATS = {"kernel", "gpu_memcpy", "gpu_memset"}
 

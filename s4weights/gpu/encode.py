@@ -41,7 +41,8 @@ tensors, planes or blocks:
    (the payload leaves' digests, then their roots: ``runtime.plane_checksums``). The content
    hashes (16 bytes a tensor) and the checksums (8 bytes a plane) go to pinned host memory
    without a synchronisation; ``Encoder.finish`` reads them once there, while the next group
-   is coded. The host hashes nothing.
+   is coded. The host hashes nothing here (the chunked coder roots its one tensor's digests on
+   the host).
 
 The payload image with that metadata is the device-to-device result (:class:`DeviceGroup`).
 For a file, the buffer goes to pinned host memory in one copy on a side stream, overlapped with
@@ -507,13 +508,18 @@ def stored_bound(pl: Planes, width: np.ndarray, kept: np.ndarray,
     """An upper bound on each row's stored bytes once :func:`choose` has run (``width``:
     :func:`pack_widths`, ``kept``: :func:`kept_as_split`): a kept row's payload exactly;
     bitpack-w's or bitpack's size where that codec is sure to be chosen (ranked first, or
-    bitpack ranked before rANS); a rANS stream's most bytes where rANS ranks first and even
+    bitpack ranked before rANS); a plane of one symbol's CONST stream where it ranks first; a
+    rANS stream's most bytes where rANS ranks first and even
     its most (``Planes.words``, the stream at ``log2_block``) is under the plane's bytes, so
     that it is sure to be chosen; any other row's bytes (a coded payload is smaller, raw is
     that). A tensor whose rows' bounds sum past its raw bytes may be coded by the CPU."""
     n = pl.n
     bp_sure = pl.cand_bp & ~(pl.cand_rans & (pl.est_rans < pl.est_bp))
     out = np.where(pl.bw_first, pl.est_bw, np.where(bp_sure, pl.est_bp, n))
+    # a plane of one symbol whose CONST stream (its estimate, exactly) ranks first
+    const_sure = (pl.cand_rans & (pl.nsym == 1) & ~pl.bw_first
+                  & (~pl.cand_bp | (pl.est_rans < pl.est_bp)))
+    out = np.where(const_sure, pl.est_rans, out)
     if pl.words is not None:
         # runs_rans: rANS ranks first (not bitpack's nor bitpack-w's turn); a stream of at
         # most ``most`` bytes under n is sure to be taken (choose: its real size is under n)
@@ -747,8 +753,10 @@ class Encoder:
         # the compacted payloads: a tensor that may go to the CPU coder (or has no rows: the
         # CPU codes it) copied raw, any other its rows' bounds but the kept ones' (16-byte
         # aligned each)
-        may_cpu |= np.bincount(pl.item, minlength=nbytes.size) == 0
-        payload = np.where(may_cpu, (nbytes + 255) // 256 * 256, np.bincount(
+        rows = np.bincount(pl.item, minlength=nbytes.size)
+        may_cpu |= rows == 0
+        # (a may_cpu tensor the GPU codes after all: its rows' payloads, 16-byte aligned)
+        payload = np.where(may_cpu, (nbytes + 255) // 256 * 256 + ALIGN_PAYLOAD * rows, np.bincount(
             pl.item, weights=np.where(kept, 0, (bound + ALIGN_PAYLOAD - 1) // ALIGN_PAYLOAD
                                       * ALIGN_PAYLOAD), minlength=nbytes.size)).astype(np.int64)
         need = plan.group_need(pl.item, width, pl.kind != layouts.KIND_RAW, pl.n,
@@ -1008,8 +1016,8 @@ class Encoder:
                       previous: DeviceGroup | None = None, prep: _Prepared | None = None,
                       ahead=None, fits: bool = False) -> DeviceGroup:
         """Code one group (its plane table from :meth:`_plan`, or None: split and histograms
-        here, one more synchronisation) on the device. While its kernels run, the host roots
-        ``previous``'s hashes (the group before, if not done yet) and runs ``ahead()`` (the
+        here, one more synchronisation) on the device. While its kernels run, the host reads
+        ``previous``'s hashes (the group before, if not read yet) and runs ``ahead()`` (the
         next group's :meth:`_prepare`); ``prep``: this group's, if made that way. ``fits``:
         the group's worst case (every plane rANS-coded) fits the workspace, so a group split
         here may queue its rANS launch before its figures (``_histograms``)."""

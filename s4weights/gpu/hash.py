@@ -1,9 +1,10 @@
 """Container hashes from leaf digests computed on the GPU (``spec/format.md``, "Hashes").
 
 The device hashes every 64 KiB leaf (``kernels/hash.cu``); the root over ``u64 length`` and the
-digests is a few bytes per leaf and is hashed here, exactly as :mod:`s4format.hashing` does:
-the content hashes (XXH3-128) and, where a caller has only the digests, plane checksums (the
-coders root plane checksums on the device: ``runtime.plane_checksums``).
+digests is a few bytes per leaf. The coders' groups root them on the device too
+(``runtime.content_hashes``, ``runtime.plane_checksums``); where a caller holds only the digests
+(the chunked coder's one tensor, nvCOMP's codec) they are rooted here, exactly as
+:mod:`s4format.hashing` does: content hashes (XXH3-128) and plane checksums (XXH3-64).
 """
 
 from __future__ import annotations

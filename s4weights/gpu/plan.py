@@ -68,14 +68,17 @@ def encode_need(layout: layouts.Layout | None, nbytes: int, itemsize: int,
     rANS block's metadata (``log2_block``), GDeflate's output pages where GDeflate runs, and the
     compacted payloads (at most the raw bytes: larger codings fall back to a raw copy). A
     tensor the GPU does not split holds only its copy in the payloads. ``rans=False``: the
-    least it can need, its planes and tables alone (no rANS scratch, no payload beyond the
-    planes the split stores as they are kept: the encoder's exact need, ``group_need``, lies
-    between the two)."""
+    least it can need, its planes and tables alone, each plane at its field's width (the most
+    the split packs it to), no rANS scratch and no payload beyond the planes the split stores
+    as they are kept: the encoder's exact need, ``group_need``, lies between the two."""
     if layout is None or layout.layout_id == layouts.RAW.layout_id:
         return _al(nbytes)
     n = nbytes // layout.word_size(itemsize)
     planes = len(layout.fields) - 1  # byte planes besides the sign
-    need = _al((n + 7) // 8) + planes * _al(n)          # split planes
+    if rans:
+        need = _al((n + 7) // 8) + planes * _al(n)          # split planes
+    else:
+        need = _al((n + 7) // 8) + sum(_al((n * f.bits + 7) // 8) for f in layout.fields[1:])
     need += (planes + 1) * PLANE_META + TENSOR_META
     if rans:
         nb = -(-n >> log2_block)

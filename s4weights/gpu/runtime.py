@@ -116,7 +116,9 @@ class Batch:
     ``table(*arrays)`` reserves tables and returns their placeholders; ``launch`` takes them
     among its arguments; ``run()`` uploads every table at once, then launches in order, and
     returns the device buffer (stream-ordered: keep it or drop it; ``address`` gives a table's
-    place in it, for later launches while it is kept)."""
+    place in it, for later launches while it is kept, until the next upload). ``run(stop)``
+    launches only the first ``stop``; the batch holds the buffer until a later ``run()`` has
+    queued the rest."""
 
     class _At:
         def __init__(self, i: int) -> None:
@@ -158,7 +160,9 @@ class Batch:
             launch(module, name, grid, block, *args)
         self._arrays, self._addrs = [], addrs
         self._launches = [] if stop is None else self._launches[stop:]
-        if not self._launches:
+        if self._launches:  # the rest read these tables: kept until they are queued
+            self._held.append(dev)
+        else:
             self._held = []
         return dev
 
