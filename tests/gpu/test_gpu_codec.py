@@ -207,7 +207,8 @@ def test_gpu_file_planes_equal_cpu_planes_for_the_same_codec() -> None:
 def test_planes_coded_in_scratch_sized_by_their_bound_equal_the_cpus() -> None:
     # groups sized by their exact need take each rANS plane's scratch from its words' bound
     # (ranshost.WORD_COST) and each block its own share: blocks of symbols rare in the plane
-    # (every exponent, 12 bits each) next to blocks of common ones; the streams are the CPU's
+    # (every exponent, 12 bits each) next to blocks of common ones, skewed sign planes (read
+    # as packed bits); the streams are the CPU's
     from s4weights.gpu import encode
 
     n = 1_500_000
@@ -222,11 +223,14 @@ def test_planes_coded_in_scratch_sized_by_their_bound_equal_the_cpus() -> None:
         state[f"w{k}"] = x
         state[f"z{k}"] = torch.zeros(n, device="cuda", dtype=dt)  # a plane of one symbol
         state[f"z{k}"][-70_000:] = x[:70_000]  # ... but for its last blocks
+        # 2% negative: a rANS-coded sign plane, which the kernel reads as packed bits
+        neg = torch.rand(n, device="cuda") < 0.02
+        state[f"s{k}"] = torch.where(neg, -x.abs(), x.abs())
     items = [encode.Item.of(t) for t in state.values()]
     enc = encode.Encoder("auto", workspace=16 << 20)
     assert any(pl is not None for _its, pl, _n, _f in enc._plan(items))  # groups were sized
     rg = s4format.Reader(encode.file_of(enc, state))
-    coded = 0
+    coded = signs = 0
     for i, (tg, x) in enumerate(zip(rg.tensors, state.values())):
         raw = x.reshape(-1).view(torch.uint8).cpu().numpy()
         assert rg.read_raw(i).tobytes() == raw.tobytes()  # (the CPU reader checks every hash)
@@ -237,7 +241,8 @@ def test_planes_coded_in_scratch_sized_by_their_bound_equal_the_cpus() -> None:
                 want = RansCodec().encode(planes[k]).payload
                 assert rg.read_stored(tg, k).tobytes() == bytes(want), (tg.name, p.label)
                 coded += 1
-    assert coded >= 4
+                signs += p.kind == 1
+    assert coded >= 6 and signs >= 2
 
 
 @pytest.mark.parametrize("policy,mantissa", [("auto", "auto"), ("auto", "rans"),
