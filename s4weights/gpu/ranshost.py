@@ -253,31 +253,35 @@ def stream_blocks(host: np.ndarray, at, stored, n) -> np.ndarray:
 
 
 # The header and table checks of one stream, in the CPU decoder's order: a stream's first
-# failing check is its code here (0: none), its message from _MESSAGES (with the stream's
-# value ``arg`` where the message names one).
-(_OK, _SHORT, _HEADER, _MODE, _RAW_LEN, _CONST_LEN, _IN_BITMAP, _NO_SYMBOL, _IN_TABLE,
- _ZERO_FREQ, _SUM, _PADDING, _WORD_AREA) = range(13)
+# failing check is its code here (0: none), its message from _MESSAGES, the CPU decoder's
+# words (s4format.codecs.rans), with the stream's values ``args`` where it names them.
+(_OK, _SHORT, _RESERVED, _LOG2, _COUNT, _MAX, _MODE, _RAW_LEN, _CONST_LEN, _IN_BITMAP,
+ _NO_SYMBOL, _IN_TABLE, _ZERO_FREQ, _SUM, _PADDING, _WORD_AREA) = range(16)
 _MESSAGES = {
-    _SHORT: "rans stream shorter than its header",
-    _HEADER: "bad rans header",
+    _SHORT: "rans stream of {} bytes is shorter than its 12-byte header",
+    _RESERVED: "rans header reserved field is not zero",
+    _LOG2: "rans log2_block {} outside [5, 20]",
+    _COUNT: "rans stream holds {} symbols, plane declares {}",
+    _MAX: "rans stream declares {} symbols; streams hold fewer than 2^48",
     _MODE: "rans mode {} is not RAW (0), CONST (1) or RANS (2)",
-    _RAW_LEN: "rans RAW stream has the wrong length",
-    _CONST_LEN: "rans CONST stream has the wrong length",
+    _RAW_LEN: "rans RAW stream must be {} bytes, is {}",
+    _CONST_LEN: "rans CONST stream must be {} bytes, is {}",
     _IN_BITMAP: "rans stream ends inside the frequency table's presence bitmap",
     _NO_SYMBOL: "rans frequency table marks no symbol present",
     _IN_TABLE: "rans stream ends inside the frequency table ({} symbols)",
     _ZERO_FREQ: "rans frequency table gives a present symbol frequency 0",
     _SUM: "rans frequencies sum to {}, must sum to 4096",
     _PADDING: "rans frequency table padding is not zero",
-    _WORD_AREA: "rans stream ends before its word area",
+    _WORD_AREA: "rans stream of {} bytes ends before the word area of its {} blocks (needs {})",
 }
+_MAX_SYMBOLS = rans.MAX_SYMBOLS
 
 
 @njit(cache=True)
 def _check_streams(host, at, stored, n, fail, arg, mode, lg, nb, pos, tab_of, freqs):
     """Per stream q (``host[at[q]:at[q] + stored[q]]``, decoding to ``n[q]`` symbols; every
-    stream inside ``host``): ``fail[q]``, its first failing check (``arg[q]``: the value its
-    message names), and its mode, log2 block size, blocks (0 once failed), where its block
+    stream inside ``host``): ``fail[q]``, its first failing check (``arg[q]``: the values its
+    message names, u64), and its mode, log2 block size, blocks (0 once failed), where its block
     section starts (the word counts of a RANS stream: after its table) and the row of
     ``freqs`` its table fills (-1: none). A RANS stream whose header holds gets a row, even if
     its table then fails (as parse_streams has always numbered them). Returns the rows used."""
@@ -290,7 +294,7 @@ def _check_streams(host, at, stored, n, fail, arg, mode, lg, nb, pos, tab_of, fr
         tab_of[q] = -1
         mode[q] = -1
         if ln < HEADER_SIZE:
-            fail[q] = _SHORT
+            fail[q], arg[q, 0] = _SHORT, ln
             continue
         m = host[a]
         g = host[a + 1]
@@ -298,24 +302,33 @@ def _check_streams(host, at, stored, n, fail, arg, mode, lg, nb, pos, tab_of, fr
         for i in range(8):
             count |= np.uint64(host[a + 4 + i]) << np.uint64(8 * i)
         mode[q] = m
-        if host[a + 2] != 0 or host[a + 3] != 0 or g < LOG2_MIN or g > LOG2_MAX \
-                or count != np.uint64(n[q]):
-            fail[q] = _HEADER
+        if host[a + 2] != 0 or host[a + 3] != 0:
+            fail[q] = _RESERVED
             continue
-        if m != MODE_RAW and m != MODE_CONST and m != MODE_RANS:
-            fail[q], arg[q] = _MODE, m
+        if g < LOG2_MIN or g > LOG2_MAX:
+            fail[q], arg[q, 0] = _LOG2, g
+            continue
+        if count != np.uint64(n[q]):
+            fail[q], arg[q, 0], arg[q, 1] = _COUNT, count, n[q]
+            continue
+        if count >= np.uint64(_MAX_SYMBOLS):
+            fail[q], arg[q, 0] = _MAX, count
             continue
         lg[q] = g
         blocks = (n[q] + (np.int64(1) << g) - 1) >> g
         if m == MODE_RAW:
             if ln != HEADER_SIZE + n[q]:
-                fail[q] = _RAW_LEN
+                fail[q], arg[q, 0], arg[q, 1] = _RAW_LEN, HEADER_SIZE + n[q], ln
             continue
         if m == MODE_CONST:
             if ln != HEADER_SIZE + blocks:
-                fail[q] = _CONST_LEN
+                fail[q], arg[q, 0], arg[q, 1] = _CONST_LEN, HEADER_SIZE + blocks, ln
             else:
                 nb[q] = blocks
+            continue
+        if m != MODE_RANS:
+            fail[q], arg[q, 0] = _MODE, m
+            lg[q] = LOG2_MIN
             continue
         tab_of[q] = rows
         rows += 1
@@ -331,7 +344,7 @@ def _check_streams(host, at, stored, n, fail, arg, mode, lg, nb, pos, tab_of, fr
         size = BITMAP + 2 * k
         end = HEADER_SIZE + size + (-size) % 4
         if ln < end:
-            fail[q], arg[q] = _IN_TABLE, k
+            fail[q], arg[q, 0] = _IN_TABLE, k
             continue
         f = freqs[tab_of[q]]
         body = a + HEADER_SIZE + BITMAP
@@ -348,18 +361,25 @@ def _check_streams(host, at, stored, n, fail, arg, mode, lg, nb, pos, tab_of, fr
             fail[q] = _ZERO_FREQ
             continue
         if total != PROB_SCALE:
-            fail[q], arg[q] = _SUM, total
+            fail[q], arg[q, 0] = _SUM, total
             continue
         pad_at = a + HEADER_SIZE + size
         if end > HEADER_SIZE + size and (host[pad_at] | host[pad_at + 1]) != 0:
             fail[q] = _PADDING
             continue
         if ln < end + BLOCK_OVERHEAD * blocks:
-            fail[q] = _WORD_AREA
+            fail[q], arg[q, 0], arg[q, 1], arg[q, 2] = (_WORD_AREA, ln, blocks,
+                                                        end + BLOCK_OVERHEAD * blocks)
             continue
         pos[q] = end
         nb[q] = blocks
     return rows
+
+
+
+def _rans_length(want: int, got: int) -> str:
+    """The CPU decoder's message for a RANS stream whose length its word counts contradict."""
+    return f"rans RANS stream must be {want} bytes, is {got}"
 
 
 def parse_streams(host: np.ndarray, at, stored, n, blocks: bool = True) -> Streams:
@@ -397,7 +417,7 @@ def parse_streams(host: np.ndarray, at, stored, n, blocks: bool = True) -> Strea
         return buf[np.clip(idx, 0, top)]
 
     s = at.size
-    fail, arg = np.zeros(s, np.int64), np.zeros(s, np.int64)
+    fail, arg = np.zeros(s, np.int64), np.zeros((s, 3), np.uint64)
     mode, lg, nb = np.zeros(s, np.int64), np.zeros(s, np.int64), np.zeros(s, np.int64)
     pos, tab_of = np.zeros(s, np.int64), np.zeros(s, np.int64)
     freqs = np.zeros((s, 256), np.int64)
@@ -408,7 +428,7 @@ def parse_streams(host: np.ndarray, at, stored, n, blocks: bool = True) -> Strea
     bad_q = np.flatnonzero(~ok)
     if bad_q.size:
         q = int(bad_q[0])
-        first[0] = (q, _MESSAGES[int(fail[q])].format(int(arg[q])))
+        first[0] = (q, _MESSAGES[int(fail[q])].format(*(int(v) for v in arg[q])))
 
     def check(bad: np.ndarray, msg, rows: np.ndarray | None = None) -> None:
         rows_all = np.arange(at.size) if rows is None else rows
@@ -433,8 +453,9 @@ def parse_streams(host: np.ndarray, at, stored, n, blocks: bool = True) -> Strea
     if not blocks:
         # a RANS stream without blocks (n = 0) is its header and table exactly: no kernel
         # looks at it, so its length is checked here
-        check(coded_r & (nb == 0) & (stored != pos),
-              "rans stream length does not match its word counts")
+        empty = coded_r & (nb == 0)
+        check(empty & (stored != pos),
+              lambda i: _rans_length(int(pos[i]), int(stored[i])))
         if first[0] is not None:
             raise StreamError(*first[0])
         return Streams(mode=mode, data_at=np.where(raw, HEADER_SIZE, 0), coded=ci,
@@ -454,12 +475,15 @@ def parse_streams(host: np.ndarray, at, stored, n, blocks: bool = True) -> Strea
     ca = at[row[is_rans]] + pos[row[is_rans]] + 4 * j[is_rans]
     count[is_rans] = (get(ca).astype(np.int64) | get(ca + 1).astype(np.int64) << 8
                       | get(ca + 2).astype(np.int64) << 16 | get(ca + 3).astype(np.int64) << 24)
-    check(count > length, "a rans block stores more words than symbols", row)
+    check(count > length, lambda i: (f"rans block {int(j[i])} stores {int(count[i])} words for "
+                                     f"{int(length[i])} symbols (at most one word per symbol)"),
+          row)
     plane_words = np.zeros(ci.size, np.int64)
     np.add.at(plane_words, owner, count)
     words_at = pos + rans.BLOCK_OVERHEAD * nb             # per stream (RANS rows)
-    check(coded_r[ci] & (stored[ci] != words_at[ci] + 2 * plane_words),
-          "rans stream length does not match its word counts", ci)
+    want = words_at[ci] + 2 * plane_words
+    check(coded_r[ci] & (stored[ci] != want),
+          lambda i: _rans_length(int(want[i]), int(stored[ci[i]])), ci)
     if first[0] is not None:
         raise StreamError(*first[0])
     csum = np.cumsum(count) - count                       # words before each block, batch-wide
