@@ -775,6 +775,5 @@ def _check(levels: list[_Level], nbytes: int, errs: list,
             np.uint64), [0, nleaf])[0]
         if got != lv.t.content_hash:
             raise ContentHashError(f"{lv.reader.name}: tensor {lv.t.name!r} content hash "
-                                   "mismatch after decoding on the GPU"
-                                   + (" (the file is corrupt or its parent is wrong)"
-                                      if lv.t.is_delta else ""))
+                                   "mismatch after decoding: the file is corrupt or its parent "
+                                   "is wrong")  # (the CPU reader's words)

@@ -629,24 +629,36 @@ def decode_staged(st: Staged, outs: list[torch.Tensor]) -> None:
     wide = np.flatnonzero(me)
     if wide.size:
         k = int(wide[0])
-        found.append((k, 1, FormatError(f"{reader.name}: tensor "
-                                        f"{reader.tensors[st.idx[k]].name!r}: a plane holds "
-                                        "values wider than its field")))
+        found.append((k, 1, None))  # (its message: _wide_field, if it is the one raised)
     if checked:
         hashes = back[pos:pos + 16 * cnb.size].tobytes()
         for j, k in enumerate(checked):
             t = reader.tensors[st.idx[k]]
             if hashes[16 * j:16 * (j + 1)] != t.content_hash:
                 found.append((k, 2, ContentHashError(
-                    f"{reader.name}: tensor {t.name!r} content hash mismatch after decoding "
-                    "on the GPU")))
+                    f"{reader.name}: tensor {t.name!r} content hash mismatch after decoding: "
+                    "the file is corrupt or its parent is wrong")))  # (the CPU reader's words)
                 break
     if found:
         k, _rank, exc = min(found, key=lambda f: f[:2])
-        raise _about(exc, reader, st.idx[k])
+        raise _about(exc or _wide_field(reader, st.idx[k]), reader, st.idx[k])
     prof.mark("content hash")
     prof.report()
     del keep, scratch
+
+
+def _wide_field(reader: Reader, i: int) -> FormatError:
+    """The error of tensor ``i``, whose merge found plane values wider than their field: the
+    merge flags the tensor, not the field, so the CPU reader reads it (on this error path
+    only) to name the field as it does."""
+    try:
+        reader.read_raw(i)
+    except FormatError as exc:
+        return exc
+    except S4Error:
+        pass
+    return FormatError(f"{reader.name}: tensor {reader.tensors[i].name!r}: a plane holds "
+                       "values wider than its field")
 
 
 def content_roots(ptrs, nbytes: np.ndarray, first: np.ndarray, merged: np.ndarray,

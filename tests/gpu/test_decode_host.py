@@ -495,7 +495,7 @@ def test_damaged_planes_are_named_as_the_cpu_reader_names_them(data) -> None:
     # verified or not: the GPU decoder (header and table checks on the host,
     # word counts and the bitstream on the device, content hashes after) refuses the file iff
     # the CPU reader does, naming the same tensor (the first the CPU reader fails on, reading
-    # in order) and, where both name one, the same plane
+    # in order) and, where both name one, the same plane, with the same error and message
     blob, planes = _fuzz_file()
     picks = data.draw(st.lists(st.sampled_from(planes), min_size=1, max_size=3, unique=True))
     in_place = []  # damage that keeps the old checksum (R1 fails), made after the rewrites
@@ -528,6 +528,7 @@ def test_damaged_planes_are_named_as_the_cpu_reader_names_them(data) -> None:
         (ct, cp), (gt, gp) = _who(cpu), _who(gpu)
         assert ct == gt and ct in {name for name, _j, _s in picks}, (cpu, gpu)
         assert cp is None or gp is None or cp == gp, (cpu, gpu)
+        assert type(gpu) is type(cpu) and str(gpu) == str(cpu)  # in the same words
 
 
 def _rans_plane(r: s4format.Reader, name: str, last: bool = False) -> int:
