@@ -513,13 +513,13 @@ class _Level:
 def load_large(reader, i: int, out: torch.Tensor, workspace: int) -> None:
     """:func:`_load_large`, failing as the CPU reader would: a stream or form failure is
     reported for the first plane that fails in the CPU reader's order (the host checks forms
-    and stream headers before the device finds corrupt blocks), by re-reading the tensor on
-    the CPU, on this error path only."""
+    and stream headers before the device finds corrupt blocks), and a field overflow (found by
+    tensor) in its words, by re-reading the tensor on the CPU, on this error path only."""
     from s4weights.gpu import decode
 
     try:
         _load_large(reader, i, out, workspace)
-    except CodecError as exc:
+    except FormatError as exc:  # (CodecError is one)
         decode.raise_as_cpu(reader, i, exc)
         raise
 

@@ -281,13 +281,16 @@ def raise_as_cpu(reader: Reader, i: int, exc: S4Error) -> None:
     """On a failure ``exc`` about tensor i, read it with the CPU reader (only on this error
     path) and raise its failure: ``exc`` itself when both name the same plane, else the CPU
     reader's (the GPU paths find some failures before decoding and others after, so the
-    first plane to fail can differ). Returns if the CPU reader reads the tensor."""
+    first plane to fail can differ), and the CPU reader's too where ``exc`` names no plane.
+    Returns if the CPU reader reads the tensor."""
     try:
         reader.read_raw(i)
     except S4Error as first:
-        if _plane_named(reader, i, exc) is not None \
-                and _plane_named(reader, i, first) == _plane_named(reader, i, exc):
+        ours = _plane_named(reader, i, exc)
+        if ours is not None and ours >= 0 and _plane_named(reader, i, first) == ours:
             raise exc from None
+        # (a failure the GPU path names by tensor only, such as a merge that found values
+        # wider than a field, takes the CPU reader's words, which name what it found)
         raise _about(first, reader, i) from None
 
 
@@ -627,9 +630,12 @@ def decode_staged(st: Staged, outs: list[torch.Tensor]) -> None:
         me[sel_a] = back[pos:pos + 4 * sel_a.size].view(np.int32)
         pos += 4 * sel_a.size
     wide = np.flatnonzero(me)
-    if wide.size:
+    if wide.size:  # (the merge flags the tensor, not the field: read_tensors words it as the
+        # CPU reader does, which names the field, by raise_as_cpu)
         k = int(wide[0])
-        found.append((k, 1, None))  # (its message: _wide_field, if it is the one raised)
+        found.append((k, 1, FormatError(f"{reader.name}: tensor "
+                                        f"{reader.tensors[st.idx[k]].name!r}: a plane holds "
+                                        "values wider than its field")))
     if checked:
         hashes = back[pos:pos + 16 * cnb.size].tobytes()
         for j, k in enumerate(checked):
@@ -641,24 +647,10 @@ def decode_staged(st: Staged, outs: list[torch.Tensor]) -> None:
                 break
     if found:
         k, _rank, exc = min(found, key=lambda f: f[:2])
-        raise _about(exc or _wide_field(reader, st.idx[k]), reader, st.idx[k])
+        raise _about(exc, reader, st.idx[k])
     prof.mark("content hash")
     prof.report()
     del keep, scratch
-
-
-def _wide_field(reader: Reader, i: int) -> FormatError:
-    """The error of tensor ``i``, whose merge found plane values wider than their field: the
-    merge flags the tensor, not the field, so the CPU reader reads it (on this error path
-    only) to name the field as it does."""
-    try:
-        reader.read_raw(i)
-    except FormatError as exc:
-        return exc
-    except S4Error:
-        pass
-    return FormatError(f"{reader.name}: tensor {reader.tensors[i].name!r}: a plane holds "
-                       "values wider than its field")
 
 
 def content_roots(ptrs, nbytes: np.ndarray, first: np.ndarray, merged: np.ndarray,

@@ -818,3 +818,31 @@ def test_content_roots_digest_what_no_merge_did_and_root_it_all() -> None:
         for k, d in enumerate(data):
             ok = got[16 * k:16 * (k + 1)] == hashing.content_hash(d.numpy().tobytes())
             assert ok == (k != wrong), k
+
+
+@pytest.mark.parametrize("path", ["batch", "chunks"])
+def test_a_field_overflow_is_named_by_field_on_both_gpu_paths(path: str) -> None:
+    # the merge flags the tensor, not the field: the CPU reader, reading it on this error path
+    # only, words the failure (which field, how many bits), in the batch and the chunked loader
+    from s4weights.gpu import chunked
+
+    blob = _gpu_file({"b": _state()["bfloat16.zeros"]})
+    t = s4format.Reader(blob).tensors[0]
+    j = next(k for k, p in enumerate(t.planes) if p.kind == layouts.KIND_MANTISSA)
+
+    def wide(stored: np.ndarray) -> np.ndarray:
+        stored[rans.HEADER_SIZE] = 0x80  # a CONST block of 0x80: bf16's mantissa has 7 bits
+        return stored
+
+    bad = _rewrite(blob, "b", j, wide)
+    with pytest.raises(s4format.FormatError) as cpu:
+        s4format.Reader(bad).read_raw(0)
+    r = s4format.Reader(bad)
+    with pytest.raises(s4format.FormatError, match=r"mantissa0 plane holds values wider than "
+                                                   r"its 7 bits$") as gpu:
+        if path == "batch":
+            decode.read_tensors(r, [0])
+        else:
+            chunked.load_large(r, 0, torch.empty(r.tensors[0].raw_nbytes, dtype=torch.uint8),
+                               1 << 16)
+    assert str(gpu.value) == str(cpu.value)
