@@ -406,6 +406,8 @@ def parse_streams(host: np.ndarray, at, stored, n, blocks: bool = True) -> Strea
     n = np.asarray(n, np.int64).reshape(-1)
     if not at.size == stored.size == n.size:
         raise ValueError("at, stored and n differ in length")
+    if (n < 0).any():
+        raise ValueError("negative symbol count")
     # (no sum that could wrap: the compiled checks read host[at : at + stored] unchecked)
     if (at < 0).any() or (stored < 0).any() or (at > host.size).any() \
             or (stored > host.size - at).any():
