@@ -120,8 +120,6 @@ def _coded_stream(chosen: list, policy: str, workspace: int | None):
     per chunk of at most half the workspace so they never hold a second copy of a large state
     at once; a tensor larger than that is XORed chunk by chunk inside the chunked coder (under
     ``nvcomp-ans``, whose codec takes whole tensors, it is XORed whole)."""
-    import torch
-
     from s4weights.gpu import plan, runtime
     from s4weights.gpu.encode import Encoder, Item
 
@@ -158,10 +156,8 @@ def _coded_stream(chosen: list, policy: str, workspace: int | None):
         with_parent = [p.device_bytes for _n, _t, p in chunk if p is not None]
         parent_hashes = iter(())
         if with_parent:
-            h = runtime.content_hashes([b.data_ptr() for b in with_parent],
-                                       [b.numel() for b in with_parent])
-            h = h.view(torch.uint8)[:16 * len(with_parent)].cpu().numpy().tobytes()
-            parent_hashes = iter(h[16 * k:16 * (k + 1)] for k in range(len(with_parent)))
+            parent_hashes = iter(runtime.content_hashes_now(
+                [b.data_ptr() for b in with_parent], [b.numel() for b in with_parent]))
         results = enc.code(items)
         for _name, _t, p in chunk:
             alone = next(results)

@@ -375,11 +375,10 @@ def _apply_parents(reader: Reader, idx: list[int], outs: list[torch.Tensor]) -> 
         if o.numel():
             xor(o, praw[j], out=o)
     del praw
-    hashes = runtime.content_hashes([o.data_ptr() for o in outs], [o.numel() for o in outs]
-                                    ).view(torch.uint8)[:16 * len(outs)].cpu().numpy().tobytes()
-    for k in range(len(outs)):
+    hashes = runtime.content_hashes_now([o.data_ptr() for o in outs], [o.numel() for o in outs])
+    for k, got in enumerate(hashes):
         t = reader.tensors[idx[k]]
-        if hashes[16 * k:16 * (k + 1)] != t.content_hash:
+        if got != t.content_hash:
             raise _about(ContentHashError(
                 f"{reader.name}: tensor {t.name!r} content hash mismatch after decoding: the "
                 "file is corrupt or its parent is wrong"), reader, idx[k])

@@ -142,8 +142,7 @@ SYMBOL_BITS = rans.PROB_BITS - np.log2(np.maximum(np.arange(rans.PROB_SCALE + 1)
 # up (plus one unit for the doubles' rounding); the words of any set of lanes' symbols (a block,
 # a plane) are at most the sum of their WORD_COST >> 20. The device sums it per plane
 # (rans_normalise: the scratch the host sizes) and per block (rans_encode: each block's share).
-WORD_COST = (np.floor((rans.PROB_BITS - np.log2(np.maximum(np.arange(rans.PROB_SCALE + 1), 1))
-                       + np.log2(9 / 8)) * 65536) + 1).astype(np.uint32)
+WORD_COST = (np.floor((SYMBOL_BITS + np.log2(9 / 8)) * 65536) + 1).astype(np.uint32)
 WORD_COST[0] = 0
 
 
@@ -374,7 +373,6 @@ def _check_streams(host, at, stored, n, fail, arg, mode, lg, nb, pos, tab_of, fr
         pos[q] = end
         nb[q] = blocks
     return rows
-
 
 
 def _rans_length(want: int, got: int) -> str:

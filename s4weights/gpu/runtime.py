@@ -359,6 +359,13 @@ def content_hashes(ptrs, lengths, batch: Batch | None = None) -> torch.Tensor:
     return _rooted(ptrs, lengths, batch, True)
 
 
+def content_hashes_now(ptrs, lengths) -> list[bytes]:
+    """:func:`content_hashes` on the host, one 16-byte hash per segment (a synchronisation)."""
+    n = np.asarray(lengths).size
+    b = content_hashes(ptrs, lengths).view(torch.uint8)[:16 * n].cpu().numpy().tobytes()
+    return [b[16 * k:16 * (k + 1)] for k in range(n)]
+
+
 def roots_over(buf: torch.Tensor, lengths, first, batch: Batch, wide: bool) -> torch.Tensor:
     """Queue the roots of digests a caller laid out in ``buf`` with a slot before each
     segment's (segment s's at ``first[s] + s``, ``first`` the leaf prefix sums): see
