@@ -1,12 +1,12 @@
 """The kernels' compile-time tuning (kernels/planes.cu: SPLIT_G, SPLIT_PERM, MERGE_G,
 MERGE_CONSTW, MERGE_PERM) and the choice of rANS decode kernel
-(``runtime.RANS_WINDOW_WARPS_PER_SM``), measured side by side on the GPU machine
+(``runtime.RANS_AHEAD_WARPS_PER_SM``), measured side by side on the GPU machine
 (``python3 bench/kernel_variants.py``).
 
 For each variant: the device time per call of every kernel (CUPTI, median of ``S4_BENCH_REPS``
-warm calls) of a device-to-device encode and decode of 1 GiB and 256 MiB of N(0, 0.02) bf16
-(16,384 and 4,096 rANS blocks) and of 512 MiB of N(0, 0.02) fp32 (4,096 blocks), each alone
-in its group; the file the encoder writes (it must be the default build's, byte for byte) and
+warm calls) of a device-to-device encode and decode of 1 GiB, 256 MiB and 128 MiB of
+N(0, 0.02) bf16 (8,192, 2,048 and 1,024 exponent blocks) and of 512 MiB of N(0, 0.02) fp32
+(4,096 blocks), each alone in its group; the file the encoder writes (it must be the default build's, byte for byte) and
 the decoded tensors (they must equal the input). A variant rebuilds one module with its
 options (every other module is the default build's) or changes the decode kernel's choice."""
 
@@ -28,12 +28,13 @@ from s4weights.gpu import decode, runtime
 from s4weights.gpu.encode import Encoder, file_of
 
 REPS = int(os.environ.get("S4_BENCH_REPS", "5"))
-# (name, module to rebuild, its build options, RANS_WINDOW_WARPS_PER_SM or None)
+# (name, module to rebuild, its build options, RANS_AHEAD_WARPS_PER_SM or None)
 VARIANTS = [("default", "", (), None), ("MERGE_PERM=0", "planes", ("-DMERGE_PERM=0",), None),
-            ("rans_decode only", "", (), 0), ("rans_decode_window only", "", (), 1 << 30)]
-CASES = {"bf16": ("bf16", 1 << 29), "bf16 256M": ("bf16", 1 << 27), "fp32": ("fp32", 1 << 27)}
+            ("rans_decode only", "", (), 0), ("rans_decode_ahead only", "", (), 1 << 30)]
+CASES = {"bf16": ("bf16", 1 << 29), "bf16 256M": ("bf16", 1 << 27), "bf16 128M": ("bf16", 1 << 26),
+         "fp32": ("fp32", 1 << 27)}
 KERNELS = ("split_hist bf16", "rans_encode bf16", "merge bf16", "rans_decode bf16",
-           "rans_decode bf16 256M", "split_hist fp32", "merge fp32", "rans_decode fp32")
+           "rans_decode bf16 256M", "rans_decode bf16 128M", "split_hist fp32", "merge fp32", "rans_decode fp32")
 _DEFAULT = runtime._function
 
 
@@ -89,10 +90,10 @@ def main() -> None:
         "bfloat16" if dt == "bf16" else "float32")))} for case, (dt, n) in CASES.items()}
     want: dict[str, bytes] = {}
     rows = []
-    window = runtime.RANS_WINDOW_WARPS_PER_SM
+    window = runtime.RANS_AHEAD_WARPS_PER_SM
     for name, module, opts, warps in VARIANTS:
         use(module, opts)
-        runtime.RANS_WINDOW_WARPS_PER_SM = window if warps is None else warps
+        runtime.RANS_AHEAD_WARPS_PER_SM = window if warps is None else warps
         row = {"variant": name, "same_file": True, "exact": True}
         for case, tensors in cases.items():
             dt = CASES[case][0]
@@ -107,11 +108,11 @@ def main() -> None:
             row["exact"] &= exact
             row[f"merge {case}"] = t.get(f"merge_{dt}", float("nan"))
             row[f"rans_decode {case}"] = (t.get("rans_decode", 0.0)
-                                          + t.get("rans_decode_window", 0.0))
+                                          + t.get("rans_decode_ahead", 0.0))
             row[f"decode busy {case}"] = sum(t.values())
         rows.append(row)
         print(row, flush=True)
-    runtime.RANS_WINDOW_WARPS_PER_SM = window
+    runtime.RANS_AHEAD_WARPS_PER_SM = window
     runtime._function = _DEFAULT
     cols = [*KERNELS, "encode busy bf16", "decode busy bf16", "encode busy fp32",
             "decode busy fp32"]

@@ -89,16 +89,17 @@ def sm_count() -> int:
 
 
 # A launch of at most this many rANS decode warps (blocks) per multiprocessor takes
-# kernels/rans.cu's windowed build: too few warps to hide the latency of a load per row
-# (bench/RESULTS.md, session 11, on the H200's 132 SMs: 2,048 blocks 0.37 -> 0.34 ms with the
-# window (fp32's 0.72 -> 0.61), 8,192 blocks 0.69 -> 0.84 ms; the threshold lies between, not
-# measured closer).
-RANS_WINDOW_WARPS_PER_SM = 32
+# kernels/rans.cu's `rans_decode_ahead` build: too few warps to hide the latency of the load of
+# each row's words, which that build makes a row ahead (bench/RESULTS.md, session 15, on the
+# H200's 132 SMs: 4,096 fp32 blocks 0.73 -> 0.56 ms, 4,096 bf16 blocks 0.38 -> 0.35 ms; 8,192
+# bf16 blocks 0.69 -> 0.74 ms, so those take `rans_decode`). The ahead build replaced a
+# window held in registers (session 11), which it beat at 4,096 fp32 blocks (0.62 ms).
+RANS_AHEAD_WARPS_PER_SM = 32
 
 
 def rans_decode_kernel(nblocks: int) -> str:
     """The rANS decode kernel for a launch of ``nblocks`` blocks (one warp each)."""
-    return ("rans_decode_window" if nblocks <= RANS_WINDOW_WARPS_PER_SM * sm_count()
+    return ("rans_decode_ahead" if nblocks <= RANS_AHEAD_WARPS_PER_SM * sm_count()
             else "rans_decode")
 
 

@@ -221,7 +221,7 @@ def launch(module: str, name: str, grid: int, block: int, *a) -> None:
                 out[16 * s:16 * (s + 1)] = np.frombuffer(xxhash.xxh3_128_digest(root), np.uint8)
             else:
                 out.view(np.uint64)[s] = xxhash.xxh3_64_intdigest(root)
-    elif name in ("rans_decode", "rans_decode_window"):
+    elif name in ("rans_decode", "rans_decode_ahead"):
         # cta_first, cta_warps, mode, fill, words, count, states,
         # dtab (the plane's exclusive prefix sums, shared by the CTA), out, len, errors
         first, warps = at(a[0], np.uint32, grid), at(a[1], np.uint8, grid)

@@ -409,14 +409,14 @@ def _damaged_exponent_file(t: torch.Tensor, at: int) -> bytes:
     return buf.getvalue()
 
 
-@pytest.mark.parametrize("warps", [0, 1 << 30], ids=["rans_decode", "rans_decode_window"])
+@pytest.mark.parametrize("warps", [0, 1 << 30], ids=["rans_decode", "rans_decode_ahead"])
 def test_both_rans_decode_kernels_decode_exactly_and_find_damage(monkeypatch, warps) -> None:
-    # kernels/rans.cu builds the decoder twice (words loaded per row, or taken from a window
-    # held in registers); runtime.rans_decode_kernel picks one by the launch's size: each must
+    # kernels/rans.cu builds the decoder twice (words loaded in their row, or loaded a row ahead
+    # and taken by a shuffle); runtime.rans_decode_kernel picks one by the launch's size: each must
     # decode every block exactly (partial rows, blocks of one word or none, many planes in one
     # launch) and report a damaged stream
-    monkeypatch.setattr(runtime, "RANS_WINDOW_WARPS_PER_SM", warps)
-    want = "rans_decode_window" if warps else "rans_decode"
+    monkeypatch.setattr(runtime, "RANS_AHEAD_WARPS_PER_SM", warps)
+    want = "rans_decode_ahead" if warps else "rans_decode"
     assert runtime.rans_decode_kernel(1) == want
     g = torch.Generator(device="cuda").manual_seed(11)
     state = {f"n{n}": (torch.randn(n, device="cuda", generator=g) * 0.02).bfloat16()

@@ -190,52 +190,16 @@ rans_encode(const u32* cta_plane, const u32* cta_block, const u8* cta_warps, con
     }
 }
 
-// The words a decoding warp takes next, read from the end down: lane l holds cur = words[wb + l]
-// and nxt = words[wb - 32 + l] (0 below the first word), and the load of the 32 below them
-// (ahead) is in flight. Before each row wb <= p <= wb + 32 (p: the words left), so a row's
-// words [p - total, p) lie in cur and nxt and come by shuffles; when p drops below wb, the
-// window slides down 32 words and loads the next 32 (one coalesced load, several rows ahead
-// of its use, where before every renormalising row waited on a load of its own).
-__device__ u16 rans_no_words;  // what the plain decoder's loads read in a block of no words
-
-struct Window {
-    const u16* words;
-    u32 last;  // (the plain decoder) the last word's index; words: a safe word when there are none
-    int wb;
-    u32 cur, nxt, ahead;
-    __device__ __forceinline__ u32 at(int i) const { return i >= 0 ? words[i] : 0u; }
-    __device__ __forceinline__ void init(const u16* w, u32 p, int lane) {
-        words = w;
-        wb = (int)p - 32;
-        cur = at(wb + lane);
-        nxt = at(wb - 32 + lane);
-        ahead = at(wb - 64 + lane);
-    }
-    // the word at index i (p - total <= i < p; every lane calls it)
-    __device__ __forceinline__ u32 take(int i) const {
-        const int off = i - wb;
-        const u32 a = __shfl_sync(0xFFFFFFFFu, cur, off & 31);
-        const u32 b = __shfl_sync(0xFFFFFFFFu, nxt, off & 31);
-        return off >= 0 ? a : b;
-    }
-    __device__ __forceinline__ void slide(u32 p, int lane) {  // (uniform)
-        if ((int)p < wb) {
-            wb -= 32;
-            cur = nxt;
-            nxt = ahead;
-            ahead = at(wb - 64 + lane);
-        }
-    }
-};
+__device__ u16 rans_no_words;  // what the decoder's loads read in a block of no words
 
 // One decoder row: each active lane decodes its symbol into out[i] and, if its state drops
-// below 2^15, takes the next word from the end (lanes in lane order): from the window, or
-// loaded (WINDOW false: every lane loads, at an index clamped into the block's words, so the
-// load needs no branch). Returns false, the same in every lane, when the row needs more words
-// than the block has left (error 2); CHECK false: the caller knows it has enough.
-template <bool WINDOW, bool CHECK>
+// below 2^15, takes the next word from the end (lanes in lane order): every lane loads, at an
+// index clamped into the block's words (`last`: the last word's index), so the load needs no
+// branch. Returns false, the same in every lane, when the row needs more words than the block
+// has left (error 2); CHECK false: the caller knows it has enough.
+template <bool CHECK>
 __device__ __forceinline__ bool decode_row(u32& x, u32& p, const u32* dtab, u8* out, int i,
-                                           bool active, Window& win, u32 lt, int lane) {
+                                           bool active, const u16* words, u32 last, u32 lt) {
     bool need = false;
     if (active) {
         const u32 e = dtab[x & 4095u];
@@ -247,30 +211,44 @@ __device__ __forceinline__ bool decode_row(u32& x, u32& p, const u32* dtab, u8* 
     const u32 total = __popc(ballot);
     if (CHECK && total > p) return false;
     p -= total;
-    if constexpr (WINDOW) {
-        const u32 w = win.take((int)(p + __popc(ballot & lt)));
-        if (need) x = (x << 16) | w;
-        win.slide(p, lane);
-    } else {
-        const u32 at = p + __popc(ballot & lt);
-        u16 w;  // (volatile: the compiler would sink the load under `need`, behind a branch)
-        asm volatile("ld.global.nc.u16 %0, [%1];"
-                     : "=h"(w) : "l"(win.words + (at < win.last ? at : win.last)));
-        if (need) x = (x << 16) | w;
-    }
+    const u32 at = p + __popc(ballot & lt);
+    u16 w;  // (volatile: the compiler would sink the load under `need`, behind a branch)
+    asm volatile("ld.global.nc.u16 %0, [%1];" : "=h"(w) : "l"(words + (at < last ? at : last)));
+    if (need) x = (x << 16) | w;
     return true;
+}
+
+// An unchecked row (all lanes active, at least 32 words left) that takes its word by a shuffle:
+// every lane loads one of the 32 words below p before the row decodes (the load waits on
+// nothing in the row), and a renormalising lane then takes word p - total + rank, which lane
+// 32 - total + rank holds. The row's chain then waits on a shuffle, not on a load: ncu showed
+// the decoder's warps spending ~40% of their stalls on that load. It pays where a launch has
+// too few warps to hide the load (4,096 fp32 blocks: 0.73 -> 0.56 ms on the H200) and costs
+// where it has enough (8,192 blocks: 0.69 -> 0.74 ms), so the host picks the build by the
+// launch's size (runtime.rans_decode_kernel; bench/RESULTS.md, session 15).
+__device__ __forceinline__ void decode_row_ahead(u32& x, u32& p, const u32* dtab, u8* out, int i,
+                                                 const u16* words, u32 lt, int lane) {
+    u16 cand;
+    asm volatile("ld.global.nc.u16 %0, [%1];" : "=h"(cand) : "l"(words + (p - 32 + lane)));
+    const u32 e = dtab[x & 4095u];
+    out[i] = (u8)(e & 0xFF);
+    x = ((e >> 20) + 1) * (x >> 12) + ((e >> 8) & 4095u);
+    const bool need = x < (1u << 15);
+    const u32 ballot = __ballot_sync(0xFFFFFFFFu, need);
+    const u32 total = __popc(ballot);
+    p -= total;
+    const u32 w = __shfl_sync(0xFFFFFFFFu, (u32)cand, (int)(32 - total + __popc(ballot & lt)) & 31);
+    if (need) x = (x << 16) | w;
 }
 
 // Decode one block per warp straight into its output bytes. mode 0: RANS (words, states,
 // decode table); mode 1: CONST (fill with `fill`); mode 2: nothing (its stream failed
 // rans_blocks' checks). Errors per block, numbered as the CPU reference: 1 state out of range,
 // 2 word underflow, 3 words left over, 4 wrong final state.
-// Two builds (the host picks one per launch, decode.RansBatch.kernel): rans_decode loads each
-// renormalising lane's word in its row; rans_decode_window takes the words from a window held
-// in registers (Window), which saves the warp a load's latency in most rows for a dozen more
-// instructions per row: it wins when the launch has too few warps to hide that latency
-// (bench/RESULTS.md, session 11).
-template <bool WINDOW>
+// Two builds (the host picks one per launch, runtime.rans_decode_kernel): rans_decode loads each
+// renormalising lane's word in its row; rans_decode_ahead takes the words of its unchecked rows
+// by a shuffle from a load made before the row (decode_row_ahead).
+template <bool AHEAD>
 __device__ void decode_impl(const u32* cta_first, const u8* cta_warps, const u8* blk_mode,
                             const u8* blk_fill, const u64* blk_words, const u32* blk_count,
                             const u64* blk_states, const u64* blk_dtab, const u64* blk_out,
@@ -322,17 +300,11 @@ __device__ void decode_impl(const u32* cta_first, const u8* cta_warps, const u8*
     // the end: after p -= total, lane l's word is words[p + (renormalising lanes below l)].
     u32 p = blk_count[b];
     const u32 lt = lanemask_lt();
-    Window win;
-    if constexpr (WINDOW) {
-        win.init(words, p, lane);
-    } else {
-        win.words = p ? words : &rans_no_words;
-        win.last = p ? p - 1 : 0;
-    }
+    const u16* safe = p ? words : &rans_no_words;
+    const u32 last = p ? p - 1 : 0;
     int r = (int)(((len - 1) >> 5) << 5);
     if (len & 31) {  // the last row is partial
-        if (!decode_row<WINDOW, true>(x, p, dtab, out, r + lane, (u32)r + lane < len, win, lt,
-                                      lane)) {
+        if (!decode_row<true>(x, p, dtab, out, r + lane, (u32)r + lane < len, safe, last, lt)) {
             if (lane == 0) errors[b] = 2;
             return;
         }
@@ -341,10 +313,12 @@ __device__ void decode_impl(const u32* cta_first, const u8* cta_warps, const u8*
     while (r >= 0) {  // full rows
         if (r >= 96 && p >= 128) {  // words left for four rows whatever they take: unchecked
 #pragma unroll
-            for (int k = 0; k < 4; k++, r -= 32)
-                decode_row<WINDOW, false>(x, p, dtab, out, r + lane, true, win, lt, lane);
+            for (int k = 0; k < 4; k++, r -= 32) {
+                if constexpr (AHEAD) decode_row_ahead(x, p, dtab, out, r + lane, words, lt, lane);
+                else decode_row<false>(x, p, dtab, out, r + lane, true, safe, last, lt);
+            }
         } else {
-            if (!decode_row<WINDOW, true>(x, p, dtab, out, r + lane, true, win, lt, lane)) {
+            if (!decode_row<true>(x, p, dtab, out, r + lane, true, safe, last, lt)) {
                 if (lane == 0) errors[b] = 2;
                 return;
             }
@@ -356,15 +330,15 @@ __device__ void decode_impl(const u32* cta_first, const u8* cta_warps, const u8*
     const u32 bad = __ballot_sync(0xFFFFFFFFu, err != 0);
     if (bad && lane == 0) errors[b] = p != 0 ? 3 : 4;
 }
-#define S4_DECODE(NAME, WINDOW)                                                                \
+#define S4_DECODE(NAME, AHEAD)                                                                 \
     extern "C" __global__ void __launch_bounds__(RANS_WARPS * 32) NAME(                        \
         const u32* cf, const u8* cw, const u8* mode, const u8* fill, const u64* words,         \
         const u32* count, const u64* states, const u64* dtab, const u64* out, const u32* len,  \
         int* errors) {                                                                         \
-        decode_impl<WINDOW>(cf, cw, mode, fill, words, count, states, dtab, out, len, errors); \
+        decode_impl<AHEAD>(cf, cw, mode, fill, words, count, states, dtab, out, len, errors);  \
     }
 S4_DECODE(rans_decode, false)
-S4_DECODE(rans_decode_window, true)
+S4_DECODE(rans_decode_ahead, true)
 
 // A sum over the CTA's 256 threads (8 warps), every thread gets it; `red` is 8 shared slots.
 __device__ __forceinline__ u64 cta_sum(u64 v, u64* red) {
