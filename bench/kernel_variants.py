@@ -6,9 +6,10 @@ MERGE_CONSTW, MERGE_PERM) and the choice of rANS decode kernel
 For each variant: the device time per call of every kernel (CUPTI, median of ``S4_BENCH_REPS``
 warm calls) of a device-to-device encode and decode of 1 GiB, 256 MiB and 128 MiB of
 N(0, 0.02) bf16 (8,192, 2,048 and 1,024 exponent blocks) and of 512 MiB of N(0, 0.02) fp32
-(4,096 blocks), each alone in its group; the file the encoder writes (it must be the default build's, byte for byte) and
-the decoded tensors (they must equal the input). A variant rebuilds one module with its
-options (every other module is the default build's) or changes the decode kernel's choice."""
+(4,096 blocks), each alone in its group; the file the encoder writes (it must be the default
+build's, byte for byte) and the decoded tensors (they must equal the input). A variant
+rebuilds one module with its options (every other module is the default build's) or changes
+the decode kernel's choice."""
 
 from __future__ import annotations
 
@@ -34,7 +35,8 @@ VARIANTS = [("default", "", (), None), ("MERGE_PERM=0", "planes", ("-DMERGE_PERM
 CASES = {"bf16": ("bf16", 1 << 29), "bf16 256M": ("bf16", 1 << 27), "bf16 128M": ("bf16", 1 << 26),
          "fp32": ("fp32", 1 << 27)}
 KERNELS = ("split_hist bf16", "rans_encode bf16", "merge bf16", "rans_decode bf16",
-           "rans_decode bf16 256M", "rans_decode bf16 128M", "split_hist fp32", "merge fp32", "rans_decode fp32")
+           "rans_decode bf16 256M", "rans_decode bf16 128M", "split_hist fp32", "merge fp32",
+           "rans_decode fp32")
 _DEFAULT = runtime._function
 
 
