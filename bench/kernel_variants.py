@@ -92,10 +92,10 @@ def main() -> None:
         "bfloat16" if dt == "bf16" else "float32")))} for case, (dt, n) in CASES.items()}
     want: dict[str, bytes] = {}
     rows = []
-    window = runtime.RANS_AHEAD_WARPS_PER_SM
+    ahead = runtime.RANS_AHEAD_WARPS_PER_SM
     for name, module, opts, warps in VARIANTS:
         use(module, opts)
-        runtime.RANS_AHEAD_WARPS_PER_SM = window if warps is None else warps
+        runtime.RANS_AHEAD_WARPS_PER_SM = ahead if warps is None else warps
         row = {"variant": name, "same_file": True, "exact": True}
         for case, tensors in cases.items():
             dt = CASES[case][0]
@@ -114,7 +114,7 @@ def main() -> None:
             row[f"decode busy {case}"] = sum(t.values())
         rows.append(row)
         print(row, flush=True)
-    runtime.RANS_AHEAD_WARPS_PER_SM = window
+    runtime.RANS_AHEAD_WARPS_PER_SM = ahead
     runtime._function = _DEFAULT
     cols = [*KERNELS, "encode busy bf16", "decode busy bf16", "encode busy fp32",
             "decode busy fp32"]

@@ -90,10 +90,11 @@ def sm_count() -> int:
 
 # A launch of at most this many rANS decode warps (blocks) per multiprocessor takes
 # kernels/rans.cu's `rans_decode_ahead` build: too few warps to hide the latency of the load of
-# each row's words, which that build makes a row ahead (bench/RESULTS.md, session 15, on the
-# H200's 132 SMs: 4,096 fp32 blocks 0.73 -> 0.56 ms, 4,096 bf16 blocks 0.38 -> 0.35 ms; 8,192
-# bf16 blocks 0.69 -> 0.74 ms, so those take `rans_decode`). The ahead build replaced a
-# window held in registers (session 11), which it beat at 4,096 fp32 blocks (0.62 ms).
+# each row's words, which that build issues before the row decodes (bench/RESULTS.md, session
+# 15, on the H200's 132 SMs: 4,096 fp32 blocks 0.74 -> 0.56 ms, 2,048 bf16 blocks 0.38 -> 0.35
+# ms, 1,024 0.36 -> 0.33; 8,192 bf16 blocks 0.69 -> 0.74 ms, so those take `rans_decode`). The
+# ahead build replaced a window held in registers (session 11), which took 0.62 ms at 4,096
+# fp32 blocks.
 RANS_AHEAD_WARPS_PER_SM = 32
 
 

@@ -411,10 +411,10 @@ def _damaged_exponent_file(t: torch.Tensor, at: int) -> bytes:
 
 @pytest.mark.parametrize("warps", [0, 1 << 30], ids=["rans_decode", "rans_decode_ahead"])
 def test_both_rans_decode_kernels_decode_exactly_and_find_damage(monkeypatch, warps) -> None:
-    # kernels/rans.cu builds the decoder twice (words loaded in their row, or loaded a row ahead
-    # and taken by a shuffle); runtime.rans_decode_kernel picks one by the launch's size: each must
-    # decode every block exactly (partial rows, blocks of one word or none, many planes in one
-    # launch) and report a damaged stream
+    # kernels/rans.cu builds the decoder twice (each word loaded after its row's ballot, or 32
+    # candidates loaded before the row decodes and taken by a shuffle); runtime.rans_decode_kernel
+    # picks one by the launch's size: each must decode every block exactly (partial rows,
+    # blocks of one word or none, many planes in one launch) and report a damaged stream
     monkeypatch.setattr(runtime, "RANS_AHEAD_WARPS_PER_SM", warps)
     want = "rans_decode_ahead" if warps else "rans_decode"
     assert runtime.rans_decode_kernel(1) == want
