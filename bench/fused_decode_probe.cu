@@ -1,0 +1,190 @@
+// A measurement, not part of the codec (bench/fused_decode_probe.py): how fast could one
+// kernel decode a bf16 tensor's rANS exponent plane, merge it with the packed sign and
+// mantissa planes into the tensor's bytes, and make its content-hash leaf digests, where the
+// codec runs rans_decode, then merge_bf16 (which hashes)? One warp per rANS block of 2^16
+// symbols (128 KiB of bf16, two 64 KiB leaves); only the case of bench/gpu.py's (a): every
+// block full, the sign plane packed at 1 bit, the mantissa plane bitpack-w at 7 bits, both
+// 4-byte aligned. A row of 32 symbols is 32 elements, 64 bytes: one XXH3 stripe. The rows run
+// backwards (spec/rans.md), so each 1 KiB block's 8 accumulator sums go to global scratch and
+// a leaf's scrambles run once its last row (its first, in order) is decoded.
+#include "common.cuh"
+#include "xxh3.cuh"
+#ifndef PROBE_MINB
+#define PROBE_MINB 1   // CTAs per SM for __launch_bounds__ (a register cap)
+#endif
+#ifndef PROBE_PIPE
+#define PROBE_PIPE 0   // merge the group before while a group's rows decode
+#endif
+
+__device__ __forceinline__ u32 lanemask_lt() {
+    u32 m;
+    asm("mov.u32 %0, %%lanemask_lt;" : "=r"(m));
+    return m;
+}
+
+__device__ __forceinline__ u16 load_nc_u16(const u16* p) {
+    u16 w;
+    asm volatile("ld.global.nc.u16 %0, [%1];" : "=h"(w) : "l"(p));
+    return w;
+}
+
+// one row's symbol (every lane active): the word loaded before the row when AHEAD (at least 32
+// words left), else loaded after the ballot, checked; false when the row lacks words
+template <bool AHEAD>
+__device__ __forceinline__ bool row_symbol(u32& x, u32& p, const u32* dtab, const u16* words,
+                                           u32 lt, int lane, u32& sym) {
+    u16 cand = 0;
+    if (AHEAD) cand = load_nc_u16(words + (p - 32 + lane));
+    const u32 e = dtab[x & 4095u];
+    sym = e & 0xFF;
+    x = ((e >> 20) + 1) * (x >> 12) + ((e >> 8) & 4095u);
+    const bool need = x < (1u << 15);
+    const u32 ballot = __ballot_sync(0xFFFFFFFFu, need);
+    const u32 total = __popc(ballot);
+    const u32 rank = __popc(ballot & lt);
+    if (AHEAD) {
+        p -= total;
+        const u32 w = __shfl_sync(0xFFFFFFFFu, (u32)cand, (int)(32 - total + rank) & 31);
+        if (need) x = (x << 16) | w;
+        return true;
+    }
+    if (total > p) return false;
+    p -= total;
+    if (need) x = (x << 16) | load_nc_u16(words + p + rank);
+    return true;
+}
+
+extern "C" __global__ void __launch_bounds__(256, PROBE_MINB)
+fused_bf16(const u32* cta_first, const u8* cta_warps, const u64* blk_words, const u32* blk_count,
+           const u64* blk_states, const u32* gcum, const u32* mant, const u32* sign, u16* out,
+           u64* bsum, u64* digests, int* errors) {
+    __shared__ u32 dtab[4096];
+    __shared__ u32 cum[257];
+    __shared__ u64 hsec[32];  // the secret's 24 words, then the last stripe's 8
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    for (int s = threadIdx.x; s < 256; s += blockDim.x) cum[s] = gcum[s];
+    if (threadIdx.x == 0) cum[256] = 4096;
+    if (threadIdx.x < 24) hsec[threadIdx.x] = xxh_secret64(8 * threadIdx.x);
+    else if (threadIdx.x < 32) hsec[threadIdx.x] = xxh_secret64(XXH_LAST_STRIPE_SOFF + 8 * (threadIdx.x - 24));
+    __syncthreads();
+    for (u32 t = threadIdx.x; t < 4096; t += blockDim.x) {
+        u32 lo = 0, hi = 255;
+        while (lo < hi) {
+            const u32 mid = (lo + hi + 1) >> 1;
+            if (cum[mid] <= t) lo = mid;
+            else hi = mid - 1;
+        }
+        const u32 c = cum[lo];
+        dtab[t] = ((cum[lo + 1] - c - 1) << 20) | ((t - c) << 8) | lo;
+    }
+    __syncthreads();
+    if (warp >= cta_warps[blockIdx.x]) return;
+    const u32 b = cta_first[blockIdx.x] + warp;
+    const u16* words = (const u16*)blk_words[b];
+    u32 x = ((const u32*)blk_states[b])[lane];
+    if (__any_sync(0xFFFFFFFFu, x < (1u << 15) || x >= (1u << 31))) {
+        if (lane == 0) errors[b] = 1;
+        return;
+    }
+    u32 p = blk_count[b];
+    const u32 lt = lanemask_lt();
+    const u32* mb = mant + 14336ull * b;  // 2^16 values of 7 bits: 14,336 words a block
+    const u32* sb = sign + 2048ull * b;   // 2^16 bits: 2,048 words a block
+    u16* ob = out + 65536ull * b;
+    u64* bs = bsum + 1024ull * b;         // 128 blocks of 1 KiB, 8 sums each
+    // this lane's 7 mantissa bits in a row's 7 words: word k0, from bit sh (sh > 25: into k0 + 1)
+    const int k0 = (7 * lane) >> 5, sh = (7 * lane) & 31, k = lane >> 2;
+    u64 P = 0, D = 0;
+    // group gi: rows 4 gi .. 4 gi + 3 (block gi >> 2); its mantissa and sign words, loaded
+    // before its rows decode (they wait on nothing)
+    auto preload = [&](int gi, u32* mlo, u32* mhi, u32* sw) {
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            const int r = 4 * gi + 3 - q;
+            mlo[q] = mb[7 * r + k0];
+            mhi[q] = sh > 25 ? mb[7 * r + k0 + 1] : mlo[q];
+            sw[q] = sb[r];
+        }
+    };
+    // the merge and hash of group gi's rows; after a block's last group (in decode order), its
+    // sums, and after a leaf's last block, its digest
+    auto merge = [&](int gi, const u32* sym, const u32* mlo, const u32* mhi, const u32* sw) {
+        const int kb = gi >> 2;
+        const bool lastblk = (kb & 63) == 63;
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            const int r = 4 * gi + 3 - q;  // the row (its stripe: r & 15)
+            const u32 m = __funnelshift_r(mlo[q], mhi[q], sh) & 0x7Fu;
+            const u32 s = (sw[q] >> lane) & 1u;
+            const u32 v = (s << 15) | (sym[q] << 7) | m;
+            ob[32 * r + lane] = (u16)v;
+            // XXH3: lane 4k holds the stripe's data word k
+            const u32 pr = v | (__shfl_down_sync(0xFFFFFFFFu, v, 1) << 16);
+            const u32 pr2 = __shfl_down_sync(0xFFFFFFFFu, pr, 2);
+            const u64 d = (u64)pr | ((u64)pr2 << 32);
+            const int st = r & 15;
+            const u64 key = (lastblk && st == 15) ? hsec[24 + k] : hsec[st + k];
+            const u64 dk = d ^ key;
+            P += (u64)(u32)dk * (u32)(dk >> 32);
+            D += d;
+        }
+        if (gi & 3) return;
+        // the block's sums: acc[k] gets word k's products and word k ^ 1's data
+        const u64 Dx = __shfl_xor_sync(0xFFFFFFFFu, D, 4);
+        if ((lane & 3) == 0) bs[8 * kb + k] = P + Dx;
+        P = 0;
+        D = 0;
+        if (kb & 63) return;
+        __syncwarp();  // the leaf's last block in decode order: its digest
+        const int i = lane & 7;
+        const u64* lb = bs + 8 * kb;
+        u64 acc;
+        {
+            u64 init[8];
+            xxh3_acc_init(init);
+            acc = init[0];
+#pragma unroll
+            for (int j = 1; j < 8; j++) acc = i == j ? init[j] : acc;
+        }
+        for (int blk = 0; blk < 63; blk++) acc = xxh3_scramble_lane(acc + lb[8 * blk + i], i);
+        acc += lb[8 * 63 + i];
+        u64 all[8];
+#pragma unroll
+        for (int j = 0; j < 8; j++) all[j] = __shfl_sync(0xFFFFFFFFu, acc, j);
+        if (lane == 0) digests[2ull * b + (kb >> 6)] = xxh3_merge(all, 65536);
+    };
+    // PROBE_PIPE: software-pipelined, group gi's rows decode while group gi + 1's merge, whose
+    // symbols are ready, fills the decode chain's waits (a warp issues in order); else each
+    // group merges right after its rows decode
+    u32 psym[4], pmlo[4], pmhi[4], psw[4];
+    for (int gi = 511; gi >= 0; gi--) {
+        u32 sym[4], mlo[4], mhi[4], sw[4];
+        preload(gi, mlo, mhi, sw);
+        if (p >= 128) {  // words for four rows whatever they take
+#pragma unroll
+            for (int q = 0; q < 4; q++) row_symbol<true>(x, p, dtab, words, lt, lane, sym[q]);
+        } else {
+#pragma unroll
+            for (int q = 0; q < 4; q++)
+                if (!row_symbol<false>(x, p, dtab, words, lt, lane, sym[q])) {  // (uniform)
+                    if (lane == 0) errors[b] = 2;
+                    return;
+                }
+        }
+        if constexpr (PROBE_PIPE) {
+            if (gi < 511) merge(gi + 1, psym, pmlo, pmhi, psw);
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                psym[q] = sym[q];
+                pmlo[q] = mlo[q];
+                pmhi[q] = mhi[q];
+                psw[q] = sw[q];
+            }
+        } else {
+            merge(gi, sym, mlo, mhi, sw);
+        }
+    }
+    if constexpr (PROBE_PIPE) merge(0, psym, pmlo, pmhi, psw);
+    if (lane == 0 && p != 0) errors[b] = 3;
+    if (__any_sync(0xFFFFFFFFu, x != (1u << 15)) && lane == 0) errors[b] = 4;
+}
