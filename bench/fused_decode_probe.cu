@@ -8,6 +8,7 @@
 // backwards (spec/rans.md), so each 1 KiB block's 8 accumulator sums go to global scratch and
 // a leaf's scrambles run once its last row (its first, in order) is decoded.
 #include "common.cuh"
+#include "ransdec.cuh"
 #include "xxh3.cuh"
 #ifndef PROBE_MINB
 #define PROBE_MINB 1   // CTAs per SM for __launch_bounds__ (a register cap)
@@ -15,12 +16,6 @@
 #ifndef PROBE_PIPE
 #define PROBE_PIPE 0   // merge the group before while a group's rows decode
 #endif
-
-__device__ __forceinline__ u32 lanemask_lt() {
-    u32 m;
-    asm("mov.u32 %0, %%lanemask_lt;" : "=r"(m));
-    return m;
-}
 
 __device__ __forceinline__ u16 load_nc_u16(const u16* p) {
     u16 w;
@@ -62,21 +57,9 @@ fused_bf16(const u32* cta_first, const u8* cta_warps, const u64* blk_words, cons
     __shared__ u32 cum[257];
     __shared__ u64 hsec[32];  // the secret's 24 words, then the last stripe's 8
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    for (int s = threadIdx.x; s < 256; s += blockDim.x) cum[s] = gcum[s];
-    if (threadIdx.x == 0) cum[256] = 4096;
     if (threadIdx.x < 24) hsec[threadIdx.x] = xxh_secret64(8 * threadIdx.x);
     else if (threadIdx.x < 32) hsec[threadIdx.x] = xxh_secret64(XXH_LAST_STRIPE_SOFF + 8 * (threadIdx.x - 24));
-    __syncthreads();
-    for (u32 t = threadIdx.x; t < 4096; t += blockDim.x) {
-        u32 lo = 0, hi = 255;
-        while (lo < hi) {
-            const u32 mid = (lo + hi + 1) >> 1;
-            if (cum[mid] <= t) lo = mid;
-            else hi = mid - 1;
-        }
-        const u32 c = cum[lo];
-        dtab[t] = ((cum[lo + 1] - c - 1) << 20) | ((t - c) << 8) | lo;
-    }
+    decoder_table(gcum, cum, dtab);
     __syncthreads();
     if (warp >= cta_warps[blockIdx.x]) return;
     const u32 b = cta_first[blockIdx.x] + warp;

@@ -91,7 +91,7 @@ def main() -> None:
           f"{ref.get(dname, 0.0) + ref.get('merge_bf16', 0.0):.3f} ms; decode busy "
           f"{sum(ref.values()):.3f} ms; exact {ok}", flush=True)
     for minb, pipe in ((1, 0), (8, 0), (1, 1), (4, 1)):
-        mod = cp.RawModule(code=SOURCE.read_text(), options=(
+        mod = cp.RawModule(code=runtime.kernel_source("", source=SOURCE), options=(
             "-std=c++17", f"-I{runtime.KERNELS}", f"-DPROBE_MINB={minb}",
             f"-DPROBE_PIPE={pipe}"))
         fn = mod.get_function("fused_bf16")

@@ -27,15 +27,16 @@ def align(n: int, a: int = ALIGN) -> int:
     return (n + a - 1) // a * a
 
 
-def kernel_source(name: str, folder: Path = KERNELS) -> str:
-    """The source CuPy compiles for ``kernels/<name>.cu``: the file, after a line that names the
-    digest of every header in the folder. CuPy's on-disk kernel cache is keyed by the source
-    text and the options, not by what the source includes, so without that line a changed
-    header alone would load kernels compiled from the old one."""
+def kernel_source(name: str, folder: Path = KERNELS, source: Path | None = None) -> str:
+    """The source CuPy compiles for ``kernels/<name>.cu`` (or ``source``, a file elsewhere that
+    includes the folder's headers): the file, after a line that names the digest of every
+    header in the folder. CuPy's on-disk kernel cache is keyed by the source text and the
+    options, not by what the source includes, so without that line a changed header alone
+    would load kernels compiled from the old one."""
     digest = hashlib.sha256()
     for h in sorted(folder.glob("*.cuh")):
         digest.update(h.name.encode() + b"\0" + h.read_bytes() + b"\0")
-    return f"// headers {digest.hexdigest()}\n" + (folder / f"{name}.cu").read_text()
+    return f"// headers {digest.hexdigest()}\n" + (source or folder / f"{name}.cu").read_text()
 
 
 @functools.cache

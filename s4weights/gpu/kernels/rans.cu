@@ -27,15 +27,11 @@
 // reciprocal, z = the bias, w = shift | (4096 - freq) << 8; coding is
 // x' = x + bias + ((umulhi(x, rcp) >> shift) * (4096 - freq)).
 #include "packing.cuh"
+#include "ransdec.cuh"
 
 #define RANS_WARPS 8          // warps (blocks of one plane) per CTA
 #define STAGE 512             // symbols staged in shared memory per warp step (16 rows)
 
-__device__ __forceinline__ u32 lanemask_lt() {
-    u32 m;
-    asm("mov.u32 %0, %%lanemask_lt;" : "=r"(m));
-    return m;
-}
 extern "C" __global__ void __launch_bounds__(RANS_WARPS * 32)
 rans_encode(const u32* cta_plane, const u32* cta_block, const u8* cta_warps, const u64* p_src,
             const i64* p_n, const u64* p_tab, const u64* p_scratch, const i64* p_first,
@@ -257,27 +253,9 @@ __device__ void decode_impl(const u32* cta_first, const u8* cta_warps, const u8*
     __shared__ u32 cum[257];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const u32 b0 = cta_first[blockIdx.x];
-    // The plane's decoder table, built here from the exclusive prefix sums of its frequencies
-    // (u32 cum[256]; null for CONST planes): slot t belongs to the symbol s with
-    // cum[s] <= t < cum[s + 1] (the largest s with cum[s] <= t: absent symbols before s share
-    // its cum, absent ones after it start past t) and holds (f - 1) << 20 | (t - cum[s]) << 8 | s,
-    // as ranshost.decoder_tables.
+    // the plane's decoder table (ransdec.cuh; null for CONST planes)
     const u32* gcum = (const u32*)blk_dtab[b0];
-    if (gcum) {
-        for (int s = threadIdx.x; s < 256; s += blockDim.x) cum[s] = gcum[s];
-        if (threadIdx.x == 0) cum[256] = 4096;
-        __syncthreads();
-        for (u32 t = threadIdx.x; t < 4096; t += blockDim.x) {
-            u32 lo = 0, hi = 255;
-            while (lo < hi) {
-                const u32 mid = (lo + hi + 1) >> 1;
-                if (cum[mid] <= t) lo = mid;
-                else hi = mid - 1;
-            }
-            const u32 c = cum[lo];
-            dtab[t] = ((cum[lo + 1] - c - 1) << 20) | ((t - c) << 8) | lo;
-        }
-    }
+    if (gcum) decoder_table(gcum, cum, dtab);
     __syncthreads();
     if (warp >= cta_warps[blockIdx.x]) return;
     const u32 b = b0 + warp;
