@@ -171,3 +171,128 @@ fused_bf16(const u32* cta_first, const u8* cta_warps, const u64* blk_words, cons
     if (lane == 0 && p != 0) errors[b] = 3;
     if (__any_sync(0xFFFFFFFFu, x != (1u << 15)) && lane == 0) errors[b] = 4;
 }
+
+// The same work split between warps: a CTA of 4 decode warps and 4 merge warps, decode warp w
+// handing each 1 KiB block's 16 rows of symbols to merge warp w through a slot in shared
+// memory (named barriers, strictly alternating: FULL once the slot is written, EMPTY once the
+// merge warp has copied it to registers; a warp must not arrive twice at one barrier before it
+// completes, so there is one slot, not two). The merge warp merges and hashes rows that wait on nothing, so the decode chain is
+// no longer in its instruction stream. Block b = 4 CTA + w.
+__device__ __forceinline__ void bar_sync(int id) {
+    asm volatile("bar.sync %0, 64;" ::"r"(id) : "memory");
+}
+__device__ __forceinline__ void bar_arrive(int id) {
+    asm volatile("bar.arrive %0, 64;" ::"r"(id) : "memory");
+}
+
+extern "C" __global__ void __launch_bounds__(256, PROBE_MINB)
+fused_bf16_ws(const u64* blk_words, const u32* blk_count, const u64* blk_states,
+              const u32* gcum, const u32* mant, const u32* sign, u16* out, u64* bsum,
+              u64* digests, int* errors) {
+    __shared__ u32 dtab[4096];
+    __shared__ u32 cum[257];
+    __shared__ u64 hsec[32];
+    __shared__ __align__(16) u8 ring[4][16 * 32];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, pair = warp & 3;
+    if (threadIdx.x < 24) hsec[threadIdx.x] = xxh_secret64(8 * threadIdx.x);
+    else if (threadIdx.x < 32) hsec[threadIdx.x] = xxh_secret64(XXH_LAST_STRIPE_SOFF + 8 * (threadIdx.x - 24));
+    decoder_table(gcum, cum, dtab);
+    __syncthreads();
+    const u32 b = 4 * blockIdx.x + pair;
+    const int FULL = 1 + 2 * pair, EMPTY = 2 + 2 * pair;
+    if (warp < 4) {  // decode: every chunk handed over, whatever happens (the merge waits on it)
+        const u16* words = (const u16*)blk_words[b];
+        u32 x = ((const u32*)blk_states[b])[lane];
+        bool bad = __any_sync(0xFFFFFFFFu, x < (1u << 15) || x >= (1u << 31));
+        if (bad && lane == 0) errors[b] = 1;
+        u32 p = blk_count[b];
+        const u32 lt = lanemask_lt();
+        for (int c = 0; c < 128; c++) {
+            if (c >= 1) bar_sync(EMPTY);  // the merge has taken the slot's last rows
+            u8* slot = ring[pair];
+            for (int g = 3; g >= 0; g--) {
+                u32 sym[4] = {0, 0, 0, 0};
+                if (!bad) {
+                    if (p >= 128) {
+#pragma unroll
+                        for (int q = 0; q < 4; q++)
+                            row_symbol<true>(x, p, dtab, words, lt, lane, sym[q]);
+                    } else {
+#pragma unroll
+                        for (int q = 0; q < 4; q++)
+                            if (!bad && !row_symbol<false>(x, p, dtab, words, lt, lane, sym[q])) {
+                                bad = true;  // (uniform)
+                                if (lane == 0) errors[b] = 2;
+                            }
+                    }
+                }
+#pragma unroll
+                for (int q = 0; q < 4; q++) slot[(4 * g + 3 - q) * 32 + lane] = (u8)sym[q];
+            }
+            __syncwarp();
+            __threadfence_block();
+            bar_arrive(FULL);
+        }
+        bar_sync(EMPTY);  // the merge's last hand-back
+        if (!bad && lane == 0 && p != 0) errors[b] = 3;
+        if (!bad && __any_sync(0xFFFFFFFFu, x != (1u << 15)) && lane == 0) errors[b] = 4;
+        return;
+    }
+    const u32* mb = mant + 14336ull * b;
+    const u32* sb = sign + 2048ull * b;
+    u16* ob = out + 65536ull * b;
+    u64* bs = bsum + 1024ull * b;
+    const int k0 = (7 * lane) >> 5, sh = (7 * lane) & 31, k = lane >> 2;
+    for (int c = 0; c < 128; c++) {
+        const int kb = 127 - c;
+        const bool lastblk = (kb & 63) == 63;
+        bar_sync(FULL);
+        // the 16 rows' symbols of this lane's column to registers, and the slot handed back
+        u32 col[4];
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+            col[j] = ring[pair][(4 * j) * 32 + lane] | ring[pair][(4 * j + 1) * 32 + lane] << 8 |
+                     ring[pair][(4 * j + 2) * 32 + lane] << 16 |
+                     (u32)ring[pair][(4 * j + 3) * 32 + lane] << 24;
+        __syncwarp();
+        bar_arrive(EMPTY);
+        u64 P = 0, D = 0;
+#pragma unroll
+        for (int rr = 0; rr < 16; rr++) {
+            const int r = 16 * kb + rr;
+            const u32 lo = mb[7 * r + k0];
+            const u32 hi = sh > 25 ? mb[7 * r + k0 + 1] : lo;
+            const u32 m = __funnelshift_r(lo, hi, sh) & 0x7Fu;
+            const u32 s = (sb[r] >> lane) & 1u;
+            const u32 v = (s << 15) | (((col[rr >> 2] >> (8 * (rr & 3))) & 0xFFu) << 7) | m;
+            ob[32 * r + lane] = (u16)v;
+            const u32 pr = v | (__shfl_down_sync(0xFFFFFFFFu, v, 1) << 16);
+            const u32 pr2 = __shfl_down_sync(0xFFFFFFFFu, pr, 2);
+            const u64 d = (u64)pr | ((u64)pr2 << 32);
+            const u64 key = (lastblk && rr == 15) ? hsec[24 + k] : hsec[rr + k];
+            const u64 dk = d ^ key;
+            P += (u64)(u32)dk * (u32)(dk >> 32);
+            D += d;
+        }
+        const u64 Dx = __shfl_xor_sync(0xFFFFFFFFu, D, 4);
+        if ((lane & 3) == 0) bs[8 * kb + k] = P + Dx;
+        if (kb & 63) continue;
+        __syncwarp();  // the leaf's last block in decode order: its digest
+        const int i = lane & 7;
+        const u64* lb = bs + 8 * kb;
+        u64 acc;
+        {
+            u64 init[8];
+            xxh3_acc_init(init);
+            acc = init[0];
+#pragma unroll
+            for (int j = 1; j < 8; j++) acc = i == j ? init[j] : acc;
+        }
+        for (int blk = 0; blk < 63; blk++) acc = xxh3_scramble_lane(acc + lb[8 * blk + i], i);
+        acc += lb[8 * 63 + i];
+        u64 all[8];
+#pragma unroll
+        for (int j = 0; j < 8; j++) all[j] = __shfl_sync(0xFFFFFFFFu, acc, j);
+        if (lane == 0) digests[2ull * b + (kb >> 6)] = xxh3_merge(all, 65536);
+    }
+}

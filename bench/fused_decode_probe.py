@@ -90,29 +90,37 @@ def main() -> None:
           f"{ref.get('merge_bf16', 0.0):.3f} ms = "
           f"{ref.get(dname, 0.0) + ref.get('merge_bf16', 0.0):.3f} ms; decode busy "
           f"{sum(ref.values()):.3f} ms; exact {ok}", flush=True)
-    for minb, pipe in ((1, 0), (8, 0), (1, 1), (4, 1)):
+    # (kernel, CTAs per SM for __launch_bounds__, PROBE_PIPE)
+    only = sys.argv[1:]
+    for name, minb, pipe in (("fused_bf16", 1, 0), ("fused_bf16", 8, 0), ("fused_bf16", 1, 1),
+                             ("fused_bf16", 4, 1), ("fused_bf16_ws", 1, 0),
+                             ("fused_bf16_ws", 6, 0), ("fused_bf16_ws", 8, 0)):
+        if only and name not in only:
+            continue
         mod = cp.RawModule(code=runtime.kernel_source("", source=SOURCE), options=(
             "-std=c++17", f"-I{runtime.KERNELS}", f"-DPROBE_MINB={minb}",
             f"-DPROBE_PIPE={pipe}"))
-        fn = mod.get_function("fused_bf16")
+        fn = mod.get_function(name)
         got = torch.full_like(out, 0xAB)
         bsum = cp.empty(nb * 1024, np.uint64)
         dig = cp.zeros(2 * nb, np.uint64)
         err = cp.zeros(nb, np.int32)
-        args = (cf, cw, words, count, states, cum, mant, sign,
-                np.uint64(got.data_ptr()), bsum, dig, err)
+        rest = (words, count, states, cum, mant, sign, np.uint64(got.data_ptr()), bsum, dig, err)
+        if name == "fused_bf16":
+            launch = ((grid,), (256,), (cf, cw, *rest))
+        else:  # 4 blocks a CTA, block b = 4 CTA + w
+            launch = ((nb // 4,), (256,), rest)
 
-        def call(fn=fn, args=args):
-            fn((grid,), (256,), args, stream=runtime.stream())
+        def call(fn=fn, launch=launch):
+            fn(*launch, stream=runtime.stream())
         t = kv.kernel_times(call)
         torch.cuda.synchronize()
         exact = torch.equal(got, x.reshape(-1).view(torch.uint8))
         same = np.array_equal(dig.get().view(np.int64), want)
         regs = getattr(fn, "num_regs", "?")
-        print(f"fused (min {minb} CTAs per SM, pipelined {pipe}, {regs} registers): "
+        print(f"{name} (min {minb} CTAs per SM, pipelined {pipe}, {regs} registers): "
               f"{statistics.fsum(t.values()):.3f} ms; exact {exact}, digests {same}, "
               f"errors {int((err != 0).sum())}", flush=True)
-
 
 if __name__ == "__main__":
     main()
