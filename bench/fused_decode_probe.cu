@@ -49,6 +49,26 @@ __device__ __forceinline__ bool row_symbol(u32& x, u32& p, const u32* dtab, cons
     return true;
 }
 
+// A 64 KiB leaf's XXH3-64 from its 64 blocks' 8 accumulator sums (lb[8 blk + i]): the 63
+// scrambles between blocks (lanes 0-7, one accumulator each), then the merge (lane 0 writes).
+__device__ void leaf_digest(const u64* lb, int lane, u64* out) {
+    const int i = lane & 7;
+    u64 acc;
+    {
+        u64 init[8];
+        xxh3_acc_init(init);
+        acc = init[0];
+#pragma unroll
+        for (int j = 1; j < 8; j++) acc = i == j ? init[j] : acc;
+    }
+    for (int blk = 0; blk < 63; blk++) acc = xxh3_scramble_lane(acc + lb[8 * blk + i], i);
+    acc += lb[8 * 63 + i];
+    u64 all[8];
+#pragma unroll
+    for (int j = 0; j < 8; j++) all[j] = __shfl_sync(0xFFFFFFFFu, acc, j);
+    if (lane == 0) *out = xxh3_merge(all, 65536);
+}
+
 extern "C" __global__ void __launch_bounds__(256, PROBE_MINB)
 fused_bf16(const u32* cta_first, const u8* cta_warps, const u64* blk_words, const u32* blk_count,
            const u64* blk_states, const u32* gcum, const u32* mant, const u32* sign, u16* out,
@@ -119,22 +139,7 @@ fused_bf16(const u32* cta_first, const u8* cta_warps, const u64* blk_words, cons
         D = 0;
         if (kb & 63) return;
         __syncwarp();  // the leaf's last block in decode order: its digest
-        const int i = lane & 7;
-        const u64* lb = bs + 8 * kb;
-        u64 acc;
-        {
-            u64 init[8];
-            xxh3_acc_init(init);
-            acc = init[0];
-#pragma unroll
-            for (int j = 1; j < 8; j++) acc = i == j ? init[j] : acc;
-        }
-        for (int blk = 0; blk < 63; blk++) acc = xxh3_scramble_lane(acc + lb[8 * blk + i], i);
-        acc += lb[8 * 63 + i];
-        u64 all[8];
-#pragma unroll
-        for (int j = 0; j < 8; j++) all[j] = __shfl_sync(0xFFFFFFFFu, acc, j);
-        if (lane == 0) digests[2ull * b + (kb >> 6)] = xxh3_merge(all, 65536);
+        leaf_digest(bs + 8 * kb, lane, digests + 2ull * b + (kb >> 6));
     };
     // PROBE_PIPE: software-pipelined, group gi's rows decode while group gi + 1's merge, whose
     // symbols are ready, fills the decode chain's waits (a warp issues in order); else each
@@ -278,21 +283,6 @@ fused_bf16_ws(const u64* blk_words, const u32* blk_count, const u64* blk_states,
         if ((lane & 3) == 0) bs[8 * kb + k] = P + Dx;
         if (kb & 63) continue;
         __syncwarp();  // the leaf's last block in decode order: its digest
-        const int i = lane & 7;
-        const u64* lb = bs + 8 * kb;
-        u64 acc;
-        {
-            u64 init[8];
-            xxh3_acc_init(init);
-            acc = init[0];
-#pragma unroll
-            for (int j = 1; j < 8; j++) acc = i == j ? init[j] : acc;
-        }
-        for (int blk = 0; blk < 63; blk++) acc = xxh3_scramble_lane(acc + lb[8 * blk + i], i);
-        acc += lb[8 * 63 + i];
-        u64 all[8];
-#pragma unroll
-        for (int j = 0; j < 8; j++) all[j] = __shfl_sync(0xFFFFFFFFu, acc, j);
-        if (lane == 0) digests[2ull * b + (kb >> 6)] = xxh3_merge(all, 65536);
+        leaf_digest(bs + 8 * kb, lane, digests + 2ull * b + (kb >> 6));
     }
 }

@@ -1,9 +1,11 @@
 """A measurement for the (a) decision (run on the GPU machine: ``python3
-bench/fused_decode_probe.py``): how fast one fused kernel (bench/fused_decode_probe.cu) decodes
-bench/gpu.py's (a) tensor, 1 GiB of N(0, 0.02) bf16, where the codec runs ``rans_decode`` and
-then ``merge_bf16`` (with the content hash). The probe takes the same staged file's rANS block
-tables and planes (caught from one ``decode_staged`` call), writes the tensor's bytes and its
-64 KiB leaf digests, and must match the tensor and the digests ``leaf_digests`` makes of it.
+bench/fused_decode_probe.py [fused_bf16 | fused_bf16_ws]``): how fast one fused kernel
+(bench/fused_decode_probe.cu: one warp per block doing it all, or decode warps handing rows to
+merge warps) decodes bench/gpu.py's (a) tensor, 1 GiB of N(0, 0.02) bf16, where the codec runs
+``rans_decode`` and then ``merge_bf16`` (with the content hash). The probe takes the same
+staged file's rANS block tables and planes (caught from one ``decode_staged`` call), writes
+the tensor's bytes and its 64 KiB leaf digests, and must match the tensor and the digests
+``leaf_digests`` makes of it.
 Device ms per call by CUPTI, as ``bench/kernel_variants.py``. Not part of the codec: it knows
 only this case (full blocks, packed signs, 7-bit mantissas) and checks no plane's form."""
 
