@@ -78,7 +78,8 @@ fused_bf16(const u32* cta_first, const u8* cta_warps, const u64* blk_words, cons
     __shared__ u64 hsec[32];  // the secret's 24 words, then the last stripe's 8
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     if (threadIdx.x < 24) hsec[threadIdx.x] = xxh_secret64(8 * threadIdx.x);
-    else if (threadIdx.x < 32) hsec[threadIdx.x] = xxh_secret64(XXH_LAST_STRIPE_SOFF + 8 * (threadIdx.x - 24));
+    else if (threadIdx.x < 32)
+        hsec[threadIdx.x] = xxh_secret64(XXH_LAST_STRIPE_SOFF + 8 * (threadIdx.x - 24));
     decoder_table(gcum, cum, dtab);
     __syncthreads();
     if (warp >= cta_warps[blockIdx.x]) return;
@@ -173,16 +174,16 @@ fused_bf16(const u32* cta_first, const u8* cta_warps, const u64* blk_words, cons
         }
     }
     if constexpr (PROBE_PIPE) merge(0, psym, pmlo, pmhi, psw);
-    if (lane == 0 && p != 0) errors[b] = 3;
-    if (__any_sync(0xFFFFFFFFu, x != (1u << 15)) && lane == 0) errors[b] = 4;
+    const bool wrong = __any_sync(0xFFFFFFFFu, x != (1u << 15));
+    if (lane == 0 && (p != 0 || wrong)) errors[b] = p != 0 ? 3 : 4;
 }
 
 // The same work split between warps: a CTA of 4 decode warps and 4 merge warps, decode warp w
 // handing each 1 KiB block's 16 rows of symbols to merge warp w through a slot in shared
 // memory (named barriers, strictly alternating: FULL once the slot is written, EMPTY once the
 // merge warp has copied it to registers; a warp must not arrive twice at one barrier before it
-// completes, so there is one slot, not two). The merge warp merges and hashes rows that wait on nothing, so the decode chain is
-// no longer in its instruction stream. Block b = 4 CTA + w.
+// completes, so there is one slot, not two). The merge warp merges and hashes rows that wait
+// on nothing, so the decode chain is no longer in its instruction stream. Block b = 4 CTA + w.
 __device__ __forceinline__ void bar_sync(int id) {
     asm volatile("bar.sync %0, 64;" ::"r"(id) : "memory");
 }
@@ -200,7 +201,8 @@ fused_bf16_ws(const u64* blk_words, const u32* blk_count, const u64* blk_states,
     __shared__ __align__(16) u8 ring[4][16 * 32];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, pair = warp & 3;
     if (threadIdx.x < 24) hsec[threadIdx.x] = xxh_secret64(8 * threadIdx.x);
-    else if (threadIdx.x < 32) hsec[threadIdx.x] = xxh_secret64(XXH_LAST_STRIPE_SOFF + 8 * (threadIdx.x - 24));
+    else if (threadIdx.x < 32)
+        hsec[threadIdx.x] = xxh_secret64(XXH_LAST_STRIPE_SOFF + 8 * (threadIdx.x - 24));
     decoder_table(gcum, cum, dtab);
     __syncthreads();
     const u32 b = 4 * blockIdx.x + pair;
@@ -239,8 +241,8 @@ fused_bf16_ws(const u64* blk_words, const u32* blk_count, const u64* blk_states,
             bar_arrive(FULL);
         }
         bar_sync(EMPTY);  // the merge's last hand-back
-        if (!bad && lane == 0 && p != 0) errors[b] = 3;
-        if (!bad && __any_sync(0xFFFFFFFFu, x != (1u << 15)) && lane == 0) errors[b] = 4;
+        const bool wrong = __any_sync(0xFFFFFFFFu, x != (1u << 15));
+        if (!bad && lane == 0 && (p != 0 || wrong)) errors[b] = p != 0 ? 3 : 4;
         return;
     }
     const u32* mb = mant + 14336ull * b;
