@@ -23,13 +23,16 @@ __device__ __forceinline__ u16 load_nc_u16(const u16* p) {
     return w;
 }
 
-// one row's symbol (every lane active): the word loaded before the row when AHEAD (at least 32
-// words left), else loaded after the ballot, checked; false when the row lacks words
+// one row's symbol (every lane active): the codec's ahead row (ransdec.cuh) when AHEAD (at
+// least 32 words left), else the word loaded after the ballot, checked; false when the row
+// lacks words
 template <bool AHEAD>
 __device__ __forceinline__ bool row_symbol(u32& x, u32& p, const u32* dtab, const u16* words,
                                            u32 lt, int lane, u32& sym) {
-    u16 cand = 0;
-    if (AHEAD) cand = load_nc_u16(words + (p - 32 + lane));
+    if (AHEAD) {
+        sym = ahead_row(x, p, dtab, words, lt, lane);
+        return true;
+    }
     const u32 e = dtab[x & 4095u];
     sym = e & 0xFF;
     x = ((e >> 20) + 1) * (x >> 12) + ((e >> 8) & 4095u);
@@ -37,12 +40,6 @@ __device__ __forceinline__ bool row_symbol(u32& x, u32& p, const u32* dtab, cons
     const u32 ballot = __ballot_sync(0xFFFFFFFFu, need);
     const u32 total = __popc(ballot);
     const u32 rank = __popc(ballot & lt);
-    if (AHEAD) {
-        p -= total;
-        const u32 w = __shfl_sync(0xFFFFFFFFu, (u32)cand, (int)(32 - total + rank) & 31);
-        if (need) x = (x << 16) | w;
-        return true;
-    }
     if (total > p) return false;
     p -= total;
     if (need) x = (x << 16) | load_nc_u16(words + p + rank);

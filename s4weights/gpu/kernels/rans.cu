@@ -214,36 +214,13 @@ __device__ __forceinline__ bool decode_row(u32& x, u32& p, const u32* dtab, u8* 
     return true;
 }
 
-// An unchecked row (all lanes active, at least 32 words left) that takes its word by a shuffle:
-// every lane loads one of the 32 words below p before the row decodes (the load waits on
-// nothing in the row), and a renormalising lane then takes word p - total + rank, which lane
-// 32 - total + rank holds. The row's chain then waits on a shuffle, not on a load: ncu showed
-// the decoder's warps spending ~40% of their stalls on that load. It pays where a launch has
-// too few warps to hide the load (4,096 fp32 blocks: 0.73 -> 0.56 ms on the H200) and costs
-// where it has enough (8,192 blocks: 0.69 -> 0.74 ms), so the host picks the build by the
-// launch's size (runtime.rans_decode_kernel; bench/RESULTS.md, session 15).
-__device__ __forceinline__ void decode_row_ahead(u32& x, u32& p, const u32* dtab, u8* out, int i,
-                                                 const u16* words, u32 lt, int lane) {
-    u16 cand;
-    asm volatile("ld.global.nc.u16 %0, [%1];" : "=h"(cand) : "l"(words + (p - 32 + lane)));
-    const u32 e = dtab[x & 4095u];
-    out[i] = (u8)(e & 0xFF);
-    x = ((e >> 20) + 1) * (x >> 12) + ((e >> 8) & 4095u);
-    const bool need = x < (1u << 15);
-    const u32 ballot = __ballot_sync(0xFFFFFFFFu, need);
-    const u32 total = __popc(ballot);
-    p -= total;
-    const u32 w = __shfl_sync(0xFFFFFFFFu, (u32)cand, (int)(32 - total + __popc(ballot & lt)) & 31);
-    if (need) x = (x << 16) | w;
-}
-
 // Decode one block per warp straight into its output bytes. mode 0: RANS (words, states,
 // decode table); mode 1: CONST (fill with `fill`); mode 2: nothing (its stream failed
 // rans_blocks' checks). Errors per block, numbered as the CPU reference: 1 state out of range,
 // 2 word underflow, 3 words left over, 4 wrong final state.
 // Two builds (the host picks one per launch, runtime.rans_decode_kernel): rans_decode loads each
 // renormalising lane's word in its row; rans_decode_ahead takes the words of its unchecked rows
-// by a shuffle from a load made before the row (decode_row_ahead).
+// by a shuffle from a load made before the row (ransdec.cuh, ahead_row).
 template <bool AHEAD>
 __device__ void decode_impl(const u32* cta_first, const u8* cta_warps, const u8* blk_mode,
                             const u8* blk_fill, const u64* blk_words, const u32* blk_count,
@@ -292,7 +269,7 @@ __device__ void decode_impl(const u32* cta_first, const u8* cta_warps, const u8*
         if (r >= 96 && p >= 128) {  // words left for four rows whatever they take: unchecked
 #pragma unroll
             for (int k = 0; k < 4; k++, r -= 32) {
-                if constexpr (AHEAD) decode_row_ahead(x, p, dtab, out, r + lane, words, lt, lane);
+                if constexpr (AHEAD) out[r + lane] = (u8)ahead_row(x, p, dtab, words, lt, lane);
                 else decode_row<false>(x, p, dtab, out, r + lane, true, safe, last, lt);
             }
         } else {

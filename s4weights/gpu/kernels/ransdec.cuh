@@ -31,3 +31,27 @@ __device__ __forceinline__ void decoder_table(const u32* gcum, u32* cum, u32* dt
         dtab[t] = ((cum[lo + 1] - c - 1) << 20) | ((t - c) << 8) | lo;
     }
 }
+
+// An unchecked row of a block's decode (all lanes active, at least 32 words left) that takes
+// its word by a shuffle; returns the lane's symbol. Every lane loads one of the 32 words below
+// p before the row decodes (the load waits on nothing in the row), and a renormalising lane
+// then takes word p - total + rank, which lane 32 - total + rank holds. The row's chain then
+// waits on a shuffle, not on a load: ncu showed the decoder's warps spending ~40% of their
+// stalls on that load. It pays where a launch has too few warps to hide the load (4,096 fp32
+// blocks: 0.73 -> 0.56 ms on the H200) and costs where it has enough (8,192 blocks: 0.69 ->
+// 0.74 ms), so the host picks rans.cu's build by the launch's size (runtime.rans_decode_kernel;
+// bench/RESULTS.md, session 15).
+__device__ __forceinline__ u32 ahead_row(u32& x, u32& p, const u32* dtab, const u16* words,
+                                         u32 lt, int lane) {
+    u16 cand;
+    asm volatile("ld.global.nc.u16 %0, [%1];" : "=h"(cand) : "l"(words + (p - 32 + lane)));
+    const u32 e = dtab[x & 4095u];
+    x = ((e >> 20) + 1) * (x >> 12) + ((e >> 8) & 4095u);
+    const bool need = x < (1u << 15);
+    const u32 ballot = __ballot_sync(0xFFFFFFFFu, need);
+    const u32 total = __popc(ballot);
+    p -= total;
+    const u32 w = __shfl_sync(0xFFFFFFFFu, (u32)cand, (int)(32 - total + __popc(ballot & lt)) & 31);
+    if (need) x = (x << 16) | w;
+    return e & 0xFF;
+}
