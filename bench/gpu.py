@@ -254,7 +254,9 @@ def nvcomp_case(case: str, tensors: dict[str, torch.Tensor], algorithm: str) -> 
 
 # -- (b) a trained transformer -----------------------------------------------------------------
 
-def trained_state(steps: int = 200) -> dict:
+def training_run():
+    """(b)'s transformer (bf16 autocast), its AdamW, and a function that trains it one step
+    (returning the loss)."""
     torch.manual_seed(0)
     d, layers, vocab, seq, batch = 768, 12, 32000, 256, 16
     layer = torch.nn.TransformerEncoderLayer(d, 12, 4 * d, batch_first=True, norm_first=True)
@@ -264,7 +266,8 @@ def trained_state(steps: int = 200) -> dict:
         "head": torch.nn.Linear(d, vocab)}).cuda()
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
     mask = torch.nn.Transformer.generate_square_subsequent_mask(seq, device="cuda")
-    for _ in range(steps):
+
+    def step() -> torch.Tensor:
         x = torch.randint(0, vocab // 8, (batch, seq + 1), device="cuda")
         x = (x * 7 + torch.arange(seq + 1, device="cuda")) % vocab  # learnable structure
         with torch.autocast("cuda", dtype=torch.bfloat16):
@@ -274,12 +277,26 @@ def trained_state(steps: int = 200) -> dict:
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
-    nparams = sum(p.numel() for p in model.parameters())
-    print(f"trained {nparams / 1e6:.1f}M parameters for {steps} steps, loss {loss.item():.3f}",
-          flush=True)
+        return loss
+
+    return model, opt, step
+
+
+def state_of(model: torch.nn.Module, opt: torch.optim.Optimizer) -> dict:
+    """(b)'s training state: bf16 weights, fp32 master weights (copies), AdamW's state."""
     master = {k: v.detach().clone() for k, v in model.state_dict().items()}
     return {"weights_bf16": {k: v.to(torch.bfloat16) for k, v in master.items()},
             "master_fp32": master, "optimizer": opt.state_dict()}
+
+
+def trained_state(steps: int = 200) -> dict:
+    model, opt, step = training_run()
+    for _ in range(steps):
+        loss = step()
+    nparams = sum(p.numel() for p in model.parameters())
+    print(f"trained {nparams / 1e6:.1f}M parameters for {steps} steps, loss {loss.item():.3f}",
+          flush=True)
+    return state_of(model, opt)
 
 
 def flat_tensors(state, prefix: str = "") -> dict[str, torch.Tensor]:

@@ -1,0 +1,77 @@
+"""``save_checkpoint`` in a training loop on the GPU machine (``python3 bench/checkpoint_gpu.py``):
+bench/gpu.py's (b) transformer trained on, its state (bf16 weights, fp32 master weights, AdamW)
+saved every ``S4_CKPT_INTERVAL`` steps (default 10) to the local disk as a base -> delta chain,
+``S4_CKPT_SAVES`` saves (default 6). Per save: base or delta, stored and full bytes, seconds, the
+peak extra GPU memory during the save and the GPU memory the save leaves held afterwards (both
+over what the training state itself holds), against torch.save of the same state to the same
+disk. The last checkpoint is then loaded back on the GPU and compared bit for bit. Figures in
+bench/RESULTS.md; JSON to ``$OUT/checkpoint_gpu.json`` when OUT is set."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+import gpu  # bench/gpu.py: the same model and state
+
+import s4weights
+
+MIB = 1 << 20
+
+
+def main() -> None:
+    interval = int(os.environ.get("S4_CKPT_INTERVAL", "10"))
+    saves = int(os.environ.get("S4_CKPT_SAVES", "6"))
+    model, opt, step = gpu.training_run()
+    for _ in range(50):
+        step()
+    rows = []
+    with tempfile.TemporaryDirectory(dir=os.environ.get("S4_BENCH_DIR")) as tmp:
+        root = Path(tmp) / "run"
+        state = None
+        for k in range(saves):
+            for _ in range(interval):
+                step()
+            del state
+            state = gpu.state_of(model, opt)
+            torch.cuda.synchronize()
+            base = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+            t0 = time.perf_counter()
+            info = s4weights.save_checkpoint(state, root, k, device="cuda")
+            torch.cuda.synchronize()
+            took = time.perf_counter() - t0
+            row = dict(save=k, kind="base" if info.is_base else "delta",
+                       stored_MB=round(info.stored_bytes / 1e6, 1),
+                       full_MB=round(info.full_stored_bytes / 1e6, 1),
+                       raw_MB=round(info.raw_bytes / 1e6, 1), save_s=round(took, 3),
+                       peak_extra_MiB=round((torch.cuda.max_memory_allocated() - base) / MIB),
+                       held_after_MiB=round((torch.cuda.memory_allocated() - base) / MIB))
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+        t0 = time.perf_counter()
+        torch.save(state, Path(tmp) / "x.pt")
+        torch_s = time.perf_counter() - t0
+        print(f"torch.save of the same state to the same disk: {torch_s:.3f} s", flush=True)
+        got = s4weights.load_checkpoint(root, device="cuda")
+        flat_got, flat_want = gpu.flat_tensors(got), gpu.flat_tensors(state)
+        exact = flat_got.keys() == flat_want.keys() and all(
+            torch.equal(flat_got[n].view(torch.uint8), v.view(torch.uint8))
+            for n, v in flat_want.items())
+        print(f"last checkpoint loaded on the GPU: bit-exact {exact}", flush=True)
+    if out := os.environ.get("OUT"):
+        Path(out, "checkpoint_gpu.json").write_text(json.dumps(
+            dict(saves=rows, torch_save_s=round(torch_s, 3), exact=exact), indent=1))
+    if not exact:
+        sys.exit("the loaded checkpoint differs from the saved state")
+
+
+if __name__ == "__main__":
+    main()
