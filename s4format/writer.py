@@ -14,7 +14,7 @@ import contextlib
 import io
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
 import numpy as np
@@ -58,6 +58,8 @@ class WriteResult:
     # What the payload would have been with every tensor coded alone (equal to stored_nbytes
     # when no parent was given): the measure of what deltas saved.
     full_stored_nbytes: int
+    # Each tensor's content hash (XXH3-128 of its raw bytes), by name, in the file's order.
+    content_hashes: dict[str, bytes] = field(default_factory=dict, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -275,7 +277,8 @@ class Writer:
             self._f.close()
         return WriteResult(checkpoint_id([r["content_hash"] for r in self._records]), self._pos,
                            self._raw_total, self._stored_total, len(self._records), parent_id,
-                           self._deltas, self._full_total)
+                           self._deltas, self._full_total,
+                           {r["name"]: r["content_hash"] for r in self._records})
 
     def abort(self) -> None:
         """Stop without an index: a file this writer created itself is removed (it would

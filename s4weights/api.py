@@ -42,10 +42,13 @@ def producer_metadata() -> dict[str, str]:
 def write_flattened(flat: Flattened, sink: BinaryIO, *, policy: str = "auto",
                     parent_id: bytes | None = None, parents: dict[str, Any] | None = None,
                     metadata: dict[str, str] | None = None, show: bool | None = None,
-                    device: str = "auto", workspace: int | None = None) -> WriteResult:
+                    device: str = "auto", workspace: int | None = None,
+                    parent_hashes: dict[str, bytes] | None = None) -> WriteResult:
     """Code and stream every tensor of ``flat`` into ``sink``. ``parents`` maps a tensor name to
     the parent's :class:`~s4format.Tensor` of that name (delta against ``parent_id``), or to a
-    :class:`DeviceTensor` copy on the GPU, where the GPU path XORs and codes it on the device.
+    :class:`DeviceTensor` copy on the GPU. The GPU path XORs and codes a CUDA tensor's delta on
+    its device, its parent read there or copied there from host memory; a host parent needs
+    its content hash in ``parent_hashes`` for that (else the CPU writer codes the tensor).
     ``device``: ``"auto"`` codes CUDA tensors on the GPU when the GPU path is available,
     ``"cuda"`` requires it, ``"cpu"`` codes everything on the CPU (same file format)."""
     from s4weights import gpu
@@ -65,7 +68,8 @@ def write_flattened(flat: Flattened, sink: BinaryIO, *, policy: str = "auto",
     with progress.bar("s4weights save", total, show) as bar:
         # under nvcomp-ans, tensors the GPU does not code (host tensors) get the default codecs
         w = Writer(sink, policy="auto" if gpu_only else policy, parent_id=parent_id)
-        coded = gpu.coded_in_order(flat.tensors, policy, device, parents, workspace=workspace)
+        coded = gpu.coded_in_order(flat.tensors, policy, device, parents, workspace=workspace,
+                                   parent_hashes=parent_hashes)
         # With tensors coded on the GPU, the sink's writes run on a writer thread while this
         # one codes the next tensors (all coding stays on this thread: torch's current stream
         # is per thread, and the CPU coders are not thread-safe). Queued results hold pinned

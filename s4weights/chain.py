@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
+import torch
 
 import s4format
 from s4format.errors import FormatError, ParentMismatchError, S4Error, StorageError
@@ -100,9 +101,10 @@ def _data_name(step: int) -> str:
 
 
 # Raw bytes of the last checkpoint this process saved, per store: the parent of the next delta
-# without re-reading it. Holds one copy of the state where the state lives: host memory for CPU
-# tensors, device memory for CUDA tensors (so the GPU path XORs against it on the device).
-_PARENT_CACHE: dict[str, tuple[str, dict[str, s4format.Tensor | DeviceTensor]]] = {}
+# without re-reading it, with the content hashes the file records. One copy of the state, in
+# host memory whatever the tensors' devices (pinned for CUDA tensors: the GPU path copies each
+# parent into the XOR's device buffer, within the workspace); never GPU memory between saves.
+_PARENT_CACHE: dict[str, tuple[str, dict[str, s4format.Tensor], dict[str, bytes]]] = {}
 
 
 def list_checkpoints(url_or_dir: Any) -> list[CheckpointInfo]:
@@ -196,10 +198,10 @@ def open_chain(store: Store, chain: list[CheckpointInfo], verify: bool,
 
 
 def _parent_tensors(store: Store, parent: CheckpointInfo, infos: dict[int, CheckpointInfo]
-                    ) -> dict[str, s4format.Tensor | DeviceTensor]:
-    """The tensors of ``parent``, to XOR the next checkpoint against; an S4Error when its chain
-    cannot be read, even when this process still holds them (a delta against a parent nobody
-    can read could never be loaded)."""
+                    ) -> tuple[dict[str, s4format.Tensor], dict[str, bytes]]:
+    """The tensors of ``parent``, to XOR the next checkpoint against, and their content hashes
+    (by name); an S4Error when its chain cannot be read, even when this process still holds
+    them (a delta against a parent nobody can read could never be loaded)."""
     chain = chain_of(parent.step, infos)
     cached = _PARENT_CACHE.get(store.url)
     if cached and cached[0] == parent.checkpoint_id:
@@ -208,10 +210,11 @@ def _parent_tensors(store: Store, parent: CheckpointInfo, infos: dict[int, Check
         # which catches deleted, truncated and replaced files. Damage inside a plane's payload
         # shows only when the planes are read, as they are in a fresh process.
         close_chain(open_chain(store, chain, verify=False))
-        return cached[1]
+        return cached[1], cached[2]
     reader = open_chain(store, chain, verify=True)
     try:
-        return {t.name: reader.read(i) for i, t in enumerate(reader.tensors)}
+        return ({t.name: reader.read(i) for i, t in enumerate(reader.tensors)},
+                {t.name: t.content_hash for t in reader.tensors})
     finally:
         close_chain(reader)
 
@@ -225,11 +228,14 @@ def save_checkpoint(state: Any, url_or_dir: Any, step: int, *, keyframe_interval
     (chain shorter than ``keyframe_interval`` files, and the previous delta saved at least
     ``min_delta_gain`` of a full save), else a new base. Each tensor is stored as a delta only
     where the XOR codes smaller. ``keep_last`` applies retention afterwards. ``device`` picks
-    where CUDA tensors are coded (as in :func:`s4weights.save`): on the GPU path, with the
-    previous checkpoint of this process still cached on the device, the XOR against it is made
-    and coded there too. When the latest checkpoint (or a file of its chain) cannot be read,
-    the save still succeeds, as a base, and logs a warning naming it; the damaged checkpoint is
-    left as it is. ``workspace`` is as in :func:`s4weights.save`."""
+    where CUDA tensors are coded (as in :func:`s4weights.save`): on the GPU path the XOR with
+    the parent is made and coded on the device too, the parent copied there from host memory
+    piece by piece. This process keeps the checkpoint it saved last in host memory (pinned
+    for CUDA tensors), as the next delta's parent; nothing stays in GPU memory between saves,
+    and a save's extra GPU memory is bounded by ``workspace`` (as in :func:`s4weights.save`).
+    CUDA tensors must not change until the call returns. When the latest checkpoint (or a file
+    of its chain) cannot be read, the save still succeeds, as a base, and logs a warning naming
+    it; the damaged checkpoint is left as it is."""
     if step < 0:
         raise ValueError("step must be >= 0")
     if keep_last is not None and keep_last < 1:
@@ -245,24 +251,35 @@ def save_checkpoint(state: Any, url_or_dir: Any, step: int, *, keyframe_interval
             and latest.depth + 2 <= keyframe_interval and _delta_paid(latest, min_delta_gain):
         parent = latest
     flat = flatten(state)
-    # The next delta's parent is this snapshot, so the file is coded from it too: tensors the
-    # caller changes during the save (a save on a side thread) cannot make the file and the
-    # cached parent differ. (The previous snapshot is alive during the save either way.)
-    flat = type(flat)(flat.tree, [(name, _copy(t)) for name, t in flat.tensors])
-    parents = None
-    if parent is not None:
-        try:
-            parents = _parent_tensors(store, parent, infos)
-        except S4Error as exc:
-            log.warning("checkpoint step %d is saved as a base, not as a delta of step %d (%s), "
-                        "which cannot be read: %s", step, parent.step, parent.file, exc)
-            parent = None
-    t0 = time.perf_counter()
-    with store.writer(_data_name(step)) as sink:
-        result = write_flattened(
-            flat, sink, policy=policy, parent_id=bytes.fromhex(parent.checkpoint_id)
-            if parent else None, parents=parents, metadata=metadata, show=progress,
-            device=device, workspace=workspace)
+    # The next delta's parent is a host snapshot of this state, taken as the save starts. Host
+    # tensors are copied and the file is coded from the copies, so a caller changing them
+    # during the save (from another thread) cannot make the file and the snapshot differ. CUDA
+    # tensors are coded in place on the GPU while they are copied to pinned memory on a side
+    # stream: no device copy of the state, so the save's extra GPU memory stays within the
+    # workspace; they must not change until the call returns (as for torch.save). (The
+    # previous snapshot is alive during the save either way.)
+    snap, copying = _host_snapshot(flat.tensors)
+    try:
+        flat = type(flat)(flat.tree, [(name, t if isinstance(t, DeviceTensor) else snap[name])
+                                      for name, t in flat.tensors])
+        parents = hashes = None
+        if parent is not None:
+            try:
+                parents, hashes = _parent_tensors(store, parent, infos)
+            except S4Error as exc:
+                log.warning("checkpoint step %d is saved as a base, not as a delta of step %d "
+                            "(%s), which cannot be read: %s", step, parent.step, parent.file,
+                            exc)
+                parent = None
+        t0 = time.perf_counter()
+        with store.writer(_data_name(step)) as sink:
+            result = write_flattened(
+                flat, sink, policy=policy, parent_id=bytes.fromhex(parent.checkpoint_id)
+                if parent else None, parents=parents, metadata=metadata, show=progress,
+                device=device, workspace=workspace, parent_hashes=hashes)
+    finally:
+        for done in copying:  # (also after a failure: the copies read the caller's tensors)
+            done.synchronize()
     used = parent if result.parent_id is not None else None
     info = CheckpointInfo(
         step=step, file=_data_name(step), checkpoint_id=result.checkpoint_id.hex(),
@@ -272,7 +289,7 @@ def save_checkpoint(state: Any, url_or_dir: Any, step: int, *, keyframe_interval
         file_bytes=result.file_size, full_stored_bytes=result.full_stored_nbytes,
         created=time.time())
     store.put_atomic(_manifest_name(step), info.to_json(), if_absent=True)
-    _PARENT_CACHE[store.url] = (info.checkpoint_id, dict(flat.tensors))
+    _PARENT_CACHE[store.url] = (info.checkpoint_id, snap, result.content_hashes)
     log.info("checkpoint step %d: %s, %d -> %d bytes in %.3f s", step,
              f"delta of step {info.parent_step}" if used else "base", info.raw_bytes,
              info.file_bytes, time.perf_counter() - t0)
@@ -290,12 +307,37 @@ def _delta_paid(info: CheckpointInfo, min_gain: float) -> bool:
     return info.stored_bytes <= (1.0 - min_gain) * info.full_stored_bytes
 
 
-def _copy(t: s4format.Tensor | DeviceTensor) -> s4format.Tensor | DeviceTensor:
-    # The caller's tensors keep training after the save; the parent must be a snapshot, kept
-    # on the device the tensor lives on (a stream-ordered device copy for CUDA tensors).
-    if isinstance(t, DeviceTensor):
-        return DeviceTensor(t.dtype, t.shape, t.device_bytes.clone())
-    return s4format.Tensor(t.dtype, t.shape, np.array(t.data, copy=True))
+def _host_snapshot(tensors: list[tuple[str, s4format.Tensor | DeviceTensor]]
+                   ) -> tuple[dict[str, s4format.Tensor], list[torch.cuda.Event]]:
+    """Host copies of ``tensors``, by name: host tensors copied now; CUDA tensors copied into
+    one pinned buffer per device on a side stream, after the work already queued on that
+    device's current stream, without waiting (the events to wait for before reading them)."""
+    out: dict[str, s4format.Tensor] = {}
+    by_device: dict[torch.device, list[tuple[str, DeviceTensor]]] = {}
+    for name, t in tensors:
+        if isinstance(t, DeviceTensor):
+            by_device.setdefault(t.device_bytes.device, []).append((name, t))
+        else:
+            out[name] = s4format.Tensor(t.dtype, t.shape, np.array(t.data, copy=True))
+    events = []
+    for dev, run in by_device.items():
+        with torch.cuda.device(dev):
+            host = torch.empty(max(1, sum(t.nbytes for _n, t in run)), dtype=torch.uint8,
+                               pin_memory=True)
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            at = 0
+            with torch.cuda.stream(side):
+                for name, t in run:
+                    h = host[at:at + t.nbytes]
+                    if t.nbytes:
+                        h.copy_(t.device_bytes, non_blocking=True)
+                    out[name] = s4format.Tensor(t.dtype, t.shape, h.numpy())
+                    at += t.nbytes
+            done = torch.cuda.Event()
+            done.record(side)
+            events.append(done)
+    return out, events
 
 
 def load_checkpoint(url_or_dir: Any, step: int | None = None, *, map_location: Any = None,

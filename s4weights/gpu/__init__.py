@@ -60,26 +60,36 @@ def use_gpu(device: str, wanted: bool) -> bool:
 
 
 def coded_in_order(tensors: list, policy: str, device: str,
-                   parents: dict | None = None, workspace: int | None = None) -> dict:
+                   parents: dict | None = None, workspace: int | None = None,
+                   parent_hashes: dict | None = None) -> dict:
     """The save hook: name -> iterator for every CUDA tensor the GPU codes; ``next()`` on it, in
     flat order, gives ``(CodedTensor, content_hash, parent_hash, full_stored)`` to pass to
     ``Writer.add_coded``. ``parents`` maps a name to its delta parent (same dtype and byte
-    length): a parent on the same device (a :class:`DeviceTensor`) is XORed there and both
-    codings are made, the delta kept only where it stores strictly less (the writer's rule);
-    a tensor with a host parent is left to the CPU writer. ``workspace`` bounds the extra
-    device memory (default ``plan.default_workspace`` of the bytes coded here): XOR buffers
-    take at most half of it when there are parents, the coder the rest."""
+    length): the parent is XORed on the tensor's device and both codings are made, the delta
+    kept only where it stores strictly less (the writer's rule). A parent on that device (a
+    :class:`DeviceTensor`) is read in place; one in host memory (an ``s4format.Tensor``, best
+    in pinned memory) is copied into the XOR's device buffer, and its content hash must be in
+    ``parent_hashes`` (by name; else the tensor is left to the CPU writer, which hashes it).
+    ``workspace`` bounds the extra device memory (default ``plan.default_workspace`` of the
+    bytes coded here): XOR buffers take at most half of it when there are parents, the coder
+    the rest."""
     from s4weights.torchtree import DeviceTensor
 
     parents = parents or {}
+    parent_hashes = parent_hashes or {}
     chosen = []
     for name, t in tensors:
         if not isinstance(t, DeviceTensor):
             continue
         p = parents.get(name)
-        if p is not None and not (isinstance(p, DeviceTensor)
-                                  and p.device_bytes.device == t.device_bytes.device):
-            continue
+        if isinstance(p, DeviceTensor):
+            if p.device_bytes.device != t.device_bytes.device:
+                continue
+            p = (p.device_bytes, None)
+        elif p is not None:
+            if name not in parent_hashes:
+                continue
+            p = (_host_bytes(p), parent_hashes[name])
         chosen.append((name, t, p))
     if not use_gpu(device, bool(chosen)):
         return {}
@@ -115,11 +125,20 @@ class _OnDevice:
             return next(self.it)
 
 
+def _host_bytes(t):
+    """A host ``s4format.Tensor``'s bytes as a flat uint8 torch tensor (no copy)."""
+    import numpy as np
+    import torch
+
+    return torch.from_numpy(np.ascontiguousarray(t.data).reshape(-1).view(np.uint8))
+
+
 def _coded_stream(chosen: list, policy: str, workspace: int | None):
-    """Code ``(name, DeviceTensor, parent DeviceTensor | None)`` in order. XOR buffers are made
-    per chunk of at most half the workspace so they never hold a second copy of a large state
-    at once; a tensor larger than that is XORed chunk by chunk inside the chunked coder (under
-    ``nvcomp-ans``, whose codec takes whole tensors, it is XORed whole)."""
+    """Code ``(name, DeviceTensor, parent)`` in order, the parent None or (its flat uint8 bytes
+    on the tensor's device or in host memory, its content hash or None: hashed here). XOR
+    buffers are made per chunk of at most half the workspace so they never hold a second copy
+    of a large state at once; a tensor larger than that is XORed chunk by chunk inside the
+    chunked coder (under ``nvcomp-ans``, whose codec takes whole tensors, it is XORed whole)."""
     from s4weights.gpu import plan, runtime
     from s4weights.gpu.encode import Encoder, Item
 
@@ -145,27 +164,27 @@ def _coded_stream(chosen: list, policy: str, workspace: int | None):
             t, p = chosen[i][1], chosen[i][2]
             used += t.nbytes if p is not None and not (chunked and t.nbytes > budget) else 0
             i += 1
+        # the content hashes of the parents on the device (before any XOR is queued)
+        on_device = [p[0] for _n, _t, p in chunk if p is not None and p[1] is None]
+        hashed = iter(runtime.content_hashes_now([b.data_ptr() for b in on_device],
+                                                 [b.numel() for b in on_device])
+                      if on_device else ())
+        phashes = [None if p is None else p[1] or next(hashed) for _n, _t, p in chunk]
         items: list = []
         for _name, t, p in chunk:
             items.append(Item(t.dtype, t.shape, t.device_bytes))
             if p is not None and chunked and t.nbytes > budget:
                 # XORed chunk by chunk by the chunked coder, never held whole
-                items.append(Item(t.dtype, t.shape, t.device_bytes, parent=p.device_bytes))
+                items.append(Item(t.dtype, t.shape, t.device_bytes, parent=p[0]))
             elif p is not None:
-                items.append(Item(t.dtype, t.shape, xor(t.device_bytes, p.device_bytes)))
-        with_parent = [p.device_bytes for _n, _t, p in chunk if p is not None]
-        parent_hashes = iter(())
-        if with_parent:
-            parent_hashes = iter(runtime.content_hashes_now(
-                [b.data_ptr() for b in with_parent], [b.numel() for b in with_parent]))
+                items.append(Item(t.dtype, t.shape, xor(t.device_bytes, p[0])))
         results = enc.code(items)
-        for _name, _t, p in chunk:
+        for (_name, _t, p), phash in zip(chunk, phashes):
             alone = next(results)
             if p is None:
                 yield alone.coded, alone.content_hash, None, None
                 continue
             delta = next(results)
-            phash = next(parent_hashes)
             full = alone.coded.stored
             if delta.coded.stored < full:
                 yield delta.coded, alone.content_hash, phash, full
@@ -176,7 +195,10 @@ def _coded_stream(chosen: list, policy: str, workspace: int | None):
 
 def xor(a, b, out=None):
     """``a ^ b`` of two flat uint8 CUDA tensors of one length (``kernels/planes.cu``
-    ``xor_bytes``, on torch's current stream), into ``out`` (may be ``a``) or a new tensor."""
+    ``xor_bytes``, on torch's current stream), into ``out`` (may be ``a``) or a new tensor.
+    ``b`` may be elsewhere, in host memory (a delta's parent kept there): it is copied into
+    ``out`` first (without a synchronisation from pinned memory: it must stay as it is until
+    the stream has run the copy), so ``out`` must not then be ``a``."""
     import numpy as np
 
     from s4weights.gpu import runtime
@@ -186,6 +208,12 @@ def xor(a, b, out=None):
         raise ValueError(f"xor of {n} and {int(b.numel())} bytes")
     if out is None:
         out = runtime.device_empty(n)[:n]
+    if b.device != a.device:
+        if n and out.data_ptr() == a.data_ptr():
+            raise ValueError("xor with a host operand needs an output other than a")
+        if n:
+            out.copy_(b, non_blocking=True)
+        b = out
     if n:
         runtime.launch("planes", "xor_bytes", min(4096, (n + 4095) // 4096), 256,
                        runtime.ptr(a), runtime.ptr(b), runtime.ptr(out), np.int64(n))

@@ -66,6 +66,12 @@ def test_xor_is_chosen_only_where_it_codes_smaller(chain) -> None:
     assert result.delta_count == 2
     assert result.parent_id == chain["base_result"].checkpoint_id
     assert result.stored_nbytes < result.full_stored_nbytes
+    # the result names each tensor's content hash (a delta's of its own bytes, not the XOR's)
+    with Reader(chain["child_blob"], parent=Reader(chain["base_blob"])) as r:
+        assert result.content_hashes == {t.name: t.content_hash for t in r.tensors}
+        assert list(result.content_hashes) == [t.name for t in r.tensors]
+        assert all(s4format.hashing.content_hash(r.read_raw(i)) == t.content_hash
+                   for i, t in enumerate(r.tensors))
 
 
 def test_delta_reads_back_exactly_with_its_parent(chain) -> None:

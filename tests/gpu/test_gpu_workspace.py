@@ -62,3 +62,58 @@ def test_save_and_load_stay_within_the_workspace(kind: str, workspace: int) -> N
     assert load_extra <= workspace + SLACK, load_extra / MIB
     for k, v in state.items():
         assert torch.equal(got[k].view(torch.uint8), v.view(torch.uint8)), k
+
+
+@pytest.mark.parametrize("workspace", [16 * MIB, None])
+def test_checkpoint_chain_stays_within_the_workspace_and_holds_no_device_memory(
+        tmp_path, monkeypatch, workspace) -> None:
+    # save_checkpoint keeps the next delta's parent in host memory: the deltas are XORed on the
+    # device in workspace-sized buffers, and nothing stays on the device between saves
+    from s4weights import chain, gpu
+
+    chain._PARENT_CACHE.clear()
+    xored = []
+    real_xor = gpu.xor
+
+    def spy(a, b, out=None):
+        xored.append(b.device.type)
+        return real_xor(a, b, out)
+
+    monkeypatch.setattr(gpu, "xor", spy)
+    state = _state("mixed")
+    big = torch.randn(12 << 20, device="cuda") * 0.02  # 48 MiB: XORed in chunks
+    state["big"] = big
+    root = tmp_path / "run"
+    limit = workspace or 64 * MIB  # (the default for this state: its 10%, at least 64 MiB)
+    snaps = []
+    try:
+        for step in range(3):
+            for v in state.values():
+                v.add_(torch.randn_like(v) * 1e-4)  # a training step's change
+            torch.cuda.synchronize()
+            base = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+            info = s4weights.save_checkpoint(state, root, step, device="cuda",
+                                             workspace=workspace)
+            torch.cuda.synchronize()
+            extra = torch.cuda.max_memory_allocated() - base
+            assert extra <= limit + SLACK, (step, extra / MIB)
+            # nothing held after the save (but the kernels' constant tables, made once)
+            assert torch.cuda.memory_allocated() <= base + MIB, step
+            assert info.is_base == (step == 0)
+            snaps.append({k: v.cpu().clone() for k, v in state.items()})
+        assert "cpu" in xored  # the parents came from host memory, XORed on the device
+        for step in range(3):
+            chain._PARENT_CACHE.clear()
+            got = s4weights.load_checkpoint(root, step, device="cuda")
+            for k, v in snaps[step].items():
+                assert torch.equal(got[k].cpu().view(torch.uint8), v.view(torch.uint8)), (step, k)
+        # a fresh process (no cache): the parent is read from the store, still XORed on the GPU
+        xored.clear()
+        info = s4weights.save_checkpoint(state, root, 3, device="cuda", workspace=workspace)
+        assert not info.is_base and "cpu" in xored
+        got = s4weights.load_checkpoint(root, 3, map_location="cpu", device="cpu")
+        for k, v in state.items():
+            assert torch.equal(got[k].view(torch.uint8), v.cpu().view(torch.uint8)), k
+    finally:
+        chain._PARENT_CACHE.clear()

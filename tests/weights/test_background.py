@@ -121,7 +121,7 @@ def test_save_codes_on_the_callers_thread_and_writes_on_the_writer_thread(monkey
         writers.add(threading.current_thread().name)
         return add_coded(self, *a, **k)
 
-    def stand_in(tensors, policy, device, parents, workspace=None):
+    def stand_in(tensors, policy, device, parents, workspace=None, parent_hashes=None):
         names = [n for n, _t in tensors if n.startswith("g")]
 
         def results():
