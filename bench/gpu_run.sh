@@ -1,7 +1,7 @@
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD
 # Everything the GPU machine runs, in one go (from the repo root, with .whl/ carried; fetch the
 # wheels here first with `bash ../shared/scripts/gpu-wheels.sh`): GPU tests, the conformance
-# suite on the GPU path, then the benchmark.
+# suite on the GPU path, then the benchmarks.
 # Logs and bench/gpu.py's JSON land in $OUT.
 set -o pipefail
 export OUT=${OUT:-/tmp/s4-gpu-out} PYTHONUNBUFFERED=1
@@ -14,5 +14,9 @@ python3 -m s4format conformance --device cuda 2>&1 | tee "$OUT/conformance_cuda.
 conformance=$?
 python3 bench/gpu.py 2>&1 | tee "$OUT/gpu_bench.log"
 bench=$?
-echo "tests exit $tests, conformance exit $conformance, bench exit $bench"
-exit $(( tests || conformance || bench ))
+# save_checkpoint in a training loop (GPU memory, time), and the host's share of the d2d calls
+python3 bench/checkpoint_gpu.py 2>&1 | tee "$OUT/checkpoint_gpu.log"
+checkpoint=$?
+python3 bench/host_stages.py 2>&1 | tee "$OUT/host_stages.log"
+echo "tests exit $tests, conformance exit $conformance, bench exit $bench, checkpoint exit $checkpoint"
+exit $(( tests || conformance || bench || checkpoint ))
