@@ -79,8 +79,10 @@ def write_flattened(flat: Flattened, sink: BinaryIO, *, policy: str = "auto",
         try:
             for name, tensor in flat.tensors:
                 done = coded.get(name)
-                if done is not None:
-                    c, content_hash, parent_hash, full = next(done)
+                # (None: the GPU path ran out of device memory and left the tensor to the CPU)
+                got = next(done) if done is not None else None
+                if got is not None:
+                    c, content_hash, parent_hash, full = got
                     writes.submit(functools.partial(
                         w.add_coded, name, tensor.dtype, tensor.shape, c, content_hash,
                         parent_hash=parent_hash, full_stored=full), c.stored)
@@ -125,7 +127,9 @@ def save(obj: Any, f: FileLike, *, policy: str = "auto", metadata: dict[str, str
     (default: 10% of the state's bytes on it, at least 64 MiB and at most 1 GiB). Tensors are
     coded on the CUDA device that holds them, whatever the current device. A tensor too large
     to code whole in the workspace is coded in chunks that fit (the same stored bytes); the
-    smallest chunk needs 6-17 MiB.
+    smallest chunk needs 6-17 MiB. When the device runs out of memory, the GPU path codes again
+    from the tensor it was at with half the workspace, down to 16 MiB, then leaves that device's
+    remaining tensors to the CPU coder (a warning says so): the save does not fail for it.
     When tensors are coded on the GPU, a file object ``f`` is written from a helper thread
     while the next tensors are coded (one thread at a time; ``save`` returns after the last
     write).
@@ -220,7 +224,10 @@ def load(f: FileLike | bytes, map_location: Any = None, *, weights_only: bool | 
 
     ``workspace`` bounds the extra GPU memory of the GPU decoder beyond the returned tensors,
     in bytes (default as in :func:`save`); a tensor too large for it is decoded in chunks
-    (not one with GDeflate or nvcomp-ans planes, which decodes whole)."""
+    (not one with GDeflate or nvcomp-ans planes, which decodes whole). When the device runs out
+    of memory, a tensor is decoded again with half the workspace, down to 16 MiB, and then on
+    the CPU and copied in (a warning says so); the returned tensors themselves still need their
+    own memory, as with ``torch.load``."""
     from s4weights import gpu
 
     if weights_only is False:

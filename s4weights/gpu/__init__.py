@@ -11,6 +11,13 @@ never needs CUDA: :func:`available` says whether the path can run.
 from __future__ import annotations
 
 import functools
+import logging
+
+log = logging.getLogger("s4weights")
+
+# When the device runs out of memory, the GPU path starts again at the tensor it was at with
+# half the workspace, down to this; below it the CPU codes (or decodes) the rest.
+FALLBACK_MIN_WORKSPACE = 16 << 20
 
 
 @functools.cache
@@ -64,9 +71,11 @@ def coded_in_order(tensors: list, policy: str, device: str,
                    parent_hashes: dict | None = None) -> dict:
     """The save hook: name -> iterator for every CUDA tensor the GPU codes; ``next()`` on it, in
     flat order, gives ``(CodedTensor, content_hash, parent_hash, full_stored)`` to pass to
-    ``Writer.add_coded``. ``parents`` maps a name to its delta parent (same dtype and byte
-    length): the parent is XORed on the tensor's device and both codings are made, the delta
-    kept only where it stores strictly less (the writer's rule). A parent on that device (a
+    ``Writer.add_coded``, or None: the device ran out of memory even with a small workspace,
+    and the caller codes that tensor on the CPU (``_with_fallback``). ``parents`` maps a name
+    to its delta parent (same dtype and byte length): the parent is XORed on the tensor's
+    device and both codings are made, the delta kept only where it stores strictly less (the
+    writer's rule). A parent on that device (a
     :class:`DeviceTensor`) is read in place; one in host memory (an ``s4format.Tensor``, best
     in pinned memory) is copied into the XOR's device buffer, and its content hash must be in
     ``parent_hashes`` (by name; else the tensor is left to the CPU writer, which hashes it).
@@ -102,7 +111,7 @@ def coded_in_order(tensors: list, policy: str, device: str,
         by_device.setdefault(c[1].device_bytes.device, []).append(c)
     out = {}
     for dev, run in by_device.items():
-        stream = _OnDevice(dev, _coded_stream(run, policy, workspace))
+        stream = _OnDevice(dev, _with_fallback(run, policy, workspace))
         out.update((name, stream) for name, _t, _p in run)
     return out
 
@@ -123,6 +132,48 @@ class _OnDevice:
 
         with torch.cuda.device(self.device):
             return next(self.it)
+
+
+def out_of_memory_errors() -> tuple[type[BaseException], ...]:
+    """The exceptions a device allocation raises when the device's memory is exhausted."""
+    import torch
+
+    errors: tuple[type[BaseException], ...] = (torch.cuda.OutOfMemoryError,)
+    try:
+        from cupy.cuda.memory import OutOfMemoryError
+    except ImportError:
+        return errors
+    return (*errors, OutOfMemoryError)
+
+
+def _with_fallback(chosen: list, policy: str, workspace: int | None):
+    """:func:`_coded_stream` over ``chosen``, surviving a device out of memory (a training run
+    may leave little free): it starts again at the tensor it was coding with half the
+    workspace, down to ``FALLBACK_MIN_WORKSPACE``; past that (and under ``nvcomp-ans``, which
+    takes whole tensors) it yields None for that tensor and every later one, for the caller
+    to code on the CPU. The tensors it has yielded are not coded again."""
+    from s4weights.gpu import plan
+
+    ws = workspace or plan.default_workspace(sum(t.nbytes for _n, t, _p in chosen))
+    done = 0
+    while done < len(chosen):
+        try:
+            for out in _coded_stream(chosen[done:], policy, ws):
+                yield out
+                done += 1
+            return
+        except out_of_memory_errors() as exc:
+            name, t = chosen[done][0], chosen[done][1]
+            what = f"{t.device_bytes.device} ran out of memory coding {name!r} with a " \
+                   f"workspace of {ws >> 20} MiB ({str(exc).splitlines()[0]})"
+            if policy == "nvcomp-ans" or ws // 2 < FALLBACK_MIN_WORKSPACE:
+                log.warning("%s: the CPU codes it and the %d tensors after it on that device",
+                            what, len(chosen) - done - 1)
+                break
+            ws //= 2
+            log.warning("%s: coding again from that tensor with %d MiB", what, ws >> 20)
+    for _ in range(done, len(chosen)):
+        yield None
 
 
 def _host_bytes(t):
@@ -237,7 +288,10 @@ def loader_for(reader, device: str, update=None, direct: dict | None = None,
     tables at the writers' block size): a batch holds at most
     ``workspace`` of it (default ``plan.default_workspace`` of the file's raw bytes). A tensor
     that alone needs more is decoded in chunks that fit (``chunked.load_large``) where its
-    codecs allow (raw, bitpack, bitpack-w, rANS; else whole, as one batch of its own)."""
+    codecs allow (raw, bitpack, bitpack-w, rANS; else whole, as one batch of its own). When
+    the device runs out of memory, the tensor is decoded again with half the workspace (and so
+    are the batches after it), down to ``FALLBACK_MIN_WORKSPACE``; past that the CPU decodes it
+    and it is copied in."""
     if not use_gpu(device, True):
         return None
     ready: dict[tuple[int, str], object] = {}
@@ -256,19 +310,48 @@ def loader_for(reader, device: str, update=None, direct: dict | None = None,
         return extra[j]
 
     def load(i: int, dev):
+        nonlocal budget
         import torch
 
-        from s4weights.gpu.chunked import chunkable, load_large
-        from s4weights.gpu.decode import decodable, over_limit, read_on_cpu, read_tensors
+        from s4weights.gpu.decode import read_on_cpu
 
         t = reader.tensors[i]
         dev = torch.device(dev)
         if dev.index is None:
             dev = torch.device("cuda", torch.cuda.current_device())
-        key = (i, str(dev))
-        raw = ready.pop(key, None)
-        if raw is None and decodable(reader, i) and extra_of(i) > budget \
-                and chunkable(reader, i):
+        raw = ready.pop((i, str(dev)), None)
+        while raw is None:
+            try:
+                raw = _decoded(i, dev)
+                continue
+            except out_of_memory_errors() as exc:
+                what = f"{dev} ran out of memory decoding {t.name!r} with a workspace of " \
+                       f"{budget >> 20} MiB ({str(exc).splitlines()[0]})"
+            # Out of device memory (a training run may leave little free), and out of the
+            # handler, so the failed attempt's buffers are free again: again with half the
+            # workspace (the batches after it too), down to the smallest; then the CPU
+            # decodes the tensor and it is copied in.
+            if budget // 2 < FALLBACK_MIN_WORKSPACE:
+                log.warning("%s: the CPU decodes it", what)
+                with torch.cuda.device(dev):
+                    raw = _dest(i, dev)
+                    read_on_cpu(reader, i, raw)
+            else:
+                budget //= 2
+                log.warning("%s: decoding again with %d MiB", what, budget >> 20)
+        if update is not None:
+            update(t.raw_nbytes)
+        return raw.view(getattr(torch, t.dtype.name)).reshape(t.shape)
+
+    def _decoded(i: int, dev):
+        """Tensor i's raw bytes decoded on ``dev``: in chunks when it alone needs more than the
+        workspace, else in a batch with the following tensors (theirs kept in ``ready``)."""
+        import torch
+
+        from s4weights.gpu.chunked import chunkable, load_large
+        from s4weights.gpu.decode import decodable, over_limit, read_on_cpu, read_tensors
+
+        if decodable(reader, i) and extra_of(i) > budget and chunkable(reader, i):
             # too large to decode whole within the workspace: in chunks, straight into place
             from s4weights.gpu.ranshost import TablesTooLarge
 
@@ -278,28 +361,25 @@ def loader_for(reader, device: str, update=None, direct: dict | None = None,
                     load_large(reader, i, raw, budget)
                 except TablesTooLarge:  # streams of tiny blocks: the CPU decodes it
                     read_on_cpu(reader, i, raw)
-        if raw is None:
-            idx = [i]
-            with torch.cuda.device(dev):  # (the size limit counts that device's memory)
-                if decodable(reader, i):
-                    used = extra_of(i)
-                    for j in range(i + 1, len(sizes)):
-                        if (j, str(dev)) in ready or not decodable(reader, j):
-                            continue
-                        # a tensor over the size limit (R0) starts a batch of its own, so that
-                        # the tensors before it are read first, as the CPU reader reads them
-                        if used + extra_of(j) > budget or over_limit(reader, j):
-                            break
-                        idx.append(j)
-                        used += extra_of(j)
-                outs = read_tensors(reader, idx, [_dest(j, dev) for j in idx] if direct
-                                    else None)
-            raw = outs[0]
-            for j, o in zip(idx[1:], outs[1:]):
-                ready[(j, str(dev))] = o
-        if update is not None:
-            update(t.raw_nbytes)
-        return raw.view(getattr(torch, t.dtype.name)).reshape(t.shape)
+            return raw
+        idx = [i]
+        with torch.cuda.device(dev):  # (the size limit counts that device's memory)
+            if decodable(reader, i):
+                used = extra_of(i)
+                for j in range(i + 1, len(sizes)):
+                    if (j, str(dev)) in ready or not decodable(reader, j):
+                        continue
+                    # a tensor over the size limit (R0) starts a batch of its own, so that
+                    # the tensors before it are read first, as the CPU reader reads them
+                    if used + extra_of(j) > budget or over_limit(reader, j):
+                        break
+                    idx.append(j)
+                    used += extra_of(j)
+            outs = read_tensors(reader, idx, [_dest(j, dev) for j in idx] if direct
+                                else None)
+        for j, o in zip(idx[1:], outs[1:]):
+            ready[(j, str(dev))] = o
+        return outs[0]
 
     def _dest(j: int, dev):
         from s4weights.gpu import runtime

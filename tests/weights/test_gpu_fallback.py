@@ -1,0 +1,114 @@
+"""The GPU path's answer to a device out of memory, without a GPU: ``gpu._with_fallback`` codes
+again from the tensor it was at with half the workspace, down to the smallest, then leaves the
+rest to the CPU (None); ``write_flattened`` codes a tensor the GPU path left on the CPU. The
+same on the H200, with real allocations refused: tests/gpu/test_gpu_out_of_memory.py."""
+
+from __future__ import annotations
+
+import io
+import logging
+
+import pytest
+import torch
+
+import s4format
+import s4format.writer as writer_mod
+import s4weights
+from s4format import hashing
+from s4weights import gpu
+
+MIB = 1 << 20
+
+
+class _T:  # what _with_fallback reads of a chosen tensor
+    def __init__(self, n: int) -> None:
+        self.nbytes = n
+        self.device_bytes = torch.empty(0, dtype=torch.uint8)
+
+
+def _chosen(n: int) -> list:
+    return [(f"t{k}", _T(1 << 20), None) for k in range(n)]
+
+
+def _fake_stream(fail_at: dict[tuple[int, int], bool], calls: list):
+    """A stand-in for ``_coded_stream``: yields the chosen tensors' names, and raises a device
+    out-of-memory error on reaching ``(workspace MiB, name index)`` in ``fail_at``."""
+    def stream(chosen, policy, ws):
+        calls.append((ws // MIB, [n for n, _t, _p in chosen]))
+        for name, _t, _p in chosen:
+            k = int(name[1:])
+            if fail_at.get((ws // MIB, k)):
+                raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2 MiB")
+            yield name
+    return stream
+
+
+def test_out_of_memory_codes_again_from_that_tensor_with_half_the_workspace(
+        monkeypatch, caplog) -> None:
+    calls: list = []
+    monkeypatch.setattr(gpu, "_coded_stream", _fake_stream({(64, 3): True, (32, 5): True}, calls))
+    with caplog.at_level(logging.WARNING, logger="s4weights"):
+        got = list(gpu._with_fallback(_chosen(8), "auto", 64 * MIB))
+    assert got == [f"t{k}" for k in range(8)]  # each once, in order
+    assert calls == [(64, [f"t{k}" for k in range(8)]), (32, [f"t{k}" for k in range(3, 8)]),
+                     (16, [f"t{k}" for k in range(5, 8)])]
+    text = caplog.text
+    assert "ran out of memory coding 't3' with a workspace of 64 MiB" in text
+    assert "coding again from that tensor with 32 MiB" in text
+    assert "'t5' with a workspace of 32 MiB" in text
+
+
+def test_past_the_smallest_workspace_the_rest_goes_to_the_cpu(monkeypatch, caplog) -> None:
+    calls: list = []
+    fail = {(ws, 2): True for ws in (64, 32, 16)}
+    monkeypatch.setattr(gpu, "_coded_stream", _fake_stream(fail, calls))
+    with caplog.at_level(logging.WARNING, logger="s4weights"):
+        got = list(gpu._with_fallback(_chosen(6), "auto", 64 * MIB))
+    assert got == ["t0", "t1", None, None, None, None]
+    assert [ws for ws, _names in calls] == [64, 32, 16]
+    assert "the CPU codes it and the 3 tensors after it on that device" in caplog.text
+
+
+def test_nvcomp_ans_goes_to_the_cpu_at_once_and_other_errors_pass(monkeypatch) -> None:
+    calls: list = []
+    monkeypatch.setattr(gpu, "_coded_stream", _fake_stream({(64, 1): True}, calls))
+    assert list(gpu._with_fallback(_chosen(3), "nvcomp-ans", 64 * MIB)) == ["t0", None, None]
+    assert len(calls) == 1
+
+    def broken(chosen, policy, ws):
+        yield chosen[0][0]
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setattr(gpu, "_coded_stream", broken)
+    it = gpu._with_fallback(_chosen(3), "auto", 64 * MIB)
+    assert next(it) == "t0"
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        next(it)
+
+
+def test_a_tensor_the_gpu_path_leaves_is_coded_on_the_cpu(monkeypatch) -> None:
+    # the save hook's streams give None for some tensors (out of device memory): the writer
+    # codes those on the CPU, the others as the hook coded them, and the file reads back
+    def stand_in(tensors, policy, device, parents, workspace=None, parent_hashes=None):
+        names = [n for n, _t in tensors if n.startswith("g")]
+
+        def results():
+            for k, (n, t) in enumerate(tensors):
+                if n in names:
+                    if k % 4 == 1:
+                        yield None
+                        continue
+                    c = writer_mod.code_tensor(t.data, t.dtype, policy)
+                    yield c, hashing.content_hash(t.data), None, c.stored
+
+        stream = results()
+        return {n: stream for n in names}
+
+    monkeypatch.setattr(gpu, "coded_in_order", stand_in)
+    state = {f"{'g' if k % 2 else 'h'}{k}": torch.randn(3000 + k) for k in range(12)}
+    buf = io.BytesIO()
+    s4weights.save(state, buf)
+    got = s4weights.load(buf.getvalue())
+    assert all(torch.equal(got[k].view(torch.int32), v.view(torch.int32))
+               for k, v in state.items())
+    assert [t.name for t in s4format.Reader(buf.getvalue()).tensors] == list(state)
