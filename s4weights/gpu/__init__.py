@@ -146,6 +146,13 @@ def out_of_memory_errors() -> tuple[type[BaseException], ...]:
     return (*errors, OutOfMemoryError)
 
 
+def _oom_text(exc: BaseException) -> str:
+    """The first sentences of an out-of-memory error (torch's go on for several lines' worth)."""
+    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    cut = text.find(". GPU ")
+    return text[:cut] if cut > 0 else text
+
+
 def _with_fallback(chosen: list, policy: str, workspace: int | None):
     """:func:`_coded_stream` over ``chosen``, surviving a device out of memory (a training run
     may leave little free): it starts again at the tensor it was coding with half the
@@ -165,7 +172,7 @@ def _with_fallback(chosen: list, policy: str, workspace: int | None):
         except out_of_memory_errors() as exc:
             name, t = chosen[done][0], chosen[done][1]
             what = f"{t.device_bytes.device} ran out of memory coding {name!r} with a " \
-                   f"workspace of {ws >> 20} MiB ({str(exc).splitlines()[0]})"
+                   f"workspace of {ws >> 20} MiB ({_oom_text(exc)})"
             if policy == "nvcomp-ans" or ws // 2 < FALLBACK_MIN_WORKSPACE:
                 log.warning("%s: the CPU codes it and the %d tensors after it on that device",
                             what, len(chosen) - done - 1)
@@ -326,7 +333,7 @@ def loader_for(reader, device: str, update=None, direct: dict | None = None,
                 continue
             except out_of_memory_errors() as exc:
                 what = f"{dev} ran out of memory decoding {t.name!r} with a workspace of " \
-                       f"{budget >> 20} MiB ({str(exc).splitlines()[0]})"
+                       f"{budget >> 20} MiB ({_oom_text(exc)})"
             # Out of device memory (a training run may leave little free), and out of the
             # handler, so the failed attempt's buffers are free again: again with half the
             # workspace (the batches after it too), down to the smallest; then the CPU
