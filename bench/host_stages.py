@@ -21,7 +21,6 @@ from collections import defaultdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-import gpu
 import timeline
 import torch
 
@@ -94,19 +93,8 @@ def report(what: str, fn, n: int = 20) -> None:
 
 
 def main() -> None:
-    g = torch.Generator(device="cuda").manual_seed(0)
-    one = {"x": (torch.randn(1 << 29, device="cuda", generator=g) * 0.02).to(torch.bfloat16)}
-    cases = [("a", one, None)]
-    if "b" in os.environ.get("S4_HOST_CASES", "ab"):
-        state = gpu.trained_state(int(os.environ.get("S4_BENCH_STEPS", "30")))
-        cases.append(("b", gpu.flat_tensors(state), 1 << 30))
     instrument()
-    for name, tensors, workspace in cases:
-        enc, dec = timeline.d2d_calls(tensors, workspace)
-        for _ in range(3):
-            r = enc()
-            del r
-            dec()
+    for name, enc, dec in timeline.warm_cases(os.environ.get("S4_HOST_CASES", "ab")):
         report(f"({name}) encode", enc)
         report(f"({name}) decode", dec)
         del enc, dec

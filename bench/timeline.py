@@ -166,13 +166,13 @@ def reps(what: str, fn, collect: bool, n: int = 5) -> None:
           + " ".join(f"{t:.2f}" for t in times), flush=True)
 
 
-def main() -> None:
-    trace_dir = os.environ.get("S4_TRACE_DIR")
-    mark_stages()
+def warm_cases(which: str):
+    """(name, encode call, decode call) of (a) and, if "b" is in ``which``, (b) (its state
+    trained for ``S4_BENCH_STEPS`` steps, default 30), each run three times first."""
     g = torch.Generator(device="cuda").manual_seed(0)
     one = {"x": (torch.randn(1 << 29, device="cuda", generator=g) * 0.02).to(torch.bfloat16)}
     cases = [("a", one, None)]
-    if "b" in os.environ.get("S4_TIMELINE_CASES", "ab"):
+    if "b" in which:
         state = gpu.trained_state(int(os.environ.get("S4_BENCH_STEPS", "30")))
         cases.append(("b", gpu.flat_tensors(state), 1 << 30))
     for name, tensors, workspace in cases:
@@ -182,6 +182,13 @@ def main() -> None:
             del r
             dec()
         torch.cuda.synchronize()
+        yield name, enc, dec
+
+
+def main() -> None:
+    trace_dir = os.environ.get("S4_TRACE_DIR")
+    mark_stages()
+    for name, enc, dec in warm_cases(os.environ.get("S4_TIMELINE_CASES", "ab")):
         for collect in (False, True):
             reps(f"({name}) encode", enc, collect)
             reps(f"({name}) decode", dec, collect)

@@ -59,6 +59,22 @@ def _same(got: dict, state: dict) -> None:
                            v.reshape(-1).view(torch.uint8)), k
 
 
+def _refuse(monkeypatch, k: int) -> list[int]:
+    """The GPU path's own device allocations (``runtime.device_empty``), the (k+1)-th refused
+    as out of memory; returns the count of calls so far (one item)."""
+    calls = [0]
+    real = runtime.device_empty
+
+    def refusing(nbytes: int):
+        calls[0] += 1
+        if calls[0] == k + 1:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory (a test's refusal)")
+        return real(nbytes)
+
+    monkeypatch.setattr(runtime, "device_empty", refusing)
+    return calls
+
+
 @pytest.mark.parametrize("free", [8 * MIB, 0])
 def test_save_and_load_complete_when_device_memory_runs_out(free: int, caplog) -> None:
     state = _state()
@@ -83,21 +99,12 @@ def test_save_and_load_complete_when_device_memory_runs_out(free: int, caplog) -
 @pytest.mark.parametrize("k", [0, 1, 2, 4, 7, 11])
 def test_one_refused_allocation_anywhere_in_a_save(k: int, monkeypatch, caplog) -> None:
     state = _state()
-    calls = [0]
-    real = runtime.device_empty
-
-    def refusing(nbytes: int):
-        calls[0] += 1
-        if calls[0] == k + 1:
-            raise torch.cuda.OutOfMemoryError("CUDA out of memory (a test's refusal)")
-        return real(nbytes)
-
-    monkeypatch.setattr(runtime, "device_empty", refusing)
+    calls = _refuse(monkeypatch, k)
     buf = io.BytesIO()
     with caplog.at_level(logging.WARNING, logger="s4weights"):
         s4weights.save(state, buf, device="cuda", workspace=32 * MIB)
     assert calls[0] > k and "ran out of memory coding" in caplog.text
-    monkeypatch.setattr(runtime, "device_empty", real)
+    monkeypatch.undo()
     _same(s4weights.load(buf.getvalue(), device="cuda"), state)
 
 
@@ -106,16 +113,7 @@ def test_one_refused_allocation_anywhere_in_a_load(k: int, monkeypatch, caplog) 
     state = _state()
     buf = io.BytesIO()
     s4weights.save(state, buf, device="cuda", workspace=32 * MIB)
-    calls = [0]
-    real = runtime.device_empty
-
-    def refusing(nbytes: int):
-        calls[0] += 1
-        if calls[0] == k + 1:
-            raise torch.cuda.OutOfMemoryError("CUDA out of memory (a test's refusal)")
-        return real(nbytes)
-
-    monkeypatch.setattr(runtime, "device_empty", refusing)
+    calls = _refuse(monkeypatch, k)
     with caplog.at_level(logging.WARNING, logger="s4weights"):
         got = s4weights.load(buf.getvalue(), device="cuda", workspace=32 * MIB)
     assert calls[0] > k and "ran out of memory decoding" in caplog.text
