@@ -129,7 +129,8 @@ def save(obj: Any, f: FileLike, *, policy: str = "auto", metadata: dict[str, str
     to code whole in the workspace is coded in chunks that fit (the same stored bytes); the
     smallest chunk needs 6-17 MiB. When the device runs out of memory, the GPU path codes again
     from the tensor it was at with half the workspace, down to 16 MiB, then leaves that device's
-    remaining tensors to the CPU coder (a warning says so): the save does not fail for it.
+    remaining tensors to the CPU coder (under ``nvcomp-ans`` at once, with the default codecs),
+    with a warning: the save does not fail for it.
     When tensors are coded on the GPU, a file object ``f`` is written from a helper thread
     while the next tensors are coded (one thread at a time; ``save`` returns after the last
     write).
@@ -225,9 +226,10 @@ def load(f: FileLike | bytes, map_location: Any = None, *, weights_only: bool | 
     ``workspace`` bounds the extra GPU memory of the GPU decoder beyond the returned tensors,
     in bytes (default as in :func:`save`); a tensor too large for it is decoded in chunks
     (not one with GDeflate or nvcomp-ans planes, which decodes whole). When the device runs out
-    of memory, a tensor is decoded again with half the workspace, down to 16 MiB, and then on
-    the CPU and copied in (a warning says so); the returned tensors themselves still need their
-    own memory, as with ``torch.load``."""
+    of memory, a tensor is decoded again with half the workspace, down to 16 MiB, where that
+    can help, and else on the CPU and copied in (a warning says so); the returned tensors
+    themselves still need their own memory, as with ``torch.load``, and nvcomp-ans planes
+    decode only on the GPU."""
     from s4weights import gpu
 
     if weights_only is False:

@@ -14,6 +14,7 @@ files, and never removes a checkpoint that a kept delta depends on.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -26,6 +27,7 @@ import torch
 
 import s4format
 from s4format.errors import FormatError, ParentMismatchError, S4Error, StorageError
+from s4weights import gpu
 from s4weights.api import read_tree, write_flattened
 from s4weights.store import Store, open_store
 from s4weights.torchtree import DeviceTensor, flatten
@@ -232,7 +234,8 @@ def save_checkpoint(state: Any, url_or_dir: Any, step: int, *, keyframe_interval
     the parent is made and coded on the device too, the parent copied there from host memory
     piece by piece. This process keeps the checkpoint it saved last in host memory (pinned
     for CUDA tensors), as the next delta's parent; nothing stays in GPU memory between saves,
-    and a save's extra GPU memory is bounded by ``workspace`` (as in :func:`s4weights.save`).
+    and a save's extra GPU memory is bounded by ``workspace`` (as in :func:`s4weights.save`,
+    with a few MiB of tables).
     CUDA tensors must not change until the call returns. When the latest checkpoint (or a file
     of its chain) cannot be read, the save still succeeds, as a base, and logs a warning naming
     it; the damaged checkpoint is left as it is."""
@@ -260,8 +263,12 @@ def save_checkpoint(state: Any, url_or_dir: Any, step: int, *, keyframe_interval
     # previous snapshot is alive during the save either way.)
     snap, copying = _host_snapshot(flat.tensors)
     try:
-        flat = type(flat)(flat.tree, [(name, t if isinstance(t, DeviceTensor) else snap[name])
-                                      for name, t in flat.tensors])
+        on_gpu = gpu.use_gpu(device, any(isinstance(t, DeviceTensor) for _n, t in flat.tensors))
+        if not on_gpu:  # the CPU codes every tensor: from the snapshot, not a second copy
+            _wait(copying)
+        flat = type(flat)(flat.tree, [
+            (name, t if on_gpu and isinstance(t, DeviceTensor) else snap[name])
+            for name, t in flat.tensors])
         parents = hashes = None
         if parent is not None:
             try:
@@ -277,9 +284,10 @@ def save_checkpoint(state: Any, url_or_dir: Any, step: int, *, keyframe_interval
                 flat, sink, policy=policy, parent_id=bytes.fromhex(parent.checkpoint_id)
                 if parent else None, parents=parents, metadata=metadata, show=progress,
                 device=device, workspace=workspace, parent_hashes=hashes)
-    finally:
-        for done in copying:  # (also after a failure: the copies read the caller's tensors)
-            done.synchronize()
+    except BaseException:
+        _wait(copying, quiet=True)  # (the copies read the caller's tensors)
+        raise
+    _wait(copying)
     used = parent if result.parent_id is not None else None
     info = CheckpointInfo(
         step=step, file=_data_name(step), checkpoint_id=result.checkpoint_id.hex(),
@@ -319,14 +327,27 @@ def _host_snapshot(tensors: list[tuple[str, s4format.Tensor | DeviceTensor]]
             by_device.setdefault(t.device_bytes.device, []).append((name, t))
         else:
             out[name] = s4format.Tensor(t.dtype, t.shape, np.array(t.data, copy=True))
-    events = []
-    for dev, run in by_device.items():
-        with torch.cuda.device(dev):
-            host = torch.empty(max(1, sum(t.nbytes for _n, t in run)), dtype=torch.uint8,
-                               pin_memory=True)
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            at = 0
+    events: list[torch.cuda.Event] = []
+    try:
+        for dev, run in by_device.items():
+            events.append(_copy_to_host(dev, run, out))
+    except BaseException:
+        _wait(events, quiet=True)
+        raise
+    return out, events
+
+
+def _copy_to_host(dev: torch.device, run: list[tuple[str, DeviceTensor]],
+                  out: dict[str, s4format.Tensor]) -> torch.cuda.Event:
+    """:func:`_host_snapshot`'s copies of one device's tensors, into ``out``; the event that
+    ends them."""
+    with torch.cuda.device(dev):
+        host = torch.empty(max(1, sum(t.nbytes for _n, t in run)), dtype=torch.uint8,
+                           pin_memory=True)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        at = 0
+        try:
             with torch.cuda.stream(side):
                 for name, t in run:
                     h = host[at:at + t.nbytes]
@@ -336,8 +357,22 @@ def _host_snapshot(tensors: list[tuple[str, s4format.Tensor | DeviceTensor]]
                     at += t.nbytes
             done = torch.cuda.Event()
             done.record(side)
-            events.append(done)
-    return out, events
+        except BaseException:
+            with contextlib.suppress(Exception):  # (the copies queued so far end first)
+                side.synchronize()
+            raise
+    return done
+
+
+def _wait(events: list[torch.cuda.Event], quiet: bool = False) -> None:
+    """Wait for ``events``; ``quiet``: while another error propagates, which a failure here
+    (a device already in error) must not hide."""
+    for done in events:
+        try:
+            done.synchronize()
+        except Exception:
+            if not quiet:
+                raise
 
 
 def load_checkpoint(url_or_dir: Any, step: int | None = None, *, map_location: Any = None,

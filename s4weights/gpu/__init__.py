@@ -71,8 +71,9 @@ def coded_in_order(tensors: list, policy: str, device: str,
                    parent_hashes: dict | None = None) -> dict:
     """The save hook: name -> iterator for every CUDA tensor the GPU codes; ``next()`` on it, in
     flat order, gives ``(CodedTensor, content_hash, parent_hash, full_stored)`` to pass to
-    ``Writer.add_coded``, or None: the device ran out of memory even with a small workspace,
-    and the caller codes that tensor on the CPU (``_with_fallback``). ``parents`` maps a name
+    ``Writer.add_coded``, or None: the device ran out of memory even with a small workspace
+    (under ``nvcomp-ans``, at all), and the caller codes that tensor on the CPU
+    (``_with_fallback``). ``parents`` maps a name
     to its delta parent (same dtype and byte length): the parent is XORed on the tensor's
     device and both codings are made, the delta kept only where it stores strictly less (the
     writer's rule). A parent on that device (a
@@ -297,8 +298,11 @@ def loader_for(reader, device: str, update=None, direct: dict | None = None,
     that alone needs more is decoded in chunks that fit (``chunked.load_large``) where its
     codecs allow (raw, bitpack, bitpack-w, rANS; else whole, as one batch of its own). When
     the device runs out of memory, the tensor is decoded again with half the workspace (and so
-    are the batches after it), down to ``FALLBACK_MIN_WORKSPACE``; past that the CPU decodes it
-    and it is copied in."""
+    are the batches after it, on that device), down to ``FALLBACK_MIN_WORKSPACE``, where that
+    can help; else the CPU decodes it and it is copied in (past the smallest workspace, every
+    later tensor on that device too). The returned tensors themselves need their memory, as
+    with ``torch.load``, and nvcomp-ans planes decode only on the GPU: out of memory there is
+    raised."""
     if not use_gpu(device, True):
         return None
     ready: dict[tuple[int, str], object] = {}
@@ -316,56 +320,72 @@ def loader_for(reader, device: str, update=None, direct: dict | None = None,
             extra[j] = device_extra(reader, j)
         return extra[j]
 
+    # per device: its workspace, halved each time the device ran out of memory; 0 once it
+    # reached the smallest: the CPU decodes that device's tensors from then on
+    budgets: dict[str, int] = {}
+    batch = [0]  # tensors in the last batch tried (0: one tensor in chunks)
+
     def load(i: int, dev):
-        nonlocal budget
         import torch
 
-        from s4weights.gpu.decode import read_on_cpu
+        from s4weights.gpu.chunked import chunkable
+        from s4weights.gpu.decode import decodable, read_on_cpu
 
         t = reader.tensors[i]
         dev = torch.device(dev)
         if dev.index is None:
             dev = torch.device("cuda", torch.cuda.current_device())
-        raw = ready.pop((i, str(dev)), None)
+        key = str(dev)
+        raw = ready.pop((i, key), None)
         while raw is None:
-            try:
-                raw = _decoded(i, dev)
-                continue
-            except out_of_memory_errors() as exc:
-                what = f"{dev} ran out of memory decoding {t.name!r} with a workspace of " \
-                       f"{budget >> 20} MiB ({_oom_text(exc)})"
-            # Out of device memory (a training run may leave little free), and out of the
-            # handler, so the failed attempt's buffers are free again: again with half the
-            # workspace (the batches after it too), down to the smallest; then the CPU
-            # decodes the tensor and it is copied in.
-            if budget // 2 < FALLBACK_MIN_WORKSPACE:
-                log.warning("%s: the CPU decodes it", what)
-                with torch.cuda.device(dev):
-                    raw = _dest(i, dev)
-                    read_on_cpu(reader, i, raw)
-            else:
-                budget //= 2
-                log.warning("%s: decoding again with %d MiB", what, budget >> 20)
+            ws = budgets.get(key, budget)
+            if ws:
+                try:
+                    raw = _decoded(i, dev, ws)
+                    continue
+                except out_of_memory_errors() as exc:
+                    what = f"{dev} ran out of memory decoding {t.name!r} with a workspace " \
+                           f"of {ws >> 20} MiB ({_oom_text(exc)})"
+                # Out of device memory (a training run may leave little free), and out of the
+                # handler, so the failed attempt's buffers are free again. Half the workspace
+                # helps a tensor decoded in chunks or in a batch with others: again so (the
+                # later batches too), down to the smallest. Else the CPU decodes it (and,
+                # past the smallest, every later tensor on that device) and it is copied in.
+                smaller = ws // 2
+                helps = batch[0] != 1 or (decodable(reader, i) and chunkable(reader, i))
+                if helps and smaller >= FALLBACK_MIN_WORKSPACE:
+                    budgets[key] = smaller
+                    log.warning("%s: decoding again with %d MiB", what, smaller >> 20)
+                    continue
+                if smaller < FALLBACK_MIN_WORKSPACE:
+                    budgets[key] = 0
+                log.warning("%s: the CPU decodes it%s", what, "" if budgets.get(key, budget)
+                            else " and the later tensors on that device")
+            with torch.cuda.device(dev):
+                raw = _dest(i, dev)
+                read_on_cpu(reader, i, raw)
         if update is not None:
             update(t.raw_nbytes)
         return raw.view(getattr(torch, t.dtype.name)).reshape(t.shape)
 
-    def _decoded(i: int, dev):
-        """Tensor i's raw bytes decoded on ``dev``: in chunks when it alone needs more than the
-        workspace, else in a batch with the following tensors (theirs kept in ``ready``)."""
+    def _decoded(i: int, dev, ws: int):
+        """Tensor i's raw bytes decoded on ``dev`` within workspace ``ws``: in chunks when it
+        alone needs more, else in a batch with the following tensors (theirs kept in
+        ``ready``)."""
         import torch
 
         from s4weights.gpu.chunked import chunkable, load_large
         from s4weights.gpu.decode import decodable, over_limit, read_on_cpu, read_tensors
 
-        if decodable(reader, i) and extra_of(i) > budget and chunkable(reader, i):
+        if decodable(reader, i) and extra_of(i) > ws and chunkable(reader, i):
             # too large to decode whole within the workspace: in chunks, straight into place
             from s4weights.gpu.ranshost import TablesTooLarge
 
+            batch[0] = 0
             with torch.cuda.device(dev):
                 raw = _dest(i, dev)
                 try:
-                    load_large(reader, i, raw, budget)
+                    load_large(reader, i, raw, ws)
                 except TablesTooLarge:  # streams of tiny blocks: the CPU decodes it
                     read_on_cpu(reader, i, raw)
             return raw
@@ -378,10 +398,11 @@ def loader_for(reader, device: str, update=None, direct: dict | None = None,
                         continue
                     # a tensor over the size limit (R0) starts a batch of its own, so that
                     # the tensors before it are read first, as the CPU reader reads them
-                    if used + extra_of(j) > budget or over_limit(reader, j):
+                    if used + extra_of(j) > ws or over_limit(reader, j):
                         break
                     idx.append(j)
                     used += extra_of(j)
+            batch[0] = len(idx)
             outs = read_tensors(reader, idx, [_dest(j, dev) for j in idx] if direct
                                 else None)
         for j, o in zip(idx[1:], outs[1:]):

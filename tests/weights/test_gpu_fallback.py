@@ -112,3 +112,110 @@ def test_a_tensor_the_gpu_path_leaves_is_coded_on_the_cpu(monkeypatch) -> None:
     assert all(torch.equal(got[k].view(torch.int32), v.view(torch.int32))
                for k, v in state.items())
     assert [t.name for t in s4format.Reader(buf.getvalue()).tensors] == list(state)
+
+
+class _Tensor:
+    def __init__(self, k: int) -> None:
+        self.name, self.raw_nbytes, self.shape = f"t{k}", 64, (64,)
+        self.dtype = type("D", (), {"name": "uint8"})
+
+
+class _Reader:
+    def __init__(self, n: int) -> None:
+        self.tensors = [_Tensor(k) for k in range(n)]
+
+
+def _loader(monkeypatch, n: int, extra: int, chunkable: bool, fails):
+    """``gpu.loader_for`` over a stand-in reader of n tensors (each needing ``extra`` bytes of
+    workspace) with the decoders replaced: ``fails(device, batch size or 0 for chunks,
+    workspace)`` says whether that attempt runs out of memory. Returns (load, what ran)."""
+    import contextlib
+
+    from s4weights.gpu import chunked, decode, runtime
+
+    ran: list = []
+
+    def read_tensors(reader, idx, outs=None):
+        dev = current[0]
+        ran.append((dev, "batch", len(idx)))
+        if fails(dev, len(idx), None):
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2 MiB")
+        return [torch.full((64,), i, dtype=torch.uint8) for i in idx]
+
+    def load_large(reader, i, raw, ws):
+        ran.append((current[0], "chunks", ws))
+        if fails(current[0], 0, ws):
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2 MiB")
+        raw.fill_(i)
+
+    def read_on_cpu(reader, i, out):
+        ran.append((current[0], "cpu", i))
+        out.fill_(i)
+
+    current = ["cuda:0"]
+
+    @contextlib.contextmanager
+    def device(d):
+        current[0] = str(d)
+        yield
+
+    monkeypatch.setattr(gpu, "use_gpu", lambda device, wanted: True)
+    monkeypatch.setattr(torch.cuda, "device", device)
+    monkeypatch.setattr(decode, "read_tensors", read_tensors)
+    monkeypatch.setattr(decode, "read_on_cpu", read_on_cpu)
+    monkeypatch.setattr(decode, "decodable", lambda reader, i: True)
+    monkeypatch.setattr(decode, "over_limit", lambda reader, i: False)
+    monkeypatch.setattr(decode, "check_limit", lambda reader, i: None)
+    monkeypatch.setattr(decode, "device_extra", lambda reader, i: extra)
+    monkeypatch.setattr(chunked, "chunkable", lambda reader, i: chunkable)
+    monkeypatch.setattr(chunked, "load_large", load_large)
+    monkeypatch.setattr(runtime, "device_empty", lambda n: torch.empty(n, dtype=torch.uint8))
+    return gpu.loader_for(_Reader(n), "cuda", workspace=64 * MIB), ran
+
+
+def test_a_load_out_of_memory_shrinks_its_batches_on_that_device_only(monkeypatch,
+                                                                      caplog) -> None:
+    # batches of more than two tensors run out of memory on cuda:0: 64 MiB (6 tensors of
+    # 10 MiB) and 32 MiB (3) fail, 16 MiB (1) works, and stays for the later tensors there
+    load, ran = _loader(monkeypatch, 6, 10 * MIB, False,
+                        lambda dev, size, ws: dev == "cuda:0" and size > 2)
+    with caplog.at_level(logging.WARNING, logger="s4weights"):
+        got = [load(k, "cuda:0") for k in range(3)] + [load(k, "cuda:1") for k in range(3, 6)]
+    assert [int(g[0]) for g in got] == list(range(6))
+    assert ran == [("cuda:0", "batch", 6), ("cuda:0", "batch", 3), ("cuda:0", "batch", 1),
+                   ("cuda:0", "batch", 1), ("cuda:0", "batch", 1),
+                   ("cuda:1", "batch", 3)]  # cuda:1 keeps 64 MiB (6 fit, 3 are left)
+    assert caplog.text.count("decoding again") == 2 and "CPU" not in caplog.text
+
+
+def test_past_the_smallest_workspace_the_cpu_decodes_that_devices_tensors(monkeypatch,
+                                                                         caplog) -> None:
+    load, ran = _loader(monkeypatch, 4, 10 * MIB, False, lambda dev, size, ws: True)
+    with caplog.at_level(logging.WARNING, logger="s4weights"):
+        got = [load(k, "cuda:0") for k in range(4)]
+    assert [int(g[0]) for g in got] == list(range(4))
+    assert ran == [("cuda:0", "batch", 4), ("cuda:0", "batch", 3), ("cuda:0", "batch", 1),
+                   *(("cuda:0", "cpu", k) for k in range(4))]  # no GPU try after the switch
+    assert "the CPU decodes it and the later tensors on that device" in caplog.text
+
+
+def test_a_tensor_decoded_whole_and_alone_goes_to_the_cpu_at_once(monkeypatch, caplog) -> None:
+    # 40 MiB each, not chunkable: a batch of one at 64 MiB; half would not help it
+    load, ran = _loader(monkeypatch, 3, 40 * MIB, False,
+                        lambda dev, size, ws: ran[-1:] == [("cuda:0", "batch", 1)]
+                        and len([r for r in ran if r[1] == "batch"]) == 1)
+    with caplog.at_level(logging.WARNING, logger="s4weights"):
+        got = [load(k, "cuda:0") for k in range(3)]
+    assert [int(g[0]) for g in got] == list(range(3))
+    assert ran == [("cuda:0", "batch", 1), ("cuda:0", "cpu", 0), ("cuda:0", "batch", 1),
+                   ("cuda:0", "batch", 1)]  # the workspace stays 64 MiB for the others
+    assert "the CPU decodes it" in caplog.text and "later tensors" not in caplog.text
+
+
+def test_a_chunked_tensor_is_decoded_again_in_smaller_chunks(monkeypatch, caplog) -> None:
+    load, ran = _loader(monkeypatch, 1, 100 * MIB, True,
+                        lambda dev, size, ws: ws is not None and ws > 16 * MIB)
+    with caplog.at_level(logging.WARNING, logger="s4weights"):
+        assert int(load(0, "cuda:0")[0]) == 0
+    assert ran == [("cuda:0", "chunks", 64 * MIB), ("cuda:0", "chunks", 32 * MIB),
+                   ("cuda:0", "chunks", 16 * MIB)]
