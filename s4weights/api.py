@@ -226,10 +226,11 @@ def load(f: FileLike | bytes, map_location: Any = None, *, weights_only: bool | 
     ``workspace`` bounds the extra GPU memory of the GPU decoder beyond the returned tensors,
     in bytes (default as in :func:`save`); a tensor too large for it is decoded in chunks
     (not one with GDeflate or nvcomp-ans planes, which decodes whole). When the device runs out
-    of memory, a tensor is decoded again with half the workspace, down to 16 MiB, where that
-    can help, and else on the CPU and copied in (a warning says so); the returned tensors
-    themselves still need their own memory, as with ``torch.load``, and nvcomp-ans planes
-    decode only on the GPU."""
+    of memory, a tensor is decoded again with a halved workspace, down to 16 MiB, where that
+    can help, and else on the CPU and copied in (a warning says so); once even a small attempt
+    fails, the later tensors on that device are decoded on the CPU without trying it. The
+    returned tensors themselves still need their own memory, as with ``torch.load``, and
+    nvcomp-ans planes decode only on the GPU, so their fallback may run out of memory too."""
     from s4weights import gpu
 
     if weights_only is False:

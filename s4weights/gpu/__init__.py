@@ -297,12 +297,13 @@ def loader_for(reader, device: str, update=None, direct: dict | None = None,
     ``workspace`` of it (default ``plan.default_workspace`` of the file's raw bytes). A tensor
     that alone needs more is decoded in chunks that fit (``chunked.load_large``) where its
     codecs allow (raw, bitpack, bitpack-w, rANS; else whole, as one batch of its own). When
-    the device runs out of memory, the tensor is decoded again with half the workspace (and so
+    the device runs out of memory, the tensor is decoded again with a halved workspace (and so
     are the batches after it, on that device), down to ``FALLBACK_MIN_WORKSPACE``, where that
-    can help; else the CPU decodes it and it is copied in (past the smallest workspace, every
-    later tensor on that device too). The returned tensors themselves need their memory, as
-    with ``torch.load``, and nvcomp-ans planes decode only on the GPU: out of memory there is
-    raised."""
+    can help; else the CPU decodes it and it is copied in (and every later tensor on that
+    device, once an attempt that needed at most twice the smallest workspace failed). The
+    returned tensors themselves need their memory, as with ``torch.load``, and nvcomp-ans
+    planes decode only on the GPU (their codec's "CPU" decode runs there too), so their
+    fallback may run out of memory as well."""
     if not use_gpu(device, True):
         return None
     ready: dict[tuple[int, str], object] = {}
@@ -323,7 +324,8 @@ def loader_for(reader, device: str, update=None, direct: dict | None = None,
     # per device: its workspace, halved each time the device ran out of memory; 0 once it
     # reached the smallest: the CPU decodes that device's tensors from then on
     budgets: dict[str, int] = {}
-    batch = [0]  # tensors in the last batch tried (0: one tensor in chunks)
+    tried = {"chunks": False, "size": 0, "need": 0}  # the last attempt: in chunks, or a batch
+    # of ``size`` tensors needing ``need`` bytes of workspace
 
     def load(i: int, dev):
         import torch
@@ -347,17 +349,24 @@ def loader_for(reader, device: str, update=None, direct: dict | None = None,
                     what = f"{dev} ran out of memory decoding {t.name!r} with a workspace " \
                            f"of {ws >> 20} MiB ({_oom_text(exc)})"
                 # Out of device memory (a training run may leave little free), and out of the
-                # handler, so the failed attempt's buffers are free again. Half the workspace
-                # helps a tensor decoded in chunks or in a batch with others: again so (the
-                # later batches too), down to the smallest. Else the CPU decodes it (and,
-                # past the smallest, every later tensor on that device) and it is copied in.
+                # handler, so the failed attempt's buffers are free again. A smaller workspace
+                # helps a tensor decoded in chunks (smaller chunks), or one in a batch with
+                # others or that chunks can decode (a smaller batch, or chunks): halved until
+                # the next attempt differs, down to the smallest, for the later batches on
+                # that device too. Else the CPU decodes it and it is copied in; and if the
+                # attempt asked for no more than twice the smallest workspace, the device is
+                # taken as full: the CPU decodes its later tensors too, without trying it.
                 smaller = ws // 2
-                helps = batch[0] != 1 or (decodable(reader, i) and chunkable(reader, i))
+                if not tried["chunks"]:
+                    while FALLBACK_MIN_WORKSPACE <= smaller >= tried["need"]:
+                        smaller //= 2  # (the same batch again otherwise)
+                helps = tried["chunks"] or tried["size"] > 1 or (
+                    decodable(reader, i) and chunkable(reader, i))
                 if helps and smaller >= FALLBACK_MIN_WORKSPACE:
                     budgets[key] = smaller
                     log.warning("%s: decoding again with %d MiB", what, smaller >> 20)
                     continue
-                if smaller < FALLBACK_MIN_WORKSPACE:
+                if (ws if tried["chunks"] else tried["need"]) <= 2 * FALLBACK_MIN_WORKSPACE:
                     budgets[key] = 0
                 log.warning("%s: the CPU decodes it%s", what, "" if budgets.get(key, budget)
                             else " and the later tensors on that device")
@@ -381,7 +390,7 @@ def loader_for(reader, device: str, update=None, direct: dict | None = None,
             # too large to decode whole within the workspace: in chunks, straight into place
             from s4weights.gpu.ranshost import TablesTooLarge
 
-            batch[0] = 0
+            tried.update(chunks=True, size=1, need=0)
             with torch.cuda.device(dev):
                 raw = _dest(i, dev)
                 try:
@@ -389,7 +398,7 @@ def loader_for(reader, device: str, update=None, direct: dict | None = None,
                 except TablesTooLarge:  # streams of tiny blocks: the CPU decodes it
                     read_on_cpu(reader, i, raw)
             return raw
-        idx = [i]
+        idx, used = [i], 0
         with torch.cuda.device(dev):  # (the size limit counts that device's memory)
             if decodable(reader, i):
                 used = extra_of(i)
@@ -402,7 +411,7 @@ def loader_for(reader, device: str, update=None, direct: dict | None = None,
                         break
                     idx.append(j)
                     used += extra_of(j)
-            batch[0] = len(idx)
+            tried.update(chunks=False, size=len(idx), need=used)
             outs = read_tensors(reader, idx, [_dest(j, dev) for j in idx] if direct
                                 else None)
         for j, o in zip(idx[1:], outs[1:]):

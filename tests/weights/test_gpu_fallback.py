@@ -219,3 +219,29 @@ def test_a_chunked_tensor_is_decoded_again_in_smaller_chunks(monkeypatch, caplog
         assert int(load(0, "cuda:0")[0]) == 0
     assert ran == [("cuda:0", "chunks", 64 * MIB), ("cuda:0", "chunks", 32 * MIB),
                    ("cuda:0", "chunks", 16 * MIB)]
+    assert caplog.text.count("decoding again") == 2 and "CPU" not in caplog.text
+
+
+@pytest.mark.parametrize("n,chunkable", [(1, True), (2, False)])
+def test_a_small_attempt_that_fails_sends_the_device_to_the_cpu_at_once(
+        monkeypatch, caplog, n: int, chunkable: bool) -> None:
+    # one chunkable tensor, or a batch of two (the file's last), needing 1 MiB each: a smaller
+    # workspace would try the very same decode again, and a device that cannot give 1-2 MiB is
+    # full: the CPU decodes them, the later ones without trying the device
+    load, ran = _loader(monkeypatch, n + 1, 1 * MIB, chunkable, lambda dev, size, ws: True)
+    with caplog.at_level(logging.WARNING, logger="s4weights"):
+        got = [load(k, "cuda:0") for k in range(1, n + 1)] + [load(0, "cuda:0")]
+    assert [int(g[0]) for g in got] == [*range(1, n + 1), 0]
+    assert ran == [("cuda:0", "batch", n), *(("cuda:0", "cpu", k) for k in range(1, n + 1)),
+                   ("cuda:0", "cpu", 0)]
+    assert "decoding again" not in caplog.text
+    assert "the CPU decodes it and the later tensors on that device" in caplog.text
+
+
+def test_a_large_chunkable_tensor_alone_is_retried_in_chunks(monkeypatch) -> None:
+    # 40 MiB, chunkable, alone at 64 MiB (whole): half (32 MiB) is below its need, so it
+    # chunks there; a whole decode never runs twice
+    load, ran = _loader(monkeypatch, 1, 40 * MIB, True,
+                        lambda dev, size, ws: size == 1 and ws is None)
+    assert int(load(0, "cuda:0")[0]) == 0
+    assert ran == [("cuda:0", "batch", 1), ("cuda:0", "chunks", 32 * MIB)]
