@@ -342,8 +342,7 @@ def _copy_to_host(dev: torch.device, run: list[tuple[str, DeviceTensor]],
     """:func:`_host_snapshot`'s copies of one device's tensors, into ``out``; the event that
     ends them."""
     with torch.cuda.device(dev):
-        host = torch.empty(max(1, sum(t.nbytes for _n, t in run)), dtype=torch.uint8,
-                           pin_memory=True)
+        host = _host_buffer(sum(t.nbytes for _n, t in run))
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         at = 0
@@ -362,6 +361,19 @@ def _copy_to_host(dev: torch.device, run: list[tuple[str, DeviceTensor]],
                 side.synchronize()
             raise
     return done
+
+
+def _host_buffer(nbytes: int) -> torch.Tensor:
+    """``nbytes`` of pinned host memory for a snapshot, or of pageable memory where the host
+    cannot pin that much (some hosts refuse pinned buffers of a few GiB): the copies into it
+    then wait for the device, but the save goes on."""
+    try:
+        return torch.empty(max(1, nbytes), dtype=torch.uint8, pin_memory=True)
+    except RuntimeError as exc:
+        log.warning("checkpoint snapshot: %d bytes of host memory could not be pinned (%s); "
+                    "using pageable memory, the copies are slower", nbytes,
+                    str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+        return torch.empty(max(1, nbytes), dtype=torch.uint8)
 
 
 def _wait(events: list[torch.cuda.Event], quiet: bool = False) -> None:
