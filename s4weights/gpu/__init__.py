@@ -73,10 +73,9 @@ def coded_in_order(tensors: list, policy: str, device: str,
     flat order, gives ``(CodedTensor, content_hash, parent_hash, full_stored)`` to pass to
     ``Writer.add_coded``, or None: the device ran out of memory even with a small workspace
     (under ``nvcomp-ans``, at all), and the caller codes that tensor on the CPU
-    (``_with_fallback``). ``parents`` maps a name
-    to its delta parent (same dtype and byte length): the parent is XORed on the tensor's
-    device and both codings are made, the delta kept only where it stores strictly less (the
-    writer's rule). A parent on that device (a
+    (``_with_fallback``). ``parents`` maps a name to its delta parent (same dtype and byte
+    length): the parent is XORed on the tensor's device and both codings are made, the delta
+    kept only where it stores strictly less (the writer's rule). A parent on that device (a
     :class:`DeviceTensor`) is read in place; one in host memory (an ``s4format.Tensor``, best
     in pinned memory) is copied into the XOR's device buffer, and its content hash must be in
     ``parent_hashes`` (by name; else the tensor is left to the CPU writer, which hashes it).
