@@ -60,11 +60,7 @@ def main() -> None:
         torch.save(state, Path(tmp) / "x.pt")
         torch_s = time.perf_counter() - t0
         print(f"torch.save of the same state to the same disk: {torch_s:.3f} s", flush=True)
-        got = s4weights.load_checkpoint(root, device="cuda")
-        flat_got, flat_want = gpu.flat_tensors(got), gpu.flat_tensors(state)
-        exact = flat_got.keys() == flat_want.keys() and all(
-            torch.equal(flat_got[n].view(torch.uint8), v.view(torch.uint8))
-            for n, v in flat_want.items())
+        exact = gpu.same_state(s4weights.load_checkpoint(root, device="cuda"), state)
         print(f"last checkpoint loaded on the GPU: bit-exact {exact}", flush=True)
     # what a save's new pinned snapshot buffer costs when the host allocator has none cached
     # (the first two saves of a process make one each: the second runs while the first is the

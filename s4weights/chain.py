@@ -371,8 +371,7 @@ def _host_buffer(nbytes: int) -> torch.Tensor:
         return torch.empty(max(1, nbytes), dtype=torch.uint8, pin_memory=True)
     except RuntimeError as exc:
         log.warning("checkpoint snapshot: %d bytes of host memory could not be pinned (%s); "
-                    "using pageable memory, the copies are slower", nbytes,
-                    str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+                    "using pageable memory, the copies are slower", nbytes, gpu.error_text(exc))
         return torch.empty(max(1, nbytes), dtype=torch.uint8)
 
 

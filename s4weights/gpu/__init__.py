@@ -98,7 +98,7 @@ def coded_in_order(tensors: list, policy: str, device: str,
         elif p is not None:
             if name not in parent_hashes:
                 continue
-            p = (_host_bytes(p), parent_hashes[name])
+            p = (_torch_bytes(p), parent_hashes[name])
         chosen.append((name, t, p))
     if not use_gpu(device, bool(chosen)):
         return {}
@@ -146,8 +146,9 @@ def out_of_memory_errors() -> tuple[type[BaseException], ...]:
     return (*errors, OutOfMemoryError)
 
 
-def _oom_text(exc: BaseException) -> str:
-    """The first sentences of an out-of-memory error (torch's go on for several lines' worth)."""
+def error_text(exc: BaseException) -> str:
+    """The first sentences of an error, for a warning (torch's out-of-memory errors go on for
+    several lines' worth)."""
     text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
     cut = text.find(". GPU ")
     return text[:cut] if cut > 0 else text
@@ -172,7 +173,7 @@ def _with_fallback(chosen: list, policy: str, workspace: int | None):
         except out_of_memory_errors() as exc:
             name, t = chosen[done][0], chosen[done][1]
             what = f"{t.device_bytes.device} ran out of memory coding {name!r} with a " \
-                   f"workspace of {ws >> 20} MiB ({_oom_text(exc)})"
+                   f"workspace of {ws >> 20} MiB ({error_text(exc)})"
             if policy == "nvcomp-ans" or ws // 2 < FALLBACK_MIN_WORKSPACE:
                 log.warning("%s: the CPU codes it and the %d tensors after it on that device",
                             what, len(chosen) - done - 1)
@@ -183,7 +184,7 @@ def _with_fallback(chosen: list, policy: str, workspace: int | None):
         yield None
 
 
-def _host_bytes(t):
+def _torch_bytes(t):
     """A host ``s4format.Tensor``'s bytes as a flat uint8 torch tensor (no copy)."""
     import numpy as np
     import torch
@@ -346,7 +347,7 @@ def loader_for(reader, device: str, update=None, direct: dict | None = None,
                     continue
                 except out_of_memory_errors() as exc:
                     what = f"{dev} ran out of memory decoding {t.name!r} with a workspace " \
-                           f"of {ws >> 20} MiB ({_oom_text(exc)})"
+                           f"of {ws >> 20} MiB ({error_text(exc)})"
                 # Out of device memory (a training run may leave little free), and out of the
                 # handler, so the failed attempt's buffers are free again. A smaller workspace
                 # helps a tensor decoded in chunks (smaller chunks), or one in a batch with
