@@ -3,9 +3,12 @@ bench/gpu.py's (b) transformer trained on, its state (bf16 weights, fp32 master 
 saved every ``S4_CKPT_INTERVAL`` steps (default 10) to the local disk as a base -> delta chain,
 ``S4_CKPT_SAVES`` saves (default 6). Per save: base or delta, stored and full bytes, seconds, the
 peak extra GPU memory during the save and the GPU memory the save leaves held afterwards (both
-over what the training state itself holds), against torch.save of the same state to the same
-disk. The last checkpoint is then loaded back on the GPU and compared bit for bit. Figures in
-bench/RESULTS.md; JSON to ``$OUT/checkpoint_gpu.json`` when OUT is set."""
+over what the training state itself holds) and the page-locked host memory the process then
+holds for its snapshots, against torch.save of the same state to the same disk. The last
+checkpoint is then loaded back on the GPU and compared bit for bit. Last, what a new
+page-locked buffer of the state's size costs: s4weights.hostmem's exact size against torch's
+pinned allocator. Figures in bench/RESULTS.md; JSON to ``$OUT/checkpoint_gpu.json`` when OUT
+is set."""
 
 from __future__ import annotations
 
@@ -22,8 +25,15 @@ sys.path.insert(0, str(Path(__file__).parent))
 import gpu  # bench/gpu.py: the same model and state
 
 import s4weights
+from s4weights import chain, hostmem
 
 MIB = 1 << 20
+
+
+def locked_bytes() -> int:
+    """Page-locked host memory held for snapshots: the parents cached and the buffers kept."""
+    held = [b for entry in chain._PARENT_CACHE.values() for b in entry[3].values()]
+    return sum(b.nbytes for b in held + list(hostmem._KEPT.values()))
 
 
 def main() -> None:
@@ -53,7 +63,8 @@ def main() -> None:
                        full_MB=round(info.full_stored_bytes / 1e6, 1),
                        raw_MB=round(info.raw_bytes / 1e6, 1), save_s=round(took, 3),
                        peak_extra_MiB=round((torch.cuda.max_memory_allocated() - base) / MIB),
-                       held_after_MiB=round((torch.cuda.memory_allocated() - base) / MIB))
+                       held_after_MiB=round((torch.cuda.memory_allocated() - base) / MIB),
+                       host_locked_MiB=round(locked_bytes() / MIB))
             rows.append(row)
             print(json.dumps(row), flush=True)
         t0 = time.perf_counter()
@@ -62,22 +73,31 @@ def main() -> None:
         print(f"torch.save of the same state to the same disk: {torch_s:.3f} s", flush=True)
         exact = gpu.same_state(s4weights.load_checkpoint(root, device="cuda"), state)
         print(f"last checkpoint loaded on the GPU: bit-exact {exact}", flush=True)
-    # what a save's new pinned snapshot buffer costs when the host allocator has none cached
-    # (the first two saves of a process make one each: the second runs while the first is the
-    # parent)
-    raw = rows[-1]["raw_MB"] * 1e6
+    # what a save's new snapshot buffer costs (the first two saves of a process make one
+    # each: the second runs while the first is the parent), against torch's pinned allocator
+    # with nothing cached (which takes the next power of two)
+    chain._PARENT_CACHE.clear()
+    hostmem.forget()
+    raw = int(rows[-1]["raw_MB"] * 1e6)
+    t0 = time.perf_counter()
+    block = hostmem.page_locked(raw)
+    lock_s = time.perf_counter() - t0
+    assert block is not None and hostmem.is_page_locked(block)
+    del block
     empty = getattr(torch._C, "_host_emptyCache", None)
     if empty is not None:
         empty()
     t0 = time.perf_counter()
-    block = torch.empty(int(raw), dtype=torch.uint8, pin_memory=True)
+    block = torch.empty(raw, dtype=torch.uint8, pin_memory=True)
     pin_s = time.perf_counter() - t0
     del block
-    print(f"a new pinned buffer of {raw / 1e9:.2f} GB: {pin_s:.3f} s", flush=True)
+    print(f"a new buffer of {raw / 1e9:.2f} GB: page-locked at its size {lock_s:.3f} s, "
+          f"torch's pinned allocator {pin_s:.3f} s ({1 << (raw - 1).bit_length()} bytes)",
+          flush=True)
     if out := os.environ.get("OUT"):
         Path(out, "checkpoint_gpu.json").write_text(json.dumps(
             dict(saves=rows, torch_save_s=round(torch_s, 3), exact=exact,
-                 pin_s=round(pin_s, 3)), indent=1))
+                 lock_s=round(lock_s, 3), pin_s=round(pin_s, 3)), indent=1))
     if not exact:
         sys.exit("the loaded checkpoint differs from the saved state")
 

@@ -27,7 +27,7 @@ import torch
 
 import s4format
 from s4format.errors import FormatError, ParentMismatchError, S4Error, StorageError
-from s4weights import gpu
+from s4weights import gpu, hostmem
 from s4weights.api import read_tree, write_flattened
 from s4weights.store import Store, open_store
 from s4weights.torchtree import DeviceTensor, flatten
@@ -104,9 +104,11 @@ def _data_name(step: int) -> str:
 
 # Raw bytes of the last checkpoint this process saved, per store: the parent of the next delta
 # without re-reading it, with the content hashes the file records. One copy of the state, in
-# host memory whatever the tensors' devices (pinned for CUDA tensors: the GPU path copies each
-# parent into the XOR's device buffer, within the workspace); never GPU memory between saves.
-_PARENT_CACHE: dict[str, tuple[str, dict[str, s4format.Tensor], dict[str, bytes]]] = {}
+# host memory whatever the tensors' devices (page-locked for CUDA tensors, one buffer per
+# device, the last item: the GPU path copies each parent into the XOR's device buffer, within
+# the workspace); never GPU memory between saves.
+_PARENT_CACHE: dict[str, tuple[str, dict[str, s4format.Tensor], dict[str, bytes],
+                               dict[torch.device, np.ndarray]]] = {}
 
 
 def list_checkpoints(url_or_dir: Any) -> list[CheckpointInfo]:
@@ -232,8 +234,9 @@ def save_checkpoint(state: Any, url_or_dir: Any, step: int, *, keyframe_interval
     where the XOR codes smaller. ``keep_last`` applies retention afterwards. ``device`` picks
     where CUDA tensors are coded (as in :func:`s4weights.save`): on the GPU path the XOR with
     the parent is made and coded on the device too, the parent copied there from host memory
-    piece by piece. This process keeps the checkpoint it saved last in host memory (pinned
-    for CUDA tensors), as the next delta's parent; nothing stays in GPU memory between saves,
+    piece by piece. This process keeps the checkpoint it saved last in host memory (page-locked
+    at its exact size for CUDA tensors), as the next delta's parent, and the buffer of the
+    one before it for the next snapshot; nothing stays in GPU memory between saves,
     and a save's extra GPU memory is bounded by ``workspace`` (as in :func:`s4weights.save`,
     with a few MiB of tables).
     CUDA tensors must not change until the call returns. When the latest checkpoint (or a file
@@ -261,7 +264,7 @@ def save_checkpoint(state: Any, url_or_dir: Any, step: int, *, keyframe_interval
     # stream: no device copy of the state, so the save's extra GPU memory stays within the
     # workspace; they must not change until the call returns (as for torch.save). (The
     # previous snapshot is alive during the save either way.)
-    snap, copying = _host_snapshot(flat.tensors)
+    snap, copying, buffers = _host_snapshot(flat.tensors)
     try:
         on_gpu = gpu.use_gpu(device, any(isinstance(t, DeviceTensor) for _n, t in flat.tensors))
         if not on_gpu:  # the CPU codes every tensor: from the snapshot, not a second copy
@@ -297,7 +300,7 @@ def save_checkpoint(state: Any, url_or_dir: Any, step: int, *, keyframe_interval
         file_bytes=result.file_size, full_stored_bytes=result.full_stored_nbytes,
         created=time.time())
     store.put_atomic(_manifest_name(step), info.to_json(), if_absent=True)
-    _PARENT_CACHE[store.url] = (info.checkpoint_id, snap, result.content_hashes)
+    _cache(store.url, (info.checkpoint_id, snap, result.content_hashes, buffers))
     log.info("checkpoint step %d: %s, %d -> %d bytes in %.3f s", step,
              f"delta of step {info.parent_step}" if used else "base", info.raw_bytes,
              info.file_bytes, time.perf_counter() - t0)
@@ -315,11 +318,24 @@ def _delta_paid(info: CheckpointInfo, min_gain: float) -> bool:
     return info.stored_bytes <= (1.0 - min_gain) * info.full_stored_bytes
 
 
+def _cache(url: str, entry: tuple | None) -> None:
+    """Set (or with None, drop) ``url``'s parent; the page-locked buffers of the one it
+    replaces are kept for the next snapshot (:func:`hostmem.take` hands one out only once the
+    snapshot in it is no longer referred to)."""
+    old = _PARENT_CACHE.pop(url, None)
+    if entry is not None:
+        _PARENT_CACHE[url] = entry
+    for dev, buf in (old[3] if old else {}).items():
+        hostmem.keep(dev, buf)
+
+
 def _host_snapshot(tensors: list[tuple[str, s4format.Tensor | DeviceTensor]]
-                   ) -> tuple[dict[str, s4format.Tensor], list[torch.cuda.Event]]:
+                   ) -> tuple[dict[str, s4format.Tensor], list[torch.cuda.Event],
+                              dict[torch.device, np.ndarray]]:
     """Host copies of ``tensors``, by name: host tensors copied now; CUDA tensors copied into
-    one pinned buffer per device on a side stream, after the work already queued on that
-    device's current stream, without waiting (the events to wait for before reading them)."""
+    one page-locked buffer per device on a side stream, after the work already queued on that
+    device's current stream, without waiting (the events to wait for before reading them;
+    the page-locked buffers, by device)."""
     out: dict[str, s4format.Tensor] = {}
     by_device: dict[torch.device, list[tuple[str, DeviceTensor]]] = {}
     for name, t in tensors:
@@ -328,21 +344,24 @@ def _host_snapshot(tensors: list[tuple[str, s4format.Tensor | DeviceTensor]]
         else:
             out[name] = s4format.Tensor(t.dtype, t.shape, np.array(t.data, copy=True))
     events: list[torch.cuda.Event] = []
+    buffers: dict[torch.device, np.ndarray] = {}
     try:
         for dev, run in by_device.items():
-            events.append(_copy_to_host(dev, run, out))
+            host = _host_buffer(sum(t.nbytes for _n, t in run), dev)
+            events.append(_copy_to_host(dev, run, host, out))
+            if hostmem.is_page_locked(host):
+                buffers[dev] = host
     except BaseException:
         _wait(events, quiet=True)
         raise
-    return out, events
+    return out, events, buffers
 
 
-def _copy_to_host(dev: torch.device, run: list[tuple[str, DeviceTensor]],
+def _copy_to_host(dev: torch.device, run: list[tuple[str, DeviceTensor]], host: np.ndarray,
                   out: dict[str, s4format.Tensor]) -> torch.cuda.Event:
-    """:func:`_host_snapshot`'s copies of one device's tensors, into ``out``; the event that
-    ends them."""
+    """:func:`_host_snapshot`'s copies of one device's tensors into ``host``, by name into
+    ``out``; the event that ends them."""
     with torch.cuda.device(dev):
-        host = _host_buffer(sum(t.nbytes for _n, t in run))
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         at = 0
@@ -351,8 +370,8 @@ def _copy_to_host(dev: torch.device, run: list[tuple[str, DeviceTensor]],
                 for name, t in run:
                     h = host[at:at + t.nbytes]
                     if t.nbytes:
-                        h.copy_(t.device_bytes, non_blocking=True)
-                    out[name] = s4format.Tensor(t.dtype, t.shape, h.numpy())
+                        torch.from_numpy(h).copy_(t.device_bytes, non_blocking=True)
+                    out[name] = s4format.Tensor(t.dtype, t.shape, h)
                     at += t.nbytes
             done = torch.cuda.Event()
             done.record(side)
@@ -363,16 +382,20 @@ def _copy_to_host(dev: torch.device, run: list[tuple[str, DeviceTensor]],
     return done
 
 
-def _host_buffer(nbytes: int) -> torch.Tensor:
-    """``nbytes`` of pinned host memory for a snapshot, or of pageable memory where the host
-    cannot pin that much (some hosts refuse pinned buffers of a few GiB): the copies into it
-    then wait for the device, but the save goes on."""
-    try:
-        return torch.empty(max(1, nbytes), dtype=torch.uint8, pin_memory=True)
-    except RuntimeError as exc:
-        log.warning("checkpoint snapshot: %d bytes of host memory could not be pinned (%s); "
-                    "using pageable memory, the copies are slower", nbytes, gpu.error_text(exc))
-        return torch.empty(max(1, nbytes), dtype=torch.uint8)
+def _host_buffer(nbytes: int, dev: torch.device) -> np.ndarray:
+    """A host buffer of at least ``nbytes`` for a snapshot of ``dev``'s tensors: the one the
+    snapshot before last used, where it fits and is free, else page-locked memory of that
+    size (not rounded up to a power of two, as torch's pinned memory is), else pageable
+    memory, where the host cannot lock that much (some hosts refuse a few GiB): the copies
+    into it then wait for the device, but the save goes on."""
+    host = hostmem.take(dev, nbytes)
+    if host is None:
+        host = hostmem.page_locked(nbytes)
+    if host is None:
+        log.warning("checkpoint snapshot: %d bytes of host memory could not be pinned; "
+                    "using pageable memory, the copies are slower", nbytes)
+        host = np.empty(max(1, nbytes), dtype=np.uint8)
+    return host
 
 
 def _wait(events: list[torch.cuda.Event], quiet: bool = False) -> None:
@@ -428,5 +451,5 @@ def retain(url_or_dir: Any, keep_steps: list[int]) -> list[int]:
         store.delete(infos[s].file)
     cached = _PARENT_CACHE.get(store.url)
     if cached and cached[0] not in {infos[s].checkpoint_id for s in needed}:
-        del _PARENT_CACHE[store.url]
+        _cache(store.url, None)
     return doomed

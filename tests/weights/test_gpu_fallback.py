@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import logging
 
+import numpy as np
 import pytest
 import torch
 
@@ -255,7 +256,8 @@ def test_a_snapshot_the_host_cannot_pin_goes_to_pageable_memory(caplog) -> None:
     if torch.cuda.is_available():
         pytest.skip("pinning succeeds here")
     with caplog.at_level(logging.WARNING, logger="s4weights"):
-        buf = chain._host_buffer(3 << 20)
-    assert buf.numel() == 3 << 20 and buf.dtype == torch.uint8 and not buf.is_pinned()
+        buf = chain._host_buffer(3 << 20, torch.device("cuda", 0))
+    assert buf.size == 3 << 20 and buf.dtype == np.uint8
+    assert "could not be page-locked" in caplog.text and "CUDA is not available" in caplog.text
     assert "could not be pinned" in caplog.text and "pageable" in caplog.text
-    assert chain._host_buffer(0).numel() == 1
+    assert chain._host_buffer(0, torch.device("cuda", 0)).size == 1

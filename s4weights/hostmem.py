@@ -1,0 +1,94 @@
+"""Page-locked host memory of an exact size, for ``save_checkpoint``'s snapshots.
+
+torch's pinned allocator (``torch.empty(..., pin_memory=True)``) rounds every block up to a
+power of two: a 2.1 GB snapshot takes 4 GiB of page-locked memory, and a save holds two
+snapshots (the parent and the new one). Here an anonymous mapping of the size asked for (to
+the page) is registered with CUDA (``cudaHostRegister``) and unregistered when the last view
+of it is gone, so copies into it run asynchronously, as into torch's pinned memory, at no
+more than a page of waste.
+
+A buffer the caller is done with can be kept for the next request of about its size
+(:func:`keep`, :func:`take`): registering gigabytes costs about as much as copying them, and
+checkpoints of one run have the same size every time. It is only handed out again once
+nothing else refers to it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import mmap
+import sys
+import weakref
+
+import numpy as np
+
+log = logging.getLogger("s4weights")
+
+# A kept buffer serves a request this much smaller, at most (else it is let go).
+SLACK = 1 / 8
+
+_KEPT: dict[object, np.ndarray] = {}
+
+
+def page_locked(nbytes: int) -> np.ndarray | None:
+    """A new uint8 array of ``nbytes`` in page-locked host memory, or None (with the reason
+    logged) where CUDA cannot register that much (no CUDA, or the host's limit on locked
+    memory)."""
+    size = max(1, nbytes)
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            raise RuntimeError("CUDA is not available")
+        cudart = torch.cuda.cudart()
+        area = mmap.mmap(-1, size)
+        arr = np.frombuffer(area, dtype=np.uint8, count=size)
+        ptr = arr.ctypes.data
+        # cudaHostRegisterPortable: page-locked for every device's context
+        torch.cuda.check_error(cudart.cudaHostRegister(ptr, size, 1))
+    except Exception as exc:  # (torch.cuda.CudaError, OSError, RuntimeError)
+        log.warning("%d bytes of host memory could not be page-locked (%s)", size,
+                    str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+        return None
+    weakref.finalize(arr, _unregister, ptr)
+    return arr
+
+
+def _unregister(ptr: int) -> None:
+    # before the mapping goes (finalizers run as the array dies, before its base is released)
+    with contextlib.suppress(Exception):  # (CUDA already shut down at exit)
+        import torch
+
+        torch.cuda.cudart().cudaHostUnregister(ptr)
+
+
+def is_page_locked(arr: np.ndarray) -> bool:
+    """Whether CUDA sees ``arr``'s memory as page-locked (False without CUDA)."""
+    import torch
+
+    return torch.cuda.is_available() and torch.from_numpy(arr).is_pinned()
+
+
+def keep(key: object, arr: np.ndarray) -> None:
+    """Keep ``arr`` (from :func:`page_locked`) for a later :func:`take` with ``key``; it
+    replaces the one kept there before."""
+    _KEPT[key] = arr
+
+
+def take(key: object, nbytes: int) -> np.ndarray | None:
+    """The buffer kept for ``key`` (whole: slice it), when it holds ``nbytes`` with at most
+    :data:`SLACK` to spare and nothing else refers to it any more; else None (and a kept
+    buffer that does not fit is let go)."""
+    arr = _KEPT.pop(key, None)
+    if arr is None:
+        return None
+    # references: `arr` here and getrefcount's argument; any other is a live view
+    if sys.getrefcount(arr) > 2 or not nbytes <= arr.size <= nbytes + int(nbytes * SLACK):
+        return None
+    return arr
+
+
+def forget() -> None:
+    """Let every kept buffer go (unregistered and unmapped once no view of it is left)."""
+    _KEPT.clear()
