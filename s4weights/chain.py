@@ -257,20 +257,20 @@ def save_checkpoint(state: Any, url_or_dir: Any, step: int, *, keyframe_interval
             and latest.depth + 2 <= keyframe_interval and _delta_paid(latest, min_delta_gain):
         parent = latest
     flat = flatten(state)
-    # The next delta's parent is a host snapshot of this state, taken as the save starts. Host
-    # tensors are copied and the file is coded from the copies, so a caller changing them
-    # during the save (from another thread) cannot make the file and the snapshot differ. CUDA
-    # tensors are coded in place on the GPU while they are copied to pinned memory on a side
-    # stream: no device copy of the state, so the save's extra GPU memory stays within the
-    # workspace; they must not change until the call returns (as for torch.save). (The
-    # previous snapshot is alive during the save either way.)
-    snap, copying, buffers = _host_snapshot(flat.tensors)
+    # The next delta's parent is a host snapshot of this state. Host tensors are copied as the
+    # save starts and the file is coded from the copies, so a caller changing them during the
+    # save (from another thread) cannot make the file and the snapshot differ. CUDA tensors
+    # are coded in place on the GPU and copied to page-locked memory on a side stream (at
+    # once, or once a new buffer is ready): no device copy of the state, so the save's extra
+    # GPU memory stays within the workspace; they must not change until the call returns (as
+    # for torch.save). (The previous snapshot is alive during the save either way.)
+    snap = _Snapshot(flat.tensors)
     try:
         on_gpu = gpu.use_gpu(device, any(isinstance(t, DeviceTensor) for _n, t in flat.tensors))
         if not on_gpu:  # the CPU codes every tensor: from the snapshot, not a second copy
-            _wait(copying)
+            snap.finish()
         flat = type(flat)(flat.tree, [
-            (name, t if on_gpu and isinstance(t, DeviceTensor) else snap[name])
+            (name, t if on_gpu and isinstance(t, DeviceTensor) else snap.tensors[name])
             for name, t in flat.tensors])
         parents = hashes = None
         if parent is not None:
@@ -287,10 +287,11 @@ def save_checkpoint(state: Any, url_or_dir: Any, step: int, *, keyframe_interval
                 flat, sink, policy=policy, parent_id=bytes.fromhex(parent.checkpoint_id)
                 if parent else None, parents=parents, metadata=metadata, show=progress,
                 device=device, workspace=workspace, parent_hashes=hashes)
+            # before the commit: a save whose snapshot fails leaves no checkpoint behind
+            snap.finish()
     except BaseException:
-        _wait(copying, quiet=True)  # (the copies read the caller's tensors)
+        snap.abandon()
         raise
-    _wait(copying)
     used = parent if result.parent_id is not None else None
     info = CheckpointInfo(
         step=step, file=_data_name(step), checkpoint_id=result.checkpoint_id.hex(),
@@ -300,7 +301,7 @@ def save_checkpoint(state: Any, url_or_dir: Any, step: int, *, keyframe_interval
         file_bytes=result.file_size, full_stored_bytes=result.full_stored_nbytes,
         created=time.time())
     store.put_atomic(_manifest_name(step), info.to_json(), if_absent=True)
-    _cache(store.url, (info.checkpoint_id, snap, result.content_hashes, buffers))
+    _cache(store.url, (info.checkpoint_id, snap.tensors, result.content_hashes, snap.buffers))
     log.info("checkpoint step %d: %s, %d -> %d bytes in %.3f s", step,
              f"delta of step {info.parent_step}" if used else "base", info.raw_bytes,
              info.file_bytes, time.perf_counter() - t0)
@@ -329,37 +330,67 @@ def _cache(url: str, entry: tuple | None) -> None:
         hostmem.keep(dev, buf)
 
 
-def _host_snapshot(tensors: list[tuple[str, s4format.Tensor | DeviceTensor]]
-                   ) -> tuple[dict[str, s4format.Tensor], list[torch.cuda.Event],
-                              dict[torch.device, np.ndarray]]:
-    """Host copies of ``tensors``, by name: host tensors copied now; CUDA tensors copied into
-    one page-locked buffer per device on a side stream, after the work already queued on that
-    device's current stream, without waiting (the events to wait for before reading them;
-    the page-locked buffers, by device)."""
-    out: dict[str, s4format.Tensor] = {}
-    by_device: dict[torch.device, list[tuple[str, DeviceTensor]]] = {}
-    for name, t in tensors:
-        if isinstance(t, DeviceTensor):
-            by_device.setdefault(t.device_bytes.device, []).append((name, t))
-        else:
-            out[name] = s4format.Tensor(t.dtype, t.shape, np.array(t.data, copy=True))
-    events: list[torch.cuda.Event] = []
-    buffers: dict[torch.device, np.ndarray] = {}
-    try:
-        for dev, run in by_device.items():
-            host = _host_buffer(sum(t.nbytes for _n, t in run), dev)
-            events.append(_copy_to_host(dev, run, host, out))
-            if hostmem.is_page_locked(host):
-                buffers[dev] = host
-    except BaseException:
-        _wait(events, quiet=True)
-        raise
-    return out, events, buffers
+class _Snapshot:
+    """A host copy of a state's tensors (the next delta's parent), by name in ``tensors``:
+    host tensors copied at once; each device's CUDA tensors copied into one page-locked buffer
+    per device (``buffers``) on a side stream, after the work already queued on that device's
+    current stream. The copies are queued at once where the buffer of the snapshot before
+    last fits, else once a new buffer is ready: its pages are populated by threads meanwhile
+    (while the save codes), and :meth:`finish` registers it, which holds the device's other
+    work up, and queues them."""
+
+    def __init__(self, tensors: list[tuple[str, s4format.Tensor | DeviceTensor]]) -> None:
+        self.tensors: dict[str, s4format.Tensor] = {}
+        self.buffers: dict[torch.device, np.ndarray] = {}
+        self._events: list[torch.cuda.Event] = []
+        self._pending: list[tuple[torch.device, list, hostmem.Populating]] = []
+        by_device: dict[torch.device, list[tuple[str, DeviceTensor]]] = {}
+        for name, t in tensors:
+            if isinstance(t, DeviceTensor):
+                by_device.setdefault(t.device_bytes.device, []).append((name, t))
+            else:
+                self.tensors[name] = s4format.Tensor(t.dtype, t.shape, np.array(t.data, copy=True))
+        try:
+            for dev, run in by_device.items():
+                nbytes = sum(t.nbytes for _n, t in run)
+                host = hostmem.take(dev, nbytes)
+                if host is not None:
+                    self._copy(dev, run, host)
+                else:
+                    self._pending.append((dev, run, hostmem.populated(nbytes)))
+        except BaseException:
+            self.abandon()
+            raise
+
+    def _copy(self, dev: torch.device, run: list[tuple[str, DeviceTensor]], host: np.ndarray,
+              locked: bool = True) -> None:
+        self._events.append(_copy_to_host(dev, run, host, self.tensors))
+        if locked:
+            self.buffers[dev] = host
+
+    def finish(self) -> dict[str, s4format.Tensor]:
+        """Queue the copies still waiting for their buffers, wait for every copy; ``tensors``."""
+        while self._pending:
+            dev, run, populating = self._pending.pop(0)
+            host = populating.result()
+            locked = hostmem.lock(host)
+            if not locked:
+                log.warning("checkpoint snapshot: %d bytes of host memory could not be "
+                            "pinned; using pageable memory, the copies are slower", host.size)
+            self._copy(dev, run, host, locked)
+        _wait(self._events)
+        return self.tensors
+
+    def abandon(self) -> None:
+        """While an error propagates: wait for the copies queued (they read the caller's
+        tensors), hiding a failure there (a device already in error)."""
+        self._pending.clear()
+        _wait(self._events, quiet=True)
 
 
 def _copy_to_host(dev: torch.device, run: list[tuple[str, DeviceTensor]], host: np.ndarray,
                   out: dict[str, s4format.Tensor]) -> torch.cuda.Event:
-    """:func:`_host_snapshot`'s copies of one device's tensors into ``host``, by name into
+    """:class:`_Snapshot`'s copies of one device's tensors into ``host``, by name into
     ``out``; the event that ends them."""
     with torch.cuda.device(dev):
         side = torch.cuda.Stream()
@@ -380,22 +411,6 @@ def _copy_to_host(dev: torch.device, run: list[tuple[str, DeviceTensor]], host: 
                 side.synchronize()
             raise
     return done
-
-
-def _host_buffer(nbytes: int, dev: torch.device) -> np.ndarray:
-    """A host buffer of at least ``nbytes`` for a snapshot of ``dev``'s tensors: the one the
-    snapshot before last used, where it fits and is free, else page-locked memory of that
-    size (not rounded up to a power of two, as torch's pinned memory is), else pageable
-    memory, where the host cannot lock that much (some hosts refuse a few GiB): the copies
-    into it then wait for the device, but the save goes on."""
-    host = hostmem.take(dev, nbytes)
-    if host is None:
-        host = hostmem.page_locked(nbytes)
-    if host is None:
-        log.warning("checkpoint snapshot: %d bytes of host memory could not be pinned; "
-                    "using pageable memory, the copies are slower", nbytes)
-        host = np.empty(max(1, nbytes), dtype=np.uint8)
-    return host
 
 
 def _wait(events: list[torch.cuda.Event], quiet: bool = False) -> None:

@@ -40,14 +40,26 @@ def _state() -> dict[str, torch.Tensor]:
 @contextlib.contextmanager
 def _capped(free: int):
     """torch's allocator on this device refuses to reserve more than ``free`` bytes beyond what
-    it holds now (its cache emptied first)."""
+    it holds now (its cache emptied first), and the free space inside the segments it still
+    holds (earlier tests' live blocks keep them) is taken by filler blocks first: else a
+    workspace may fit there whatever the cap."""
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
     total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+    torch.cuda.set_per_process_memory_fraction(torch.cuda.memory_reserved() / total)
+    filler = []
+    # the large pool's blocks (over 1 MiB) first, then the small pool's (1 MiB and under)
+    for size in (64 * MIB, 8 * MIB, 2 * MIB, MIB + 512, MIB, 64 << 10, 4 << 10, 512):
+        while True:
+            try:
+                filler.append(torch.empty(size, dtype=torch.uint8, device="cuda"))
+            except torch.cuda.OutOfMemoryError:
+                break
     torch.cuda.set_per_process_memory_fraction((torch.cuda.memory_reserved() + free) / total)
     try:
         yield
     finally:
+        del filler
         torch.cuda.set_per_process_memory_fraction(1.0)
         torch.cuda.empty_cache()
 

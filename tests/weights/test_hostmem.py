@@ -103,3 +103,13 @@ def test_a_replaced_parent_keeps_its_buffers_for_the_next_snapshot() -> None:
         assert url not in chain._PARENT_CACHE
     finally:
         chain._PARENT_CACHE.pop(url, None)
+
+
+@pytest.mark.parametrize("nbytes", [0, 1, 4095, 4097, 3 * (1 << 20) + 7])
+def test_a_populated_mapping_is_zeroed_at_its_exact_size(nbytes: int) -> None:
+    # its pages are written by several threads, in page-aligned parts
+    arr = hostmem.populated(nbytes).result()
+    assert arr.dtype == np.uint8 and arr.size == max(1, nbytes) and arr.flags.writeable
+    assert not arr.any()
+    arr[:] = 7  # writable to the last byte
+    assert int(arr[-1]) == 7
