@@ -235,8 +235,8 @@ def save_checkpoint(state: Any, url_or_dir: Any, step: int, *, keyframe_interval
     where CUDA tensors are coded (as in :func:`s4weights.save`): on the GPU path the XOR with
     the parent is made and coded on the device too, the parent copied there from host memory
     piece by piece. This process keeps the checkpoint it saved last in host memory (page-locked
-    at its exact size for CUDA tensors), as the next delta's parent, and the buffer of the
-    one before it for the next snapshot; nothing stays in GPU memory between saves,
+    at its exact size for CUDA tensors, one buffer per GPU from save to save), as the next
+    delta's parent; nothing stays in GPU memory between saves,
     and a save's extra GPU memory is bounded by ``workspace`` (as in :func:`s4weights.save`,
     with a few MiB of tables).
     CUDA tensors must not change until the call returns. When the latest checkpoint (or a file
@@ -264,9 +264,10 @@ def save_checkpoint(state: Any, url_or_dir: Any, step: int, *, keyframe_interval
     # once, or once a new buffer is ready): no device copy of the state, so the save's extra
     # GPU memory stays within the workspace; they must not change until the call returns (as
     # for torch.save). (The previous snapshot is alive during the save either way.)
-    snap = _Snapshot(flat.tensors)
+    on_gpu = gpu.use_gpu(device, any(isinstance(t, DeviceTensor) for _n, t in flat.tensors))
+    replaced = _PARENT_CACHE.get(store.url)
+    snap = _Snapshot(flat.tensors, replaced[3] if on_gpu and replaced else {})
     try:
-        on_gpu = gpu.use_gpu(device, any(isinstance(t, DeviceTensor) for _n, t in flat.tensors))
         if not on_gpu:  # the CPU codes every tensor: from the snapshot, not a second copy
             snap.finish()
         flat = type(flat)(flat.tree, [
@@ -291,6 +292,8 @@ def save_checkpoint(state: Any, url_or_dir: Any, step: int, *, keyframe_interval
             snap.finish()
     except BaseException:
         snap.abandon()
+        if snap.overwrote:  # the cached parent is no longer whole: the next save reads it
+            _cache(store.url, None)
         raise
     used = parent if result.parent_id is not None else None
     info = CheckpointInfo(
@@ -321,29 +324,37 @@ def _delta_paid(info: CheckpointInfo, min_gain: float) -> bool:
 
 def _cache(url: str, entry: tuple | None) -> None:
     """Set (or with None, drop) ``url``'s parent; the page-locked buffers of the one it
-    replaces are kept for the next snapshot (:func:`hostmem.take` hands one out only once the
-    snapshot in it is no longer referred to)."""
+    replaces, unless the new one took them over, are kept for a later snapshot
+    (:func:`hostmem.take` hands one out only once the snapshot in it is no longer referred
+    to)."""
     old = _PARENT_CACHE.pop(url, None)
     if entry is not None:
         _PARENT_CACHE[url] = entry
     for dev, buf in (old[3] if old else {}).items():
-        hostmem.keep(dev, buf)
+        if entry is None or all(buf is not b for b in entry[3].values()):  # (not taken over)
+            hostmem.keep(dev, buf)
 
 
 class _Snapshot:
     """A host copy of a state's tensors (the next delta's parent), by name in ``tensors``:
     host tensors copied at once; each device's CUDA tensors copied into one page-locked buffer
     per device (``buffers``) on a side stream, after the work already queued on that device's
-    current stream. The copies are queued at once where the buffer of the snapshot before
-    last fits, else once a new buffer is ready: its pages are populated by threads meanwhile
-    (while the save codes), and :meth:`finish` registers it, which holds the device's other
-    work up, and queues them."""
+    current stream.
 
-    def __init__(self, tensors: list[tuple[str, s4format.Tensor | DeviceTensor]]) -> None:
+    Where this save codes CUDA tensors on the GPU, the snapshot it replaces (``reuse``: its
+    buffers, by device) is no longer read once the file is coded: :meth:`finish` then copies
+    into its buffer (where it fits), so a run holds one snapshot, not two. Else the copies
+    go at once into a kept buffer that fits (:func:`hostmem.take`), or into a new one once it
+    is ready: its pages are populated by threads meanwhile (while the save codes), and
+    :meth:`finish` registers it (which holds the device's other work up) and queues them."""
+
+    def __init__(self, tensors: list[tuple[str, s4format.Tensor | DeviceTensor]],
+                 reuse: dict[torch.device, np.ndarray]) -> None:
         self.tensors: dict[str, s4format.Tensor] = {}
         self.buffers: dict[torch.device, np.ndarray] = {}
+        self.overwrote = False  # whether a buffer of ``reuse`` has been written to
         self._events: list[torch.cuda.Event] = []
-        self._pending: list[tuple[torch.device, list, hostmem.Populating]] = []
+        self._pending: list[tuple[torch.device, list, np.ndarray | hostmem.Populating]] = []
         by_device: dict[torch.device, list[tuple[str, DeviceTensor]]] = {}
         for name, t in tensors:
             if isinstance(t, DeviceTensor):
@@ -353,8 +364,9 @@ class _Snapshot:
         try:
             for dev, run in by_device.items():
                 nbytes = sum(t.nbytes for _n, t in run)
-                host = hostmem.take(dev, nbytes)
-                if host is not None:
+                if dev in reuse and hostmem.fits(reuse[dev], nbytes):
+                    self._pending.append((dev, run, reuse[dev]))
+                elif (host := hostmem.take(dev, nbytes)) is not None:
                     self._copy(dev, run, host)
                 else:
                     self._pending.append((dev, run, hostmem.populated(nbytes)))
@@ -371,8 +383,12 @@ class _Snapshot:
     def finish(self) -> dict[str, s4format.Tensor]:
         """Queue the copies still waiting for their buffers, wait for every copy; ``tensors``."""
         while self._pending:
-            dev, run, populating = self._pending.pop(0)
-            host = populating.result()
+            dev, run, into = self._pending.pop(0)
+            if isinstance(into, np.ndarray):  # the replaced snapshot's: overwritten
+                self.overwrote = True
+                self._copy(dev, run, into)
+                continue
+            host = into.result()
             locked = hostmem.lock(host)
             if not locked:
                 log.warning("checkpoint snapshot: %d bytes of host memory could not be "

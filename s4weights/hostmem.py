@@ -132,9 +132,14 @@ def take(key: object, nbytes: int) -> np.ndarray | None:
     if arr is None:
         return None
     # references: `arr` here and getrefcount's argument; any other is a live view
-    if sys.getrefcount(arr) > 2 or not nbytes <= arr.size <= nbytes + int(nbytes * SLACK):
+    if sys.getrefcount(arr) > 2 or not fits(arr, nbytes):
         return None
     return arr
+
+
+def fits(arr: np.ndarray, nbytes: int) -> bool:
+    """Whether ``arr`` holds ``nbytes`` with at most :data:`SLACK` to spare."""
+    return nbytes <= arr.size <= nbytes + int(nbytes * SLACK)
 
 
 def forget() -> None:

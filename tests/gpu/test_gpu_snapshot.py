@@ -1,7 +1,8 @@
 """save_checkpoint's host snapshots of CUDA tensors: page-locked at their exact size (not
-torch's power of two), copied into asynchronously, unregistered when the last view goes, and
-the buffer of the snapshot before last reused by the next save, never while something still
-reads it. Skipped without CUDA."""
+torch's power of two), copied into asynchronously, unregistered when the last view goes; one
+buffer per device for a run (each save overwrites the snapshot it replaces once the file is
+coded), and a buffer kept aside never reused while something still reads it. Skipped without
+CUDA."""
 
 from __future__ import annotations
 
@@ -66,34 +67,90 @@ def _raw(state: dict[str, torch.Tensor]) -> int:
     return sum(t.numel() * t.element_size() for t in state.values())
 
 
-def test_snapshots_are_exact_and_alternate_between_two_buffers(tmp_path) -> None:
+def _train(state: dict[str, torch.Tensor]) -> None:
+    state["master"].add_(torch.randn_like(state["master"]) * 1e-4)
+    state["w"].copy_(state["master"])
+    state["m"].lerp_(state["master"], 0.1)
+    state["step"] += 1
+
+
+def _same(got: dict, want: dict) -> None:
+    for k, v in want.items():
+        assert torch.equal(got[k].cpu().reshape(-1).view(torch.uint8),
+                           v.cpu().reshape(-1).view(torch.uint8)), k
+
+
+def test_a_run_holds_one_exact_snapshot_buffer(tmp_path) -> None:
+    # each save copies the state into the buffer of the snapshot it replaces, once the file
+    # is coded (the parent is no longer read): one buffer per device, of the state's size
     state = _state()
     dev = state["w"].device
     url = (tmp_path / "run").resolve().as_uri()
     ptrs, saved = [], []
     for step in range(5):
-        state["master"].add_(torch.randn_like(state["master"]) * 1e-4)
-        state["w"].copy_(state["master"])
-        state["m"].lerp_(state["master"], 0.1)
-        state["step"] += 1
+        _train(state)
         s4weights.save_checkpoint(state, tmp_path / "run", step, device="cuda")
         buf = chain._PARENT_CACHE[url][3][dev]
         assert hostmem.is_page_locked(buf) and buf.size == _raw(state)
         ptrs.append(buf.ctypes.data)
         del buf
+        assert not hostmem._KEPT  # no second buffer kept aside
         saved.append({k: v.cpu().clone() for k, v in state.items()})
-    # the first two saves make one buffer each (the second while the first is the parent);
-    # then each save reuses the one of the save before last
-    assert ptrs[0] != ptrs[1] and ptrs[2:] == [ptrs[0], ptrs[1], ptrs[0]]
+    assert ptrs == ptrs[:1] * 5
+    for k, v in chain._PARENT_CACHE[url][1].items():  # the snapshot holds the last state
+        assert v.data.tobytes() == state[k].cpu().reshape(-1).view(torch.uint8).numpy().tobytes()
     for step in (4, 2):
         chain._PARENT_CACHE.clear()
-        got = s4weights.load_checkpoint(tmp_path / "run", step, map_location="cpu")
-        for k, v in saved[step].items():
-            assert torch.equal(got[k].reshape(-1).view(torch.uint8),
-                               v.reshape(-1).view(torch.uint8)), (step, k)
+        _same(s4weights.load_checkpoint(tmp_path / "run", step, map_location="cpu"),
+              saved[step])
 
 
-def test_a_snapshot_still_read_is_not_overwritten(tmp_path) -> None:
+def test_a_state_of_another_size_takes_a_new_buffer(tmp_path) -> None:
+    state = _state()
+    dev = state["w"].device
+    url = (tmp_path / "run").resolve().as_uri()
+    s4weights.save_checkpoint(state, tmp_path / "run", 0, device="cuda")
+    first = chain._PARENT_CACHE[url][3][dev].ctypes.data
+    state["extra"] = torch.randn(1 << 20, device="cuda")  # 4 MiB more: over the slack
+    _train(state)
+    s4weights.save_checkpoint(state, tmp_path / "run", 1, device="cuda")
+    buf = chain._PARENT_CACHE[url][3][dev]
+    assert buf.ctypes.data != first and buf.size == _raw(state)
+    del buf
+    chain._PARENT_CACHE.clear()
+    _same(s4weights.load_checkpoint(tmp_path / "run", 1, map_location="cpu"), state)
+
+
+def test_a_failed_save_after_the_snapshot_began_drops_the_parent(tmp_path, monkeypatch) -> None:
+    # the replaced snapshot's buffer is overwritten once the file is coded: a save failing
+    # then leaves no checkpoint and no half-overwritten parent; the next save reads the store
+    state = _state()
+    url = (tmp_path / "run").resolve().as_uri()
+    s4weights.save_checkpoint(state, tmp_path / "run", 0, device="cuda")
+    _train(state)
+    real = chain._wait
+
+    def failing(events, quiet=False):
+        real(events, quiet)
+        if not quiet:
+            raise RuntimeError("a device error (a test's)")
+
+    monkeypatch.setattr(chain, "_wait", failing)
+    with pytest.raises(RuntimeError, match="a test's"):
+        s4weights.save_checkpoint(state, tmp_path / "run", 1, device="cuda")
+    monkeypatch.setattr(chain, "_wait", real)
+    assert url not in chain._PARENT_CACHE
+    assert [i.step for i in s4weights.list_checkpoints(tmp_path / "run")] == [0]
+    _train(state)
+    info = s4weights.save_checkpoint(state, tmp_path / "run", 1, device="cuda")
+    assert not info.is_base  # a delta, its parent read from the store
+    chain._PARENT_CACHE.clear()
+    _same(s4weights.load_checkpoint(tmp_path / "run", 1, map_location="cpu"), state)
+
+
+def test_a_kept_buffer_still_read_is_not_overwritten(tmp_path) -> None:
+    # a parent dropped from the cache (retention, a failed save) keeps its buffer for a later
+    # snapshot, but not while a view of it is alive
     state = _state()
     dev = state["w"].device
     url = (tmp_path / "run").resolve().as_uri()
@@ -101,14 +158,19 @@ def test_a_snapshot_still_read_is_not_overwritten(tmp_path) -> None:
     held = chain._PARENT_CACHE[url][1]["master"].data  # a view of save 0's snapshot
     before = held.copy()
     first = chain._PARENT_CACHE[url][3][dev].ctypes.data
-    for step in (1, 2):
-        state["master"].add_(1.0)
-        s4weights.save_checkpoint(state, tmp_path / "run", step, device="cuda")
-    # save 2 would have reused save 0's buffer, but a view of it is alive: a new buffer
+    chain._cache(url, None)
+    state["master"].add_(1.0)
+    s4weights.save_checkpoint(state, tmp_path / "run", 1, device="cuda")
     assert chain._PARENT_CACHE[url][3][dev].ctypes.data != first
     assert (held == before).all()
-    got = s4weights.load_checkpoint(tmp_path / "run", 2, map_location="cpu")
-    assert torch.equal(got["master"], state["master"].cpu())
+    del held
+    chain._cache(url, None)  # now nothing refers to save 1's: the next save takes it
+    second = hostmem._KEPT[dev].ctypes.data
+    state["master"].add_(1.0)
+    s4weights.save_checkpoint(state, tmp_path / "run", 2, device="cuda")
+    assert chain._PARENT_CACHE[url][3][dev].ctypes.data == second
+    chain._PARENT_CACHE.clear()
+    _same(s4weights.load_checkpoint(tmp_path / "run", 2, map_location="cpu"), state)
 
 
 def test_a_snapshot_the_host_cannot_lock_goes_to_pageable_memory(tmp_path, monkeypatch,

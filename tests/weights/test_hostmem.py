@@ -113,3 +113,23 @@ def test_a_populated_mapping_is_zeroed_at_its_exact_size(nbytes: int) -> None:
     assert not arr.any()
     arr[:] = 7  # writable to the last byte
     assert int(arr[-1]) == 7
+
+
+def test_a_buffer_the_new_parent_took_over_is_not_kept_as_well() -> None:
+    # a save on the GPU path writes its snapshot into the replaced one's buffer: that buffer
+    # is the new parent's, not a spare
+    url = "file:///nowhere"
+    dev = torch.device("cuda", 0)
+    buf = np.zeros(1000, np.uint8)
+    try:
+        chain._cache(url, ("a", {}, {}, {dev: buf}))
+        chain._cache(url, ("b", {}, {}, {dev: buf}))
+        assert not hostmem._KEPT
+    finally:
+        chain._PARENT_CACHE.pop(url, None)
+
+
+@pytest.mark.parametrize("size,nbytes,ok", [(1000, 1000, True), (1000, 889, True),
+                                            (1000, 888, False), (1000, 1001, False)])
+def test_fits(size: int, nbytes: int, ok: bool) -> None:
+    assert hostmem.fits(np.zeros(size, np.uint8), nbytes) is ok
