@@ -18,6 +18,7 @@ import contextlib
 import json
 import logging
 import math
+import threading
 import time
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -239,7 +240,8 @@ def save_checkpoint(state: Any, url_or_dir: Any, step: int, *, keyframe_interval
     delta's parent; nothing stays in GPU memory between saves,
     and a save's extra GPU memory is bounded by ``workspace`` (as in :func:`s4weights.save`,
     with a few MiB of tables).
-    CUDA tensors must not change until the call returns. When the latest checkpoint (or a file
+    CUDA tensors must not change until the call returns. Saves to one store from several
+    threads run one at a time. When the latest checkpoint (or a file
     of its chain) cannot be read, the save still succeeds, as a base, and logs a warning naming
     it; the damaged checkpoint is left as it is."""
     if step < 0:
@@ -248,6 +250,28 @@ def save_checkpoint(state: Any, url_or_dir: Any, step: int, *, keyframe_interval
         # steps[-0:] would keep every checkpoint, the opposite of what 0 asks.
         raise ValueError("keep_last must be >= 1 (the checkpoint being saved is kept)")
     store = open_store(url_or_dir)
+    with _saving(store.url):  # (one save at a time per store in this process: see _cache)
+        return _save(store, state, step, keyframe_interval=keyframe_interval, delta=delta,
+                     min_delta_gain=min_delta_gain, keep_last=keep_last, policy=policy,
+                     metadata=metadata, progress=progress, device=device, workspace=workspace)
+
+
+_SAVING: dict[str, threading.Lock] = {}
+_SAVING_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _saving(url: str):
+    with _SAVING_LOCK:
+        held = _SAVING.setdefault(url, threading.Lock())
+    with held:
+        yield
+
+
+def _save(store: Store, state: Any, step: int, *, keyframe_interval: int, delta: bool,
+          min_delta_gain: float, keep_last: int | None, policy: str,
+          metadata: dict[str, str] | None, progress: bool | None, device: str,
+          workspace: int | None) -> CheckpointInfo:
     infos = by_step(list_checkpoints(store))
     if step in infos:
         raise StorageError(f"checkpoint step {step} already exists in {store.url}")
@@ -290,21 +314,23 @@ def save_checkpoint(state: Any, url_or_dir: Any, step: int, *, keyframe_interval
                 device=device, workspace=workspace, parent_hashes=hashes)
             # before the commit: a save whose snapshot fails leaves no checkpoint behind
             snap.finish()
+        used = parent if result.parent_id is not None else None
+        info = CheckpointInfo(
+            step=step, file=_data_name(step), checkpoint_id=result.checkpoint_id.hex(),
+            parent_step=used.step if used else None,
+            parent_id=used.checkpoint_id if used else None,
+            base_step=used.base_step if used else step, depth=used.depth + 1 if used else 0,
+            raw_bytes=result.raw_nbytes, stored_bytes=result.stored_nbytes,
+            file_bytes=result.file_size, full_stored_bytes=result.full_stored_nbytes,
+            created=time.time())
+        store.put_atomic(_manifest_name(step), info.to_json(), if_absent=True)
     except BaseException:
         snap.abandon()
         if snap.overwrote:  # the cached parent is no longer whole: the next save reads it
             _cache(store.url, None)
         raise
-    used = parent if result.parent_id is not None else None
-    info = CheckpointInfo(
-        step=step, file=_data_name(step), checkpoint_id=result.checkpoint_id.hex(),
-        parent_step=used.step if used else None, parent_id=used.checkpoint_id if used else None,
-        base_step=used.base_step if used else step, depth=used.depth + 1 if used else 0,
-        raw_bytes=result.raw_nbytes, stored_bytes=result.stored_nbytes,
-        file_bytes=result.file_size, full_stored_bytes=result.full_stored_nbytes,
-        created=time.time())
-    store.put_atomic(_manifest_name(step), info.to_json(), if_absent=True)
     _cache(store.url, (info.checkpoint_id, snap.tensors, result.content_hashes, snap.buffers))
+    hostmem.forget()  # (buffers kept for devices this state no longer uses)
     log.info("checkpoint step %d: %s, %d -> %d bytes in %.3f s", step,
              f"delta of step {info.parent_step}" if used else "base", info.raw_bytes,
              info.file_bytes, time.perf_counter() - t0)
@@ -323,15 +349,15 @@ def _delta_paid(info: CheckpointInfo, min_gain: float) -> bool:
 
 
 def _cache(url: str, entry: tuple | None) -> None:
-    """Set (or with None, drop) ``url``'s parent; the page-locked buffers of the one it
-    replaces, unless the new one took them over, are kept for a later snapshot
-    (:func:`hostmem.take` hands one out only once the snapshot in it is no longer referred
-    to)."""
+    """Set ``url``'s parent, or with None drop it: then its page-locked buffers are kept for
+    the next save's snapshot (:func:`hostmem.take` hands one out only once the snapshot in it
+    is no longer referred to). A parent replaced by a save lets its buffers go, unless the
+    new one took them over (one save at a time per store: :func:`_saving`)."""
     old = _PARENT_CACHE.pop(url, None)
     if entry is not None:
         _PARENT_CACHE[url] = entry
-    for dev, buf in (old[3] if old else {}).items():
-        if entry is None or all(buf is not b for b in entry[3].values()):  # (not taken over)
+    elif old is not None:
+        for dev, buf in old[3].items():
             hostmem.keep(dev, buf)
 
 
@@ -389,11 +415,7 @@ class _Snapshot:
                 self._copy(dev, run, into)
                 continue
             host = into.result()
-            locked = hostmem.lock(host)
-            if not locked:
-                log.warning("checkpoint snapshot: %d bytes of host memory could not be "
-                            "pinned; using pageable memory, the copies are slower", host.size)
-            self._copy(dev, run, host, locked)
+            self._copy(dev, run, host, hostmem.lock(host, dev.index))
         _wait(self._events)
         return self.tensors
 

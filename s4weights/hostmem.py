@@ -1,20 +1,20 @@
 """Page-locked host memory of an exact size, for ``save_checkpoint``'s snapshots.
 
 torch's pinned allocator (``torch.empty(..., pin_memory=True)``) rounds every block up to a
-power of two: a 2.1 GB snapshot takes 4 GiB of page-locked memory, and a save holds two
-snapshots (the parent and the new one). Here an anonymous mapping of the size asked for (to
-the page) is registered with CUDA (``cudaHostRegister``) and unregistered when the last view
-of it is gone, so copies into it run asynchronously, as into torch's pinned memory, at no
-more than a page of waste.
+power of two: a 2.1 GB snapshot would take 4 GiB of page-locked memory. Here an anonymous
+mapping of the size asked for (to the page) is registered with CUDA (``cudaHostRegister``,
+through CuPy, under the device the copies are for) and unregistered when the last view of it
+is gone, so copies into it run asynchronously, as into torch's pinned memory, at no more than
+a page of waste.
 
 Making one is mostly page faults (~0.45 s per GB on the H200 machine, one thread): they are
 taken by a few threads (:func:`populated`), which may run while the GPU codes, before the
 mapping is registered (~0.05 s per GB, during which CUDA's other calls wait).
 
-A buffer the caller is done with can be kept for the next request of about its size
+A buffer whose snapshot is dropped can be kept for the next request of about its size
 (:func:`keep`, :func:`take`): making gigabytes of it takes far longer than copying them in
-(1.88 GB: 0.5-0.9 s against 0.03 s), and checkpoints of one run have the same size every
-time. It is only handed out again once nothing else refers to it.
+(1.88 GB: 0.5-0.9 s against 0.03 s). It is handed out only when nothing else refers to it
+any more; one still referred to is let go instead.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import logging
 import mmap
 import os
 import sys
+import threading
 import weakref
 from concurrent.futures import ThreadPoolExecutor
 
@@ -45,15 +46,20 @@ def populated(nbytes: int) -> Populating:
 
 
 class Populating:
-    """A mapping being populated by :data:`THREADS` threads."""
+    """A mapping being populated by :data:`THREADS` threads (by the caller's, where no thread
+    can start: at interpreter exit)."""
 
     def __init__(self, nbytes: int) -> None:
         size = max(1, nbytes)
         self._area = mmap.mmap(-1, size)
         self.array = np.frombuffer(self._area, dtype=np.uint8, count=size)
         step = -(-size // THREADS) + mmap.PAGESIZE - 1 & ~(mmap.PAGESIZE - 1)
-        self._parts = [_pool().submit(_touch, self.array[k:k + step])
-                       for k in range(0, size, step)]
+        self._parts = []
+        for k in range(0, size, step):
+            try:
+                self._parts.append(_pool().submit(_touch, self.array[k:k + step]))
+            except RuntimeError:  # (cannot schedule new futures after interpreter shutdown)
+                _touch(self.array[k:k + step])
 
     def result(self) -> np.ndarray:
         for part in self._parts:
@@ -65,50 +71,59 @@ def _touch(part: np.ndarray) -> None:
     part[:] = 0  # (numpy lets go of the GIL for the write)
 
 
-_POOL: ThreadPoolExecutor | None = None
 THREADS = max(1, min(8, (os.cpu_count() or 2) // 2))
+_POOL: ThreadPoolExecutor | None = None
+_POOL_LOCK = threading.Lock()
 
 
 def _pool() -> ThreadPoolExecutor:
     global _POOL
-    if _POOL is None:
-        _POOL = ThreadPoolExecutor(THREADS, thread_name_prefix="s4w-pages")
-    return _POOL
+    with _POOL_LOCK:
+        if _POOL is None:
+            _POOL = ThreadPoolExecutor(THREADS, thread_name_prefix="s4w-pages")
+        return _POOL
 
 
-def lock(arr: np.ndarray) -> bool:
-    """Page-lock ``arr`` (from :func:`populated`) with CUDA until its last view is gone;
-    False, with the reason logged, where CUDA cannot (no CUDA, or the host's limit on locked
-    memory)."""
+def lock(arr: np.ndarray, device: int) -> bool:
+    """Page-lock ``arr`` (from :func:`populated`) until its last view is gone, registering
+    it under CUDA device ``device`` (no context is made on another). False where it cannot
+    be: quietly without CuPy (the GPU path's dependency; copies then go through pageable
+    memory), with the reason logged where CUDA refuses (the host's limit on locked memory).
+    CuPy's call, unlike torch's binding, clears CUDA's error state after a refusal: the
+    caller's next kernel launch must not see it."""
     try:
-        import torch
-
-        if not torch.cuda.is_available():
-            raise RuntimeError("CUDA is not available")
-        ptr = arr.ctypes.data
-        # cudaHostRegisterPortable: page-locked for every device's context
-        torch.cuda.check_error(torch.cuda.cudart().cudaHostRegister(ptr, arr.size, 1))
-    except Exception as exc:  # (torch.cuda.CudaError, RuntimeError)
-        log.warning("%d bytes of host memory could not be page-locked (%s)", arr.size,
+        import cupy
+    except ImportError:
+        log.debug("no CuPy: snapshot in pageable memory")
+        return False
+    ptr = arr.ctypes.data
+    try:
+        with cupy.cuda.Device(device):
+            # cudaHostRegisterPortable: page-locked for every device's context
+            cupy.cuda.runtime.hostRegister(ptr, arr.size, 1)
+    except Exception as exc:  # (cupy.cuda.runtime.CUDARuntimeError)
+        log.warning("checkpoint snapshot: %d bytes of host memory could not be page-locked "
+                    "(%s); using pageable memory, the copies are slower", arr.size,
                     str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
         return False
-    weakref.finalize(arr, _unregister, ptr)
+    weakref.finalize(arr, _unregister, ptr, device)
     return True
 
 
-def page_locked(nbytes: int) -> np.ndarray | None:
-    """A new uint8 array of ``nbytes`` in page-locked host memory, or None (with the reason
-    logged) where CUDA cannot lock it."""
+def page_locked(nbytes: int, device: int) -> np.ndarray | None:
+    """A new uint8 array of ``nbytes`` in page-locked host memory, or None where it cannot be
+    locked (:func:`lock`)."""
     arr = populated(nbytes).result()
-    return arr if lock(arr) else None
+    return arr if lock(arr, device) else None
 
 
-def _unregister(ptr: int) -> None:
+def _unregister(ptr: int, device: int) -> None:
     # before the mapping goes (finalizers run as the array dies, before its base is released)
     with contextlib.suppress(Exception):  # (CUDA already shut down at exit)
-        import torch
+        import cupy
 
-        torch.cuda.cudart().cudaHostUnregister(ptr)
+        with cupy.cuda.Device(device):
+            cupy.cuda.runtime.hostUnregister(ptr)
 
 
 def is_page_locked(arr: np.ndarray) -> bool:
@@ -138,7 +153,9 @@ def take(key: object, nbytes: int) -> np.ndarray | None:
 
 
 def fits(arr: np.ndarray, nbytes: int) -> bool:
-    """Whether ``arr`` holds ``nbytes`` with at most :data:`SLACK` to spare."""
+    """Whether ``arr`` holds ``nbytes`` (at least one: an empty request still takes a
+    byte) with at most :data:`SLACK` to spare."""
+    nbytes = max(1, nbytes)
     return nbytes <= arr.size <= nbytes + int(nbytes * SLACK)
 
 

@@ -34,9 +34,10 @@ def _clean():
 def test_page_locked_memory_of_the_exact_size_copies_and_is_unregistered(monkeypatch) -> None:
     gone = []
     real = hostmem._unregister
-    monkeypatch.setattr(hostmem, "_unregister", lambda ptr: (gone.append(ptr), real(ptr)))
+    monkeypatch.setattr(hostmem, "_unregister",
+                        lambda ptr, dev: (gone.append(ptr), real(ptr, dev)))
     n = 5 * MIB + 3
-    buf = hostmem.page_locked(n)
+    buf = hostmem.page_locked(n, torch.cuda.current_device())
     assert buf is not None and buf.size == n and hostmem.is_page_locked(buf)
     src = torch.randint(0, 256, (n,), dtype=torch.uint8, device="cuda")
     host = torch.from_numpy(buf)
@@ -190,3 +191,46 @@ def test_a_snapshot_the_host_cannot_lock_goes_to_pageable_memory(tmp_path, monke
     for k, v in state.items():
         assert torch.equal(got[k].reshape(-1).view(torch.uint8),
                            v.cpu().reshape(-1).view(torch.uint8)), k
+
+
+def test_a_refused_registration_leaves_no_cuda_error_behind(caplog) -> None:
+    # CUDA refuses to register memory twice: the save would go on in pageable memory, and the
+    # caller's next kernel launch (torch checks CUDA's last error there) must not fail
+    dev = torch.cuda.current_device()
+    arr = hostmem.populated(MIB).result()
+    assert hostmem.lock(arr, dev)
+    with caplog.at_level(logging.WARNING, logger="s4weights"):
+        assert not hostmem.lock(arr, dev)
+    assert "could not be page-locked" in caplog.text and "pageable" in caplog.text
+    x = torch.ones(1024, device="cuda")
+    x.add_(1)
+    torch.cuda.synchronize()
+    assert float(x.sum()) == 2048.0
+
+
+def test_a_manifest_that_fails_after_the_snapshot_drops_the_parent(tmp_path,
+                                                                  monkeypatch) -> None:
+    # the file is coded and the parent's buffer already holds the new state when the manifest
+    # write fails (a full disk, S3): the save fails and the parent is not reused as it is
+    from s4weights.store.local import LocalStore
+
+    state = _state()
+    url = (tmp_path / "run").resolve().as_uri()
+    s4weights.save_checkpoint(state, tmp_path / "run", 0, device="cuda")
+    _train(state)
+    real = LocalStore.put_atomic
+
+    def full(self, name, data, **kw):
+        if name.startswith("manifests/"):
+            raise OSError(28, "No space left on device (a test's)")
+        return real(self, name, data, **kw)
+
+    monkeypatch.setattr(LocalStore, "put_atomic", full)
+    with pytest.raises(OSError, match="a test's"):
+        s4weights.save_checkpoint(state, tmp_path / "run", 1, device="cuda")
+    monkeypatch.setattr(LocalStore, "put_atomic", real)
+    assert url not in chain._PARENT_CACHE
+    info = s4weights.save_checkpoint(state, tmp_path / "run", 1, device="cuda")
+    assert not info.is_base
+    chain._PARENT_CACHE.clear()
+    _same(s4weights.load_checkpoint(tmp_path / "run", 1, map_location="cpu"), state)

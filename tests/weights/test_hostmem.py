@@ -1,10 +1,9 @@
-"""s4weights.hostmem: the snapshot buffers kept between checkpoint saves are handed out again
-only when they fit and nothing refers to them; without CUDA nothing is page-locked (the GPU
-side, registration and copies, is in tests/gpu/test_gpu_snapshot.py)."""
+"""s4weights.hostmem and save_checkpoint's use of it: snapshot buffers kept aside are handed
+out again only when they fit and nothing refers to them; populated mappings; without CuPy
+nothing is page-locked (the GPU side, registration and copies, is in
+tests/gpu/test_gpu_snapshot.py)."""
 
 from __future__ import annotations
-
-import logging
 
 import numpy as np
 import pytest
@@ -75,34 +74,56 @@ def test_keep_replaces_and_forget_drops() -> None:
     assert hostmem.take(KEY, 1000) is None
 
 
-def test_nothing_is_page_locked_without_cuda(caplog) -> None:
-    if torch.cuda.is_available():
-        pytest.skip("CUDA is here: tests/gpu/test_gpu_snapshot.py")
-    with caplog.at_level(logging.WARNING, logger="s4weights"):
-        assert hostmem.page_locked(1 << 20) is None
-    assert "could not be page-locked" in caplog.text
+def test_nothing_is_page_locked_without_cupy() -> None:
+    # the GPU path's dependency: without it the snapshot's copies go through pageable memory
+    pytest.importorskip("torch")
+    try:
+        import cupy  # noqa: F401
+        pytest.skip("CuPy is here: tests/gpu/test_gpu_snapshot.py")
+    except ImportError:
+        pass
+    assert hostmem.page_locked(1 << 20, 0) is None
     assert not hostmem.is_page_locked(np.zeros(10, np.uint8))
 
 
-def test_a_replaced_parent_keeps_its_buffers_for_the_next_snapshot() -> None:
-    # save_checkpoint's cache: when a save replaces the parent (or retention drops it), the
-    # old parent's page-locked buffers become the next snapshot's, one per device
+def test_a_dropped_parent_keeps_its_buffers_for_the_next_snapshot() -> None:
+    # save_checkpoint's cache: a parent dropped (by retention, or a save failing once it had
+    # begun overwriting it) leaves its page-locked buffers to the next save's snapshot, one per
+    # device; a parent a save replaces lets them go (a run holds one snapshot per device)
     url = "file:///nowhere"
     dev = torch.device("cuda", 0)
-    old = np.zeros(1000, np.uint8)
-    at = old.ctypes.data
     try:
-        chain._cache(url, ("a", {}, {}, {dev: old}))
-        del old
-        assert hostmem.take(dev, 1000) is None
+        chain._cache(url, ("a", {}, {}, {dev: np.full(1000, 1, np.uint8)}))
         chain._cache(url, ("b", {}, {}, {}))
-        assert chain._PARENT_CACHE[url][0] == "b"
-        got = hostmem.take(dev, 1000)
-        assert got is not None and got.ctypes.data == at
+        assert chain._PARENT_CACHE[url][0] == "b" and not hostmem._KEPT
+        chain._cache(url, ("c", {}, {}, {dev: np.full(1000, 2, np.uint8)}))
         chain._cache(url, None)
         assert url not in chain._PARENT_CACHE
+        got = hostmem.take(dev, 1000)
+        assert got is not None and int(got[0]) == 2  # c's
     finally:
         chain._PARENT_CACHE.pop(url, None)
+
+
+def test_saves_to_one_store_run_one_at_a_time() -> None:
+    import threading
+    import time
+
+    order = []
+
+    def second() -> None:
+        with chain._saving("file:///s"):
+            order.append("second")
+
+    with chain._saving("file:///s"):
+        t = threading.Thread(target=second)
+        t.start()
+        with chain._saving("file:///other"):  # another store: not held up
+            order.append("other")
+        time.sleep(0.2)
+        order.append("first")
+    t.join(5)
+    assert order == ["other", "first", "second"]
 
 
 @pytest.mark.parametrize("nbytes", [0, 1, 4095, 4097, 3 * (1 << 20) + 7])
@@ -130,6 +151,17 @@ def test_a_buffer_the_new_parent_took_over_is_not_kept_as_well() -> None:
 
 
 @pytest.mark.parametrize("size,nbytes,ok", [(1000, 1000, True), (1000, 889, True),
-                                            (1000, 888, False), (1000, 1001, False)])
+                                            (1000, 888, False), (1000, 1001, False),
+                                            (1, 0, True), (2, 0, False)])
 def test_fits(size: int, nbytes: int, ok: bool) -> None:
     assert hostmem.fits(np.zeros(size, np.uint8), nbytes) is ok
+
+
+def test_a_mapping_is_populated_where_no_thread_can_start(monkeypatch) -> None:
+    # at interpreter exit the pool refuses new work: the caller's thread writes the pages
+    def refused():
+        raise RuntimeError("cannot schedule new futures after interpreter shutdown")
+
+    monkeypatch.setattr(hostmem, "_pool", refused)
+    arr = hostmem.populated(3 * 4096 + 5).result()
+    assert arr.size == 3 * 4096 + 5 and not arr.any()
