@@ -80,7 +80,7 @@ def main() -> None:
     hostmem.forget()
     raw = int(rows[-1]["raw_MB"] * 1e6)
     t0 = time.perf_counter()
-    block = hostmem.page_locked(raw)
+    block = hostmem.page_locked(raw, torch.cuda.current_device())
     lock_s = time.perf_counter() - t0
     assert block is not None and hostmem.is_page_locked(block)
     del block
