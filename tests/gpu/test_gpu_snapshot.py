@@ -177,7 +177,10 @@ def test_a_kept_buffer_still_read_is_not_overwritten(tmp_path) -> None:
 def test_a_snapshot_the_host_cannot_lock_goes_to_pageable_memory(tmp_path, monkeypatch,
                                                                   caplog) -> None:
     # some hosts refuse to lock a few GiB: the copies then wait for the device, the saves go on
-    monkeypatch.setattr(hostmem, "lock", lambda arr: False)
+    def refused(ptr, size, flags):
+        raise cupy.cuda.runtime.CUDARuntimeError(2)  # cudaErrorMemoryAllocation
+
+    monkeypatch.setattr(cupy.cuda.runtime, "hostRegister", refused)
     state = _state()
     url = (tmp_path / "run").resolve().as_uri()
     with caplog.at_level(logging.WARNING, logger="s4weights"):
