@@ -23,6 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 import gpu  # bench/gpu.py: the same model and state
+import hostmem_speed  # bench/hostmem_speed.py
 
 import s4weights
 from s4weights import chain, hostmem
@@ -84,13 +85,7 @@ def main() -> None:
     lock_s = time.perf_counter() - t0
     assert block is not None and hostmem.is_page_locked(block)
     del block
-    empty = getattr(torch._C, "_host_emptyCache", None)
-    if empty is not None:
-        empty()
-    t0 = time.perf_counter()
-    block = torch.empty(raw, dtype=torch.uint8, pin_memory=True)
-    pin_s = time.perf_counter() - t0
-    del block
+    pin_s = hostmem_speed.torch_pinned(raw)
     print(f"a new buffer of {raw / 1e9:.2f} GB: page-locked at its size {lock_s:.3f} s, "
           f"torch's pinned allocator {pin_s:.3f} s ({1 << (raw - 1).bit_length()} bytes)",
           flush=True)

@@ -65,12 +65,14 @@ def variant(huge: bool, populate: str) -> tuple[float, float]:
     return pop_s, reg_s
 
 
-def torch_pinned() -> float:
+def torch_pinned(n: int = N) -> float:
+    """Seconds for torch's pinned allocator to make ``n`` bytes (rounded up to a power of two)
+    with nothing cached."""
     empty = getattr(torch._C, "_host_emptyCache", None)
     if empty is not None:
         empty()
     t0 = time.perf_counter()
-    block = torch.empty(N, dtype=torch.uint8, pin_memory=True)
+    block = torch.empty(n, dtype=torch.uint8, pin_memory=True)
     took = time.perf_counter() - t0
     del block
     if empty is not None:
