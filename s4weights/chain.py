@@ -250,28 +250,38 @@ def save_checkpoint(state: Any, url_or_dir: Any, step: int, *, keyframe_interval
         # steps[-0:] would keep every checkpoint, the opposite of what 0 asks.
         raise ValueError("keep_last must be >= 1 (the checkpoint being saved is kept)")
     store = open_store(url_or_dir)
-    with _saving(store.url):  # (one save at a time per store in this process: see _cache)
+    with _saving(store.url) as nested:
         return _save(store, state, step, keyframe_interval=keyframe_interval, delta=delta,
                      min_delta_gain=min_delta_gain, keep_last=keep_last, policy=policy,
-                     metadata=metadata, progress=progress, device=device, workspace=workspace)
+                     metadata=metadata, progress=progress, device=device, workspace=workspace,
+                     nested=nested)
 
 
-_SAVING: dict[str, threading.Lock] = {}
+_SAVING: dict[str, threading.RLock] = {}
 _SAVING_LOCK = threading.Lock()
+_DEPTH: dict[str, int] = {}  # saves in progress per store (on the thread holding its lock)
 
 
 @contextlib.contextmanager
 def _saving(url: str):
+    """One save (or retention) at a time per store in this process: the cached parent's
+    buffer is overwritten by the save that replaces it. Re-entrant, for a save made from
+    within another on the same thread (a signal handler's, on preemption); yields whether
+    this one is such a nested save, which must leave the outer save's parent alone."""
     with _SAVING_LOCK:
-        held = _SAVING.setdefault(url, threading.Lock())
+        held = _SAVING.setdefault(url, threading.RLock())
     with held:
-        yield
+        _DEPTH[url] = _DEPTH.get(url, 0) + 1
+        try:
+            yield _DEPTH[url] > 1
+        finally:
+            _DEPTH[url] -= 1
 
 
 def _save(store: Store, state: Any, step: int, *, keyframe_interval: int, delta: bool,
           min_delta_gain: float, keep_last: int | None, policy: str,
           metadata: dict[str, str] | None, progress: bool | None, device: str,
-          workspace: int | None) -> CheckpointInfo:
+          workspace: int | None, nested: bool) -> CheckpointInfo:
     infos = by_step(list_checkpoints(store))
     if step in infos:
         raise StorageError(f"checkpoint step {step} already exists in {store.url}")
@@ -290,7 +300,7 @@ def _save(store: Store, state: Any, step: int, *, keyframe_interval: int, delta:
     # for torch.save). (The previous snapshot is alive during the save either way.)
     on_gpu = gpu.use_gpu(device, any(isinstance(t, DeviceTensor) for _n, t in flat.tensors))
     replaced = _PARENT_CACHE.get(store.url)
-    snap = _Snapshot(flat.tensors, replaced[3] if on_gpu and replaced else {})
+    snap = _Snapshot(flat.tensors, replaced[3] if on_gpu and replaced and not nested else {})
     try:
         if not on_gpu:  # the CPU codes every tensor: from the snapshot, not a second copy
             snap.finish()
@@ -313,6 +323,10 @@ def _save(store: Store, state: Any, step: int, *, keyframe_interval: int, delta:
                 if parent else None, parents=parents, metadata=metadata, show=progress,
                 device=device, workspace=workspace, parent_hashes=hashes)
             # before the commit: a save whose snapshot fails leaves no checkpoint behind
+            if snap.takes_over:  # the parent's buffer is about to be overwritten: from here
+                # on it is nobody's parent, whatever happens (a failure, an interrupt, a
+                # nested save from a signal handler reads the parent from the store)
+                _PARENT_CACHE.pop(store.url, None)
             snap.finish()
         used = parent if result.parent_id is not None else None
         info = CheckpointInfo(
@@ -326,11 +340,10 @@ def _save(store: Store, state: Any, step: int, *, keyframe_interval: int, delta:
         store.put_atomic(_manifest_name(step), info.to_json(), if_absent=True)
     except BaseException:
         snap.abandon()
-        if snap.overwrote:  # the cached parent is no longer whole: the next save reads it
-            _cache(store.url, None)
         raise
-    _cache(store.url, (info.checkpoint_id, snap.tensors, result.content_hashes, snap.buffers))
-    hostmem.forget()  # (buffers kept for devices this state no longer uses)
+    # (the CPU coder read the parent while this snapshot existed: its buffer is the next's)
+    _cache(store.url, (info.checkpoint_id, snap.tensors, result.content_hashes, snap.buffers),
+           keep_replaced=not on_gpu)
     log.info("checkpoint step %d: %s, %d -> %d bytes in %.3f s", step,
              f"delta of step {info.parent_step}" if used else "base", info.raw_bytes,
              info.file_bytes, time.perf_counter() - t0)
@@ -348,24 +361,26 @@ def _delta_paid(info: CheckpointInfo, min_gain: float) -> bool:
     return info.stored_bytes <= (1.0 - min_gain) * info.full_stored_bytes
 
 
-def _cache(url: str, entry: tuple | None) -> None:
-    """Set ``url``'s parent, or with None drop it: then its page-locked buffers are kept for
-    the next save's snapshot (:func:`hostmem.take` hands one out only once the snapshot in it
-    is no longer referred to). A parent replaced by a save lets its buffers go, unless the
-    new one took them over (one save at a time per store: :func:`_saving`)."""
+def _cache(url: str, entry: tuple | None, keep_replaced: bool = False) -> None:
+    """Set ``url``'s parent, or with None drop it: then its buffers are kept for the next
+    save's snapshot (:func:`hostmem.take` hands one out only once the snapshot in it is no
+    longer referred to), as they are when ``keep_replaced`` (saves that coded on the CPU,
+    whose snapshots alternate between two buffers). Otherwise a replaced parent's buffers
+    go: a save on the GPU path took them over, or its state changed size."""
     old = _PARENT_CACHE.pop(url, None)
     if entry is not None:
         _PARENT_CACHE[url] = entry
-    elif old is not None:
+    if old is not None and (entry is None or keep_replaced):
         for dev, buf in old[3].items():
-            hostmem.keep(dev, buf)
+            if entry is None or all(buf is not b for b in entry[3].values()):
+                hostmem.keep(dev, buf)
 
 
 class _Snapshot:
     """A host copy of a state's tensors (the next delta's parent), by name in ``tensors``:
-    host tensors copied at once; each device's CUDA tensors copied into one page-locked buffer
-    per device (``buffers``) on a side stream, after the work already queued on that device's
-    current stream.
+    host tensors copied at once; each device's CUDA tensors copied into one buffer per device
+    (``buffers``: page-locked, or pageable where CuPy is missing or the host refuses) on a side
+    stream, after the work already queued on that device's current stream.
 
     Where this save codes CUDA tensors on the GPU, the snapshot it replaces (``reuse``: its
     buffers, by device) is no longer read once the file is coded: :meth:`finish` then copies
@@ -378,7 +393,7 @@ class _Snapshot:
                  reuse: dict[torch.device, np.ndarray]) -> None:
         self.tensors: dict[str, s4format.Tensor] = {}
         self.buffers: dict[torch.device, np.ndarray] = {}
-        self.overwrote = False  # whether a buffer of ``reuse`` has been written to
+        self.takes_over = False  # whether finish() writes into a buffer of ``reuse``
         self._events: list[torch.cuda.Event] = []
         self._pending: list[tuple[torch.device, list, np.ndarray | hostmem.Populating]] = []
         by_device: dict[torch.device, list[tuple[str, DeviceTensor]]] = {}
@@ -391,6 +406,7 @@ class _Snapshot:
             for dev, run in by_device.items():
                 nbytes = sum(t.nbytes for _n, t in run)
                 if dev in reuse and hostmem.fits(reuse[dev], nbytes):
+                    self.takes_over = True
                     self._pending.append((dev, run, reuse[dev]))
                 elif (host := hostmem.take(dev, nbytes)) is not None:
                     self._copy(dev, run, host)
@@ -400,22 +416,21 @@ class _Snapshot:
             self.abandon()
             raise
 
-    def _copy(self, dev: torch.device, run: list[tuple[str, DeviceTensor]], host: np.ndarray,
-              locked: bool = True) -> None:
+    def _copy(self, dev: torch.device, run: list[tuple[str, DeviceTensor]], host: np.ndarray
+              ) -> None:
         self._events.append(_copy_to_host(dev, run, host, self.tensors))
-        if locked:
-            self.buffers[dev] = host
+        self.buffers[dev] = host
 
     def finish(self) -> dict[str, s4format.Tensor]:
         """Queue the copies still waiting for their buffers, wait for every copy; ``tensors``."""
         while self._pending:
             dev, run, into = self._pending.pop(0)
             if isinstance(into, np.ndarray):  # the replaced snapshot's: overwritten
-                self.overwrote = True
                 self._copy(dev, run, into)
                 continue
             host = into.result()
-            self._copy(dev, run, host, hostmem.lock(host, dev.index))
+            hostmem.lock(host, dev.index)  # (else pageable: the copies wait for the device)
+            self._copy(dev, run, host)
         _wait(self._events)
         return self.tensors
 
@@ -490,6 +505,11 @@ def retain(url_or_dir: Any, keep_steps: list[int]) -> list[int]:
     """Delete every checkpoint not in ``keep_steps`` and not needed by a kept one (its chain
     back to the base). Returns the deleted steps."""
     store = open_store(url_or_dir)
+    with _saving(store.url):
+        return _retain(store, keep_steps)
+
+
+def _retain(store: Store, keep_steps: list[int]) -> list[int]:
     infos = by_step(list_checkpoints(store))
     needed: set[int] = set()
     for s in keep_steps:

@@ -71,7 +71,14 @@ def _touch(part: np.ndarray) -> None:
     part[:] = 0  # (numpy lets go of the GIL for the write)
 
 
-THREADS = max(1, min(8, (os.cpu_count() or 2) // 2))
+def _cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))  # (the CPUs this process may run on)
+    except AttributeError:  # (not on every platform)
+        return os.cpu_count() or 2
+
+
+THREADS = max(1, min(8, _cpus() // 2))
 _POOL: ThreadPoolExecutor | None = None
 _POOL_LOCK = threading.Lock()
 
@@ -146,8 +153,11 @@ def take(key: object, nbytes: int) -> np.ndarray | None:
     arr = _KEPT.pop(key, None)
     if arr is None:
         return None
-    # references: `arr` here and getrefcount's argument; any other is a live view
-    if sys.getrefcount(arr) > 2 or not fits(arr, nbytes):
+    # `arr` is held here alone unless a view of it lives; `probe` is held here alone: the
+    # same count when nothing else refers to `arr`, however this Python counts a call's
+    # argument (3.14 borrows it)
+    probe = np.empty(0)
+    if sys.getrefcount(arr) > sys.getrefcount(probe) or not fits(arr, nbytes):
         return None
     return arr
 

@@ -95,7 +95,6 @@ def test_a_run_holds_one_exact_snapshot_buffer(tmp_path) -> None:
         assert hostmem.is_page_locked(buf) and buf.size == _raw(state)
         ptrs.append(buf.ctypes.data)
         del buf
-        assert not hostmem._KEPT  # no second buffer kept aside
         saved.append({k: v.cpu().clone() for k, v in state.items()})
     assert ptrs == ptrs[:1] * 5
     for k, v in chain._PARENT_CACHE[url][1].items():  # the snapshot holds the last state
@@ -187,7 +186,9 @@ def test_a_snapshot_the_host_cannot_lock_goes_to_pageable_memory(tmp_path, monke
         for step in range(3):
             state["master"].add_(1e-3)
             info = s4weights.save_checkpoint(state, tmp_path / "run", step, device="cuda")
-            assert chain._PARENT_CACHE[url][3] == {}  # nothing locked, nothing kept
+            buf = chain._PARENT_CACHE[url][3][state["w"].device]
+            assert not hostmem.is_page_locked(buf) and buf.size == _raw(state)
+            del buf
     assert not info.is_base and "using pageable memory" in caplog.text
     chain._PARENT_CACHE.clear()
     got = s4weights.load_checkpoint(tmp_path / "run", 2, map_location="cpu")
@@ -237,3 +238,22 @@ def test_a_manifest_that_fails_after_the_snapshot_drops_the_parent(tmp_path,
     assert not info.is_base
     chain._PARENT_CACHE.clear()
     _same(s4weights.load_checkpoint(tmp_path / "run", 1, map_location="cpu"), state)
+
+
+def test_saves_coded_on_the_cpu_alternate_between_two_buffers(tmp_path) -> None:
+    # device="cpu": the CPU codes from the snapshot while the parent is read, so the snapshot
+    # cannot go into the parent's buffer; the one before it is reused
+    state = _state()
+    dev = state["w"].device
+    url = (tmp_path / "run").resolve().as_uri()
+    ptrs = []
+    for step in range(4):
+        _train(state)
+        s4weights.save_checkpoint(state, tmp_path / "run", step, device="cpu")
+        buf = chain._PARENT_CACHE[url][3][dev]
+        assert hostmem.is_page_locked(buf) and buf.size == _raw(state)
+        ptrs.append(buf.ctypes.data)
+        del buf
+    assert ptrs[0] != ptrs[1] and ptrs[2:] == ptrs[:2]
+    chain._PARENT_CACHE.clear()
+    _same(s4weights.load_checkpoint(tmp_path / "run", 3, map_location="cpu"), state)

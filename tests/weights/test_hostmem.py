@@ -101,6 +101,12 @@ def test_a_dropped_parent_keeps_its_buffers_for_the_next_snapshot() -> None:
         assert url not in chain._PARENT_CACHE
         got = hostmem.take(dev, 1000)
         assert got is not None and int(got[0]) == 2  # c's
+        # a save that coded on the CPU read its parent while its own snapshot was made:
+        # the parent's buffer is the next save's
+        chain._cache(url, ("d", {}, {}, {dev: np.full(1000, 3, np.uint8)}))
+        chain._cache(url, ("e", {}, {}, {dev: np.full(1000, 4, np.uint8)}), keep_replaced=True)
+        got = hostmem.take(dev, 1000)
+        assert got is not None and int(got[0]) == 3  # d's
     finally:
         chain._PARENT_CACHE.pop(url, None)
 
@@ -115,7 +121,8 @@ def test_saves_to_one_store_run_one_at_a_time() -> None:
         with chain._saving("file:///s"):
             order.append("second")
 
-    with chain._saving("file:///s"):
+    with chain._saving("file:///s") as nested:
+        assert not nested
         t = threading.Thread(target=second)
         t.start()
         with chain._saving("file:///other"):  # another store: not held up
@@ -127,11 +134,21 @@ def test_saves_to_one_store_run_one_at_a_time() -> None:
 
 
 @pytest.mark.parametrize("nbytes", [0, 1, 4095, 4097, 3 * (1 << 20) + 7])
-def test_a_populated_mapping_is_zeroed_at_its_exact_size(nbytes: int) -> None:
-    # its pages are written by several threads, in page-aligned parts
+def test_every_page_of_a_mapping_is_populated(nbytes: int, monkeypatch) -> None:
+    # written by several threads, in page-aligned parts that cover it exactly once
+    import mmap
+
+    parts = []
+    real = hostmem._touch
+    monkeypatch.setattr(hostmem, "_touch",
+                        lambda part: (parts.append((part.ctypes.data, part.size)), real(part)))
     arr = hostmem.populated(nbytes).result()
     assert arr.dtype == np.uint8 and arr.size == max(1, nbytes) and arr.flags.writeable
-    assert not arr.any()
+    at = arr.ctypes.data
+    for start, size in sorted(parts):
+        assert start == at and (start - arr.ctypes.data) % mmap.PAGESIZE == 0
+        at += size
+    assert at == arr.ctypes.data + arr.size
     arr[:] = 7  # writable to the last byte
     assert int(arr[-1]) == 7
 
@@ -163,5 +180,37 @@ def test_a_mapping_is_populated_where_no_thread_can_start(monkeypatch) -> None:
         raise RuntimeError("cannot schedule new futures after interpreter shutdown")
 
     monkeypatch.setattr(hostmem, "_pool", refused)
+    touched = []
+    real = hostmem._touch
+    monkeypatch.setattr(hostmem, "_touch", lambda part: (touched.append(part.size), real(part)))
     arr = hostmem.populated(3 * 4096 + 5).result()
-    assert arr.size == 3 * 4096 + 5 and not arr.any()
+    assert arr.size == 3 * 4096 + 5 and sum(touched) == arr.size
+
+
+def test_a_save_from_within_a_save_completes(tmp_path, monkeypatch) -> None:
+    # a preemption handler (a signal handler, on the thread that is saving) saves again to
+    # the same store: it must not wait for the save it interrupted, nor disturb it
+    import s4weights
+    from s4weights import api
+
+    state = {"w": torch.randn(50_000), "b": torch.randn(300)}
+    s4weights.save_checkpoint(state, tmp_path, 0)
+    real = api.write_flattened
+    inner: dict[str, torch.Tensor] = {}
+
+    def interrupted(*a, **k):
+        if not inner:
+            inner.update({k2: v + 1 for k2, v in state.items()})
+            s4weights.save_checkpoint(inner, tmp_path, 2)
+        return real(*a, **k)
+
+    monkeypatch.setattr(chain, "write_flattened", interrupted)
+    state["w"] += 1e-3
+    s4weights.save_checkpoint(state, tmp_path, 1)
+    monkeypatch.setattr(chain, "write_flattened", real)
+    assert [i.step for i in s4weights.list_checkpoints(tmp_path)] == [0, 1, 2]
+    for step, want in ((1, state), (2, inner)):
+        chain._PARENT_CACHE.clear()
+        got = s4weights.load_checkpoint(tmp_path, step)
+        for k, v in want.items():
+            assert torch.equal(got[k], v), (step, k)
