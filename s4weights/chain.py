@@ -236,8 +236,8 @@ def save_checkpoint(state: Any, url_or_dir: Any, step: int, *, keyframe_interval
     where CUDA tensors are coded (as in :func:`s4weights.save`): on the GPU path the XOR with
     the parent is made and coded on the device too, the parent copied there from host memory
     piece by piece. This process keeps the checkpoint it saved last in host memory (page-locked
-    at its exact size for CUDA tensors, one buffer per GPU from save to save), as the next
-    delta's parent; nothing stays in GPU memory between saves,
+    at its exact size for CUDA tensors; on the GPU path one buffer per GPU and store from save
+    to save), as the next delta's parent; nothing stays in GPU memory between saves,
     and a save's extra GPU memory is bounded by ``workspace`` (as in :func:`s4weights.save`,
     with a few MiB of tables).
     CUDA tensors must not change until the call returns. Saves to one store from several
