@@ -91,6 +91,16 @@ def _pool() -> ThreadPoolExecutor:
         return _POOL
 
 
+def _forked() -> None:
+    # a forked child has none of the pool's threads: work given to it would never run
+    global _POOL, _POOL_LOCK
+    _POOL, _POOL_LOCK = None, threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forked)
+
+
 def lock(arr: np.ndarray, device: int) -> bool:
     """Page-lock ``arr`` (from :func:`populated`) until its last view is gone, registering
     it under CUDA device ``device`` (no context is made on another). False where it cannot

@@ -214,3 +214,29 @@ def test_a_save_from_within_a_save_completes(tmp_path, monkeypatch) -> None:
         got = s4weights.load_checkpoint(tmp_path, step)
         for k, v in want.items():
             assert torch.equal(got[k], v), (step, k)
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="no fork here")
+def test_a_forked_child_populates_with_its_own_threads() -> None:
+    # the parent's pool threads do not exist in a forked child: it must start its own
+    import os
+
+    hostmem.populated(1 << 20).result()  # the parent's pool, started
+    pid = os.fork()
+    if pid == 0:  # the child: exit 0 only when population completes
+        try:
+            arr = hostmem.populated(4 << 20).result()
+            os._exit(0 if arr.size == 4 << 20 else 1)
+        except BaseException:
+            os._exit(2)
+    deadline = __import__("time").monotonic() + 20
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if __import__("time").monotonic() > deadline:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            pytest.fail("the forked child hung populating a mapping")
+        __import__("time").sleep(0.05)
+    assert os.waitstatus_to_exitcode(status) == 0
