@@ -241,9 +241,9 @@ def save_checkpoint(state: Any, url_or_dir: Any, step: int, *, keyframe_interval
     and a save's extra GPU memory is bounded by ``workspace`` (as in :func:`s4weights.save`,
     with a few MiB of tables).
     CUDA tensors must not change until the call returns. Saves to one store from several
-    threads run one at a time. When the latest checkpoint (or a file
-    of its chain) cannot be read, the save still succeeds, as a base, and logs a warning naming
-    it; the damaged checkpoint is left as it is."""
+    threads run one at a time. When the latest checkpoint (or a file of its chain) cannot be
+    read, the save still succeeds, as a base, and logs a warning naming it; the damaged
+    checkpoint is left as it is."""
     if step < 0:
         raise ValueError("step must be >= 0")
     if keep_last is not None and keep_last < 1:
@@ -294,10 +294,10 @@ def _save(store: Store, state: Any, step: int, *, keyframe_interval: int, delta:
     # The next delta's parent is a host snapshot of this state. Host tensors are copied as the
     # save starts and the file is coded from the copies, so a caller changing them during the
     # save (from another thread) cannot make the file and the snapshot differ. CUDA tensors
-    # are coded in place on the GPU and copied to page-locked memory on a side stream (at
-    # once, or once a new buffer is ready): no device copy of the state, so the save's extra
-    # GPU memory stays within the workspace; they must not change until the call returns (as
-    # for torch.save). (The previous snapshot is alive during the save either way.)
+    # are coded in place on the GPU and copied to page-locked memory on a side stream (into
+    # the parent's buffer once the file is coded, see _Snapshot): no device copy of the
+    # state, so the save's extra GPU memory stays within the workspace; they must not change
+    # until the call returns (as for torch.save).
     on_gpu = gpu.use_gpu(device, any(isinstance(t, DeviceTensor) for _n, t in flat.tensors))
     replaced = _PARENT_CACHE.get(store.url)
     snap = _Snapshot(flat.tensors, replaced[3] if on_gpu and replaced and not nested else {})
