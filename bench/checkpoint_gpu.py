@@ -4,11 +4,12 @@ saved every ``S4_CKPT_INTERVAL`` steps (default 10) to the local disk as a base 
 ``S4_CKPT_SAVES`` saves (default 6). Per save: base or delta, stored and full bytes, seconds, the
 peak extra GPU memory during the save and the GPU memory the save leaves held afterwards (both
 over what the training state itself holds) and the page-locked host memory the process then
-holds for its snapshots, against torch.save of the same state to the same disk. The last
-checkpoint is then loaded back on the GPU and compared bit for bit. Last, what a new
-page-locked buffer of the state's size costs: s4weights.hostmem's exact size against torch's
-pinned allocator. Figures in bench/RESULTS.md; JSON to ``$OUT/checkpoint_gpu.json`` when OUT
-is set."""
+holds for its snapshots, against torch.save of the same state to the same disk. Then a
+restarted process (nothing cached): the parent's read from the store, and its first delta
+save. The last checkpoint is then loaded back on the GPU and compared bit for bit. Last, what
+a new page-locked buffer of the state's size costs: s4weights.hostmem's exact size against
+torch's pinned allocator. Figures in bench/RESULTS.md; JSON to ``$OUT/checkpoint_gpu.json``
+when OUT is set."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ import hostmem_speed  # bench/hostmem_speed.py
 
 import s4weights
 from s4weights import chain, hostmem
+from s4weights.store import open_store
 
 MIB = 1 << 20
 
@@ -44,6 +46,25 @@ def main() -> None:
     for _ in range(50):
         step()
     rows = []
+
+    def save(state: dict, root: Path, k: int, kind: str | None = None) -> None:
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        t0 = time.perf_counter()
+        info = s4weights.save_checkpoint(state, root, k, device="cuda")
+        torch.cuda.synchronize()
+        took = time.perf_counter() - t0
+        row = dict(save=k, kind=kind or ("base" if info.is_base else "delta"),
+                   stored_MB=round(info.stored_bytes / 1e6, 1),
+                   full_MB=round(info.full_stored_bytes / 1e6, 1),
+                   raw_MB=round(info.raw_bytes / 1e6, 1), save_s=round(took, 3),
+                   peak_extra_MiB=round((torch.cuda.max_memory_allocated() - base) / MIB),
+                   held_after_MiB=round((torch.cuda.memory_allocated() - base) / MIB),
+                   host_locked_MiB=round(locked_bytes() / MIB))
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+
     with tempfile.TemporaryDirectory(dir=os.environ.get("S4_BENCH_DIR")) as tmp:
         root = Path(tmp) / "run"
         state = None
@@ -52,22 +73,23 @@ def main() -> None:
                 step()
             del state
             state = gpu.state_of(model, opt)
-            torch.cuda.synchronize()
-            base = torch.cuda.memory_allocated()
-            torch.cuda.reset_peak_memory_stats()
-            t0 = time.perf_counter()
-            info = s4weights.save_checkpoint(state, root, k, device="cuda")
-            torch.cuda.synchronize()
-            took = time.perf_counter() - t0
-            row = dict(save=k, kind="base" if info.is_base else "delta",
-                       stored_MB=round(info.stored_bytes / 1e6, 1),
-                       full_MB=round(info.full_stored_bytes / 1e6, 1),
-                       raw_MB=round(info.raw_bytes / 1e6, 1), save_s=round(took, 3),
-                       peak_extra_MiB=round((torch.cuda.max_memory_allocated() - base) / MIB),
-                       held_after_MiB=round((torch.cuda.memory_allocated() - base) / MIB),
-                       host_locked_MiB=round(locked_bytes() / MIB))
-            rows.append(row)
-            print(json.dumps(row), flush=True)
+            save(state, root, k)
+        # a restarted process: nothing cached, so its first delta reads the parent's chain
+        # from the store (decoded on the CPU); that read timed alone first
+        chain._PARENT_CACHE.clear()
+        hostmem.forget()
+        for _ in range(interval):
+            step()
+        del state
+        state = gpu.state_of(model, opt)
+        store = open_store(root)
+        infos = chain.by_step(chain.list_checkpoints(store))
+        t0 = time.perf_counter()
+        chain._parent_tensors(store, infos[max(infos)], infos)
+        read_s = time.perf_counter() - t0
+        print(f"after a restart: reading the parent (step {max(infos)}, chain depth "
+              f"{infos[max(infos)].depth}) from the store: {read_s:.3f} s", flush=True)
+        save(state, root, saves, "delta after a restart")
         t0 = time.perf_counter()
         torch.save(state, Path(tmp) / "x.pt")
         torch_s = time.perf_counter() - t0
@@ -91,7 +113,8 @@ def main() -> None:
           flush=True)
     if out := os.environ.get("OUT"):
         Path(out, "checkpoint_gpu.json").write_text(json.dumps(
-            dict(saves=rows, torch_save_s=round(torch_s, 3), exact=exact,
+            dict(saves=rows, restart_parent_read_s=round(read_s, 3),
+                 torch_save_s=round(torch_s, 3), exact=exact,
                  lock_s=round(lock_s, 3), pin_s=round(pin_s, 3)), indent=1))
     if not exact:
         sys.exit("the loaded checkpoint differs from the saved state")
