@@ -121,11 +121,22 @@ def test_a_state_of_another_size_takes_a_new_buffer(tmp_path) -> None:
     _same(s4weights.load_checkpoint(tmp_path / "run", 1, map_location="cpu"), state)
 
 
+def _recovers(state: dict[str, torch.Tensor], root) -> None:
+    """After a save of step 1 failed once its snapshot had begun: no parent cached, no step 1,
+    and step 1 saved again is a delta (its parent read from the store) that loads exactly."""
+    assert root.resolve().as_uri() not in chain._PARENT_CACHE
+    assert [i.step for i in s4weights.list_checkpoints(root)] == [0]
+    _train(state)
+    info = s4weights.save_checkpoint(state, root, 1, device="cuda")
+    assert not info.is_base
+    chain._PARENT_CACHE.clear()
+    _same(s4weights.load_checkpoint(root, 1, map_location="cpu"), state)
+
+
 def test_a_failed_save_after_the_snapshot_began_drops_the_parent(tmp_path, monkeypatch) -> None:
     # the replaced snapshot's buffer is overwritten once the file is coded: a save failing
     # then leaves no checkpoint and no half-overwritten parent; the next save reads the store
     state = _state()
-    url = (tmp_path / "run").resolve().as_uri()
     s4weights.save_checkpoint(state, tmp_path / "run", 0, device="cuda")
     _train(state)
     real = chain._wait
@@ -139,13 +150,7 @@ def test_a_failed_save_after_the_snapshot_began_drops_the_parent(tmp_path, monke
     with pytest.raises(RuntimeError, match="a test's"):
         s4weights.save_checkpoint(state, tmp_path / "run", 1, device="cuda")
     monkeypatch.setattr(chain, "_wait", real)
-    assert url not in chain._PARENT_CACHE
-    assert [i.step for i in s4weights.list_checkpoints(tmp_path / "run")] == [0]
-    _train(state)
-    info = s4weights.save_checkpoint(state, tmp_path / "run", 1, device="cuda")
-    assert not info.is_base  # a delta, its parent read from the store
-    chain._PARENT_CACHE.clear()
-    _same(s4weights.load_checkpoint(tmp_path / "run", 1, map_location="cpu"), state)
+    _recovers(state, tmp_path / "run")
 
 
 def test_a_kept_buffer_still_read_is_not_overwritten(tmp_path) -> None:
@@ -219,7 +224,6 @@ def test_a_manifest_that_fails_after_the_snapshot_drops_the_parent(tmp_path,
     from s4weights.store.local import LocalStore
 
     state = _state()
-    url = (tmp_path / "run").resolve().as_uri()
     s4weights.save_checkpoint(state, tmp_path / "run", 0, device="cuda")
     _train(state)
     real = LocalStore.put_atomic
@@ -233,11 +237,7 @@ def test_a_manifest_that_fails_after_the_snapshot_drops_the_parent(tmp_path,
     with pytest.raises(OSError, match="a test's"):
         s4weights.save_checkpoint(state, tmp_path / "run", 1, device="cuda")
     monkeypatch.setattr(LocalStore, "put_atomic", real)
-    assert url not in chain._PARENT_CACHE
-    info = s4weights.save_checkpoint(state, tmp_path / "run", 1, device="cuda")
-    assert not info.is_base
-    chain._PARENT_CACHE.clear()
-    _same(s4weights.load_checkpoint(tmp_path / "run", 1, map_location="cpu"), state)
+    _recovers(state, tmp_path / "run")
 
 
 def test_saves_coded_on_the_cpu_alternate_between_two_buffers(tmp_path) -> None:
