@@ -20,7 +20,9 @@ from s4format.codecs.rans import (
     MODE_CONST,
     MODE_RANS,
     MODE_RAW,
+    PROB_SCALE,
     RansCodec,
+    _decoder_table,
     _encoder_table,
     _histogram,
     _rans_stream,
@@ -418,3 +420,24 @@ def test_a_stream_declaring_2_48_symbols_is_refused() -> None:
     stream = np.frombuffer(head + bytes(8), np.uint8)  # refused from the header alone
     with pytest.raises(CodecError, match="2\\^48"):
         rans.RansCodec().decode(stream, n, b"")
+
+
+def test_the_decoder_table_maps_every_slot_to_its_symbol() -> None:
+    # slot -> (freq - 1) << 20 | (slot - cum) << 8 | symbol, built by a compiled loop: against
+    # the definition, slot by slot, for random tables, one symbol alone and all 256
+    rng = np.random.default_rng(11)
+    tables = [np.eye(256, dtype=np.int64)[7] * PROB_SCALE,
+              np.full(256, PROB_SCALE // 256, np.int64)]
+    for k in rng.integers(1, 257, 300):
+        cuts = np.sort(rng.choice(np.arange(1, PROB_SCALE), k - 1, replace=False))
+        freqs = np.zeros(256, np.int64)
+        freqs[rng.choice(256, k, replace=False)] = np.diff(
+            np.concatenate(([0], cuts, [PROB_SCALE])))
+        tables.append(freqs)
+    for freqs in tables:
+        cum = np.concatenate(([0], np.cumsum(freqs)[:-1]))
+        sym = np.repeat(np.arange(256), freqs)
+        slot = np.arange(PROB_SCALE)
+        want = ((freqs[sym] - 1) << 20) | ((slot - cum[sym]) << 8) | sym
+        got = _decoder_table(freqs)
+        assert got.dtype == np.uint32 and (got.astype(np.int64) == want).all()
