@@ -421,8 +421,8 @@ class _Snapshot:
         self._events.append(_copy_to_host(dev, run, host, self.tensors))
         self.buffers[dev] = host
 
-    def finish(self) -> dict[str, s4format.Tensor]:
-        """Queue the copies still waiting for their buffers, wait for every copy; ``tensors``."""
+    def finish(self) -> None:
+        """Queue the copies still waiting for their buffers, wait for every copy."""
         while self._pending:
             dev, run, into = self._pending.pop(0)
             if isinstance(into, np.ndarray):  # the replaced snapshot's: overwritten
@@ -432,7 +432,6 @@ class _Snapshot:
             hostmem.lock(host, dev.index)  # (else pageable: the copies wait for the device)
             self._copy(dev, run, host)
         _wait(self._events)
-        return self.tensors
 
     def abandon(self) -> None:
         """While an error propagates: wait for the copies queued (they read the caller's

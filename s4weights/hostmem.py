@@ -51,8 +51,8 @@ class Populating:
 
     def __init__(self, nbytes: int) -> None:
         size = max(1, nbytes)
-        self._area = mmap.mmap(-1, size)
-        self.array = np.frombuffer(self._area, dtype=np.uint8, count=size)
+        # (the array keeps the mapping alive: it is the array's base)
+        self.array = np.frombuffer(mmap.mmap(-1, size), dtype=np.uint8, count=size)
         step = -(-size // THREADS) + mmap.PAGESIZE - 1 & ~(mmap.PAGESIZE - 1)
         self._parts = []
         for k in range(0, size, step):
@@ -119,9 +119,11 @@ def lock(arr: np.ndarray, device: int) -> bool:
             # cudaHostRegisterPortable: page-locked for every device's context
             cupy.cuda.runtime.hostRegister(ptr, arr.size, 1)
     except Exception as exc:  # (cupy.cuda.runtime.CUDARuntimeError)
+        from s4weights.gpu import error_text
+
         log.warning("checkpoint snapshot: %d bytes of host memory could not be page-locked "
                     "(%s); using pageable memory, the copies are slower", arr.size,
-                    str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+                    error_text(exc))
         return False
     weakref.finalize(arr, _unregister, ptr, device)
     return True
