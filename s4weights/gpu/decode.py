@@ -102,7 +102,30 @@ def device_extra(reader: Reader, i: int) -> int:
     payloads, the decoded planes that wait for the merge (rANS and GDeflate planes of a
     split layout; nvCOMP's output for a codec-6 plane) and the decoder's tables and flags
     (``DECODE_*``). Known from the index alone, so the loader sizes its batches by what they
-    really hold."""
+    really hold. A delta's chain is decoded one level at a time (:func:`_apply_parents`):
+    at most two of its tensors' bytes and one level's decoding at once, whatever the depth."""
+    extra = _own_extra(reader, i)
+    t = reader.tensors[i]
+    if not (t.is_delta and reader.parent is not None):
+        return extra
+    j = parent_index(reader, i)
+    if j is None:
+        return extra
+    # below the delta, from its parent down: the level's bytes and its own decoding, and the
+    # bytes of the level below it (full by then) that are XORed into them
+    below, level, k, n = 0, reader.parent, j, t.raw_nbytes
+    while True:
+        pt = level.tensors[k]
+        deeper = (parent_index(level, k) if pt.is_delta and level.parent is not None
+                  and decodable(level, k) else None)
+        below = max(below, n + _own_extra(level, k) + (n if deeper is not None else 0))
+        if deeper is None:
+            return max(extra, below)
+        level, k = level.parent, deeper
+
+
+def _own_extra(reader: Reader, i: int) -> int:
+    """:func:`device_extra` of tensor i's own planes (a delta's XOR bytes, its chain aside)."""
     t = reader.tensors[i]
     pad = max(SLOT_ALIGN, reader.alignment)  # staging keeps the file's padding between planes
     extra = sum(p.stored_len + pad for p in t.planes)
@@ -116,11 +139,6 @@ def device_extra(reader: Reader, i: int) -> int:
         if (p.codec in (codecs.RANS, codecs.GDEFLATE) and not whole) \
                 or p.codec == codecs.NVCOMP_ANS:
             extra += runtime.align(p.decoded_len, SLOT_ALIGN)
-    if t.is_delta and reader.parent is not None:
-        # the parent's tensor is decoded too (its bytes and its own extra) for the XOR
-        j = parent_index(reader, i)
-        if j is not None:
-            extra += t.raw_nbytes + device_extra(reader.parent, j)
     return extra
 
 
@@ -296,6 +314,16 @@ def raise_as_cpu(reader: Reader, i: int, exc: S4Error) -> None:
 
 def _read_batch(reader: Reader, idx: list[int], outs: list[torch.Tensor]) -> list[torch.Tensor]:
     """:func:`read_tensors` into checked, 16-byte aligned destinations."""
+    deltas = _decode_batch(reader, idx, outs)
+    if deltas:  # (the batch's staged planes are freed by now)
+        _apply_parents(reader, [idx[k] for k in deltas], [outs[k] for k in deltas])
+    return outs
+
+
+def _decode_batch(reader: Reader, idx: list[int], outs: list[torch.Tensor]) -> list[int]:
+    """Tensors ``idx`` decoded into ``outs``: on the GPU where it decodes them, else by the
+    CPU reader and copied up. Returns the positions of the deltas the GPU decoded, which
+    hold their XOR bytes (unchecked); every other tensor's bytes are its own, checked."""
     gpu = [k for k, i in enumerate(idx) if decodable(reader, i)]
     on_gpu = set(gpu)
     for k, i in enumerate(idx):
@@ -310,10 +338,7 @@ def _read_batch(reader: Reader, idx: list[int], outs: list[torch.Tensor]) -> lis
             st = _subset(st, [h for h in range(len(gpu)) if h not in heavy])
             gpu = [k for h, k in enumerate(gpu) if h not in heavy]
         decode_staged(st, [outs[k] for k in gpu])
-        deltas = [k for k in gpu if reader.tensors[idx[k]].is_delta]
-        if deltas:
-            _apply_parents(reader, [idx[k] for k in deltas], [outs[k] for k in deltas])
-    return outs
+    return [k for k in gpu if reader.tensors[idx[k]].is_delta]
 
 
 def _tables_too_large(st: Staged) -> set[int]:
@@ -349,32 +374,73 @@ def _subset(st: Staged, keep: list[int]) -> Staged:
 
 
 def _apply_parents(reader: Reader, idx: list[int], outs: list[torch.Tensor]) -> None:
-    """XOR each delta's decoded bytes with its parent tensor's bytes on the device, then check
-    the content hashes (always, as the CPU reader does: the only proof the parent was right)."""
+    """Each delta's decoded XOR bytes in ``outs`` made whole: XORed with its parent tensor's
+    bytes, then its content hash checked (always, as the CPU reader does: the only proof the
+    parent was right).
+
+    The parents' chains are decoded one level at a time, from the deepest up: each level's
+    tensors as one batch (:func:`_decode_batch`), each delta among them XORed with its own
+    parent's bytes, made whole on the level below, and its content hash checked there, as
+    the CPU reader checks every level. So the device holds two levels' bytes and one level's
+    decoding at once, whatever the chain's depth (:func:`device_extra`), and each level is
+    decoded in batches as large as the top's. A chain ends at a tensor stored whole, or one
+    the GPU does not decode (the CPU reader reads it with its own parents)."""
     from s4weights.gpu import xor
 
-    parent = reader.parent
-    pidx = []
-    for i in idx:
-        t = reader.tensors[i]
-        j = parent_index(reader, i)
-        if j is None:
-            raise _about(ParentMismatchError(
-                f"{reader.name}: parent {parent.name} holds no tensor with hash "
-                f"{t.parent_hash.hex()} of {t.raw_nbytes} bytes for delta {t.name!r}"), reader, i)
-        pidx.append(j)
-    uniq = sorted(set(pidx))
-    try:
-        praw = dict(zip(uniq, read_tensors(parent, uniq)))
-    except S4Error as exc:  # about the first delta (in order) whose parent failed
-        at = getattr(exc, "s4_tensor", None)
-        if at is None or at[0] is not parent or at[1] not in pidx:
-            raise
-        raise _about(exc, reader, idx[pidx.index(at[1])]) from None
-    for j, o in zip(pidx, outs):
+    # every delta's chain: per level below ``reader``, its reader and {position: index}
+    levels: list[tuple[Reader, dict[int, int]]] = []
+    r, cur = reader, dict(enumerate(idx))
+    while cur:
+        p, at = r.parent, {}
+        for k, i in cur.items():
+            j = parent_index(r, i)
+            if j is None:
+                raise _about(ParentMismatchError(
+                    f"{r.name}: parent {p.name} holds no tensor with hash "
+                    f"{r.tensors[i].parent_hash.hex()} of {r.tensors[i].raw_nbytes} bytes "
+                    f"for delta {r.tensors[i].name!r}"), reader, idx[k])
+            at[k] = j
+        levels.append((p, at))
+        cur = {k: j for k, j in at.items()
+               if p.tensors[j].is_delta and p.parent is not None and decodable(p, j)}
+        r = p
+
+    below: dict[int, torch.Tensor] = {}  # the level below's whole bytes, by position
+    for p, at in reversed(levels):
+        uniq = sorted(set(at.values()))
+        try:
+            _check_limits(p, uniq)
+            got = [runtime.device_empty(p.tensors[j].raw_nbytes)[:p.tensors[j].raw_nbytes]
+                   for j in uniq]
+            xored = {uniq[h] for h in _decode_batch(p, uniq, got)}
+            mine = dict(zip(uniq, got))
+            del got
+            done = set()
+            for k, j in at.items():  # a level's delta made whole with the level below
+                if j in xored and j not in done and mine[j].numel():
+                    xor(mine[j], below[k], out=mine[j])
+                done.add(j)
+            _check_hashes(p, sorted(xored), [mine[j] for j in sorted(xored)])
+        except S4Error as exc:  # about the first delta (in order) whose chain failed
+            a = getattr(exc, "s4_tensor", None)
+            if a is None or a[0] is not p or a[1] not in uniq:
+                raise
+            first = min(k for k, j in at.items() if j == a[1])
+            raise _about(exc, reader, idx[first]) from None
+        below = {k: mine[j] for k, j in at.items()}
+        del mine
+    for k, o in enumerate(outs):
         if o.numel():
-            xor(o, praw[j], out=o)
-    del praw
+            xor(o, below[k], out=o)
+    del below
+    _check_hashes(reader, idx, outs)
+
+
+def _check_hashes(reader: Reader, idx: list[int], outs: list[torch.Tensor]) -> None:
+    """Raise the content hash mismatch of the first of ``reader``'s deltas ``idx`` (made whole
+    in ``outs``) whose bytes miss it."""
+    if not idx:
+        return
     hashes = runtime.content_hashes_now([o.data_ptr() for o in outs], [o.numel() for o in outs])
     for k, got in enumerate(hashes):
         t = reader.tensors[idx[k]]

@@ -1,0 +1,207 @@
+"""The GPU decoder reads a delta's chain one level at a time (``decode._apply_parents``), under
+the CPU emulation of tests/gpu/emulated.py: whole chains as deep as a default keyframe interval
+allows decode byte for byte as the CPU reader reads them (tensors stored whole partway up,
+two deltas of one parent, empty tensors, fp32 next to bf16); a batch holds no more device
+memory than its tensors' ``device_extra``, which no longer grows with the depth; damage at any
+level fails with the CPU reader's words."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+import torch
+
+import s4format
+from s4format import dtypes, hashing, objtree
+from s4format.errors import ContentHashError
+from s4format.writer import CodedPlane, CodedTensor, Writer
+from s4weights.gpu import decode, encode
+from tests.gpu.emulated import Device, emulate
+
+
+@pytest.fixture(autouse=True)
+def on_the_cpu(monkeypatch):
+    emulate(monkeypatch)
+
+
+def _coded(x: np.ndarray, dtype: str, n: int):
+    it = encode.Item(dtypes.BY_NAME[dtype], (n,), torch.from_numpy(x))
+    return it, next(iter(encode.Encoder().code([it])))
+
+
+def _levels(depth: int, seed: int = 0) -> list[dict[str, tuple[str, np.ndarray]]]:
+    """A state (name -> (dtype, raw bytes)) at every level of a chain ``depth`` deltas deep:
+    each level flips a few bits of most tensors; "jump" is replaced whole at level 2 (its
+    delta would not pay, so it is stored whole there), "twin_a"/"twin_b" start equal (two
+    deltas of one parent tensor) and "empty" has no bytes."""
+    g = torch.Generator().manual_seed(seed)
+    rng = np.random.default_rng(seed)
+    first = {
+        "w": ("bfloat16", (torch.randn(90_000, generator=g) * .02).bfloat16()),
+        "m": ("float32", torch.randn(30_000, generator=g) * 1e-3),
+        "jump": ("bfloat16", (torch.randn(20_000, generator=g) * .02).bfloat16()),
+        "twin_a": ("float16", (torch.randn(12_000, generator=g) * .1).half()),
+        "empty": ("bfloat16", torch.zeros(0, dtype=torch.bfloat16)),
+    }
+    state = {k: (d, t.view(torch.uint8).numpy().copy()) for k, (d, t) in first.items()}
+    state["twin_b"] = ("float16", state["twin_a"][1].copy())
+    out = [state]
+    for level in range(1, depth + 1):
+        nxt = {}
+        for name, (d, b) in out[-1].items():
+            x = b.copy()
+            if name == "jump" and level == 2:
+                x = rng.integers(0, 256, x.size, dtype=np.uint8)
+            elif x.size:
+                x[rng.integers(0, x.size, max(1, x.size // 500))] ^= np.uint8(1 << level % 7)
+            nxt[name] = (d, x)
+        out.append(nxt)
+    return out
+
+
+def _chain(levels, full_at=lambda level, name: False, damage=None, wrong_hash=None
+           ) -> list[bytes]:
+    """The files of ``levels`` (base first), every tensor after the base an XOR delta of its
+    own at the level before unless ``full_at`` says it is stored whole there, coded by the
+    (emulated) GPU encoder. ``damage`` (level, name): one byte of that tensor's largest
+    plane flipped there, its checksum made for it (only decoding or a content hash finds it).
+    ``wrong_hash`` (level, name): that tensor's content hash there is not its bytes', and the
+    next level's delta names that hash as its parent (only a content check finds it)."""
+    blobs, parent_id = [], None
+    bogus = hashing.content_hash(b"not these bytes")
+    for level, state in enumerate(levels):
+        buf = io.BytesIO()
+        with Writer(buf, parent_id=parent_id) as w:
+            for name, (d, x) in state.items():
+                n = x.size // dtypes.BY_NAME[d].itemsize
+                delta = level > 0 and not full_at(level, name)
+                base = levels[level - 1][name][1] if delta else None
+                it, c = _coded(x if base is None else np.bitwise_xor(x, base), d, n)
+                planes = list(c.coded.planes)
+                if damage == (level, name):
+                    j = max(range(len(planes)), key=lambda k: len(planes[k].payload))
+                    q = planes[j]
+                    stored = np.array(q.payload, np.uint8, copy=True)
+                    stored[stored.size // 2] ^= 0x5A
+                    planes[j] = CodedPlane(q.kind, q.index, q.codec, q.decoded_len, stored,
+                                           q.params)
+                parent_hash = None if base is None else hashing.content_hash(base.tobytes())
+                if wrong_hash == (level - 1, name) and parent_hash is not None:
+                    parent_hash = bogus
+                w.add_coded(name, it.dtype, (n,), CodedTensor(c.coded.layout, tuple(planes)),
+                            bogus if wrong_hash == (level, name)
+                            else hashing.content_hash(x.tobytes()), parent_hash=parent_hash)
+            w.set_tree({k: objtree.TensorRef(i) for i, k in enumerate(state)})
+        blobs.append(buf.getvalue())
+        parent_id = s4format.Reader(blobs[-1]).checkpoint_id
+    return blobs
+
+
+def _open(blobs: list[bytes]) -> s4format.Reader:
+    r = None
+    for b in blobs:
+        r = s4format.Reader(b, parent=r)
+    return r
+
+
+def _full_at(level: int, name: str) -> bool:
+    return name == "jump" and level == 2
+
+
+@pytest.mark.parametrize("depth", [1, 2, 5, 9])
+def test_a_chain_decodes_as_the_cpu_reader_reads_it(depth: int) -> None:
+    levels = _levels(depth)
+    r = _open(_chain(levels, _full_at))
+    assert sum(t.is_delta for t in r.tensors) >= len(r.tensors) - 1
+    idx = list(range(len(r.tensors)))
+    outs = decode.read_tensors(r, idx)
+    for i, o in zip(idx, outs):
+        t = r.tensors[i]
+        want = levels[-1][t.name][1]
+        assert np.array_equal(o.numpy(), want), t.name
+        assert np.array_equal(r.read_raw(i), want), t.name
+
+
+def test_a_batch_of_deep_deltas_holds_no_more_than_its_device_extra() -> None:
+    levels = _levels(6)
+    blobs = _chain(levels, _full_at)
+    r = _open(blobs)
+    idx = [i for i, t in enumerate(r.tensors) if t.raw_nbytes]
+    outs = [decode.runtime.device_empty(r.tensors[i].raw_nbytes) for i in idx]
+    base = Device.live
+    Device.peak = Device.live
+    decode.read_tensors(r, idx, outs)
+    extra = sum(decode.device_extra(r, i) for i in idx)
+    assert Device.peak - base <= extra
+    # one level at a time: a delta six deep counts no more than one of depth one, give or take
+    # the levels' own coded sizes, where the whole chain would count six levels' bytes
+    shallow = _open(blobs[:2])
+    for i in idx:
+        t = r.tensors[i]
+        one = decode.device_extra(shallow, shallow.index_of(t.name))
+        assert decode.device_extra(r, i) <= 1.5 * one + 2 * t.raw_nbytes, t.name
+        assert decode.device_extra(r, i) < 4 * t.raw_nbytes + 65536, t.name
+
+
+def _flip_in_place(blob: bytes, name: str) -> bytes:
+    """``blob`` with one stored byte of ``name``'s largest plane flipped and its checksum left
+    as it was: the plane fails R1 (the file's identity and index unchanged)."""
+    r = s4format.Reader(blob)
+    t = r.tensors[r.index_of(name)]
+    p = max(t.planes, key=lambda q: q.stored_len)
+    out = bytearray(blob)
+    out[p.offset + p.stored_len // 2] ^= 0x5A
+    return bytes(out)
+
+
+def _first_cpu_failure(blobs: list[bytes]) -> Exception | None:
+    r = _open(blobs)
+    for i in range(len(r.tensors)):
+        try:
+            r.read_raw(i)
+        except s4format.S4Error as exc:
+            return exc
+    return None
+
+
+@pytest.mark.parametrize("level", [0, 2, 4])
+@pytest.mark.parametrize("how", ["decoding finds it", "its checksum finds it"])
+@pytest.mark.parametrize("name", ["w", "twin_a"])
+def test_damage_at_any_level_fails_as_the_cpu_reader_reads_it(level: int, how: str,
+                                                                name: str) -> None:
+    levels = _levels(5, seed=1)
+    if how == "decoding finds it":
+        blobs = _chain(levels, _full_at, damage=(level, name))
+    else:
+        blobs = _chain(levels, _full_at)
+        blobs[level] = _flip_in_place(blobs[level], name)
+    cpu = _first_cpu_failure(blobs)
+    r = _open(blobs)
+    idx = list(range(len(r.tensors)))
+    if cpu is None:
+        # the twins' base tensors share one content hash, so both deltas of level 1 read the
+        # later twin: damage to the other in the base is never read, by either reader
+        assert (level, name) == (0, "twin_a")
+        for i, o in zip(idx, decode.read_tensors(r, idx)):
+            assert np.array_equal(o.numpy(), r.read_raw(i))
+        return
+    with pytest.raises(s4format.S4Error) as got:
+        decode.read_tensors(r, idx)
+    assert type(got.value) is type(cpu) and str(got.value) == str(cpu), (cpu, got.value)
+
+
+@pytest.mark.parametrize("level", [1, 2, 3])
+def test_a_wrong_hash_partway_up_is_found_at_its_level(level: int) -> None:
+    # a tensor partway up whose content hash is not its bytes' (and the next delta names that
+    # hash as its parent): the CPU reader checks every level, and so does the GPU, though the
+    # chain's last level would come out right
+    levels = _levels(4, seed=2)
+    blobs = _chain(levels, _full_at, wrong_hash=(level, "m"))
+    cpu = _first_cpu_failure(blobs)
+    assert isinstance(cpu, ContentHashError)
+    r = _open(blobs)
+    with pytest.raises(ContentHashError) as got:
+        decode.read_tensors(r, list(range(len(r.tensors))))
+    assert str(got.value) == str(cpu)
