@@ -510,21 +510,25 @@ class _Level:
         return staged + decoded + BLOCK_TABLE * blocks + 4096
 
 
-def load_large(reader, i: int, out: torch.Tensor, workspace: int) -> None:
+def load_large(reader, i: int, out: torch.Tensor, workspace: int, on_host: bool = False
+               ) -> None:
     """:func:`_load_large`, failing as the CPU reader would: a stream or form failure is
     reported for the first plane that fails in the CPU reader's order (the host checks forms
     and stream headers before the device finds corrupt blocks), and a field overflow (found by
-    tensor) in its words, by re-reading the tensor on the CPU, on this error path only."""
+    tensor) in its words, by re-reading the tensor on the CPU, on this error path only.
+    ``on_host``: ``out`` is host memory (page-locked, for the copies to overlap): each chunk
+    is decoded into a device buffer (within the workspace) and copied down."""
     from s4weights.gpu import decode
 
     try:
-        _load_large(reader, i, out, workspace)
+        _load_large(reader, i, out, workspace, on_host)
     except FormatError as exc:  # (CodecError is one)
         decode.raise_as_cpu(reader, i, exc)
         raise
 
 
-def _load_large(reader, i: int, out: torch.Tensor, workspace: int) -> None:
+def _load_large(reader, i: int, out: torch.Tensor, workspace: int, on_host: bool = False
+                ) -> None:
     """Decode tensor i into ``out`` (its raw bytes, flat uint8 on the current device) chunk by
     chunk, each chunk's device memory under ``workspace`` (at least one chunk of
     ``LOAD_ALIGN`` bytes). Every plane's checksum is verified (on the host, where its stored
@@ -559,22 +563,23 @@ def _load_large(reader, i: int, out: torch.Tensor, workspace: int) -> None:
         # (R2-R4, then R5): each level before the failing one is decoded alone, in order, and
         # its first failure wins (on this error path only).
         for lv in levels:
-            _decode_levels([lv], out, workspace, content=False)
+            _decode_levels([lv], out, workspace, content=False, on_host=on_host)
         raise deferred
-    _decode_levels(levels, out, workspace)
+    _decode_levels(levels, out, workspace, on_host=on_host)
 
 
 def _decode_levels(levels: list[_Level], out: torch.Tensor, workspace: int,
-                   content: bool = True) -> None:
+                   content: bool = True, on_host: bool = False) -> None:
     """Decode the chain ``levels`` (the requested tensor first) into ``out`` chunk by chunk
     and check it (``content``: and the content hashes). Each chunk is built from the deepest
     level up: its bytes first, then each delta's XORed in, so that after level d the chunk
     holds level d's raw bytes, whose leaves are hashed there when that level's content hash
-    is to be checked (chunks are whole leaves but for the tensor's last)."""
+    is to be checked (chunks are whole leaves but for the tensor's last). ``on_host``: the
+    chunk is built in a device buffer and copied down into ``out`` (host memory)."""
     from s4weights.gpu import xor
 
     nbytes = levels[0].t.raw_nbytes
-    chunk = _load_chunk(levels, nbytes, workspace)
+    chunk = _load_chunk(levels, nbytes, workspace, on_host)
     tabs = [_tables(lv) for lv in levels]
     errs: list[tuple[_Level, torch.Tensor, np.ndarray, str]] = []
     hashed = [d for d, lv in enumerate(levels)
@@ -582,35 +587,42 @@ def _decode_levels(levels: list[_Level], out: torch.Tensor, workspace: int,
     digests: dict[int, list[torch.Tensor]] = {d: [] for d in hashed}
     pinned = [None, None]
     events = [None, None]
-    pbuf = runtime.device_empty(chunk) if len(levels) > 1 else None
+    room = min(chunk, runtime.align(nbytes, 16))  # (a tensor smaller than one chunk)
+    pbuf = runtime.device_empty(room) if len(levels) > 1 else None
+    cbuf = runtime.device_empty(room) if on_host else None
     k = 0
     for lo in range(0, nbytes, chunk):
         hi = min(nbytes, lo + chunk)
+        into = cbuf[:hi - lo] if on_host else out[lo:hi]
         for depth in range(len(levels) - 1, -1, -1):
             deepest = depth == len(levels) - 1
-            dst = out[lo:hi] if deepest else pbuf[:hi - lo]
+            dst = into if deepest else pbuf[:hi - lo]
             slot = k % 2
             if events[slot] is not None:
                 events[slot].synchronize()  # its pinned buffer is free again
             pinned[slot], events[slot] = _decode_range(levels[depth], tabs[depth], lo, hi, dst,
                                                        errs, pinned[slot])
             if not deepest:
-                xor(out[lo:hi], dst, out=out[lo:hi])
+                xor(into, dst, out=into)
             if depth in digests:
-                d, first = runtime.leaf_digests([out.data_ptr() + lo], [hi - lo])
+                d, first = runtime.leaf_digests([into.data_ptr()], [hi - lo])
                 digests[depth].append(d[:int(first[-1])])
             k += 1
+        if on_host:  # (the next chunk's kernels write cbuf after this copy, in stream order)
+            out[lo:hi].copy_(into, non_blocking=True)
     _check(levels, nbytes, errs, digests)
 
 
-def _load_chunk(levels: list[_Level], nbytes: int, workspace: int) -> int:
+def _load_chunk(levels: list[_Level], nbytes: int, workspace: int, on_host: bool = False
+                ) -> int:
     """The largest chunk (a multiple of ``LOAD_ALIGN`` bytes, halving from what the workspace
     could hold of the raw bytes) whose every range needs at most ``workspace`` at any level
-    (with a chain, plus the buffer an ancestor's bytes are decoded into for the XOR)."""
+    (with a chain, plus the buffer an ancestor's bytes are decoded into for the XOR; for a
+    host destination, plus the buffer the chunk is built in)."""
     k = max(1, min(workspace, nbytes) // LOAD_ALIGN)
     while True:
         chunk = k * LOAD_ALIGN
-        xor_buf = chunk if len(levels) > 1 else 0
+        xor_buf = (chunk if len(levels) > 1 else 0) + (chunk if on_host else 0)
         worst = max((lv.need(lo, min(nbytes, lo + chunk)) + xor_buf
                      for lv in levels for lo in range(0, nbytes, chunk)), default=0)
         if worst <= workspace or k == 1:

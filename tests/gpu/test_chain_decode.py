@@ -31,7 +31,8 @@ def _coded(x: np.ndarray, dtype: str, n: int):
     return it, next(iter(encode.Encoder().code([it])))
 
 
-def _levels(depth: int, seed: int = 0) -> list[dict[str, tuple[str, np.ndarray]]]:
+def _levels(depth: int, seed: int = 0, scale: int = 1
+            ) -> list[dict[str, tuple[str, np.ndarray]]]:
     """A state (name -> (dtype, raw bytes)) at every level of a chain ``depth`` deltas deep:
     each level flips a few bits of most tensors; "jump" is replaced whole at level 2 (its
     delta would not pay, so it is stored whole there), "twin_a"/"twin_b" start equal (two
@@ -39,7 +40,7 @@ def _levels(depth: int, seed: int = 0) -> list[dict[str, tuple[str, np.ndarray]]
     g = torch.Generator().manual_seed(seed)
     rng = np.random.default_rng(seed)
     first = {
-        "w": ("bfloat16", (torch.randn(90_000, generator=g) * .02).bfloat16()),
+        "w": ("bfloat16", (torch.randn(90_000 * scale, generator=g) * .02).bfloat16()),
         "m": ("float32", torch.randn(30_000, generator=g) * 1e-3),
         "jump": ("bfloat16", (torch.randn(20_000, generator=g) * .02).bfloat16()),
         "twin_a": ("float16", (torch.randn(12_000, generator=g) * .1).half()),
@@ -205,3 +206,24 @@ def test_a_wrong_hash_partway_up_is_found_at_its_level(level: int) -> None:
     with pytest.raises(ContentHashError) as got:
         decode.read_tensors(r, list(range(len(r.tensors))))
     assert str(got.value) == str(cpu)
+
+
+@pytest.mark.parametrize("depth", [0, 3])
+def test_chunks_copied_down_to_a_host_destination(monkeypatch, depth: int) -> None:
+    # chunked.load_large(on_host=True): each chunk is built in a device buffer within the
+    # workspace and copied into host memory (a restarted process's parent read)
+    from s4weights.gpu import chunked
+
+    monkeypatch.setattr(chunked, "LOAD_ALIGN", 1 << 18)  # whole rANS blocks of bf16
+    levels = _levels(depth, seed=3, scale=8)
+    r = _open(_chain(levels, _full_at))
+    i = r.index_of("w")
+    assert chunked.chunkable(r, i)
+    out = torch.empty(r.tensors[i].raw_nbytes, dtype=torch.uint8)
+    ws = 1 << 20
+    assert chunked._load_chunk([chunked._Level(r, i)], out.numel(), ws, True) < out.numel()
+    base = Device.live
+    Device.peak = Device.live
+    chunked.load_large(r, i, out, ws, on_host=True)
+    assert Device.peak - base <= ws
+    assert np.array_equal(out.numpy(), levels[-1]["w"][1])
