@@ -84,11 +84,16 @@ def main() -> None:
         state = gpu.state_of(model, opt)
         store = open_store(root)
         infos = chain.by_step(chain.list_checkpoints(store))
-        t0 = time.perf_counter()
-        chain._parent_tensors(store, infos[max(infos)], infos)
-        read_s = time.perf_counter() - t0
+        reads = {}
+        for where in ("cpu", "cuda"):
+            t0 = time.perf_counter()
+            chain._parent_tensors(store, infos[max(infos)], infos, where)
+            reads[where] = time.perf_counter() - t0
+        read_s = reads["cuda"]
         print(f"after a restart: reading the parent (step {max(infos)}, chain depth "
-              f"{infos[max(infos)].depth}) from the store: {read_s:.3f} s", flush=True)
+              f"{infos[max(infos)].depth}) from the store: {reads['cpu']:.3f} s decoded on "
+              f"the CPU, {reads['cuda']:.3f} s on the GPU (what save_checkpoint does)",
+              flush=True)
         save(state, root, saves, "delta after a restart")
         t0 = time.perf_counter()
         torch.save(state, Path(tmp) / "x.pt")
@@ -114,6 +119,7 @@ def main() -> None:
     if out := os.environ.get("OUT"):
         Path(out, "checkpoint_gpu.json").write_text(json.dumps(
             dict(saves=rows, restart_parent_read_s=round(read_s, 3),
+                 restart_parent_read_cpu_s=round(reads["cpu"], 3),
                  torch_save_s=round(torch_s, 3), exact=exact,
                  lock_s=round(lock_s, 3), pin_s=round(pin_s, 3)), indent=1))
     if not exact:

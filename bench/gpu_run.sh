@@ -18,5 +18,8 @@ bench=$?
 python3 bench/checkpoint_gpu.py 2>&1 | tee "$OUT/checkpoint_gpu.log"
 checkpoint=$?
 python3 bench/host_stages.py 2>&1 | tee "$OUT/host_stages.log"
-echo "tests exit $tests, conformance exit $conformance, bench exit $bench, checkpoint exit $checkpoint"
-exit $(( tests || conformance || bench || checkpoint ))
+# a base -> delta chain loaded back on the GPU at every depth
+python3 bench/chain_load_gpu.py 2>&1 | tee "$OUT/chain_load_gpu.log"
+chainload=$?
+echo "tests exit $tests, conformance exit $conformance, bench exit $bench, checkpoint exit $checkpoint, chain load exit $chainload"
+exit $(( tests || conformance || bench || checkpoint || chainload ))

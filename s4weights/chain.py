@@ -202,11 +202,15 @@ def open_chain(store: Store, chain: list[CheckpointInfo], verify: bool,
     return reader
 
 
-def _parent_tensors(store: Store, parent: CheckpointInfo, infos: dict[int, CheckpointInfo]
-                    ) -> tuple[dict[str, s4format.Tensor], dict[str, bytes]]:
-    """The tensors of ``parent``, to XOR the next checkpoint against, and their content hashes
-    (by name); an S4Error when its chain cannot be read, even when this process still holds
-    them (a delta against a parent nobody can read could never be loaded)."""
+def _parent_tensors(store: Store, parent: CheckpointInfo, infos: dict[int, CheckpointInfo],
+                    device: str = "cpu", workspace: int | None = None
+                    ) -> tuple[dict[str, s4format.Tensor], dict[str, bytes], np.ndarray | None]:
+    """The tensors of ``parent``, to XOR the next checkpoint against, their content hashes
+    (by name), and the page-locked buffer holding them where the GPU decoded them (else
+    None); an S4Error when its chain cannot be read, even when this process still holds them
+    (a delta against a parent nobody can read could never be loaded). ``device`` other than
+    "cpu" (a save on the GPU path): the chain is decoded on the current GPU, within
+    ``workspace``, as a load would, not on the CPU (which takes seconds per GB and file)."""
     chain = chain_of(parent.step, infos)
     cached = _PARENT_CACHE.get(store.url)
     if cached and cached[0] == parent.checkpoint_id:
@@ -215,13 +219,67 @@ def _parent_tensors(store: Store, parent: CheckpointInfo, infos: dict[int, Check
         # which catches deleted, truncated and replaced files. Damage inside a plane's payload
         # shows only when the planes are read, as they are in a fresh process.
         close_chain(open_chain(store, chain, verify=False))
-        return cached[1], cached[2]
-    reader = open_chain(store, chain, verify=True)
+        return cached[1], cached[2], None
+    reader = open_chain(store, chain, verify=True, device=device)
     try:
-        return ({t.name: reader.read(i) for i, t in enumerate(reader.tensors)},
-                {t.name: t.content_hash for t in reader.tensors})
+        hashes = {t.name: t.content_hash for t in reader.tensors}
+        if device != "cpu" and gpu.use_gpu(device, True):
+            try:
+                tensors, buffer = _read_on_gpu(reader, device, workspace)
+                return tensors, hashes, buffer
+            except gpu.out_of_memory_errors() as exc:  # (a training run may leave little)
+                log.warning("reading the parent checkpoint step %d on the GPU ran out of "
+                            "memory (%s): read on the CPU instead", parent.step,
+                            gpu.error_text(exc))
+        return {t.name: reader.read(i) for i, t in enumerate(reader.tensors)}, hashes, None
     finally:
         close_chain(reader)
+
+
+def _read_on_gpu(reader: s4format.Reader, device: str, workspace: int | None
+                 ) -> tuple[dict[str, s4format.Tensor], np.ndarray]:
+    """Every tensor of ``reader`` (a chain) as host bytes in one page-locked buffer (a kept
+    one that fits, else a new one): decoded on the current device and copied down where the
+    GPU decodes it, else read on the CPU. The loader (:func:`gpu.loader_for`, batches of
+    tensors) gets half the workspace, as its batches' decoded tensors wait on the device
+    beside it; a tensor that alone needs more is decoded in chunks within that half, each
+    copied down as it is made (:func:`chunked.load_large`), so the device holds about the
+    workspace at most."""
+    from s4weights.gpu import plan
+    from s4weights.gpu.chunked import chunkable, load_large
+    from s4weights.gpu.decode import decodable, device_extra
+    from s4weights.gpu.ranshost import TablesTooLarge
+
+    total = sum(t.raw_nbytes for t in reader.tensors)
+    half = (workspace or plan.default_workspace(total)) // 2
+    dev = torch.device("cuda", torch.cuda.current_device())
+    load = gpu.loader_for(reader, device, workspace=half)
+    host = hostmem.take(dev, total)
+    if host is None:
+        host = hostmem.populated(total).result()
+        hostmem.lock(host, dev.index)
+    out: dict[str, s4format.Tensor] = {}
+    at = 0
+    for i, t in enumerate(reader.tensors):
+        h = host[at:at + t.raw_nbytes]
+        gpu_ok = t.raw_nbytes and decodable(reader, i)
+        if gpu_ok and device_extra(reader, i) <= half:
+            got = load(i, dev)
+            # (the device copy's memory goes back to torch's allocator at once: stream order
+            # keeps later work from writing it before this copy has read it)
+            torch.from_numpy(h).copy_(got.reshape(-1).view(torch.uint8), non_blocking=True)
+            del got
+        elif gpu_ok and chunkable(reader, i):
+            try:
+                load_large(reader, i, torch.from_numpy(h), half, on_host=True)
+            except TablesTooLarge:  # streams of tiny blocks: the CPU decodes it
+                h[:] = reader.read_raw(i)
+        elif t.raw_nbytes:
+            h[:] = reader.read_raw(i)
+        out[t.name] = s4format.Tensor(t.dtype, t.shape, h)
+        at += t.raw_nbytes
+    torch.cuda.current_stream(dev).synchronize()
+    return out, host
 
 
 def save_checkpoint(state: Any, url_or_dir: Any, step: int, *, keyframe_interval: int = 10,
@@ -240,6 +298,8 @@ def save_checkpoint(state: Any, url_or_dir: Any, step: int, *, keyframe_interval
     to save), as the next delta's parent; nothing stays in GPU memory between saves,
     and a save's extra GPU memory is bounded by ``workspace`` (as in :func:`s4weights.save`,
     with a few MiB of tables).
+    A process with no parent cached (after a restart) reads it from the store: on the GPU
+    path, decoded on the GPU within ``workspace``.
     CUDA tensors must not change until the call returns. Saves to one store from several
     threads run one at a time. When the latest checkpoint (or a file of its chain) cannot be
     read, the save still succeeds, as a base, and logs a warning naming it; the damaged
@@ -299,23 +359,30 @@ def _save(store: Store, state: Any, step: int, *, keyframe_interval: int, delta:
     # state, so the save's extra GPU memory stays within the workspace; they must not change
     # until the call returns (as for torch.save).
     on_gpu = gpu.use_gpu(device, any(isinstance(t, DeviceTensor) for _n, t in flat.tensors))
+    parents = hashes = read_into = None
+    if parent is not None:
+        try:
+            parents, hashes, read_into = _parent_tensors(
+                store, parent, infos, device if on_gpu else "cpu", workspace)
+        except S4Error as exc:
+            log.warning("checkpoint step %d is saved as a base, not as a delta of step %d "
+                        "(%s), which cannot be read: %s", step, parent.step, parent.file, exc)
+            parent = None
+    # the buffer this snapshot may take over once the file is coded (on the GPU path): the
+    # cached parent's, or that of the parent just read from the store (where the state is on
+    # one device)
     replaced = _PARENT_CACHE.get(store.url)
-    snap = _Snapshot(flat.tensors, replaced[3] if on_gpu and replaced and not nested else {})
+    reuse = replaced[3] if replaced else {}
+    devices = {t.device_bytes.device for _n, t in flat.tensors if isinstance(t, DeviceTensor)}
+    if read_into is not None and len(devices) == 1:
+        reuse = {devices.pop(): read_into}
+    snap = _Snapshot(flat.tensors, reuse if on_gpu and not nested else {})
     try:
         if not on_gpu:  # the CPU codes every tensor: from the snapshot, not a second copy
             snap.finish()
         flat = type(flat)(flat.tree, [
             (name, t if on_gpu and isinstance(t, DeviceTensor) else snap.tensors[name])
             for name, t in flat.tensors])
-        parents = hashes = None
-        if parent is not None:
-            try:
-                parents, hashes = _parent_tensors(store, parent, infos)
-            except S4Error as exc:
-                log.warning("checkpoint step %d is saved as a base, not as a delta of step %d "
-                            "(%s), which cannot be read: %s", step, parent.step, parent.file,
-                            exc)
-                parent = None
         t0 = time.perf_counter()
         with store.writer(_data_name(step)) as sink:
             result = write_flattened(

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 
+import numpy as np
 import pytest
 
 cupy = pytest.importorskip("cupy")
@@ -257,3 +258,82 @@ def test_saves_coded_on_the_cpu_alternate_between_two_buffers(tmp_path) -> None:
     assert ptrs[0] != ptrs[1] and ptrs[2:] == ptrs[:2]
     chain._PARENT_CACHE.clear()
     _same(s4weights.load_checkpoint(tmp_path / "run", 3, map_location="cpu"), state)
+
+
+def test_a_restarted_process_reads_its_parent_on_the_gpu(tmp_path, monkeypatch) -> None:
+    # nothing cached (a restart): the parent's chain is decoded on the GPU within the
+    # workspace into one page-locked buffer, byte for byte what the CPU reads, and the
+    # snapshot then takes that buffer over
+    from s4weights.store import open_store
+
+    state = _state()
+    state["ids"] = torch.arange(1000, device="cuda")  # int64: read on the CPU
+    state["big"] = torch.randn(6 << 20, device="cuda") * 0.02  # 24 MiB: over half of 32
+    from s4weights.gpu import chunked
+    root = tmp_path / "run"
+    url = root.resolve().as_uri()
+    for step in range(3):
+        _train(state)
+        s4weights.save_checkpoint(state, root, step, device="cuda", workspace=32 * MIB)
+    chain._PARENT_CACHE.clear()
+    hostmem.forget()
+    store = open_store(root)
+    infos = chain.by_step(chain.list_checkpoints(store))
+    chunked_to_host = []
+    real_large = chunked.load_large
+
+    def large(reader, i, out, ws, on_host=False):
+        chunked_to_host.append((reader.tensors[i].name, on_host, out.device.type, ws))
+        return real_large(reader, i, out, ws, on_host)
+
+    monkeypatch.setattr(chunked, "load_large", large)
+    on_gpu, hashes, buf = chain._parent_tensors(store, infos[2], infos, "cuda", 32 * MIB)
+    # "big" (24 MiB, two deltas deep) is decoded in chunks within half the workspace, each
+    # copied down as it is made
+    assert chunked_to_host == [("big", True, "cpu", 16 * MIB)]
+    on_cpu, hashes_cpu, none = chain._parent_tensors(store, infos[2], infos, "cpu")
+    assert none is None and hashes == hashes_cpu and set(on_gpu) == set(on_cpu)
+    assert buf is not None and hostmem.is_page_locked(buf)
+    for k, v in on_cpu.items():
+        assert np.asarray(v.data).tobytes() == np.asarray(on_gpu[k].data).tobytes(), k
+    del on_gpu, on_cpu, buf
+    read = []
+    real = chain._read_on_gpu
+
+    def spy(*a):
+        got = real(*a)
+        read.append(got[1].ctypes.data)  # the parent's buffer
+        return got
+
+    monkeypatch.setattr(chain, "_read_on_gpu", spy)
+    _train(state)
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    info = s4weights.save_checkpoint(state, root, 3, device="cuda", workspace=32 * MIB)
+    torch.cuda.synchronize()
+    extra = torch.cuda.max_memory_allocated() - base
+    assert extra <= 32 * MIB + 4 * MIB, extra / MIB
+    assert not info.is_base and len(read) == 1
+    assert chain._PARENT_CACHE[url][3][state["w"].device].ctypes.data == read[0]  # taken over
+    chain._PARENT_CACHE.clear()
+    _same(s4weights.load_checkpoint(root, 3, map_location="cpu"), state)
+
+
+def test_a_parent_read_that_runs_out_of_gpu_memory_is_read_on_the_cpu(tmp_path, monkeypatch,
+                                                                      caplog) -> None:
+    state = _state()
+    root = tmp_path / "run"
+    s4weights.save_checkpoint(state, root, 0, device="cuda")
+    chain._PARENT_CACHE.clear()
+
+    def full(*a):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory (a test)")
+
+    monkeypatch.setattr(chain, "_read_on_gpu", full)
+    _train(state)
+    with caplog.at_level(logging.WARNING, logger="s4weights"):
+        info = s4weights.save_checkpoint(state, root, 1, device="cuda")
+    assert not info.is_base and "read on the CPU instead" in caplog.text
+    chain._PARENT_CACHE.clear()
+    _same(s4weights.load_checkpoint(root, 1, map_location="cpu"), state)
