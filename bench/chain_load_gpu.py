@@ -6,8 +6,9 @@ device="cuda")``, nothing cached, best of two), against torch.load(map_location=
 the same state from the same disk. Uses only the public API, so the same script times an
 older tree (``PYTHONPATH=<tree>``) for an A/B. Per load: the chain depth, seconds, the GB/s
 of the state's raw bytes and of every level's raw bytes decoded, and the peak extra GPU
-memory; the last load is compared bit for bit. JSON to ``$OUT/chain_load_gpu.json`` when OUT
-is set."""
+memory; the last load is compared bit for bit. ``S4_CHAIN_PROFILE=N``: the N functions the
+deepest load's host spends most time in (cProfile). JSON to ``$OUT/chain_load_gpu.json`` when
+OUT is set."""
 
 from __future__ import annotations
 
@@ -57,8 +58,9 @@ def main() -> None:
         torch.cuda.synchronize()
         base = torch.cuda.memory_allocated()
         for k in range(depth + 1):
-            best = None
+            best = last = None
             for _ in range(2):
+                last = None  # (the first try's state is not held through the second)
                 chain._PARENT_CACHE.clear()  # (a load reads the store in any case)
                 torch.cuda.synchronize()
                 torch.cuda.reset_peak_memory_stats()
@@ -68,15 +70,18 @@ def main() -> None:
                 took = time.perf_counter() - t0
                 peak = torch.cuda.max_memory_allocated() - base - raw_bytes(got)
                 best = took if best is None else min(best, took)
-                if k < depth:
-                    del got
+                last = got if k == depth else None
+                del got
             rows.append(dict(step=k, depth=depths[k], load_s=round(best, 3),
                              state_GBps=round(raw / best / 1e9, 2),
                              decoded_GBps=round(raw * (depths[k] + 1) / best / 1e9, 2),
                              peak_extra_MiB=round(peak / MIB)))
             print(json.dumps(rows[-1]), flush=True)
-        exact = gpu.same_state(got, state)
-        del got
+        exact = gpu.same_state(last, state)
+        del last
+        if os.environ.get("S4_CHAIN_PROFILE"):  # where the deepest load's host time goes
+            gpu.profile_call(lambda: s4weights.load_checkpoint(root, depth, device="cuda"),
+                             int(os.environ["S4_CHAIN_PROFILE"]))
         times = []
         for _ in range(2):
             torch.cuda.synchronize()
