@@ -19,6 +19,7 @@ from s4format.errors import ContentHashError
 from s4format.writer import CodedPlane, CodedTensor, Writer
 from s4weights.gpu import decode, encode
 from tests.gpu.emulated import Device, emulate
+from tests.gpu.test_decode_host import _first_cpu_failure
 
 
 @pytest.fixture(autouse=True)
@@ -157,16 +158,6 @@ def _flip_in_place(blob: bytes, name: str) -> bytes:
     return bytes(out)
 
 
-def _first_cpu_failure(blobs: list[bytes]) -> Exception | None:
-    r = _open(blobs)
-    for i in range(len(r.tensors)):
-        try:
-            r.read_raw(i)
-        except s4format.S4Error as exc:
-            return exc
-    return None
-
-
 @pytest.mark.parametrize("level", [0, 2, 4])
 @pytest.mark.parametrize("how", ["decoding finds it", "its checksum finds it"])
 @pytest.mark.parametrize("name", ["w", "twin_a"])
@@ -178,7 +169,7 @@ def test_damage_at_any_level_fails_as_the_cpu_reader_reads_it(level: int, how: s
     else:
         blobs = _chain(levels, _full_at)
         blobs[level] = _flip_in_place(blobs[level], name)
-    cpu = _first_cpu_failure(blobs)
+    cpu = _first_cpu_failure(_open(blobs))
     r = _open(blobs)
     idx = list(range(len(r.tensors)))
     if cpu is None:
@@ -200,7 +191,7 @@ def test_a_wrong_hash_partway_up_is_found_at_its_level(level: int) -> None:
     # chain's last level would come out right
     levels = _levels(4, seed=2)
     blobs = _chain(levels, _full_at, wrong_hash=(level, "m"))
-    cpu = _first_cpu_failure(blobs)
+    cpu = _first_cpu_failure(_open(blobs))
     assert isinstance(cpu, ContentHashError)
     r = _open(blobs)
     with pytest.raises(ContentHashError) as got:
