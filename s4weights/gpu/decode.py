@@ -426,6 +426,13 @@ def _apply_parents(reader: Reader, idx: list[int], outs: list[torch.Tensor]) -> 
             if a is None or a[0] is not p or a[1] not in uniq:
                 raise
             first = min(k for k, j in at.items() if j == a[1])
+            # The CPU reader reads a chain from the top down and may fail higher up first;
+            # files opened from buffers share one name, so the plane named cannot tell the
+            # levels apart: its failure, read on this error path only
+            try:
+                reader.read_raw(idx[first])
+            except S4Error as cpu:
+                raise _about(cpu, reader, idx[first]) from None
             raise _about(exc, reader, idx[first]) from None
         below = {k: mine[j] for k, j in at.items()}
         del mine

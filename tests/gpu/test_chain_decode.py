@@ -184,6 +184,22 @@ def test_damage_at_any_level_fails_as_the_cpu_reader_reads_it(level: int, how: s
     assert type(got.value) is type(cpu) and str(got.value) == str(cpu), (cpu, got.value)
 
 
+@pytest.mark.parametrize("upper,lower", [(3, 1), (4, 2), (2, 0)])
+def test_damage_at_two_levels_fails_with_the_upper_one_as_the_cpu_reader(upper: int,
+                                                                          lower: int) -> None:
+    # one plane damaged at two levels (decoding finds the upper one, the checksum the lower):
+    # the GPU meets the lower first, the CPU reader (top down) the upper (a review found the
+    # lower's raised: the files' names, all "<buffer>", could not tell the levels apart)
+    blobs = _chain(_levels(5, seed=1), _full_at, damage=(upper, "w"))
+    blobs[lower] = _flip_in_place(blobs[lower], "w")
+    cpu = _first_cpu_failure(_open(blobs))
+    assert cpu is not None
+    r = _open(blobs)
+    with pytest.raises(s4format.S4Error) as got:
+        decode.read_tensors(r, list(range(len(r.tensors))))
+    assert type(got.value) is type(cpu) and str(got.value) == str(cpu), (cpu, got.value)
+
+
 @pytest.mark.parametrize("level", [1, 2, 3])
 def test_a_wrong_hash_partway_up_is_found_at_its_level(level: int) -> None:
     # a tensor partway up whose content hash is not its bytes' (and the next delta names that
