@@ -239,47 +239,64 @@ def _parent_tensors(store: Store, parent: CheckpointInfo, infos: dict[int, Check
 def _read_on_gpu(reader: s4format.Reader, device: str, workspace: int | None
                  ) -> tuple[dict[str, s4format.Tensor], np.ndarray]:
     """Every tensor of ``reader`` (a chain) as host bytes in one page-locked buffer (a kept
-    one that fits, else a new one): decoded on the current device and copied down where the
-    GPU decodes it, else read on the CPU. The loader (:func:`gpu.loader_for`, batches of
-    tensors) gets half the workspace, as its batches' decoded tensors wait on the device
-    beside it; a tensor that alone needs more is decoded in chunks within that half, each
-    copied down as it is made (:func:`chunked.load_large`), so the device holds about the
-    workspace at most."""
+    one that fits, else a new one), read on the current device within ``workspace``: in
+    batches (:func:`gpu.loader_for`, each decoded tensor counted against the workspace until
+    it is copied down), a tensor that alone needs more in chunks, each copied down as it is
+    made (:func:`chunked.load_large`), and on the CPU where the GPU does not decode it (empty
+    tensors too: their checks). Fails as the CPU reader would, reading in order."""
     from s4weights.gpu import plan
     from s4weights.gpu.chunked import chunkable, load_large
     from s4weights.gpu.decode import decodable, device_extra
     from s4weights.gpu.ranshost import TablesTooLarge
 
     total = sum(t.raw_nbytes for t in reader.tensors)
-    half = (workspace or plan.default_workspace(total)) // 2
+    ws = workspace or plan.default_workspace(total)
     dev = torch.device("cuda", torch.cuda.current_device())
-    load = gpu.loader_for(reader, device, workspace=half)
+    load = gpu.loader_for(reader, device, workspace=ws, count_outputs=True)
     host = hostmem.take(dev, total)
     if host is None:
         host = hostmem.populated(total).result()
         hostmem.lock(host, dev.index)
     out: dict[str, s4format.Tensor] = {}
     at = 0
-    for i, t in enumerate(reader.tensors):
-        h = host[at:at + t.raw_nbytes]
-        gpu_ok = t.raw_nbytes and decodable(reader, i)
-        if gpu_ok and device_extra(reader, i) <= half:
-            got = load(i, dev)
-            # (the device copy's memory goes back to torch's allocator at once: stream order
-            # keeps later work from writing it before this copy has read it)
-            torch.from_numpy(h).copy_(got.reshape(-1).view(torch.uint8), non_blocking=True)
-            del got
-        elif gpu_ok and chunkable(reader, i):
-            try:
-                load_large(reader, i, torch.from_numpy(h), half, on_host=True)
-            except TablesTooLarge:  # streams of tiny blocks: the CPU decodes it
+    try:
+        for i, t in enumerate(reader.tensors):
+            h = host[at:at + t.raw_nbytes]
+            on_gpu = t.raw_nbytes > 0 and decodable(reader, i)
+            if on_gpu and t.raw_nbytes + device_extra(reader, i) <= ws:
+                got = load(i, dev)
+                # (the device copy's memory goes back to torch's allocator at once: stream
+                # order keeps later work from writing it before this copy has read it)
+                torch.from_numpy(h).copy_(got.reshape(-1).view(torch.uint8), non_blocking=True)
+                del got
+            elif on_gpu and chunkable(reader, i):
+                try:
+                    load_large(reader, i, torch.from_numpy(h), ws, on_host=True)
+                except TablesTooLarge:  # streams of tiny blocks: the CPU decodes it
+                    h[:] = reader.read_raw(i)
+            else:
                 h[:] = reader.read_raw(i)
-        elif t.raw_nbytes:
-            h[:] = reader.read_raw(i)
-        out[t.name] = s4format.Tensor(t.dtype, t.shape, h)
-        at += t.raw_nbytes
+            out[t.name] = s4format.Tensor(t.dtype, t.shape, h)
+            at += t.raw_nbytes
+    except S4Error:
+        # a batch decodes the GPU's tensors ahead of those the CPU reads: the failure the
+        # CPU reader meets first, reading in order (on this error path only)
+        _wait_quietly(dev)
+        for i in range(len(reader.tensors)):
+            reader.read_raw(i)
+        raise
+    except BaseException:
+        _wait_quietly(dev)  # (no copy may still write into the buffer once it goes)
+        raise
     torch.cuda.current_stream(dev).synchronize()
     return out, host
+
+
+def _wait_quietly(dev: torch.device) -> None:
+    """Wait for the work queued on ``dev``'s current stream, hiding a failure there (a
+    device already in error) while another error propagates."""
+    with contextlib.suppress(Exception):
+        torch.cuda.current_stream(dev).synchronize()
 
 
 def save_checkpoint(state: Any, url_or_dir: Any, step: int, *, keyframe_interval: int = 10,
@@ -359,11 +376,15 @@ def _save(store: Store, state: Any, step: int, *, keyframe_interval: int, delta:
     # state, so the save's extra GPU memory stays within the workspace; they must not change
     # until the call returns (as for torch.save).
     on_gpu = gpu.use_gpu(device, any(isinstance(t, DeviceTensor) for _n, t in flat.tensors))
+    devices = {t.device_bytes.device for _n, t in flat.tensors if isinstance(t, DeviceTensor)}
     parents = hashes = read_into = None
     if parent is not None:
         try:
-            parents, hashes, read_into = _parent_tensors(
-                store, parent, infos, device if on_gpu else "cpu", workspace)
+            # (read on the state's device where it has one, whose snapshot may take it over)
+            with torch.cuda.device(next(iter(devices))) if on_gpu and len(devices) == 1 \
+                    else contextlib.nullcontext():
+                parents, hashes, read_into = _parent_tensors(
+                    store, parent, infos, device if on_gpu else "cpu", workspace)
         except S4Error as exc:
             log.warning("checkpoint step %d is saved as a base, not as a delta of step %d "
                         "(%s), which cannot be read: %s", step, parent.step, parent.file, exc)
@@ -373,9 +394,8 @@ def _save(store: Store, state: Any, step: int, *, keyframe_interval: int, delta:
     # one device)
     replaced = _PARENT_CACHE.get(store.url)
     reuse = replaced[3] if replaced else {}
-    devices = {t.device_bytes.device for _n, t in flat.tensors if isinstance(t, DeviceTensor)}
     if read_into is not None and len(devices) == 1:
-        reuse = {devices.pop(): read_into}
+        reuse = {next(iter(devices)): read_into}
     snap = _Snapshot(flat.tensors, reuse if on_gpu and not nested else {})
     try:
         if not on_gpu:  # the CPU codes every tensor: from the snapshot, not a second copy

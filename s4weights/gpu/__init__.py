@@ -280,7 +280,7 @@ def xor(a, b, out=None):
 
 
 def loader_for(reader, device: str, update=None, direct: dict | None = None,
-               workspace: int | None = None):
+               workspace: int | None = None, count_outputs: bool = False):
     """The load hook: ``f(i, cuda_device)`` decoding stored tensor i on that device as a typed,
     shaped torch tensor, or None when the GPU path is off. ``direct`` maps a stored tensor index
     to caller-owned flat uint8 CUDA bytes (``load(into=...)``) that tensor is decoded straight
@@ -303,7 +303,9 @@ def loader_for(reader, device: str, update=None, direct: dict | None = None,
     device, once an attempt that needed at most twice the smallest workspace failed). The
     returned tensors themselves need their memory, as with ``torch.load``, and nvcomp-ans
     planes decode only on the GPU (their codec's "CPU" decode runs there too), so their
-    fallback may run out of memory as well."""
+    fallback may run out of memory as well. ``count_outputs``: a batch's decoded tensors count
+    against the workspace too (for a caller that copies each away as it comes), so the device
+    holds at most the workspace."""
     if not use_gpu(device, True):
         return None
     ready: dict[tuple[int, str], object] = {}
@@ -318,7 +320,7 @@ def loader_for(reader, device: str, update=None, direct: dict | None = None,
         from s4weights.gpu.decode import device_extra
 
         if j not in extra:
-            extra[j] = device_extra(reader, j)
+            extra[j] = device_extra(reader, j) + (sizes[j] if count_outputs else 0)
         return extra[j]
 
     # per device: its workspace, halved each time the device ran out of memory; 0 once it

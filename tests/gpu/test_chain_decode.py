@@ -234,3 +234,91 @@ def test_chunks_copied_down_to_a_host_destination(monkeypatch, depth: int) -> No
     chunked.load_large(r, i, out, ws, on_host=True)
     assert Device.peak - base <= ws
     assert np.array_equal(out.numpy(), levels[-1]["w"][1])
+
+
+# -- a restarted process's parent read (chain._read_on_gpu), emulated ----------------------
+
+@pytest.fixture()
+def read_on_gpu(monkeypatch):
+    """chain._read_on_gpu under the emulation (its torch and the loader's CUDA calls)."""
+    import contextlib
+
+    from s4weights import chain, gpu
+    from tests.gpu.emulated import Torch
+
+    monkeypatch.setattr(chain, "torch", Torch())
+    monkeypatch.setattr(gpu, "available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device", lambda *a, **k: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    return lambda r, ws: chain._read_on_gpu(r, "cuda", ws)
+
+
+def _file(tensors: dict[str, tuple[str, np.ndarray]], hashes: dict | None = None) -> bytes:
+    """A file of ``tensors`` (name -> (dtype, raw bytes); "int64" ones coded by the CPU
+    writer, which the GPU does not decode), coded by the (emulated) GPU encoder; ``hashes``
+    overrides content hashes by name."""
+    buf = io.BytesIO()
+    with Writer(buf) as w:
+        for name, (d, x) in tensors.items():
+            if d == "int64":
+                w.add(name, x.view(np.int64))
+                continue
+            n = x.size // dtypes.BY_NAME[d].itemsize
+            it, c = _coded(x, d, n)
+            w.add_coded(name, it.dtype, (n,), c.coded,
+                        (hashes or {}).get(name, hashing.content_hash(x.tobytes())))
+        w.set_tree({k: objtree.TensorRef(i) for i, k in enumerate(tensors)})
+    return buf.getvalue()
+
+
+def test_a_parent_read_holds_no_more_than_the_workspace(read_on_gpu, monkeypatch) -> None:
+    from s4weights.gpu import chunked
+
+    # tensors that decode with little room (all-zero bytes) still count their decoded bytes
+    # until each is copied down (a review found 32 MiB held under a 4 MiB workspace)
+    zeros = {f"z{k}": ("uint8", np.zeros(1 << 20, np.uint8)) for k in range(32)}
+    ws = 4 << 20
+    r = s4format.Reader(_file(zeros))
+    base = Device.live
+    Device.peak = Device.live
+    out, _host = read_on_gpu(r, ws)
+    assert Device.peak - base <= ws
+    assert all(not np.asarray(out[k].data).any() for k in zeros)
+    # and a chain, batches and chunks (its "w" needs more than the workspace)
+    monkeypatch.setattr(chunked, "LOAD_ALIGN", 1 << 18)  # whole rANS blocks of bf16
+    levels = _levels(3, seed=4, scale=8)
+    r = _open(_chain(levels, _full_at))
+    ws = 2 << 20
+    large = []
+    real = chunked.load_large
+    monkeypatch.setattr(chunked, "load_large", lambda *a, **k: large.append(a[0].tensors[
+        a[1]].name) or real(*a, **k))
+    base = Device.live
+    Device.peak = Device.live
+    out, _host = read_on_gpu(r, ws)
+    assert Device.peak - base <= ws
+    assert large == ["w"]
+    for name, (_d, x) in levels[-1].items():
+        assert np.asarray(out[name].data).tobytes() == x.tobytes(), name
+
+
+@pytest.mark.parametrize("case", ["empty tensor's hash", "a CPU tensor before a GPU one"])
+def test_a_parent_read_fails_as_the_cpu_reader_reads_it(read_on_gpu, case: str) -> None:
+    g = torch.Generator().manual_seed(5)
+
+    def bf16(n: int) -> tuple[str, np.ndarray]:
+        return "bfloat16", (torch.randn(n, generator=g) * .02).bfloat16().view(
+            torch.uint8).numpy().copy()
+
+    if case == "empty tensor's hash":  # never decoded, still checked
+        blob = _file({"e": ("bfloat16", np.zeros(0, np.uint8)), "a": bf16(1000)},
+                     {"e": hashing.content_hash(b"not empty")})
+    else:  # the GPU's batch decodes "c" before the CPU reads "b": both damaged
+        blob = _file({"a": bf16(50_000), "b": ("int64", np.arange(50_000).view(np.uint8)),
+                      "c": bf16(50_000)})
+        blob = _flip_in_place(_flip_in_place(blob, "b"), "c")
+    cpu = _first_cpu_failure(s4format.Reader(blob, verify=True))
+    assert cpu is not None
+    with pytest.raises(s4format.S4Error) as got:
+        read_on_gpu(s4format.Reader(blob, verify=True), 4 << 20)
+    assert type(got.value) is type(cpu) and str(got.value) == str(cpu), (cpu, got.value)
