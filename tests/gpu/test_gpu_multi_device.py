@@ -113,6 +113,48 @@ def test_delta_chain_coded_on_the_device_that_is_not_current(tmp_path) -> None:
         chain._PARENT_CACHE.clear()
 
 
+def test_a_restarted_process_reads_its_parent_on_the_state_s_device(tmp_path,
+                                                                      monkeypatch) -> None:
+    # the state on cuda:1, cuda:0 current: after a restart the parent's chain is decoded on
+    # cuda:1, into the buffer its snapshot then takes over
+    from s4weights import chain, hostmem
+
+    chain._PARENT_CACHE.clear()
+    hostmem.forget()
+    g = torch.Generator(device="cuda:1").manual_seed(3)
+    state = {"w": (torch.randn(3 << 20, device="cuda:1", generator=g) * .02).bfloat16(),
+             "m": torch.randn(1 << 20, device="cuda:1", generator=g)}
+    url = tmp_path.resolve().as_uri()
+    seen = []
+    real = chain._read_on_gpu
+
+    def spy(*a):
+        seen.append(torch.cuda.current_device())
+        got = real(*a)
+        seen.append(got[1].ctypes.data)
+        return got
+
+    monkeypatch.setattr(chain, "_read_on_gpu", spy)
+    try:
+        with torch.cuda.device(0):
+            s4weights.save_checkpoint(state, tmp_path, 0, device="cuda")
+            chain._PARENT_CACHE.clear()
+            hostmem.forget()
+            state["m"].add_(1e-3)
+            info = s4weights.save_checkpoint(state, tmp_path, 1, device="cuda")
+            assert torch.cuda.current_device() == 0
+        assert not info.is_base and seen[0] == 1
+        buf = chain._PARENT_CACHE[url][3][torch.device("cuda", 1)]
+        assert buf.ctypes.data == seen[1] and hostmem.is_page_locked(buf)
+        del buf
+        chain._PARENT_CACHE.clear()
+        got = s4weights.load_checkpoint(tmp_path, 1, map_location="cpu", device="cpu")
+        for k, v in state.items():
+            _exact(got[k], v.cpu(), k)
+    finally:
+        chain._PARENT_CACHE.clear()
+
+
 def test_nvcomp_ans_file_on_the_device_that_is_not_current() -> None:
     from s4weights.gpu import nvans
 
