@@ -6,10 +6,11 @@ peak extra GPU memory during the save and the GPU memory the save leaves held af
 over what the training state itself holds) and the page-locked host memory the process then
 holds for its snapshots, against torch.save of the same state to the same disk. Then a
 restarted process (nothing cached): the parent's read from the store, and its first delta
-save. The last checkpoint is then loaded back on the GPU and compared bit for bit. Last, what
-a new page-locked buffer of the state's size costs: s4weights.hostmem's exact size against
-torch's pinned allocator. Figures in bench/RESULTS.md; JSON to ``$OUT/checkpoint_gpu.json``
-when OUT is set."""
+save, loaded back on the GPU and compared bit for bit. Then one that resumes with
+load_checkpoint(resume=True) (timed against without), and its first delta save, compared
+too. Last, what a new page-locked buffer of the state's size costs: s4weights.hostmem's
+exact size against torch's pinned allocator. Figures in bench/RESULTS.md; JSON to
+``$OUT/checkpoint_gpu.json`` when OUT is set."""
 
 from __future__ import annotations
 
@@ -101,6 +102,29 @@ def main() -> None:
         print(f"torch.save of the same state to the same disk: {torch_s:.3f} s", flush=True)
         exact = gpu.same_state(s4weights.load_checkpoint(root, device="cuda"), state)
         print(f"last checkpoint loaded on the GPU: bit-exact {exact}", flush=True)
+        # a restarted run that resumes from its latest checkpoint: load_checkpoint with and
+        # without resume=True (which keeps a host copy as the next delta's parent), then the
+        # first delta save
+        loads = {}
+        for resume in (False, True):
+            chain._PARENT_CACHE.clear()
+            hostmem.forget()
+            del state
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            state = s4weights.load_checkpoint(root, device="cuda", resume=resume)
+            torch.cuda.synchronize()
+            loads[resume] = time.perf_counter() - t0
+        print(f"resuming from step {saves} (chain depth {infos[max(infos)].depth + 1}): "
+              f"load_checkpoint {loads[False]:.3f} s, with resume=True {loads[True]:.3f} s",
+              flush=True)
+        for v in gpu.flat_tensors(state).values():
+            v.add_(1e-3)  # (a training step's worth of change, in place)
+        save(state, root, saves + 1, "delta after load_checkpoint(resume=True)")
+        chain._PARENT_CACHE.clear()
+        again = gpu.same_state(s4weights.load_checkpoint(root, device="cuda"), state)
+        print(f"that checkpoint loaded on the GPU: bit-exact {again}", flush=True)
+        exact = exact and again
     # what a save's new snapshot buffer costs (the first two saves of a process make one
     # each: the second runs while the first is the parent), against torch's pinned allocator
     # with nothing cached (which takes the next power of two)
@@ -121,6 +145,7 @@ def main() -> None:
             dict(saves=rows, restart_parent_read_s=round(read_s, 3),
                  restart_parent_read_cpu_s=round(reads["cpu"], 3),
                  torch_save_s=round(torch_s, 3), exact=exact,
+                 resume_load_s=round(loads[True], 3), plain_load_s=round(loads[False], 3),
                  lock_s=round(lock_s, 3), pin_s=round(pin_s, 3)), indent=1))
     if not exact:
         sys.exit("the loaded checkpoint differs from the saved state")

@@ -181,7 +181,10 @@ def _source(f: FileLike | bytes | ByteSource) -> ByteSource | str | os.PathLike[
 
 def read_tree(reader: s4format.Reader, map_location: Any = None, *, strict: bool = True,
               show: bool | None = None, device: str = "auto", into: Any = None,
-              workspace: int | None = None) -> Any:
+              workspace: int | None = None, copy_to: Any = None) -> Any:
+    """The object tree of ``reader`` (see :func:`load`). ``copy_to``: an object whose
+    ``host(i, tensor)`` and ``device(i, torch_tensor)`` are called with each stored tensor i
+    as it is decoded (on the CPU or the GPU), before anyone else sees it."""
     from s4weights import gpu
 
     plan = plan_into(reader.tree, lambda i: reader.tensors[i], into) \
@@ -191,10 +194,19 @@ def read_tree(reader: s4format.Reader, map_location: Any = None, *, strict: bool
         def tensor(i: int) -> s4format.Tensor:
             t = reader.read(i)
             bar.update(t.nbytes)
+            if copy_to is not None:
+                copy_to.host(i, t)
             return t
         loader = gpu.loader_for(reader, device, bar.update,
                                 direct=plan.direct if plan is not None else None,
                                 workspace=workspace)
+        if loader is not None and copy_to is not None:
+            decode = loader
+
+            def loader(i: int, dev):
+                got = decode(i, dev)
+                copy_to.device(i, got)
+                return got
         return Unflattener(tensor, map_location, strict=strict, device_tensor=loader,
                            into=plan).walk(reader.tree)
 

@@ -565,11 +565,20 @@ def _wait(events: list[torch.cuda.Event], quiet: bool = False) -> None:
 
 def load_checkpoint(url_or_dir: Any, step: int | None = None, *, map_location: Any = None,
                     strict: bool = True, verify: bool = True, progress: bool | None = None,
-                    device: str = "auto", into: Any = None, workspace: int | None = None) -> Any:
+                    device: str = "auto", into: Any = None, workspace: int | None = None,
+                    resume: bool = False) -> Any:
     """Load checkpoint ``step`` (default: the latest), resolving its delta chain.
     ``device`` and ``into`` (existing tensors to decode into, matched by key path, e.g.
     ``into={"model": model.state_dict(), "optimizer": opt.state_dict()}``) and ``workspace``
-    are as in :func:`s4weights.load`."""
+    are as in :func:`s4weights.load`.
+
+    ``resume``: training resumes from this checkpoint and saves to this store again. A host
+    copy of it is kept (page-locked where it can be: as much host memory as the checkpoint's
+    raw bytes, what :func:`save_checkpoint` holds during a run anyway) as the parent of the
+    next delta: that save then need not read the chain back from the store, which takes
+    seconds per GB and level. The copy is made as each tensor is decoded, before the caller
+    sees it; it is used only where that next save's parent is this checkpoint (the latest)
+    and ``verify`` is on."""
     store = open_store(url_or_dir)
     infos = by_step(list_checkpoints(store))
     if not infos:
@@ -581,10 +590,88 @@ def load_checkpoint(url_or_dir: Any, step: int | None = None, *, map_location: A
                            f"steps there: {sorted(infos)}")
     reader = open_chain(store, chain_of(step, infos), verify, device)
     try:
-        return read_tree(reader, map_location, strict=strict, show=progress, device=device,
-                         into=into, workspace=workspace)
+        copy = _HostCopy(reader) if resume and verify else None
+        try:
+            out = read_tree(reader, map_location, strict=strict, show=progress, device=device,
+                            into=into, workspace=workspace, copy_to=copy)
+        except BaseException:
+            if copy is not None:
+                copy.abandon()
+            raise
+        if copy is not None:
+            try:
+                entry = copy.entry(infos[step].checkpoint_id)
+            except S4Error as exc:  # a stored tensor the tree does not use, damaged
+                log.warning("checkpoint step %d loaded, but no host copy of it is kept as the "
+                            "next save's parent: %s", step, exc)
+            else:
+                with _saving(store.url):
+                    _cache(store.url, entry)
+        return out
     finally:
         close_chain(reader)
+
+
+class _HostCopy:
+    """:func:`load_checkpoint`'s ``resume``: every stored tensor's raw bytes, copied as it is
+    decoded into one host buffer (in stored order; its pages populated by threads while the
+    first tensors decode, page-locked for the first CUDA tensor's device), then made the
+    store's cached parent (:meth:`entry`), as a save would have left it."""
+
+    def __init__(self, reader: s4format.Reader) -> None:
+        self.reader = reader
+        sizes = [t.raw_nbytes for t in reader.tensors]
+        self.at = np.concatenate(([0], np.cumsum(sizes, dtype=np.int64))).tolist()
+        self._pending: hostmem.Populating | None = hostmem.populated(self.at[-1])
+        self._host: np.ndarray | None = None
+        self._locked = False
+        self.done: set[int] = set()
+        self.devices: set[torch.device] = set()
+
+    def _whole(self, device: int | None = None) -> np.ndarray:
+        if self._host is None:
+            self._host = self._pending.result()
+            self._pending = None
+        if device is not None and not self._locked:
+            hostmem.lock(self._host, device)  # (else pageable: the copies wait for the device)
+            self._locked = True
+        return self._host
+
+    def _buffer(self, i: int, device: int | None = None) -> np.ndarray:
+        return self._whole(device)[self.at[i]:self.at[i + 1]]
+
+    def host(self, i: int, t: s4format.Tensor) -> None:
+        self._buffer(i)[:] = np.asarray(t.data).reshape(-1).view(np.uint8)
+        self.done.add(i)
+
+    def device(self, i: int, t: torch.Tensor) -> None:
+        h = self._buffer(i, t.device.index)
+        self.devices.add(t.device)  # (before the copy is queued: abandon() waits for it)
+        if h.size:
+            torch.from_numpy(h).copy_(t.reshape(-1).view(torch.uint8), non_blocking=True)
+        self.done.add(i)
+
+    def entry(self, checkpoint_id: str) -> tuple:
+        """The cache entry: the copies waited for (a caller's later writes to the tensors, on
+        any stream, come after them), tensors no part of the tree loaded read here."""
+        for dev in self.devices:
+            torch.cuda.current_stream(dev).synchronize()
+        for i in range(len(self.reader.tensors)):
+            if i not in self.done:
+                self._buffer(i)[:] = self.reader.read_raw(i)
+        host = self._whole()
+        tensors = {t.name: s4format.Tensor(t.dtype, t.shape, host[self.at[i]:self.at[i + 1]])
+                   for i, t in enumerate(self.reader.tensors)}
+        hashes = {t.name: t.content_hash for t in self.reader.tensors}
+        # (the next save's snapshot takes the buffer over where its state is on that device)
+        buffers = {next(iter(self.devices)): host} if len(self.devices) == 1 else {}
+        return checkpoint_id, tensors, hashes, buffers
+
+    def abandon(self) -> None:
+        """While an error propagates: wait for the copies queued into the buffer before it
+        can go, hiding a failure there (a device already in error)."""
+        for dev in self.devices:
+            _wait_quietly(dev)
 
 
 def retain(url_or_dir: Any, keep_steps: list[int]) -> list[int]:

@@ -338,3 +338,50 @@ def test_a_parent_read_that_runs_out_of_gpu_memory_is_read_on_the_cpu(tmp_path, 
     assert not info.is_base and "read on the CPU instead" in caplog.text
     chain._PARENT_CACHE.clear()
     _same(s4weights.load_checkpoint(root, 1, map_location="cpu"), state)
+
+
+def test_a_resumed_run_saves_its_first_delta_without_reading_the_chain(tmp_path,
+                                                                       monkeypatch) -> None:
+    # load_checkpoint(resume=True) on the GPU copies each tensor down as it decodes, into one
+    # page-locked buffer of the checkpoint's size that the next save's snapshot takes over;
+    # that save reads nothing back, and the load holds no more GPU memory than without it
+    root = tmp_path / "run"
+    url = root.resolve().as_uri()
+    state = _state()
+    for step in range(3):
+        _train(state)
+        s4weights.save_checkpoint(state, root, step, device="cuda")
+    chain._PARENT_CACHE.clear()
+    hostmem.forget()
+    del state
+    peaks = []
+    for resume in (False, True):
+        chain._PARENT_CACHE.clear()
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        state = s4weights.load_checkpoint(root, resume=resume, device="cuda")
+        torch.cuda.synchronize()
+        peaks.append(torch.cuda.max_memory_allocated() - base)
+    assert peaks[1] <= peaks[0] + MIB, peaks
+    dev = state["w"].device
+    buf = chain._PARENT_CACHE[url][3][dev]
+    assert hostmem.is_page_locked(buf) and buf.size == _raw(state)
+    kept = buf.ctypes.data
+    del buf
+
+    def no_read(*a, **k):
+        raise AssertionError("the chain was read back")
+
+    monkeypatch.setattr(chain, "_read_on_gpu", no_read)
+    real_open = chain.open_chain
+    monkeypatch.setattr(chain, "open_chain", lambda store, ch, verify, device="auto": (
+        no_read() if verify else real_open(store, ch, verify, device)))
+    _train(state)  # in place: the copy is the file's bytes, not these
+    want = {k: v.cpu().clone() for k, v in state.items()}
+    info = s4weights.save_checkpoint(state, root, 3, device="cuda")
+    assert not info.is_base and info.parent_step == 2
+    assert chain._PARENT_CACHE[url][3][dev].ctypes.data == kept  # taken over
+    monkeypatch.undo()
+    chain._PARENT_CACHE.clear()
+    _same(s4weights.load_checkpoint(root, 3, map_location="cpu"), want)

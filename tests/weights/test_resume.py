@@ -1,0 +1,148 @@
+"""``load_checkpoint(resume=True)``: a restarted training run loads its latest checkpoint and
+keeps a host copy of it as the parent of its next delta, so that save reads nothing of the
+chain back from the store; the copy is what the file holds, whatever the caller then does to
+the loaded tensors, and it is used only where it is that save's parent."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import s4format
+import s4weights
+from s4weights import chain
+from tests.weights.common import assert_same, clone_tree
+from tests.weights.test_chain import _Run
+
+
+@pytest.fixture(autouse=True)
+def _fresh_parent_cache():
+    chain._PARENT_CACHE.clear()
+    yield
+    chain._PARENT_CACHE.clear()
+
+
+def _reads(monkeypatch) -> list[str]:
+    """The names of the tensors the CPU reader decodes from here on."""
+    names = []
+    real = s4format.Reader.read_raw
+
+    def spy(self, i):
+        names.append(self.tensors[i].name)
+        return real(self, i)
+
+    monkeypatch.setattr(s4format.Reader, "read_raw", spy)
+    return names
+
+
+def _saved(run: _Run, root, steps: range) -> None:
+    for step in steps:
+        run.train()
+        s4weights.save_checkpoint(run.state(step), root, step, device="cpu")
+
+
+@pytest.mark.parametrize("into", [False, True])
+def test_the_first_save_after_resuming_reads_no_chain(tmp_path, monkeypatch, into) -> None:
+    run = _Run()
+    _saved(run, tmp_path, range(4))
+    chain._PARENT_CACHE.clear()  # a restarted process
+    fresh = _Run(seed=1)  # other weights until loaded
+    target = {"model": fresh.model.state_dict()} if into else None
+    state = s4weights.load_checkpoint(tmp_path, resume=True, device="cpu", into=target)
+    fresh.model.load_state_dict(state["model"])
+    fresh.opt.load_state_dict(state["optimizer"])
+    # the caller trains the loaded tensors in place: the kept copy is the file's, not theirs
+    fresh.train(2)
+    want = clone_tree(fresh.state(4))
+    reads = _reads(monkeypatch)
+    info = s4weights.save_checkpoint(fresh.state(4), tmp_path, 4, device="cpu")
+    assert reads == []
+    assert not info.is_base and info.parent_step == 3
+    monkeypatch.undo()
+    chain._PARENT_CACHE.clear()
+    assert_same(s4weights.load_checkpoint(tmp_path, 4, device="cpu"), want)
+
+
+def test_without_resume_the_first_save_reads_the_chain(tmp_path, monkeypatch) -> None:
+    run = _Run()
+    _saved(run, tmp_path, range(3))
+    chain._PARENT_CACHE.clear()
+    state = s4weights.load_checkpoint(tmp_path, device="cpu")
+    assert not chain._PARENT_CACHE
+    reads = _reads(monkeypatch)
+    info = s4weights.save_checkpoint(state, tmp_path, 3, device="cpu")
+    assert reads and not info.is_base
+
+
+def test_a_copy_of_an_older_step_is_not_the_next_parent(tmp_path, monkeypatch) -> None:
+    # resuming from step 1 of 0..2: the next save's parent is the latest (2), read from the
+    # store; the copy of step 1 is never used as a parent
+    run = _Run()
+    _saved(run, tmp_path, range(3))
+    chain._PARENT_CACHE.clear()
+    state = s4weights.load_checkpoint(tmp_path, 1, resume=True, device="cpu")
+    want = clone_tree(state)
+    reads = _reads(monkeypatch)
+    info = s4weights.save_checkpoint(state, tmp_path, 3, device="cpu")
+    assert reads and info.parent_step == 2
+    monkeypatch.undo()
+    chain._PARENT_CACHE.clear()
+    assert_same(s4weights.load_checkpoint(tmp_path, 3, device="cpu"), want)
+
+
+def test_no_copy_without_verification_or_after_a_failed_load(tmp_path) -> None:
+    run = _Run()
+    _saved(run, tmp_path, range(2))
+    chain._PARENT_CACHE.clear()
+    s4weights.load_checkpoint(tmp_path, resume=True, verify=False, device="cpu")
+    assert not chain._PARENT_CACHE  # unverified bytes never become a parent
+    data = sorted((tmp_path / "data").glob("*.s4w"))[-1]
+    r = s4format.Reader(str(data))
+    p = max((p for t in r.tensors for p in t.planes), key=lambda p: p.stored_len)
+    r.close()
+    blob = bytearray(data.read_bytes())
+    blob[p.offset + p.stored_len // 2] ^= 0x40
+    data.write_bytes(bytes(blob))
+    with pytest.raises(s4format.S4Error):
+        s4weights.load_checkpoint(tmp_path, resume=True, device="cpu")
+    assert not chain._PARENT_CACHE
+
+
+def test_a_resumed_copy_replaces_the_cached_parent(tmp_path, monkeypatch) -> None:
+    # a process that saved, then loads the latest again (a rollback to it, say): the copy it
+    # keeps is that file's bytes, and the next save is its delta without reading the chain
+    run = _Run()
+    _saved(run, tmp_path, range(3))
+    state = s4weights.load_checkpoint(tmp_path, resume=True, device="cpu")
+    assert chain._PARENT_CACHE[tmp_path.resolve().as_uri()][0] == \
+        s4weights.list_checkpoints(tmp_path)[-1].checkpoint_id
+    reads = _reads(monkeypatch)
+    for t in state["model"].values():
+        if t.is_floating_point():
+            t.add_(1e-3)
+    want = clone_tree(state)
+    info = s4weights.save_checkpoint(state, tmp_path, 3, device="cpu")
+    assert reads == [] and info.parent_step == 2
+    monkeypatch.undo()
+    chain._PARENT_CACHE.clear()
+    assert_same(s4weights.load_checkpoint(tmp_path, 3, device="cpu"), want)
+
+
+def test_resume_keeps_tensors_no_part_of_the_tree_uses(tmp_path) -> None:
+    # the copy holds every stored tensor, the ones read for the tree and the others
+    run = _Run()
+    _saved(run, tmp_path, range(2))
+    chain._PARENT_CACHE.clear()
+    s4weights.load_checkpoint(tmp_path, resume=True, device="cpu")
+    entry = chain._PARENT_CACHE[tmp_path.resolve().as_uri()]
+    r = chain.open_chain(chain.open_store(tmp_path),
+                         chain.chain_of(1, chain.by_step(s4weights.list_checkpoints(tmp_path))),
+                         verify=True)
+    try:
+        assert set(entry[1]) == {t.name for t in r.tensors}
+        for i, t in enumerate(r.tensors):
+            assert np.asarray(entry[1][t.name].data).tobytes() == r.read_raw(i).tobytes(), \
+                t.name
+            assert entry[2][t.name] == t.content_hash
+    finally:
+        chain.close_chain(r)
