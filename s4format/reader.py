@@ -266,6 +266,11 @@ class Reader:
         of as one huge span."""
         return self.read_span(t) if _compact(t) else None
 
+    def compact_bounds(self, t: TensorInfo) -> tuple[int, int] | None:
+        """The byte range :meth:`compact_span` reads (for a caller reading it its own way,
+        e.g. in parallel pieces), or None when it reads none."""
+        return _bounds(t) if _compact(t) else None
+
     def read_plane(self, t: TensorInfo, plane_no: int,
                    span: tuple[int, np.ndarray] | None = None) -> np.ndarray:
         """A plane's decoded bytes."""

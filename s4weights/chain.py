@@ -377,13 +377,13 @@ def _save(store: Store, state: Any, step: int, *, keyframe_interval: int, delta:
     # until the call returns (as for torch.save).
     on_gpu = gpu.use_gpu(device, any(isinstance(t, DeviceTensor) for _n, t in flat.tensors))
     devices = {t.device_bytes.device for _n, t in flat.tensors if isinstance(t, DeviceTensor)}
-    parents = hashes = read_into = None
+    parents = hashes = read_buffer = None
     if parent is not None:
         try:
             # (read on the state's device where it has one, whose snapshot may take it over)
             with torch.cuda.device(next(iter(devices))) if on_gpu and len(devices) == 1 \
                     else contextlib.nullcontext():
-                parents, hashes, read_into = _parent_tensors(
+                parents, hashes, read_buffer = _parent_tensors(
                     store, parent, infos, device if on_gpu else "cpu", workspace)
         except S4Error as exc:
             log.warning("checkpoint step %d is saved as a base, not as a delta of step %d "
@@ -394,8 +394,8 @@ def _save(store: Store, state: Any, step: int, *, keyframe_interval: int, delta:
     # one device)
     replaced = _PARENT_CACHE.get(store.url)
     reuse = replaced[3] if replaced else {}
-    if read_into is not None and len(devices) == 1:
-        reuse = {next(iter(devices)): read_into}
+    if read_buffer is not None and len(devices) == 1:
+        reuse = {next(iter(devices)): read_buffer}
     snap = _Snapshot(flat.tensors, reuse if on_gpu and not nested else {})
     try:
         if not on_gpu:  # the CPU codes every tensor: from the snapshot, not a second copy

@@ -409,9 +409,17 @@ class _Level:
         t = self.t
         self.whole = t.layout.layout_id == layouts.RAW.layout_id
         self.word = 1 if self.whole else t.layout.word_size(t.dtype.itemsize)
+        from s4weights.gpu import decode
         from s4weights.gpu.decode import plane_form_error
 
-        span = reader.compact_span(t)  # None: planes far apart, read one by one
+        # the tensor's planes in one read (in parallel pieces, as the batches stage them:
+        # one thread copies from the page cache at a fraction of the memory bandwidth), or
+        # None: planes far apart, read one by one
+        bounds = reader.compact_bounds(t)
+        span = None
+        if bounds is not None:
+            span = (bounds[0], np.empty(bounds[1] - bounds[0], np.uint8))
+            decode.read_into(reader, bounds[0], span[1])
         self.stored = [reader.read_stored(t, j, span) for j in range(len(t.planes))]  # R1
         self.rans = [j for j, p in enumerate(t.planes) if p.codec == codecs.RANS]
         for j, p in enumerate(t.planes):

@@ -493,7 +493,7 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_readers)
 
 
-def _read_into(reader: Reader, offset: int, dst: np.ndarray) -> None:
+def read_into(reader: Reader, offset: int, dst: np.ndarray) -> None:
     """Fill ``dst`` with the source's bytes at ``offset``. A large read is cut into pieces read
     by a few threads at once: one thread copying from the page cache (or from memory) into
     pinned memory runs at a fraction of the memory bandwidth, and the copies release the GIL.
@@ -564,10 +564,10 @@ def stage(reader: Reader, idx: list[int]) -> Staged:
     host_t = runtime.pinned(total)
     host = host_t.numpy()
     if contiguous:
-        _read_into(reader, span0, host[:span])
+        read_into(reader, span0, host[:span])
     else:
         for a, o, n in zip(at.tolist(), off.tolist(), ln.tolist()):
-            _read_into(reader, o, host[a:a + n])
+            read_into(reader, o, host[a:a + n])
     dev = runtime.device_empty(total)
     if total:
         dev[:total].copy_(host_t[:total], non_blocking=True)

@@ -1,5 +1,5 @@
 """Large reads into the GPU loader's pinned staging go in pieces on a few threads
-(``decode._read_into``); no CUDA needed: the bytes must be exactly the source's, from a file
+(``decode.read_into``); no CUDA needed: the bytes must be exactly the source's, from a file
 or from memory, and a short file must still raise TruncatedError."""
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ def test_pieces_read_exactly_the_source(tmp_path, monkeypatch, kind: str, size: 
     path.write_bytes(data.tobytes())
     src = FileSource(path) if kind == "file" else BufferSource(data.tobytes())
     dst = np.full(size, 0xAB, np.uint8)
-    decode._read_into(SimpleNamespace(source=src), 300, dst)
+    decode.read_into(SimpleNamespace(source=src), 300, dst)
     assert np.array_equal(dst, data[300:])
 
 
@@ -36,12 +36,12 @@ def test_a_short_file_raises(tmp_path, monkeypatch) -> None:
     src = FileSource(path)
     path.write_bytes(bytes(5 * 4096))  # shrinks after the source was opened
     with pytest.raises(TruncatedError):
-        decode._read_into(SimpleNamespace(source=src), 0, np.empty(10 * 4096, np.uint8))
+        decode.read_into(SimpleNamespace(source=src), 0, np.empty(10 * 4096, np.uint8))
 
 
 def _child_read(path: str, expect: bytes) -> None:
     dst = np.empty(len(expect), np.uint8)
-    decode._read_into(SimpleNamespace(source=FileSource(path)), 0, dst)
+    decode.read_into(SimpleNamespace(source=FileSource(path)), 0, dst)
     raise SystemExit(0 if dst.tobytes() == expect else 3)
 
 
@@ -54,7 +54,7 @@ def test_reads_work_in_a_forked_child(tmp_path, monkeypatch) -> None:
     data = bytes(range(256)) * 160
     path = tmp_path / "f"
     path.write_bytes(data)
-    decode._read_into(SimpleNamespace(source=FileSource(path)), 0, np.empty(len(data), np.uint8))
+    decode.read_into(SimpleNamespace(source=FileSource(path)), 0, np.empty(len(data), np.uint8))
     assert decode._READERS is not None  # the parent's pool exists
     p = multiprocessing.get_context("fork").Process(target=_child_read, args=(str(path), data))
     p.start()
