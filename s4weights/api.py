@@ -183,8 +183,9 @@ def read_tree(reader: s4format.Reader, map_location: Any = None, *, strict: bool
               show: bool | None = None, device: str = "auto", into: Any = None,
               workspace: int | None = None, copy_to: Any = None) -> Any:
     """The object tree of ``reader`` (see :func:`load`). ``copy_to``: an object whose
-    ``host(i, tensor)`` and ``device(i, torch_tensor)`` are called with each stored tensor i
-    as it is decoded (on the CPU or the GPU), before anyone else sees it."""
+    ``host(i, tensor)`` and ``device(i, raw_bytes)`` are called with each stored tensor i as
+    it is decoded (on the CPU, or on the GPU: its flat uint8 bytes, before anything else is
+    queued that could write them, such as a copy into another ``into=`` destination)."""
     from s4weights import gpu
 
     plan = plan_into(reader.tree, lambda i: reader.tensors[i], into) \
@@ -199,14 +200,8 @@ def read_tree(reader: s4format.Reader, map_location: Any = None, *, strict: bool
             return t
         loader = gpu.loader_for(reader, device, bar.update,
                                 direct=plan.direct if plan is not None else None,
-                                workspace=workspace)
-        if loader is not None and copy_to is not None:
-            decode = loader
-
-            def loader(i: int, dev):
-                got = decode(i, dev)
-                copy_to.device(i, got)
-                return got
+                                workspace=workspace,
+                                on_decoded=copy_to.device if copy_to is not None else None)
         return Unflattener(tensor, map_location, strict=strict, device_tensor=loader,
                            into=plan).walk(reader.tree)
 

@@ -577,8 +577,8 @@ def load_checkpoint(url_or_dir: Any, step: int | None = None, *, map_location: A
     raw bytes, what :func:`save_checkpoint` holds during a run anyway) as the parent of the
     next delta: that save then need not read the chain back from the store, which takes
     seconds per GB and level. The copy is made as each tensor is decoded, before the caller
-    sees it; it is used only where that next save's parent is this checkpoint (the latest)
-    and ``verify`` is on."""
+    sees it, and kept only for the store's latest checkpoint (the next save's parent), with
+    ``verify`` on, and where this process does not hold it already."""
     store = open_store(url_or_dir)
     infos = by_step(list_checkpoints(store))
     if not infos:
@@ -590,7 +590,7 @@ def load_checkpoint(url_or_dir: Any, step: int | None = None, *, map_location: A
                            f"steps there: {sorted(infos)}")
     reader = open_chain(store, chain_of(step, infos), verify, device)
     try:
-        copy = _HostCopy(reader) if resume and verify else None
+        copy = _HostCopy(reader) if resume and verify and step == max(infos) else None
         try:
             out = read_tree(reader, map_location, strict=strict, show=progress, device=device,
                             into=into, workspace=workspace, copy_to=copy)
@@ -606,7 +606,12 @@ def load_checkpoint(url_or_dir: Any, step: int | None = None, *, map_location: A
                             "next save's parent: %s", step, exc)
             else:
                 with _saving(store.url):
-                    _cache(store.url, entry)
+                    # only as the parent of the next save: the latest checkpoint still, and
+                    # not one this process already holds (a save's, whose buffer it keeps)
+                    now = by_step(list_checkpoints(store))
+                    held = _PARENT_CACHE.get(store.url)
+                    if max(now, default=None) == step and (held is None or held[0] != entry[0]):
+                        _cache(store.url, entry, keep_replaced=True)
         return out
     finally:
         close_chain(reader)
@@ -615,8 +620,8 @@ def load_checkpoint(url_or_dir: Any, step: int | None = None, *, map_location: A
 class _HostCopy:
     """:func:`load_checkpoint`'s ``resume``: every stored tensor's raw bytes, copied as it is
     decoded into one host buffer (in stored order; its pages populated by threads while the
-    first tensors decode, page-locked for the first CUDA tensor's device), then made the
-    store's cached parent (:meth:`entry`), as a save would have left it."""
+    chain opens and the first batch decodes, page-locked for the first CUDA tensor's device),
+    then made the store's cached parent (:meth:`entry`), as a save would have left it."""
 
     def __init__(self, reader: s4format.Reader) -> None:
         self.reader = reader

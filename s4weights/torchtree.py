@@ -395,6 +395,14 @@ def plan_into(tree: Any, info: Callable[[int], Any], into: Any) -> IntoPlan:
     for s in sites.values():
         if s is not None:
             uses[s.index] = uses.get(s.index, 0) + 1
+    # destinations sharing a storage with another (tied weights, views of one buffer) are
+    # decoded apart and copied in, in tree order, as on the CPU path: decoding one in place
+    # ahead of its turn would let the other's copy land on it (or both decode into it)
+    storages: dict[int, int] = {}
+    for d in leaves.values():
+        if d.device.type == "cuda":
+            key = d.untyped_storage().data_ptr()
+            storages[key] = storages.get(key, 0) + 1
     direct: dict[int, torch.Tensor] = {}
     for path, dest in leaves.items():
         where = path or "<root>"
@@ -417,7 +425,8 @@ def plan_into(tree: Any, info: Callable[[int], Any], into: Any) -> IntoPlan:
         owns = not site.view or (dest.storage_offset() == 0 and dest.untyped_storage().nbytes()
                                  == dest.numel() * dest.element_size())
         if dest.device.type == "cuda" and site.whole and uses[site.index] == 1 and owns \
-                and dest.is_contiguous() and dest.numel():
+                and dest.is_contiguous() and dest.numel() \
+                and storages[dest.untyped_storage().data_ptr()] == 1:
             direct[site.index] = dest.detach().reshape(-1).view(torch.uint8)
     return IntoPlan(leaves, direct)
 

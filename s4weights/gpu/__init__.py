@@ -280,7 +280,7 @@ def xor(a, b, out=None):
 
 
 def loader_for(reader, device: str, update=None, direct: dict | None = None,
-               workspace: int | None = None, count_outputs: bool = False):
+               workspace: int | None = None, count_outputs: bool = False, on_decoded=None):
     """The load hook: ``f(i, cuda_device)`` decoding stored tensor i on that device as a typed,
     shaped torch tensor, or None when the GPU path is off. ``direct`` maps a stored tensor index
     to caller-owned flat uint8 CUDA bytes (``load(into=...)``) that tensor is decoded straight
@@ -305,7 +305,9 @@ def loader_for(reader, device: str, update=None, direct: dict | None = None,
     planes decode only on the GPU (their codec's "CPU" decode runs there too), so their
     fallback may run out of memory as well. ``count_outputs``: a batch's decoded tensors count
     against the workspace too (for a caller that copies each away as it comes), so the device
-    holds at most the workspace."""
+    holds at most the workspace. ``on_decoded(i, raw)``: called with each stored tensor's flat
+    uint8 bytes on the device as soon as they are decoded (and checked), before anything else
+    is queued that could write them (a batch's tensors all at once, requested or not)."""
     if not use_gpu(device, True):
         return None
     ready: dict[tuple[int, str], object] = {}
@@ -375,6 +377,8 @@ def loader_for(reader, device: str, update=None, direct: dict | None = None,
             with torch.cuda.device(dev):
                 raw = _dest(i, dev)
                 read_on_cpu(reader, i, raw)
+                if on_decoded is not None:
+                    on_decoded(i, raw)
         if update is not None:
             update(t.raw_nbytes)
         return raw.view(getattr(torch, t.dtype.name)).reshape(t.shape)
@@ -399,6 +403,8 @@ def loader_for(reader, device: str, update=None, direct: dict | None = None,
                     load_large(reader, i, raw, ws)
                 except TablesTooLarge:  # streams of tiny blocks: the CPU decodes it
                     read_on_cpu(reader, i, raw)
+                if on_decoded is not None:
+                    on_decoded(i, raw)
             return raw
         idx, used = [i], 0
         with torch.cuda.device(dev):  # (the size limit counts that device's memory)
@@ -416,6 +422,9 @@ def loader_for(reader, device: str, update=None, direct: dict | None = None,
             tried.update(chunks=False, size=len(idx), need=used)
             outs = read_tensors(reader, idx, [_dest(j, dev) for j in idx] if direct
                                 else None)
+            if on_decoded is not None:
+                for j, o in zip(idx, outs):
+                    on_decoded(j, o)
         for j, o in zip(idx[1:], outs[1:]):
             ready[(j, str(dev))] = o
         return outs[0]

@@ -81,6 +81,7 @@ def test_a_copy_of_an_older_step_is_not_the_next_parent(tmp_path, monkeypatch) -
     _saved(run, tmp_path, range(3))
     chain._PARENT_CACHE.clear()
     state = s4weights.load_checkpoint(tmp_path, 1, resume=True, device="cpu")
+    assert not chain._PARENT_CACHE  # (nor does it replace a newer parent a save left)
     want = clone_tree(state)
     reads = _reads(monkeypatch)
     info = s4weights.save_checkpoint(state, tmp_path, 3, device="cpu")
@@ -108,14 +109,19 @@ def test_no_copy_without_verification_or_after_a_failed_load(tmp_path) -> None:
     assert not chain._PARENT_CACHE
 
 
-def test_a_resumed_copy_replaces_the_cached_parent(tmp_path, monkeypatch) -> None:
-    # a process that saved, then loads the latest again (a rollback to it, say): the copy it
-    # keeps is that file's bytes, and the next save is its delta without reading the chain
+def test_a_process_that_saved_keeps_its_own_parent(tmp_path, monkeypatch) -> None:
+    # a process that saved, then loads the latest again (a rollback to it, say): it already
+    # holds that checkpoint as the next parent (its save's copy, whose buffer it keeps), and
+    # the next save is its delta without reading the chain
     run = _Run()
     _saved(run, tmp_path, range(3))
+    url = tmp_path.resolve().as_uri()
+    held = chain._PARENT_CACHE[url]
     state = s4weights.load_checkpoint(tmp_path, resume=True, device="cpu")
-    assert chain._PARENT_CACHE[tmp_path.resolve().as_uri()][0] == \
-        s4weights.list_checkpoints(tmp_path)[-1].checkpoint_id
+    assert chain._PARENT_CACHE[url] is held
+    # an older step's load leaves it too
+    s4weights.load_checkpoint(tmp_path, 1, resume=True, device="cpu")
+    assert chain._PARENT_CACHE[url] is held
     reads = _reads(monkeypatch)
     for t in state["model"].values():
         if t.is_floating_point():
