@@ -236,6 +236,31 @@ def test_chunks_copied_down_to_a_host_destination(monkeypatch, depth: int) -> No
     assert np.array_equal(out.numpy(), levels[-1]["w"][1])
 
 
+@pytest.mark.parametrize("compact", [True, False])
+def test_chunked_levels_read_their_planes_in_pieces_or_one_by_one(monkeypatch,
+                                                                 compact: bool) -> None:
+    # a compact tensor's span is read in parallel pieces (decode.read_into); planes far apart
+    # (compact_bounds None) one by one; both decode the chain exactly
+    from s4weights.gpu import chunked
+
+    monkeypatch.setattr(chunked, "LOAD_ALIGN", 1 << 18)
+    monkeypatch.setattr(decode, "READ_PIECE", 1 << 14)  # (pieces of a small span)
+    pieces = []
+    real = decode.read_into
+    monkeypatch.setattr(decode, "read_into", lambda r, o, d: pieces.append(d.size) or real(r, o, d))
+    if not compact:
+        monkeypatch.setattr(s4format.Reader, "compact_bounds", lambda self, t: None)
+    levels = _levels(2, seed=6, scale=8)
+    r = _open(_chain(levels, _full_at))
+    i = r.index_of("w")
+    out = torch.empty(r.tensors[i].raw_nbytes, dtype=torch.uint8)
+    chunked.load_large(r, i, out, 2 << 20, on_host=True)
+    assert np.array_equal(out.numpy(), levels[-1]["w"][1])
+    assert (len(pieces) == 3) == compact  # one span per level
+    assert not compact or max(pieces) >= 2 * (1 << 14)  # (the base's: large enough to go
+    # in pieces)
+
+
 # -- a restarted process's parent read (chain._read_on_gpu), emulated ----------------------
 
 @pytest.fixture()
