@@ -316,7 +316,8 @@ def save_checkpoint(state: Any, url_or_dir: Any, step: int, *, keyframe_interval
     and a save's extra GPU memory is bounded by ``workspace`` (as in :func:`s4weights.save`,
     with a few MiB of tables).
     A process with no parent cached (after a restart) reads it from the store: on the GPU
-    path, decoded on the GPU within ``workspace``.
+    path, decoded on the GPU within ``workspace``; one that loaded it with
+    ``load_checkpoint(..., resume=True)`` holds it already.
     CUDA tensors must not change until the call returns. Saves to one store from several
     threads run one at a time. When the latest checkpoint (or a file of its chain) cannot be
     read, the save still succeeds, as a base, and logs a warning naming it; the damaged
