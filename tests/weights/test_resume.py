@@ -41,6 +41,18 @@ def _saved(run: _Run, root, steps: range) -> None:
         s4weights.save_checkpoint(run.state(step), root, step, device="cpu")
 
 
+def _save_and_check(monkeypatch, state, root, step: int):
+    """Save ``state`` as ``step``, recording what the CPU reader decodes meanwhile; then load
+    it back with nothing cached and check it. Returns (those reads, the save's info)."""
+    want = clone_tree(state)
+    reads = _reads(monkeypatch)
+    info = s4weights.save_checkpoint(state, root, step, device="cpu")
+    monkeypatch.undo()
+    chain._PARENT_CACHE.clear()
+    assert_same(s4weights.load_checkpoint(root, step, device="cpu"), want)
+    return reads, info
+
+
 @pytest.mark.parametrize("into", [False, True])
 def test_the_first_save_after_resuming_reads_no_chain(tmp_path, monkeypatch, into) -> None:
     run = _Run()
@@ -53,14 +65,9 @@ def test_the_first_save_after_resuming_reads_no_chain(tmp_path, monkeypatch, int
     fresh.opt.load_state_dict(state["optimizer"])
     # the caller trains the loaded tensors in place: the kept copy is the file's, not theirs
     fresh.train(2)
-    want = clone_tree(fresh.state(4))
-    reads = _reads(monkeypatch)
-    info = s4weights.save_checkpoint(fresh.state(4), tmp_path, 4, device="cpu")
+    reads, info = _save_and_check(monkeypatch, fresh.state(4), tmp_path, 4)
     assert reads == []
     assert not info.is_base and info.parent_step == 3
-    monkeypatch.undo()
-    chain._PARENT_CACHE.clear()
-    assert_same(s4weights.load_checkpoint(tmp_path, 4, device="cpu"), want)
 
 
 def test_without_resume_the_first_save_reads_the_chain(tmp_path, monkeypatch) -> None:
@@ -82,13 +89,8 @@ def test_a_copy_of_an_older_step_is_not_the_next_parent(tmp_path, monkeypatch) -
     chain._PARENT_CACHE.clear()
     state = s4weights.load_checkpoint(tmp_path, 1, resume=True, device="cpu")
     assert not chain._PARENT_CACHE  # (nor does it replace a newer parent a save left)
-    want = clone_tree(state)
-    reads = _reads(monkeypatch)
-    info = s4weights.save_checkpoint(state, tmp_path, 3, device="cpu")
+    reads, info = _save_and_check(monkeypatch, state, tmp_path, 3)
     assert reads and info.parent_step == 2
-    monkeypatch.undo()
-    chain._PARENT_CACHE.clear()
-    assert_same(s4weights.load_checkpoint(tmp_path, 3, device="cpu"), want)
 
 
 def test_no_copy_without_verification_or_after_a_failed_load(tmp_path) -> None:
@@ -122,16 +124,11 @@ def test_a_process_that_saved_keeps_its_own_parent(tmp_path, monkeypatch) -> Non
     # an older step's load leaves it too
     s4weights.load_checkpoint(tmp_path, 1, resume=True, device="cpu")
     assert chain._PARENT_CACHE[url] is held
-    reads = _reads(monkeypatch)
     for t in state["model"].values():
         if t.is_floating_point():
             t.add_(1e-3)
-    want = clone_tree(state)
-    info = s4weights.save_checkpoint(state, tmp_path, 3, device="cpu")
+    reads, info = _save_and_check(monkeypatch, state, tmp_path, 3)
     assert reads == [] and info.parent_step == 2
-    monkeypatch.undo()
-    chain._PARENT_CACHE.clear()
-    assert_same(s4weights.load_checkpoint(tmp_path, 3, device="cpu"), want)
 
 
 def test_resume_keeps_tensors_no_part_of_the_tree_uses(tmp_path) -> None:
