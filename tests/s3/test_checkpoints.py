@@ -95,6 +95,29 @@ def test_checkpoint_after_the_latest_object_vanished_is_a_base(aws_env, bucket, 
         s4weights.load_checkpoint(url, 1)
 
 
+def test_a_resumed_run_saves_its_first_delta_from_its_copy(aws_env, bucket,
+                                                          monkeypatch) -> None:
+    # load_checkpoint(resume=True) over S3: the next save's parent is the copy it kept (no
+    # plane of the chain is read back), and the chain still loads exactly
+    from s4weights import chain
+
+    url = f"s3://{bucket}/runs/resumed"
+    for step in range(3):
+        s4weights.save_checkpoint(_evolved(step), url, step)
+    chain._PARENT_CACHE.clear()  # a restarted process
+    state = s4weights.load_checkpoint(url, resume=True)
+    assert _equal(state, _evolved(2))
+    decoded = []
+    real = s4format.Reader.read_raw
+    monkeypatch.setattr(s4format.Reader, "read_raw",
+                        lambda self, i: decoded.append(i) or real(self, i))
+    info = s4weights.save_checkpoint(_evolved(3), url, 3)
+    assert decoded == [] and not info.is_base and info.parent_step == 2
+    monkeypatch.setattr(s4format.Reader, "read_raw", real)  # (undo() would drop aws_env too)
+    chain._PARENT_CACHE.clear()
+    assert _equal(s4weights.load_checkpoint(url), _evolved(3))
+
+
 def test_s4format_cli_inspect_and_verify_s3_objects(aws_env, bucket, capsys) -> None:
     url = f"s3://{bucket}/cli/m.s4w"
     s4weights.save(_state(2), url)
