@@ -599,20 +599,21 @@ def load_checkpoint(url_or_dir: Any, step: int | None = None, *, map_location: A
             if copy is not None:
                 copy.abandon()
             raise
+        entry = None
         if copy is not None:
             try:
                 entry = copy.entry(infos[step].checkpoint_id)
             except S4Error as exc:  # a stored tensor the tree does not use, damaged
                 log.warning("checkpoint step %d loaded, but no host copy of it is kept as the "
                             "next save's parent: %s", step, exc)
-            else:
-                with _saving(store.url):
-                    # only as the parent of the next save: the latest checkpoint still, and
-                    # not one this process already holds (a save's, whose buffer it keeps)
-                    now = by_step(list_checkpoints(store))
-                    held = _PARENT_CACHE.get(store.url)
-                    if max(now, default=None) == step and (held is None or held[0] != entry[0]):
-                        _cache(store.url, entry, keep_replaced=True)
+        if entry is not None:
+            with _saving(store.url):
+                # only as the parent of the next save: the latest checkpoint still, and not
+                # one this process already holds (a save's, whose buffer it keeps)
+                now = by_step(list_checkpoints(store))
+                held = _PARENT_CACHE.get(store.url)
+                if max(now, default=None) == step and (held is None or held[0] != entry[0]):
+                    _cache(store.url, entry, keep_replaced=True)
         return out
     finally:
         close_chain(reader)
@@ -628,11 +629,22 @@ class _HostCopy:
         self.reader = reader
         sizes = [t.raw_nbytes for t in reader.tensors]
         self.at = np.concatenate(([0], np.cumsum(sizes, dtype=np.int64))).tolist()
-        self._pending: hostmem.Populating | None = hostmem.populated(self.at[-1])
+        self.off = False  # no copy: the host could not map it (the load goes on without)
+        self._pending: hostmem.Populating | None = None
+        try:
+            self._pending = hostmem.populated(self.at[-1])
+        except (MemoryError, OSError) as exc:
+            self._give_up(exc)
         self._host: np.ndarray | None = None
         self._locked = False
         self.done: set[int] = set()
         self.devices: set[torch.device] = set()
+
+    def _give_up(self, exc: BaseException) -> None:
+        log.warning("load_checkpoint(resume=True): no host copy of the checkpoint's %d bytes "
+                    "could be made (%s); the next save reads its parent back from the store",
+                    self.at[-1], exc)
+        self.off, self._pending, self._host = True, None, None
 
     def _whole(self, device: int | None = None) -> np.ndarray:
         if self._host is None:
@@ -646,20 +658,37 @@ class _HostCopy:
     def _buffer(self, i: int, device: int | None = None) -> np.ndarray:
         return self._whole(device)[self.at[i]:self.at[i + 1]]
 
+    def _ready(self) -> bool:
+        """Whether the copy goes on: its buffer mapped and populated (a host out of memory
+        there gives the copy up, not the load)."""
+        if not self.off and self._host is None:
+            try:
+                self._whole()
+            except (MemoryError, OSError) as exc:
+                self._give_up(exc)
+        return not self.off
+
     def host(self, i: int, t: s4format.Tensor) -> None:
+        if not self._ready():
+            return
         self._buffer(i)[:] = np.asarray(t.data).reshape(-1).view(np.uint8)
         self.done.add(i)
 
     def device(self, i: int, t: torch.Tensor) -> None:
+        if not self._ready():
+            return
         h = self._buffer(i, t.device.index)
         self.devices.add(t.device)  # (before the copy is queued: abandon() waits for it)
         if h.size:
             torch.from_numpy(h).copy_(t.reshape(-1).view(torch.uint8), non_blocking=True)
         self.done.add(i)
 
-    def entry(self, checkpoint_id: str) -> tuple:
-        """The cache entry: the copies waited for (a caller's later writes to the tensors, on
-        any stream, come after them), tensors no part of the tree loaded read here."""
+    def entry(self, checkpoint_id: str) -> tuple | None:
+        """The cache entry (None when the copy was given up): the copies waited for (a
+        caller's later writes to the tensors, on any stream, come after them), tensors no
+        part of the tree loaded read here."""
+        if not self._ready():
+            return None
         for dev in self.devices:
             torch.cuda.current_stream(dev).synchronize()
         for i in range(len(self.reader.tensors)):

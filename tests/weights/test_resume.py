@@ -149,3 +149,30 @@ def test_resume_keeps_tensors_no_part_of_the_tree_uses(tmp_path) -> None:
             assert entry[2][t.name] == t.content_hash
     finally:
         chain.close_chain(r)
+
+
+@pytest.mark.parametrize("when", ["mapping it", "populating it"])
+def test_a_host_out_of_memory_gives_the_copy_up_not_the_load(tmp_path, monkeypatch, caplog,
+                                                             when) -> None:
+    import logging
+
+    from s4weights import hostmem
+
+    run = _Run()
+    _saved(run, tmp_path, range(2))
+    chain._PARENT_CACHE.clear()
+    want = s4weights.load_checkpoint(tmp_path, device="cpu")
+
+    class Failing:
+        def __init__(self, nbytes):
+            if when == "mapping it":
+                raise OSError(12, "Cannot allocate memory")
+
+        def result(self):
+            raise MemoryError("a test")
+
+    monkeypatch.setattr(hostmem, "populated", Failing)
+    with caplog.at_level(logging.WARNING, logger="s4weights"):
+        got = s4weights.load_checkpoint(tmp_path, resume=True, device="cpu")
+    assert_same(got, want)
+    assert not chain._PARENT_CACHE and "no host copy" in caplog.text
