@@ -47,7 +47,7 @@ def populated(nbytes: int) -> Populating:
 
 class Populating:
     """A mapping being populated by :data:`THREADS` threads (by the caller's, where no thread
-    can start: at interpreter exit)."""
+    can start: at interpreter exit, or on a host out of threads)."""
 
     def __init__(self, nbytes: int) -> None:
         size = max(1, nbytes)
@@ -56,15 +56,53 @@ class Populating:
         step = -(-size // THREADS) + mmap.PAGESIZE - 1 & ~(mmap.PAGESIZE - 1)
         self._parts = []
         for k in range(0, size, step):
+            part = _Part(self.array[k:k + step])
+            self._parts.append(part)
             try:
-                self._parts.append(_pool().submit(_touch, self.array[k:k + step]))
-            except RuntimeError:  # (cannot schedule new futures after interpreter shutdown)
-                _touch(self.array[k:k + step])
+                _pool().submit(part.write)
+            except RuntimeError:
+                # (cannot schedule new futures after interpreter shutdown; or no thread could
+                # start, the job queued all the same: whoever claims the part first writes
+                # it, so a job a thread runs later writes nothing)
+                part.write()
 
     def result(self) -> np.ndarray:
         for part in self._parts:
-            part.result()
+            part.wait()
         return self.array
+
+
+class _Part:
+    """One thread's share of a :class:`Populating` mapping, written once: by the pool's job
+    or by :meth:`wait`'s caller, whichever claims it first."""
+
+    def __init__(self, pages: np.ndarray) -> None:
+        self.pages = pages
+        self._claim = threading.Lock()
+        self._claimed = False
+        self._done = threading.Event()
+        self._error: BaseException | None = None
+
+    def write(self) -> None:
+        with self._claim:
+            if self._claimed:
+                return
+            self._claimed = True
+        try:
+            _touch(self.pages)
+        except BaseException as exc:
+            self._error = exc
+        finally:
+            self.pages = None  # (a queued job left unrun holds no mapping)
+            self._done.set()
+
+    def wait(self) -> None:
+        """Wait for the part, writing it here if no thread has claimed it yet (a job queued
+        behind a thread that never started)."""
+        self.write()
+        self._done.wait()
+        if self._error is not None:
+            raise self._error
 
 
 def _touch(part: np.ndarray) -> None:

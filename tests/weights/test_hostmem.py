@@ -187,6 +187,46 @@ def test_a_mapping_is_populated_where_no_thread_can_start(monkeypatch) -> None:
     assert arr.size == 3 * 4096 + 5 and sum(touched) == arr.size
 
 
+def test_a_job_queued_behind_a_thread_that_never_started_writes_nothing(monkeypatch) -> None:
+    # ThreadPoolExecutor queues a job before it starts a thread for it: where the thread
+    # cannot start, submit raises but the job stays queued, and a pool thread runs it later.
+    # It must not zero pages the caller has written by then (a review found a resume copy,
+    # and so the next delta's parent, zeroed that way)
+    import threading
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    monkeypatch.setattr(hostmem, "THREADS", 4)
+    monkeypatch.setattr(hostmem, "_POOL", None)
+    started = []
+    real_start = threading.Thread.start
+
+    def start(self):
+        if self.name.startswith("s4w-pages"):
+            started.append(self.name)
+            if len(started) > 1:
+                raise RuntimeError("can't start new thread")
+        return real_start(self)
+
+    monkeypatch.setattr(threading.Thread, "start", start)
+    real = hostmem._touch
+
+    def touch(part):  # the pool's one thread is slow: its queued jobs run after result()
+        if threading.current_thread().name.startswith("s4w-pages"):
+            time.sleep(0.3)
+        real(part)
+
+    monkeypatch.setattr(hostmem, "_touch", touch)
+    n = 4 << 20
+    arr = hostmem.populated(n).result()
+    arr[:] = 7  # the caller's bytes, as a copy writes them in
+    pool = hostmem._POOL
+    assert isinstance(pool, ThreadPoolExecutor) and len(started) >= 2
+    monkeypatch.setattr(threading.Thread, "start", real_start)
+    pool.shutdown(wait=True)  # every queued job has run on the one thread by now
+    assert int((arr != 7).sum()) == 0
+
+
 def test_a_save_from_within_a_save_completes(tmp_path, monkeypatch) -> None:
     # a preemption handler (a signal handler, on the thread that is saving) saves again to
     # the same store: it must not wait for the save it interrupted, nor disturb it

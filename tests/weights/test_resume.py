@@ -176,3 +176,42 @@ def test_a_host_out_of_memory_gives_the_copy_up_not_the_load(tmp_path, monkeypat
         got = s4weights.load_checkpoint(tmp_path, resume=True, device="cpu")
     assert_same(got, want)
     assert not chain._PARENT_CACHE and "no host copy" in caplog.text
+
+
+@pytest.mark.parametrize("when", ["mapping it", "populating it"])
+def test_the_device_path_gives_the_copy_up_too(tmp_path, monkeypatch, caplog, when) -> None:
+    # _HostCopy.device (the GPU loader's on_decoded), driven with CPU tensors under the
+    # emulation's torch: no copy queued, nothing to wait for, no entry
+    import logging
+
+    import torch
+
+    from s4weights import hostmem
+    from tests.gpu.emulated import Torch
+
+    run = _Run()
+    _saved(run, tmp_path, range(2))
+    monkeypatch.setattr(chain, "torch", Torch())  # (its cuda.current_stream)
+
+    class Failing:
+        def __init__(self, nbytes):
+            if when == "mapping it":
+                raise OSError(12, "Cannot allocate memory")
+
+        def result(self):
+            raise MemoryError("a test")
+
+    monkeypatch.setattr(hostmem, "populated", Failing)
+    store = chain.open_store(tmp_path)
+    infos = chain.by_step(chain.list_checkpoints(store))
+    r = chain.open_chain(store, chain.chain_of(max(infos), infos), True, "cpu")
+    try:
+        with caplog.at_level(logging.WARNING, logger="s4weights"):
+            copy = chain._HostCopy(r)
+            for i in range(len(r.tensors)):
+                copy.device(i, torch.from_numpy(np.asarray(r.read_raw(i)).copy()))
+        assert copy.entry("x") is None and copy.devices == set()
+        copy.abandon()
+    finally:
+        chain.close_chain(r)
+    assert "no host copy" in caplog.text
