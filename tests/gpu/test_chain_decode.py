@@ -250,6 +250,10 @@ def test_chunked_levels_read_their_planes_in_pieces_or_one_by_one(monkeypatch,
     monkeypatch.setattr(decode, "read_into", lambda r, o, d: pieces.append(d.size) or real(r, o, d))
     if not compact:
         monkeypatch.setattr(s4format.Reader, "compact_bounds", lambda self, t: None)
+    spans = []  # whether each plane came from the span read (else read alone)
+    real_stored = s4format.Reader.read_stored
+    monkeypatch.setattr(s4format.Reader, "read_stored", lambda self, t, j, span=None: (
+        spans.append(span is not None), real_stored(self, t, j, span))[1])
     levels = _levels(2, seed=6, scale=8)
     r = _open(_chain(levels, _full_at))
     i = r.index_of("w")
@@ -257,6 +261,7 @@ def test_chunked_levels_read_their_planes_in_pieces_or_one_by_one(monkeypatch,
     chunked.load_large(r, i, out, 2 << 20, on_host=True)
     assert np.array_equal(out.numpy(), levels[-1]["w"][1])
     assert (len(pieces) == 3) == compact  # one span per level
+    assert spans and all(x == compact for x in spans)
     assert not compact or max(pieces) >= 2 * (1 << 14)  # (the base's: large enough to go
     # in pieces)
 
