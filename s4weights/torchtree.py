@@ -11,7 +11,7 @@ registered converters, never code named by the file.
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -398,11 +398,8 @@ def plan_into(tree: Any, info: Callable[[int], Any], into: Any) -> IntoPlan:
     # destinations sharing a storage with another (tied weights, views of one buffer) are
     # decoded apart and copied in, in tree order, as on the CPU path: decoding one in place
     # ahead of its turn would let the other's copy land on it (or both decode into it)
-    storages: dict[int, int] = {}
-    for d in leaves.values():
-        if d.device.type == "cuda":
-            key = d.untyped_storage().data_ptr()
-            storages[key] = storages.get(key, 0) + 1
+    storages = Counter(d.untyped_storage().data_ptr() for d in leaves.values()
+                       if d.device.type == "cuda")
     direct: dict[int, torch.Tensor] = {}
     for path, dest in leaves.items():
         where = path or "<root>"

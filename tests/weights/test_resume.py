@@ -151,17 +151,10 @@ def test_resume_keeps_tensors_no_part_of_the_tree_uses(tmp_path) -> None:
         chain.close_chain(r)
 
 
-@pytest.mark.parametrize("when", ["mapping it", "populating it"])
-def test_a_host_out_of_memory_gives_the_copy_up_not_the_load(tmp_path, monkeypatch, caplog,
-                                                             when) -> None:
-    import logging
-
+def _host_out_of_memory(monkeypatch, when: str) -> None:
+    """hostmem.populated failing as a host out of memory does: when "mapping it" (the mmap)
+    or when "populating it" (its page-writing threads)."""
     from s4weights import hostmem
-
-    run = _Run()
-    _saved(run, tmp_path, range(2))
-    chain._PARENT_CACHE.clear()
-    want = s4weights.load_checkpoint(tmp_path, device="cpu")
 
     class Failing:
         def __init__(self, nbytes):
@@ -172,6 +165,19 @@ def test_a_host_out_of_memory_gives_the_copy_up_not_the_load(tmp_path, monkeypat
             raise MemoryError("a test")
 
     monkeypatch.setattr(hostmem, "populated", Failing)
+
+
+@pytest.mark.parametrize("when", ["mapping it", "populating it"])
+def test_a_host_out_of_memory_gives_the_copy_up_not_the_load(tmp_path, monkeypatch, caplog,
+                                                             when) -> None:
+    import logging
+
+    run = _Run()
+    _saved(run, tmp_path, range(2))
+    chain._PARENT_CACHE.clear()
+    want = s4weights.load_checkpoint(tmp_path, device="cpu")
+
+    _host_out_of_memory(monkeypatch, when)
     with caplog.at_level(logging.WARNING, logger="s4weights"):
         got = s4weights.load_checkpoint(tmp_path, resume=True, device="cpu")
     assert_same(got, want)
@@ -186,22 +192,13 @@ def test_the_device_path_gives_the_copy_up_too(tmp_path, monkeypatch, caplog, wh
 
     import torch
 
-    from s4weights import hostmem
     from tests.gpu.emulated import Torch
 
     run = _Run()
     _saved(run, tmp_path, range(2))
     monkeypatch.setattr(chain, "torch", Torch())  # (its cuda.current_stream)
 
-    class Failing:
-        def __init__(self, nbytes):
-            if when == "mapping it":
-                raise OSError(12, "Cannot allocate memory")
-
-        def result(self):
-            raise MemoryError("a test")
-
-    monkeypatch.setattr(hostmem, "populated", Failing)
+    _host_out_of_memory(monkeypatch, when)
     store = chain.open_store(tmp_path)
     infos = chain.by_step(chain.list_checkpoints(store))
     r = chain.open_chain(store, chain.chain_of(max(infos), infos), True, "cpu")
