@@ -124,13 +124,13 @@ def save(obj: Any, f: FileLike, *, policy: str = "auto", metadata: dict[str, str
     :class:`s4format.UnsupportedObjectError` naming the key path of any object that cannot be
     stored. ``device`` picks where CUDA tensors are coded (``"auto"``, ``"cuda"``, ``"cpu"``).
     ``workspace`` bounds the extra GPU memory the GPU path uses, in bytes, on each device
-    (default: 10% of the state's bytes on it, at least 64 MiB and at most 1 GiB). Tensors are
+    (default: 10% of the state's bytes on it, at least 4 MiB and at most 1 GiB). Tensors are
     coded on the CUDA device that holds them, whatever the current device. A tensor too large
     to code whole in the workspace is coded in chunks that fit (the same stored bytes); the
-    smallest chunk needs 6-17 MiB. When the device runs out of memory, the GPU path codes again
-    from the tensor it was at with half the workspace, down to 16 MiB, then leaves that device's
-    remaining tensors to the CPU coder (under ``nvcomp-ans`` at once, with the default codecs),
-    with a warning: the save does not fail for it.
+    smallest chunk (2^16 elements) needs under 2 MiB. When the device runs out of memory, the
+    GPU path codes again from the tensor it was at with half the workspace, down to 16 MiB,
+    then leaves that device's remaining tensors to the CPU coder (under ``nvcomp-ans`` at once,
+    with the default codecs), with a warning: the save does not fail for it.
     When tensors are coded on the GPU, a file object ``f`` is written from a helper thread
     while the next tensors are coded (one thread at a time; ``save`` returns after the last
     write).

@@ -378,8 +378,6 @@ class _Streams:
 
 # -- load: a tensor whose one-batch decode would hold more than the workspace -----------------
 
-LOAD_ALIGN = 4 << 20  # bytes per chunk: a multiple of this (2^20 elements of any word size,
-# so whole rANS blocks at any log2_block, whole sign bytes, whole merge CTAs)
 _LOAD_CODECS = (codecs.RAW, codecs.BITPACK, codecs.RANS, codecs.BITPACK_W)
 BLOCK_TABLE = 64  # device bytes per rANS block of a chunk's launch: its table row, error code
 
@@ -495,10 +493,17 @@ class _Level:
                 out.append(("rans", j, [s[s0:s1], s[w0:w1]], (b0, b1, s1 - s0, s0, w0)))
         return out
 
+    def align(self) -> int:
+        """Bytes a chunk's length must be a multiple of, for this level: ``plan.large_align``
+        elements of its coded rANS streams' block size (a CONST stream's blocks may be cut)."""
+        lg = [self.lg[q] for q in range(len(self.rans))
+              if self.streams.mode[q] == rans.MODE_RANS]
+        return self.word * plan.large_align(max(lg, default=0))
+
     def span(self, b0: int, b1: int, e0: int, e1: int) -> tuple[np.ndarray, np.ndarray]:
         """(first symbol, symbols) of blocks [b0, b1) clipped to symbols [e0, e1). Chunks of
-        ``LOAD_ALIGN`` bytes hold whole blocks of any stream; ranges that cut a CONST block
-        (finer ones, as the tests use) are clipped, and cutting a rANS block is refused."""
+        ``align()`` bytes hold whole blocks of coded streams; ranges that cut a CONST block
+        are clipped, and cutting a rANS block is refused."""
         s = self.streams
         start = np.maximum(s.start[b0:b1], e0)
         end = np.minimum(s.start[b0:b1] + s.length[b0:b1].astype(np.int64), e1)
@@ -539,7 +544,7 @@ def _load_large(reader, i: int, out: torch.Tensor, workspace: int, on_host: bool
                 ) -> None:
     """Decode tensor i into ``out`` (its raw bytes, flat uint8 on the current device) chunk by
     chunk, each chunk's device memory under ``workspace`` (at least one chunk of
-    ``LOAD_ALIGN`` bytes). Every plane's checksum is verified (on the host, where its stored
+    ``_Level.align()`` bytes). Every plane's checksum is verified (on the host, where its stored
     bytes are read) and every stream validated before any kernel runs. A delta's chain is
     applied chunk by chunk: the deepest ancestor's bytes for the chunk are decoded, then each
     delta's XORed in; every level's content hash is checked at the end (an ancestor's where
@@ -623,18 +628,19 @@ def _decode_levels(levels: list[_Level], out: torch.Tensor, workspace: int,
 
 def _load_chunk(levels: list[_Level], nbytes: int, workspace: int, on_host: bool = False
                 ) -> int:
-    """The largest chunk (a multiple of ``LOAD_ALIGN`` bytes, halving from what the workspace
-    could hold of the raw bytes) whose every range needs at most ``workspace`` at any level
-    (with a chain, plus the buffer an ancestor's bytes are decoded into for the XOR; for a
-    host destination, plus the buffer the chunk is built in)."""
-    k = max(1, min(workspace, nbytes) // LOAD_ALIGN)
+    """The largest chunk (a multiple of every level's ``align()``, halving from what the
+    workspace could hold of the raw bytes) whose every range needs at most ``workspace`` at any
+    level (with a chain, plus the buffer an ancestor's bytes are decoded into for the XOR; for
+    a host destination, plus the buffer the chunk is built in)."""
+    align = max(lv.align() for lv in levels)  # (powers of two)
+    k = max(1, min(workspace, nbytes) // align)
     while True:
-        chunk = k * LOAD_ALIGN
+        chunk = k * align
         xor_buf = (chunk if len(levels) > 1 else 0) + (chunk if on_host else 0)
         worst = max((lv.need(lo, min(nbytes, lo + chunk)) + xor_buf
                      for lv in levels for lo in range(0, nbytes, chunk)), default=0)
         if worst <= workspace or k == 1:
-            return max(LOAD_ALIGN, min(chunk, -(-nbytes // LOAD_ALIGN) * LOAD_ALIGN))
+            return max(align, min(chunk, -(-nbytes // align) * align))
         k = max(1, k // 2)
 
 

@@ -24,14 +24,15 @@ CHUNK_ELEMS = 65536  # kernels/planes.cu: elements per CTA of split and merge
 # multiple of 16, so every piece keeps its op's source and destination alignment mod 16).
 COPY_PIECE = 1 << 16
 GIB = 1 << 30
-MIN_WORKSPACE = 64 << 20
+MIN_WORKSPACE = 4 << 20  # the smallest default: a few chunks of the chunked coders at their
+# finest (2^16 elements), whatever the state's size
 
 GPU_LAYOUTS = {layouts.BF16.layout_id: 2, layouts.FP16.layout_id: 2, layouts.FP32.layout_id: 4}
 SPLIT_DTYPES = {"bfloat16": layouts.BF16, "float16": layouts.FP16, "float32": layouts.FP32}
 
 
 def default_workspace(total_bytes: int) -> int:
-    """min(1 GiB, 10% of the state), but at least 64 MiB so small states form one group."""
+    """min(1 GiB, 10% of the state), but at least ``MIN_WORKSPACE`` (states under 40 MiB)."""
     return min(GIB, max(MIN_WORKSPACE, total_bytes // 10))
 
 
@@ -162,8 +163,11 @@ def group_need(item: np.ndarray, width: np.ndarray, split: np.ndarray, n: np.nda
     return need + digests + TENSOR_META
 
 
-LARGE_ALIGN = 1 << 20  # chunked encoder: chunk lengths are multiples of this many elements
-# (whole rANS blocks at any log2_block, whole split CTAs, whole sign bytes, whole 64 KiB leaves)
+def large_align(log2_block: int) -> int:
+    """Chunked encoder and decoder: chunk lengths are multiples of this many elements: whole
+    rANS blocks (``log2_block``), whole split and merge CTAs (``CHUNK_ELEMS``), whole sign
+    bytes and whole 64 KiB leaves (2^16 elements of any word size)."""
+    return 1 << max(16, log2_block)
 
 
 def large_staging(chunk: int, rans_planes: int, log2_block: int) -> int:
@@ -195,12 +199,13 @@ def large_need(layout: layouts.Layout, itemsize: int, chunk: int, rans_planes: i
 def large_chunk(layout: layouts.Layout, itemsize: int, workspace: int, n: int, rans_planes: int,
                 xor: bool, log2_block: int) -> int:
     """Elements per chunk so that ``large_need`` stays under ``workspace``: a multiple of
-    ``LARGE_ALIGN`` (at least one, whatever the workspace), no longer than the tensor needs."""
-    per = large_need(layout, itemsize, LARGE_ALIGN, rans_planes, xor, log2_block)
+    ``large_align`` (at least one, whatever the workspace), no longer than the tensor needs."""
+    align = large_align(log2_block)
+    per = large_need(layout, itemsize, align, rans_planes, xor, log2_block)
     # the whole tensor's content leaf digests stay on the device (and one copy of them)
     digests = 2 * _al(8 * (n * layout.word_size(itemsize) // 65536 + 1))
     k = max(1, (workspace - digests) // per)
-    return min(k, max(1, -(-n // LARGE_ALIGN))) * LARGE_ALIGN
+    return min(k, max(1, -(-n // align))) * align
 
 
 def groups_by_need(need: list[int], out: list[int], workspace: int,

@@ -221,7 +221,6 @@ def test_chunks_copied_down_to_a_host_destination(monkeypatch, depth: int) -> No
     # workspace and copied into host memory (a restarted process's parent read)
     from s4weights.gpu import chunked
 
-    monkeypatch.setattr(chunked, "LOAD_ALIGN", 1 << 18)  # whole rANS blocks of bf16
     levels = _levels(depth, seed=3, scale=8)
     r = _open(_chain(levels, _full_at))
     i = r.index_of("w")
@@ -236,6 +235,48 @@ def test_chunks_copied_down_to_a_host_destination(monkeypatch, depth: int) -> No
     assert np.array_equal(out.numpy(), levels[-1]["w"][1])
 
 
+@pytest.mark.parametrize("lgs", [(18, 16), (16, 20), (12, 12)])
+def test_chunks_hold_whole_blocks_of_every_level(monkeypatch, lgs) -> None:
+    # a chain whose levels were coded with other rANS block sizes: the chunks of a small
+    # workspace are whole blocks of the largest (2^16 elements at least), and decode exactly
+    from s4weights.gpu import chunked
+
+    rng = np.random.default_rng(5)
+    n = 700_000
+    base = (torch.from_numpy(rng.standard_normal(n).astype(np.float32)) * .02).bfloat16()
+    x = [base.view(torch.uint8).numpy().copy()]
+    x.append(x[0].copy())
+    x[1][rng.integers(0, x[1].size, 3000)] ^= np.uint8(4)
+    blobs, parent_id = [], None
+    for level, lg in enumerate(lgs):
+        data = x[level] if level == 0 else np.bitwise_xor(x[level], x[level - 1])
+        it = encode.Item(dtypes.BY_NAME["bfloat16"], (n,), torch.from_numpy(data))
+        c = next(iter(encode.Encoder(log2_block=lg).code([it])))
+        assert any(p.codec == s4format.codecs.RANS and p.payload[1] == lg
+                   for p in c.coded.planes)  # (a rANS plane coded at that block size)
+        buf = io.BytesIO()
+        with Writer(buf, parent_id=parent_id) as w:
+            w.add_coded("w", it.dtype, (n,), c.coded, hashing.content_hash(x[level].tobytes()),
+                        parent_hash=None if level == 0
+                        else hashing.content_hash(x[level - 1].tobytes()))
+            w.set_tree({"w": objtree.TensorRef(0)})
+        blobs.append(buf.getvalue())
+        parent_id = s4format.Reader(blobs[-1]).checkpoint_id
+    r = _open(blobs)
+    levels = [chunked._Level(r, 0), chunked._Level(r.parent, 0)]
+    align = 2 << max(16, *lgs)
+    assert max(lv.align() for lv in levels) == align
+    chunks = []
+    real = chunked._load_chunk
+    monkeypatch.setattr(chunked, "_load_chunk", lambda *a, **k: chunks.append(real(*a, **k))
+                        or chunks[-1])
+    out = torch.empty(2 * n, dtype=torch.uint8)
+    chunked.load_large(r, 0, out, 1 << 20)
+    assert chunks and all(c % align == 0 for c in chunks)
+    assert chunks[0] < 2 * n or align > 2 * n  # (in chunks, where blocks allow)
+    assert np.array_equal(out.numpy(), x[-1])
+
+
 @pytest.mark.parametrize("compact", [True, False])
 def test_chunked_levels_read_their_planes_in_pieces_or_one_by_one(monkeypatch,
                                                                  compact: bool) -> None:
@@ -243,7 +284,6 @@ def test_chunked_levels_read_their_planes_in_pieces_or_one_by_one(monkeypatch,
     # (compact_bounds None) one by one; both decode the chain exactly
     from s4weights.gpu import chunked
 
-    monkeypatch.setattr(chunked, "LOAD_ALIGN", 1 << 18)
     monkeypatch.setattr(decode, "READ_PIECE", 1 << 14)  # (pieces of a small span)
     pieces = []
     real = decode.read_into
@@ -315,7 +355,6 @@ def test_a_parent_read_holds_no_more_than_the_workspace(read_on_gpu, monkeypatch
     assert Device.peak - base <= ws
     assert all(not np.asarray(out[k].data).any() for k in zeros)
     # and a chain, batches and chunks (its "w" needs more than the workspace)
-    monkeypatch.setattr(chunked, "LOAD_ALIGN", 1 << 18)  # whole rANS blocks of bf16
     levels = _levels(3, seed=4, scale=8)
     r = _open(_chain(levels, _full_at))
     ws = 2 << 20

@@ -95,11 +95,14 @@ def test_chunk_length_fits_the_workspace() -> None:
             continue
         lv = chunked._Level(r, i)
         nbytes = lv.t.raw_nbytes
-        for ws in (1, 4 * MIB, 6 * MIB, 64 * MIB):
+        align = lv.align()
+        lgs = [lv.lg[q] for q in range(len(lv.rans)) if lv.streams.mode[q] == rans.MODE_RANS]
+        assert align == lv.word << max([16, *lgs])  # whole rANS blocks, 2^16 elements at least
+        for ws in (1, MIB // 2, 4 * MIB, 6 * MIB, 64 * MIB):
             c = chunked._load_chunk([lv], nbytes, ws)
-            assert c % chunked.LOAD_ALIGN == 0 and c >= chunked.LOAD_ALIGN
+            assert c % align == 0 and c >= align
             worst = max(lv.need(lo, min(nbytes, lo + c)) for lo in range(0, nbytes, c))
-            assert worst <= ws or c == chunked.LOAD_ALIGN
+            assert worst <= ws or c == align
 
 
 def test_damaged_plane_is_refused_on_the_host() -> None:

@@ -248,7 +248,7 @@ _DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.int64, torch.uint
                                st.sampled_from(["normal", "const", "bits", "skewed"])),
                      min_size=1, max_size=12),
        workspace=st.sampled_from([1 << 18, 1 << 20, 3 << 20, 1 << 30]),
-       log2_block=st.sampled_from([12, 16]))
+       log2_block=st.sampled_from([12, 16, 18]))
 def test_any_state_at_any_workspace_reads_back_exactly(emulated, spec, workspace,
                                                        log2_block) -> None:
     # the planner's every path (fused windows, histogram passes with exact sizing, lone and

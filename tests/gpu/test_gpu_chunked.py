@@ -71,7 +71,7 @@ def _one_tensor_file(t: torch.Tensor, coded, planes: list) -> bytes:
 
 def _tensors() -> dict[str, torch.Tensor]:
     g = torch.Generator(device="cuda").manual_seed(3)
-    n = 5 * MIB + 12345  # 5 chunks and a partial one at the smallest chunk length
+    n = 5 * MIB + 12345  # not a whole number of chunks
     w = torch.randn(n, device="cuda", generator=g) * 0.02
     bits = torch.randint(-(1 << 31), 1 << 31, (n,), device="cuda", generator=g,
                          dtype=torch.int64).to(torch.int32)
@@ -103,13 +103,14 @@ def _same(a, b) -> None:
                 assert c.checksum == hashing.plane_checksum(np.asarray(c.payload))
 
 
+@pytest.mark.parametrize("workspace", [10 * MIB, 2 * MIB])
 @pytest.mark.parametrize("name", list(_tensors()))
-def test_chunked_planes_equal_the_one_group_path(name: str) -> None:
+def test_chunked_planes_equal_the_one_group_path(name: str, workspace: int) -> None:
     t = _tensors()[name]
     whole = _code1(Encoder(workspace=BIG), t)
     # 10 MiB: below what each needs as a group (by its exact need where not by its least;
-    # 12 MiB took the one-symbol tensor whole in run 4)
-    enc = Encoder(workspace=10 * MIB)
+    # 12 MiB took the one-symbol tensor whole in run 4); 2 MiB: chunks of a few 2^16 elements
+    enc = Encoder(workspace=workspace)
     assert isinstance(next(enc._plan([_item(t)], chunked=True)), Item)  # really chunked
     part = _code1(enc, t)
     assert part.content_hash == whole.content_hash
@@ -200,8 +201,10 @@ def _load_state() -> dict[str, torch.Tensor]:
     }
 
 
+@pytest.mark.parametrize("workspace", [20 * MIB, 3 * MIB])
 @pytest.mark.parametrize("writer", ["cuda", "cpu"])
-def test_large_tensors_load_in_chunks_within_the_workspace(writer: str, monkeypatch) -> None:
+def test_large_tensors_load_in_chunks_within_the_workspace(writer: str, workspace: int,
+                                                           monkeypatch) -> None:
     state = _load_state()
     src = state if writer == "cuda" else {k: v.cpu() for k, v in state.items()}
     buf = io.BytesIO()
@@ -210,8 +213,7 @@ def test_large_tensors_load_in_chunks_within_the_workspace(writer: str, monkeypa
     r = s4format.Reader(blob)
     assert sum(chunked.chunkable(r, i) for i in range(len(r.tensors))) >= 6
     # under every split tensor's one-batch need (bf16 with a bitpack-w mantissa read in place:
-    # about 23 MiB)
-    workspace = 20 * MIB
+    # about 23 MiB); 3 MiB: chunks of a few 2^16 elements
     calls = []
     orig = chunked.load_large
 

@@ -94,10 +94,10 @@ def test_save_and_load_complete_when_device_memory_runs_out(free: int, caplog) -
     torch.cuda.synchronize()
     with caplog.at_level(logging.WARNING, logger="s4weights"), _capped(free):
         buf = io.BytesIO()
-        s4weights.save(state, buf, device="cuda")  # default workspace: 64 MiB
+        s4weights.save(state, buf, device="cuda", workspace=64 * MIB)
         saved = caplog.text
         caplog.clear()
-        got = s4weights.load(buf.getvalue(), device="cuda", into=into)
+        got = s4weights.load(buf.getvalue(), device="cuda", into=into, workspace=64 * MIB)
         loaded = caplog.text
     assert "ran out of memory coding" in saved
     assert "ran out of memory decoding" in loaded

@@ -12,8 +12,10 @@ from s4format import layouts
 from s4weights.gpu import plan
 
 
-def test_workspace_is_a_tenth_of_the_state_between_64_mib_and_1_gib() -> None:
-    assert plan.default_workspace(0) == 64 << 20
+def test_workspace_is_a_tenth_of_the_state_between_4_mib_and_1_gib() -> None:
+    assert plan.default_workspace(0) == 4 << 20
+    assert plan.default_workspace(40 << 20) == 4 << 20
+    assert plan.default_workspace(300 << 20) == 30 << 20
     assert plan.default_workspace(5 << 30) == (5 << 30) // 10
     assert plan.default_workspace(100 << 30) == 1 << 30
 
@@ -112,18 +114,25 @@ def test_large_chunks_fit_the_workspace() -> None:
     for lay, size in ((layouts.BF16, 2), (layouts.FP16, 2), (layouts.FP32, 4)):
         for rans_planes in range(len(lay.fields) + 1):
             for xor in (False, True):
-                for ws in (32 << 20, 188 << 20, 1 << 30):
-                    n = 1 << 34
-                    c = plan.large_chunk(lay, size, ws, n, rans_planes, xor, 16)
-                    assert c % plan.LARGE_ALIGN == 0 and c >= plan.LARGE_ALIGN
-                    need = plan.large_need(lay, size, c, rans_planes, xor, 16)
+                for ws, n, lg in itertools.product((4 << 20, 32 << 20, 188 << 20, 1 << 30),
+                                                   (1 << 24, 1 << 34), (16, 18, 20)):
+                    align = plan.large_align(lg)
+                    c = plan.large_chunk(lay, size, ws, n, rans_planes, xor, lg)
+                    assert c % align == 0 and c >= align and c % (1 << lg) == 0
+                    need = plan.large_need(lay, size, c, rans_planes, xor, lg)
                     digests = 2 * 8 * (n * size // 65536 + 1)
                     # fits, or is the smallest chunk there is
-                    assert need + digests <= ws or c == plan.LARGE_ALIGN
-                    # and uses most of it (chunks are sized from the need of the smallest)
-                    assert need + digests > ws * 3 // 4 or c == plan.LARGE_ALIGN
+                    assert need + digests <= ws or c == align
+                    # and, at the finest alignment, uses most of it (chunks are sized from the
+                    # need of the smallest), or one chunk holds the whole tensor
+                    if lg == 16:
+                        assert need + digests > ws * 3 // 4 or c == align or c >= n
         # a small tensor gets one chunk of its own rounded length, not the workspace's
         assert plan.large_chunk(lay, size, 1 << 30, 3 << 20, 2, False, 16) == 3 << 20
+        assert plan.large_chunk(lay, size, 1 << 30, 100_000, 2, False, 16) == 2 << 16
+        # the smallest default workspace holds chunks of the finest alignment
+        assert plan.large_need(lay, size, plan.large_align(16), len(lay.fields), True, 16) \
+            < plan.MIN_WORKSPACE // 3
 
 
 def test_large_staging_counts_a_byte_per_symbol_and_block_sections() -> None:

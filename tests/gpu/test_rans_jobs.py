@@ -52,6 +52,9 @@ def tensors() -> dict[str, torch.Tensor]:
     return out
 
 
+WS = 64 << 20  # tensors() in one group, whose worst case fits: its rANS launch queued early
+
+
 def _queued(monkeypatch) -> list[bool]:
     """Whether each group's rANS launch was the one queued early (appended per group)."""
     seen: list[bool] = []
@@ -72,11 +75,11 @@ def test_the_device_picks_the_planes_the_host_picks(emulated, monkeypatch, polic
                                                     mantissa) -> None:
     ts = tensors()
     seen = _queued(monkeypatch)
-    early = encode.Encoder(policy, mantissa=mantissa)
+    early = encode.Encoder(policy, mantissa=mantissa, workspace=WS)
     blob = encode.file_of(early, ts)
     assert early.mispredicted == 0
     assert seen and all(seen)  # one group, split and histogrammed in one pass
-    late = encode.Encoder(policy, mantissa=mantissa)
+    late = encode.Encoder(policy, mantissa=mantissa, workspace=WS)
     late.early_rans = False
     assert encode.file_of(late, ts) == blob
     reader = s4format.Reader(blob)
@@ -86,7 +89,7 @@ def test_the_device_picks_the_planes_the_host_picks(emulated, monkeypatch, polic
 
 def test_a_launch_that_picked_other_planes_is_not_used(emulated, monkeypatch) -> None:
     ts = tensors()
-    late = encode.Encoder("auto")
+    late = encode.Encoder("auto", workspace=WS)
     late.early_rans = False
     want = encode.file_of(late, ts)
     real = em.launch
@@ -98,7 +101,7 @@ def test_a_launch_that_picked_other_planes_is_not_used(emulated, monkeypatch) ->
 
     monkeypatch.setattr(encode.runtime, "launch", wrong)
     seen = _queued(monkeypatch)
-    early = encode.Encoder("auto")
+    early = encode.Encoder("auto", workspace=WS)
     assert encode.file_of(early, ts) == want
     assert early.mispredicted == 1
     assert seen == [False]

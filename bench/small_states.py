@@ -1,0 +1,112 @@
+"""States below 640 MiB on the GPU machine (``python3 bench/small_states.py``): the default
+workspace is 10% of the state (at least 4 MiB), so such states code more of their tensors in
+chunks than at a 64 MiB floor (the default before). Prefixes of bench/gpu.py's (b) state
+(trained ``S4_SMALL_STEPS`` steps, default 50), of about 40, 120, 300 and 600 MB, are saved
+to and loaded from memory on the GPU (``s4weights.save``/``load``, ``device="cuda"``) at
+the default workspace and at max(64 MiB, 10%), against torch.save / torch.load
+(map_location="cuda") of the same tensors. Per row: seconds (best of ``S4_BENCH_REPS``),
+peak extra GPU memory, ratio, bit-exact. JSON to ``$OUT/small_states.json`` when OUT is
+set."""
+
+from __future__ import annotations
+
+import functools
+import io
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+import gpu  # bench/gpu.py: the same model and state
+
+import s4weights
+from s4weights.gpu import plan
+
+MIB = 1 << 20
+REPS = int(os.environ.get("S4_BENCH_REPS", "5"))
+
+
+def best(fn) -> tuple[float, int, object]:
+    """(best seconds of REPS calls, peak extra device bytes of the last, its result)."""
+    times = []
+    for _ in range(REPS):
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        t0 = time.perf_counter()
+        out = fn()
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+        peak = torch.cuda.max_memory_allocated() - base
+        if REPS > 1 and len(times) < REPS:
+            del out
+    return min(times), peak, out
+
+
+def prefix(flat: dict[str, torch.Tensor], limit: int) -> dict[str, torch.Tensor]:
+    out, total = {}, 0
+    for k, v in flat.items():
+        n = v.numel() * v.element_size()
+        if total + n > limit and out:
+            break
+        out[k], total = v, total + n
+    return out
+
+
+def main() -> None:
+    model, opt, step = gpu.training_run()
+    for _ in range(int(os.environ.get("S4_SMALL_STEPS", "50"))):
+        step()
+    flat = gpu.flat_tensors(gpu.state_of(model, opt))
+    del model, opt, step
+    rows = []
+    for target in (40, 120, 300, 600):
+        state = prefix(flat, target * 10**6)
+        raw = sum(v.numel() * v.element_size() for v in state.values())
+        t_save, _p, blob = best(functools.partial(_torch_save, state))
+        t_load, _p, _out = best(functools.partial(_torch_load, blob))
+        print(f"{raw / 1e6:7.1f} MB, {len(state)} tensors: torch.save {t_save * 1e3:7.1f} ms, "
+              f"torch.load {t_load * 1e3:7.1f} ms", flush=True)
+        row = {"raw": raw, "tensors": len(state), "torch_save_s": t_save, "torch_load_s": t_load}
+        for name, ws in (("default", None), ("floor64", max(64 * MIB, raw // 10))):
+            shown = ws or plan.default_workspace(raw)
+            s, ps, data = best(functools.partial(_s4_save, state, ws))
+            d, pd, got = best(functools.partial(s4weights.load, data, map_location="cuda",
+                                                device="cuda", workspace=ws))
+            pd -= raw  # the loaded tensors themselves
+            exact = all(torch.equal(got[k].view(torch.uint8), v.view(torch.uint8))
+                        for k, v in state.items())
+            row[name] = {"workspace": shown, "save_s": s, "load_s": d, "peak_save": ps,
+                         "peak_load": pd, "ratio": len(data) / raw, "exact": exact}
+            print(f"    {name:8} workspace {shown / MIB:6.1f} MiB: save {s * 1e3:7.1f} ms "
+                  f"(+{ps / MIB:.0f} MiB), load {d * 1e3:7.1f} ms (+{pd / MIB:.0f} MiB), ratio "
+                  f"{len(data) / raw:.4f}, exact {exact}", flush=True)
+        rows.append(row)
+    if os.environ.get("OUT"):
+        Path(os.environ["OUT"], "small_states.json").write_text(json.dumps(rows, indent=1))
+    if not all(r[k]["exact"] for r in rows for k in ("default", "floor64")):
+        sys.exit("not bit-exact")
+
+
+def _torch_save(state) -> bytes:
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    return buf.getvalue()
+
+
+def _torch_load(blob: bytes):
+    return torch.load(io.BytesIO(blob), map_location="cuda")
+
+
+def _s4_save(state, ws) -> bytes:
+    buf = io.BytesIO()
+    s4weights.save(state, buf, device="cuda", workspace=ws)
+    return buf.getvalue()
+
+
+if __name__ == "__main__":
+    main()
