@@ -14,6 +14,7 @@ import os
 import sys
 import threading
 import time
+from concurrent.futures import Future
 from pathlib import Path
 
 import numpy as np
@@ -39,12 +40,50 @@ def kernel_source(name: str, folder: Path = KERNELS, source: Path | None = None)
     return f"// headers {digest.hexdigest()}\n" + (source or folder / f"{name}.cu").read_text()
 
 
-@functools.cache
-def _module(name: str, device: int):
+_MODULES: dict[tuple[str, int], Future] = {}
+_MODULES_LOCK = threading.Lock()
+
+
+def _compiled(name: str, device: int):
     import cupy as cp
 
     with cp.cuda.Device(device):
-        return cp.RawModule(code=kernel_source(name), options=("-std=c++17", f"-I{KERNELS}"))
+        mod = cp.RawModule(code=kernel_source(name), options=("-std=c++17", f"-I{KERNELS}"))
+        mod.compile()  # (else at the first get_function)
+        return mod
+
+
+def _module(name: str, device: int):
+    """Kernel module ``name`` (``kernels/<name>.cu``) on ``device``, compiled once per process
+    and device (CuPy keeps the binary on disk for later processes). The first request for a
+    device compiles every module for it at once, each in a thread of its own (NVRTC runs
+    without the GIL): a process with no cached binaries (a bare machine, a fresh container)
+    waits for the slowest module, not for their sum. A failed compile is tried again at the
+    next request."""
+    with _MODULES_LOCK:
+        if (name, device) not in _MODULES:
+            names = sorted({name} | {p.stem for p in KERNELS.glob("*.cu")})
+            for n in names:
+                if (n, device) not in _MODULES:
+                    fut: Future = Future()
+                    _MODULES[(n, device)] = fut
+                    threading.Thread(target=_compile_into, args=(fut, n, device),
+                                     name=f"s4weights-nvrtc-{n}", daemon=True).start()
+        fut = _MODULES[(name, device)]
+    try:
+        return fut.result()
+    except Exception:
+        with _MODULES_LOCK:
+            if _MODULES.get((name, device)) is fut:
+                del _MODULES[(name, device)]
+        raise
+
+
+def _compile_into(fut: Future, name: str, device: int) -> None:
+    try:
+        fut.set_result(_compiled(name, device))
+    except BaseException as exc:  # (handed to the waiting caller)
+        fut.set_exception(exc)
 
 
 @functools.cache

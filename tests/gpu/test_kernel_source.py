@@ -4,6 +4,8 @@ an upgraded install would load kernels compiled from the old header."""
 
 from __future__ import annotations
 
+import pytest
+
 from s4weights.gpu import runtime
 
 
@@ -29,3 +31,38 @@ def test_the_shipped_kernels_compile_from_their_files() -> None:
         src = runtime.kernel_source(cu.stem)
         assert src.splitlines()[0].startswith("// headers ")
         assert src.split("\n", 1)[1] == cu.read_text()
+
+
+def test_the_first_request_compiles_every_module_at_once(monkeypatch) -> None:
+    # runtime._module: a cold process waits for the slowest module, not for their sum; each
+    # module is compiled once per device, and a failed compile is tried again
+    import threading
+
+    monkeypatch.setattr(runtime, "_MODULES", {})
+    names = sorted(p.stem for p in runtime.KERNELS.glob("*.cu"))
+    started = threading.Barrier(len(names), timeout=10)  # every compile running at once
+    calls: list[tuple[str, int]] = []
+    fail = {"rans"}
+
+    def compiled(name: str, device: int):
+        calls.append((name, device))
+        started.wait()
+        if name in fail:
+            fail.discard(name)
+            raise RuntimeError(f"nvrtc: {name}")
+        return f"module {name} on {device}"
+
+    monkeypatch.setattr(runtime, "_compiled", compiled)
+    assert runtime._module("planes", 0) == "module planes on 0"
+    assert sorted(calls) == [(n, 0) for n in names]
+    for n in names:
+        if n != "rans":
+            assert runtime._module(n, 0) == f"module {n} on 0"
+    with pytest.raises(RuntimeError, match="nvrtc: rans"):
+        runtime._module("rans", 0)
+    started = threading.Barrier(1, timeout=10)
+    assert runtime._module("rans", 0) == "module rans on 0"  # tried again, alone
+    assert len(calls) == len(names) + 1
+    started = threading.Barrier(len(names), timeout=10)
+    assert runtime._module("copy", 1) == "module copy on 1"  # another device: its own
+    assert len(calls) == 2 * len(names) + 1
