@@ -5,7 +5,8 @@ chunks than at a 64 MiB floor (the default before). Prefixes of bench/gpu.py's (
 to and loaded from memory on the GPU (``s4weights.save``/``load``, ``device="cuda"``) at
 the default workspace and at max(64 MiB, 10%), against torch.save / torch.load
 (map_location="cuda") of the same tensors. Per row: seconds (best of ``S4_BENCH_REPS``),
-peak extra GPU memory, ratio, bit-exact. JSON to ``$OUT/small_states.json`` when OUT is
+peak extra GPU memory, ratio, bit-exact. ``S4_SMALL_PROFILE=1``: the ~120 MB state's load
+profiled at both workspaces. JSON to ``$OUT/small_states.json`` when OUT is
 set."""
 
 from __future__ import annotations
@@ -78,6 +79,9 @@ def main() -> None:
             d, pd, got = best(functools.partial(s4weights.load, data, map_location="cuda",
                                                 device="cuda", workspace=ws))
             pd -= raw  # the loaded tensors themselves
+            if os.environ.get("S4_SMALL_PROFILE") and target == 120:
+                gpu.profile_call(functools.partial(s4weights.load, data, map_location="cuda",
+                                                   device="cuda", workspace=ws), 25)
             exact = all(torch.equal(got[k].view(torch.uint8), v.view(torch.uint8))
                         for k, v in state.items())
             row[name] = {"workspace": shown, "save_s": s, "load_s": d, "peak_save": ps,

@@ -36,6 +36,7 @@ from s4format.errors import (
     S4Error,
 )
 from s4format.hashing import LEAF_SIZE
+from s4format.source import BufferSource
 from s4format.writer import CodedPlane, CodedTensor, code_tensor
 from s4weights.gpu import plan, ranshost, runtime
 from s4weights.gpu.encode import (
@@ -415,7 +416,10 @@ class _Level:
         # None: planes far apart, read one by one
         bounds = reader.compact_bounds(t)
         span = None
-        if bounds is not None:
+        if bounds is not None and isinstance(reader.source, BufferSource):
+            # in memory already (bytes, a BytesIO's buffer): a view, not a copy
+            span = (bounds[0], reader.source.read_at(bounds[0], bounds[1] - bounds[0]))
+        elif bounds is not None:
             span = (bounds[0], np.empty(bounds[1] - bounds[0], np.uint8))
             decode.read_into(reader, bounds[0], span[1])
         self.stored = [reader.read_stored(t, j, span) for j in range(len(t.planes))]  # R1

@@ -277,11 +277,14 @@ def test_chunks_hold_whole_blocks_of_every_level(monkeypatch, lgs) -> None:
     assert np.array_equal(out.numpy(), x[-1])
 
 
+@pytest.mark.parametrize("source", ["file", "buffer"])
 @pytest.mark.parametrize("compact", [True, False])
-def test_chunked_levels_read_their_planes_in_pieces_or_one_by_one(monkeypatch,
-                                                                 compact: bool) -> None:
-    # a compact tensor's span is read in parallel pieces (decode.read_into); planes far apart
-    # (compact_bounds None) one by one; both decode the chain exactly
+def test_chunked_levels_read_their_planes_in_pieces_or_one_by_one(monkeypatch, tmp_path,
+                                                                 compact: bool,
+                                                                 source: str) -> None:
+    # a compact tensor's span is read from a file in parallel pieces (decode.read_into), or
+    # taken as a view of a source already in memory; planes far apart (compact_bounds None)
+    # one by one; every way decodes the chain exactly
     from s4weights.gpu import chunked
 
     monkeypatch.setattr(decode, "READ_PIECE", 1 << 14)  # (pieces of a small span)
@@ -295,13 +298,23 @@ def test_chunked_levels_read_their_planes_in_pieces_or_one_by_one(monkeypatch,
     monkeypatch.setattr(s4format.Reader, "read_stored", lambda self, t, j, span=None: (
         spans.append(span is not None), real_stored(self, t, j, span))[1])
     levels = _levels(2, seed=6, scale=8)
-    r = _open(_chain(levels, _full_at))
+    blobs = _chain(levels, _full_at)
+    if source == "file":
+        r = None
+        for k, b in enumerate(blobs):
+            (tmp_path / f"{k}.s4w").write_bytes(b)
+            r = s4format.Reader(tmp_path / f"{k}.s4w", parent=r)
+    else:
+        r = _open(blobs)
     i = r.index_of("w")
     out = torch.empty(r.tensors[i].raw_nbytes, dtype=torch.uint8)
     chunked.load_large(r, i, out, 2 << 20, on_host=True)
     assert np.array_equal(out.numpy(), levels[-1]["w"][1])
-    assert (len(pieces) == 3) == compact  # one span per level
     assert spans and all(x == compact for x in spans)
+    if source == "buffer":
+        assert not pieces  # (views)
+        return
+    assert (len(pieces) == 3) == compact  # one span per level
     assert not compact or max(pieces) >= 2 * (1 << 14)  # (the base's: large enough to go
     # in pieces)
 
