@@ -21,5 +21,10 @@ python3 bench/host_stages.py 2>&1 | tee "$OUT/host_stages.log"
 # a base -> delta chain loaded back on the GPU at every depth
 python3 bench/chain_load_gpu.py 2>&1 | tee "$OUT/chain_load_gpu.log"
 chainload=$?
-echo "tests exit $tests, conformance exit $conformance, bench exit $bench, checkpoint exit $checkpoint, chain load exit $chainload"
-exit $(( tests || conformance || bench || checkpoint || chainload ))
+# states under 640 MiB at their default workspace; a fresh process's first save and load
+python3 bench/small_states.py 2>&1 | tee "$OUT/small_states.log"
+small=$?
+python3 bench/cold_start.py 2>&1 | tee "$OUT/cold_start.log"
+cold=$?
+echo "tests exit $tests, conformance exit $conformance, bench exit $bench, checkpoint exit $checkpoint, chain load exit $chainload, small states exit $small, cold start exit $cold"
+exit $(( tests || conformance || bench || checkpoint || chainload || small || cold ))
