@@ -128,7 +128,7 @@ def save(obj: Any, f: FileLike, *, policy: str = "auto", metadata: dict[str, str
     coded on the CUDA device that holds them, whatever the current device. A tensor too large
     to code whole in the workspace is coded in chunks that fit (the same stored bytes); the
     smallest chunk (2^16 elements) needs under 2 MiB. When the device runs out of memory, the
-    GPU path codes again from the tensor it was at with half the workspace, down to 16 MiB,
+    GPU path codes again from the tensor it was at with half the workspace, down to 4 MiB,
     then leaves that device's remaining tensors to the CPU coder (under ``nvcomp-ans`` at once,
     with the default codecs), with a warning: the save does not fail for it.
     When tensors are coded on the GPU, a file object ``f`` is written from a helper thread
@@ -233,7 +233,7 @@ def load(f: FileLike | bytes, map_location: Any = None, *, weights_only: bool | 
     ``workspace`` bounds the extra GPU memory of the GPU decoder beyond the returned tensors,
     in bytes (default as in :func:`save`); a tensor too large for it is decoded in chunks
     (not one with GDeflate or nvcomp-ans planes, which decodes whole). When the device runs out
-    of memory, a tensor is decoded again with a halved workspace, down to 16 MiB, where that
+    of memory, a tensor is decoded again with a halved workspace, down to 4 MiB, where that
     can help, and else on the CPU and copied in (a warning says so); once even a small attempt
     fails, the later tensors on that device are decoded on the CPU without trying it. The
     returned tensors themselves still need their own memory, as with ``torch.load``, and

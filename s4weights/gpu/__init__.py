@@ -16,8 +16,12 @@ import logging
 log = logging.getLogger("s4weights")
 
 # When the device runs out of memory, the GPU path starts again at the tensor it was at with
-# half the workspace, down to this; below it the CPU codes (or decodes) the rest.
-FALLBACK_MIN_WORKSPACE = 16 << 20
+# half the workspace, down to this (plan.MIN_WORKSPACE, the smallest default); below it the CPU
+# codes (or decodes) the rest.
+FALLBACK_MIN_WORKSPACE = 4 << 20
+# A load whose attempt needing at most this much failed takes the device as full: the CPU
+# decodes that device's later tensors without trying it.
+FULL_BELOW = 32 << 20
 
 
 @functools.cache
@@ -358,8 +362,8 @@ def loader_for(reader, device: str, update=None, direct: dict | None = None,
                 # others or that chunks can decode (a smaller batch, or chunks): halved until
                 # the next attempt differs, down to the smallest, for the later batches on
                 # that device too. Else the CPU decodes it and it is copied in; and if the
-                # attempt asked for no more than twice the smallest workspace, the device is
-                # taken as full: the CPU decodes its later tensors too, without trying it.
+                # attempt asked for no more than ``FULL_BELOW``, the device is taken as full:
+                # the CPU decodes its later tensors too, without trying it.
                 smaller = ws // 2
                 if not tried["chunks"]:
                     while FALLBACK_MIN_WORKSPACE <= smaller >= tried["need"]:
@@ -370,7 +374,7 @@ def loader_for(reader, device: str, update=None, direct: dict | None = None,
                     budgets[key] = smaller
                     log.warning("%s: decoding again with %d MiB", what, smaller >> 20)
                     continue
-                if (ws if tried["chunks"] else tried["need"]) <= 2 * FALLBACK_MIN_WORKSPACE:
+                if (ws if tried["chunks"] else tried["need"]) <= FULL_BELOW:
                     budgets[key] = 0
                 log.warning("%s: the CPU decodes it%s", what, "" if budgets.get(key, budget)
                             else " and the later tensors on that device")

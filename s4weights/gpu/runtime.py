@@ -58,18 +58,23 @@ def _module(name: str, device: int):
     and device (CuPy keeps the binary on disk for later processes). The first request for a
     device compiles every module for it at once, each in a thread of its own (NVRTC runs
     without the GIL): a process with no cached binaries (a bare machine, a fresh container)
-    waits for the slowest module, not for their sum. A failed compile is tried again at the
-    next request."""
+    waits for the slowest module, not for their sum. Where a thread cannot start (a limit on
+    threads, or at interpreter exit), the caller compiles that module itself. A failed compile
+    is tried again at the next request."""
+    mine: list[tuple[Future, str]] = []  # registered here: this call sees them compiled
     with _MODULES_LOCK:
         if (name, device) not in _MODULES:
-            names = sorted({name} | {p.stem for p in KERNELS.glob("*.cu")})
-            for n in names:
+            for n in sorted({name} | {p.stem for p in KERNELS.glob("*.cu")}):
                 if (n, device) not in _MODULES:
-                    fut: Future = Future()
-                    _MODULES[(n, device)] = fut
-                    threading.Thread(target=_compile_into, args=(fut, n, device),
-                                     name=f"s4weights-nvrtc-{n}", daemon=True).start()
+                    mine.append((Future(), n))
+                    _MODULES[(n, device)] = mine[-1][0]
         fut = _MODULES[(name, device)]
+    for f, n in mine:
+        try:
+            threading.Thread(target=_compile_into, args=(f, n, device),
+                             name=f"s4weights-nvrtc-{n}", daemon=True).start()
+        except RuntimeError:  # ("can't start new thread", "can't create new thread at
+            _compile_into(f, n, device)  # interpreter shutdown")
     try:
         return fut.result()
     except Exception:

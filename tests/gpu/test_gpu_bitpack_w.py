@@ -119,7 +119,7 @@ def test_bitpack_w_files_decode_on_the_gpu_as_on_the_cpu(n: int) -> None:
     for i, (o, x) in enumerate(zip(outs, raws)):
         assert np.array_equal(o.cpu().numpy(), x), r.tensors[i].name
         assert np.array_equal(r.read_raw(i), x)
-    if n > 1 << 20:  # in chunks of 4 MiB: each chunk reads its packed bytes in place
+    if n > 1 << 20:  # in chunks: each chunk reads its packed bytes in place
         for i, x in enumerate(raws):
             assert chunked.chunkable(r, i)
             out = torch.full((x.size,), 0xAB, dtype=torch.uint8, device="cuda")

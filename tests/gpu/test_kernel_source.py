@@ -66,3 +66,24 @@ def test_the_first_request_compiles_every_module_at_once(monkeypatch) -> None:
     started = threading.Barrier(len(names), timeout=10)
     assert runtime._module("copy", 1) == "module copy on 1"  # another device: its own
     assert len(calls) == 2 * len(names) + 1
+
+
+def test_a_module_whose_thread_cannot_start_is_compiled_by_the_caller(monkeypatch) -> None:
+    # Thread.start raises under a limit on threads, or from an atexit handler (Python 3.12):
+    # the caller compiles that module itself, and no request waits for ever
+    import threading
+
+    monkeypatch.setattr(runtime, "_MODULES", {})
+    monkeypatch.setattr(runtime, "_compiled", lambda name, device: (
+        threading.current_thread().name, name))
+    real = threading.Thread.start
+
+    def start(self):
+        if self.name == "s4weights-nvrtc-copy":
+            raise RuntimeError("can't start new thread")
+        return real(self)
+
+    monkeypatch.setattr(threading.Thread, "start", start)
+    me = threading.current_thread().name
+    assert runtime._module("copy", 0) == (me, "copy")
+    assert runtime._module("rans", 0) == ("s4weights-nvrtc-rans", "rans")

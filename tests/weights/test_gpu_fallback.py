@@ -58,14 +58,25 @@ def test_out_of_memory_codes_again_from_that_tensor_with_half_the_workspace(
     assert "'t5' with a workspace of 32 MiB" in text
 
 
+def test_a_small_default_workspace_is_halved_too(monkeypatch) -> None:
+    # a 200 MiB state's default workspace is 20 MiB: halved to 10 MiB and 5 MiB before the
+    # CPU takes over
+    chosen = [(f"t{k}", _T(25 * MIB), None) for k in range(8)]
+    calls: list = []
+    monkeypatch.setattr(gpu, "_coded_stream", _fake_stream({(20, 1): True, (10, 4): True},
+                                                           calls))
+    assert list(gpu._with_fallback(chosen, "auto", None)) == [f"t{k}" for k in range(8)]
+    assert [ws for ws, _names in calls] == [20, 10, 5]
+
+
 def test_past_the_smallest_workspace_the_rest_goes_to_the_cpu(monkeypatch, caplog) -> None:
     calls: list = []
-    fail = {(ws, 2): True for ws in (64, 32, 16)}
+    fail = {(ws, 2): True for ws in (64, 32, 16, 8, 4)}
     monkeypatch.setattr(gpu, "_coded_stream", _fake_stream(fail, calls))
     with caplog.at_level(logging.WARNING, logger="s4weights"):
         got = list(gpu._with_fallback(_chosen(6), "auto", 64 * MIB))
     assert got == ["t0", "t1", None, None, None, None]
-    assert [ws for ws, _names in calls] == [64, 32, 16]
+    assert [ws for ws, _names in calls] == [64, 32, 16, 8, 4]
     assert "the CPU codes it and the 3 tensors after it on that device" in caplog.text
 
 
