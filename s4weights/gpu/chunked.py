@@ -632,31 +632,20 @@ def _decode_levels(levels: list[_Level], out: torch.Tensor, workspace: int,
 
 def _load_chunk(levels: list[_Level], nbytes: int, workspace: int, on_host: bool = False
                 ) -> int:
-    """The largest chunk (a multiple of every level's ``align()``, at most the workspace, found
-    by bisection) whose every range needs at most ``workspace`` at any level (with a chain,
-    plus the buffer an ancestor's bytes are decoded into for the XOR; for a host destination,
-    plus the buffer the chunk is built in); one ``align()`` where none fits. Fewer, larger
-    chunks keep more rANS blocks decoding at once."""
+    """The largest chunk (a multiple of every level's ``align()``, halving from what the
+    workspace could hold of the raw bytes) whose every range needs at most ``workspace`` at any
+    level (with a chain, plus the buffer an ancestor's bytes are decoded into for the XOR; for
+    a host destination, plus the buffer the chunk is built in)."""
     align = max(lv.align() for lv in levels)  # (powers of two)
-    whole = -(-nbytes // align)  # chunks of one align() in the tensor
-
-    def fits(k: int) -> bool:
+    k = max(1, min(workspace, nbytes) // align)
+    while True:
         chunk = k * align
         xor_buf = (chunk if len(levels) > 1 else 0) + (chunk if on_host else 0)
-        return max((lv.need(lo, min(nbytes, lo + chunk)) + xor_buf
-                    for lv in levels for lo in range(0, nbytes, chunk)), default=0) <= workspace
-
-    lo, hi = 1, max(1, min(workspace // align, whole))  # fits(lo) is not known
-    if fits(hi):
-        lo = hi
-    else:
-        while hi - lo > 1:  # the largest k < hi that fits, or 1
-            mid = (lo + hi) // 2
-            if fits(mid):
-                lo = mid
-            else:
-                hi = mid
-    return lo * align
+        worst = max((lv.need(lo, min(nbytes, lo + chunk)) + xor_buf
+                     for lv in levels for lo in range(0, nbytes, chunk)), default=0)
+        if worst <= workspace or k == 1:
+            return max(align, min(chunk, -(-nbytes // align) * align))
+        k = max(1, k // 2)
 
 
 def _tables(lv: _Level) -> tuple[torch.Tensor | None, int]:
