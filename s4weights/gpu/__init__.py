@@ -304,7 +304,7 @@ def loader_for(reader, device: str, update=None, direct: dict | None = None,
     the device runs out of memory, the tensor is decoded again with a halved workspace (and so
     are the batches after it, on that device), down to ``FALLBACK_MIN_WORKSPACE``, where that
     can help; else the CPU decodes it and it is copied in (and every later tensor on that
-    device, once an attempt that needed at most twice the smallest workspace failed). The
+    device, once an attempt that needed at most ``FULL_BELOW`` failed). The
     returned tensors themselves need their memory, as with ``torch.load``, and nvcomp-ans
     planes decode only on the GPU (their codec's "CPU" decode runs there too), so their
     fallback may run out of memory as well. ``count_outputs``: a batch's decoded tensors count

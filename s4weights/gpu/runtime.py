@@ -8,13 +8,14 @@ the path composes with the caller's stream and memory accounting.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import os
 import sys
 import threading
 import time
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from pathlib import Path
 
 import numpy as np
@@ -59,9 +60,10 @@ def _module(name: str, device: int):
     device compiles every module for it at once, each in a thread of its own (NVRTC runs
     without the GIL): a process with no cached binaries (a bare machine, a fresh container)
     waits for the slowest module, not for their sum. Where a thread cannot start (a limit on
-    threads, or at interpreter exit), the caller compiles that module itself. A failed compile
-    is tried again at the next request."""
-    mine: list[tuple[Future, str]] = []  # registered here: this call sees them compiled
+    threads, or at interpreter exit), the caller compiles that module itself. A compile that
+    fails (or is interrupted) is forgotten at once: its waiters get the error, and the next
+    request for that module compiles it again."""
+    mine: list[tuple[Future, str]] = []  # registered here: this call starts them
     with _MODULES_LOCK:
         if (name, device) not in _MODULES:
             for n in sorted({name} | {p.stem for p in KERNELS.glob("*.cu")}):
@@ -69,26 +71,46 @@ def _module(name: str, device: int):
                     mine.append((Future(), n))
                     _MODULES[(n, device)] = mine[-1][0]
         fut = _MODULES[(name, device)]
-    for f, n in mine:
-        try:
-            threading.Thread(target=_compile_into, args=(f, n, device),
-                             name=f"s4weights-nvrtc-{n}", daemon=True).start()
-        except RuntimeError:  # ("can't start new thread", "can't create new thread at
-            _compile_into(f, n, device)  # interpreter shutdown")
+    begun = 0
     try:
-        return fut.result()
-    except Exception:
+        for f, n in mine:
+            try:
+                threading.Thread(target=_compile_into, args=(f, n, device),
+                                 name=f"s4weights-nvrtc-{n}", daemon=True).start()
+            except RuntimeError:  # ("can't start new thread", "can't create new thread at
+                _compile_into(f, n, device, caller=True)  # interpreter shutdown")
+            begun += 1
+    finally:
+        # interrupted (Ctrl-C) before starting them all: the rest are not left to hang (one
+        # whose thread did start settles once, the first way)
+        for f, n in mine[begun:]:
+            _settle(f, n, device, RuntimeError(f"compiling kernel module {n!r} was interrupted"))
+    return fut.result()
+
+
+def _compile_into(fut: Future, name: str, device: int, caller: bool = False) -> None:
+    try:
+        mod = _compiled(name, device)
+    except BaseException as exc:  # handed to the waiters (and raised on in the caller's own
+        _settle(fut, name, device, exc)  # thread where it is no error: an interrupt)
+        if caller and not isinstance(exc, Exception):
+            raise
+        return
+    _settle(fut, name, device, None, mod)
+
+
+def _settle(fut: Future, name: str, device: int, exc: BaseException | None, mod=None) -> None:
+    """Complete ``fut`` with the module or the error; a failed one leaves the registry first,
+    so the next request compiles again."""
+    if exc is not None:
         with _MODULES_LOCK:
             if _MODULES.get((name, device)) is fut:
                 del _MODULES[(name, device)]
-        raise
-
-
-def _compile_into(fut: Future, name: str, device: int) -> None:
-    try:
-        fut.set_result(_compiled(name, device))
-    except BaseException as exc:  # (handed to the waiting caller)
-        fut.set_exception(exc)
+    with contextlib.suppress(InvalidStateError):  # (settled already)
+        if exc is None:
+            fut.set_result(mod)
+        else:
+            fut.set_exception(exc)
 
 
 @functools.cache

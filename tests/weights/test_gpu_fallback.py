@@ -233,6 +233,18 @@ def test_a_chunked_tensor_is_decoded_again_in_smaller_chunks(monkeypatch, caplog
     assert caplog.text.count("decoding again") == 2 and "CPU" not in caplog.text
 
 
+def test_chunks_are_halved_down_to_4_mib_then_the_device_is_taken_as_full(
+        monkeypatch, caplog) -> None:
+    # every attempt fails: chunks at 64, 32, 16, 8 and 4 MiB, then the CPU decodes it and
+    # (an attempt of at most FULL_BELOW failed) the next tensor too, without trying the GPU
+    load, ran = _loader(monkeypatch, 2, 100 * MIB, True, lambda dev, size, ws: True)
+    with caplog.at_level(logging.WARNING, logger="s4weights"):
+        assert [int(load(k, "cuda:0")[0]) for k in range(2)] == [0, 1]
+    assert ran == [*(("cuda:0", "chunks", ws * MIB) for ws in (64, 32, 16, 8, 4)),
+                   ("cuda:0", "cpu", 0), ("cuda:0", "cpu", 1)]
+    assert "the CPU decodes it and the later tensors on that device" in caplog.text
+
+
 @pytest.mark.parametrize("n,chunkable", [(1, True), (2, False)])
 def test_a_small_attempt_that_fails_sends_the_device_to_the_cpu_at_once(
         monkeypatch, caplog, n: int, chunkable: bool) -> None:
