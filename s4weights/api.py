@@ -235,12 +235,12 @@ def load(f: FileLike | bytes, map_location: Any = None, *, weights_only: bool | 
     tensor too large for it is decoded in chunks (not one with GDeflate or nvcomp-ans planes,
     which decodes whole). A chunk holds whole rANS blocks: a file whose blocks are longer than
     S4's writers make them (2^16 symbols; the spec allows 2^20) can need a few MiB past a
-    workspace under ~12 MiB. When the device runs out
-    of memory, a tensor is decoded again with a halved workspace, down to 4 MiB, where that
-    can help, and else on the CPU and copied in (a warning says so); once even a small attempt
-    fails, the later tensors on that device are decoded on the CPU without trying it. The
-    returned tensors themselves still need their own memory, as with ``torch.load``, and
-    nvcomp-ans planes decode only on the GPU, so their fallback may run out of memory too."""
+    workspace under ~12 MiB. When the device runs out of memory, a tensor is decoded again
+    with a halved workspace, down to 4 MiB, where that can help, and else on the CPU and
+    copied in (a warning says so); once even a small attempt fails, the later tensors on that
+    device are decoded on the CPU without trying it. The returned tensors themselves still
+    need their own memory, as with ``torch.load``, and nvcomp-ans planes decode only on the
+    GPU, so their fallback may run out of memory too."""
     from s4weights import gpu
 
     if weights_only is False:
