@@ -76,6 +76,21 @@ def _train(state: dict[str, torch.Tensor]) -> None:
     state["step"] += 1
 
 
+def _snapshot_buffers(state: dict[str, torch.Tensor], root, steps: int, device: str):
+    """Train ``state`` a step and save it as checkpoint 0, 1, ... ``steps - 1`` (``device``);
+    after each save, the address of the snapshot buffer the process keeps for the state's
+    device (checked page-locked, at the state's size)."""
+    dev = state["w"].device
+    url = root.resolve().as_uri()
+    for step in range(steps):
+        _train(state)
+        s4weights.save_checkpoint(state, root, step, device=device)
+        buf = chain._PARENT_CACHE[url][3][dev]
+        assert hostmem.is_page_locked(buf) and buf.size == _raw(state)
+        yield buf.ctypes.data
+        del buf
+
+
 def _same(got: dict, want: dict) -> None:
     for k, v in want.items():
         assert torch.equal(got[k].cpu().reshape(-1).view(torch.uint8),
@@ -86,16 +101,10 @@ def test_a_run_holds_one_exact_snapshot_buffer(tmp_path) -> None:
     # each save copies the state into the buffer of the snapshot it replaces, once the file
     # is coded (the parent is no longer read): one buffer per device, of the state's size
     state = _state()
-    dev = state["w"].device
     url = (tmp_path / "run").resolve().as_uri()
     ptrs, saved = [], []
-    for step in range(5):
-        _train(state)
-        s4weights.save_checkpoint(state, tmp_path / "run", step, device="cuda")
-        buf = chain._PARENT_CACHE[url][3][dev]
-        assert hostmem.is_page_locked(buf) and buf.size == _raw(state)
-        ptrs.append(buf.ctypes.data)
-        del buf
+    for ptr in _snapshot_buffers(state, tmp_path / "run", 5, "cuda"):
+        ptrs.append(ptr)
         saved.append({k: v.cpu().clone() for k, v in state.items()})
     assert ptrs == ptrs[:1] * 5
     for k, v in chain._PARENT_CACHE[url][1].items():  # the snapshot holds the last state
@@ -245,16 +254,7 @@ def test_saves_coded_on_the_cpu_alternate_between_two_buffers(tmp_path) -> None:
     # device="cpu": the CPU codes from the snapshot while the parent is read, so the snapshot
     # cannot go into the parent's buffer; the one before it is reused
     state = _state()
-    dev = state["w"].device
-    url = (tmp_path / "run").resolve().as_uri()
-    ptrs = []
-    for step in range(4):
-        _train(state)
-        s4weights.save_checkpoint(state, tmp_path / "run", step, device="cpu")
-        buf = chain._PARENT_CACHE[url][3][dev]
-        assert hostmem.is_page_locked(buf) and buf.size == _raw(state)
-        ptrs.append(buf.ctypes.data)
-        del buf
+    ptrs = list(_snapshot_buffers(state, tmp_path / "run", 4, "cpu"))
     assert ptrs[0] != ptrs[1] and ptrs[2:] == ptrs[:2]
     chain._PARENT_CACHE.clear()
     _same(s4weights.load_checkpoint(tmp_path / "run", 3, map_location="cpu"), state)
