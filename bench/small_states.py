@@ -6,8 +6,13 @@ to and loaded from memory on the GPU (``s4weights.save``/``load``, ``device="cud
 the default workspace and at max(64 MiB, 10%), against torch.save / torch.load
 (map_location="cuda") of the same tensors. Per row: seconds (best of ``S4_BENCH_REPS``),
 peak extra GPU memory, ratio, bit-exact. ``S4_SMALL_PROFILE=1``: the ~120 MB state's load
-profiled at both workspaces. JSON to ``$OUT/small_states.json`` when OUT is
-set."""
+profiled at both workspaces; ``S4_SMALL_TIMELINE=1``: the loads of the ~40 and ~120 MB states
+traced (bench/timeline.py: device busy and idle time, the host stages the device waits for;
+its stage markers slow every call a little, so take the figures from a run without it).
+``S4_SMALL_LOG2=14,12``: also rows at the default workspace with files whose rANS blocks hold
+2^14 or 2^12 symbols (S4's writers use 2^16), to see what shorter blocks do there.
+``S4_SMALL_TARGETS=40,120``: those states only (MB, default 40,120,300,600). JSON
+to ``$OUT/small_states.json`` when OUT is set."""
 
 from __future__ import annotations
 
@@ -23,9 +28,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 import gpu  # bench/gpu.py: the same model and state
+import timeline
 
 import s4weights
 from s4weights.gpu import plan
+from s4weights.gpu.encode import Encoder
 
 MIB = 1 << 20
 REPS = int(os.environ.get("S4_BENCH_REPS", "5"))
@@ -59,13 +66,15 @@ def prefix(flat: dict[str, torch.Tensor], limit: int) -> dict[str, torch.Tensor]
 
 
 def main() -> None:
+    if os.environ.get("S4_SMALL_TIMELINE"):
+        timeline.mark_stages()
     model, opt, step = gpu.training_run()
     for _ in range(int(os.environ.get("S4_SMALL_STEPS", "50"))):
         step()
     flat = gpu.flat_tensors(gpu.state_of(model, opt))
     del model, opt, step
     rows = []
-    for target in (40, 120, 300, 600):
+    for target in map(int, os.environ.get("S4_SMALL_TARGETS", "40,120,300,600").split(",")):
         state = prefix(flat, target * 10**6)
         raw = sum(v.numel() * v.element_size() for v in state.values())
         t_save, _p, blob = best(functools.partial(_torch_save, state))
@@ -73,12 +82,19 @@ def main() -> None:
         print(f"{raw / 1e6:7.1f} MB, {len(state)} tensors: torch.save {t_save * 1e3:7.1f} ms, "
               f"torch.load {t_load * 1e3:7.1f} ms", flush=True)
         row = {"raw": raw, "tensors": len(state), "torch_save_s": t_save, "torch_load_s": t_load}
-        for name, ws in (("default", None), ("floor64", max(64 * MIB, raw // 10))):
+        cases = [("default", None, None), ("floor64", max(64 * MIB, raw // 10), None)]
+        cases += [(f"log2 {lg}", None, int(lg))
+                  for lg in os.environ.get("S4_SMALL_LOG2", "").split(",") if lg]
+        for name, ws, lg in cases:
             shown = ws or plan.default_workspace(raw)
-            s, ps, data = best(functools.partial(_s4_save, state, ws))
+            s, ps, data = best(functools.partial(_s4_save, state, ws, lg))
             d, pd, got = best(functools.partial(s4weights.load, data, map_location="cuda",
                                                 device="cuda", workspace=ws))
             pd -= raw  # the loaded tensors themselves
+            if os.environ.get("S4_SMALL_TIMELINE") and target in (40, 120):
+                timeline.timeline(f"load {raw / 1e6:.0f} MB {name}",
+                                  functools.partial(s4weights.load, data, map_location="cuda",
+                                                    device="cuda", workspace=ws), None)
             if os.environ.get("S4_SMALL_PROFILE") and target == 120:
                 gpu.profile_call(functools.partial(s4weights.load, data, map_location="cuda",
                                                    device="cuda", workspace=ws), 25)
@@ -92,7 +108,7 @@ def main() -> None:
         rows.append(row)
     if os.environ.get("OUT"):
         Path(os.environ["OUT"], "small_states.json").write_text(json.dumps(rows, indent=1))
-    if not all(r[k]["exact"] for r in rows for k in ("default", "floor64")):
+    if not all(v["exact"] for r in rows for v in r.values() if isinstance(v, dict)):
         sys.exit("not bit-exact")
 
 
@@ -106,9 +122,15 @@ def _torch_load(blob: bytes):
     return torch.load(io.BytesIO(blob), map_location="cuda")
 
 
-def _s4_save(state, ws) -> bytes:
+def _s4_save(state, ws, log2_block=None) -> bytes:
     buf = io.BytesIO()
-    s4weights.save(state, buf, device="cuda", workspace=ws)
+    kw = Encoder.__init__.__kwdefaults__
+    old = kw["log2_block"]
+    kw["log2_block"] = log2_block or old  # (save has no such option: the writers' default)
+    try:
+        s4weights.save(state, buf, device="cuda", workspace=ws)
+    finally:
+        kw["log2_block"] = old
     return buf.getvalue()
 
 

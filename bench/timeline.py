@@ -23,7 +23,7 @@ import gpu
 import torch
 
 import s4format
-from s4weights.gpu import decode, encode, runtime
+from s4weights.gpu import chunked, decode, encode, runtime
 from s4weights.gpu.encode import Encoder
 
 # host stages marked in the trace: (module or class, function names)
@@ -31,7 +31,10 @@ STAGES = [
     (Encoder, ["_plan", "_histograms", "_encode_group", "_prepare", "_split", "_encode",
                "_rans_launch", "_rans_collect", "_assemble", "finish", "candidates"]),
     (encode, ["choose"]),
-    (decode, ["stage", "decode_staged", "_prepare"]),
+    (decode, ["read_tensors", "stage", "decode_staged", "_prepare", "read_into",
+              "_apply_parents", "_check_hashes"]),
+    (chunked, ["load_large", "_load_chunk", "_tables", "_decode_range", "_check"]),
+    (chunked._Level, ["__init__", "pieces", "need"]),
     (runtime, ["leaf_digests", "plane_checksums", "content_hashes", "upload", "copy_ops"]),
 ]
 DEVICE_CATS = {"kernel", "gpu_memcpy", "gpu_memset"}
@@ -109,6 +112,12 @@ def summarise(what: str, ev: list[dict], wall: float) -> None:
             if ov > 0:
                 idle[n] = idle.get(n, 0.0) + ov
     total_gap = sum(ge - gs for gs, ge in gaps)
+    per: dict[str, list[float]] = {}
+    for s, e, n in dev:
+        per.setdefault(n, []).append(e - s)
+    print("  device time by activity (ms, count):", "; ".join(
+        f"{n[:40]} {sum(v) / 1e3:.2f} ({len(v)})"
+        for n, v in sorted(per.items(), key=lambda kv: -sum(kv[1]))[:8]), flush=True)
     print(f"  device idle {total_gap / 1e3:.2f} ms; host stages running while it idles "
           "(overlapping, ms):", flush=True)
     for n, v in sorted(idle.items(), key=lambda kv: -kv[1])[:20]:
