@@ -5,8 +5,8 @@ chunks than at a 64 MiB floor (the default before). Prefixes of bench/gpu.py's (
 to and loaded from memory on the GPU (``s4weights.save``/``load``, ``device="cuda"``) at
 the default workspace and at max(64 MiB, 10%), against torch.save / torch.load
 (map_location="cuda") of the same tensors. Per row: seconds (best of ``S4_BENCH_REPS``),
-peak extra GPU memory, ratio, bit-exact. ``S4_SMALL_PROFILE=1``: the ~120 MB state's load
-profiled at both workspaces; ``S4_SMALL_TIMELINE=1``: the loads of the ~40 and ~120 MB states
+peak extra GPU memory, ratio, bit-exact. ``S4_SMALL_PROFILE=1``: the ~40 and ~120 MB
+states' loads profiled; ``S4_SMALL_TIMELINE=1``: the loads of the ~40 and ~120 MB states
 traced (bench/timeline.py: device busy and idle time, the host stages the device waits for;
 its stage markers slow every call a little, so take the figures from a run without it).
 ``S4_SMALL_LOG2=14,12``: also rows at the default workspace with files whose rANS blocks hold
@@ -95,7 +95,7 @@ def main() -> None:
                 timeline.timeline(f"load {raw / 1e6:.0f} MB {name}",
                                   functools.partial(s4weights.load, data, map_location="cuda",
                                                     device="cuda", workspace=ws), None)
-            if os.environ.get("S4_SMALL_PROFILE") and target == 120:
+            if os.environ.get("S4_SMALL_PROFILE") and target in (40, 120):
                 gpu.profile_call(functools.partial(s4weights.load, data, map_location="cuda",
                                                    device="cuda", workspace=ws), 25)
             exact = all(torch.equal(got[k].view(torch.uint8), v.view(torch.uint8))

@@ -592,60 +592,138 @@ def _decode_levels(levels: list[_Level], out: torch.Tensor, workspace: int,
     level up: its bytes first, then each delta's XORed in, so that after level d the chunk
     holds level d's raw bytes, whose leaves are hashed there when that level's content hash
     is to be checked (chunks are whole leaves but for the tensor's last). ``on_host``: the
-    chunk is built in a device buffer and copied down into ``out`` (host memory)."""
+    chunk is built in a device buffer and copied down into ``out`` (host memory).
+
+    Every chunk is planned before the first is staged (:class:`_Run`), and the tables of all
+    chunks' launches go to the device in one upload per window of chunks: the host's work per
+    chunk is its copy into pinned memory, one host-to-device copy and the launches (a small
+    state's load is bound by that host work, not by the device). One staging buffer and one
+    buffer of decoded planes serve every chunk and level, in stream order."""
     from s4weights.gpu import xor
 
     nbytes = levels[0].t.raw_nbytes
-    chunk = _load_chunk(levels, nbytes, workspace, on_host)
-    tabs = [_tables(lv) for lv in levels]
-    errs: list[tuple[_Level, torch.Tensor, np.ndarray, str]] = []
+    chunk, runs = _load_chunk(levels, nbytes, workspace, on_host, plans=True)
+    bounds = runs[0].bounds
     hashed = [d for d, lv in enumerate(levels)
               if content and (lv.reader.verify_hashes or lv.t.is_delta)]
-    digests: dict[int, list[torch.Tensor]] = {d: [] for d in hashed}
-    pinned = [None, None]
-    events = [None, None]
+    nleaf = -(-nbytes // LEAF_SIZE)
+    digests = {d: torch.empty(max(nleaf, 1), dtype=torch.int64, device="cuda") for d in hashed}
     room = min(chunk, runtime.align(nbytes, 16))  # (a tensor smaller than one chunk)
     pbuf = runtime.device_empty(room) if len(levels) > 1 else None
     cbuf = runtime.device_empty(room) if on_host else None
-    k = 0
-    for lo in range(0, nbytes, chunk):
-        hi = min(nbytes, lo + chunk)
-        into = cbuf[:hi - lo] if on_host else out[lo:hi]
-        for depth in range(len(levels) - 1, -1, -1):
-            deepest = depth == len(levels) - 1
-            dst = into if deepest else pbuf[:hi - lo]
-            slot = k % 2
-            if events[slot] is not None:
-                events[slot].synchronize()  # its pinned buffer is free again
-            pinned[slot], events[slot] = _decode_range(levels[depth], tabs[depth], lo, hi, dst,
-                                                       errs, pinned[slot])
-            if not deepest:
-                xor(into, dst, out=into)
-            if depth in digests:
-                d, first = runtime.leaf_digests([into.data_ptr()], [hi - lo])
-                digests[depth].append(d[:int(first[-1])])
-            k += 1
-        if on_host:  # (the next chunk's kernels write cbuf after this copy, in stream order)
-            out[lo:hi].copy_(into, non_blocking=True)
-    _check(levels, nbytes, errs, digests)
+    staged = max(int(r.staged.max()) for r in runs)
+    stage = runtime.device_empty(staged)
+    scratch = runtime.device_empty(max(r.decoded for r in runs))
+    pinned = [runtime.pinned(staged), runtime.pinned(staged) if len(bounds) * len(runs) > 1
+              else None]
+    events = [torch.cuda.Event(), torch.cuda.Event()]  # after each pinned buffer's last copy
+    recorded = [False, False]
+    # where chunk k is built: level d's bytes land in ``into`` (the deepest level) or in pbuf
+    # (then XORed into ``into``)
+    into_at = [(cbuf.data_ptr() if on_host else out.data_ptr() + lo) for lo, _hi in bounds]
+    for d, r in enumerate(runs):
+        r.addresses(stage.data_ptr(), scratch.data_ptr(),
+                    into_at if d == len(levels) - 1 else [pbuf.data_ptr()] * len(bounds))
+    errs = [torch.zeros(max(r.rows, 1) + len(bounds), dtype=torch.int32, device="cuda")
+            for r in runs]  # per level: an error code per rANS row, then a merge flag per chunk
+    lens = np.array([hi - lo for lo, hi in bounds], np.uint64)
+    leaf_first = np.zeros((len(bounds), 2), np.int64)
+    leaf_first[:, 1] = (lens.astype(np.int64) + LEAF_SIZE - 1) // LEAF_SIZE
+    leaf_at = np.array([lo // LEAF_SIZE for lo, _hi in bounds], np.int64)
+    n = 0
+    for w0, w1 in _windows(runs, workspace):
+        arrays: list[np.ndarray] = []
+        for r in runs:
+            arrays += r.tables(w0, w1)
+        if hashed:
+            arrays += [np.array(into_at[w0:w1], np.uint64), lens[w0:w1], leaf_first[w0:w1],
+                       leaf_at[w0:w1]]
+        dev, addrs = runtime.upload(*arrays)
+        leaf = sum(r.ntables for r in runs)  # (after every level's tables)
+        for k in range(w0, w1):
+            lo, hi = bounds[k]
+            into = cbuf[:hi - lo] if on_host else out[lo:hi]
+            for depth in range(len(levels) - 1, -1, -1):
+                r = runs[depth]
+                slot = n % 2
+                if recorded[slot]:
+                    events[slot].synchronize()  # its pinned buffer is free again
+                deepest = depth == len(levels) - 1
+                r.launch(k, w0, addrs[depth * r.ntables:(depth + 1) * r.ntables], stage,
+                         pinned[slot], events[slot], errs[depth],
+                         into if deepest else pbuf[:hi - lo])
+                recorded[slot] = True
+                if not deepest:
+                    xor(into, pbuf[:hi - lo], out=into)
+                if depth in digests:
+                    i = k - w0
+                    runtime.launch("hash", "leaf_digests", (int(leaf_first[k, 1]) + 7) // 8,
+                                   256, np.int32(1), np.uint64(addrs[leaf] + 8 * i),
+                                   np.uint64(addrs[leaf + 1] + 8 * i),
+                                   np.uint64(addrs[leaf + 2] + 16 * i),
+                                   np.uint64(addrs[leaf + 3] + 8 * i),
+                                   runtime.ptr(digests[depth]))
+                n += 1
+            if on_host:  # (the next chunk's kernels write cbuf after this copy, in stream order)
+                out[lo:hi].copy_(into, non_blocking=True)
+        del dev  # stream-ordered: reused only after these launches
+    _check(levels, runs, nbytes, errs, digests)
 
 
-def _load_chunk(levels: list[_Level], nbytes: int, workspace: int, on_host: bool = False
-                ) -> int:
-    """The largest chunk (a multiple of every level's ``align()``, halving from what the
-    workspace could hold of the raw bytes) whose every range needs at most ``workspace`` at any
-    level (with a chain, plus the buffer an ancestor's bytes are decoded into for the XOR; for
-    a host destination, plus the buffer the chunk is built in)."""
+def _windows(runs: list[_Run], workspace: int) -> list[tuple[int, int]]:
+    """Consecutive chunks whose launch tables (every level's) go to the device in one upload:
+    as many as :data:`TABLE_SHARE` of the workspace holds, at least one."""
+    per = sum(r.table_bytes for r in runs)
+    cap = max(int(per.max()), workspace // TABLE_SHARE)
+    out, w0, used = [], 0, 0
+    for k, b in enumerate(per.tolist()):
+        if used + b > cap and k > w0:
+            out.append((w0, k))
+            w0, used = k, 0
+        used += b
+    out.append((w0, per.size))
+    return out
+
+
+TABLE_SHARE = 16  # the share of the workspace a window of chunks' launch tables may hold
+ROW_SIZES = (1, 1, 8, 4, 8, 8, 8, 4)  # bytes per rANS row of the decode kernel's columns
+
+
+def _load_chunk(levels: list[_Level], nbytes: int, workspace: int, on_host: bool = False,
+                plans: bool = False):
+    """The largest chunk (a multiple of every level's ``align()``) whose decode needs at most
+    ``workspace``: the staging buffer and the decoded planes of its largest range at any level,
+    a window's launch tables (:func:`_windows`), the error codes and, with a chain, the buffer an
+    ancestor's bytes are decoded into for the XOR (for a host destination, plus the buffer the
+    chunk is built in). Starts from what the workspace would hold at the tensor's average need
+    per byte and steps down by a tenth. ``plans``: returns (the chunk, every level's
+    :class:`_Run` at it)."""
     align = max(lv.align() for lv in levels)  # (powers of two)
-    k = max(1, min(workspace, nbytes) // align)
+    per_byte = max(lv.need(0, nbytes) for lv in levels) / max(nbytes, 1)
+    per_byte += (len(levels) > 1) + on_host  # (the XOR buffer, the buffer built on the device)
+    k = max(1, min(-(-nbytes // align), int(workspace / per_byte / align)))
     while True:
         chunk = k * align
-        xor_buf = (chunk if len(levels) > 1 else 0) + (chunk if on_host else 0)
-        worst = max((lv.need(lo, min(nbytes, lo + chunk)) + xor_buf
-                     for lv in levels for lo in range(0, nbytes, chunk)), default=0)
-        if worst <= workspace or k == 1:
-            return max(align, min(chunk, -(-nbytes // align) * align))
-        k = max(1, k // 2)
+        runs = [_Run(lv, [(lo, min(nbytes, lo + chunk)) for lo in range(0, nbytes, chunk)])
+                for lv in levels]
+        if _need(runs, chunk, nbytes, len(levels) > 1, on_host, workspace) <= workspace \
+                or k == 1:
+            break
+        k = max(1, min(k - 1, k * 9 // 10))
+    chunk = max(align, min(chunk, -(-nbytes // align) * align))
+    return (chunk, runs) if plans else chunk
+
+
+def _need(runs: list[_Run], chunk: int, nbytes: int, chain: bool, on_host: bool,
+          workspace: int) -> int:
+    """Device bytes a chunked decode holds at once (see :func:`_load_chunk`)."""
+    room = min(chunk, runtime.align(nbytes, 16))
+    windows = _windows(runs, workspace)
+    per = sum(r.table_bytes for r in runs)
+    tables = max(int(per[w0:w1].sum()) for w0, w1 in windows)
+    return (max(int(r.staged.max()) for r in runs) + max(r.decoded for r in runs) + tables
+            + sum(4 * (r.rows + len(r.bounds)) + 1024 * r.ntabs for r in runs)
+            + (room if chain else 0) + (room if on_host else 0) + 4096)
 
 
 def _tables(lv: _Level) -> tuple[torch.Tensor | None, int]:
@@ -658,147 +736,227 @@ def _tables(lv: _Level) -> tuple[torch.Tensor | None, int]:
     return dev, p
 
 
-def _decode_range(lv: _Level, tab, lo: int, hi: int, dst: torch.Tensor, errs: list,
-                  pinned: torch.Tensor | None):
-    """Stage the level's pieces for bytes [lo, hi), decode its rANS blocks, merge into
-    ``dst``; returns (the pinned staging buffer, an event after its H2D copy)."""
-    from s4weights.gpu import decode
+class _Run:
+    """One level of a chunked decode, planned for all its chunks (``bounds``: byte ranges) at
+    once. Per chunk: the host arrays staged back to back (each piece 16-byte aligned) and the
+    staged bytes; the rows of the rANS launches (every chunk's, chunk after chunk, plane by
+    plane inside a chunk), the CTAs of each chunk's launch, and the merge's segments (one per
+    chunk). :meth:`addresses` fixes the device addresses; :meth:`tables` gives a window of
+    chunks' tables to upload; :meth:`launch` stages and decodes one chunk."""
 
-    pieces = lv.pieces(lo, hi)
-    sizes = [runtime.align(sum(a.size for a in x[2]), 16) for x in pieces]
-    offs = np.concatenate(([0], np.cumsum(sizes))).astype(np.int64)
-    total = int(offs[-1])
-    if pinned is None or pinned.numel() < total:
-        pinned = runtime.pinned(total)
-    host = pinned.numpy()
-    for x, o in zip(pieces, offs[:-1].tolist()):
-        for a in x[2]:
-            host[o:o + a.size] = a
-            o += a.size
-    dev = runtime.device_empty(total)
-    if total:
-        dev[:total].copy_(pinned[:total], non_blocking=True)
-    ev = torch.cuda.Event()
-    ev.record()
-    base = dev.data_ptr()
-    e = (hi - lo) // lv.word
-    coded = [x for x in pieces if x[0] in ("rans", "const")]
-    scratch = runtime.device_empty(0 if lv.whole else len(coded) * runtime.align(e, 16))
-    ptrs = [0] * 5
-    packed = [1, 0, 0, 0, 0]  # the merge kernels' ``width``: packed sign bits, bitpack-w
-    tab_dev, tab_p = tab
-    cols: list[list[np.ndarray]] = [[] for _ in range(8)]
-    nblk = []
-    slot = 0  # decoded planes in the scratch buffer so far
-    for x, o in zip(pieces, offs[:-1].tolist()):
-        form, j = x[0], x[1]
-        if form == "plain":
-            ptrs[j] = base + o
-            if j == 0 and lv.t.planes[0].codec != codecs.BITPACK:
-                packed[0] = 0
-            if lv.t.planes[j].codec == codecs.BITPACK_W:
-                packed[j] = lv.t.planes[j].params[0]
-            if lv.whole:
-                dst.copy_(dev[o:o + (hi - lo)])
-            continue
-        b0, b1 = x[3][:2]
-        target = dst.data_ptr() if lv.whole else scratch.data_ptr() + slot * runtime.align(e, 16)
-        slot += 1
-        ptrs[j] = target
-        if j == 0:
-            packed[0] = 0
-        s = lv.streams
-        blk = np.arange(b0, b1)
-        is_rans = s.table[blk] >= 0
-        if form == "rans":
-            slen, s0, w0 = x[3][2:]
-            words = base + o + slen + (s.words[blk].astype(np.int64) - w0)
-            states = base + o + (s.states[blk].astype(np.int64) - s0)
+    def __init__(self, lv: _Level, bounds: list[tuple[int, int]]) -> None:
+        self.lv, self.bounds = lv, bounds
+        nk = len(bounds)
+        self.pieces = [lv.pieces(lo, hi) for lo, hi in bounds]
+        self.copies: list[list[tuple[int, np.ndarray]]] = []
+        self.offsets = np.zeros((nk, len(lv.t.planes)), np.int64)  # per chunk, per piece
+        self.staged = np.zeros(nk, np.int64)
+        for k, pcs in enumerate(self.pieces):
+            o, cps = 0, []
+            for q, x in enumerate(pcs):
+                self.offsets[k, q] = o
+                p = o
+                for a in x[2]:
+                    if a.size:
+                        cps.append((p, a))
+                    p += a.size
+                o += runtime.align(p - o, 16)
+            self.copies.append(cps)
+            self.staged[k] = o
+        self.e = np.array([(hi - lo) // lv.word for lo, hi in bounds], np.int64)
+        forms = [x[0] for x in self.pieces[0]] if nk else []
+        self.coded = [q for q, f in enumerate(forms) if f != "plain"]
+        self.stride = runtime.align(int(self.e.max(initial=0)), 16)
+        self.decoded = 0 if lv.whole else len(self.coded) * self.stride
+        # the rANS rows: per coded piece, chunk k's blocks b0..b1 (a CONST block cut by two
+        # chunks is a row of each)
+        parts = []
+        for rank, q in enumerate(self.coded):
+            b = np.array([self.pieces[k][q][3][:2] for k in range(nk)], np.int64).reshape(-1, 2)
+            c = b[:, 1] - b[:, 0]
+            kb = np.repeat(np.arange(nk), c)
+            blk = np.repeat(b[:, 0], c) + (np.arange(int(c.sum())) - np.repeat(np.cumsum(c) - c,
+                                                                                c))
+            parts.append((kb, np.full(kb.size, rank), blk))
+        if parts:
+            kb, rank, blk = (np.concatenate(x) for x in zip(*parts))
+            order = np.lexsort((rank, kb))  # chunk by chunk, plane by plane, blocks in order
+            self.kb, self.rank, self.blk = kb[order], rank[order], blk[order]
         else:
-            words = states = np.zeros(blk.size, np.int64)
-        e_lo = lo // lv.word
-        cols[0].append(s.const[blk])
-        cols[1].append(s.fill[blk])
-        cols[2].append(np.where(is_rans, words, 0).astype(np.uint64))
-        cols[3].append(s.count[blk])
-        cols[4].append(np.where(is_rans, states, 0).astype(np.uint64))
-        cols[5].append(np.where(is_rans, np.uint64(tab_p) + s.table[blk].astype(np.uint64)
-                                * np.uint64(1024), np.uint64(0)).astype(np.uint64))
-        start, length = lv.span(b0, b1, e_lo, e_lo + e)
-        cols[6].append(np.uint64(target) + (start - e_lo).astype(np.uint64))
-        cols[7].append(length)
-        nblk.append(blk.size)
-    keep = [dev, scratch, tab_dev]
-    if nblk:
-        first = np.concatenate(([0], np.cumsum(nblk))).astype(np.int64)
-        cta_first, cta_warps = plan.cta_table(first)
-        tdev, dp = runtime.upload(cta_first, cta_warps, *(np.concatenate(c) for c in cols))
-        keep.append(tdev)
-        err = torch.zeros(int(first[-1]), dtype=torch.int32, device="cuda")
-        runtime.launch("rans", runtime.rans_decode_kernel(int(first[-1])), cta_first.size,
-                       32 * plan.RANS_WARPS,
-                       *(np.uint64(v) for v in dp), runtime.ptr(err))
-        # kept until the end: the first failing block's position and code (no sync here)
-        pos = torch.argmax((err != 0).to(torch.int32)).reshape(1)
-        errs.append((lv, torch.cat((pos.to(torch.int32), err[pos])),
-                     np.concatenate([np.arange(x[3][0], x[3][1]) for x in coded]), "rans"))
-    if not lv.whole:
-        cs, c0 = plan.chunk_table([e])
-        mdev, mp = runtime.upload(cs, c0, np.array([dst.data_ptr()], np.uint64),
-                                  np.array([e], np.int64), np.array(ptrs, np.uint64),
-                                  np.array(packed, np.uint8))
-        keep.append(mdev)
-        flag = torch.zeros(1, dtype=torch.int32, device="cuda")
-        runtime.launch("planes", decode.MERGE_KERNEL[lv.t.layout.layout_id], cs.size, 256,
-                       *(np.uint64(v) for v in mp), runtime.ptr(flag),
+            self.kb = self.rank = self.blk = np.zeros(0, np.int64)
+        self.rows = int(self.blk.size)
+        # the launch's CTAs (each inside one (chunk, plane) segment of rows), per chunk a range
+        seg_chunk, seg_count = [], []
+        if self.rows:
+            key = self.kb * (len(self.coded) + 1) + self.rank
+            cut = np.flatnonzero(np.diff(key)) + 1
+            starts = np.concatenate(([0], cut))
+            seg_chunk = self.kb[starts]
+            seg_count = np.diff(np.concatenate((starts, [self.rows])))
+        first = np.concatenate(([0], np.cumsum(seg_count))).astype(np.int64)
+        self.cta_first, self.cta_warps = plan.cta_table(first) if self.rows else (
+            np.zeros(0, np.uint32), np.zeros(0, np.uint8))
+        cta_seg = plan.cta_planes(first)[0] if self.rows else np.zeros(0, np.int64)
+        cta_chunk = np.asarray(seg_chunk, np.int64)[cta_seg] if self.rows else cta_seg
+        self.cta_at = np.searchsorted(cta_chunk, np.arange(nk + 1))
+        self.row_at = np.searchsorted(self.kb, np.arange(nk + 1))
+        # the merge's CTAs: one segment per chunk
+        if lv.whole:
+            self.m_seg = np.zeros(0, np.int32)
+            self.m_first = np.zeros(0, np.int64)
+        else:
+            self.m_seg, self.m_first = plan.chunk_table(self.e)
+        self.m_at = np.searchsorted(self.m_seg, np.arange(nk + 1))
+        # device bytes of each chunk's tables: 42 per row, 5 per CTA, 64 per merge segment and
+        # 24 per merge CTA (+ 16-byte alignment of each array), the leaf tables' 32
+        self.table_bytes = (42 * np.diff(self.row_at) + 5 * np.diff(self.cta_at) + 64
+                            + 12 * np.diff(self.m_at) + 32 + 16 * 20)
+        self.ntabs = len(lv.rans)  # (the level's frequency rows: 1 KiB each)
+        self.ntables = 16
+        self.tab = None
+
+    def addresses(self, stage: int, scratch: int, dsts: list[int]) -> None:
+        """Fix the device addresses (the staging buffer, the decoded planes, each chunk's
+        destination) and build every chunk's table rows."""
+        lv, s = self.lv, self.lv.streams
+        self.tab = _tables(lv)
+        tab_p = self.tab[1]
+        self.dsts = np.array(dsts, np.uint64)
+        nk = len(self.bounds)
+        targets = np.zeros((nk, max(len(self.coded), 1)), np.uint64)
+        for rank in range(len(self.coded)):
+            targets[:, rank] = self.dsts if lv.whole else np.uint64(scratch + rank * self.stride)
+        planes = np.zeros((nk, 5), np.uint64)
+        packed = np.array([1, 0, 0, 0, 0], np.uint8)
+        for q, x in enumerate(self.pieces[0] if nk else []):
+            j = x[1]
+            if x[0] == "plain":
+                planes[:, j] = np.uint64(stage) + self.offsets[:, q].astype(np.uint64)
+                if j == 0 and lv.t.planes[0].codec != codecs.BITPACK:
+                    packed[0] = 0
+                if lv.t.planes[j].codec == codecs.BITPACK_W:
+                    packed[j] = lv.t.planes[j].params[0]
+            else:
+                planes[:, j] = targets[:, self.coded.index(q)]
+                if j == 0:
+                    packed[0] = 0
+        self.planes, self.packed = planes, np.tile(packed, (nk, 1))
+        if not self.rows:
+            return
+        kb, blk = self.kb, self.blk
+        is_rans = s.table[blk] >= 0
+        words = np.zeros(self.rows, np.int64)
+        states = np.zeros(self.rows, np.int64)
+        for rank, q in enumerate(self.coded):
+            if self.pieces[0][q][0] != "rans":
+                continue
+            sel = self.rank == rank
+            ext = np.array([self.pieces[k][q][3] for k in range(nk)], np.int64)  # b0 b1 slen s0 w0
+            o = self.offsets[:, q]
+            kk = kb[sel]
+            words[sel] = stage + o[kk] + ext[kk, 2] + (s.words[blk[sel]].astype(np.int64)
+                                                       - ext[kk, 4])
+            states[sel] = stage + o[kk] + (s.states[blk[sel]].astype(np.int64) - ext[kk, 3])
+        e_lo = np.array([lo // lv.word for lo, _hi in self.bounds], np.int64)[kb]
+        e_hi = e_lo + self.e[kb]
+        b_start = s.start[blk].astype(np.int64)
+        b_end = b_start + s.length[blk].astype(np.int64)
+        start, end = np.maximum(b_start, e_lo), np.minimum(b_end, e_hi)
+        if (((start != b_start) | (end != b_end)) & is_rans).any():
+            raise ValueError("a chunk must not cut a rANS block")
+        cols = [s.const[blk], s.fill[blk], np.where(is_rans, words, 0), s.count[blk],
+                np.where(is_rans, states, 0),
+                np.where(is_rans, np.uint64(tab_p) + s.table[blk].astype(np.uint64)
+                         * np.uint64(1024), np.uint64(0)),
+                targets[kb, self.rank] + (start - e_lo).astype(np.uint64), end - start]
+        self.cols = [c.astype(f"u{size}") for c, size in zip(cols, ROW_SIZES)]
+
+    def tables(self, w0: int, w1: int) -> list[np.ndarray]:
+        """The tables of chunks [w0, w1), :attr:`ntables` arrays to upload (:meth:`launch`
+        takes their addresses)."""
+        r0, r1 = int(self.row_at[w0]), int(self.row_at[w1])
+        c0, c1 = int(self.cta_at[w0]), int(self.cta_at[w1])
+        m0, m1 = int(self.m_at[w0]), int(self.m_at[w1])
+        rows = [c[r0:r1] for c in self.cols] if self.rows else [np.zeros(0, np.uint8)] * 8
+        return [self.cta_first[c0:c1], self.cta_warps[c0:c1], *rows,
+                (self.m_seg[m0:m1] - w0).astype(np.int32), self.m_first[m0:m1],
+                self.dsts[w0:w1], self.e[w0:w1], self.planes[w0:w1], self.packed[w0:w1]]
+
+    def launch(self, k: int, w0: int, addrs: list[int], stage: torch.Tensor,
+               pinned: torch.Tensor, copied: torch.cuda.Event, errs: torch.Tensor,
+               dst: torch.Tensor) -> None:
+        """Stage chunk k (of the window from w0, whose tables are at ``addrs``) through
+        ``pinned`` (``copied`` recorded after its copy to the device) and decode it into
+        ``dst``: rANS rows, then the merge (or, for a raw layout, its bytes copied)."""
+        from s4weights.gpu import decode
+
+        host = pinned.numpy()
+        for o, a in self.copies[k]:
+            host[o:o + a.size] = a
+        total = int(self.staged[k])
+        if total:
+            stage[:total].copy_(pinned[:total], non_blocking=True)
+        copied.record()
+        if self.lv.whole and not self.coded:  # one plain piece: its bytes are the chunk's
+            o = int(self.offsets[k, 0])
+            dst.copy_(stage[o:o + dst.numel()])
+            return
+        c0, c1 = int(self.cta_at[k]), int(self.cta_at[k + 1])
+        if c1 > c0:
+            cw, r0 = c0 - int(self.cta_at[w0]), int(self.row_at[w0])
+            # the CTAs name rows by their number in the level, and the window's columns start
+            # at row r0: each column's address moves back by r0 rows
+            a = [np.uint64(addrs[0] + 4 * cw), np.uint64(addrs[1] + cw)]
+            a += [np.uint64(x - r0 * size) for x, size in zip(addrs[2:10], ROW_SIZES)]
+            runtime.launch("rans", runtime.rans_decode_kernel(int(self.row_at[k + 1]
+                                                                   - self.row_at[k])),
+                           c1 - c0, 32 * plan.RANS_WARPS, *a, runtime.ptr(errs))
+        if self.lv.whole:
+            return
+        m0, m1 = int(self.m_at[k]), int(self.m_at[k + 1])
+        mw = m0 - int(self.m_at[w0])
+        runtime.launch("planes", decode.MERGE_KERNEL[self.lv.t.layout.layout_id], m1 - m0, 256,
+                       np.uint64(addrs[10] + 4 * mw), np.uint64(addrs[11] + 8 * mw),
+                       *(np.uint64(x) for x in addrs[12:16]),
+                       # (segment s of the window flags errors[s]: chunk w0 + s's flag)
+                       np.uint64(errs.data_ptr() + 4 * (max(self.rows, 1) + w0)),
                        np.uint64(0), np.uint64(0))  # (content digests: the chunks' own launch)
-        errs.append((lv, flag, np.zeros(1, np.int64), "merge"))
-    del keep  # stream-ordered: reused only after these launches
-    return pinned, ev
 
 
-def _check(levels: list[_Level], nbytes: int, errs: list,
-           digests: dict[int, list[torch.Tensor]]) -> None:
-    """One synchronisation: each chunk's first failing block and merge flag, and the leaf
-    digests of the levels whose content hashes are checked. Failures are raised in the CPU
-    reader's order, not chunk by chunk: per level (the requested tensor first, then its
-    ancestors), the rANS error of the lowest block (blocks are numbered plane by plane, so:
-    the first plane that fails, at its first failing block), then the merge flags; then the
-    content hashes from the deepest level up (a delta reads its parent, hash checked, before
-    its own hash is checked)."""
-    parts = [e.view(torch.uint8) for _lv, e, _b, _k in errs]
-    for d in sorted(digests):
-        parts += [x.view(torch.uint8) for x in digests[d]]
-    back = torch.cat(parts).cpu().numpy() if parts else np.zeros(0, np.uint8)
-    at, pos = [], 0
-    for _lv, e, _b, _k in errs:
-        at.append(pos)
+def _check(levels: list[_Level], runs: list[_Run], nbytes: int, errs: list[torch.Tensor],
+           digests: dict[int, torch.Tensor]) -> None:
+    """One synchronisation: every level's error codes (per rANS row, then a merge flag per
+    chunk) and the leaf digests of the levels whose content hashes are checked. Failures are
+    raised in the CPU reader's order, not chunk by chunk: per level (the requested tensor
+    first, then its ancestors), the rANS error of the lowest block (blocks are numbered plane
+    by plane, so: the first plane that fails, at its first failing block), then the merge
+    flags; then the content hashes from the deepest level up (a delta reads its parent, hash
+    checked, before its own hash is checked)."""
+    parts = [e.view(torch.uint8) for e in errs]
+    parts += [digests[d].view(torch.uint8) for d in sorted(digests)]
+    back = torch.cat(parts).cpu().numpy()
+    pos = 0
+    for lv, r, e in zip(levels, runs, errs):
+        v = back[pos:pos + 4 * e.numel()].view(np.int32)
         pos += 4 * e.numel()
-    for lv in levels:
-        mine = [q for q in range(len(errs)) if errs[q][0] is lv]
-        fails = []
-        for q in mine:
-            _lv, e, blocks, kind = errs[q]
-            v = back[at[q]:at[q] + 4 * e.numel()].view(np.int32)
-            if kind != "merge" and v[1]:  # (first failing block in the chunk, its code)
-                fails.append((int(blocks[int(v[0])]), int(v[1])))
         name = f"{lv.reader.name}: tensor {lv.t.name!r}"
-        if fails:
-            b, code = min(fails)
+        bad = np.flatnonzero(v[:r.rows])
+        if bad.size:
+            first = bad[np.argmin(r.blk[bad])]
+            b, code = int(r.blk[first]), int(v[first])
             s = lv.streams
-            r = int(np.searchsorted(s.first, b, side="right") - 1)
-            p = lv.t.planes[lv.rans[int(s.coded[r])]]
-            raise CodecError(f"{name} plane {p.label}: rans block {b - int(s.first[r])} of "
-                             f"{int(s.first[r + 1] - s.first[r])} is corrupt: "
+            q = int(np.searchsorted(s.first, b, side="right") - 1)
+            p = lv.t.planes[lv.rans[int(s.coded[q])]]
+            raise CodecError(f"{name} plane {p.label}: rans block {b - int(s.first[q])} of "
+                             f"{int(s.first[q + 1] - s.first[q])} is corrupt: "
                              f"{rans._ERR_TEXT.get(code, 'error')}")
-        for q in mine:
-            if errs[q][3] == "merge" and back[at[q]:at[q] + 4].view(np.int32)[0]:
-                raise FormatError(f"{name}: a plane holds values wider than its field")
+        if v[max(r.rows, 1):].any():
+            raise FormatError(f"{name}: a plane holds values wider than its field")
     nleaf = -(-nbytes // LEAF_SIZE)
     where = {}
     for d in sorted(digests):
         where[d] = pos
-        pos += 8 * nleaf
+        pos += 8 * digests[d].numel()
     for d in sorted(digests, reverse=True):
         lv = levels[d]
         got = content_hashes_from_leaves([nbytes], back[where[d]:where[d] + 8 * nleaf].view(

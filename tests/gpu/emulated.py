@@ -286,12 +286,13 @@ def launch(module: str, name: str, grid: int, block: int, *a) -> None:
     elif name in MERGE:  # cs, c0, dst, n, planes, width (5 per segment), errors, digests,
         # dfirst: the digests of each segment's full leaves (where digests and dfirst >= 0)
         lay, word = MERGE[name]
-        nseg = int(at(a[0], np.int32, grid).max()) + 1
+        segs = np.unique(at(a[0], np.int32, grid))  # (those of the launch's CTAs only)
+        nseg = int(segs.max()) + 1
         dst, n = at(a[2], np.uint64, nseg), at(a[3], np.int64, nseg)
         table = at(a[4], np.uint64, 5 * nseg).reshape(nseg, 5)
         width, errors = at(a[5], np.uint8, 5 * nseg).reshape(nseg, 5), at(a[6], np.int32, nseg)
         dfirst = at(a[8], np.int64, nseg) if int(a[7]) else np.full(nseg, -1)
-        for r in range(nseg):
+        for r in segs.tolist():
             m = int(n[r])
             bad = False
             if width[r, 0]:
