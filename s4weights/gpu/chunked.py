@@ -611,7 +611,7 @@ def _decode_levels(levels: list[_Level], out: torch.Tensor, workspace: int,
     room = min(chunk, runtime.align(nbytes, 16))  # (a tensor smaller than one chunk)
     pbuf = runtime.device_empty(room) if len(levels) > 1 else None
     cbuf = runtime.device_empty(room) if on_host else None
-    staged = max(int(r.staged.max()) for r in runs)
+    staged = max(int(r.staged.max(initial=0)) for r in runs)
     stage = runtime.device_empty(staged)
     scratch = runtime.device_empty(max(r.decoded for r in runs))
     pinned = [runtime.pinned(staged), runtime.pinned(staged) if len(bounds) * len(runs) > 1
@@ -674,6 +674,8 @@ def _windows(runs: list[_Run], workspace: int) -> list[tuple[int, int]]:
     """Consecutive chunks whose launch tables (every level's) go to the device in one upload:
     as many as :data:`TABLE_SHARE` of the workspace holds, at least one."""
     per = sum(r.table_bytes for r in runs)
+    if not per.size:  # (an empty tensor: no chunks)
+        return []
     cap = max(int(per.max()), workspace // TABLE_SHARE)
     out, w0, used = [], 0, 0
     for k, b in enumerate(per.tolist()):
@@ -720,8 +722,9 @@ def _need(runs: list[_Run], chunk: int, nbytes: int, chain: bool, on_host: bool,
     room = min(chunk, runtime.align(nbytes, 16))
     windows = _windows(runs, workspace)
     per = sum(r.table_bytes for r in runs)
-    tables = max(int(per[w0:w1].sum()) for w0, w1 in windows)
-    return (max(int(r.staged.max()) for r in runs) + max(r.decoded for r in runs) + tables
+    tables = max((int(per[w0:w1].sum()) for w0, w1 in windows), default=0)
+    return (max(int(r.staged.max(initial=0)) for r in runs) + max(r.decoded for r in runs)
+            + tables
             + sum(4 * (r.rows + len(r.bounds)) + 1024 * r.ntabs for r in runs)
             + (room if chain else 0) + (room if on_host else 0) + 4096)
 
@@ -890,9 +893,7 @@ class _Run:
         ``dst``: rANS rows, then the merge (or, for a raw layout, its bytes copied)."""
         from s4weights.gpu import decode
 
-        host = pinned.numpy()
-        for o, a in self.copies[k]:
-            host[o:o + a.size] = a
+        decode.copy_into(pinned.numpy(), self.copies[k])
         total = int(self.staged[k])
         if total:
             stage[:total].copy_(pinned[:total], non_blocking=True)

@@ -479,7 +479,7 @@ class Staged:
                                   for k, j, p in self.planes], np.int64).reshape(-1, 6)
 
 
-READ_PIECE = 16 << 20  # large reads into pinned memory go in pieces of this, in parallel
+READ_PIECE = 4 << 20  # large reads into pinned memory go in pieces of this, in parallel
 _READERS: ThreadPoolExecutor | None = None
 _READERS_LOCK = threading.Lock()
 
@@ -493,27 +493,58 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_readers)
 
 
+def _readers() -> ThreadPoolExecutor:
+    global _READERS
+    with _READERS_LOCK:
+        if _READERS is None:
+            _READERS = ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1),
+                                          thread_name_prefix="s4w-read")
+        return _READERS
+
+
+def _in_pieces(n: int) -> list[tuple[int, int]]:
+    """[a, b) ranges of ``n`` bytes for the pool: one below two pieces' size, else at least
+    ``READ_PIECE`` each, about eight in all (4 KiB multiples)."""
+    if n < 2 * READ_PIECE:
+        return [(0, n)]
+    step = max(READ_PIECE, -(-n // 8) // 4096 * 4096)
+    return [(a, min(n, a + step)) for a in range(0, n, step)]
+
+
+def _run_all(jobs: list) -> None:
+    wait(jobs)  # every piece done (none still writing) before an error is raised
+    for j in jobs:
+        j.result()
+
+
 def read_into(reader: Reader, offset: int, dst: np.ndarray) -> None:
     """Fill ``dst`` with the source's bytes at ``offset``. A large read is cut into pieces read
     by a few threads at once: one thread copying from the page cache (or from memory) into
     pinned memory runs at a fraction of the memory bandwidth, and the copies release the GIL.
     The source's ``read_at`` must therefore be safe to call from several threads (positional
     reads, as every source here; not a shared seek-and-read file object)."""
-    global _READERS
-    n = dst.size
-    if n < 2 * READ_PIECE:
+    parts = _in_pieces(dst.size)
+    if len(parts) == 1:
         _read_piece(reader, offset, dst)
         return
-    with _READERS_LOCK:
-        if _READERS is None:
-            _READERS = ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1),
-                                          thread_name_prefix="s4w-read")
-    step = max(READ_PIECE, -(-n // 8) // 4096 * 4096)
-    jobs = [_READERS.submit(_read_piece, reader, offset + a, dst[a:a + step])
-            for a in range(0, n, step)]
-    wait(jobs)  # every piece done (none still writing into dst) before an error is raised
-    for j in jobs:
-        j.result()
+    pool = _readers()
+    _run_all([pool.submit(_read_piece, reader, offset + a, dst[a:b]) for a, b in parts])
+
+
+def copy_into(dst: np.ndarray, copies: list[tuple[int, np.ndarray]]) -> None:
+    """``dst[o:o + a.size] = a`` for each (o, a) of ``copies``, large ones in pieces on the
+    reading threads (as :func:`read_into`)."""
+    total = sum(a.size for _o, a in copies)
+    if total < 2 * READ_PIECE:
+        for o, a in copies:
+            dst[o:o + a.size] = a
+        return
+    pool = _readers()
+
+    def one(o: int, a: np.ndarray) -> None:
+        dst[o:o + a.size] = a
+
+    _run_all([pool.submit(one, o + x, a[x:y]) for o, a in copies for x, y in _in_pieces(a.size)])
 
 
 def _read_piece(reader: Reader, offset: int, dst: np.ndarray) -> None:

@@ -166,3 +166,12 @@ def test_a_chunk_with_its_tables_fits_the_workspace(ws: int, chain: bool) -> Non
     base = runs[-1]
     assert rans.MODE_RANS in levels[-1].streams.mode
     assert sorted(base.blk.tolist()) == list(range(base.rows))
+
+
+@pytest.mark.parametrize("delta", [False, True])
+def test_an_empty_tensor_has_no_chunks_and_its_hash_is_checked(delta: bool) -> None:
+    x = np.zeros(0, np.uint8)
+    r = s4format.Reader(_blob(x))
+    if delta:
+        r = s4format.Reader(_blob(x, parent=(r.checkpoint_id, x)), parent=r)
+    chunked.load_large(r, 0, torch.empty(0, dtype=torch.uint8), 1 << 19)

@@ -63,3 +63,19 @@ def test_reads_work_in_a_forked_child(tmp_path, monkeypatch) -> None:
         p.kill()
         pytest.fail("a read in a forked child hung")
     assert p.exitcode == 0
+
+
+@pytest.mark.parametrize("sizes", [[], [10], [5000, 0, 3 * 4096 + 17, 40 * 4096 + 5], [90_000]])
+def test_copies_land_exactly_in_pieces_or_whole(monkeypatch, sizes: list[int]) -> None:
+    # decode.copy_into (a chunk's staged pieces into pinned memory): every array at its offset,
+    # the bytes between them untouched, whether the pool copies it in pieces or one thread
+    monkeypatch.setattr(decode, "READ_PIECE", 4096)
+    rng = np.random.default_rng(len(sizes))
+    arrays = [rng.integers(0, 256, n, dtype=np.uint8) for n in sizes]
+    offsets = np.cumsum([0] + [n + 16 for n in sizes])
+    dst = np.full(int(offsets[-1]), 0xAB, np.uint8)
+    decode.copy_into(dst, list(zip(offsets[:-1].tolist(), arrays)))
+    want = np.full_like(dst, 0xAB)
+    for o, a in zip(offsets[:-1].tolist(), arrays):
+        want[o:o + a.size] = a
+    assert np.array_equal(dst, want)
