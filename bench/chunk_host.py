@@ -22,15 +22,17 @@ import host_stages
 
 import s4format
 import s4weights
-from s4weights.gpu import chunked, plan, runtime
+from s4weights.gpu import chunked, decode, plan, runtime
 
 MB = int(float(os.environ.get("S4_CHUNK_MB", "49")) * 1e6)
 WS = int(float(os.environ.get("S4_CHUNK_WS", "4.7")) * (1 << 20))
 REPS = int(os.environ.get("S4_CHUNK_REPS", "10"))
 
 WRAPPED = [
-    (chunked, ["_load_chunk", "_tables", "_decode_range", "_check"]),
+    (chunked, ["_load_chunk", "_tables", "_windows", "_check"]),
     (chunked._Level, ["__init__", "pieces", "span", "need", "align"]),
+    (chunked._Run, ["__init__", "addresses", "tables", "launch"]),
+    (decode, ["copy_into"]),
     (runtime, ["upload", "launch", "leaf_digests", "device_empty", "pinned",
                "rans_decode_kernel"]),
     (plan, ["cta_table", "chunk_table"]),

@@ -31,10 +31,11 @@ STAGES = [
     (Encoder, ["_plan", "_histograms", "_encode_group", "_prepare", "_split", "_encode",
                "_rans_launch", "_rans_collect", "_assemble", "finish", "candidates"]),
     (encode, ["choose"]),
-    (decode, ["read_tensors", "stage", "decode_staged", "_prepare", "read_into",
+    (decode, ["read_tensors", "stage", "decode_staged", "_prepare", "read_into", "copy_into",
               "_apply_parents", "_check_hashes"]),
-    (chunked, ["load_large", "_load_chunk", "_tables", "_decode_range", "_check"]),
+    (chunked, ["load_large", "_load_chunk", "_tables", "_windows", "_check"]),
     (chunked._Level, ["__init__", "pieces", "need"]),
+    (chunked._Run, ["__init__", "addresses", "tables", "launch"]),
     (runtime, ["leaf_digests", "plane_checksums", "content_hashes", "upload", "copy_ops"]),
 ]
 DEVICE_CATS = {"kernel", "gpu_memcpy", "gpu_memset"}

@@ -504,15 +504,15 @@ class _Level:
               if self.streams.mode[q] == rans.MODE_RANS]
         return self.word * plan.large_align(max(lg, default=0))
 
-    def span(self, b0: int, b1: int, e0: int, e1: int) -> tuple[np.ndarray, np.ndarray]:
-        """(first symbol, symbols) of blocks [b0, b1) clipped to symbols [e0, e1). Chunks of
-        ``align()`` bytes hold whole blocks of coded streams; ranges that cut a CONST block
-        are clipped, and cutting a rANS block is refused."""
+    def span(self, blk: np.ndarray, e0, e1) -> tuple[np.ndarray, np.ndarray]:
+        """(first symbol, symbols) of blocks ``blk`` clipped to symbols [e0, e1) (scalars, or
+        one bound per block). Chunks of ``align()`` bytes hold whole blocks of coded streams;
+        ranges that cut a CONST block are clipped, and cutting a rANS block is refused."""
         s = self.streams
-        start = np.maximum(s.start[b0:b1], e0)
-        end = np.minimum(s.start[b0:b1] + s.length[b0:b1].astype(np.int64), e1)
-        cut = (start != s.start[b0:b1]) | (end != s.start[b0:b1] + s.length[b0:b1])
-        if (cut & (s.table[b0:b1] >= 0)).any():
+        b_start = s.start[blk].astype(np.int64)
+        b_end = b_start + s.length[blk].astype(np.int64)
+        start, end = np.maximum(b_start, e0), np.minimum(b_end, e1)
+        if (((start != b_start) | (end != b_end)) & (s.table[blk] >= 0)).any():
             raise ValueError("a chunk must not cut a rANS block")
         return start, (end - start).astype(np.uint32)
 
@@ -602,10 +602,11 @@ def _decode_levels(levels: list[_Level], out: torch.Tensor, workspace: int,
     from s4weights.gpu import xor
 
     nbytes = levels[0].t.raw_nbytes
-    chunk, runs = _load_chunk(levels, nbytes, workspace, on_host, plans=True)
-    bounds = runs[0].bounds
     hashed = [d for d, lv in enumerate(levels)
               if content and (lv.reader.verify_hashes or lv.t.is_delta)]
+    chunk, runs = _load_chunk(levels, nbytes, workspace, on_host, plans=True,
+                              hashed=len(hashed))
+    bounds = runs[0].bounds
     nleaf = -(-nbytes // LEAF_SIZE)
     digests = {d: torch.empty(max(nleaf, 1), dtype=torch.int64, device="cuda") for d in hashed}
     room = min(chunk, runtime.align(nbytes, 16))  # (a tensor smaller than one chunk)
@@ -692,14 +693,13 @@ ROW_SIZES = (1, 1, 8, 4, 8, 8, 8, 4)  # bytes per rANS row of the decode kernel'
 
 
 def _load_chunk(levels: list[_Level], nbytes: int, workspace: int, on_host: bool = False,
-                plans: bool = False):
-    """The largest chunk (a multiple of every level's ``align()``) whose decode needs at most
-    ``workspace``: the staging buffer and the decoded planes of its largest range at any level,
-    a window's launch tables (:func:`_windows`), the error codes and, with a chain, the buffer an
-    ancestor's bytes are decoded into for the XOR (for a host destination, plus the buffer the
-    chunk is built in). Starts from what the workspace would hold at the tensor's average need
-    per byte and steps down by a tenth. ``plans``: returns (the chunk, every level's
-    :class:`_Run` at it)."""
+                plans: bool = False, hashed: int | None = None):
+    """A chunk length (a multiple of every level's ``align()``) whose decode needs at most
+    ``workspace`` (see :func:`_need`; or one ``align()`` when even that needs more). Starts
+    from what the workspace would hold at the tensor's average need per byte and steps down
+    by a tenth until it fits: within about a tenth of the largest that fits. ``hashed``: the
+    levels whose leaves are digested (default: all). ``plans``: returns (the chunk, every
+    level's :class:`_Run` at it)."""
     align = max(lv.align() for lv in levels)  # (powers of two)
     per_byte = max(lv.need(0, nbytes) for lv in levels) / max(nbytes, 1)
     per_byte += (len(levels) > 1) + on_host  # (the XOR buffer, the buffer built on the device)
@@ -708,8 +708,8 @@ def _load_chunk(levels: list[_Level], nbytes: int, workspace: int, on_host: bool
         chunk = k * align
         runs = [_Run(lv, [(lo, min(nbytes, lo + chunk)) for lo in range(0, nbytes, chunk)])
                 for lv in levels]
-        if _need(runs, chunk, nbytes, len(levels) > 1, on_host, workspace) <= workspace \
-                or k == 1:
+        if _need(runs, chunk, nbytes, len(levels) > 1, on_host, workspace,
+                 len(levels) if hashed is None else hashed) <= workspace or k == 1:
             break
         k = max(1, min(k - 1, k * 9 // 10))
     chunk = max(align, min(chunk, -(-nbytes // align) * align))
@@ -717,15 +717,22 @@ def _load_chunk(levels: list[_Level], nbytes: int, workspace: int, on_host: bool
 
 
 def _need(runs: list[_Run], chunk: int, nbytes: int, chain: bool, on_host: bool,
-          workspace: int) -> int:
-    """Device bytes a chunked decode holds at once (see :func:`_load_chunk`)."""
+          workspace: int, hashed: int) -> int:
+    """Device bytes a chunked decode holds at once: the staging buffer and the decoded planes
+    (each sized by the largest chunk of any level), a window's launch tables
+    (:func:`_windows`), every level's frequency tables and error codes (a code per rANS row, a
+    flag per chunk), the leaf digests of the ``hashed`` levels (and the copy :func:`_check`
+    reads back, of the codes and digests), with a chain the buffer an ancestor's bytes are
+    decoded into for the XOR, for a host destination the buffer the chunk is built in, and
+    4 KiB to spare."""
     room = min(chunk, runtime.align(nbytes, 16))
     windows = _windows(runs, workspace)
     per = sum(r.table_bytes for r in runs)
     tables = max((int(per[w0:w1].sum()) for w0, w1 in windows), default=0)
+    codes = sum(4 * (max(r.rows, 1) + len(r.bounds)) for r in runs)
+    digests = hashed * 8 * max(-(-nbytes // LEAF_SIZE), 1)
     return (max(int(r.staged.max(initial=0)) for r in runs) + max(r.decoded for r in runs)
-            + tables
-            + sum(4 * (r.rows + len(r.bounds)) + 1024 * r.ntabs for r in runs)
+            + tables + sum(1024 * r.ntabs for r in runs) + 2 * (codes + digests)
             + (room if chain else 0) + (room if on_host else 0) + 4096)
 
 
@@ -810,10 +817,11 @@ class _Run:
         else:
             self.m_seg, self.m_first = plan.chunk_table(self.e)
         self.m_at = np.searchsorted(self.m_seg, np.arange(nk + 1))
-        # device bytes of each chunk's tables: 42 per row, 5 per CTA, 64 per merge segment and
-        # 24 per merge CTA (+ 16-byte alignment of each array), the leaf tables' 32
+        # device bytes of each chunk's tables (an upper bound): 42 per row, 5 per CTA, 64 per
+        # merge segment and 12 per merge CTA, the leaf tables' 40, and up to 16 of alignment
+        # for each of a window's 20 arrays
         self.table_bytes = (42 * np.diff(self.row_at) + 5 * np.diff(self.cta_at) + 64
-                            + 12 * np.diff(self.m_at) + 32 + 16 * 20)
+                            + 12 * np.diff(self.m_at) + 40 + 16 * 20)
         self.ntabs = len(lv.rans)  # (the level's frequency rows: 1 KiB each)
         self.ntables = 16
         self.tab = None
@@ -861,17 +869,12 @@ class _Run:
                                                        - ext[kk, 4])
             states[sel] = stage + o[kk] + (s.states[blk[sel]].astype(np.int64) - ext[kk, 3])
         e_lo = np.array([lo // lv.word for lo, _hi in self.bounds], np.int64)[kb]
-        e_hi = e_lo + self.e[kb]
-        b_start = s.start[blk].astype(np.int64)
-        b_end = b_start + s.length[blk].astype(np.int64)
-        start, end = np.maximum(b_start, e_lo), np.minimum(b_end, e_hi)
-        if (((start != b_start) | (end != b_end)) & is_rans).any():
-            raise ValueError("a chunk must not cut a rANS block")
+        start, length = lv.span(blk, e_lo, e_lo + self.e[kb])
         cols = [s.const[blk], s.fill[blk], np.where(is_rans, words, 0), s.count[blk],
                 np.where(is_rans, states, 0),
                 np.where(is_rans, np.uint64(tab_p) + s.table[blk].astype(np.uint64)
                          * np.uint64(1024), np.uint64(0)),
-                targets[kb, self.rank] + (start - e_lo).astype(np.uint64), end - start]
+                targets[kb, self.rank] + (start - e_lo).astype(np.uint64), length]
         self.cols = [c.astype(f"u{size}") for c, size in zip(cols, ROW_SIZES)]
 
     def tables(self, w0: int, w1: int) -> list[np.ndarray]:

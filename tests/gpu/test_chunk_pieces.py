@@ -58,7 +58,7 @@ def _rebuild(lv: chunked._Level, piece, e0: int, e1: int) -> np.ndarray:
     s = lv.streams
     b0, b1 = extra[:2]
     if form == "const":
-        _start, length = lv.span(b0, b1, e0, e1)
+        _start, length = lv.span(np.arange(b0, b1), e0, e1)
         return np.repeat(s.fill[b0:b1], length.astype(np.int64))
     q = lv.rans.index(j)
     freqs = s.freqs[int(s.table[b0])]
