@@ -631,6 +631,7 @@ def _decode_levels(levels: list[_Level], out: torch.Tensor, workspace: int,
     leaf_first = np.zeros((len(bounds), 2), np.int64)
     leaf_first[:, 1] = (lens.astype(np.int64) + LEAF_SIZE - 1) // LEAF_SIZE
     leaf_at = np.array([lo // LEAF_SIZE for lo, _hi in bounds], np.int64)
+    leaf = sum(r.ntables for r in runs)  # (the leaf tables come after every level's)
     n = 0
     for w0, w1 in _windows(runs, workspace):
         arrays: list[np.ndarray] = []
@@ -640,7 +641,6 @@ def _decode_levels(levels: list[_Level], out: torch.Tensor, workspace: int,
             arrays += [np.array(into_at[w0:w1], np.uint64), lens[w0:w1], leaf_first[w0:w1],
                        leaf_at[w0:w1]]
         dev, addrs = runtime.upload(*arrays)
-        leaf = sum(r.ntables for r in runs)  # (after every level's tables)
         for k in range(w0, w1):
             lo, hi = bounds[k]
             into = cbuf[:hi - lo] if on_host else out[lo:hi]
@@ -673,7 +673,7 @@ def _decode_levels(levels: list[_Level], out: torch.Tensor, workspace: int,
 
 def _windows(runs: list[_Run], workspace: int) -> list[tuple[int, int]]:
     """Consecutive chunks whose launch tables (every level's) go to the device in one upload:
-    as many as :data:`TABLE_SHARE` of the workspace holds, at least one."""
+    as many as 1/:data:`TABLE_SHARE` of the workspace holds, at least one."""
     per = sum(r.table_bytes for r in runs)
     if not per.size:  # (an empty tensor: no chunks)
         return []
@@ -688,7 +688,7 @@ def _windows(runs: list[_Run], workspace: int) -> list[tuple[int, int]]:
     return out
 
 
-TABLE_SHARE = 16  # the share of the workspace a window of chunks' launch tables may hold
+TABLE_SHARE = 16  # a window of chunks' launch tables holds at most 1/16 of the workspace
 ROW_SIZES = (1, 1, 8, 4, 8, 8, 8, 4)  # bytes per rANS row of the decode kernel's columns
 
 
