@@ -625,7 +625,7 @@ def _decode_levels(levels: list[_Level], out: torch.Tensor, workspace: int,
     for d, r in enumerate(runs):
         r.addresses(stage.data_ptr(), scratch.data_ptr(),
                     into_at if d == len(levels) - 1 else [pbuf.data_ptr()] * len(bounds))
-    errs = [torch.zeros(max(r.rows, 1) + len(bounds), dtype=torch.int32, device="cuda")
+    errs = [torch.zeros(r.flags_at + len(bounds), dtype=torch.int32, device="cuda")
             for r in runs]  # per level: an error code per rANS row, then a merge flag per chunk
     lens = np.array([hi - lo for lo, hi in bounds], np.uint64)
     leaf_first = np.zeros((len(bounds), 2), np.int64)
@@ -729,7 +729,7 @@ def _need(runs: list[_Run], chunk: int, nbytes: int, chain: bool, on_host: bool,
     windows = _windows(runs, workspace)
     per = sum(r.table_bytes for r in runs)
     tables = max((int(per[w0:w1].sum()) for w0, w1 in windows), default=0)
-    codes = sum(4 * (max(r.rows, 1) + len(r.bounds)) for r in runs)
+    codes = sum(4 * (r.flags_at + len(r.bounds)) for r in runs)
     digests = hashed * 8 * max(-(-nbytes // LEAF_SIZE), 1)
     return (max(int(r.staged.max(initial=0)) for r in runs) + max(r.decoded for r in runs)
             + tables + sum(1024 * r.ntabs for r in runs) + 2 * (codes + digests)
@@ -783,11 +783,8 @@ class _Run:
         parts = []
         for rank, q in enumerate(self.coded):
             b = np.array([self.pieces[k][q][3][:2] for k in range(nk)], np.int64).reshape(-1, 2)
-            c = b[:, 1] - b[:, 0]
-            kb = np.repeat(np.arange(nk), c)
-            blk = np.repeat(b[:, 0], c) + (np.arange(int(c.sum())) - np.repeat(np.cumsum(c) - c,
-                                                                                c))
-            parts.append((kb, np.full(kb.size, rank), blk))
+            kb, off = plan.cut(b[:, 1] - b[:, 0], 1)  # (each row's chunk, its place there)
+            parts.append((kb, np.full(kb.size, rank), b[kb, 0] + off))
         if parts:
             kb, rank, blk = (np.concatenate(x) for x in zip(*parts))
             order = np.lexsort((rank, kb))  # chunk by chunk, plane by plane, blocks in order
@@ -795,6 +792,7 @@ class _Run:
         else:
             self.kb = self.rank = self.blk = np.zeros(0, np.int64)
         self.rows = int(self.blk.size)
+        self.flags_at = max(self.rows, 1)  # in the level's error buffer: the merge flags
         # the launch's CTAs (each inside one (chunk, plane) segment of rows), per chunk a range
         seg_chunk, seg_count = [], []
         if self.rows:
@@ -923,7 +921,7 @@ class _Run:
                        np.uint64(addrs[10] + 4 * mw), np.uint64(addrs[11] + 8 * mw),
                        *(np.uint64(x) for x in addrs[12:16]),
                        # (segment s of the window flags errors[s]: chunk w0 + s's flag)
-                       np.uint64(errs.data_ptr() + 4 * (max(self.rows, 1) + w0)),
+                       np.uint64(errs.data_ptr() + 4 * (self.flags_at + w0)),
                        np.uint64(0), np.uint64(0))  # (content digests: the chunks' own launch)
 
 
@@ -954,7 +952,7 @@ def _check(levels: list[_Level], runs: list[_Run], nbytes: int, errs: list[torch
             raise CodecError(f"{name} plane {p.label}: rans block {b - int(s.first[q])} of "
                              f"{int(s.first[q + 1] - s.first[q])} is corrupt: "
                              f"{rans._ERR_TEXT.get(code, 'error')}")
-        if v[max(r.rows, 1):].any():
+        if v[r.flags_at:].any():
             raise FormatError(f"{name}: a plane holds values wider than its field")
     nleaf = -(-nbytes // LEAF_SIZE)
     where = {}
