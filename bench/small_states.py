@@ -6,9 +6,10 @@ to and loaded from memory on the GPU (``s4weights.save``/``load``, ``device="cud
 the default workspace and at max(64 MiB, 10%), against torch.save / torch.load
 (map_location="cuda") of the same tensors. Per row: seconds (best of ``S4_BENCH_REPS``),
 peak extra GPU memory, ratio, bit-exact. ``S4_SMALL_PROFILE=1``: the ~40 and ~120 MB
-states' loads profiled; ``S4_SMALL_TIMELINE=1``: the loads of the ~40 and ~120 MB states
-traced (bench/timeline.py: device busy and idle time, the host stages the device waits for;
-its stage markers slow every call a little, so take the figures from a run without it).
+states' saves and loads profiled; ``S4_SMALL_TIMELINE=1``: the saves and loads of the ~40 and
+~120 MB states traced (bench/timeline.py: device busy and idle time, the host stages the
+device waits for; its stage markers slow every call a little, so take the figures from a run
+without it).
 ``S4_SMALL_LOG2=14,12``: also rows at the default workspace with files whose rANS blocks hold
 2^14 or 2^12 symbols (S4's writers use 2^16), to see what shorter blocks do there.
 ``S4_SMALL_TARGETS=40,120``: those states only (MB, default 40,120,300,600). JSON
@@ -92,10 +93,13 @@ def main() -> None:
                                                 device="cuda", workspace=ws))
             pd -= raw  # the loaded tensors themselves
             if os.environ.get("S4_SMALL_TIMELINE") and target in (40, 120):
+                timeline.timeline(f"save {raw / 1e6:.0f} MB {name}",
+                                  functools.partial(_s4_save, state, ws, lg), None)
                 timeline.timeline(f"load {raw / 1e6:.0f} MB {name}",
                                   functools.partial(s4weights.load, data, map_location="cuda",
                                                     device="cuda", workspace=ws), None)
             if os.environ.get("S4_SMALL_PROFILE") and target in (40, 120):
+                gpu.profile_call(functools.partial(_s4_save, state, ws, lg), 25)
                 gpu.profile_call(functools.partial(s4weights.load, data, map_location="cuda",
                                                    device="cuda", workspace=ws), 25)
             exact = all(torch.equal(got[k].view(torch.uint8), v.view(torch.uint8))
