@@ -6,15 +6,20 @@ a plane's rANS frequency table comes from the histogram of the whole plane, and 
 whole number of rANS blocks, so blocks (and their words, word counts and final states) do not
 depend on how the tensor was cut. Three kinds of pass run over the chunks, each reading the
 tensor's chunk (XORed with its parent's chunk for a delta) and splitting it into one reused
-chunk of planes:
+buffer of planes:
 
 1. histograms of every plane (and the content hash's leaf digests: a chunk is a whole number
    of 64 KiB leaves). One host synchronisation at the end.
-2. coding: packed sign bits and raw planes go to pinned host memory as they are; every rANS
-   plane's blocks are encoded (``Encoder._rans``, one launch per chunk), and after that chunk's
-   synchronisation its word counts, final states and words are compacted on the device and
-   copied to their places in the plane's stream in pinned host memory. A plane whose stream
-   would reach its raw size stops being coded (it is stored raw, as the one-group path would).
+2. coding, with no synchronisation until the last chunk: packed sign bits and raw planes go to
+   pinned host memory as they are; every rANS plane's blocks are encoded (one launch per
+   chunk), their words gathered on the device (``rans_place``, behind a prefix sum of the
+   word counts made there), and copied down to a slot of one byte per symbol in the plane's
+   place in pinned host memory, with the blocks' word counts and final states. After the
+   one synchronisation the host moves each chunk's words down behind the chunk before (and
+   finds which streams reached their raw size: those planes are stored raw, as the one-group
+   path would). A chunk whose words outgrow their slot (it codes to more than its raw bytes
+   while the whole plane does not) makes the pass run again with slots of two bytes per
+   symbol, the most a block writes.
 3. only for planes that stopped: their raw bytes, split again.
 
 Plane checksums are left to the writer (CPU, from the host payloads). GDeflate does not run
@@ -46,7 +51,7 @@ from s4weights.gpu.encode import (
     Planes,
     const_whole,
     launch_split,
-    rans_runs,
+    rans_meta_bytes,
 )
 from s4weights.gpu.hash import content_hashes_from_leaves
 
@@ -79,10 +84,11 @@ class _Chunks:
     def addr(self, k: int) -> int:
         return self.buf.data_ptr() + int(self.offs[k])
 
-    def split(self, c0: int, hist_p: int = 0) -> tuple[int, torch.Tensor]:
+    def split(self, c0: int, hist_p: int = 0, batch: runtime.Batch | None = None
+              ) -> tuple[int, torch.Tensor]:
         """Split the chunk starting at element c0 into the plane buffer or, given ``hist_p``,
         only add its histograms there (1024 u64, then the set sign bits): (elements, the
-        chunk's raw bytes)."""
+        chunk's raw bytes). With a ``batch``, the split joins it (and runs with it)."""
         m = min(self.chunk, self.n - c0)
         lo, hi = c0 * self.word, (c0 + m) * self.word
         src = self.it.data[lo:hi]
@@ -98,7 +104,7 @@ class _Chunks:
             self.buf = runtime.device_empty(int(self.offs[-1]))
         launch_split(self.it.layout.layout_id, [src.data_ptr()], [m],
                      [[self.addr(k) for k in range(len(self.offs) - 1)]], 0, 0,
-                     kind="split")
+                     kind="split", batch=batch)
         return m, src
 
 
@@ -131,23 +137,17 @@ def code_large(enc: Encoder, it: Item, workspace: int) -> Coded:
     freqs = planes.freqs[jobs]
     # bits per symbol the rANS kernel reads: the sign plane's packed bits, bytes otherwise
     width = np.where(planes.kind[jobs] == layouts.KIND_SIGN, 1, 8)
-    st = _Streams(planes, jobs, freqs, n, lg)
 
-    # pass 2: coding, chunk by chunk
-    # a bitpack-w plane's packed chunk is counted as a rANS plane's scratch (more than it needs)
-    ch = _Chunks(it, plan.large_chunk(lay, size, workspace, n,
-                                      len(jobs) + int(planes.cand_bw.sum()), xor, lg))
-    cap = plan.large_staging(ch.chunk, len(jobs), lg)
-    for c0 in ch:
-        m = ch.split(c0)[0]
-        st.copy_plain(c0, m, ch)
-        if jobs:
-            r = enc._rans(width, np.full(len(jobs), m), np.array([ch.addr(i) for i in jobs],
-                                                                np.uint64),
-                          freqs)  # sync: the chunk's block word counts
-            ch.release()  # the staged sections take the planes' place
-            st.add_chunk(c0, r, cap)
-            del r
+    # pass 2: coding, chunk by chunk, one synchronisation (again with wider slots if a
+    # chunk's words outgrew theirs)
+    for slot in SLOTS:
+        ch = _Chunks(it, plan.large_chunk(lay, size, workspace, n, len(jobs), xor, lg,
+                                          packed=int(planes.cand_bw.sum()), slot=slot))
+        st = _Streams(planes, jobs, freqs, n, lg, slot)
+        if _code_chunks(enc, ch, st, width):
+            break
+    else:
+        raise AssertionError("a chunk's words outgrew a slot of a word per symbol")
     prof.mark(f"coding ({-(-n // ch.chunk)} chunks)")
     # pass 3: byte planes whose rANS stream would reach their raw size: bitpack-w where it
     # applies (the next candidate), else raw
@@ -203,26 +203,99 @@ def _room(n: int) -> int:
     return n
 
 
+# Bytes per symbol of a chunk's slot for its words in host memory: one first (a stream kept is
+# shorter than its plane), then two, the most a block writes (a word per symbol)
+SLOTS = (1, 2)
+
+
+def _code_chunks(enc: Encoder, ch: _Chunks, st: _Streams, width: np.ndarray) -> bool:
+    """Pass 2 of ``code_large``: every chunk split, its plain planes copied down and its rANS
+    planes coded into ``st``, with one synchronisation at the end. False when a chunk's words
+    outgrew their slot in a stream that stays under its raw size (``st`` is then unusable;
+    run again with wider slots)."""
+    jobs, lg, chunk = st.jobs, st.lg, ch.chunk
+    nj = len(jobs)
+    planes_bytes = int(ch.offs[-1])
+    # one buffer: the chunk's planes and its planes packed to bitpack-w, then (once they have
+    # gone down) the rANS words gathered for the copy down
+    packed = [i for i in sorted(st.packed) if i not in st.job]
+    pk_at = planes_bytes + runtime.align(chunk) * np.arange(len(packed))
+    buf = runtime.device_empty(max(planes_bytes + runtime.align(chunk) * len(packed),
+                                   plan.large_staging(chunk, nj, lg, st.slot)))
+    ch.buf = buf[:planes_bytes]
+    staged = runtime.align(st.slot * chunk) * np.arange(nj)
+    if nj:
+        scratch = runtime.device_empty(nj * runtime.align(2 * chunk))
+        nbf = -(-chunk >> lg)
+        figures = rans_meta_bytes(nj * nbf)
+        meta = runtime.device_empty(figures + 8 * (nj * nbf + 1))
+        excl = meta[figures:].view(torch.int64)
+        excl[:1].zero_()
+        # encoder-table inputs (frequencies, their exclusive prefix sums): up once
+        fc = np.concatenate((st.freqs, np.cumsum(st.freqs, axis=1) - st.freqs), axis=1
+                            ).astype(np.uint32)
+        tab_buf, (tab_p,) = runtime.upload(fc)  # (kept until the synchronisation below)
+        tabs = np.uint64(tab_p) + np.arange(nj, dtype=np.uint64) * np.uint64(2048)
+        host_meta = runtime.pinned(134 * nj * st.nb)
+        words = np.uint64(buf.data_ptr()) + staged.astype(np.uint64)
+    lengths, off = [], 0
+    for c0 in ch:
+        batch = runtime.Batch()
+        m = ch.split(c0, batch=batch)[0]
+        lengths.append(m)
+        outs = [buf[int(a):int(a) + runtime.align(chunk)] for a in pk_at]
+        st.pack_plain(c0, m, ch, dict(zip(packed, outs)), batch)
+        if not nj:
+            batch.run()
+            st.copy_plain(c0, m, ch, dict(zip(packed, outs)))
+            continue
+        nn = np.full(nj, m)
+        r = enc._rans_launch(width, nn, np.array([ch.addr(i) for i in jobs], np.uint64), None,
+                             tabs, batch, scratch=scratch, out=meta)
+        stop = batch.mark()
+        blocks = r["bt"].size
+        enc._place(r, words, batch, excl=excl.data_ptr(), cap=st.slot * m)
+        batch.run(stop)
+        # the planes go down before the gathered words take their place in ``buf``
+        st.copy_plain(c0, m, ch, dict(zip(packed, outs)))
+        torch.cumsum(meta[:4 * blocks].view(torch.int32), 0, dtype=torch.int64,
+                     out=excl[1:blocks + 1])
+        batch.run()
+        for j, i in enumerate(jobs):
+            st.d2h(st.words_at(i) + st.slot * c0, buf[int(staged[j]):int(staged[j])
+                                                       + st.slot * m])
+        host_meta[off:off + 134 * blocks].copy_(meta[:134 * blocks], non_blocking=True)
+        off += 134 * blocks
+        del r
+    torch.cuda.current_stream().synchronize()
+    if not nj:
+        return True
+    del tab_buf
+    return st.collect(host_meta.numpy(), lengths)
+
+
 class _Streams:
     """Every plane's stored bytes in pinned host memory, filled chunk by chunk.
 
     Plane i owns a region at ``at[i]``: the packed sign bits (n/8 bytes, kept in any case, as
     bitpack is the sign plane's fallback), then, for a plane the rANS kernel codes, room for its
-    stream (n bytes: header and table, word counts, final states, words), which is filled only
-    while the stream stays under n bytes; past that (``over``) the plane is stored raw (a sign
-    plane as bitpack), and a byte plane's region takes its raw bytes. Byte planes the kernel does
+    stream: header and table, word counts, final states, then the chunks' words, each chunk's
+    in a slot of ``slot`` bytes per symbol until ``collect`` moves them together. A stream that
+    reaches the plane's raw size (``over``) is not kept: the plane is stored raw (a sign plane
+    as bitpack), and a byte plane's region takes its raw bytes. Byte planes the kernel does
     not code hold their raw bytes."""
 
     def __init__(self, planes: Planes, jobs: list[int], freqs: np.ndarray, n: int,
-                 lg: int) -> None:
-        self.planes, self.jobs, self.n, self.lg = planes, jobs, n, lg
+                 lg: int, slot: int = 1) -> None:
+        self.planes, self.jobs, self.n, self.lg, self.slot = planes, jobs, n, lg, slot
+        self.freqs = freqs
         self.nb = ranshost.n_blocks(n, lg)
         self.job = {i: j for j, i in enumerate(jobs)}
         self.prefix = {i: ranshost.rans_prefix(freqs[j], lg, n) for j, i in enumerate(jobs)}
         self.head = {i: len(self.prefix[i]) + rans.BLOCK_OVERHEAD * self.nb for i in jobs}
         self.room = _room(n)
         self.over = {i: self.head[i] >= self.room for i in jobs}
-        self.words = {i: 0 for i in jobs}          # bytes of words so far
+        self.words = {i: 0 for i in jobs}          # bytes of words
         self.firsts = {i: np.zeros(self.nb, np.uint8) for i in jobs}
         self.varied = {i: False for i in jobs}
         # byte planes stored as bitpack-w: those it ranks first, and those whose rANS stream
@@ -232,10 +305,11 @@ class _Streams:
         self.sign_len = (n + 7) // 8
         for i, kind in enumerate(planes.kind.tolist()):
             self.at.append(total)
+            stream = self.head[i] + slot * n if i in self.job else n
             if kind == layouts.KIND_SIGN:
-                total += runtime.align(self.sign_len, 16) + (n if i in self.job else 0)
+                total += runtime.align(self.sign_len, 16) + (stream if i in self.job else 0)
             else:
-                total += runtime.align(n, 16)
+                total += runtime.align(stream, 16)
         self.host = runtime.pinned(total)
         self.hnp = self.host.numpy()
 
@@ -244,96 +318,94 @@ class _Streams:
         sign = self.planes.kind[i] == layouts.KIND_SIGN
         return self.at[i] + (runtime.align(self.sign_len, 16) if sign else 0)
 
+    def words_at(self, i: int) -> int:
+        """Host offset of rANS plane i's words (behind its header, table, counts and states)."""
+        return self.stream_at(i) + self.head[i]
+
     def d2h(self, host_off: int, src: torch.Tensor) -> None:
         if src.numel():
             self.host[host_off:host_off + src.numel()].copy_(src, non_blocking=True)
 
-    def copy_plain(self, c0: int, m: int, ch: _Chunks) -> None:
-        """The chunk's packed sign bits, and every byte plane the rANS kernel does not code."""
+    def pack_plain(self, c0: int, m: int, ch: _Chunks, outs: dict[int, torch.Tensor],
+                   batch: runtime.Batch) -> None:
+        """Queue in ``batch`` the packing of the chunk's byte planes ``outs`` (planes stored as
+        bitpack-w that the rANS kernel does not code) into ``outs[i]``."""
+        if outs:
+            runtime.pack_ops([ch.addr(i) for i in outs], [o.data_ptr() for o in outs.values()],
+                             [m] * len(outs), [int(self.planes.width[i]) for i in outs],
+                             batch=batch)
+
+    def copy_plain(self, c0: int, m: int, ch: _Chunks,
+                   outs: dict[int, torch.Tensor] | None = None) -> None:
+        """The chunk's packed sign bits, and every byte plane the rANS kernel does not code (a
+        plane in ``outs``: packed there by ``pack_plain``)."""
         for i, kind in enumerate(self.planes.kind.tolist()):
             if kind == layouts.KIND_SIGN:
                 self.d2h(self.at[i] + c0 // 8, ch.plane(0, (m + 7) // 8))
             elif i not in self.job:
-                self.copy_plane(i, c0, m, ch)
+                self.copy_plane(i, c0, m, ch, (outs or {}).get(i))
 
-    def copy_plane(self, i: int, c0: int, m: int, ch: _Chunks) -> None:
+    def copy_plane(self, i: int, c0: int, m: int, ch: _Chunks,
+                   packed: torch.Tensor | None = None) -> None:
         """The chunk's bytes of byte plane i as stored: raw, or packed on the device to
-        bitpack-w (chunks start at multiples of 8 elements: on a whole stored byte)."""
+        bitpack-w (chunks start at multiples of 8 elements: on a whole stored byte; given
+        ``packed``, already packed there)."""
         if i not in self.packed:
             self.d2h(self.stream_at(i) + c0, ch.plane(i, m))
             return
         w = int(self.planes.width[i])
-        out = runtime.device_empty((m * w + 7) // 8)
-        runtime.pack_ops([ch.addr(i)], [out.data_ptr()], [m], [w])
-        self.d2h(self.stream_at(i) + c0 // 8 * w, out)
-        del out  # stream-ordered: reused only after the copy
+        if packed is None:
+            packed = runtime.device_empty((m * w + 7) // 8)
+            runtime.pack_ops([ch.addr(i)], [packed.data_ptr()], [m], [w])
+        self.d2h(self.stream_at(i) + c0 // 8 * w, packed[:(m * w + 7) // 8])
+        del packed  # stream-ordered: reused only after the copy
 
-    def add_chunk(self, c0: int, r: dict, cap: int) -> None:
-        """Record the chunk's block symbols, and copy its word counts, final states and words
-        into the streams that still fit, through at most ``cap`` bytes of staging."""
-        bt = r["bt"]
-        b_lo = c0 >> self.lg
-        nbj = np.diff(bt.first)
-        words_before = dict(self.words)
-        fit = []
+    def collect(self, meta: np.ndarray, lengths: list[int]) -> bool:
+        """After pass 2's synchronisation: each chunk's block figures (``meta``: per chunk, its
+        launch's word counts, final states, first symbols and "varied" flags, as
+        ``rans_encode`` wrote them) put in place, and every stream's words moved together
+        behind its counts and states. False when a chunk's words outgrew their slot in a
+        stream that stays under its raw size."""
+        nj, lg = len(self.jobs), self.lg
+        per = np.zeros((len(lengths), nj), np.int64)  # bytes of words, per chunk and job
+        off, b_lo = 0, 0
+        for k, m in enumerate(lengths):
+            nbk = -(-m >> lg)
+            t = nj * nbk
+            counts = meta[off:off + 4 * t].view(np.uint32).reshape(nj, nbk)
+            if (counts == 0xFFFFFFFF).any():  # (never: ranshost.WORD_COST bounds them)
+                raise RuntimeError("rANS encoder: a block wrote more words than its bound "
+                                   "(ranshost.WORD_COST); this is a bug")
+            states = meta[off + 4 * t:off + 132 * t].reshape(nj, 128 * nbk)
+            firsts = meta[off + 132 * t:off + 133 * t].reshape(nj, nbk)
+            varied = meta[off + 133 * t:off + 134 * t].reshape(nj, nbk)
+            for j, i in enumerate(self.jobs):
+                s0 = self.stream_at(i) + len(self.prefix[i])
+                self.hnp[s0 + 4 * b_lo:s0 + 4 * (b_lo + nbk)] = counts[j].view(np.uint8)
+                s1 = s0 + 4 * self.nb + 128 * b_lo
+                self.hnp[s1:s1 + 128 * nbk] = states[j]
+                self.firsts[i][b_lo:b_lo + nbk] = firsts[j]
+                self.varied[i] |= bool(varied[j].any())
+            per[k] = 2 * counts.sum(axis=1, dtype=np.int64)
+            off += 134 * t
+            b_lo += nbk
+        total = per.sum(axis=0)
+        slots = self.slot * np.asarray(lengths, np.int64)
         for j, i in enumerate(self.jobs):
-            self.firsts[i][b_lo:b_lo + nbj[j]] = r["firsts"][bt.first[j]:bt.first[j + 1]]
-            self.varied[i] |= bool(r["plane_varied"][j])
-            w = 2 * int(r["plane_words"][j])
-            if not self.over[i] and self.head[i] + self.words[i] + w >= self.room:
-                self.over[i] = True  # the stream would reach the raw size: stored raw
-            if not self.over[i]:
-                fit.append(j)
-        if not fit:
-            return
-        for j in fit:
-            self.words[self.jobs[j]] += 2 * int(r["plane_words"][j])
-        self._copy_out(self._runs(b_lo, nbj, fit, r, words_before), cap)
-
-    def _runs(self, b_lo: int, nbj: np.ndarray, fit: list[int], r: dict,
-              words_before: dict[int, int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(device source, host offset, bytes) of every run the chunk adds to the streams of
-        jobs ``fit``: per job its word counts and final states, then each block's words."""
-        jobs = np.asarray(fit, np.int64)
-        src, dst, ln = rans_runs(r, jobs, np.zeros(jobs.size, np.uint64))
-        nbk = nbj[jobs].astype(np.int64)
-        s0 = np.array([self.stream_at(self.jobs[j]) + len(self.prefix[self.jobs[j]])
-                       for j in fit], np.int64)
-        wb = np.array([words_before[self.jobs[j]] for j in fit], np.int64)
-        q = np.repeat(np.arange(jobs.size), nbk)
-        # rans_runs laid the words out after 132 bytes per block of counts and states
-        within = dst[2].astype(np.int64) - 132 * nbk[q]
-        host = np.concatenate((s0 + 4 * b_lo, s0 + 4 * self.nb + 128 * b_lo,
-                               s0[q] + 132 * self.nb + wb[q] + within))
-        return np.concatenate(src), host, np.concatenate(ln)
-
-    def _copy_out(self, runs: tuple[np.ndarray, np.ndarray, np.ndarray], cap: int) -> None:
-        """Gather the runs into a staging buffer of at most ``cap`` bytes (one copy launch per
-        fill; runs longer than half of it are cut) and copy each host-contiguous stretch of it
-        down to the streams. Fills reuse the buffer in stream order: no synchronisation."""
-        half = max(16, cap // 2 // 16 * 16)
-        src, host, ln = plan.split_copies(*runs, piece=half)
-        if not src.size:
-            return
-        ln = ln.astype(np.int64)
-        host = host.astype(np.int64)
-        start = np.cumsum(ln) - ln
-        batch = start // half
-        staging = runtime.device_empty(int(min(cap, ln.sum())))
-        bounds = np.flatnonzero(np.diff(batch)) + 1
-        for lo, hi in zip(np.r_[0, bounds], np.r_[bounds, src.size]):
-            off = start[lo:hi] - start[lo]
-            keep = runtime.copy_ops(src[lo:hi], np.uint64(staging.data_ptr())
-                                    + off.astype(np.uint64), ln[lo:hi].astype(np.uint64))
-            # host-contiguous stretches: a run that continues the previous one joins it
-            new = np.r_[True, host[lo + 1:hi] != host[lo:hi - 1] + ln[lo:hi - 1]]
-            first = np.flatnonzero(new)
-            end = np.r_[first[1:], hi - lo]
-            for a, b in zip(first.tolist(), end.tolist()):
-                n = int(off[b - 1] + ln[lo + b - 1] - off[a])
-                self.d2h(int(host[lo + a]), staging[int(off[a]):int(off[a]) + n])
-            del keep
-        del staging  # stream-ordered: reused only after these copies
+            self.over[i] = bool(self.head[i] + total[j] >= self.room)
+            if self.over[i] or not self.varied[i]:
+                continue  # its words are not stored
+            if (per[:, j] > slots).any():
+                return False
+            w0, at, src = self.words_at(i), 0, 0
+            for k in range(len(lengths)):
+                w = int(per[k, j])
+                if at != src:
+                    self.hnp[w0 + at:w0 + at + w] = self.hnp[w0 + src:w0 + src + w]
+                at += w
+                src += int(slots[k])
+            self.words[i] = at
+        return True
 
     def coded(self) -> tuple[CodedPlane, ...]:
         """Codecs and payloads, chosen as ``encode.choose`` chooses them: the first candidate

@@ -604,6 +604,13 @@ def _to_pinned(digests: torch.Tensor, count: int) -> tuple[torch.Tensor, torch.c
     return host, done
 
 
+def rans_meta_bytes(nb: int) -> int:
+    """Device bytes of a rANS launch's figures of ``nb`` blocks: word counts (4 bytes each),
+    final states (128), first symbols and "varied" flags (1 each) from the start, then, 8-byte
+    aligned, the places of the blocks' words (8)."""
+    return runtime.align(nb * 4 * 34 + 2 * nb, 8) + 8 * nb
+
+
 def _rans_plan(n: np.ndarray, log2_block: int, words: np.ndarray | None = None) -> dict:
     """The address-free tables of a rANS launch over jobs of ``n`` symbols: blocks, scratch
     offsets (two bytes per symbol, or per word of ``words``: each job's bound, the kernel's
@@ -1237,20 +1244,26 @@ class Encoder:
 
     def _rans_launch(self, width: np.ndarray, n: np.ndarray, ptr: np.ndarray,
                      freqs: np.ndarray | None, tabs: np.ndarray | None, batch: runtime.Batch,
-                     planned: dict | None = None, run: int = 0) -> dict:
+                     planned: dict | None = None, run: int = 0,
+                     scratch: torch.Tensor | None = None, out: torch.Tensor | None = None
+                     ) -> dict:
         """Queue in ``batch`` one rANS launch over every block of every job (see :meth:`_rans`;
         ``planned``: ``_rans_plan(n)``, when made beforehand; ``run``: the device address of a
         byte per job, 0 where its blocks code nothing (``rans_jobs``), or 0 for none: every
-        job codes); returns what :meth:`_rans_collect` reads back."""
+        job codes); returns what :meth:`_rans_collect` reads back. ``scratch`` and ``out``:
+        the caller's buffers for the words and the blocks' figures (``rans_meta_bytes``),
+        reused across launches in stream order, else new ones."""
         keep: list[object] = []
         n = np.asarray(n, np.int64)
         srcs = np.asarray(ptr, np.uint64)
         planned = planned or _rans_plan(n, self.log2_block)
         bt, scratch_off = planned["bt"], planned["scratch_off"]
         nb = bt.size
-        scratch = runtime.device_empty(int(scratch_off[-1]))
-        flags = runtime.align(nb * 4 * 34 + 2 * nb, 8)
-        out = torch.empty(flags + 8 * nb, dtype=torch.uint8, device="cuda")
+        if scratch is None:
+            scratch = runtime.device_empty(int(scratch_off[-1]))
+        flags = rans_meta_bytes(nb) - 8 * nb
+        if out is None:
+            out = torch.empty(flags + 8 * nb, dtype=torch.uint8, device="cuda")
         counts_p = out.data_ptr()
         states_p = counts_p + 4 * nb
         firsts_p = states_p + 128 * nb
@@ -1448,19 +1461,24 @@ class Encoder:
         return at
 
     @staticmethod
-    def _place(r: dict, words: np.ndarray, batch: runtime.Batch) -> None:
+    def _place(r: dict, words: np.ndarray, batch: runtime.Batch, excl: int = 0,
+               cap: int = 0) -> None:
         """Queue in ``batch`` the launch that copies every rANS block's words to its stream
         (``words[j]``: where job j's words start; 0: not a RANS-mode stream), at the block's
         place among its stream's words: the exclusive prefix sum of the word counts (a table
-        of the batch, from the counts the host has read; the kernel subtracts its stream's
-        first)."""
+        of the batch, from the counts the host has read; or, where ``excl`` is given, the
+        device address of that sum made on the device: int64 per block; the kernel subtracts
+        its stream's first). ``cap``: the bytes each destination holds (0: enough); a block
+        whose words would end past it is left out."""
         first = r["bt"].first
-        counts = r["counts"]
         scratch = np.uint64(r["scratch"].data_ptr()) + r["scratch_off"][:-1].astype(np.uint64)
+        if not excl:
+            counts = r["counts"]
+            at = batch.table(np.cumsum(counts) - counts)
         batch.launch("copy", "rans_place", int(first[-1]), 256, np.int32(first.size - 1),
                      *batch.table(first.astype(np.int64), scratch, words),
                      np.uint64(r["boff_p"]), np.uint64(r["counts_p"]),
-                     *batch.table(np.cumsum(counts) - counts))
+                     *(at if not excl else (np.uint64(excl),)), np.uint64(cap))
 
 
 def file_of(enc: Encoder, tensors: dict[str, torch.Tensor]) -> bytes:

@@ -170,38 +170,41 @@ def large_align(log2_block: int) -> int:
     return 1 << max(16, log2_block)
 
 
-def large_staging(chunk: int, rans_planes: int, log2_block: int) -> int:
-    """Staging bytes the chunked encoder copies a chunk's rANS sections through: one byte per
-    symbol and the blocks' counts and states (larger sections go down in several fills)."""
-    nb = -(-chunk >> log2_block)
-    return rans_planes * _al(chunk + 132 * nb)
+def large_staging(chunk: int, rans_planes: int, log2_block: int, slot: int = 1) -> int:
+    """Device bytes the chunked encoder gathers a chunk's rANS words in, before they go down to
+    host memory: for each rANS-coded plane ``slot`` bytes per symbol (one: a stream kept is
+    shorter than its plane; two: the most its blocks can write). ``log2_block`` is unused:
+    kept so that every chunk-size helper takes the same arguments."""
+    return rans_planes * _al(slot * chunk)
 
 
 def large_need(layout: layouts.Layout, itemsize: int, chunk: int, rans_planes: int,
-               xor: bool, log2_block: int) -> int:
+               xor: bool, log2_block: int, packed: int = 0, slot: int = 1) -> int:
     """Device bytes the chunked encoder (``chunked.code_large``) holds at once with chunks of
     ``chunk`` elements: the chunk's XOR with its parent (deltas); for each of ``rans_planes``
-    rANS-coded planes the kernel's scratch (2 bytes per symbol) and per-block metadata (the
-    kernel reads the sign plane's packed bits as they are); then either the chunk's planes
-    (while they are coded) or the staging (``large_staging``, once the planes are released);
-    one chunk's leaf digests and the histograms (``large_chunk`` counts the whole tensor's
-    digests)."""
+    rANS-coded planes the kernel's scratch (a word per symbol; the kernel reads the sign
+    plane's packed bits as they are); the blocks' figures (``encode.rans_meta_bytes``, with
+    their prefix sums of word counts) and a launch's tables; one buffer that holds the chunk's
+    planes and ``packed`` planes packed to bitpack-w while they are coded, then the staging
+    (``large_staging``); one chunk's leaf digests and the histograms (``large_chunk`` counts
+    the whole tensor's digests)."""
     word = layout.word_size(itemsize)
     planes = _al(chunk // 8) + (len(layout.fields) - 1) * _al(chunk)
     need = _al(chunk * word) if xor else 0
     if rans_planes:
-        nb = -(-chunk >> log2_block)
-        need += rans_planes * (_al(2 * chunk) + _al(256 * nb) + 4096)
-    need += max(planes, large_staging(chunk, rans_planes, log2_block))
+        nb = rans_planes * -(-chunk >> log2_block)
+        need += rans_planes * _al(2 * chunk) + _al(150 * nb + 16) + 4096 * (rans_planes + 1)
+    need += max(planes + packed * _al(chunk),
+                large_staging(chunk, rans_planes, log2_block, slot))
     return need + _al(8 * (chunk * word // 65536 + 1)) + 2 * _al(8 * 1025)
 
 
 def large_chunk(layout: layouts.Layout, itemsize: int, workspace: int, n: int, rans_planes: int,
-                xor: bool, log2_block: int) -> int:
+                xor: bool, log2_block: int, packed: int = 0, slot: int = 1) -> int:
     """Elements per chunk so that ``large_need`` stays under ``workspace``: a multiple of
     ``large_align`` (at least one, whatever the workspace), no longer than the tensor needs."""
     align = large_align(log2_block)
-    per = large_need(layout, itemsize, align, rans_planes, xor, log2_block)
+    per = large_need(layout, itemsize, align, rans_planes, xor, log2_block, packed, slot)
     # the whole tensor's content leaf digests stay on the device (and one copy of them)
     digests = 2 * _al(8 * (n * layout.word_size(itemsize) // 65536 + 1))
     k = max(1, (workspace - digests) // per)

@@ -187,15 +187,17 @@ def launch(module: str, name: str, grid: int, block: int, *a) -> None:
             packed = pack_bits(values, w)
             at(d, np.uint8, packed.size)[:] = packed
     elif name == "rans_place":  # njobs, first, scratch, words (per job); per block: its
-        # words' place, count, excl
+        # words' place, count, excl; cap
         nj = int(a[0])
         first = at(a[1], np.int64, nj + 1)
         scratch, words = at(a[2], np.uint64, nj), at(a[3], np.uint64, nj)
         boff, count, excl = at(a[4], np.uint64, grid), at(a[5], np.uint32, grid), \
             at(a[6], np.int64, grid)
+        cap = int(a[7])
         for b in range(grid):
             j = int(np.searchsorted(first, b, side="right") - 1)
-            if words[j]:
+            end = 2 * int(excl[b] - excl[first[j]] + count[b])
+            if words[j] and (not cap or end <= cap):
                 ctypes.memmove(int(words[j]) + 2 * int(excl[b] - excl[first[j]]),
                                int(scratch[j]) + 2 * int(boff[b]),
                                2 * int(count[b]))

@@ -19,7 +19,7 @@ import s4format  # noqa: E402
 import s4weights  # noqa: E402
 from s4format import codecs, dtypes, hashing  # noqa: E402
 from s4weights import chain  # noqa: E402
-from s4weights.gpu import chunked, plan  # noqa: E402
+from s4weights.gpu import chunked  # noqa: E402
 from s4weights.gpu.encode import Encoder, Item  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -117,12 +117,33 @@ def test_chunked_planes_equal_the_one_group_path(name: str, workspace: int) -> N
     _same(part.coded, whole.coded)
 
 
-def test_staging_in_many_fills_gives_the_same_bytes(monkeypatch) -> None:
-    # a staging buffer far smaller than a chunk's sections: runs are cut, fills reuse it
-    t = _tensors()["fp32"]
+def test_a_chunk_that_outgrows_its_slot_is_coded_again_with_wider_slots(monkeypatch) -> None:
+    # The first 2^20 exponents are spread over 256 values, the other ~10M take two: the whole
+    # plane's table makes the spread ones rare (~13 bits each), so a chunk of them codes to
+    # more than a byte per symbol (its slot in host memory; rans_place leaves out what would
+    # not fit) while the plane codes to far less than its raw size. The pass runs again with
+    # slots of two bytes per symbol and stores what the one-group path stores.
+    g = torch.Generator(device="cuda").manual_seed(12)
+    n = 11 * MIB + 99
+    e = torch.full((n,), 120, dtype=torch.int32, device="cuda")
+    e += torch.randint(0, 2, (n,), generator=g, dtype=torch.int32, device="cuda")
+    e[:MIB] = torch.randint(0, 256, (MIB,), generator=g, dtype=torch.int32, device="cuda")
+    m = torch.randint(0, 128, (n,), generator=g, dtype=torch.int32, device="cuda")
+    t = ((e << 7) | m).to(torch.int16).view(torch.bfloat16)
     whole = _code1(Encoder(workspace=BIG), t)
-    monkeypatch.setattr(plan, "large_staging", lambda chunk, rans_planes, lg: 96 * 1024 + 48)
-    part = _code1(Encoder(workspace=24 * MIB), t)
+    passes = []
+    spy = chunked._code_chunks
+
+    def counted(enc, ch, st, width):
+        ok = spy(enc, ch, st, width)
+        passes.append((st.slot, ch.chunk, ok))
+        return ok
+
+    monkeypatch.setattr(chunked, "_code_chunks", counted)
+    part = _code1(Encoder(workspace=4 * MIB), t)
+    assert [(s, ok) for s, _c, ok in passes] == [(1, False), (2, True)], passes
+    assert passes[0][1] <= MIB
+    assert part.content_hash == whole.content_hash
     _same(part.coded, whole.coded)
 
 

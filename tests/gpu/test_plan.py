@@ -135,7 +135,15 @@ def test_large_chunks_fit_the_workspace() -> None:
             < plan.MIN_WORKSPACE // 3
 
 
-def test_large_staging_counts_a_byte_per_symbol_and_block_sections() -> None:
+def test_large_staging_holds_a_slot_per_symbol_of_every_rans_plane() -> None:
     assert plan.large_staging(1 << 20, 0, 16) == 0
-    one = (1 << 20) + 132 * 16  # a byte per symbol, 132 bytes per block of 2^16
-    assert 2 * one <= plan.large_staging(1 << 20, 2, 16) < 2 * (one + 256)
+    assert plan.large_staging(1 << 20, 2, 16) == 2 << 20  # a byte per symbol
+    assert plan.large_staging(1 << 20, 2, 16, slot=2) == 4 << 20  # the most blocks write
+    assert plan.large_staging(1000, 1, 16) == 1024  # device buffers are 256-byte aligned
+    # the wider slot costs memory, so those chunks are shorter
+    for lay, size in ((plan.layouts.BF16, 2), (plan.layouts.FP32, 4)):
+        one = plan.large_chunk(lay, size, 64 << 20, 1 << 30, 3, False, 16)
+        two = plan.large_chunk(lay, size, 64 << 20, 1 << 30, 3, False, 16, slot=2)
+        assert two < one
+
+

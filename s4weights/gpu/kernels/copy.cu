@@ -60,10 +60,12 @@ extern "C" __global__ void copy_ops(const u64* src, const u64* dst, const u64* l
 // first[j + 1] - 1 and its scratch starts at scratch[j], block b's words boff[b] words into it
 // (rans_encode's region); excl[b] is the exclusive prefix sum of count over the launch's
 // blocks. A job whose stream is not in RANS mode (CONST, or stored raw) has words[j] = 0:
-// nothing is copied.
+// nothing is copied. cap, where not 0, is the bytes each job's destination holds: a block
+// whose words would end past it is not copied (the chunked encoder gathers a chunk's words
+// into a slot smaller than the most they can take; the host sees the counts and codes again).
 extern "C" __global__ void rans_place(int njobs, const i64* first, const u64* scratch,
                                       const u64* words, const u64* boff, const u32* count,
-                                      const i64* excl) {
+                                      const i64* excl, u64 cap) {
     const i64 b = blockIdx.x;
     int lo = 0, hi = njobs - 1;  // the job whose blocks include b
     while (lo < hi) {
@@ -72,6 +74,7 @@ extern "C" __global__ void rans_place(int njobs, const i64* first, const u64* sc
     }
     if (words[lo] == 0) return;
     const u64 at = 2 * (u64)(excl[b] - excl[first[lo]]);
+    if (cap != 0 && at + 2 * (u64)count[b] > cap) return;
     const u8* src = (const u8*)scratch[lo] + 2 * boff[b];
     copy_bytes(src, (u8*)words[lo] + at, 2 * (u64)count[b]);
 }
