@@ -127,12 +127,16 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--workspace", type=int, default=1 << 30)
     ap.add_argument("--profile", action="store_true", help="also a cProfile of one call")
+    ap.add_argument("--large", type=float, default=0, help="instead: one bf16 tensor of this "
+                    "many MB through Encoder.code (chunked when over the workspace)")
     args = ap.parse_args()
     _templates()
     emulated.emulate(_Patch())
     runtime.launch = stand_in
-    items = state_items()
     enc = encode.Encoder("auto", workspace=args.workspace)
+    if args.large:
+        return _large(enc, int(args.large * 1e6) // 2, args)
+    items = state_items()
     groups = enc.encode_device(items)
     raw = sum(it.nbytes for it in items)
     print(f"{len(items)} tensors, {raw / 2**30:.2f} GiB, workspace {args.workspace}: "
@@ -151,6 +155,26 @@ def main() -> None:
         pr = cProfile.Profile()
         pr.enable()
         enc.encode_device(items)
+        pr.disable()
+        pstats.Stats(pr).sort_stats("tottime").print_stats(25)
+
+
+def _large(enc: encode.Encoder, n: int, args) -> None:
+    """Host time of ``Encoder.code`` on one bf16 tensor of ``n`` elements."""
+    items = [encode.Item.of(torch.zeros(n, dtype=torch.bfloat16))]
+    times = []
+    for _ in range(args.reps):
+        STAND_IN[0] = 0.0
+        t0 = time.perf_counter()
+        list(enc.code(items))
+        times.append(time.perf_counter() - t0 - STAND_IN[0])
+    print(f"one bf16 tensor of {2 * n / 1e6:.1f} MB, workspace {args.workspace}: host time per "
+          f"Encoder.code call: median {1e3 * statistics.median(times):.2f} ms, min "
+          f"{1e3 * min(times):.2f} ms (the kernels' stand-ins left out)")
+    if args.profile:
+        pr = cProfile.Profile()
+        pr.enable()
+        list(enc.code(items))
         pr.disable()
         pstats.Stats(pr).sort_stats("tottime").print_stats(25)
 

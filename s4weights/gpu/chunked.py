@@ -84,11 +84,9 @@ class _Chunks:
     def addr(self, k: int) -> int:
         return self.buf.data_ptr() + int(self.offs[k])
 
-    def split(self, c0: int, hist_p: int = 0, batch: runtime.Batch | None = None
-              ) -> tuple[int, torch.Tensor]:
-        """Split the chunk starting at element c0 into the plane buffer or, given ``hist_p``,
-        only add its histograms there (1024 u64, then the set sign bits): (elements, the
-        chunk's raw bytes). With a ``batch``, the split joins it (and runs with it)."""
+    def raw(self, c0: int) -> tuple[int, torch.Tensor]:
+        """(elements, the raw bytes) of the chunk starting at element c0: for a delta, its XOR
+        with the parent's chunk, made now in the XOR buffer."""
         m = min(self.chunk, self.n - c0)
         lo, hi = c0 * self.word, (c0 + m) * self.word
         src = self.it.data[lo:hi]
@@ -96,15 +94,32 @@ class _Chunks:
             from s4weights.gpu import xor
 
             src = xor(src, self.it.parent[lo:hi], out=self.xbuf[:hi - lo])
+        return m, src
+
+    def queue_split(self, c0: int, m: int, batch: runtime.Batch) -> None:
+        """Queue in ``batch`` the split of the chunk at c0 (``m`` elements) into the plane
+        buffer; a delta's chunk is read from the XOR buffer, where ``raw`` must have made it
+        before the launch runs."""
+        if self.buf is None:
+            self.buf = runtime.device_empty(int(self.offs[-1]))
+        src = (self.xbuf.data_ptr() if self.it.parent is not None
+               else self.it.data.data_ptr() + c0 * self.word)
+        launch_split(self.it.layout.layout_id, [src], [m],
+                     [[self.addr(k) for k in range(len(self.offs) - 1)]], 0, 0,
+                     kind="split", batch=batch)
+
+    def split(self, c0: int, hist_p: int = 0) -> tuple[int, torch.Tensor]:
+        """Split the chunk starting at element c0 into the plane buffer or, given ``hist_p``,
+        only add its histograms there (1024 u64, then the set sign bits): (elements, the
+        chunk's raw bytes)."""
+        m, src = self.raw(c0)
         if hist_p:
             launch_split(self.it.layout.layout_id, [src.data_ptr()], [m], None, hist_p,
                          hist_p + 8 * 1024, kind="hist")
             return m, src
-        if self.buf is None:
-            self.buf = runtime.device_empty(int(self.offs[-1]))
-        launch_split(self.it.layout.layout_id, [src.data_ptr()], [m],
-                     [[self.addr(k) for k in range(len(self.offs) - 1)]], 0, 0,
-                     kind="split", batch=batch)
+        batch = runtime.Batch()
+        self.queue_split(c0, m, batch)
+        batch.run()
         return m, src
 
 
@@ -140,11 +155,12 @@ def code_large(enc: Encoder, it: Item, workspace: int) -> Coded:
 
     # pass 2: coding, chunk by chunk, one synchronisation (again with wider slots if a
     # chunk's words outgrew theirs)
+    tables = workspace // TABLE_SHARE
     for slot in SLOTS:
-        ch = _Chunks(it, plan.large_chunk(lay, size, workspace, n, len(jobs), xor, lg,
+        ch = _Chunks(it, plan.large_chunk(lay, size, workspace - tables, n, len(jobs), xor, lg,
                                           packed=int(planes.cand_bw.sum()), slot=slot))
         st = _Streams(planes, jobs, freqs, n, lg, slot)
-        if _code_chunks(enc, ch, st, width):
+        if _code_chunks(enc, ch, st, width, tables):
             break
     else:
         raise AssertionError("a chunk's words outgrew a slot of a word per symbol")
@@ -203,16 +219,22 @@ def _room(n: int) -> int:
     return n
 
 
+# The coding pass's launch tables of a window of chunks hold at most this share of the
+# workspace (and the chunks are sized from the rest): one upload per window, not per chunk
+TABLE_SHARE = 64
+
 # Bytes per symbol of a chunk's slot for its words in host memory: one first (a stream kept is
 # shorter than its plane), then two, the most a block writes (a word per symbol)
 SLOTS = (1, 2)
 
 
-def _code_chunks(enc: Encoder, ch: _Chunks, st: _Streams, width: np.ndarray) -> bool:
+def _code_chunks(enc: Encoder, ch: _Chunks, st: _Streams, width: np.ndarray,
+                 table_bytes: int) -> bool:
     """Pass 2 of ``code_large``: every chunk split, its plain planes copied down and its rANS
-    planes coded into ``st``, with one synchronisation at the end. False when a chunk's words
-    outgrew their slot in a stream that stays under its raw size (``st`` is then unusable;
-    run again with wider slots)."""
+    planes coded into ``st``, with one synchronisation at the end; the launch tables of a
+    window of chunks go up at once, at most ``table_bytes`` of them (and at least a chunk's).
+    False when a chunk's words outgrew their slot in a stream that stays under its raw size
+    (``st`` is then unusable; run again with wider slots)."""
     jobs, lg, chunk = st.jobs, st.lg, ch.chunk
     nj = len(jobs)
     planes_bytes = int(ch.offs[-1])
@@ -238,35 +260,47 @@ def _code_chunks(enc: Encoder, ch: _Chunks, st: _Streams, width: np.ndarray) -> 
         tabs = np.uint64(tab_p) + np.arange(nj, dtype=np.uint64) * np.uint64(2048)
         host_meta = runtime.pinned(134 * nj * st.nb)
         words = np.uint64(buf.data_ptr()) + staged.astype(np.uint64)
-    lengths, off = [], 0
-    for c0 in ch:
-        batch = runtime.Batch()
-        m = ch.split(c0, batch=batch)[0]
-        lengths.append(m)
-        outs = [buf[int(a):int(a) + runtime.align(chunk)] for a in pk_at]
-        st.pack_plain(c0, m, ch, dict(zip(packed, outs)), batch)
-        if not nj:
-            batch.run()
-            st.copy_plain(c0, m, ch, dict(zip(packed, outs)))
-            continue
-        nn = np.full(nj, m)
-        r = enc._rans_launch(width, nn, np.array([ch.addr(i) for i in jobs], np.uint64), None,
-                             tabs, batch, scratch=scratch, out=meta)
-        stop = batch.mark()
-        blocks = r["bt"].size
-        enc._place(r, words, batch, excl=excl.data_ptr(), cap=st.slot * m)
-        batch.run(stop)
-        # the planes go down before the gathered words take their place in ``buf``
-        st.copy_plain(c0, m, ch, dict(zip(packed, outs)))
-        torch.cumsum(meta[:4 * blocks].view(torch.int32), 0, dtype=torch.int64,
-                     out=excl[1:blocks + 1])
-        batch.run()
-        for j, i in enumerate(jobs):
-            st.d2h(st.words_at(i) + st.slot * c0, buf[int(staged[j]):int(staged[j])
-                                                       + st.slot * m])
-        host_meta[off:off + 134 * blocks].copy_(meta[:134 * blocks], non_blocking=True)
-        off += 134 * blocks
-        del r
+    outs = dict(zip(packed, (buf[int(a):int(a) + runtime.align(chunk)] for a in pk_at)))
+    starts, lengths, off, k = list(ch), [], 0, 0
+    while k < len(starts):
+        # a window of chunks whose launch tables go up in one upload (at most
+        # ``table_bytes``, and always one chunk's)
+        batch, steps, per = runtime.Batch(), [], 0
+        while k < len(starts) and (not steps or batch.table_bytes() + per <= table_bytes):
+            c0 = starts[k]
+            m = min(chunk, ch.n - c0)
+            before, size = batch.mark(), batch.table_bytes()
+            ch.queue_split(c0, m, batch)
+            st.pack_plain(m, ch, outs, batch)
+            blocks = 0
+            if nj:
+                r = enc._rans_launch(width, np.full(nj, m),
+                                     np.array([ch.addr(i) for i in jobs], np.uint64), None,
+                                     tabs, batch, scratch=scratch, out=meta)
+                blocks = r["bt"].size
+            steps.append((c0, m, batch.mark() - before, blocks))
+            if nj:
+                enc._place(r, words, batch, excl=excl.data_ptr(), cap=st.slot * m)
+                del r
+            per = max(per, batch.table_bytes() - size)
+            k += 1
+        for c0, m, first, blocks in steps:
+            if ch.it.parent is not None:
+                ch.raw(c0)  # the XOR the split reads
+            batch.run(first)
+            # the planes go down before the gathered words take their place in ``buf``
+            st.copy_plain(c0, m, ch, outs)
+            lengths.append(m)
+            if not nj:
+                continue
+            torch.cumsum(meta[:4 * blocks].view(torch.int32), 0, dtype=torch.int64,
+                         out=excl[1:blocks + 1])
+            batch.run(1)  # rans_place
+            for j, i in enumerate(jobs):
+                st.d2h(st.words_at(i) + st.slot * c0,
+                       buf[int(staged[j]):int(staged[j]) + st.slot * m])
+            host_meta[off:off + 134 * blocks].copy_(meta[:134 * blocks], non_blocking=True)
+            off += 134 * blocks
     torch.cuda.current_stream().synchronize()
     if not nj:
         return True
@@ -326,7 +360,7 @@ class _Streams:
         if src.numel():
             self.host[host_off:host_off + src.numel()].copy_(src, non_blocking=True)
 
-    def pack_plain(self, c0: int, m: int, ch: _Chunks, outs: dict[int, torch.Tensor],
+    def pack_plain(self, m: int, ch: _Chunks, outs: dict[int, torch.Tensor],
                    batch: runtime.Batch) -> None:
         """Queue in ``batch`` the packing of the chunk's byte planes ``outs`` (planes stored as
         bitpack-w that the rANS kernel does not code) into ``outs[i]``."""

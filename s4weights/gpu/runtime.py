@@ -198,6 +198,7 @@ class Batch:
         self._launches: list[tuple] = []
         self._addrs: list[int] = []
         self._held: list[object] = []
+        self._bytes = 0
 
     def hold(self, *objs: object) -> None:
         """Keep device buffers the batch's launches use until they are queued (then the stream
@@ -206,10 +207,15 @@ class Batch:
 
     def table(self, *arrays: np.ndarray) -> list[Batch._At]:
         self._arrays += arrays
+        self._bytes += sum(align(np.asarray(a).nbytes, 16) for a in arrays)
         return [Batch._At(len(self._arrays) - len(arrays) + j) for j in range(len(arrays))]
 
     def launch(self, module: str, name: str, grid: int, block: int, *args: object) -> None:
         self._launches.append((module, name, grid, block, args))
+
+    def table_bytes(self) -> int:
+        """Bytes of the tables queued since the last upload (what ``run`` will upload)."""
+        return self._bytes
 
     def mark(self) -> int:
         """The number of launches queued so far (a ``stop`` for :meth:`run`)."""
@@ -227,7 +233,7 @@ class Batch:
         now = self._launches if stop is None else self._launches[:stop]
         for module, name, grid, block, args in now:
             launch(module, name, grid, block, *args)
-        self._arrays, self._addrs = [], addrs
+        self._arrays, self._addrs, self._bytes = [], addrs, 0
         self._launches = [] if stop is None else self._launches[stop:]
         if self._launches:  # the rest read these tables: kept until they are queued
             self._held.append(dev)

@@ -58,8 +58,8 @@ def _chunked(t: torch.Tensor, parent: torch.Tensor | None = None, passes: list |
     enc = encode.Encoder("auto", workspace=ws)
     spy = chunked._code_chunks
 
-    def counted(enc_, ch, st, width):
-        ok = spy(enc_, ch, st, width)
+    def counted(enc_, ch, st, width, tables):
+        ok = spy(enc_, ch, st, width, tables)
         if passes is not None:
             passes.append((st.slot, ch.chunk, ok))
         return ok

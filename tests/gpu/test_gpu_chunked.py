@@ -134,8 +134,8 @@ def test_a_chunk_that_outgrows_its_slot_is_coded_again_with_wider_slots(monkeypa
     passes = []
     spy = chunked._code_chunks
 
-    def counted(enc, ch, st, width):
-        ok = spy(enc, ch, st, width)
+    def counted(enc, ch, st, width, tables):
+        ok = spy(enc, ch, st, width, tables)
         passes.append((st.slot, ch.chunk, ok))
         return ok
 
