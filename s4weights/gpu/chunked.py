@@ -220,8 +220,12 @@ def _room(n: int) -> int:
 
 
 # The coding pass's launch tables of a window of chunks hold at most this share of the
-# workspace (and the chunks are sized from the rest): one upload per window, not per chunk
+# workspace (and the chunks are sized from the rest): one upload per window, not per chunk.
+# A window takes at most WINDOW_CHUNKS chunks: the device starts on the first window while the
+# host makes the next one's tables (all of a 49 MB tensor's 35 chunks at once left the device
+# idle for the 5.6 ms their tables took; bench/RESULTS.md, session 21)
 TABLE_SHARE = 64
+WINDOW_CHUNKS = 8
 
 # Bytes per symbol of a chunk's slot for its words in host memory: one first (a stream kept is
 # shorter than its plane), then two, the most a block writes (a word per symbol)
@@ -264,9 +268,10 @@ def _code_chunks(enc: Encoder, ch: _Chunks, st: _Streams, width: np.ndarray,
     starts, lengths, off, k = list(ch), [], 0, 0
     while k < len(starts):
         # a window of chunks whose launch tables go up in one upload (at most
-        # ``table_bytes``, and always one chunk's)
+        # ``table_bytes`` and WINDOW_CHUNKS chunks, and always one chunk)
         batch, steps, per = runtime.Batch(), [], 0
-        while k < len(starts) and (not steps or batch.table_bytes() + per <= table_bytes):
+        while k < len(starts) and (not steps or (batch.table_bytes() + per <= table_bytes
+                                                 and len(steps) < WINDOW_CHUNKS)):
             c0 = starts[k]
             m = min(chunk, ch.n - c0)
             before, size = batch.mark(), batch.table_bytes()

@@ -105,6 +105,41 @@ def test_chunked_pass_equals_the_one_group_path(emulated, name) -> None:
     assert passes[0][1] < N
 
 
+@pytest.mark.parametrize("window", [1, 2, 8])
+def test_windows_of_chunks_give_the_same_bytes(emulated, monkeypatch, window) -> None:
+    # the launch tables of a window of chunks go up in one upload; the chunks' launches run
+    # from it one chunk at a time, a delta's XOR made right before its chunk's
+    from s4weights.gpu import ranshost, runtime
+
+    monkeypatch.setattr(chunked, "WINDOW_CHUNKS", window)
+    calls: list[list[int]] = []  # per coding pass: the tables of each upload it made
+    now: list[list[int]] = []
+    real, coding = runtime.upload, chunked._code_chunks
+    monkeypatch.setattr(runtime, "upload",
+                        lambda *a: (now[0].append(len(a)) if now else None) or real(*a))
+    runtime.constant("word_cost", ranshost.WORD_COST)  # (uploaded once per process)
+
+    def marked(*a):
+        calls.append([])
+        now.append(calls[-1])
+        try:
+            return coding(*a)
+        finally:
+            now.clear()
+
+    monkeypatch.setattr(chunked, "_code_chunks", marked)
+    g = torch.Generator().manual_seed(14)
+    parent = (torch.randn(N, generator=g) * 0.02).bfloat16()
+    child = (parent.float() + torch.randn(N, generator=g) * 1e-4).bfloat16()
+    passes: list = []
+    part = _chunked(child, parent, passes=passes)
+    _same(part.coded, _whole(child, parent).coded)
+    chunks = -(-N // passes[0][1])
+    assert chunks >= 3
+    # the frequency tables, then one upload per window
+    assert len(calls[0]) == 1 + -(-chunks // window), calls[0]
+
+
 def test_a_chunk_that_outgrows_its_slot_is_coded_again_with_wider_slots(emulated) -> None:
     # The first 2^17 exponents are spread over 256 values, the other ~1.4M take two. The whole
     # plane's table makes the spread ones rare (~13 bits each): the first chunk (of at most
