@@ -39,28 +39,6 @@ def producer_metadata() -> dict[str, str]:
     return {"producer": f"s4weights {s4format.__version__}", "torch": str(torch.__version__)}
 
 
-class _Yielding:
-    """An in-memory sink (``io.BytesIO``) written from the writer thread in pieces of
-    ``PIECE`` bytes, the GIL given up after each. A BytesIO copies under the GIL, and a growing
-    one touches fresh memory (~0.5 ms per MiB on the dev machine), so one payload's write held
-    up the coding thread for its whole length (bench/RESULTS.md, session 21)."""
-
-    PIECE = 1 << 20
-
-    def __init__(self, f: io.BytesIO) -> None:
-        self._f = f
-
-    def write(self, data) -> int:
-        mv = memoryview(data).cast("B")
-        for i in range(0, mv.nbytes, self.PIECE):
-            self._f.write(mv[i:i + self.PIECE])
-            time.sleep(0)  # the coding thread may take the GIL here
-        return mv.nbytes
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._f, name)
-
-
 def write_flattened(flat: Flattened, sink: BinaryIO, *, policy: str = "auto",
                     parent_id: bytes | None = None, parents: dict[str, Any] | None = None,
                     metadata: dict[str, str] | None = None, show: bool | None = None,
@@ -89,8 +67,7 @@ def write_flattened(flat: Flattened, sink: BinaryIO, *, policy: str = "auto",
                          "it needs device 'auto' or 'cuda' with a CUDA device, CuPy and nvCOMP")
     with progress.bar("s4weights save", total, show) as bar:
         # under nvcomp-ans, tensors the GPU does not code (host tensors) get the default codecs
-        w = Writer(_Yielding(sink) if isinstance(sink, io.BytesIO) else sink,
-                   policy="auto" if gpu_only else policy, parent_id=parent_id)
+        w = Writer(sink, policy="auto" if gpu_only else policy, parent_id=parent_id)
         coded = gpu.coded_in_order(flat.tensors, policy, device, parents, workspace=workspace,
                                    parent_hashes=parent_hashes)
         # With tensors coded on the GPU, the sink's writes run on a writer thread while this
