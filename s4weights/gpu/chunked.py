@@ -20,7 +20,8 @@ buffer of planes:
    path would). A chunk whose words outgrow their slot (it codes to more than its raw bytes
    while the whole plane does not) makes the pass run again with slots of two bytes per
    symbol, the most a block writes.
-3. only for planes that stopped: their raw bytes, split again.
+3. only for planes whose streams went over their raw size: their raw bytes (or bitpack-w),
+   split again.
 
 Plane checksums are left to the writer (CPU, from the host payloads). GDeflate does not run
 here: a tensor this large under a GDeflate policy takes the one-group path.
@@ -66,13 +67,8 @@ class _Chunks:
         self.chunk = chunk
         sizes = [runtime.align(chunk // 8)] + [runtime.align(chunk)] * (len(it.layout.fields) - 1)
         self.offs = np.concatenate(([0], np.cumsum(sizes)))
-        self.buf: torch.Tensor | None = None  # the chunk's planes, from split() to release()
+        self.buf: torch.Tensor | None = None  # the chunk's planes (made by the first split)
         self.xbuf = runtime.device_empty(chunk * self.word) if it.parent is not None else None
-
-    def release(self) -> None:
-        """Give the planes back to the allocator (stream-ordered: work already queued on them
-        runs first) so the next stage can use their memory."""
-        self.buf = None
 
     def __iter__(self):
         return iter(range(0, self.n, self.chunk))
@@ -157,6 +153,7 @@ def code_large(enc: Encoder, it: Item, workspace: int) -> Coded:
     # chunk's words outgrew theirs)
     tables = workspace // TABLE_SHARE
     for slot in SLOTS:
+        ch = st = None  # a first pass's buffers (device and pinned) go before the next's
         ch = _Chunks(it, plan.large_chunk(lay, size, workspace - tables, n, len(jobs), xor, lg,
                                           packed=int(planes.cand_bw.sum()), slot=slot))
         st = _Streams(planes, jobs, freqs, n, lg, slot)
@@ -247,7 +244,7 @@ def _code_chunks(enc: Encoder, ch: _Chunks, st: _Streams, width: np.ndarray,
     packed = [i for i in sorted(st.packed) if i not in st.job]
     pk_at = planes_bytes + runtime.align(chunk) * np.arange(len(packed))
     buf = runtime.device_empty(max(planes_bytes + runtime.align(chunk) * len(packed),
-                                   plan.large_staging(chunk, nj, lg, st.slot)))
+                                   plan.large_staging(chunk, nj, st.slot)))
     ch.buf = buf[:planes_bytes]
     staged = runtime.align(st.slot * chunk) * np.arange(nj)
     if nj:
@@ -301,6 +298,8 @@ def _code_chunks(enc: Encoder, ch: _Chunks, st: _Streams, width: np.ndarray,
             torch.cumsum(meta[:4 * blocks].view(torch.int32), 0, dtype=torch.int64,
                          out=excl[1:blocks + 1])
             batch.run(1)  # rans_place
+            # the whole slot goes down, whatever the words' length (the host reads the counts
+            # only after the one synchronisation): ``slot`` bytes per symbol of PCIe traffic
             for j, i in enumerate(jobs):
                 st.d2h(st.words_at(i) + st.slot * c0,
                        buf[int(staged[j]):int(staged[j]) + st.slot * m])

@@ -606,8 +606,8 @@ def _to_pinned(digests: torch.Tensor, count: int) -> tuple[torch.Tensor, torch.c
 
 def rans_meta_bytes(nb: int) -> int:
     """Device bytes of a rANS launch's figures of ``nb`` blocks: word counts (4 bytes each),
-    final states (128), first symbols and "varied" flags (1 each) from the start, then, 8-byte
-    aligned, the places of the blocks' words (8)."""
+    final states (128) and a spare word (4), first symbols and "varied" flags (1 each) from
+    the start, then, 8-byte aligned, the places of the blocks' words (8): 146 per block."""
     return runtime.align(nb * 4 * 34 + 2 * nb, 8) + 8 * nb
 
 

@@ -163,6 +163,11 @@ def group_need(item: np.ndarray, width: np.ndarray, split: np.ndarray, n: np.nda
     return need + digests + TENSOR_META
 
 
+# Device bytes a prefix sum over one chunk's blocks may take as scratch (torch.cumsum over at
+# most a few hundred thousand int32 counts; CUB's temporary storage is a few KiB)
+CUMSUM_SCRATCH = 16 << 10
+
+
 def large_align(log2_block: int) -> int:
     """Chunked encoder and decoder: chunk lengths are multiples of this many elements: whole
     rANS blocks (``log2_block``), whole split and merge CTAs (``CHUNK_ELEMS``), whole sign
@@ -170,22 +175,23 @@ def large_align(log2_block: int) -> int:
     return 1 << max(16, log2_block)
 
 
-def large_staging(chunk: int, rans_planes: int, log2_block: int, slot: int = 1) -> int:
+def large_staging(chunk: int, rans_planes: int, slot: int = 1) -> int:
     """Device bytes the chunked encoder gathers a chunk's rANS words in, before they go down to
     host memory: for each rANS-coded plane ``slot`` bytes per symbol (one: a stream kept is
-    shorter than its plane; two: the most its blocks can write). ``log2_block`` is unused:
-    kept so that every chunk-size helper takes the same arguments."""
+    shorter than its plane; two: the most its blocks can write)."""
     return rans_planes * _al(slot * chunk)
 
 
 def large_need(layout: layouts.Layout, itemsize: int, chunk: int, rans_planes: int,
                xor: bool, log2_block: int, packed: int = 0, slot: int = 1) -> int:
     """Device bytes the chunked encoder (``chunked.code_large``) holds at once with chunks of
-    ``chunk`` elements: the chunk's XOR with its parent (deltas); for each of ``rans_planes``
+    ``chunk`` elements, apart from its window's launch tables (``chunked.TABLE_SHARE`` of the
+    workspace): the chunk's XOR with its parent (deltas); for each of ``rans_planes``
     rANS-coded planes the kernel's scratch (a word per symbol; the kernel reads the sign
-    plane's packed bits as they are); the blocks' figures (``encode.rans_meta_bytes``, with
-    their prefix sums of word counts) and a launch's tables; one buffer that holds the chunk's
-    planes and ``packed`` planes packed to bitpack-w while they are coded, then the staging
+    plane's packed bits as they are) and its encoder-table input (2 KiB); the blocks' figures
+    (``encode.rans_meta_bytes``: 146 bytes per block, and 8 for the prefix sum of the word
+    counts) and the prefix sum's scratch; one buffer that holds the chunk's planes and
+    ``packed`` planes packed to bitpack-w while they are coded, then the staging
     (``large_staging``); one chunk's leaf digests and the histograms (``large_chunk`` counts
     the whole tensor's digests)."""
     word = layout.word_size(itemsize)
@@ -193,9 +199,9 @@ def large_need(layout: layouts.Layout, itemsize: int, chunk: int, rans_planes: i
     need = _al(chunk * word) if xor else 0
     if rans_planes:
         nb = rans_planes * -(-chunk >> log2_block)
-        need += rans_planes * _al(2 * chunk) + _al(150 * nb + 16) + 4096 * (rans_planes + 1)
-    need += max(planes + packed * _al(chunk),
-                large_staging(chunk, rans_planes, log2_block, slot))
+        need += (rans_planes * _al(2 * chunk) + _al(2048 * rans_planes)
+                 + _al(154 * nb + 16) + CUMSUM_SCRATCH)
+    need += max(planes + packed * _al(chunk), large_staging(chunk, rans_planes, slot))
     return need + _al(8 * (chunk * word // 65536 + 1)) + 2 * _al(8 * 1025)
 
 

@@ -42,20 +42,23 @@ def _same(a, b) -> None:
         assert bytes(p.payload) == bytes(q.payload), (p.kind, p.index, p.codec)
 
 
-def _smallest_workspace(t: torch.Tensor) -> int:
+def _smallest_workspace(t: torch.Tensor, lg: int = 16, xor: bool = False) -> int:
     """A workspace whose chunks are of the smallest length for ``t`` (every plane counted as
-    rANS-coded)."""
+    rANS-coded, at the wider slots)."""
     from s4weights.gpu import plan
 
     it = _item(t)
     lay = it.layout
-    return plan.large_need(lay, it.dtype.itemsize, plan.large_align(16), len(lay.fields),
-                           False, 16, 1, slot=2) + (1 << 16)
+    return plan.large_need(lay, it.dtype.itemsize, plan.large_align(lg), len(lay.fields),
+                           xor, lg, 1, slot=2) + (1 << 16)
 
 
-def _chunked(t: torch.Tensor, parent: torch.Tensor | None = None, passes: list | None = None):
-    ws = _smallest_workspace(t)
-    enc = encode.Encoder("auto", workspace=ws)
+def _chunked(t: torch.Tensor, parent: torch.Tensor | None = None, passes: list | None = None,
+             lg: int = 16):
+    """``code_large``'s result at the smallest workspace, its emulated device peak checked
+    against it; ``passes`` gets (slot, chunk length, fitted) of every coding pass."""
+    ws = _smallest_workspace(t, lg, parent is not None)
+    enc = encode.Encoder("auto", workspace=ws, log2_block=lg)
     spy = chunked._code_chunks
 
     def counted(enc_, ch, st, width, tables):
@@ -74,8 +77,8 @@ def _chunked(t: torch.Tensor, parent: torch.Tensor | None = None, passes: list |
         chunked._code_chunks = spy
 
 
-def _whole(t: torch.Tensor, parent: torch.Tensor | None = None):
-    (out,) = encode.Encoder("auto", workspace=BIG).code([_item(t, parent)])
+def _whole(t: torch.Tensor, parent: torch.Tensor | None = None, lg: int = 16):
+    (out,) = encode.Encoder("auto", workspace=BIG, log2_block=lg).code([_item(t, parent)])
     return out
 
 

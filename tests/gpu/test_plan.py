@@ -136,10 +136,10 @@ def test_large_chunks_fit_the_workspace() -> None:
 
 
 def test_large_staging_holds_a_slot_per_symbol_of_every_rans_plane() -> None:
-    assert plan.large_staging(1 << 20, 0, 16) == 0
-    assert plan.large_staging(1 << 20, 2, 16) == 2 << 20  # a byte per symbol
-    assert plan.large_staging(1 << 20, 2, 16, slot=2) == 4 << 20  # the most blocks write
-    assert plan.large_staging(1000, 1, 16) == 1024  # device buffers are 256-byte aligned
+    assert plan.large_staging(1 << 20, 0) == 0
+    assert plan.large_staging(1 << 20, 2) == 2 << 20  # a byte per symbol
+    assert plan.large_staging(1 << 20, 2, slot=2) == 4 << 20  # the most blocks write
+    assert plan.large_staging(1000, 1) == 1024  # device buffers are 256-byte aligned
     # the wider slot costs memory, so those chunks are shorter
     for lay, size in ((plan.layouts.BF16, 2), (plan.layouts.FP32, 4)):
         one = plan.large_chunk(lay, size, 64 << 20, 1 << 30, 3, False, 16)
