@@ -143,18 +143,22 @@ def test_windows_of_chunks_give_the_same_bytes(emulated, monkeypatch, window) ->
     assert len(calls[0]) == 1 + -(-chunks // window), calls[0]
 
 
-def test_a_chunk_that_outgrows_its_slot_is_coded_again_with_wider_slots(emulated) -> None:
-    # The first 2^17 exponents are spread over 256 values, the other ~1.4M take two. The whole
-    # plane's table makes the spread ones rare (~13 bits each): the first chunk (of at most
-    # 2^17 elements here) codes to more than a byte per symbol, while the plane codes to far
-    # less than its raw size.
+def _retry_tensor() -> torch.Tensor:
+    """bf16 whose first 2^17 exponents are spread over 256 values and the other ~1.4M over
+    two. The whole plane's table makes the spread ones rare (~13 bits each): the first chunk
+    (of at most 2^17 elements at the smallest workspace) codes to more than a byte per symbol,
+    while the plane codes to far less than its raw size."""
     g = torch.Generator().manual_seed(12)
     n = 11 * 131072 + 99
     e = torch.full((n,), 120, dtype=torch.int32)
     e += torch.randint(0, 2, (n,), generator=g, dtype=torch.int32)
     e[:131072] = torch.randint(0, 256, (131072,), generator=g, dtype=torch.int32)
     m = torch.randint(0, 128, (n,), generator=g, dtype=torch.int32)
-    t = ((e << 7) | m).to(torch.int16).view(torch.bfloat16)
+    return ((e << 7) | m).to(torch.int16).view(torch.bfloat16)
+
+
+def test_a_chunk_that_outgrows_its_slot_is_coded_again_with_wider_slots(emulated) -> None:
+    t = _retry_tensor()
     passes: list = []
     part = _chunked(t, passes=passes)
     whole = _whole(t)

@@ -15,7 +15,7 @@ import torch
 from s4format import codecs
 from s4weights.gpu import chunked, encode
 from tests.gpu.emulated import emulate
-from tests.gpu.test_chunked_encode_host import _chunked, _same, _whole
+from tests.gpu.test_chunked_encode_host import _chunked, _retry_tensor, _same, _whole
 
 
 @pytest.fixture
@@ -69,18 +69,6 @@ def test_other_block_sizes(emulated, lg):
     t = CASES["bf16-196613"]
     out, whole = _run(t, lg=lg)
     _same(out.coded, whole.coded)
-
-
-def _retry_tensor():
-    """bf16 whose first 2^17 exponents are spread over 256 values, the rest over two: the
-    first chunk's words outgrow a slot of a byte per symbol (test_chunked_encode_host.py)."""
-    g = torch.Generator().manual_seed(12)
-    n = 11 * 131072 + 99
-    e = torch.full((n,), 120, dtype=torch.int32)
-    e += torch.randint(0, 2, (n,), generator=g, dtype=torch.int32)
-    e[:131072] = torch.randint(0, 256, (131072,), generator=g, dtype=torch.int32)
-    m = torch.randint(0, 128, (n,), generator=g, dtype=torch.int32)
-    return ((e << 7) | m).to(torch.int16).view(torch.bfloat16)
 
 
 def test_a_delta_whose_chunk_outgrows_its_slot(emulated):
