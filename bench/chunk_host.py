@@ -11,7 +11,6 @@ import io
 import os
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +18,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 import host_stages
+from walls import walls
 
 import s4format
 import s4weights
@@ -54,23 +54,16 @@ def main() -> None:
     def call() -> None:
         chunked.load_large(reader, 0, out, WS)
 
-    for _ in range(3):
-        call()
+    call()
     torch.cuda.synchronize()
     assert torch.equal(out, x.view(torch.uint8)), "not bit-exact"
-    walls = []
-    for _ in range(REPS):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        call()
-        torch.cuda.synchronize()
-        walls.append(time.perf_counter() - t0)
+    times = walls(call, REPS, warm=2)
     lv = chunked._Level(reader, 0)
     chunk = chunked._load_chunk([lv], out.numel(), WS)
     n = -(-out.numel() // chunk)
     print(f"{MB / 1e6:.1f} MB bf16 at {WS / (1 << 20):.1f} MiB: {n} chunks of {chunk} bytes; "
-          f"wall median {1e3 * statistics.median(walls):.2f} ms "
-          f"({1e3 * statistics.median(walls) / n:.3f} ms per chunk), unwrapped", flush=True)
+          f"wall median {1e3 * statistics.median(times):.2f} ms "
+          f"({1e3 * statistics.median(times) / n:.3f} ms per chunk), unwrapped", flush=True)
     done = set()
     for owner, names in WRAPPED:
         for name in names:

@@ -9,13 +9,13 @@ import io
 import os
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 import gpu  # bench/gpu.py: the same state
+from walls import walls
 
 import s4weights
 
@@ -31,15 +31,7 @@ class Drop(io.RawIOBase):
 
 
 def best(fn, reps: int = 3) -> float:
-    fn()
-    out = []
-    for _ in range(reps):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        out.append(time.perf_counter() - t0)
-    return min(out)
+    return min(walls(fn, reps))
 
 
 def main() -> None:

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import os
 import statistics
-import time
 from concurrent.futures import ThreadPoolExecutor, wait
 
 import numpy as np
 import torch
+from walls import walls
 
 REPS = int(os.environ.get("S4_COPY_REPS", "20"))
 PIECE = int(os.environ.get("S4_PIECE", str(1 << 20)))
@@ -23,15 +23,7 @@ POOL = ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1))
 
 
 def gbps(n: int, fn) -> float:
-    fn()
-    times = []
-    for _ in range(REPS):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
-    return n / statistics.median(times) / 1e9
+    return n / statistics.median(walls(fn, REPS)) / 1e9
 
 
 def pieces(dst: np.ndarray, src: np.ndarray) -> None:
