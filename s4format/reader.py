@@ -162,8 +162,9 @@ class Reader:
         size = self.source.size()
         raw = self.source.read_at(size - FOOTER_SIZE, FOOTER_SIZE).tobytes()
         if raw[-8:] != END_MAGIC:
-            raise TruncatedError(f"{self.name}: no footer at the end of the file: truncated, or "
-                                 "the save that wrote it did not finish")
+            raise TruncatedError(f"{self.name}: no footer at the end of the file: truncated, "
+                                 "the save that wrote it did not finish, or other bytes follow "
+                                 "it (a .s4w file runs to the end of what is read)")
         f = Footer.parse(raw)
         if f.checksum != hashing.bytes_checksum(raw[:24]):
             raise ChecksumError(f"{self.name}: footer checksum mismatch (last {FOOTER_SIZE} bytes)")

@@ -12,6 +12,7 @@ import functools
 import io
 import logging
 import os
+import stat
 import time
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -117,7 +118,8 @@ def save(obj: Any, f: FileLike, *, policy: str = "auto", metadata: dict[str, str
     """Save ``obj`` (a state dict, optimizer state, any tree of tensors and plain values).
 
     ``f`` is a path or ``s3://bucket/key`` URL (written atomically: a failed save leaves any
-    previous file intact) or a binary file object open for writing. ``policy`` is the codec
+    previous file intact; a path to a device, FIFO or socket, such as ``os.devnull``, is
+    written into as it is) or a binary file object open for writing. ``policy`` is the codec
     choice: ``"auto"`` (smallest, bit-packing planes where entropy coding saves under 1/65;
     format 1.1), ``"auto-1.0"`` (the same without codec 8: files format-1.0 readers open),
     ``"seed"`` (the fixed assignment of the design) or ``"nvcomp-ans"`` (GPU-only files). Raises
@@ -137,7 +139,13 @@ def save(obj: Any, f: FileLike, *, policy: str = "auto", metadata: dict[str, str
     """
     t0 = time.perf_counter()
     flat = flatten(obj)
-    if isinstance(f, (str, os.PathLike)):
+    if isinstance(f, (str, os.PathLike)) and _special_file(f):
+        # a device, FIFO or socket (os.devnull, /dev/stdout): written into, as torch.save
+        # does; the atomic rename would replace it with a regular file
+        with open(f, "wb") as sink:
+            result = write_flattened(flat, sink, policy=policy, metadata=metadata,
+                                     show=progress, device=device, workspace=workspace)
+    elif isinstance(f, (str, os.PathLike)):
         store, name = _store_and_name(f)
         with store.writer(name) as sink:
             result = write_flattened(flat, sink, policy=policy, metadata=metadata,
@@ -148,6 +156,17 @@ def save(obj: Any, f: FileLike, *, policy: str = "auto", metadata: dict[str, str
     log.info("saved %d tensors: %d raw -> %d stored bytes in %.3f s", result.tensor_count,
              result.raw_nbytes, result.stored_nbytes, time.perf_counter() - t0)
     return result
+
+
+def _special_file(f: str | os.PathLike[str]) -> bool:
+    """Whether ``f`` exists and is neither a regular file nor a directory."""
+    if isinstance(f, str) and f.startswith("s3://"):
+        return False
+    try:
+        mode = os.stat(f).st_mode
+    except OSError:
+        return False
+    return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
 
 
 def _store_and_name(f: str | os.PathLike[str]) -> tuple[Store, str]:
@@ -206,10 +225,15 @@ def read_tree(reader: s4format.Reader, map_location: Any = None, *, strict: bool
                            into=plan).walk(reader.tree)
 
 
-def load(f: FileLike | bytes, map_location: Any = None, *, weights_only: bool | None = None,
+# torch.load's keywords for its unpickler (pickle.Unpickler's): s4weights never unpickles
+_PICKLE_LOAD_ARGS = frozenset({"encoding", "errors", "fix_imports", "buffers"})
+
+
+def load(f: FileLike | bytes, map_location: Any = None, pickle_module: Any = None, *,
+         weights_only: bool | None = None, mmap: bool | None = None,
          parent: FileLike | s4format.Reader | None = None, strict: bool = True,
          verify: bool = True, progress: bool | None = None, device: str = "auto",
-         into: Any = None, workspace: int | None = None, **_torch_kwargs: Any) -> Any:
+         into: Any = None, workspace: int | None = None, **pickle_load_args: Any) -> Any:
     """Load what :func:`save` wrote. ``map_location`` works as in ``torch.load`` (a device, a
     string, a dict from saved to target location, or a callable). Loading never runs code from
     the file, whatever ``weights_only`` says. ``parent`` is needed only for a delta file.
@@ -240,11 +264,20 @@ def load(f: FileLike | bytes, map_location: Any = None, *, weights_only: bool | 
     copied in (a warning says so); once even a small attempt fails, the later tensors on that
     device are decoded on the CPU without trying it. The returned tensors themselves still
     need their own memory, as with ``torch.load``, and nvcomp-ans planes decode only on the
-    GPU, so their fallback may run out of memory too."""
+    GPU, so their fallback may run out of memory too.
+
+    torch.load's other arguments are taken and change nothing: ``pickle_module`` and the
+    unpickler's keywords (``encoding``, ``errors``, ``fix_imports``, ``buffers``), as nothing
+    is unpickled, and ``mmap`` (tensors are always read into memory of their own). Any other
+    keyword is a ``TypeError``, as a misspelt ``map_location`` would be for torch.load."""
     from s4weights import gpu
 
-    if weights_only is False:
-        log.debug("weights_only=False: s4weights never unpickles; loading safely anyway")
+    unknown = sorted(set(pickle_load_args) - _PICKLE_LOAD_ARGS)
+    if unknown:
+        raise TypeError(f"load() got an unexpected keyword argument {unknown[0]!r}")
+    if weights_only is False or pickle_module is not None or mmap or pickle_load_args:
+        log.debug("s4weights never unpickles nor maps files: weights_only=%r, pickle_module, "
+                  "mmap and the unpickler's keywords change nothing", weights_only)
     gpu.register_codecs(device)
     t0 = time.perf_counter()
     with contextlib.ExitStack() as opened:

@@ -124,28 +124,76 @@ class _Flattener:
         self.encoded: dict[int, tuple[Any, Any]] = {}
         self.storages: dict[tuple[str, int], TensorRef] = {}
         self.owners: dict[tuple[str, int], int] = {}
+        # count_owners' walk: nodes under each object met, the objects on the way down (with
+        # their paths), the key path's keys, and the nodes written again for repeats
+        self.sizes: dict[int, int] = {}
+        self.active: dict[int, str] = {}
+        self.stack: list[Any] = []
+        self.repeated = 0
 
-    def count_owners(self, obj: Any, depth: int = 0) -> None:
-        # First pass: how many tensors point at each storage, so that only an unshared storage
-        # is stored as a plain tensor. Too deep (or cyclic) trees are refused by walk().
+    def count_owners(self, obj: Any, depth: int = 0) -> int:
+        """First pass: how many tensors point at each storage, so that only an unshared storage
+        is stored as a plain tensor. Returns the number of nodes ``obj`` becomes in the file.
+
+        The file stores a tree, so an object met at several places (a shared dict, a tensor
+        held twice) is written at each: this pass walks every such place too, and refuses an
+        object that contains itself, or whose repeats alone would write more than
+        ``MAX_REPEATED`` nodes (sixteen levels of dicts that each hold one dict twice write
+        2^16 copies), before anything else is done. Too deep trees are refused by walk()."""
         if depth > objtree.MAX_DEPTH:
-            return
+            return 1
+        kids = self.children(obj)
+        if kids is None:
+            return 1
+        i = id(obj)
+        if i in self.active:
+            raise UnsupportedObjectError(
+                f"the object contains itself: {type(obj).__name__} at "
+                f"{self.path() or '<root>'} is the one at {self.active[i] or '<root>'}; "
+                "s4weights stores a tree")
+        known = self.sizes.get(i)
+        if known is not None:
+            self.repeated += known
+            if self.repeated > MAX_REPEATED:
+                raise UnsupportedObjectError(
+                    f"the object holds the same containers at too many places (the "
+                    f"{type(obj).__name__} at {self.path() or '<root>'} is one): s4weights "
+                    f"stores a tree, so it would write a copy of each, more than "
+                    f"{MAX_REPEATED} nodes in all")
+        self.active[i] = self.path()
+        n = 1
+        for key, x in kids:
+            self.stack.append(key)
+            n += self.count_owners(x, depth + 1)
+            self.stack.pop()
+        del self.active[i]
+        self.sizes[i] = n
+        return n
+
+    def children(self, obj: Any) -> list[tuple[Any, Any]] | None:
+        """(key, value) of what walk() stores inside ``obj``; None for a leaf. Counts a
+        tensor's storage on the way."""
         if isinstance(obj, torch.Tensor):
             key = _storage_key_or_none(obj)
             if key is not None:  # else refused by tensor(), with its path
                 self.owners[key] = self.owners.get(key, 0) + 1
-        elif isinstance(obj, (list, tuple)):
-            for x in obj:
-                self.count_owners(x, depth + 1)
-        elif isinstance(obj, dict):
-            for x in obj.values():
-                self.count_owners(x, depth + 1)
-            for x in (getattr(obj, "__dict__", None) or {}).values():  # what walk() stores
-                self.count_owners(x, depth + 1)
-        else:
-            conv = _converter_of(type(obj))
-            if conv is not None:
-                self.count_owners(self.encode(obj, conv), depth + 1)
+            attrs = _attrs_of(obj)
+            return list(attrs.items()) if attrs else None
+        if isinstance(obj, (list, tuple)):
+            return list(enumerate(obj))
+        if isinstance(obj, dict):
+            return [*obj.items(), *(getattr(obj, "__dict__", None) or {}).items()]
+        conv = _converter_of(type(obj))
+        if conv is not None:
+            return [(None, self.encode(obj, conv))]
+        return None
+
+    def path(self) -> str:
+        out = ""
+        for key in self.stack:
+            if key is not None:
+                out = _join(out, key)
+        return out
 
     def encode(self, obj: Any, conv: _Converter) -> Any:
         # Once per object: count_owners must see the tensors a converter returns, and walk must
@@ -168,6 +216,9 @@ class _Flattener:
     def tensor(self, t: torch.Tensor, path: str) -> Any:
         where = path or "<root>"
         name = torch_dtype_name(t.dtype)
+        if t.is_nested:
+            raise UnsupportedObjectError(f"tensor at {where} is a nested tensor, which "
+                                         "s4weights does not store: save its components")
         if name not in dtypes.BY_NAME or t.layout != torch.strided or t.is_quantized \
                 or t.is_nested:
             raise UnsupportedObjectError(f"tensor at {where} has unsupported "
@@ -214,13 +265,37 @@ class _Flattener:
             "requires_grad": bool(t.requires_grad),
             "parameter": isinstance(t, torch.nn.Parameter)})
 
-    def walk(self, obj: Any, path: str, depth: int = 0) -> Any:
+    @staticmethod
+    def check_depth(depth: int, path: str) -> None:
         if depth > objtree.MAX_DEPTH:
             raise UnsupportedObjectError(f"the object nests more than {objtree.MAX_DEPTH} levels "
-                                         f"deep at {path or '<root>'} (or contains itself)")
+                                         f"deep at {path or '<root>'} (counting the levels a "
+                                         "view or attributes add in the file)")
+
+    def with_attrs(self, obj: Any, value: Any, attrs: dict, path: str, depth: int) -> Typed:
+        """``value`` (what ``obj`` stores as) with ``obj``'s Python attributes, as torch.save
+        keeps them: ``s4.attrs`` at ``depth``, its pair one level down, the attributes' values
+        three."""
+        for k in attrs:
+            if not _plain_attribute(type(obj), k):
+                raise UnsupportedObjectError(
+                    f"{type(obj).__name__} at {path or '<root>'} has the attribute "
+                    f"{objtree._shown(k)}, which is not a plain attribute name (or is one its "
+                    "class defines)")
+        d = depth + _WRAP + 1
+        return Typed(ATTRS, (value, {k: self.walk(v, _join(path, k), d)
+                                     for k, v in attrs.items()}))
+
+    def walk(self, obj: Any, path: str, depth: int = 0) -> Any:
+        self.check_depth(depth, path)
         t = type(obj)
         if isinstance(obj, torch.Tensor):
-            return self.tensor(obj, path)
+            attrs = _attrs_of(obj)
+            inner = depth + (_WRAP if attrs else 0)
+            out = self.tensor(obj, path)
+            if type(out) is Typed:  # an s4.view: its geometry's tuples sit 3 levels down
+                self.check_depth(inner + 3, path)
+            return self.with_attrs(obj, out, attrs, path, depth) if attrs else out
         if obj is None or t in (bool, int, float, str, bytes):
             return obj
         if t is torch.Size:
@@ -237,17 +312,11 @@ class _Flattener:
         if t is list or t is tuple:
             return t(self.walk(x, _join(path, i), d) for i, x in enumerate(obj))
         if t is dict or t is OrderedDict:
-            out = t((k, self.walk(v, _join(path, k), d)) for k, v in obj.items())
             attrs = getattr(obj, "__dict__", None)
             if attrs:
-                for k in attrs:
-                    if not isinstance(k, str) or k.startswith("__"):
-                        raise UnsupportedObjectError(
-                            f"{type(obj).__name__} at {path or '<root>'} has the attribute "
-                            f"{objtree._shown(k)}, which is not a plain attribute name")
-                return Typed(ATTRS, (out, {k: self.walk(v, _join(path, k), d)
-                                           for k, v in attrs.items()}))
-            return out
+                d += _WRAP  # the dict sits inside an s4.attrs value
+            out = t((k, self.walk(v, _join(path, k), d)) for k, v in obj.items())
+            return self.with_attrs(obj, out, attrs, path, depth) if attrs else out
         conv = _converter_of(t)
         if conv is not None:
             return Typed(conv.name, self.walk(self.encode(obj, conv), path, d))
@@ -256,6 +325,22 @@ class _Flattener:
             f"{path or '<root>'}: s4weights stores tensors, numpy arrays, dicts, lists, tuples, "
             "str, int, float, bool, None, bytes, torch.Size/dtype/device; register a converter "
             "with s4weights.register_type to store other types")
+
+
+MAX_REPEATED = 1 << 22  # nodes a save writes again for objects it meets at several places
+_WRAP = 2  # levels s4.attrs puts between an object's place and the object: Typed, pair
+
+
+def _attrs_of(t: torch.Tensor) -> dict:
+    """A tensor's Python attributes (``t.flag = ...``; torch.save keeps them)."""
+    return getattr(t, "__dict__", None) or {}
+
+
+def _plain_attribute(cls: type, name: Any) -> bool:
+    """Whether ``name`` may be set as an attribute on loading: a str that is no dunder and
+    names nothing of the class (a file must not replace ``keys`` of a dict or ``data`` of a
+    tensor)."""
+    return isinstance(name, str) and not name.startswith("__") and not hasattr(cls, name)
 
 
 def _from_numpy(arr: np.ndarray, path: str) -> Tensor:
@@ -443,7 +528,19 @@ def _target_device(saved: str, map_location: MapLocation) -> torch.device:
         return torch.device(result)
     if isinstance(map_location, dict):
         return torch.device(map_location.get(saved, saved))
+    if not isinstance(map_location, (str, torch.device)):
+        raise TypeError("map_location must be a str, torch.device, dict or callable, not "
+                        f"{type(map_location).__name__}")
     return torch.device(map_location)
+
+
+def _usable(device: torch.device) -> torch.device:
+    """``device``, or the error torch.load gives where it is CUDA and this torch has none."""
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError(f"a tensor is to be loaded onto {device}, but CUDA is not available "
+                           "here: load with map_location='cpu' (or another device this "
+                           "machine has)")
+    return device
 
 
 class Unflattener:
@@ -491,7 +588,7 @@ class Unflattener:
         if dest is not None:
             return self._fill(dest, lambda dev: self._stored(ref.index, dev).to(dev))
         if ref.index not in self._plain:
-            dev = _target_device("cpu", self._map_location)
+            dev = _usable(_target_device("cpu", self._map_location))
             self._plain[ref.index] = self._stored(ref.index, dev).to(dev)
         return self._plain[ref.index]
 
@@ -514,11 +611,7 @@ class Unflattener:
             raise FormatError(f"malformed {VIEW} value: {exc}") from None
         if device is None:  # ...while the caller's map_location errors are the caller's
             device = _target_device(saved, self._map_location)
-        if device.type == "cuda" and not torch.cuda.is_available():
-            # as torch.load says it (torch itself would fail on an AssertionError)
-            raise RuntimeError(f"a tensor was saved on {device}, but CUDA is not available "
-                               "here: load with map_location='cpu' (or another device this "
-                               "machine has)")
+        _usable(device)  # as torch.load says it (torch itself would fail on an AssertionError)
         # only the .s4w dtype names (spec/objects.md), not torch's aliases ("float", "long")
         # or dtypes torch cannot build views of (quantized, sub-byte)
         dt = getattr(torch, dname, None) if isinstance(dname, str) and dname in dtypes.BY_NAME \
@@ -579,11 +672,12 @@ class Unflattener:
             return arr.copy() if name == "numpy.ndarray" else arr[()]
         if name == ATTRS and isinstance(value, tuple) and len(value) == 2:
             inner, attrs = self.walk(value[0], path), self.walk(value[1], path)
-            if isinstance(inner, OrderedDict) and isinstance(attrs, dict):
+            if isinstance(inner, (OrderedDict, torch.Tensor)) and isinstance(attrs, dict):
                 for k, v in attrs.items():
-                    if not isinstance(k, str) or k.startswith("__"):
+                    if not _plain_attribute(type(inner), k):
                         raise FormatError(f"{path or '<root>'}: {ATTRS} attribute name {k!r} "
-                                          "is not a plain attribute name")
+                                          "is not a plain attribute name (or is one its "
+                                          f"{type(inner).__name__} class defines)")
                     setattr(inner, k, v)
                 return inner
         conv = _CONVERTERS.get(name)

@@ -1,60 +1,187 @@
-"""Where s4weights.save/load differed from torch.save/torch.load in ways a user switching over
-would notice (found in review): a BytesIO read from its current position, map_location
-callables given a storage, saves through a symlink, and a file's permissions on overwrite."""
+"""save/load against torch.save/torch.load where a review found them apart: objects met at
+several places (cycles, shared containers), tensors' Python attributes, the depth a view adds,
+torch.load's keywords, map_location errors, and paths that are not regular files."""
 
 from __future__ import annotations
 
 import io
 import os
 import stat
-from pathlib import Path
+import threading
+import time
+from collections import OrderedDict
 
+import numpy as np
+import pytest
 import torch
 
+import s4format
 import s4weights
+from s4format.objtree import Typed
 
 
-def test_a_bytesio_is_read_from_its_current_position() -> None:
+def _rt(obj, **load_kw):
     buf = io.BytesIO()
-    buf.write(b"HEADER")
-    s4weights.save({"a": torch.arange(5)}, buf)
-    buf.seek(6)
-    got = s4weights.load(buf)
-    assert torch.equal(got["a"], torch.arange(5))
-    assert buf.tell() == len(buf.getvalue())  # left after the object, as torch.load does
+    s4weights.save(obj, buf)
+    return s4weights.load(buf.getvalue(), **load_kw)
 
 
-def test_a_map_location_callable_gets_a_storage_and_may_return_one() -> None:
+def test_a_cycle_through_two_children_is_refused_at_once() -> None:
+    # each child points back at the root: walked as a tree, 2^256 paths
+    root: dict = {"children": []}
+    root["children"] += [{"parent": root}, {"parent": root}]
+    t0 = time.perf_counter()
+    with pytest.raises(s4format.UnsupportedObjectError,
+                       match=r"contains itself: dict at children\.0\.parent is the one at <root>"):
+        s4weights.save(root, io.BytesIO())
+    assert time.perf_counter() - t0 < 5
+
+
+def test_containers_shared_many_times_over_are_refused_before_writing() -> None:
+    x: dict = {"v": 1}
+    for _ in range(40):  # 2^40 places
+        x = {"l": x, "r": x}
     buf = io.BytesIO()
-    base = torch.arange(6.0)
-    s4weights.save({"v": base[1:4], "b": base}, buf)  # a view: placed by map_location
-    seen = []
-
-    def keep(storage, location):
-        seen.append((type(storage), location, storage.nbytes()))
-        return storage
-
-    got = s4weights.load(buf.getvalue(), map_location=keep)
-    assert seen and seen[0][0] is torch.UntypedStorage and seen[0][1] == "cpu"
-    assert torch.equal(got["v"], torch.tensor([1.0, 2.0, 3.0]))
-    got = s4weights.load(buf.getvalue(), map_location=lambda s, loc: None)
-    assert got["v"].device.type == "cpu"
+    with pytest.raises(s4format.UnsupportedObjectError, match="same containers at too many"):
+        s4weights.save(x, buf)
+    assert buf.tell() == 0
 
 
-def test_a_save_through_a_symlink_writes_its_target(tmp_path: Path) -> None:
-    target = tmp_path / "ckpt-1.s4w"
-    target.write_bytes(b"")
-    link = tmp_path / "latest.s4w"
-    link.symlink_to(target)
-    s4weights.save({"a": torch.ones(3)}, link)
-    assert link.is_symlink()
-    assert torch.equal(s4weights.load(target)["a"], torch.ones(3))
+def test_a_shared_container_is_copied_and_its_tensor_stored_once() -> None:
+    w = torch.randn(4096)
+    shared = {"w": w, "betas": (0.9, 0.999)}
+    buf = io.BytesIO()
+    s4weights.save({"a": shared, "b": shared, "c": [shared] * 3}, buf)
+    assert len(buf.getvalue()) < w.numel() * 4 + 4096  # the tensor's bytes once
+    got = s4weights.load(buf.getvalue())
+    for k in ("b", "c"):
+        other = got[k] if k == "b" else got[k][2]
+        assert torch.equal(other["w"], w) and other["betas"] == (0.9, 0.999)
+        assert other["w"].data_ptr() == got["a"]["w"].data_ptr()
 
 
-def test_overwriting_a_file_keeps_its_permissions(tmp_path: Path) -> None:
-    p = tmp_path / "m.s4w"
-    s4weights.save({"a": torch.ones(3)}, p)
-    os.chmod(p, 0o664)
-    s4weights.save({"a": torch.zeros(3)}, p)
-    assert stat.S_IMODE(os.stat(p).st_mode) == 0o664
-    assert torch.equal(s4weights.load(p)["a"], torch.zeros(3))
+def test_tensors_and_parameters_keep_their_python_attributes() -> None:
+    p = torch.nn.Parameter(torch.randn(3))
+    p.tensor_model_parallel, p.partition_dim = True, 0
+    t = torch.randn(5)
+    t.scale, t.extra = 0.5, torch.arange(3)
+    v = t[1:]
+    v.tag = "view"
+    got = _rt({"p": p, "t": t, "v": v})
+    assert type(got["p"]) is torch.nn.Parameter
+    assert got["p"].tensor_model_parallel is True and got["p"].partition_dim == 0
+    assert got["t"].scale == 0.5 and torch.equal(got["t"].extra, torch.arange(3))
+    assert got["v"].tag == "view" and not hasattr(got["t"], "tag")
+    assert got["v"].data_ptr() == got["t"].data_ptr() + 4  # still a view of t's storage
+    assert torch.equal(got["p"], p)
+    plain = _rt({"w": torch.ones(2)})["w"]
+    assert vars(plain) == {}
+
+
+@pytest.mark.parametrize("name", ["shape", "data", "__x"])
+def test_an_attribute_that_is_not_plain_is_refused_with_its_path(name) -> None:
+    t = torch.ones(2)
+    vars(t)[name] = 1
+    with pytest.raises(s4format.UnsupportedObjectError, match="at w has the attribute"):
+        s4weights.save({"w": t}, io.BytesIO())
+
+
+@pytest.mark.parametrize("inner, name", [("tensor", "data"), ("tensor", "grad"),
+                                         ("odict", "keys"), ("odict", "__class__")])
+def test_a_file_cannot_set_what_the_class_defines(inner, name) -> None:
+    buf = io.BytesIO()
+    w = s4format.Writer(buf)
+    ref = w.add("w", np.arange(4, dtype=np.float32))
+    obj = ref if inner == "tensor" else OrderedDict(w=ref)
+    w.set_tree({"x": Typed("s4.attrs", (obj, {name: 1}))})
+    w.close()
+    with pytest.raises(s4format.FormatError, match=f"attribute name '{name}'"):
+        s4weights.load(buf.getvalue())
+
+
+def test_a_parameter_at_the_depth_limit_is_refused_before_anything_is_written() -> None:
+    # a Parameter is stored as an s4.view: its geometry's tuples sit three levels below it
+    deep: object = torch.nn.Parameter(torch.ones(2))
+    for _ in range(254):
+        deep = [deep]
+    buf = io.BytesIO()
+    with pytest.raises(s4format.UnsupportedObjectError, match="more than 256 levels"):
+        s4weights.save(deep, buf)
+    assert buf.tell() == 0
+    ok: object = torch.nn.Parameter(torch.ones(2))
+    for _ in range(253):
+        ok = [ok]
+    got = _rt(ok)
+    for _ in range(253):
+        got = got[0]
+    assert type(got) is torch.nn.Parameter
+
+
+def test_an_ordered_dict_with_metadata_at_the_depth_limit() -> None:
+    def nest(obj, n):
+        for _ in range(n):
+            obj = [obj]
+        return obj
+    od = OrderedDict(w=1)
+    od._metadata = {"": {"version": 1}}
+    # s4.attrs at depth n, its pair at n + 1, the dict at n + 2, the attribute at n + 3 and
+    # the 1 inside it at n + 5
+    got = _rt(nest(od, 251))
+    for _ in range(251):
+        got = got[0]
+    assert got._metadata == {"": {"version": 1}}
+    with pytest.raises(s4format.UnsupportedObjectError, match="more than 256 levels"):
+        s4weights.save(nest(od, 252), io.BytesIO())
+
+
+def test_torch_load_keywords() -> None:
+    import pickle
+    buf = io.BytesIO()
+    s4weights.save({"w": torch.ones(2)}, buf)
+    data = buf.getvalue()
+    for kw in ({"mmap": True}, {"encoding": "latin1"}, {"weights_only": False},
+               {"pickle_module": pickle}):
+        assert torch.equal(s4weights.load(data, **kw)["w"], torch.ones(2))
+    assert torch.equal(s4weights.load(data, "cpu", pickle)["w"], torch.ones(2))
+    with pytest.raises(TypeError, match="unexpected keyword argument 'map_locaton'"):
+        s4weights.load(data, map_locaton="cpu")
+
+
+def test_map_location_errors_say_what_is_wrong() -> None:
+    buf = io.BytesIO()
+    s4weights.save({"w": torch.ones(2), "v": torch.ones(4)[1:]}, buf)
+    with pytest.raises(TypeError, match=r"map_location must be .* not int"):
+        s4weights.load(buf.getvalue(), map_location=123)
+    if not torch.cuda.is_available():
+        with pytest.raises(RuntimeError, match="CUDA is not available here"):
+            s4weights.load(buf.getvalue(), map_location="cuda")
+
+
+def test_a_nested_tensor_is_refused_by_name() -> None:
+    nt = torch.nested.nested_tensor([torch.ones(2), torch.ones(3)])
+    with pytest.raises(s4format.UnsupportedObjectError, match="at n is a nested tensor"):
+        s4weights.save({"n": nt}, io.BytesIO())
+
+
+def test_a_fifo_is_written_into_not_replaced(tmp_path) -> None:
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()))
+    reader.start()
+    s4weights.save({"w": torch.arange(5.0)}, fifo)
+    reader.join(30)
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode)
+    assert torch.equal(s4weights.load(got[0])["w"], torch.arange(5.0))
+
+
+def test_devnull_stays_a_device() -> None:
+    s4weights.save({"w": torch.ones(3)}, os.devnull)
+    assert stat.S_ISCHR(os.stat(os.devnull).st_mode)
+
+
+def test_bytes_after_a_file_are_named_in_the_error() -> None:
+    buf = io.BytesIO()
+    s4weights.save({"w": torch.ones(2)}, buf)
+    with pytest.raises(s4format.TruncatedError, match="other bytes follow it"):
+        s4weights.load(buf.getvalue() + b"trailing")

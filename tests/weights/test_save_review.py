@@ -78,7 +78,7 @@ def _od_attr(name) -> OrderedDict:
 @pytest.mark.parametrize("obj, match", [
     ({"s": torch.ones(2).as_subclass(_Sub)}, "subclass"),
     ({"m": torch.empty(3, device="meta")}, "meta device"),
-    ({"c": _cycle()}, "levels deep"),
+    ({"c": _cycle()}, "contains itself: list at c.0 is the one at c"),
     ({"d": _deep(600)}, "levels deep"),
     (_od_attr(5), "not a plain attribute name"),
     (_od_attr("__x"), "not a plain attribute name"),
