@@ -191,6 +191,22 @@ def zstd_frame(*, checksum: bool = False, level: int = 3, params: bytes = b"\x03
     return code
 
 
+def zstd_windowed(log2: int):
+    """A frame coded with a 1 KiB window, so that its header has a Window_Descriptor (it is
+    not one segment), then that descriptor set to declare 2^log2 bytes: the data decodes the
+    same."""
+    def code(plane: np.ndarray) -> tuple[bytes, bytes, int]:
+        zp = zstandard.ZstdCompressionParameters.from_level(3, window_log=10,
+                                                            write_content_size=True)
+        frame = bytearray(zstandard.ZstdCompressor(compression_params=zp)
+                          .compress(plane.tobytes()))
+        if frame[4] & 0x20:
+            raise AssertionError("a single-segment frame has no Window_Descriptor")
+        frame[5] = (log2 - 10) << 3
+        return bytes(frame), b"\x03", codecs.ZSTD
+    return code
+
+
 # -- valid vectors ----------------------------------------------------------------------------
 
 def dtype_vectors() -> list[Vector]:
@@ -232,6 +248,12 @@ def codec_vectors() -> list[Vector]:
                                  force(z, "bfloat16", layouts.BF16,
                                        [zstd_frame(params=b""), zstd_frame(checksum=True),
                                         zstd_frame(level=19, params=b"\x13")]))]))
+    out.append(valid("codec_zstd_window_2p27", "a zstd frame whose Window_Descriptor declares "
+                     "2^27 bytes, the most a reader must accept (its content needs 1 KiB)",
+                     ["codecs.md#3"],
+                     [TensorSpec("a", "bfloat16", (3000,), z,
+                                 force(z, "bfloat16", layouts.BF16,
+                                       [codecs.BITPACK, zstd_windowed(27), codecs.RAW]))]))
     # rANS: one vector per mode, the mode byte checked when the vector is built.
     n = 5000
     exp_rans = weights_bf16(4, n).view(np.uint8).copy()
@@ -677,8 +699,10 @@ def index_vectors(tiny: bytes) -> list[Vector]:
     name_at = idx.index(b"\x01\x00w") + 2
     ext = dict(tag="future", required=1, data=b"")
     return [
-        fail("index_checksum", "index checksum (footer) with one bit flipped",
-             ["validation.md#I1"], "ChecksumError", patch(tiny, -24, bytes([tiny[-24] ^ 4]))),
+        fail("index_checksum", "index checksum (footer) with one bit flipped, the footer's "
+             "own checksum recomputed", ["validation.md#I1"], "ChecksumError",
+             craft.with_footer(tiny, index_checksum=craft.parse(tiny).footer["index_checksum"]
+                               ^ 4)),
         fail("index_byte_damaged", "a byte of the index changed, checksum not updated",
              ["validation.md#I1"], "ChecksumError", patch(tiny, len(tiny) - 41,
                                                           bytes([tiny[-41] ^ 1]))),
@@ -894,6 +918,9 @@ def read_vectors() -> list[Vector]:
              ["codecs.md#3"], "CodecError",
              replace(W_MANT, lambda old: (lambda f: f[:-1] + bytes([f[-1] ^ 1]))(
                  zstandard.ZstdCompressor(level=3, write_checksum=True).compress(mant)))),
+        fail("zstd_window_2p28", "a zstd frame whose Window_Descriptor declares 2^28 bytes "
+             "(its content, 4,087 bytes, needs 1 KiB)", ["codecs.md#3"], "CodecError",
+             replace(W_MANT, zstd_windowed(28)(np.frombuffer(mant, np.uint8))[0])),
         fail("rans_mode_3", "rANS mode byte 3", ["rans.md#6"], "CodecError",
              payload_edit(W_EXP, lambda b: b.__setitem__(0, 3))),
         fail("rans_reserved", "rANS reserved field 1", ["rans.md#6"], "CodecError",

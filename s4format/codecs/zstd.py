@@ -1,7 +1,8 @@
 """Codec 3, ``zstd``: one Zstandard frame (RFC 8878) holding the whole plane.
 
-The frame must declare its content size, equal to the plane's decoded length; the reader checks
-that before decompressing, so a hostile frame cannot make it allocate more than declared.
+The frame must declare its content size, equal to the plane's decoded length, and a window of
+at most 2^27 bytes; the reader checks both before decompressing, so a hostile frame cannot make
+it allocate more than declared.
 Parameter bytes (optional, ignored by readers): one signed byte, the compression level used.
 """
 
@@ -19,6 +20,7 @@ _MAX_EXPANSION = (128 * 1024) // 4
 _FRAME_SLACK = 18
 _SAMPLES, _SAMPLE = 8, 64 * 1024
 _FRAME_MAGIC = b"\x28\xb5\x2f\xfd"
+MAX_WINDOW = 1 << 27  # Window_Size as the frame header gives it (spec/codecs.md §3)
 
 
 class ZstdCodec(Codec):
@@ -47,6 +49,10 @@ class ZstdCodec(Codec):
         if declared != decoded_len:
             raise CodecError(f"zstd frame declares {declared} content bytes, plane declares "
                              f"{decoded_len} (-1 means the frame omits its size)")
+        window = zstandard.get_frame_parameters(buf).window_size
+        if window > MAX_WINDOW:
+            raise CodecError(f"zstd frame declares a window of {window} bytes, over the "
+                             f"format's {MAX_WINDOW}")
         # decompressobj, not decompress: it reports bytes after the frame, which the spec
         # forbids. The frame's declared size (checked above) bounds what it allocates.
         dec = zstandard.ZstdDecompressor().decompressobj()
