@@ -5,6 +5,7 @@ buffers here; S3 ranged GETs in ``s4weights.store``)."""
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
@@ -54,14 +55,21 @@ class FileSource:
         self.name = str(path)
         self._fd = -1  # so close() from __del__ works when the open below fails
         try:
-            self._fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+            # non-blocking: opening a FIFO with no writer would wait for one forever
+            self._fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0)
+                               | getattr(os, "O_NONBLOCK", 0))
         except OSError as exc:
             raise StorageError(f"cannot open {self.name}: {exc.strerror}") from exc
         try:
-            self._size = os.fstat(self._fd).st_size
+            st = os.fstat(self._fd)
         except OSError as exc:
             self.close()
             raise StorageError(f"cannot stat {self.name}: {exc.strerror}") from exc
+        if not stat.S_ISREG(st.st_mode):
+            self.close()
+            raise StorageError(f"{self.name} is not a regular file (a reader needs random "
+                               "access: read a pipe or device into memory and pass the bytes)")
+        self._size = st.st_size
 
     def size(self) -> int:
         return self._size

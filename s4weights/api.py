@@ -184,6 +184,11 @@ def _source(f: FileLike | bytes | ByteSource) -> ByteSource | str | os.PathLike[
     if isinstance(f, str) and f.startswith("s3://"):
         store, name = _store_and_name(f)
         return store.source(name)
+    if isinstance(f, (str, os.PathLike)) and _special_file(f):
+        # a FIFO or device (what save writes into as it is): read through once, as torch.load
+        # does; the reader's random access needs the bytes in memory
+        with open(f, "rb") as fh:
+            return BufferSource(fh.read(), name=os.fspath(f))
     if isinstance(f, (str, os.PathLike, ByteSource)):
         return f
     if isinstance(f, (bytes, bytearray, memoryview)):

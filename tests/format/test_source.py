@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import os
 
 import numpy as np
 import pytest
@@ -21,8 +22,16 @@ def test_missing_file_is_a_storage_error_and_nothing_else(tmp_path) -> None:
 
 
 def test_directory_is_a_storage_error(tmp_path) -> None:
-    with pytest.raises(StorageError, match=f"{tmp_path}: read failed at 0"):
+    with pytest.raises(StorageError, match=f"{tmp_path} is not a regular file"):
         Reader(tmp_path)
+
+
+def test_a_fifo_is_refused_at_once_not_waited_on(tmp_path) -> None:
+    # opening a FIFO with no writer blocks, unless non-blocking
+    fifo = tmp_path / "f.s4w"
+    os.mkfifo(fifo)
+    with pytest.raises(StorageError, match=r"is not a regular file .* read a pipe"):
+        Reader(fifo)
 
 
 @pytest.mark.parametrize("make", [lambda b, p: BufferSource(b), lambda b, p: FileSource(p)])
