@@ -2,14 +2,20 @@
 
 Objects under the store root::
 
-    data/<step:012d>.s4w          the checkpoint file (committed first)
+    data/<step:012d>-<token>.s4w  the checkpoint file (committed first)
     manifests/<step:012d>.json    the manifest (committed last, create-if-absent)
 
-A checkpoint exists exactly when its manifest does. The manifest names the parent step and
+A checkpoint exists exactly when its manifest does; the manifest names its file (stores written
+before the token came hold ``data/<step:012d>.s4w``, which the manifests name as well). Each
+save writes a file of its own name, so two saves of one step that race (two processes, or a
+save from a signal handler) cannot replace each other's file: the one whose manifest lands
+first wins, and the other deletes its file and fails. The manifest names the parent step and
 parent checkpoint ID; the .s4w file names its parent by checkpoint ID too, and the reader
 refuses a parent whose ID differs. A save never writes a delta against a checkpoint whose
 chain it cannot open: it saves a base instead and warns. Retention deletes manifests first, then
-files, and never removes a checkpoint that a kept delta depends on.
+files, never removes a checkpoint that a kept delta depends on, and after a save never one
+newer than the step saved (another process may have just committed it). A manifest that does
+not parse is skipped with a warning, so one damaged file does not stop every save and load.
 """
 
 from __future__ import annotations
@@ -18,8 +24,11 @@ import contextlib
 import json
 import logging
 import math
+import numbers
+import secrets
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -100,7 +109,16 @@ def _manifest_name(step: int) -> str:
 
 
 def _data_name(step: int) -> str:
-    return f"data/{step:012d}.s4w"
+    """A new file name for checkpoint ``step``: no other save picks it."""
+    return f"data/{step:012d}-{secrets.token_hex(4)}.s4w"
+
+
+def _check_step(step: Any) -> int:
+    if isinstance(step, bool) or not isinstance(step, numbers.Integral):
+        raise TypeError(f"step must be an int, not {type(step).__name__}")
+    if step < 0:
+        raise ValueError("step must be >= 0")
+    return int(step)
 
 
 # Raw bytes of the last checkpoint this process saved, per store: the parent of the next delta
@@ -112,21 +130,65 @@ _PARENT_CACHE: dict[str, tuple[str, dict[str, s4format.Tensor], dict[str, bytes]
                                dict[torch.device, np.ndarray]]] = {}
 
 
-def list_checkpoints(url_or_dir: Any) -> list[CheckpointInfo]:
-    """Every committed checkpoint under the store, by step."""
+def list_checkpoints(url_or_dir: Any, *, problems: list[str] | None = None
+                     ) -> list[CheckpointInfo]:
+    """Every committed checkpoint under the store, by step. A manifest that does not parse is
+    skipped, with a warning, or with its error appended to ``problems`` when that is given."""
     store = open_store(url_or_dir)
+    listed = {n: v for n, v in store.list_versions("manifests/").items() if n.endswith(".json")}
+    with _MANIFESTS_LOCK:
+        known = {n: _MANIFESTS.get((store.url, n)) for n in listed}
+    todo = [n for n, v in listed.items() if not v or known[n] is None or known[n][0] != v]
+    # a run's manifests are read once per process (each is written once; a new version is
+    # read again), several at a time: a save or load then costs a listing, not a GET for
+    # every checkpoint of the run
+    if len(todo) > 1:
+        with ThreadPoolExecutor(min(8, len(todo))) as pool:
+            got = dict(zip(todo, pool.map(lambda n: _manifest(store, n), todo)))
+    else:
+        got = {n: _manifest(store, n) for n in todo}
     out = []
-    for n in store.list("manifests/"):
-        if not n.endswith(".json"):
-            continue
-        try:
-            data = store.get(n)
-        except StorageError:
-            if not store.exists(n):
+    for n, version in listed.items():
+        if n in got:
+            read = got[n]
+            if read is None:
                 continue  # deleted since the listing (a trainer's retention, running now)
-            raise
-        out.append(CheckpointInfo.from_json(data, n))
+            if version:
+                with _MANIFESTS_LOCK:
+                    _MANIFESTS[store.url, n] = (version, read)
+        else:
+            read = known[n][1]
+        if isinstance(read, CheckpointInfo):
+            out.append(read)
+        elif problems is None:
+            # one damaged or stray manifest must not stop every save and load of the run
+            log.warning("%s: skipped: %s", store.url, read)
+        else:
+            problems.append(str(read))
+    with _MANIFESTS_LOCK:
+        for key in [k for k in _MANIFESTS if k[0] == store.url and k[1] not in listed]:
+            del _MANIFESTS[key]
     return out
+
+
+# (store URL, manifest name) -> (its version when read, what it parsed to or why it did not)
+_MANIFESTS: dict[tuple[str, str], tuple[str, CheckpointInfo | FormatError]] = {}
+_MANIFESTS_LOCK = threading.Lock()
+
+
+def _manifest(store: Store, name: str) -> CheckpointInfo | FormatError | None:
+    """Manifest ``name`` parsed, the error that says why it does not parse, or None if it was
+    deleted since the listing."""
+    try:
+        data = store.get(name)
+    except StorageError:
+        if not store.exists(name):
+            return None
+        raise
+    try:
+        return CheckpointInfo.from_json(data, name)
+    except FormatError as exc:
+        return exc
 
 
 def by_step(infos: list[CheckpointInfo]) -> dict[int, CheckpointInfo]:
@@ -322,8 +384,7 @@ def save_checkpoint(state: Any, url_or_dir: Any, step: int, *, keyframe_interval
     threads run one at a time. When the latest checkpoint (or a file of its chain) cannot be
     read, the save still succeeds, as a base, and logs a warning naming it; the damaged
     checkpoint is left as it is."""
-    if step < 0:
-        raise ValueError("step must be >= 0")
+    step = _check_step(step)
     if keep_last is not None and keep_last < 1:
         # steps[-0:] would keep every checkpoint, the opposite of what 0 asks.
         raise ValueError("keep_last must be >= 1 (the checkpoint being saved is kept)")
@@ -405,7 +466,8 @@ def _save(store: Store, state: Any, step: int, *, keyframe_interval: int, delta:
             (name, t if on_gpu and isinstance(t, DeviceTensor) else snap.tensors[name])
             for name, t in flat.tensors])
         t0 = time.perf_counter()
-        with store.writer(_data_name(step)) as sink:
+        name = _data_name(step)
+        with store.writer(name) as sink:
             result = write_flattened(
                 flat, sink, policy=policy, parent_id=bytes.fromhex(parent.checkpoint_id)
                 if parent else None, parents=parents, metadata=metadata, show=progress,
@@ -418,14 +480,18 @@ def _save(store: Store, state: Any, step: int, *, keyframe_interval: int, delta:
             snap.finish()
         used = parent if result.parent_id is not None else None
         info = CheckpointInfo(
-            step=step, file=_data_name(step), checkpoint_id=result.checkpoint_id.hex(),
+            step=step, file=name, checkpoint_id=result.checkpoint_id.hex(),
             parent_step=used.step if used else None,
             parent_id=used.checkpoint_id if used else None,
             base_step=used.base_step if used else step, depth=used.depth + 1 if used else 0,
             raw_bytes=result.raw_nbytes, stored_bytes=result.stored_nbytes,
             file_bytes=result.file_size, full_stored_bytes=result.full_stored_nbytes,
             created=time.time())
-        store.put_atomic(_manifest_name(step), info.to_json(), if_absent=True)
+        try:
+            store.put_atomic(_manifest_name(step), info.to_json(), if_absent=True)
+        except BaseException:
+            _drop_unclaimed(store, step, name)
+            raise
     except BaseException:
         snap.abandon()
         raise
@@ -436,11 +502,40 @@ def _save(store: Store, state: Any, step: int, *, keyframe_interval: int, delta:
              f"delta of step {info.parent_step}" if used else "base", info.raw_bytes,
              info.file_bytes, time.perf_counter() - t0)
     if keep_last is not None:
-        # the last keep_last steps, and the one just saved (an older step, after a rollback,
-        # is not among the highest)
-        steps = sorted([*infos, step])
-        retain(store, sorted(set(steps[-keep_last:]) | {step}))
+        try:
+            _retain_after(store, step, keep_last)
+        except (S4Error, OSError) as exc:
+            # the checkpoint is committed: a retention that fails (a file that cannot be
+            # deleted) is said, and the next save's retention tries again
+            log.warning("checkpoint step %d is saved, but retention failed: %s", step, exc)
     return info
+
+
+def _drop_unclaimed(store: Store, step: int, name: str) -> None:
+    """After a failed manifest write: delete this save's file ``name`` unless the manifest of
+    ``step`` names it (a write that failed on the way back, after the store took it). Best
+    effort: what cannot be deleted is left, unreferenced, and readers ignore it."""
+    try:
+        if store.exists(_manifest_name(step)):
+            try:
+                if CheckpointInfo.from_json(store.get(_manifest_name(step)),
+                                            _manifest_name(step)).file == name:
+                    return
+            except FormatError:
+                pass
+        store.delete(name)
+    except (S4Error, OSError) as exc:
+        log.warning("%s: could not delete %s, which no checkpoint uses: %s", store.url, name,
+                    exc)
+
+
+def _retain_after(store: Store, step: int, keep_last: int) -> None:
+    """Retention after saving ``step``: the last ``keep_last`` steps listed now, the one just
+    saved (an older step, after a rollback, is not among the highest), and every step above it
+    (another process may have committed one during this save)."""
+    with _saving(store.url):
+        steps = sorted(by_step(list_checkpoints(store)))
+        _retain(store, sorted(set(steps[-keep_last:]) | {step} | {s for s in steps if s > step}))
 
 
 def _delta_paid(info: CheckpointInfo, min_gain: float) -> bool:
@@ -580,6 +675,8 @@ def load_checkpoint(url_or_dir: Any, step: int | None = None, *, map_location: A
     seconds per GB and level. The copy is made as each tensor is decoded, before the caller
     sees it, and kept only for the store's latest checkpoint (the next save's parent), with
     ``verify`` on, and where this process does not hold it already."""
+    if step is not None:
+        step = _check_step(step)
     store = open_store(url_or_dir)
     infos = by_step(list_checkpoints(store))
     if not infos:

@@ -61,7 +61,8 @@ def _ratio(num: int, den: int) -> str:
 
 
 def _run_summary(store: Store, run: str, names: set[str]) -> dict[str, Any]:
-    infos = list_checkpoints(_sub(store, run))
+    malformed: list[str] = []
+    infos = list_checkpoints(_sub(store, run), problems=malformed)
     pre = f"{run}/" if run else ""
     committed = {pre + i.file for i in infos}
     leftovers = sorted(n for n in names if n.startswith(pre + "data/") and n.endswith(".s4w")
@@ -71,7 +72,7 @@ def _run_summary(store: Store, run: str, names: set[str]) -> dict[str, Any]:
                 chains=sum(i.is_base for i in infos),
                 raw_bytes=sum(i.raw_bytes for i in infos),
                 file_bytes=sum(i.file_bytes for i in infos),
-                uncommitted=leftovers)
+                uncommitted=leftovers, malformed=malformed)
 
 
 def _print_run(d: dict[str, Any]) -> None:
@@ -114,6 +115,10 @@ def cmd_list(args: argparse.Namespace) -> int:
         except S4Error as exc:  # one unreadable run does not hide the others
             failed += 1
             print(f"error: {_sub(store, r).url}: {type(exc).__name__}: {exc}", file=sys.stderr)
+            continue
+        for problem in summaries[-1]["malformed"]:  # listed without them, and said
+            failed += 1
+            print(f"error: {_sub(store, r).url}: {problem}", file=sys.stderr)
     if args.json:
         json.dump(summaries, sys.stdout, indent=2, allow_nan=False)
         sys.stdout.write("\n")
@@ -151,8 +156,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
     checked = 0
     for run in runs:
         sub = _sub(store, run)
+        malformed: list[str] = []
         try:
-            infos = by_step(list_checkpoints(sub))
+            infos = by_step(list_checkpoints(sub, problems=malformed))
             if args.step is not None:
                 if args.step not in infos:
                     continue
@@ -160,10 +166,13 @@ def cmd_verify(args: argparse.Namespace) -> int:
                 todo = [i.step for i in chain_of(args.step, infos)]
             else:
                 todo = sorted(infos)
-        except S4Error as exc:  # a damaged manifest is a problem found, not the end
+        except S4Error as exc:  # an unreadable run is a problem found, not the end
             problems.append(f"{sub.url}: {type(exc).__name__}: {exc}")
             say(f"{sub.url}: INVALID")
             continue
+        for problem in malformed:  # a damaged manifest too; the others are still checked
+            problems.append(f"{sub.url}: FormatError: {problem}")
+            say(f"{sub.url}: INVALID")
         for step in todo:
             found = _verify_one(sub, infos[step], infos)
             problems.extend(found)

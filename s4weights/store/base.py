@@ -61,6 +61,12 @@ class Store(ABC):
     def list(self, prefix: str = "") -> list[str]:
         """Names of committed objects under ``prefix``, sorted."""
 
+    def list_versions(self, prefix: str = "") -> dict[str, str]:
+        """Committed objects under ``prefix``, each with a version string that changes
+        whenever the object is written again ("" where the store cannot tell: nothing read
+        by it may then be kept)."""
+        return {n: "" for n in self.list(prefix)}
+
     @abstractmethod
     def delete(self, name: str) -> None:
         """Remove an object; missing objects are not an error."""

@@ -187,6 +187,18 @@ class LocalStore(Store):
     def source(self, name: str) -> ByteSource:
         return FileSource(self._path(name))
 
+    def list_versions(self, prefix: str = "") -> dict[str, str]:
+        """Names under ``prefix`` with their inode, size and times of writing and of the
+        inode's change (a commit renames a new file into place)."""
+        out = {}
+        for name in self.list(prefix):
+            try:
+                st = os.stat(self.root / name)
+            except OSError:
+                continue  # deleted since the listing
+            out[name] = f"{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}"
+        return out
+
     def list(self, prefix: str = "") -> list[str]:
         if not self.root.is_dir():
             return []
@@ -202,7 +214,11 @@ class LocalStore(Store):
         return sorted(out)
 
     def delete(self, name: str) -> None:
-        self._path(name).unlink(missing_ok=True)
+        path = self._path(name)
+        try:
+            path.unlink(missing_ok=True)
+        except OSError as exc:
+            raise StorageError(f"cannot delete {path}: {exc.strerror}") from exc
 
     def exists(self, name: str) -> bool:
         return self._path(name).is_file()

@@ -75,11 +75,26 @@ def _transient(exc: BaseException) -> bool:
         return _error_code(exc) in _RETRY_CODES
     if isinstance(exc, e.SSLError):
         return False  # an untrusted certificate does not become trusted by retrying
+    if isinstance(exc, (e.ConnectTimeoutError, e.ReadTimeoutError, e.EndpointConnectionError)) \
+            and not getattr(exc, "s4_body", False):
+        # botocore has retried the request itself (up to max_attempts): another round of ours
+        # would multiply the wait, to 25 timeouts of a minute each on an endpoint that stalls
+        return False
     # Connection resets, timeouts and bodies cut short (urllib3 errors arrive wrapped in these
     # or as OSError subclasses).
     import urllib3.exceptions
     return isinstance(exc, (e.ConnectionError, e.ResponseStreamingError, e.IncompleteReadError,
                             e.HTTPClientError, urllib3.exceptions.HTTPError, OSError))
+
+
+def _read_body(response: dict) -> bytes:
+    """A GetObject response's body. An error while it streams in is marked: botocore cannot
+    replay it, so :meth:`S3Store.call` retries it (a timeout among them)."""
+    try:
+        return response["Body"].read()
+    except Exception as exc:
+        exc.s4_body = True  # type: ignore[attr-defined]
+        raise
 
 
 def _describe(exc: BaseException) -> str:
@@ -237,8 +252,8 @@ class S3Store(Store):
             raise
 
     def _get(self, key: str) -> bytes:
-        return self.call("get", key, lambda: self.client.get_object(
-            Bucket=self.bucket, Key=key)["Body"].read())
+        return self.call("get", key, lambda: _read_body(self.client.get_object(
+            Bucket=self.bucket, Key=key)))
 
     def get(self, name: str) -> bytes:
         key = self.key(name)
@@ -251,17 +266,22 @@ class S3Store(Store):
         return S3Source(self, self.key(name))
 
     def list(self, prefix: str = "") -> list[str]:
+        return sorted(self.list_versions(prefix))
+
+    def list_versions(self, prefix: str = "") -> dict[str, str]:
+        """Names under ``prefix`` with their ETag and time of writing, from the listing."""
         base = f"{self.prefix}/" if self.prefix else ""
 
-        def pages() -> list[str]:
-            keys = []
+        def pages() -> list[dict]:
+            objects = []
             paginator = self.client.get_paginator("list_objects_v2")
             for page in paginator.paginate(Bucket=self.bucket, Prefix=base + prefix):
-                keys.extend(o["Key"] for o in page.get("Contents", ()))
-            return keys
+                objects.extend(page.get("Contents", ()))
+            return objects
 
-        keys = self.call("list", base + prefix, pages)
-        return sorted(k[len(base):] for k in keys if not k.endswith("/"))
+        objects = self.call("list", base + prefix, pages)
+        return {o["Key"][len(base):]: f"{o.get('ETag', '')}@{o.get('LastModified', '')}"
+                for o in sorted(objects, key=lambda o: o["Key"]) if not o["Key"].endswith("/")}
 
     def delete(self, name: str) -> None:
         key = self.key(name)
@@ -530,7 +550,7 @@ class S3Source:
         def get() -> bytes:
             r = s.client.get_object(Bucket=s.bucket, Key=self.key,
                                     Range=f"bytes={offset}-{offset + length - 1}", **pin)
-            data = r["Body"].read()
+            data = _read_body(r)
             with self._count_lock:
                 self.bytes_fetched += len(data)
                 self.requests += 1

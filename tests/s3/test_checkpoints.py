@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import subprocess
 import sys
 import tracemalloc
@@ -69,12 +70,15 @@ def test_checkpoint_chain_list_and_retain(aws_env, bucket) -> None:
         assert _equal(s4weights.load_checkpoint(url, step), state)
     with pytest.raises(StorageError, match="already exists"):
         s4weights.save_checkpoint(states[40], url, 40)
+    files = {i.step: i.file for i in infos}
+    for step, name in files.items():
+        assert re.fullmatch(rf"data/{step:012d}-[0-9a-f]{{8}}\.s4w", name), name
     deleted = s4weights.retain(url, [20, 40])
     assert deleted == []  # 20 needs 10 and 0, 40 needs 30
     assert s4weights.retain(url, [40]) == [0, 10, 20]
     assert [i.step for i in s4weights.list_checkpoints(url)] == [30, 40]
     store = S3Store.from_url(url)
-    assert store.list() == ["data/000000000030.s4w", "data/000000000040.s4w",
+    assert store.list() == [files[30], files[40],
                             "manifests/000000000030.json", "manifests/000000000040.json"]
     assert _equal(s4weights.load_checkpoint(url), states[40])
 
@@ -85,13 +89,14 @@ def test_checkpoint_after_the_latest_object_vanished_is_a_base(aws_env, bucket, 
     url = f"s3://{bucket}/runs/lost"
     saved = [s4weights.save_checkpoint(_evolved(step), url, step) for step in (0, 1)]
     assert saved[1].parent_step == 0  # a delta, and this process still caches it
-    admin.delete_object(Bucket=bucket, Key="runs/lost/data/000000000001.s4w")
+    admin.delete_object(Bucket=bucket, Key=f"runs/lost/{saved[1].file}")
     info = s4weights.save_checkpoint(_evolved(2), url, 2)
     assert info.is_base
     assert _equal(s4weights.load_checkpoint(url), _evolved(2))
     with pytest.raises(StorageError, match=rf"checkpoint step 1 is listed in s3://{bucket}/runs/"
-                                           r"lost, but its file cannot be read: head .*000001"
-                                           r"\.s4w failed after 1 attempt\(s\): 404"):
+                                           r"lost, but its file cannot be read: head .*"
+                                           r"000000000001-[0-9a-f]{8}\.s4w failed after 1 "
+                                           r"attempt\(s\): 404"):
         s4weights.load_checkpoint(url, 1)
 
 
@@ -180,10 +185,10 @@ def test_single_tensor_is_a_ranged_read(server, bucket) -> None:
         store = S3Store(bucket, "r", client=seaweed.admin_client(proxy.endpoint))
         state = {f"t{i}": torch.randint(-2**31, 2**31 - 1, (128 * 1024,), dtype=torch.int32)
                  for i in range(16)}  # 16 x 512 KiB, incompressible
-        s4weights.save_checkpoint(state, store, 0, policy="seed")
-        size = store.source("data/000000000000.s4w").size()
+        info = s4weights.save_checkpoint(state, store, 0, policy="seed")
+        size = store.source(info.file).size()
         proxy.reset_counts()
-        src = store.source("data/000000000000.s4w")
+        src = store.source(info.file)
         tensor = s4format.Reader(src).read("t7")
         assert tensor.data.tobytes() == state["t7"].numpy().tobytes()
         fetched = proxy.stats.to_client

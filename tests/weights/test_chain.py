@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import os
 import random
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,11 @@ def _fresh_parent_cache():
     chain._PARENT_CACHE.clear()
     yield
     chain._PARENT_CACHE.clear()
+
+
+def _data_file(root: Path, step: int) -> Path:
+    """The data file of checkpoint ``step`` under ``root``, as its manifest names it."""
+    return root / chain.by_step(chain.list_checkpoints(root))[step].file
 
 
 class _Run:
@@ -53,7 +59,7 @@ def _check_chain_invariants(root: Path, interval: int) -> dict[int, s4weights.Ch
     assert list(infos) == sorted(infos)
     for info in infos.values():
         assert info.depth < interval
-        assert info.file == f"data/{info.step:012d}.s4w"
+        assert re.fullmatch(rf"data/{info.step:012d}-[0-9a-f]{{8}}\.s4w", info.file), info.file
         assert (root / info.file).is_file()
         if info.is_base:
             assert (info.parent_id, info.depth, info.base_step) == (None, 0, info.step)
@@ -200,9 +206,8 @@ def test_parent_cache_and_store_reads_give_identical_files(tmp_path: Path) -> No
         s4weights.save_checkpoint(state, tmp_path / "reread", step)
         chain._PARENT_CACHE.clear()
     for step in range(4):
-        name = f"data/{step:012d}.s4w"
-        assert (tmp_path / "cached" / name).read_bytes() == \
-            (tmp_path / "reread" / name).read_bytes()
+        assert _data_file(tmp_path / "cached", step).read_bytes() == \
+            _data_file(tmp_path / "reread", step).read_bytes()
 
 
 def test_list_checkpoints_and_file_urls(tmp_path: Path) -> None:
@@ -244,9 +249,12 @@ def test_retain_keeps_the_chain_of_a_kept_delta(tmp_path: Path) -> None:
     for step in range(5):
         run.train()
         s4weights.save_checkpoint(run.state(step), tmp_path, step, keyframe_interval=10)
+    files = {s: _data_file(tmp_path, s).name for s in range(5)}
     assert s4weights.retain(tmp_path, [3]) == [4]
     assert [i.step for i in s4weights.list_checkpoints(tmp_path)] == [0, 1, 2, 3]
-    assert sorted(os.listdir(tmp_path / "data")) == [f"{s:012d}.s4w" for s in range(4)]
+    assert sorted(os.listdir(tmp_path / "data")) == [files[s] for s in range(4)]
+    for s in range(4):
+        assert re.fullmatch(rf"{s:012d}-[0-9a-f]{{8}}\.s4w", files[s]), files[s]
     assert s4weights.retain(tmp_path, [99]) == [0, 1, 2, 3]
     assert s4weights.list_checkpoints(tmp_path) == []
 
@@ -280,10 +288,11 @@ def two_deltas(tmp_path: Path, _template: tuple[Path, dict[int, Any]]
 @pytest.mark.parametrize("remove", ["manifest", "data", "both"])
 def test_deleted_parent_raises_parent_mismatch(
         tmp_path: Path, two_deltas: tuple[_Run, dict[int, Any]], remove: str) -> None:
+    data = _data_file(tmp_path, 1)  # (named by the manifest, which may go first)
     if remove in ("manifest", "both"):
         (tmp_path / "manifests" / f"{1:012d}.json").unlink()
     if remove in ("data", "both"):
-        (tmp_path / "data" / f"{1:012d}.s4w").unlink()
+        data.unlink()
     with pytest.raises(s4weights.ParentMismatchError, match=r"step 2 .*step 1") as info:
         s4weights.load_checkpoint(tmp_path, 2)
     assert "missing" in str(info.value) or "cannot" in str(info.value)
@@ -294,7 +303,7 @@ def test_deleted_parent_raises_parent_mismatch(
 def test_parent_data_replaced_by_another_checkpoint_raises_parent_mismatch(
         tmp_path: Path, two_deltas: tuple[_Run, dict[int, Any]]) -> None:
     _, saved = two_deltas
-    shutil.copyfile(tmp_path / "data" / f"{0:012d}.s4w", tmp_path / "data" / f"{1:012d}.s4w")
+    shutil.copyfile(_data_file(tmp_path, 0), _data_file(tmp_path, 1))
     with pytest.raises(s4weights.ParentMismatchError, match="its manifest says"):
         s4weights.load_checkpoint(tmp_path, 2)
     assert_same(s4weights.load_checkpoint(tmp_path, 0), saved[0])
@@ -303,9 +312,10 @@ def test_parent_data_replaced_by_another_checkpoint_raises_parent_mismatch(
 def test_parent_replaced_with_its_manifest_raises_parent_mismatch(
         tmp_path: Path, two_deltas: tuple[_Run, dict[int, Any]]) -> None:
     other = tmp_path / "other"
-    s4weights.save_checkpoint({"x": torch.ones(5)}, other, 1)
-    for sub, name in (("data", f"{1:012d}.s4w"), ("manifests", f"{1:012d}.json")):
-        shutil.copyfile(other / sub / name, tmp_path / sub / name)
+    replacement = s4weights.save_checkpoint({"x": torch.ones(5)}, other, 1)
+    _data_file(tmp_path, 1).unlink()  # step 1 replaced whole: its file and its manifest
+    for name in (replacement.file, f"manifests/{1:012d}.json"):
+        shutil.copyfile(other / name, tmp_path / name)
     with pytest.raises(s4weights.ParentMismatchError, match="checkpoint step 2 expects parent"):
         s4weights.load_checkpoint(tmp_path, 2)
 
@@ -313,21 +323,20 @@ def test_parent_replaced_with_its_manifest_raises_parent_mismatch(
 def test_load_of_a_delta_file_needs_its_parent(
         tmp_path: Path, two_deltas: tuple[_Run, dict[int, Any]]) -> None:
     _, saved = two_deltas
-    data = tmp_path / "data"
+    data = {s: _data_file(tmp_path, s) for s in range(3)}
     with pytest.raises(s4weights.ParentMismatchError, match="is a delta; open the file with"):
-        s4weights.load(data / f"{1:012d}.s4w")
-    assert_same(s4weights.load(data / f"{1:012d}.s4w", parent=data / f"{0:012d}.s4w"),
-                saved[1])
+        s4weights.load(data[1])
+    assert_same(s4weights.load(data[1], parent=data[0]), saved[1])
     with pytest.raises(s4weights.ParentMismatchError, match="is a delta against checkpoint"):
-        s4weights.load(data / f"{2:012d}.s4w", parent=data / f"{0:012d}.s4w")
+        s4weights.load(data[2], parent=data[0])
     with pytest.raises(s4weights.ParentMismatchError, match="is not a delta"):
-        s4weights.load(data / f"{0:012d}.s4w", parent=data / f"{1:012d}.s4w")
+        s4weights.load(data[0], parent=data[1])
 
 
 @pytest.mark.parametrize("keep", [0.5, 0.99])
 def test_truncated_delta_file_raises_truncated_error(
         tmp_path: Path, two_deltas: tuple[_Run, dict[int, Any]], keep: float) -> None:
-    path = tmp_path / "data" / f"{2:012d}.s4w"
+    path = _data_file(tmp_path, 2)
     blob = path.read_bytes()
     path.write_bytes(blob[:int(len(blob) * keep)])
     with pytest.raises(s4format.TruncatedError, match="truncated") as info:
@@ -337,7 +346,7 @@ def test_truncated_delta_file_raises_truncated_error(
 
 def test_corrupted_parent_bytes_are_caught(
         tmp_path: Path, two_deltas: tuple[_Run, dict[int, Any]]) -> None:
-    path = tmp_path / "data" / f"{0:012d}.s4w"
+    path = _data_file(tmp_path, 0)
     blob = bytearray(path.read_bytes())
     blob[200] ^= 0xFF  # a payload byte of the base
     path.write_bytes(bytes(blob))

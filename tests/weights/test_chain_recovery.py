@@ -6,6 +6,7 @@ Loading the damaged step raises a clear error; list and retain take it in their 
 from __future__ import annotations
 
 import logging
+import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -30,7 +31,8 @@ def _fresh_parent_cache():
 
 
 def _data(root: Path, step: int) -> Path:
-    return root / "data" / f"{step:012d}.s4w"
+    """The data file of checkpoint ``step``, as its manifest names it."""
+    return root / chain.by_step(chain.list_checkpoints(root))[step].file
 
 
 def _state(step: int) -> dict[str, Any]:
@@ -77,13 +79,15 @@ def _damage_payload(path: Path) -> None:
 DAMAGE: dict[str, tuple[Callable[[Path], None], type[Exception], str]] = {
     "deleted": (_delete, s4weights.StorageError,
                 r"checkpoint step 2 is listed in file://.*, but its file cannot be read: cannot "
-                r"open .*000000000002\.s4w: No such file.*restore data/000000000002\.s4w, or "
+                r"open .*000000000002-[0-9a-f]{8}\.s4w: No such file.*restore "
+                r"data/000000000002-[0-9a-f]{8}\.s4w, or "
                 r"drop the step with retain\(\)"),
-    "truncated": (_truncate, s4format.TruncatedError, r"000000000002\.s4w: no footer"),
+    "truncated": (_truncate, s4format.TruncatedError, r"000000000002-[0-9a-f]{8}\.s4w: no footer"),
     "replaced": (_replace_by_base, s4weights.ParentMismatchError,
-                 r"000000000002\.s4w is checkpoint [0-9a-f]{32}, its manifest says"),
+                 r"000000000002-[0-9a-f]{8}\.s4w is checkpoint [0-9a-f]{32}, its manifest "
+                 r"says"),
     "index damaged": (_damage_index, s4format.ChecksumError,
-                      r"000000000002\.s4w: index checksum mismatch"),
+                      r"000000000002-[0-9a-f]{8}\.s4w: index checksum mismatch"),
 }
 
 
@@ -125,12 +129,11 @@ def test_unreadable_latest_checkpoint_gives_a_new_base(
     damage_fn(_data(tmp_path, 2))
     before = _files(tmp_path)
 
-    _save_step_3_expecting_a_base(tmp_path, caplog, "delta of step 2",
-                                  "data/000000000002.s4w")
+    info = _save_step_3_expecting_a_base(tmp_path, caplog, "delta of step 2", latest.file)
 
     after = _files(tmp_path)  # nothing existing was touched, the damaged step included
-    assert {k: v for k, v in after.items() if not k.endswith("000000000003.s4w")
-            and not k.endswith("000000000003.json")} == before
+    assert {k: v for k, v in after.items()
+            if k not in (info.file, "manifests/000000000003.json")} == before
     assert [i.step for i in s4weights.list_checkpoints(tmp_path)] == [0, 1, 2, 3]
     for step in (0, 1):
         assert_same(s4weights.load_checkpoint(tmp_path, step), _state(step))
@@ -147,7 +150,8 @@ def test_damaged_payload_of_the_latest_gives_a_base_in_a_fresh_process(
     chain._PARENT_CACHE.clear()
     _damage_payload(_data(tmp_path, 2))
     _save_step_3_expecting_a_base(tmp_path, caplog, "delta of step 2", "checksum")
-    with pytest.raises(s4format.ChecksumError, match=r"000000000002\.s4w: tensor .* plane"):
+    with pytest.raises(s4format.ChecksumError,
+                       match=r"000000000002-[0-9a-f]{8}\.s4w: tensor .* plane"):
         s4weights.load_checkpoint(tmp_path, 2)
 
 
@@ -185,10 +189,11 @@ def test_list_and_retain_with_a_missing_file(tmp_path: Path) -> None:
     assert [i.step for i in s4weights.list_checkpoints(tmp_path)] == [0, 1, 2]
     # Retention keeps what kept steps depend on, readable or not, and deletes the rest.
     assert s4weights.retain(tmp_path, [2]) == []
-    s4weights.save_checkpoint(_state(3), tmp_path, 3)
+    info = s4weights.save_checkpoint(_state(3), tmp_path, 3)
     assert s4weights.retain(tmp_path, [3]) == [0, 1, 2]
+    assert re.fullmatch(r"data/000000000003-[0-9a-f]{8}\.s4w", info.file), info.file
     assert sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*.*")) == \
-        ["data/000000000003.s4w", "manifests/000000000003.json"]
+        [info.file, "manifests/000000000003.json"]
     assert_same(s4weights.load_checkpoint(tmp_path), _state(3))
 
 
@@ -198,4 +203,5 @@ def test_keep_last_after_a_recovered_save_drops_the_damaged_chain(tmp_path: Path
     info = s4weights.save_checkpoint(_state(3), tmp_path, 3, keep_last=1)
     assert info.is_base
     assert [i.step for i in s4weights.list_checkpoints(tmp_path)] == [3]
-    assert sorted(p.name for p in (tmp_path / "data").iterdir()) == ["000000000003.s4w"]
+    assert re.fullmatch(r"data/000000000003-[0-9a-f]{8}\.s4w", info.file), info.file
+    assert sorted(p.name for p in (tmp_path / "data").iterdir()) == [Path(info.file).name]
