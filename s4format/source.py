@@ -69,6 +69,8 @@ class FileSource:
             self.close()
             raise StorageError(f"{self.name} is not a regular file (a reader needs random "
                                "access: read a pipe or device into memory and pass the bytes)")
+        if hasattr(os, "O_NONBLOCK"):
+            os.set_blocking(self._fd, True)  # what it was opened for is done
         self._size = st.st_size
 
     def size(self) -> int:

@@ -20,7 +20,7 @@ from typing import Any, BinaryIO
 import torch
 
 import s4format
-from s4format.errors import LimitError
+from s4format.errors import LimitError, StorageError
 from s4format.reader import MAX_TENSORS
 from s4format.source import BufferSource, ByteSource
 from s4format.writer import Writer, WriteResult
@@ -142,7 +142,7 @@ def save(obj: Any, f: FileLike, *, policy: str = "auto", metadata: dict[str, str
     if isinstance(f, (str, os.PathLike)) and _special_file(f):
         # a device, FIFO or socket (os.devnull, /dev/stdout): written into, as torch.save
         # does; the atomic rename would replace it with a regular file
-        with open(f, "wb") as sink:
+        with _open_special(f, "wb") as sink:
             result = write_flattened(flat, sink, policy=policy, metadata=metadata,
                                      show=progress, device=device, workspace=workspace)
     elif isinstance(f, (str, os.PathLike)):
@@ -169,6 +169,13 @@ def _special_file(f: str | os.PathLike[str]) -> bool:
     return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
 
 
+def _open_special(f: str | os.PathLike[str], mode: str) -> BinaryIO:
+    try:
+        return open(f, mode)
+    except OSError as exc:
+        raise StorageError(f"cannot open {os.fspath(f)}: {exc.strerror}") from exc
+
+
 def _store_and_name(f: str | os.PathLike[str]) -> tuple[Store, str]:
     """The store holding the file ``f`` (a path or an ``s3://bucket/key`` URL) and its name."""
     if isinstance(f, str) and f.startswith("s3://"):
@@ -187,8 +194,11 @@ def _source(f: FileLike | bytes | ByteSource) -> ByteSource | str | os.PathLike[
     if isinstance(f, (str, os.PathLike)) and _special_file(f):
         # a FIFO or device (what save writes into as it is): read through once, as torch.load
         # does; the reader's random access needs the bytes in memory
-        with open(f, "rb") as fh:
-            return BufferSource(fh.read(), name=os.fspath(f))
+        with _open_special(f, "rb") as fh:
+            try:
+                return BufferSource(fh.read(), name=os.fspath(f))
+            except OSError as exc:
+                raise StorageError(f"reading {os.fspath(f)} failed: {exc.strerror}") from exc
     if isinstance(f, (str, os.PathLike, ByteSource)):
         return f
     if isinstance(f, (bytes, bytearray, memoryview)):

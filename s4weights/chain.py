@@ -40,6 +40,7 @@ from s4format.errors import FormatError, ParentMismatchError, S4Error, StorageEr
 from s4weights import gpu, hostmem
 from s4weights.api import read_tree, write_flattened
 from s4weights.store import Store, open_store
+from s4weights.store.local import LocalStore
 from s4weights.torchtree import DeviceTensor, flatten
 
 log = logging.getLogger("s4weights")
@@ -100,7 +101,7 @@ class CheckpointInfo:
             info = cls(**d)
             info._check_types()
             return info
-        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as exc:
             raise FormatError(f"manifest {name} is malformed: {exc}") from None
 
 
@@ -136,9 +137,9 @@ def list_checkpoints(url_or_dir: Any, *, problems: list[str] | None = None
     skipped, with a warning, or with its error appended to ``problems`` when that is given."""
     store = open_store(url_or_dir)
     listed = {n: v for n, v in store.list_versions("manifests/").items() if n.endswith(".json")}
-    with _MANIFESTS_LOCK:
-        known = {n: _MANIFESTS.get((store.url, n)) for n in listed}
-    todo = [n for n, v in listed.items() if not v or known[n] is None or known[n][0] != v]
+    known = _MANIFESTS.get(store.url, {})  # never changed in place: no lock (a save from a
+    # signal handler lists too, while the interrupted listing holds what it holds)
+    todo = [n for n, v in listed.items() if not v or known.get(n, ("",))[0] != v]
     # a run's manifests are read once per process (each is written once; a new version is
     # read again), several at a time: a save or load then costs a listing, not a GET for
     # every checkpoint of the run
@@ -147,17 +148,16 @@ def list_checkpoints(url_or_dir: Any, *, problems: list[str] | None = None
             got = dict(zip(todo, pool.map(lambda n: _manifest(store, n), todo)))
     else:
         got = {n: _manifest(store, n) for n in todo}
-    out = []
+    out, kept = [], {}
     for n, version in listed.items():
         if n in got:
             read = got[n]
             if read is None:
                 continue  # deleted since the listing (a trainer's retention, running now)
-            if version:
-                with _MANIFESTS_LOCK:
-                    _MANIFESTS[store.url, n] = (version, read)
         else:
             read = known[n][1]
+        if version:
+            kept[n] = (version, read)
         if isinstance(read, CheckpointInfo):
             out.append(read)
         elif problems is None:
@@ -165,15 +165,12 @@ def list_checkpoints(url_or_dir: Any, *, problems: list[str] | None = None
             log.warning("%s: skipped: %s", store.url, read)
         else:
             problems.append(str(read))
-    with _MANIFESTS_LOCK:
-        for key in [k for k in _MANIFESTS if k[0] == store.url and k[1] not in listed]:
-            del _MANIFESTS[key]
+    _MANIFESTS[store.url] = kept  # what this listing found, no more
     return out
 
 
-# (store URL, manifest name) -> (its version when read, what it parsed to or why it did not)
-_MANIFESTS: dict[tuple[str, str], tuple[str, CheckpointInfo | FormatError]] = {}
-_MANIFESTS_LOCK = threading.Lock()
+# store URL -> manifest name -> (its version when read, what it parsed to or why it did not)
+_MANIFESTS: dict[str, dict[str, tuple[str, CheckpointInfo | FormatError]]] = {}
 
 
 def _manifest(store: Store, name: str) -> CheckpointInfo | FormatError | None:
@@ -512,18 +509,25 @@ def _save(store: Store, state: Any, step: int, *, keyframe_interval: int, delta:
 
 
 def _drop_unclaimed(store: Store, step: int, name: str) -> None:
-    """After a failed manifest write: delete this save's file ``name`` unless the manifest of
-    ``step`` names it (a write that failed on the way back, after the store took it). Best
-    effort: what cannot be deleted is left, unreferenced, and readers ignore it."""
+    """After a failed manifest write: delete this save's file ``name`` where no manifest can
+    come to name it: another save's manifest holds the step, or the local write that failed
+    did not happen. Not where the step has no manifest on S3: a write that timed out may still
+    land, and would then name a deleted file. Best effort: a file left there is named by no
+    manifest, and readers ignore it."""
+    manifest = _manifest_name(step)
     try:
-        if store.exists(_manifest_name(step)):
+        claimed = store.exists(manifest)
+        if claimed:
             try:
-                if CheckpointInfo.from_json(store.get(_manifest_name(step)),
-                                            _manifest_name(step)).file == name:
-                    return
+                if CheckpointInfo.from_json(store.get(manifest), manifest).file == name:
+                    return  # this save's write did land, after all
             except FormatError:
                 pass
-        store.delete(name)
+        if claimed or isinstance(store, LocalStore):
+            store.delete(name)
+        else:
+            log.warning("%s: %s is left: its manifest's write failed and may still land",
+                        store.url, name)
     except (S4Error, OSError) as exc:
         log.warning("%s: could not delete %s, which no checkpoint uses: %s", store.url, name,
                     exc)
@@ -534,8 +538,11 @@ def _retain_after(store: Store, step: int, keep_last: int) -> None:
     saved (an older step, after a rollback, is not among the highest), and every step above it
     (another process may have committed one during this save)."""
     with _saving(store.url):
-        steps = sorted(by_step(list_checkpoints(store)))
-        _retain(store, sorted(set(steps[-keep_last:]) | {step} | {s for s in steps if s > step}))
+        # one listing for both: a step committed after it is not deleted
+        infos = by_step(list_checkpoints(store))
+        steps = sorted(infos)
+        _retain(store, sorted(set(steps[-keep_last:]) | {step} | {s for s in steps if s > step}),
+                infos)
 
 
 def _delta_paid(info: CheckpointInfo, min_gain: float) -> bool:
@@ -814,8 +821,10 @@ def retain(url_or_dir: Any, keep_steps: list[int]) -> list[int]:
         return _retain(store, keep_steps)
 
 
-def _retain(store: Store, keep_steps: list[int]) -> list[int]:
-    infos = by_step(list_checkpoints(store))
+def _retain(store: Store, keep_steps: list[int],
+            infos: dict[int, CheckpointInfo] | None = None) -> list[int]:
+    if infos is None:
+        infos = by_step(list_checkpoints(store))
     needed: set[int] = set()
     for s in keep_steps:
         if s in infos:

@@ -127,19 +127,25 @@ class _Flattener:
         # count_owners' walk: nodes under each object met, the objects on the way down (with
         # their paths), the key path's keys, and the nodes written again for repeats
         self.sizes: dict[int, int] = {}
-        self.active: dict[int, str] = {}
+        self.active: dict[int, int] = {}  # object on the way down -> its path's length
         self.stack: list[Any] = []
-        self.repeated = 0
+        self.repeated = 0  # nodes met again, inside objects met before
+        self.distinct = 0  # nodes met once
+        self.inside_repeat = 0
 
     def count_owners(self, obj: Any, depth: int = 0) -> int:
         """First pass: how many tensors point at each storage, so that only an unshared storage
         is stored as a plain tensor. Returns the number of nodes ``obj`` becomes in the file.
 
         The file stores a tree, so an object met at several places (a shared dict, a tensor
-        held twice) is written at each: this pass walks every such place too, and refuses an
-        object that contains itself, or whose repeats alone would write more than
-        ``MAX_REPEATED`` nodes (sixteen levels of dicts that each hold one dict twice write
-        2^16 copies), before anything else is done. Too deep trees are refused by walk()."""
+        held twice) is written at each: this pass walks every such place too, and refuses,
+        before anything else is done, an object that contains itself, or one whose repeats
+        write more than ``MAX_REPEATED`` nodes and more than ``REPEAT_FACTOR`` times the
+        nodes it holds once (sixteen levels of dicts that each hold the next twice write 2^16
+        copies; a long list held at two places is written twice, as it is). Too deep trees are
+        refused by walk()."""
+        if not self.inside_repeat:
+            self.distinct += 1
         if depth > objtree.MAX_DEPTH:
             return 1
         kids = self.children(obj)
@@ -149,48 +155,54 @@ class _Flattener:
         if i in self.active:
             raise UnsupportedObjectError(
                 f"the object contains itself: {type(obj).__name__} at "
-                f"{self.path() or '<root>'} is the one at {self.active[i] or '<root>'}; "
-                "s4weights stores a tree")
+                f"{self.path() or '<root>'} is the one at "
+                f"{self.path(self.active[i]) or '<root>'}; s4weights stores a tree")
         known = self.sizes.get(i)
         if known is not None:
             self.repeated += known
-            if self.repeated > MAX_REPEATED:
+            if self.repeated > max(MAX_REPEATED, REPEAT_FACTOR * self.distinct):
                 raise UnsupportedObjectError(
                     f"the object holds the same containers at too many places (the "
                     f"{type(obj).__name__} at {self.path() or '<root>'} is one): s4weights "
-                    f"stores a tree, so it would write a copy of each, more than "
-                    f"{MAX_REPEATED} nodes in all")
-        self.active[i] = self.path()
+                    f"stores a tree, so it would write a copy of each, {self.repeated} nodes "
+                    f"again for {self.distinct}")
+            self.inside_repeat += 1
+        self.active[i] = len(self.stack)
         n = 1
-        for key, x in kids:
-            self.stack.append(key)
-            n += self.count_owners(x, depth + 1)
-            self.stack.pop()
+        try:
+            for key, x in kids:
+                self.stack.append(key)
+                n += self.count_owners(x, depth + 1)
+                self.stack.pop()
+        finally:
+            if known is not None:
+                self.inside_repeat -= 1
         del self.active[i]
         self.sizes[i] = n
         return n
 
     def children(self, obj: Any) -> list[tuple[Any, Any]] | None:
-        """(key, value) of what walk() stores inside ``obj``; None for a leaf. Counts a
-        tensor's storage on the way."""
-        if isinstance(obj, torch.Tensor):
+        """(key, value) of what walk() stores inside ``obj`` (the same tests, in the same
+        order); None for a leaf. Counts a tensor's storage on the way."""
+        t = type(obj)
+        conv = _converter_of(t)
+        if isinstance(obj, torch.Tensor) and (conv is None or t in _PLAIN_TENSORS):
             key = _storage_key_or_none(obj)
             if key is not None:  # else refused by tensor(), with its path
                 self.owners[key] = self.owners.get(key, 0) + 1
             attrs = _attrs_of(obj)
             return list(attrs.items()) if attrs else None
-        if isinstance(obj, (list, tuple)):
+        if t is list or t is tuple:
             return list(enumerate(obj))
-        if isinstance(obj, dict):
+        if t is dict or t is OrderedDict:
             return [*obj.items(), *(getattr(obj, "__dict__", None) or {}).items()]
-        conv = _converter_of(type(obj))
         if conv is not None:
             return [(None, self.encode(obj, conv))]
         return None
 
-    def path(self) -> str:
+    def path(self, length: int | None = None) -> str:
         out = ""
-        for key in self.stack:
+        for key in self.stack[:length]:
             if key is not None:
                 out = _join(out, key)
         return out
@@ -289,12 +301,13 @@ class _Flattener:
     def walk(self, obj: Any, path: str, depth: int = 0) -> Any:
         self.check_depth(depth, path)
         t = type(obj)
-        if isinstance(obj, torch.Tensor):
+        if isinstance(obj, torch.Tensor) and (t in _PLAIN_TENSORS or _converter_of(t) is None):
             attrs = _attrs_of(obj)
             inner = depth + (_WRAP if attrs else 0)
             out = self.tensor(obj, path)
-            if type(out) is Typed:  # an s4.view: its geometry's tuples sit 3 levels down
-                self.check_depth(inner + 3, path)
+            if type(out) is Typed:  # an s4.view: its dict's values 2 levels down, and the
+                # items of its shape and stride tuples 3 (none for a 0-d tensor)
+                self.check_depth(inner + (3 if obj.dim() else 2), path)
             return self.with_attrs(obj, out, attrs, path, depth) if attrs else out
         if obj is None or t in (bool, int, float, str, bytes):
             return obj
@@ -327,7 +340,9 @@ class _Flattener:
             "with s4weights.register_type to store other types")
 
 
-MAX_REPEATED = 1 << 22  # nodes a save writes again for objects it meets at several places
+MAX_REPEATED = 1 << 22  # nodes a save may write again for objects it meets at several places,
+REPEAT_FACTOR = 8  # or this many times the nodes it holds once, whichever is more
+_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)  # stored as tensors, never by a converter
 _WRAP = 2  # levels s4.attrs puts between an object's place and the object: Typed, pair
 
 

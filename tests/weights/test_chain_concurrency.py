@@ -226,3 +226,104 @@ def test_manifests_are_read_once_per_version(tmp_path, monkeypatch) -> None:
     assert [i.step for i in chain.list_checkpoints(tmp_path)] == [1, 2, 3, 4]
     assert gets == ["manifests/000000000003.json"]
     assert s4weights.load_checkpoint(tmp_path)["who"] == "4"
+
+
+def test_retention_keeps_a_step_committed_between_its_listings(tmp_path, monkeypatch) -> None:
+    for s in (1, 2, 3):
+        s4weights.save_checkpoint(_state(s, str(s)), tmp_path, step=s, delta=False)
+    real = chain._retain
+    done = []
+
+    def retain(store, keep, infos=None):
+        if not done:  # another process commits step 5 after retention has listed
+            done.append(1)
+            s4weights.save_checkpoint(_state(5, "5"), tmp_path, step=5, delta=False)
+        return real(store, keep, infos)
+    monkeypatch.setattr(chain, "_retain", retain)
+    s4weights.save_checkpoint(_state(4, "4"), tmp_path, step=4, delta=False, keep_last=2)
+    assert sorted(i.step for i in chain.list_checkpoints(tmp_path)) == [3, 4, 5]
+
+
+def test_a_save_inside_a_listing_completes(tmp_path, monkeypatch) -> None:
+    # a signal handler's save while the interrupted code lists the store's manifests
+    for s in (1, 2, 3):
+        s4weights.save_checkpoint(_state(s, str(s)), tmp_path, step=s)
+    chain._MANIFESTS.clear()
+    real = LocalStore.get
+    done = []
+
+    def get(self, name):
+        if name.startswith("manifests/") and not done:
+            done.append(1)
+            s4weights.save_checkpoint(_state(9, "handler"), tmp_path, step=9)
+        return real(self, name)
+    monkeypatch.setattr(LocalStore, "get", get)
+    worker = threading.Thread(target=lambda: chain.list_checkpoints(tmp_path))
+    worker.start()
+    worker.join(60)
+    assert not worker.is_alive()
+    assert s4weights.load_checkpoint(tmp_path)["who"] == "handler"
+
+
+class _LateStore(chain.Store):
+    """A store whose manifest writes fail on the way back and land later (an S3 PUT that
+    timed out at the client): what a save cannot tell from a write that did not happen."""
+
+    def __init__(self, root) -> None:
+        self.inner = LocalStore(root)
+        self.url = f"late:{root}"
+        self.pending: list[tuple[str, bytes]] = []
+
+    def put_atomic(self, name, data, *, if_absent=False):
+        if name.startswith("manifests/"):
+            self.pending.append((name, data))
+            raise StorageError(f"put {name}: Read timeout")
+        self.inner.put_atomic(name, data, if_absent=if_absent)
+
+    def land(self) -> None:
+        for name, data in self.pending:
+            self.inner.put_atomic(name, data, if_absent=True)
+
+    def writer(self, name):
+        return self.inner.writer(name)
+
+    def get(self, name):
+        return self.inner.get(name)
+
+    def source(self, name):
+        return self.inner.source(name)
+
+    def list(self, prefix=""):
+        return self.inner.list(prefix)
+
+    def delete(self, name):
+        self.inner.delete(name)
+
+
+def test_a_manifest_write_that_may_still_land_keeps_its_file(tmp_path) -> None:
+    store = _LateStore(tmp_path)
+    with pytest.raises(StorageError, match="Read timeout"):
+        s4weights.save_checkpoint(_state(1, "late"), store, step=1)
+    store.land()
+    assert s4weights.load_checkpoint(tmp_path)["who"] == "late"
+
+
+def test_a_deeply_nested_manifest_is_skipped(tmp_path, caplog) -> None:
+    s4weights.save_checkpoint(_state(1, "1"), tmp_path, step=1)
+    (tmp_path / "manifests" / "zz.json").write_text("[" * 100_000 + "]" * 100_000)
+    with caplog.at_level(logging.WARNING, logger="s4weights"):
+        assert s4weights.load_checkpoint(tmp_path)["who"] == "1"
+    assert "zz.json is malformed" in caplog.text
+
+
+def test_a_socket_path_is_a_storage_error(tmp_path) -> None:
+    path = tmp_path / "sock"
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(str(path))
+    try:
+        with pytest.raises(StorageError, match="cannot open"):
+            s4weights.load(path)
+        with pytest.raises(StorageError, match="cannot open"):
+            s4weights.save({"w": torch.ones(2)}, path)
+    finally:
+        server.close()

@@ -185,3 +185,54 @@ def test_bytes_after_a_file_are_named_in_the_error() -> None:
     s4weights.save({"w": torch.ones(2)}, buf)
     with pytest.raises(s4format.TruncatedError, match="other bytes follow it"):
         s4weights.load(buf.getvalue() + b"trailing")
+
+
+def test_a_long_list_held_twice_is_written_twice(monkeypatch) -> None:
+    from s4weights import torchtree
+    monkeypatch.setattr(torchtree, "MAX_REPEATED", 1000)
+    order = list(range(5000))  # e.g. a sampler's permutation, referenced from two places
+    got = _rt({"sampler": {"order": order}, "loader": {"order": order}})
+    assert got["sampler"]["order"] == order and got["loader"]["order"] == order
+    x: dict = {"v": 1}
+    for _ in range(20):
+        x = {"l": x, "r": x}
+    with pytest.raises(s4format.UnsupportedObjectError, match="same containers at too many"):
+        s4weights.save(x, io.BytesIO())
+
+
+class _Graph(dict):
+    """A dict subclass whose converter leaves out its back reference."""
+
+
+def test_a_converter_decides_what_a_container_subclass_holds() -> None:
+    s4weights.register_type("test.graph", _Graph, lambda g: {"w": g["w"]},
+                            lambda v: _Graph(v))
+    g = _Graph(w=torch.ones(3))
+    g["self"] = g
+    got = _rt({"g": g})
+    assert type(got["g"]) is _Graph and torch.equal(got["g"]["w"], torch.ones(3))
+
+
+class _Scaled(torch.Tensor):
+    pass
+
+
+def test_a_tensor_subclass_with_a_converter_is_stored_by_it() -> None:
+    s4weights.register_type("test.scaled", _Scaled, lambda t: {"data": t.as_subclass(
+        torch.Tensor)}, lambda v: v["data"].as_subclass(_Scaled))
+    got = _rt({"s": torch.arange(4.0).as_subclass(_Scaled)})
+    assert type(got["s"]) is _Scaled and torch.equal(got["s"].as_subclass(torch.Tensor),
+                                                     torch.arange(4.0))
+
+
+def test_a_0d_view_at_the_depth_limit() -> None:
+    base = torch.arange(3.0)
+    deep: object = base[1]  # a 0-d view: its shape and stride tuples are empty
+    for _ in range(253):
+        deep = [deep]
+    got = _rt([base, deep])  # the view at depth 254, its dict's values at 256
+    view = got[1]
+    for _ in range(253):
+        view = view[0]
+    assert view.item() == 1.0 and view.dim() == 0
+    assert view.data_ptr() == got[0].data_ptr() + 4
