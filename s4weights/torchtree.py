@@ -311,6 +311,10 @@ class _Flattener:
             return self.with_attrs(obj, out, attrs, path, depth) if attrs else out
         if obj is None or t in (bool, int, float, str, bytes):
             return obj
+        if t in (torch.Size, torch.dtype, torch.device, np.ndarray) \
+                or isinstance(obj, np.generic):
+            # a typed value's value sits one level down, a Size's ints two
+            self.check_depth(depth + (2 if t is torch.Size and len(obj) else 1), path)
         if t is torch.Size:
             return Typed("torch.Size", tuple(obj))
         if t is torch.dtype:

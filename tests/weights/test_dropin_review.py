@@ -236,3 +236,22 @@ def test_a_0d_view_at_the_depth_limit() -> None:
         view = view[0]
     assert view.item() == 1.0 and view.dim() == 0
     assert view.data_ptr() == got[0].data_ptr() + 4
+
+
+@pytest.mark.parametrize("value, room", [
+    (torch.Size([2, 3]), 2), (torch.Size([]), 1), (torch.float16, 1), (torch.device("cpu"), 1),
+    (np.arange(3), 1), (np.float32(1.5), 1)])
+def test_typed_values_at_the_depth_limit_are_refused_before_writing(value, room) -> None:
+    def nest(n):
+        obj = value
+        for _ in range(n):
+            obj = [obj]
+        return obj
+    ok = _rt(nest(256 - room))
+    for _ in range(256 - room):
+        ok = ok[0]
+    assert type(ok) is type(value)
+    buf = io.BytesIO()
+    with pytest.raises(s4format.UnsupportedObjectError, match="more than 256 levels"):
+        s4weights.save(nest(257 - room), buf)
+    assert buf.tell() == 0
