@@ -813,6 +813,40 @@ class _HostCopy:
             _wait_quietly(dev)
 
 
+@dataclass(frozen=True)
+class Swept:
+    """What :func:`sweep` found: checkpoint files no manifest names (deleted unless a dry run),
+    temporary files or uploads of dead writers removed, and why files were left alone."""
+    orphans: list[str]
+    temporaries: int
+    problems: list[str]
+
+
+def sweep(url_or_dir: Any, older_than_s: float = 3600.0, *, dry_run: bool = False) -> Swept:
+    """Remove what failed saves left in a run and nothing reads: checkpoint files that no
+    manifest names (a save killed between its file and its manifest, a file a failed save
+    could not delete) and the temporary files, or S3 multipart uploads, of writers that died,
+    all last written more than ``older_than_s`` ago (a save in progress writes its manifest
+    right after its file). Where a manifest does not parse, it could name any file, so no
+    checkpoint file is removed and ``problems`` says why. ``dry_run`` lists the orphans and
+    removes nothing."""
+    store = open_store(url_or_dir)
+    with _saving(store.url):
+        problems: list[str] = []
+        named = {i.file for i in list_checkpoints(store, problems=problems)}
+        cutoff = time.time() - older_than_s
+        orphans = [n for n, t in store.modified("data/").items()
+                   if n.endswith(".s4w") and n not in named and t < cutoff] \
+            if not problems else []
+        if dry_run:
+            return Swept(orphans, 0, problems)
+        for n in orphans:
+            store.delete(n)
+        sweep_store = getattr(store, "sweep", None)
+        temporaries = sweep_store(older_than_s) if sweep_store is not None else 0
+    return Swept(orphans, temporaries, problems)
+
+
 def retain(url_or_dir: Any, keep_steps: list[int]) -> list[int]:
     """Delete every checkpoint not in ``keep_steps`` and not needed by a kept one (its chain
     back to the base). Returns the deleted steps."""

@@ -6,9 +6,12 @@ with a manifest) are shown; ``.s4w`` files without one are counted as uncommitte
 
     python -m s4weights list URL [--json]
     python -m s4weights verify URL [--step N]
+    python -m s4weights sweep URL [--older-than SECONDS] [--dry-run]
 
 ``verify`` exits 0 when every checked file is valid, 1 when a problem is found, 2 when the
-store cannot be read.
+store cannot be read. ``sweep`` removes what failed saves left and nothing reads (see
+:func:`s4weights.chain.sweep`); it exits 1 when a run's manifests could not all be read (its
+files are then left alone).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from s4weights.chain import (
     close_chain,
     list_checkpoints,
     open_chain,
+    sweep,
 )
 from s4weights.store import LocalStore, Store, open_store
 
@@ -186,9 +190,33 @@ def cmd_verify(args: argparse.Namespace) -> int:
                   bad=f"{len(problems)} problem(s) in {checked} checkpoint file(s)")
 
 
+def cmd_sweep(args: argparse.Namespace) -> int:
+    store = _open(args.url)
+    runs, _ = _run_names(store)
+    if not runs:
+        print(f"no checkpoints under {store.url}")
+        return 0
+    failed = 0
+    for run in runs:
+        sub = _sub(store, run)
+        got = sweep(sub, args.older_than, dry_run=args.dry_run)
+        verb = "would remove" if args.dry_run else "removed"
+        for name in got.orphans:
+            print(f"{sub.url}: {verb} {name} (no manifest names it)")
+        if got.temporaries:
+            print(f"{sub.url}: removed {got.temporaries} temporary file(s) or upload(s) of "
+                  "writers that died")
+        for problem in got.problems:
+            failed += 1
+            print(f"error: {sub.url}: checkpoint files left alone: {problem}", file=sys.stderr)
+        if not (got.orphans or got.temporaries or got.problems):
+            print(f"{sub.url}: nothing to remove")
+    return 1 if failed else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m s4weights",
-                                 description="List and verify checkpoint runs in a store "
+                                 description="List, verify and sweep checkpoint runs in a store "
                                              "(a directory, file:// or s3://bucket/prefix).")
     sub = ap.add_subparsers(dest="command", required=True)
     p = sub.add_parser("list", help="runs, checkpoints and chains under URL",
@@ -205,6 +233,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("url", help="directory, file:// or s3://bucket/prefix URL")
     p.add_argument("--step", type=int, help="verify only this checkpoint and its chain")
     p.set_defaults(func=cmd_verify)
+    p = sub.add_parser("sweep", help="remove what failed saves left behind",
+                       description="In every run under URL, remove checkpoint files that no "
+                                   "manifest names and temporary files or S3 multipart "
+                                   "uploads of writers that died, all older than "
+                                   "--older-than seconds. Nothing a checkpoint uses is "
+                                   "touched; a run whose manifests cannot all be read keeps "
+                                   "its files (exit status 1).")
+    p.add_argument("url", help="directory, file:// or s3://bucket/prefix URL")
+    p.add_argument("--older-than", type=float, default=3600.0, metavar="SECONDS",
+                   help="only what was last written this long ago (default 3600)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="list the checkpoint files it would remove, remove nothing")
+    p.set_defaults(func=cmd_sweep)
     return ap
 
 

@@ -67,6 +67,11 @@ class Store(ABC):
         by it may then be kept)."""
         return {n: "" for n in self.list(prefix)}
 
+    def modified(self, prefix: str = "") -> dict[str, float]:
+        """Committed objects under ``prefix``, each with when it was last written (seconds
+        since the epoch); for sweeping what is left over, so stores that cannot tell refuse."""
+        raise NotImplementedError(f"{type(self).__name__} cannot tell when objects were written")
+
     @abstractmethod
     def delete(self, name: str) -> None:
         """Remove an object; missing objects are not an error."""

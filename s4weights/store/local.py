@@ -187,6 +187,15 @@ class LocalStore(Store):
     def source(self, name: str) -> ByteSource:
         return FileSource(self._path(name))
 
+    def modified(self, prefix: str = "") -> dict[str, float]:
+        out = {}
+        for name in self.list(prefix):
+            try:
+                out[name] = os.stat(self.root / name).st_mtime
+            except OSError:
+                continue  # deleted since the listing
+        return out
+
     def list_versions(self, prefix: str = "") -> dict[str, str]:
         """Names under ``prefix`` with their inode, size and times of writing and of the
         inode's change (a commit renames a new file into place)."""

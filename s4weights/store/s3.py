@@ -270,6 +270,14 @@ class S3Store(Store):
 
     def list_versions(self, prefix: str = "") -> dict[str, str]:
         """Names under ``prefix`` with their ETag and time of writing, from the listing."""
+        return {n: f"{o.get('ETag', '')}@{o.get('LastModified', '')}"
+                for n, o in self._objects(prefix).items()}
+
+    def modified(self, prefix: str = "") -> dict[str, float]:
+        return {n: o["LastModified"].timestamp() for n, o in self._objects(prefix).items()}
+
+    def _objects(self, prefix: str) -> dict[str, dict]:
+        """Name under the store -> ListObjectsV2's entry, by name."""
         base = f"{self.prefix}/" if self.prefix else ""
 
         def pages() -> list[dict]:
@@ -280,8 +288,8 @@ class S3Store(Store):
             return objects
 
         objects = self.call("list", base + prefix, pages)
-        return {o["Key"][len(base):]: f"{o.get('ETag', '')}@{o.get('LastModified', '')}"
-                for o in sorted(objects, key=lambda o: o["Key"]) if not o["Key"].endswith("/")}
+        return {o["Key"][len(base):]: o for o in sorted(objects, key=lambda o: o["Key"])
+                if not o["Key"].endswith("/")}
 
     def delete(self, name: str) -> None:
         key = self.key(name)

@@ -8,6 +8,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 import tracemalloc
 from pathlib import Path
 
@@ -234,3 +235,17 @@ def test_streaming_save_has_bounded_memory(aws_env, admin, bucket) -> None:
     assert peak < result.file_size / 2
     assert store.source("data/big.s4w").size() == result.file_size
     assert _equal(s4weights.load(f"s3://{bucket}/big/data/big.s4w"), state)
+
+
+def test_sweep_removes_orphans_and_dead_uploads_on_s3(aws_env, bucket, admin) -> None:
+    url = f"s3://{bucket}/runs/swept"
+    saved = [s4weights.save_checkpoint(_evolved(step), url, step) for step in (0, 1)]
+    admin.put_object(Bucket=bucket, Key="runs/swept/data/000000000002-deadbeef.s4w", Body=b"x")
+    admin.create_multipart_upload(Bucket=bucket, Key="runs/swept/data/000000000003-dead.s4w")
+    time.sleep(2.5)  # LastModified has whole seconds
+    got = s4weights.chain.sweep(url, older_than_s=1)
+    assert got.orphans == ["data/000000000002-deadbeef.s4w"] and got.temporaries == 1
+    store = S3Store.from_url(url)
+    assert sorted(store.list("data/")) == sorted(i.file for i in saved)
+    assert store.pending_uploads() == []
+    assert _equal(s4weights.load_checkpoint(url), _evolved(1))
