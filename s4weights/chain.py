@@ -827,7 +827,9 @@ def sweep(url_or_dir: Any, older_than_s: float = 3600.0, *, dry_run: bool = Fals
     manifest names (a save killed between its file and its manifest, a file a failed save
     could not delete) and the temporary files, or S3 multipart uploads, of writers that died,
     all last written more than ``older_than_s`` ago (a save in progress writes its manifest
-    right after its file). Where a manifest does not parse, it could name any file, so no
+    right after its file; on S3 an object's time may be when its upload began, so keep
+    ``older_than_s`` above the longest save, or sweep while no save runs). Where a manifest
+    does not parse, it could name any file, so no
     checkpoint file is removed and ``problems`` says why. ``dry_run`` lists the orphans and
     removes nothing."""
     store = open_store(url_or_dir)
