@@ -25,6 +25,7 @@ import json
 import logging
 import math
 import numbers
+import re
 import secrets
 import threading
 import time
@@ -816,37 +817,61 @@ class _HostCopy:
 @dataclass(frozen=True)
 class Swept:
     """What :func:`sweep` found: checkpoint files no manifest names (deleted unless a dry run),
-    temporary files or uploads of dead writers removed, and why files were left alone."""
+    how many temporary files or uploads of dead writers went (or would go), and what stopped
+    it removing something."""
     orphans: list[str]
     temporaries: int
     problems: list[str]
 
 
+_CHECKPOINT_FILE = re.compile(r"data/\d{12}(-[0-9a-f]{8})?\.s4w")
+
+
 def sweep(url_or_dir: Any, older_than_s: float = 3600.0, *, dry_run: bool = False) -> Swept:
     """Remove what failed saves left in a run and nothing reads: checkpoint files that no
     manifest names (a save killed between its file and its manifest, a file a failed save
-    could not delete) and the temporary files, or S3 multipart uploads, of writers that died,
-    all last written more than ``older_than_s`` ago (a save in progress writes its manifest
-    right after its file; on S3 an object's time may be when its upload began, so keep
-    ``older_than_s`` above the longest save, or sweep while no save runs). Where a manifest
-    does not parse, it could name any file, so no
-    checkpoint file is removed and ``problems`` says why. ``dry_run`` lists the orphans and
-    removes nothing."""
+    could not delete) and the temporary files, or S3 multipart uploads, of writers that died
+    in the run's ``data/`` and ``manifests/``, all last written more than ``older_than_s``
+    ago (a save in progress writes its manifest right after its file; on S3 an object's time
+    may be when its upload began, so keep ``older_than_s`` above the longest save, or sweep
+    while no save runs; and above any difference between this machine's clock and the
+    store's). Only names a save writes are candidates (``data/<step>[-<token>].s4w``, right
+    inside ``data/``: not another run's files under this one). Where a manifest does not
+    parse, it could name any file, and where there is none, every file would go: then no
+    checkpoint file is removed and ``problems`` says why. ``dry_run`` removes nothing."""
+    if not (math.isfinite(older_than_s) and older_than_s > 0):
+        raise ValueError(f"older_than_s must be a positive number of seconds, not "
+                         f"{older_than_s!r}")
     store = open_store(url_or_dir)
     with _saving(store.url):
-        problems: list[str] = []
-        named = {i.file for i in list_checkpoints(store, problems=problems)}
+        malformed: list[str] = []
+        infos = list_checkpoints(store, problems=malformed)
+        problems = [f"checkpoint files left alone: {p} (it may name any of them)"
+                    for p in malformed]
+        named = {i.file for i in infos}
         cutoff = time.time() - older_than_s
-        orphans = [n for n, t in store.modified("data/").items()
-                   if n.endswith(".s4w") and n not in named and t < cutoff] \
-            if not problems else []
-        if dry_run:
-            return Swept(orphans, 0, problems)
+        found = [n for n, t in store.modified("data/").items()
+                 if _CHECKPOINT_FILE.fullmatch(n) and n not in named and t < cutoff]
+        if found and not infos and not problems:
+            problems.append("checkpoint files left alone: no manifest names any of them, so "
+                            "every one would go (delete them by hand if that is what is meant)")
+        orphans = [] if problems else found
+        removed = []
         for n in orphans:
-            store.delete(n)
-        sweep_store = getattr(store, "sweep", None)
-        temporaries = sweep_store(older_than_s) if sweep_store is not None else 0
-    return Swept(orphans, temporaries, problems)
+            if not dry_run:
+                try:
+                    store.delete(n)
+                except S4Error as exc:
+                    problems.append(f"could not delete {n}: {exc}")
+                    continue
+            removed.append(n)
+        try:
+            temporaries = store.sweep(older_than_s, dirs=("data/", "manifests/"),
+                                      dry_run=dry_run) if hasattr(store, "sweep") else 0
+        except S4Error as exc:
+            temporaries = 0
+            problems.append(f"temporary files: {exc}")
+    return Swept(removed, temporaries, problems)
 
 
 def retain(url_or_dir: Any, keep_steps: list[int]) -> list[int]:

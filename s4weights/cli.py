@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from dataclasses import asdict
 from typing import Any
@@ -37,6 +38,7 @@ from s4weights.chain import (
 from s4weights.store import LocalStore, Store, open_store
 
 MANIFESTS = "manifests/"
+MIN_SWEEP_AGE = 900.0  # S3 refuses requests from clocks more than 15 minutes apart from its own
 
 
 def _run_names(store: Store) -> tuple[list[str], set[str]]:
@@ -197,21 +199,34 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         print(f"no checkpoints under {store.url}")
         return 0
     failed = 0
+    verb = "would remove" if args.dry_run else "removed"
     for run in runs:
         sub = _sub(store, run)
-        got = sweep(sub, args.older_than, dry_run=args.dry_run)
-        verb = "would remove" if args.dry_run else "removed"
+        try:
+            got = sweep(sub, args.older_than, dry_run=args.dry_run)
+        except S4Error as exc:  # one run that cannot be swept does not stop the others
+            failed += 1
+            print(f"error: {sub.url}: {type(exc).__name__}: {exc}", file=sys.stderr)
+            continue
         for name in got.orphans:
             print(f"{sub.url}: {verb} {name} (no manifest names it)")
         if got.temporaries:
-            print(f"{sub.url}: removed {got.temporaries} temporary file(s) or upload(s) of "
+            print(f"{sub.url}: {verb} {got.temporaries} temporary file(s) or upload(s) of "
                   "writers that died")
         for problem in got.problems:
             failed += 1
-            print(f"error: {sub.url}: checkpoint files left alone: {problem}", file=sys.stderr)
+            print(f"error: {sub.url}: {problem}", file=sys.stderr)
         if not (got.orphans or got.temporaries or got.problems):
             print(f"{sub.url}: nothing to remove")
     return 1 if failed else 0
+
+
+def _age(text: str) -> float:
+    value = float(text)
+    if not (math.isfinite(value) and value >= MIN_SWEEP_AGE):
+        raise argparse.ArgumentTypeError(f"must be at least {MIN_SWEEP_AGE:g} seconds, got "
+                                         f"{text}")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -241,8 +256,10 @@ def build_parser() -> argparse.ArgumentParser:
                                    "touched; a run whose manifests cannot all be read keeps "
                                    "its files (exit status 1).")
     p.add_argument("url", help="directory, file:// or s3://bucket/prefix URL")
-    p.add_argument("--older-than", type=float, default=3600.0, metavar="SECONDS",
-                   help="only what was last written this long ago (default 3600)")
+    p.add_argument("--older-than", type=_age, default=3600.0, metavar="SECONDS",
+                   help=f"only what was last written this long ago (default 3600, at least "
+                        f"{MIN_SWEEP_AGE:g}: a save in progress, or a clock of the store's "
+                        "that runs apart, must not look dead)")
     p.add_argument("--dry-run", action="store_true",
                    help="list the checkpoint files it would remove, remove nothing")
     p.set_defaults(func=cmd_sweep)

@@ -209,10 +209,18 @@ class LocalStore(Store):
         return out
 
     def list(self, prefix: str = "") -> list[str]:
-        if not self.root.is_dir():
+        # from the folder the prefix names; a folder that cannot be read is an error, not
+        # an empty listing (sweeping what no manifest names trusts this listing)
+        top = self.root / prefix.rpartition("/")[0] if "/" in prefix else self.root
+        if not top.is_dir():
             return []
+
+        def fail(exc: OSError) -> None:
+            if not isinstance(exc, FileNotFoundError):  # (one deleted during the walk is gone)
+                raise StorageError(f"cannot list {exc.filename}: {exc.strerror}") from exc
+
         out = []
-        for dirpath, _dirs, files in os.walk(self.root):
+        for dirpath, _dirs, files in os.walk(top, onerror=fail):
             rel = Path(dirpath).relative_to(self.root)
             for f in files:
                 if f.startswith(TMP_PREFIX):
@@ -232,21 +240,31 @@ class LocalStore(Store):
     def exists(self, name: str) -> bool:
         return self._path(name).is_file()
 
-    def sweep(self, older_than_s: float = 3600.0) -> int:
-        """Remove temporary files left by writers that died more than ``older_than_s`` ago."""
+    def sweep(self, older_than_s: float = 3600.0, *, dirs: tuple[str, ...] | None = None,
+              dry_run: bool = False) -> int:
+        """Remove temporary files left by writers that died more than ``older_than_s`` ago:
+        anywhere under the root, or only right inside the folders ``dirs`` (``"data/"``).
+        Returns how many (that would go, with ``dry_run``)."""
         removed = 0
         cutoff = time.time() - older_than_s
-        for dirpath, _dirs, files in os.walk(self.root):
+        if dirs is None:
+            places = [(Path(d), files) for d, _sub, files in os.walk(self.root)]
+        else:
+            places = [(self.root / d, os.listdir(self.root / d)) for d in dirs
+                      if (self.root / d).is_dir()]
+        for folder, files in places:
             for f in files:
-                p = Path(dirpath) / f
+                p = folder / f
                 if not f.startswith(TMP_PREFIX):
                     continue
                 try:
                     # A live writer may rename its temp file between listing and stat.
                     stale = p.stat().st_mtime < cutoff
+                    if stale and not dry_run:
+                        p.unlink(missing_ok=True)
                 except FileNotFoundError:
                     continue
-                if stale:
-                    p.unlink(missing_ok=True)
-                    removed += 1
+                except OSError as exc:
+                    raise StorageError(f"cannot remove {p}: {exc.strerror}") from exc
+                removed += stale
         return removed

@@ -318,11 +318,22 @@ class S3Store(Store):
 
         return self.call("list uploads", base, pages)
 
-    def sweep(self, older_than_s: float = 3600.0) -> int:
-        """Abort multipart uploads under the prefix started more than ``older_than_s`` ago
-        (left by processes that died mid-save); returns how many were aborted."""
+    def sweep(self, older_than_s: float = 3600.0, *, dirs: tuple[str, ...] | None = None,
+              dry_run: bool = False) -> int:
+        """Abort multipart uploads started more than ``older_than_s`` ago (left by processes
+        that died mid-save): anywhere under the prefix, or only of objects right inside the
+        folders ``dirs`` (``"data/"``). Returns how many (that would go, with ``dry_run``)."""
         cutoff = time.time() - older_than_s
-        stale = [u for u in self.pending_uploads() if u["Initiated"].timestamp() < cutoff]
+        base = f"{self.prefix}/" if self.prefix else ""
+
+        def ours(key: str) -> bool:
+            name = key[len(base):]
+            return dirs is None or any(
+                name.startswith(d) and "/" not in name[len(d):] for d in dirs)
+        stale = [u for u in self.pending_uploads()
+                 if u["Initiated"].timestamp() < cutoff and ours(u["Key"])]
+        if dry_run:
+            return len(stale)
         for u in stale:
             self.call("abort upload", u["Key"], lambda u=u: self.client.abort_multipart_upload(
                 Bucket=self.bucket, Key=u["Key"], UploadId=u["UploadId"]))
