@@ -200,12 +200,18 @@ class Reader:
         self.parent_id: bytes | None = None if idx.parent_id == NO_PARENT else bytes(idx.parent_id)
         if self.parent_id is None and any(t.is_delta for t in tensors):
             raise FormatError(f"{self.name}: delta tensors but no parent checkpoint ID")
-        self.tree = objtree.decode(idx.tree, len(tensors))
-        meta = objtree.decode(idx.metadata, 0)
+        self.tree = self._decode_tree(idx.tree, len(tensors), "object tree")
+        meta = self._decode_tree(idx.metadata, 0, "metadata")
         if not isinstance(meta, dict) or not all(
                 isinstance(k, str) and isinstance(v, str) for k, v in meta.items()):
             raise FormatError(f"{self.name}: metadata must be a dict of str to str")
         self.metadata: dict[str, str] = meta
+
+    def _decode_tree(self, raw: bytes, tensor_count: int, part: str) -> Any:
+        try:
+            return objtree.decode(raw, tensor_count)
+        except FormatError as exc:  # LimitError among them: the same class, naming the file
+            raise type(exc)(f"{self.name}: {part}: {exc}") from None
 
     # -- parents ---------------------------------------------------------------------------
 

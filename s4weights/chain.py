@@ -688,7 +688,11 @@ def load_checkpoint(url_or_dir: Any, step: int | None = None, *, map_location: A
     store = open_store(url_or_dir)
     infos = by_step(list_checkpoints(store))
     if not infos:
-        raise StorageError(f"no checkpoints in {store.url}")
+        hint = ""
+        if isinstance(store, LocalStore) and store.root.is_file():
+            hint = (": it is a file, not a checkpoint directory (load a single file with "
+                    "s4weights.load)")
+        raise StorageError(f"no checkpoints in {store.url}{hint}")
     if step is None:
         step = max(infos)
     if step not in infos:

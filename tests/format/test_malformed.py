@@ -7,6 +7,7 @@ from __future__ import annotations
 import struct
 import tracemalloc
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -500,3 +501,12 @@ def test_nonzero_padding_is_reported_by_verify_only() -> None:
         assert_same_tree(r.load(), small_tree())
         problems = s4format.verify(r)
     assert [str(p) for p in problems] == [f"<buffer>: padding at {HEADER_SIZE}..64 is not zero"]
+
+
+def test_a_damaged_tree_error_names_the_file() -> None:
+    root = Path(__file__).parents[2] / "conformance" / "v1"
+    for name, part, error in (("tree_bad_utf8.s4w", "object tree", FormatError),
+                              ("tree_depth_257.s4w", "object tree", LimitError),
+                              ("metadata_tensor_ref.s4w", "metadata", FormatError)):
+        with pytest.raises(error, match=rf"{name}: {part}: "):
+            Reader(root / name)

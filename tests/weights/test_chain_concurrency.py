@@ -327,3 +327,11 @@ def test_a_socket_path_is_a_storage_error(tmp_path) -> None:
             s4weights.save({"w": torch.ones(2)}, path)
     finally:
         server.close()
+
+
+def test_load_checkpoint_of_a_file_says_what_to_do(tmp_path) -> None:
+    path = tmp_path / "model.s4w"
+    s4weights.save({"w": torch.ones(2)}, path)
+    with pytest.raises(StorageError, match="it is a file, not a checkpoint directory"):
+        s4weights.load_checkpoint(path)
+
