@@ -515,16 +515,11 @@ def _drop_unclaimed(store: Store, step: int, name: str) -> None:
     did not happen. Not where the step has no manifest on S3: a write that timed out may still
     land, and would then name a deleted file. Best effort: a file left there is named by no
     manifest, and readers ignore it."""
-    manifest = _manifest_name(step)
     try:
-        claimed = store.exists(manifest)
-        if claimed:
-            try:
-                if CheckpointInfo.from_json(store.get(manifest), manifest).file == name:
-                    return  # this save's write did land, after all
-            except FormatError:
-                pass
-        if claimed or isinstance(store, LocalStore):
+        claimed = _manifest(store, _manifest_name(step))
+        if isinstance(claimed, CheckpointInfo) and claimed.file == name:
+            return  # this save's write did land, after all
+        if claimed is not None or isinstance(store, LocalStore):
             store.delete(name)
         else:
             log.warning("%s: %s is left: its manifest's write failed and may still land",

@@ -184,18 +184,18 @@ class _Flattener:
     def children(self, obj: Any) -> list[tuple[Any, Any]] | None:
         """(key, value) of what walk() stores inside ``obj`` (the same tests, in the same
         order); None for a leaf. Counts a tensor's storage on the way."""
-        t = type(obj)
-        conv = _converter_of(t)
-        if isinstance(obj, torch.Tensor) and (conv is None or t in _PLAIN_TENSORS):
+        if _stored_as_tensor(obj):
             key = _storage_key_or_none(obj)
             if key is not None:  # else refused by tensor(), with its path
                 self.owners[key] = self.owners.get(key, 0) + 1
             attrs = _attrs_of(obj)
             return list(attrs.items()) if attrs else None
+        t = type(obj)
         if t is list or t is tuple:
             return list(enumerate(obj))
         if t is dict or t is OrderedDict:
             return [*obj.items(), *(getattr(obj, "__dict__", None) or {}).items()]
+        conv = _converter_of(t)
         if conv is not None:
             return [(None, self.encode(obj, conv))]
         return None
@@ -231,8 +231,7 @@ class _Flattener:
         if t.is_nested:
             raise UnsupportedObjectError(f"tensor at {where} is a nested tensor, which "
                                          "s4weights does not store: save its components")
-        if name not in dtypes.BY_NAME or t.layout != torch.strided or t.is_quantized \
-                or t.is_nested:
+        if name not in dtypes.BY_NAME or t.layout != torch.strided or t.is_quantized:
             raise UnsupportedObjectError(f"tensor at {where} has unsupported "
                                          f"dtype/layout {t.dtype}/{t.layout}")
         if type(t) not in (torch.Tensor, torch.nn.Parameter):
@@ -301,7 +300,7 @@ class _Flattener:
     def walk(self, obj: Any, path: str, depth: int = 0) -> Any:
         self.check_depth(depth, path)
         t = type(obj)
-        if isinstance(obj, torch.Tensor) and (t in _PLAIN_TENSORS or _converter_of(t) is None):
+        if _stored_as_tensor(obj):
             attrs = _attrs_of(obj)
             inner = depth + (_WRAP if attrs else 0)
             out = self.tensor(obj, path)
@@ -348,6 +347,13 @@ MAX_REPEATED = 1 << 22  # nodes a save may write again for objects it meets at s
 REPEAT_FACTOR = 8  # or this many times the nodes it holds once, whichever is more
 _PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)  # stored as tensors, never by a converter
 _WRAP = 2  # levels s4.attrs puts between an object's place and the object: Typed, pair
+
+
+def _stored_as_tensor(obj: Any) -> bool:
+    """Whether the walk stores ``obj`` as a tensor: a tensor, unless it is of a subclass with
+    a registered converter."""
+    return isinstance(obj, torch.Tensor) and (type(obj) in _PLAIN_TENSORS
+                                              or _converter_of(type(obj)) is None)
 
 
 def _attrs_of(t: torch.Tensor) -> dict:

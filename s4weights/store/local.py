@@ -14,6 +14,7 @@ import stat
 import threading
 import time
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 from s4format.errors import StorageError
@@ -188,25 +189,20 @@ class LocalStore(Store):
         return FileSource(self._path(name))
 
     def modified(self, prefix: str = "") -> dict[str, float]:
-        out = {}
-        for name in self.list(prefix):
-            try:
-                out[name] = os.stat(self.root / name).st_mtime
-            except OSError:
-                continue  # deleted since the listing
-        return out
+        return {name: st.st_mtime for name, st in self._stats(prefix)}
 
     def list_versions(self, prefix: str = "") -> dict[str, str]:
         """Names under ``prefix`` with their inode, size and times of writing and of the
         inode's change (a commit renames a new file into place)."""
-        out = {}
+        return {name: f"{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}"
+                for name, st in self._stats(prefix)}
+
+    def _stats(self, prefix: str) -> Iterator[tuple[str, os.stat_result]]:
         for name in self.list(prefix):
             try:
-                st = os.stat(self.root / name)
+                yield name, os.stat(self.root / name)
             except OSError:
                 continue  # deleted since the listing
-            out[name] = f"{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}"
-        return out
 
     def list(self, prefix: str = "") -> list[str]:
         # from the folder the prefix names; a folder that cannot be read is an error, not
