@@ -1,17 +1,21 @@
-"""``python -m s4weights``: the checkpoint registry — list and verify runs under a store URL.
+"""``s4weights`` (also ``python -m s4weights``): convert checkpoints to and from .s4w, and the
+checkpoint registry — list, verify and sweep runs under a store URL.
 
 A *run* is any directory (or S3 prefix) holding ``manifests/``; ``URL`` may be a run or any
 prefix above runs (``s3://bucket/team``, ``./checkpoints``). Only committed checkpoints (those
 with a manifest) are shown; ``.s4w`` files without one are counted as uncommitted leftovers.
 
-    python -m s4weights list URL [--json]
-    python -m s4weights verify URL [--step N]
-    python -m s4weights sweep URL [--older-than SECONDS] [--dry-run]
+    s4weights convert SRC DST [--no-verify] [--policy P]
+    s4weights list URL [--json]
+    s4weights verify URL [--step N]
+    s4weights sweep URL [--older-than SECONDS] [--dry-run]
 
 ``verify`` exits 0 when every checked file is valid, 1 when a problem is found, 2 when the
 store cannot be read. ``sweep`` removes what failed saves left and nothing reads (see
 :func:`s4weights.chain.sweep`); it exits 1 when a run's manifests could not all be read (its
-files are then left alone).
+files are then left alone). ``convert`` exits 1 when a written file does not read back bit
+for bit, 2 when a source cannot be read or converted. The commands import torch only when
+they run, so ``--help`` and ``--version`` work without it.
 """
 
 from __future__ import annotations
@@ -21,21 +25,18 @@ import json
 import math
 import sys
 from dataclasses import asdict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import s4weights
 from s4format.cli import run as run_cli
-from s4format.errors import S4Error, StorageError
-from s4format.verify import report, say, verify
-from s4weights.chain import (
-    CheckpointInfo,
-    by_step,
-    chain_of,
-    close_chain,
-    list_checkpoints,
-    open_chain,
-    sweep,
-)
+from s4format.errors import ContentHashError, S4Error, StorageError
+from s4format.schema import MAJOR, MINOR
+from s4format.verify import report, say
 from s4weights.store import LocalStore, Store, open_store
+
+if TYPE_CHECKING:
+    from s4weights.chain import CheckpointInfo
+    from s4weights.convert import Converted
 
 MANIFESTS = "manifests/"
 MIN_SWEEP_AGE = 900.0  # S3 refuses requests from clocks more than 15 minutes apart from its own
@@ -67,6 +68,8 @@ def _ratio(num: int, den: int) -> str:
 
 
 def _run_summary(store: Store, run: str, names: set[str]) -> dict[str, Any]:
+    from s4weights.chain import list_checkpoints
+
     malformed: list[str] = []
     infos = list_checkpoints(_sub(store, run), problems=malformed)
     pre = f"{run}/" if run else ""
@@ -138,6 +141,9 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 def _verify_one(store: Store, info: CheckpointInfo, infos: dict[int, CheckpointInfo]
                 ) -> list[str]:
+    from s4format.verify import verify
+    from s4weights.chain import chain_of, close_chain, open_chain
+
     where = f"{store.url}: step {info.step} ({info.file})"
     try:
         reader = open_chain(store, chain_of(info.step, infos), verify=True)
@@ -154,6 +160,8 @@ def _verify_one(store: Store, info: CheckpointInfo, infos: dict[int, CheckpointI
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
+    from s4weights.chain import by_step, chain_of, list_checkpoints
+
     store = _open(args.url)
     runs, _ = _run_names(store)
     if not runs:
@@ -193,6 +201,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
+    from s4weights.chain import sweep
+
     store = _open(args.url)
     runs, _ = _run_names(store)
     if not runs:
@@ -221,6 +231,34 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def _mb(n: int) -> str:
+    return f"{n / 1e6:.2f} MB"
+
+
+def _print_converted(c: Converted) -> None:
+    check = "verified bit-exact" if c.verified else "not verified (--no-verify)"
+    say(f"{c.src} -> {c.dst}: {c.tensors} tensors, {_mb(c.src_bytes)} -> {_mb(c.dst_bytes)} "
+        f"(ratio {_ratio(c.dst_bytes, c.src_bytes)}; raw {_mb(c.raw_bytes)}), "
+        f"{c.seconds:.2f} s, {check}")
+
+
+def cmd_convert(args: argparse.Namespace) -> int:
+    from s4weights.convert import convert
+
+    try:
+        done = convert(args.src, args.dst, verify=args.verify, policy=args.policy,
+                       progress=args.progress, on_file=_print_converted)
+    except ContentHashError as exc:
+        print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    if len(done) > 1:
+        src = sum(c.src_bytes for c in done)
+        dst = sum(c.dst_bytes for c in done)
+        say(f"{len(done)} files: {_mb(src)} -> {_mb(dst)} (ratio {_ratio(dst, src)}) in "
+            f"{sum(c.seconds for c in done):.2f} s")
+    return 0
+
+
 def _age(text: str) -> float:
     value = float(text)
     if not (math.isfinite(value) and value >= MIN_SWEEP_AGE):
@@ -229,11 +267,40 @@ def _age(text: str) -> float:
     return value
 
 
+def version() -> str:
+    return f"s4weights {s4weights.__version__} (writes .s4w format {MAJOR}.{MINOR})"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m s4weights",
-                                 description="List, verify and sweep checkpoint runs in a store "
+    ap = argparse.ArgumentParser(prog="s4weights",
+                                 description="Convert checkpoints to and from .s4w; list, "
+                                             "verify and sweep checkpoint runs in a store "
                                              "(a directory, file:// or s3://bucket/prefix).")
+    ap.add_argument("--version", action="version", version=version())
     sub = ap.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("convert", help="convert .pt/.bin/.safetensors or a model folder to "
+                                       ".s4w, or .s4w to .safetensors",
+                       description="Convert SRC to DST, then read DST back and check every "
+                                   "tensor bit for bit. SRC: a torch.save file (.pt, .pth, "
+                                   ".bin, .ckpt; read with torch.load(weights_only=True), "
+                                   "which runs no code from the file), a .safetensors file, "
+                                   "a Hugging Face model folder (weight shards and their "
+                                   "*.index.json) or a .s4w file or folder. A folder "
+                                   "converts to a folder (one file per shard, the index "
+                                   "rewritten, other files copied) or to one DST.s4w. "
+                                   "Local paths or s3://bucket/key URLs. Exit status 0 when "
+                                   "done, 1 when a written file does not read back bit for "
+                                   "bit, 2 when a source cannot be read or converted.")
+    p.add_argument("src", help="file or folder to convert (path or s3:// URL)")
+    p.add_argument("dst", help="*.s4w or *.safetensors file, or a folder")
+    p.add_argument("--no-verify", dest="verify", action="store_false",
+                   help="do not read the written files back to compare them")
+    p.add_argument("--policy", default="auto", choices=("auto", "auto-1.0", "seed"),
+                   help="codec choice for .s4w files (default auto; auto-1.0 writes files "
+                        "that format-1.0 readers open)")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="a progress bar (default: when stderr is a terminal)")
+    p.set_defaults(func=cmd_convert)
     p = sub.add_parser("list", help="runs, checkpoints and chains under URL",
                        description="For every run under URL: each committed checkpoint's step, "
                                    "base/delta, parent, chain depth, sizes and ratio.")
@@ -267,4 +334,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run_cli(build_parser(), argv)
+    try:
+        return run_cli(build_parser(), argv)
+    except ModuleNotFoundError as exc:
+        if exc.name != "torch":
+            raise
+        command = (argv if argv is not None else sys.argv[1:])[:1] or ["this command"]
+        print(f"error: {s4weights._TORCH_MISSING.format(what=f's4weights {command[0]}')}",
+              file=sys.stderr)
+        return 2
