@@ -325,9 +325,13 @@ def _read_safetensors(f: _File) -> tuple[dict[str, torch.Tensor], dict[str, str]
         source = f.store.source(f.name)
         try:
             (n,) = struct.unpack("<Q", source.read_at(0, 8).tobytes())
-            meta = json.loads(source.read_at(8, n).tobytes()).get("__metadata__") or {}
+            header = json.loads(source.read_at(8, n).tobytes())
         finally:
             source.close()
+        meta = header.pop("__metadata__", None) or {}
+        # in the file's own order: safetensors' loaders each return another
+        order = sorted(header, key=lambda k: header[k]["data_offsets"][0])
+        tensors = {k: tensors[k] for k in order}
     except S4Error:
         raise
     except Exception as exc:  # safetensors raises its own SafetensorError, and others
