@@ -14,8 +14,10 @@ parent checkpoint ID; the .s4w file names its parent by checkpoint ID too, and t
 refuses a parent whose ID differs. A save never writes a delta against a checkpoint whose
 chain it cannot open: it saves a base instead and warns. Retention deletes manifests first, then
 files, never removes a checkpoint that a kept delta depends on, and after a save never one
-newer than the step saved (another process may have just committed it). A manifest that does
-not parse is skipped with a warning, so one damaged file does not stop every save and load.
+newer than the step saved (another process may have just committed it). A delta's parent is
+pinned against other processes' retention while the delta is saved (:mod:`s4weights.lease`,
+spec/checkpoints.md). A manifest that does not parse is skipped with a warning, so one damaged
+file does not stop every save and load.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ import torch
 
 import s4format
 from s4format.errors import FormatError, ParentMismatchError, S4Error, StorageError
-from s4weights import gpu, hostmem
+from s4weights import gpu, hostmem, lease
 from s4weights.api import read_tree, write_flattened
 from s4weights.store import Store, open_store
 from s4weights.store.local import LocalStore
@@ -234,6 +236,12 @@ def open_chain(store: Store, chain: list[CheckpointInfo], verify: bool,
             try:
                 source = store.source(info.file)
             except StorageError as exc:
+                if not store.exists(_manifest_name(info.step)):
+                    raise StorageError(
+                        f"checkpoint step {info.step} was deleted from {store.url} while step "
+                        f"{chain[-1].step} was being opened (retention in another process, or "
+                        "retain()); list the checkpoints again and load one that is kept"
+                    ) from exc
                 if info is chain[-1]:
                     raise StorageError(
                         f"checkpoint step {info.step} is listed in {store.url}, but its file "
@@ -416,9 +424,8 @@ def _saving(url: str):
 
 
 def _save(store: Store, state: Any, step: int, *, keyframe_interval: int, delta: bool,
-          min_delta_gain: float, keep_last: int | None, policy: str,
-          metadata: dict[str, str] | None, progress: bool | None, device: str,
-          workspace: int | None, nested: bool) -> CheckpointInfo:
+          min_delta_gain: float, keep_last: int | None, nested: bool, **coding: Any
+          ) -> CheckpointInfo:
     infos = by_step(list_checkpoints(store))
     if step in infos:
         raise StorageError(f"checkpoint step {step} already exists in {store.url}")
@@ -427,6 +434,67 @@ def _save(store: Store, state: Any, step: int, *, keyframe_interval: int, delta:
     if delta and latest is not None and latest.step < step \
             and latest.depth + 2 <= keyframe_interval and _delta_paid(latest, min_delta_gain):
         parent = latest
+    info = _save_on(store, state, step, infos, parent, nested=nested, **coding)
+    if keep_last is not None:
+        try:
+            _retain_after(store, step, keep_last)
+        except (S4Error, OSError) as exc:
+            # the checkpoint is committed: a retention that fails (a file that cannot be
+            # deleted) is said, and the next save's retention tries again
+            log.warning("checkpoint step %d is saved, but retention failed: %s", step, exc)
+    return info
+
+
+class _ParentGone(S4Error):
+    """The parent of the delta being saved was deleted or is being deleted."""
+
+
+def _save_on(store: Store, state: Any, step: int, infos: dict[int, CheckpointInfo],
+             parent: CheckpointInfo | None, **kw: Any) -> CheckpointInfo:
+    """Save ``state`` as a delta of ``parent``, pinned against retention from before its chain
+    is read until the manifest is committed, or as a base when there is no parent or the pin
+    came too late."""
+    if parent is None:
+        return _code(store, state, step, infos, None, **kw)
+    with lease.pin(store, parent.step, parent.checkpoint_id):
+        try:
+            chain = chain_of(parent.step, infos)
+            why = _parent_gone(store, chain)
+        except S4Error as exc:
+            chain, why = [], f"its chain cannot be read: {exc}"
+        if why is None:
+            try:
+                return _code(store, state, step, infos, chain, **kw)
+            except _ParentGone as exc:
+                why = str(exc)
+    log.warning("checkpoint step %d is saved as a base, not as a delta of step %d: %s", step,
+                parent.step, why)
+    return _code(store, state, step, infos, None, **kw)
+
+
+def _parent_gone(store: Store, chain: list[CheckpointInfo]) -> str | None:
+    """Why ``chain`` (base first) can no longer carry a delta, or None. Read after the pin is
+    written: retention that marks the chain later sees the pin and keeps it."""
+    marked = lease.retiring(store) & {i.step for i in chain}
+    if marked:
+        return f"retention in another process is deleting step(s) {sorted(marked)}"
+    listed = set(store.list("manifests/"))
+    missing = [i.step for i in chain if _manifest_name(i.step) not in listed]
+    if missing:
+        return f"step(s) {missing} of its chain were deleted during the save"
+    now = _manifest(store, _manifest_name(chain[-1].step))
+    if not isinstance(now, CheckpointInfo) or now.checkpoint_id != chain[-1].checkpoint_id:
+        return f"step {chain[-1].step} was deleted or replaced during the save"
+    return None
+
+
+def _code(store: Store, state: Any, step: int, infos: dict[int, CheckpointInfo],
+          chain: list[CheckpointInfo] | None, *, nested: bool, policy: str,
+          metadata: dict[str, str] | None, progress: bool | None, device: str,
+          workspace: int | None) -> CheckpointInfo:
+    """Code ``state`` into a new file of step ``step`` (a delta of ``chain``'s last checkpoint
+    where given) and commit it with its manifest."""
+    parent = chain[-1] if chain else None
     flat = flatten(state)
     # The next delta's parent is a host snapshot of this state. Host tensors are copied as the
     # save starts and the file is coded from the copies, so a caller changing them during the
@@ -485,6 +553,9 @@ def _save(store: Store, state: Any, step: int, *, keyframe_interval: int, delta:
             raw_bytes=result.raw_nbytes, stored_bytes=result.stored_nbytes,
             file_bytes=result.file_size, full_stored_bytes=result.full_stored_nbytes,
             created=time.time())
+        if used is not None and (why := _parent_gone(store, chain)):
+            _drop_unclaimed(store, step, name, manifest_tried=False)
+            raise _ParentGone(why)
         try:
             store.put_atomic(_manifest_name(step), info.to_json(), if_absent=True)
         except BaseException:
@@ -499,31 +570,25 @@ def _save(store: Store, state: Any, step: int, *, keyframe_interval: int, delta:
     log.info("checkpoint step %d: %s, %d -> %d bytes in %.3f s", step,
              f"delta of step {info.parent_step}" if used else "base", info.raw_bytes,
              info.file_bytes, time.perf_counter() - t0)
-    if keep_last is not None:
-        try:
-            _retain_after(store, step, keep_last)
-        except (S4Error, OSError) as exc:
-            # the checkpoint is committed: a retention that fails (a file that cannot be
-            # deleted) is said, and the next save's retention tries again
-            log.warning("checkpoint step %d is saved, but retention failed: %s", step, exc)
     return info
 
 
-def _drop_unclaimed(store: Store, step: int, name: str) -> None:
-    """After a failed manifest write: delete this save's file ``name`` where no manifest can
-    come to name it: another save's manifest holds the step, or the local write that failed
-    did not happen. Not where the step has no manifest on S3: a write that timed out may still
+def _drop_unclaimed(store: Store, step: int, name: str, manifest_tried: bool = True) -> None:
+    """Delete this save's file ``name`` where no manifest can come to name it: no manifest
+    write was tried, another save's manifest holds the step, or the local write that failed
+    did not happen. Not where a manifest write failed on S3: a write that timed out may still
     land, and would then name a deleted file. Best effort: a file left there is named by no
     manifest, and readers ignore it."""
     try:
-        claimed = _manifest(store, _manifest_name(step))
-        if isinstance(claimed, CheckpointInfo) and claimed.file == name:
-            return  # this save's write did land, after all
-        if claimed is not None or isinstance(store, LocalStore):
-            store.delete(name)
-        else:
-            log.warning("%s: %s is left: its manifest's write failed and may still land",
-                        store.url, name)
+        if manifest_tried:
+            claimed = _manifest(store, _manifest_name(step))
+            if isinstance(claimed, CheckpointInfo) and claimed.file == name:
+                return  # this save's write did land, after all
+            if claimed is None and not isinstance(store, LocalStore):
+                log.warning("%s: %s is left: its manifest's write failed and may still land",
+                            store.url, name)
+                return
+        store.delete(name)
     except (S4Error, OSError) as exc:
         log.warning("%s: could not delete %s, which no checkpoint uses: %s", store.url, name,
                     exc)
@@ -816,8 +881,8 @@ class _HostCopy:
 @dataclass(frozen=True)
 class Swept:
     """What :func:`sweep` found: checkpoint files no manifest names (deleted unless a dry run),
-    how many temporary files or uploads of dead writers went (or would go), and what stopped
-    it removing something."""
+    how many temporary files, uploads, pins or retiring marks of dead writers went (or would
+    go), and what stopped it removing something."""
     orphans: list[str]
     temporaries: int
     problems: list[str]
@@ -867,6 +932,10 @@ def sweep(url_or_dir: Any, older_than_s: float = 3600.0, *, dry_run: bool = Fals
         try:
             temporaries = store.sweep(older_than_s, dirs=("data/", "manifests/"),
                                       dry_run=dry_run) if hasattr(store, "sweep") else 0
+            leases = lease.stale(store, older_than_s)
+            for n in leases if not dry_run else ():
+                store.delete(n)
+            temporaries += len(leases)
         except S4Error as exc:
             temporaries = 0
             problems.append(f"temporary files: {exc}")
@@ -883,20 +952,40 @@ def retain(url_or_dir: Any, keep_steps: list[int]) -> list[int]:
 
 def _retain(store: Store, keep_steps: list[int],
             infos: dict[int, CheckpointInfo] | None = None) -> list[int]:
+    """Delete what ``keep_steps`` do not need. The steps to delete are marked first; then the
+    pins of saves in progress and the manifests are listed again, and a pinned step, a step
+    committed since ``infos`` was listed, and their chains are kept (see :mod:`lease`)."""
     if infos is None:
         infos = by_step(list_checkpoints(store))
-    needed: set[int] = set()
-    for s in keep_steps:
-        if s in infos:
-            needed.update(i.step for i in chain_of(s, infos))
-    doomed = sorted(set(infos) - needed)
-    # newest first: a delta's manifest goes before its parent's, so an interrupted retention
-    # never leaves a listed delta whose parent is gone
-    for s in reversed(doomed):
-        store.delete(_manifest_name(s))
-    for s in doomed:
-        store.delete(infos[s].file)
+    doomed = _unneeded(keep_steps, infos)
+    if doomed:
+        with lease.marking(store, doomed):
+            held = lease.pinned(store)
+            now = by_step(list_checkpoints(store))
+            keep = set(keep_steps) | (set(now) - set(infos)) | {
+                p.step for p in held
+                if p.step in now and now[p.step].checkpoint_id == p.checkpoint_id}
+            doomed = [s for s in _unneeded(keep, now)
+                      if s in doomed and now[s].checkpoint_id == infos[s].checkpoint_id]
+            # newest first: a delta's manifest goes before its parent's, so an interrupted
+            # retention never leaves a listed delta whose parent is gone
+            for s in reversed(doomed):
+                store.delete(_manifest_name(s))
+            for s in doomed:
+                store.delete(infos[s].file)
+        needed = set(infos) - set(doomed)
+    else:
+        needed = set(infos)
     cached = _PARENT_CACHE.get(store.url)
     if cached and cached[0] not in {infos[s].checkpoint_id for s in needed}:
         _cache(store.url, None)
     return doomed
+
+
+def _unneeded(keep_steps: set[int] | list[int], infos: dict[int, CheckpointInfo]) -> list[int]:
+    """The steps of ``infos`` that no step of ``keep_steps`` is, or needs for its chain."""
+    needed: set[int] = set()
+    for s in keep_steps:
+        if s in infos:
+            needed.update(i.step for i in chain_of(s, infos))
+    return sorted(set(infos) - needed)

@@ -136,6 +136,11 @@ class S3Store(Store):
             raise ValueError("max_concurrency and max_attempts must be >= 1")
         self.bucket = bucket
         self.prefix = prefix.strip("/")
+        if "//" in self.prefix:
+            # AWS keeps "a//b" apart from "a/b", while servers that store keys as paths
+            # (SeaweedFS, MinIO) fold them: a run saved there would not be found again
+            raise ValueError(f"S3 prefix {prefix!r} has an empty path segment ('//'); "
+                             "write it with single slashes")
         self.url = f"s3://{bucket}/{self.prefix}".rstrip("/")
         self.part_size = part_size
         self.max_concurrency = max_concurrency
