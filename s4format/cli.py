@@ -8,9 +8,10 @@ import json
 import sys
 from typing import Any
 
-from s4format import codecs, conformance
+from s4format import __version__, codecs, conformance
 from s4format.errors import S4Error, StorageError
 from s4format.reader import Reader
+from s4format.schema import MAJOR, MINOR
 from s4format.verify import report, verify
 
 
@@ -107,15 +108,34 @@ def cmd_verify(args: argparse.Namespace) -> int:
             parent = opened.enter_context(Reader(_source(path), parent=parent))
         r = opened.enter_context(Reader(_source(args.file), parent=parent))
         problems = verify(r)
+        if r.parent is None and r.parent_id is not None:
+            return _report_without_parent(args.file, r, problems)
         return report(problems,
                       ok=f"{args.file}: OK, {len(r.tensors)} tensors, every checksum and "
                          "content hash verified",
                       bad=f"{args.file}: INVALID, {len(problems)} problem(s)")
 
 
+def _report_without_parent(file: str, r: Reader, problems: list) -> int:
+    """A delta verified without its parent: the problems found in what could be checked, or
+    else one line that says what was checked and how to check the rest (exit status 2)."""
+    deltas = {t.name for t in r.tensors if t.is_delta}
+    found = [p for p in problems if not (p.plane is None and p.tensor in deltas)]
+    if found:
+        return report(found, ok="", bad=f"{file}: INVALID, {len(found)} problem(s)")
+    print(f"{file}: a delta against checkpoint {r.parent_id.hex()}: every stored plane's "
+          f"checksum and the content hashes of its {len(r.tensors) - len(deltas)} full "
+          f"tensors are valid; its {len(deltas)} delta tensors can only be checked with the "
+          f"parent: python -m s4format verify {file} --parent PARENT.s4w (and a --parent for "
+          "each further parent, down to the base)", file=sys.stderr)
+    return 2
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m s4format",
                                  description="Inspect and verify .s4w checkpoint files.")
+    ap.add_argument("--version", action="version",
+                    version=f"s4format {__version__} (.s4w format {MAJOR}.{MINOR})")
     sub = ap.add_subparsers(dest="command", required=True)
     p = sub.add_parser("inspect", help="list version, flags, tensors, planes, codecs and ratios",
                        description="Print the structure of a .s4w file without decoding it.")
@@ -126,7 +146,8 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Decode every tensor, check every plane checksum, content "
                                    "hash and padding byte. Exit status 0 when valid, 1 when a "
                                    "problem is found (each named by tensor and plane), 2 when "
-                                   "the file cannot be opened at all.")
+                                   "the file cannot be opened at all, or is a delta given "
+                                   "without its parent.")
     p.add_argument("file", help="path or s3://bucket/key URL of the .s4w file")
     p.add_argument("--parent", action="append",
                    help="the delta's parent .s4w file (to check delta tensors); repeat it for a "

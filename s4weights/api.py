@@ -20,7 +20,7 @@ from typing import Any, BinaryIO
 import torch
 
 import s4format
-from s4format.errors import LimitError, StorageError
+from s4format.errors import BadMagicError, LimitError, S4Error, StorageError
 from s4format.reader import MAX_TENSORS
 from s4format.source import BufferSource, ByteSource
 from s4format.writer import Writer, WriteResult
@@ -199,6 +199,8 @@ def _source(f: FileLike | bytes | ByteSource) -> ByteSource | str | os.PathLike[
                 return BufferSource(fh.read(), name=os.fspath(f))
             except OSError as exc:
                 raise StorageError(f"reading {os.fspath(f)} failed: {exc.strerror}") from exc
+    if isinstance(f, (str, os.PathLike)) and os.path.isdir(f):
+        raise StorageError(_directory_message(os.fspath(f)))
     if isinstance(f, (str, os.PathLike, ByteSource)):
         return f
     if isinstance(f, (bytes, bytearray, memoryview)):
@@ -211,6 +213,48 @@ def _source(f: FileLike | bytes | ByteSource) -> ByteSource | str | os.PathLike[
         f.seek(0, io.SEEK_END)
         return BufferSource(view)
     return BufferSource(f.read(), name=getattr(f, "name", "<file object>"))
+
+
+def _directory_message(path: str) -> str:
+    if os.path.isdir(os.path.join(path, "manifests")):
+        return (f"{path} is a checkpoint directory, not a .s4w file: load it with "
+                f"s4weights.load_checkpoint({path!r}) (the latest step, or step=N)")
+    return (f"{path} is a directory, not a .s4w file: s4weights.load reads one file; a "
+            "directory written by save_checkpoint loads with s4weights.load_checkpoint")
+
+
+def open_reader(f: FileLike | bytes | ByteSource, *, parent: s4format.Reader | None = None,
+                verify: bool = True) -> s4format.Reader:
+    """A Reader of ``f`` (see :func:`load`); a torch.save or safetensors file is refused with
+    a BadMagicError that says how to read or convert it."""
+    src = _source(f)
+    try:
+        return s4format.Reader(src, parent=parent, verify=verify)
+    except BadMagicError as exc:
+        hint = _foreign_format(src)
+        if hint is None:
+            raise
+        raise BadMagicError(f"{exc}: {hint}") from None
+
+
+def _foreign_format(src: ByteSource | str | os.PathLike[str]) -> str | None:
+    """What to do with a file of a format s4weights converts from, else None."""
+    try:
+        if isinstance(src, (str, os.PathLike)):
+            with open(src, "rb") as fh:
+                head = fh.read(16)
+        else:
+            head = src.read_at(0, min(16, src.size())).tobytes()
+    except (OSError, S4Error):
+        return None
+    name = os.fspath(src) if isinstance(src, (str, os.PathLike)) else "FILE"
+    convert = f"or convert it once: s4weights convert {name} {Path(name).stem}.s4w"
+    pickle = len(head) > 1 and head[0] == 0x80 and 2 <= head[1] <= 5  # a pre-1.6 torch.save
+    if head.startswith(b"PK\x03\x04") or pickle:
+        return f"it is a torch.save file: read it with torch.load(weights_only=True), {convert}"
+    if len(head) > 8 and head[8:9] == b"{":
+        return f"it looks like a safetensors file: read it with safetensors, {convert}"
+    return None
 
 
 def read_tree(reader: s4format.Reader, map_location: Any = None, *, strict: bool = True,
@@ -298,9 +342,8 @@ def load(f: FileLike | bytes, map_location: Any = None, pickle_module: Any = Non
     with contextlib.ExitStack() as opened:
         # a parent this call opens is closed with it (also when the child fails to open)
         parent_reader = parent if isinstance(parent, s4format.Reader) or parent is None \
-            else opened.enter_context(s4format.Reader(_source(parent), verify=verify))
-        reader = opened.enter_context(s4format.Reader(_source(f), parent=parent_reader,
-                                                      verify=verify))
+            else opened.enter_context(open_reader(parent, verify=verify))
+        reader = opened.enter_context(open_reader(f, parent=parent_reader, verify=verify))
         obj = read_tree(reader, map_location, strict=strict, show=progress, device=device,
                         into=into, workspace=workspace)
     log.info("loaded %s in %.3f s", reader.name, time.perf_counter() - t0)

@@ -30,10 +30,9 @@ class S4File:
                  verify: bool = True) -> None:
         with contextlib.ExitStack() as opened:
             if parent is not None and not isinstance(parent, s4format.Reader):
-                parent = opened.enter_context(s4format.Reader(api._source(parent),
-                                                              verify=verify))
-            self.reader = opened.enter_context(
-                s4format.Reader(api._source(f), parent=parent, verify=verify))
+                parent = opened.enter_context(api.open_reader(parent, verify=verify))
+            self.reader = opened.enter_context(api.open_reader(f, parent=parent,
+                                                               verify=verify))
             self._closing = opened.pop_all()
         self._nodes: dict[str, Any] = {}
         _tensor_nodes(self.reader.tree, "", self._nodes)

@@ -114,9 +114,11 @@ def test_verify_corrupt_names_tensor_and_plane(files) -> None:
 
 
 def test_verify_delta_needs_its_parent(files) -> None:
-    res = run("verify", files["delta"])
-    assert res.returncode == 1
-    assert "tensor 'w' is a delta and was not checked: give its parent (--parent)" in res.stderr
+    res = run("verify", files["delta"])  # said once, with what to run; not INVALID
+    assert res.returncode == 2
+    assert res.stderr.count("\n") == 1 and "INVALID" not in res.stderr
+    assert "its 1 delta tensors can only be checked with the parent: python -m s4format " \
+           f"verify {files['delta']} --parent PARENT.s4w" in res.stderr
     res = run("verify", files["delta"], "--parent", files["base"])
     assert res.returncode == 0, res.stderr
     res = run("verify", files["delta"], "--parent", files["good"])
