@@ -1,0 +1,5 @@
+import sys
+
+from s4weights.runner.cli import main
+
+sys.exit(main())
