@@ -1,10 +1,11 @@
-"""Reference adapter for the external reader protocol (``conformance/README.md``), on s4format.
+"""Reference adapter for the external-reader protocol (``spec/conformance.md``), on s4format.
 
     python conformance/reference_reader.py decode FILE OUTDIR [--parent PARENTFILE]
 
-Writes ``OUTDIR/index.json`` and one raw-bytes file per tensor and exits 0; exits 1 with
-``ErrorClass: message`` as the first line of stderr when it rejects the file; any other exit
-status is a crash. A reader in another language implements the same three outcomes.
+Writes ``OUTDIR/index.json`` and one raw-bytes file per tensor into the existing ``OUTDIR`` and
+exits 0; exits 1 with ``ErrorClass: message`` as the first line of stderr when it rejects the
+file; any other exit status is a crash. A reader in another language implements the same three
+outcomes.
 """
 
 from __future__ import annotations

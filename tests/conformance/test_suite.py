@@ -41,7 +41,7 @@ def test_default_suites_are_v1_and_v1_1(monkeypatch) -> None:
     monkeypatch.setattr(conformance, "run_suite", lambda suite, *_a, **_k: ran.append(suite) or [])
     monkeypatch.setattr(conformance, "print_table", lambda *_args: None)
     args = argparse.Namespace(reader=None, error_map=None, require=[], device="cpu", suite=None,
-                              timeout=10.0, json=False)
+                              timeout=10.0, json=False, jobs=1)
     assert conformance.main(args) == 0
     assert ran == [SUITE, SUITE_1_1]
 
@@ -98,7 +98,7 @@ def test_cuda_gate_fails_loudly_without_the_gpu_path(capsys) -> None:
     if gpu.available():
         pytest.skip("a GPU is present: the gate runs for real (see --device cuda)")
     args = argparse.Namespace(reader=None, error_map=None, require=[], device="cuda",
-                              suite=[SUITE], timeout=10.0, json=False)
+                              suite=[SUITE], timeout=10.0, json=False, jobs=1)
     assert conformance.main(args) == 1
     err = capsys.readouterr().err
     assert "FAIL: --device cuda requested but the GPU path cannot run" in err
