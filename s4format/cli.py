@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 from s4format import __version__, codecs, conformance
@@ -116,6 +117,16 @@ def cmd_verify(args: argparse.Namespace) -> int:
                       bad=f"{args.file}: INVALID, {len(problems)} problem(s)")
 
 
+# The vectors ship inside the package (in a checkout, links to conformance/v1 and v1.1).
+PACKAGED_SUITES = tuple(Path(__file__).resolve().parent / "vectors" / v for v in ("v1", "v1.1"))
+
+
+def cmd_conformance(args: argparse.Namespace) -> int:
+    if not args.suite:
+        args.suite = list(PACKAGED_SUITES)
+    return conformance.main(args)
+
+
 def _report_without_parent(file: str, r: Reader, problems: list) -> int:
     """A delta verified without its parent: the problems found in what could be checked, or
     else one line that says what was checked and how to check the rest (exit status 2)."""
@@ -158,7 +169,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "v1.1) against this reader (default) or an external one; "
                                    "prints a pass/fail table, exit status 1 on any failure.")
     conformance.add_arguments(p)
-    p.set_defaults(func=conformance.main)
+    p.set_defaults(func=cmd_conformance)
     return ap
 
 
