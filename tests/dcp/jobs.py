@@ -1,0 +1,109 @@
+"""What the spawned ranks of the distributed DCP tests run: one process group per world size,
+shared by every case, each case asserting bit-exact loads itself. Rank 0 records the cases
+that passed, so the test can tell they all ran."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+
+from s4weights.dcp import S4StorageReader, S4StorageWriter
+from tests.dcp.states import (
+    Replicate,
+    Shard,
+    apply_state,
+    assert_same,
+    dcp_state,
+    distributed,
+    full_state,
+    init_group,
+    plain_state,
+    sharded_model,
+    train_step,
+    zeros_like_state,
+)
+
+
+def _record(report: str, case: str) -> None:
+    if dist.get_rank() == 0:
+        path = Path(report)
+        done = json.loads(path.read_text()) if path.exists() else []
+        path.write_text(json.dumps([*done, case]))
+
+
+def _wait(result: Any) -> None:
+    """async_save's result: a Future, or (newer torch, with some stagers) a response."""
+    getattr(result, "upload_completion", result).result()
+
+
+def _load_fsdp(url: str, world: int, seed: int) -> tuple[Any, Any, dict[str, Any]]:
+    """A model initialised otherwise, loaded from ``url``."""
+    model, opt = sharded_model(seed, world)
+    state = dcp_state(model, opt)
+    state["step"] = 0
+    dcp.load(state, storage_reader=S4StorageReader(url))
+    apply_state(model, opt, state)
+    return model, opt, state
+
+
+def world4(rank: int, pg_file: str, ref_path: str, roots: list[str], report: str,
+           env: dict[str, str]) -> None:
+    """Save FSDP2 states from 4 ranks and load them back on 4 ranks (in every root); save a
+    DTensor state and load it as other placements, and save asynchronously in thread mode
+    (in the first root)."""
+    os.environ.update(env)
+    init_group(rank, 4, pg_file)
+    model, opt = sharded_model(0, 4)
+    train_step(model, opt, 1)
+    ref = full_state(model, opt)
+    if rank == 0:
+        torch.save(ref, ref_path)
+    state = dcp_state(model, opt)
+    for root in roots:
+        dcp.save(state, storage_writer=S4StorageWriter(f"{root}/fsdp4"))
+        m2, o2, loaded = _load_fsdp(f"{root}/fsdp4", 4, 5)
+        assert loaded["step"] == 1
+        assert_same(full_state(m2, o2), ref)
+        _record(report, f"fsdp2 4->4 {root}")
+    full = plain_state(3)
+    dcp.save(distributed(full, [Shard(0)]), checkpoint_id=f"{roots[0]}/dtensor4",
+             storage_writer=S4StorageWriter())
+    for label, placements in (("Shard(1)", [Shard(1)]), ("Replicate", [Replicate()])):
+        dest = distributed(zeros_like_state(full), placements)
+        dcp.load(dest, checkpoint_id=f"{roots[0]}/dtensor4", storage_reader=S4StorageReader())
+        assert_same(dest, full)
+        _record(report, f"Shard(0) -> {label}")
+    _wait(dcp.async_save(state, storage_writer=S4StorageWriter(f"{roots[0]}/async-thread")))
+    m3, o3, _ = _load_fsdp(f"{roots[0]}/async-thread", 4, 6)
+    assert_same(full_state(m3, o3), ref)
+    _record(report, "async_save thread")
+    dist.destroy_process_group()
+
+
+def world2(rank: int, pg_file: str, ref_path: str, roots: list[str], report: str,
+           env: dict[str, str]) -> None:
+    """Load the 4-rank checkpoints on 2 ranks, save a 2-rank one, and save asynchronously in
+    process mode where this torch has it."""
+    os.environ.update(env)
+    init_group(rank, 2, pg_file)
+    ref = torch.load(ref_path)
+    for root in roots:
+        model, opt, state = _load_fsdp(f"{root}/fsdp4", 2, 7)
+        assert state["step"] == 1
+        assert_same(full_state(model, opt), ref)
+        _record(report, f"fsdp2 4->2 {root}")
+        dcp.save(dcp_state(model, opt), storage_writer=S4StorageWriter(f"{root}/fsdp2"))
+    kind = getattr(dcp, "AsyncCheckpointerType", None)
+    if kind is not None and hasattr(kind, "PROCESS"):
+        _wait(dcp.async_save(dcp_state(model, opt), async_checkpointer_type=kind.PROCESS,
+                             storage_writer=S4StorageWriter(f"{roots[0]}/async-process")))
+        m2, o2, _ = _load_fsdp(f"{roots[0]}/async-process", 2, 8)
+        assert_same(full_state(m2, o2), ref)
+        _record(report, "async_save process")
+    dist.destroy_process_group()
