@@ -166,8 +166,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_verify)
     p = sub.add_parser("conformance", help="run the conformance vectors against a reader",
                        description="Run every vector of the conformance suites (v1 and "
-                                   "v1.1) against this reader (default) or an external one; "
-                                   "prints a pass/fail table, exit status 1 on any failure.")
+                                   "v1.1) against this reader (default) or an external one "
+                                   "(protocol: spec/conformance.md); prints passed / failed / "
+                                   "skipped per suite (or --json), exit status 1 on any "
+                                   "failure, 2 when a suite or the error map is unusable.")
     conformance.add_arguments(p)
     p.set_defaults(func=cmd_conformance)
     return ap
