@@ -4,7 +4,7 @@ checkpoints as .s4w files (``s4weights.save``/``load``: atomic, lossless, no pic
     trainer = lightning.Trainer(plugins=[S4CheckpointIO()])
     trainer = lightning.Trainer(plugins=[AsyncCheckpointIO(S4CheckpointIO())])  # in a thread
 
-Checkpoints keep Lightning's names (``epoch=0-step=10.ckpt``) and paths may be ``s3://`` URLs.
+Checkpoints keep Lightning's names (``epoch=0-step=10.ckpt``); the files are .s4w.
 Needs the ``lightning`` extra; the rest of s4weights never imports this module.
 """
 
