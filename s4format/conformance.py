@@ -18,6 +18,7 @@ import decimal
 import hashlib
 import json
 import math
+import os
 import re
 import shlex
 import signal
@@ -143,27 +144,38 @@ class ExternalReader:
             if parent:
                 argv += ["--parent", str(file.parent / parent)]
             try:
-                proc = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True,
-                                      timeout=self.timeout, check=False)
+                status, stderr = self._run(argv)
             except subprocess.TimeoutExpired:
                 return Outcome(False, detail=f"timed out after {self.timeout:g} s",
                                problem="crash")
             except OSError as exc:
                 return Outcome(False, detail=f"cannot run reader: {exc}", problem="crash")
-            stderr = proc.stderr.decode("utf-8", "replace")
-            if proc.returncode == 0:
+            if status == 0:
                 return _decoded(out)
-            if proc.returncode == 1:
+            if status == 1:
                 return self._rejection(stderr)
-            return Outcome(False, detail=f"{_exit_status(proc.returncode)}: "
-                                         f"{stderr.strip()[-300:]}", problem="crash")
+            return Outcome(False, detail=f"{_exit_status(status)}: {stderr.strip()[-300:]}",
+                           problem="crash")
+
+    def _run(self, argv: list[str]) -> tuple[int, str]:
+        """Exit status and stderr; past the timeout the reader's whole process group is killed,
+        so that a reader started through a shell cannot keep the pipe open."""
+        with subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, start_new_session=True) as proc:
+            try:
+                _, err = proc.communicate(timeout=self.timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.communicate()
+                raise
+        return proc.returncode, err.decode("utf-8", "replace")
 
     def _rejection(self, stderr: str) -> Outcome:
         """Exit status 1: the first line of stderr must start with a spec error class, or a
         name the error map maps to one; a Python traceback is a crash, not a rejection."""
-        first = stderr.splitlines()[0].strip() if stderr.strip() else ""
+        first = stderr.splitlines()[0].strip() if stderr else ""
         if not first:
-            return Outcome(False, detail="exit status 1 with nothing on stderr",
+            return Outcome(False, detail="exit status 1 and the first line of stderr is empty",
                            problem="no error class")
         if first.startswith(_TRACEBACK):
             return Outcome(False, detail=stderr.strip().splitlines()[-1][:300],

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -63,7 +64,9 @@ def test_own_names_pass_only_through_the_error_map(tmp_path: Path, capsys) -> No
 
 
 @pytest.mark.parametrize(("body", "got", "detail"), [
-    ("sys.exit(1)\n", "no error class", "exit status 1 with nothing on stderr"),
+    ("sys.exit(1)\n", "no error class", "exit status 1 and the first line of stderr is empty"),
+    ("print(file=sys.stderr)\nprint('ChecksumError', file=sys.stderr)\nsys.exit(1)\n",
+     "no error class", "exit status 1 and the first line of stderr is empty"),
     ("raise ValueError('ChecksumError')\n", "traceback", "ValueError: ChecksumError"),
     ("print('UnsupportedVersionErrorX', file=sys.stderr)\nsys.exit(1)\n", "unknown class",
      "first line of stderr: 'UnsupportedVersionErrorX'"),
@@ -154,3 +157,13 @@ def test_json_report(tmp_path: Path, capsys) -> None:
     assert (s["suite"], s["version"], s["failed"]) == ("v1", "1.0", 2)
     assert [(r["id"], r["status"], r["got"]) for r in s["results"]] == [
         (APPENDIX_A, "fail", "rejected FormatError"), (MAJOR_2, "fail", "rejected FormatError")]
+
+
+def test_a_timeout_kills_the_readers_children_too() -> None:
+    # A shell whose child holds stderr open: killing the shell alone would wait 30 s for EOF.
+    reader = conformance.ExternalReader("sh -c 'sleep 30 & wait' sh", timeout=0.5)
+    start = time.monotonic()
+    [result] = conformance.run_suite(V1, reader, manifest=_suite(MAJOR_2))
+    assert (result.status, result.got, result.detail) == ("fail", "crash",
+                                                          "timed out after 0.5 s")
+    assert time.monotonic() - start < 10
