@@ -43,12 +43,14 @@ def gpu_problem() -> str | None:
     """Why the GPU path cannot run here, or None."""
     try:
         import torch
-
-        import s4weights.gpu as gpu
     except ImportError as exc:
-        return f"cannot import torch or s4weights ({exc})"
+        return f"cannot import torch ({exc})"
     if not torch.cuda.is_available():
         return "torch sees no CUDA device"
+    try:
+        import s4weights.gpu as gpu
+    except ImportError as exc:
+        return f"cannot import s4weights' GPU path ({exc})"
     if not gpu.available():
         return "s4weights.gpu.available() is False (CuPy missing?)"
     return None
