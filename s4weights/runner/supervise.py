@@ -40,6 +40,7 @@ class Supervisor:
     def __init__(self, cfg: Config, who: Identity, status: RunStatus, log: Log) -> None:
         self.cfg, self.who, self.status, self.log = cfg, who, status, log
         self.proc: subprocess.Popen[bytes] | None = None
+        self.poller = RegistryPoller(cfg, status, log)
         self.stop_signal: int | None = None
         self._request_lock = threading.Lock()
 
@@ -50,12 +51,11 @@ class Supervisor:
             self.log.error("health.bind_failed", f"cannot listen on {self.cfg.health.address}:"
                            f"{self.cfg.health.port}: {exc}", exit_status=int(Exit.HEALTH_PORT))
             return Exit.HEALTH_PORT
-        poller = RegistryPoller(self.cfg, self.status, self.log)
         spot = SpotWatch(self.cfg.spot, self.log, self._on_spot_notice)
         health.start()
         self.log.info("health.listening", "health endpoints up",
                       address=self.cfg.health.address, port=health.server_address[1])
-        poller.start()
+        self.poller.start()
         if self.cfg.spot.enabled:
             spot.start()
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
@@ -65,8 +65,7 @@ class Supervisor:
             for s, h in previous.items():
                 signal.signal(s, h)
             spot.stop()
-            poller.stop()
-            poller.poll_once()  # /status's last word, for the log below
+            self.poller.stop()
             health.stop()
 
     def _run_job(self) -> Exit:
@@ -117,6 +116,7 @@ class Supervisor:
         sig = -code if code < 0 else None
         self.status.update_job(state="exited", exit_code=code, signal=sig, ended_at=time.time())
         status = Exit.OK if code == 0 else Exit.JOB_FAILED
+        self.poller.poll_once()  # the job's final checkpoint, for the log line below
         latest = self.status.snapshot()["latest_checkpoint"]
         self.log.event("info" if status is Exit.OK else "error", "job.exited",
                        f"the training command exited with {code}" if sig is None else

@@ -173,3 +173,14 @@ def test_refuses_to_run_as_root_or_unknown_user(launch, metering, user: str) -> 
     assert failed and failed[0]["exit_status"] == Exit.PRIVILEGES
     assert ("root" if user == "root" else "does not exist") in failed[0]["message"]
     assert metering.requests == []  # nothing else happened: not even the entitlement call
+
+
+def test_busy_health_port(launch) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        r = launch(SLEEPER, health={"port": taken.getsockname()[1]})
+        assert r.wait(60) == Exit.HEALTH_PORT
+    failed = next(e for e in r.events() if e["event"] == "health.bind_failed")
+    assert failed["exit_status"] == Exit.HEALTH_PORT
+    assert "job.started" not in [e["event"] for e in r.events()]
