@@ -8,8 +8,9 @@ checkpoint chain), loaded back on the GPU and on the CPU. Exit 3 without a GPU, 
 mismatch or error.
 
 ``--break-plane-merge`` is a test switch, never used by the build: after every GPU plane merge it
-flips the lowest bit of the first byte each merge wrote (after the merge's own content hash), so
-the gate can be shown to catch a one-bit error that the decoder's checks do not.
+flips the lowest bit of the first byte the merge wrote, so the gate can be shown to fail. The
+merge hashes the full leaves it writes before the flip, so in a large tensor the error passes
+every check of the decoder: only the gate's own byte comparison sees it.
 """
 
 from __future__ import annotations
