@@ -1,4 +1,4 @@
-"""The EC2 spot interruption notice, polled through IMDSv2 (a session token from
+"""The EC2 spot interruption notice, polled through IMDSv2 (a token from
 ``PUT /latest/api/token``, then ``GET /latest/meta-data/spot/instance-action``: 404 while no
 interruption is scheduled). The first notice calls ``on_notice`` once; IMDS errors are logged
 once and polling goes on, since a missed notice costs a checkpoint, not correctness."""
@@ -69,7 +69,7 @@ class SpotWatch:
     def poll(self) -> dict[str, Any] | None:
         """The instance-action document, or None while no interruption is scheduled."""
         req = urllib.request.Request(f"{self.base}/latest/meta-data/spot/instance-action",
-                                     headers={"X-aws-ec2-metadata-token": self._session()})
+                                     headers={"X-aws-ec2-metadata-token": self._token_value()})
         try:
             with _OPENER.open(req, timeout=TIMEOUT_S) as resp:
                 body = resp.read(65536)
@@ -84,7 +84,7 @@ class SpotWatch:
             raise ValueError("the instance-action document is not a JSON object")
         return {k: notice[k] for k in ("action", "time") if isinstance(notice.get(k), str)}
 
-    def _session(self) -> str:
+    def _token_value(self) -> str:
         now = time.monotonic()
         if self._token is None or now > self._token[1]:
             req = urllib.request.Request(

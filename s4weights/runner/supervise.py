@@ -1,5 +1,5 @@
 """Running the job once entitled: health port, registry poller and spot watch up first, then the
-training command in a session of its own, as this (already unprivileged) process's user.
+training command in a process group of its own, as this (already unprivileged) process's user.
 
 A stop signal (SIGTERM/SIGINT) writes the checkpoint request, forwards the signal to the job's
 main process and waits ``grace_s`` for it to exit before killing its whole process group; a spot

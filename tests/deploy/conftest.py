@@ -3,7 +3,7 @@
 server of ``tests/s3`` as the registry, and ``train_job.py`` as the training command.
 
 Run as root (as CI does), every runner starts as root and must drop to a throwaway user made
-for the session; it starts inside a private mount namespace where the interpreter and the
+for the test run; it starts inside a private mount namespace where the interpreter and the
 checkout are reachable by that user (``reachable.py``). Run as another user, the runner runs as
 that user.
 """
