@@ -63,6 +63,12 @@ class UnsupportedObjectError(UnsupportedError):
     """An object in the tree cannot be encoded (writer) or is of a refused kind (reader)."""
 
 
+class UnsupportedDeviceError(UnsupportedError, RuntimeError):
+    """A tensor is to be loaded onto a device this machine or this torch cannot use (saved on
+    ``mps`` or ``xla:0`` and loaded elsewhere, or CUDA without a GPU). Also a RuntimeError,
+    the class torch.load raises for it."""
+
+
 class ParentMismatchError(S4Error):
     """A delta's parent is missing or is not the checkpoint the delta was made against."""
 

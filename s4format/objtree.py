@@ -11,12 +11,16 @@ from __future__ import annotations
 
 import struct
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from s4format.errors import FormatError, LimitError, UnsupportedObjectError
 
 MAX_DEPTH = 256
+# Keys of one dict that may share one hash (rule O13): CPython's hash of ints, floats and
+# tuples is not keyed, and a dict of keys that all collide costs quadratic time to build.
+MAX_KEYS_PER_HASH = 64
 
 T_NONE, T_FALSE, T_TRUE, T_INT, T_BIGINT, T_FLOAT, T_STR, T_BYTES = range(8)
 T_LIST, T_TUPLE, T_DICT, T_TENSOR, T_TYPED, T_ODICT = range(8, 14)
@@ -81,8 +85,13 @@ def _encode(obj: Any, out: bytearray, path: str, depth: int, refs: int) -> None:
     elif t is dict or t is OrderedDict:
         out.append(T_DICT if t is dict else T_ODICT)
         out += struct.pack("<I", len(obj))
+        hashes = KeyHashes()
         for key, value in obj.items():
             _check_key(key, path)
+            if not hashes.add(key):
+                raise UnsupportedObjectError(
+                    f"dict at {path} has more than {MAX_KEYS_PER_HASH} keys of one hash "
+                    f"({_shown(key)} is one): readers refuse it (spec/objects.md, O13)")
             shown = _shown(key)
             _encode(key, out, f"{path}.<key {shown}>", depth + 1, refs)
             _encode(value, out, f"{path}[{shown}]", depth + 1, refs)
@@ -110,12 +119,12 @@ def _encode(obj: Any, out: bytearray, path: str, depth: int, refs: int) -> None:
             "tensors are stored")
 
 
-def _shown(key: Any) -> str:
-    """A dict key as key paths and messages show it: its repr, cut to 80 characters. Never
+def _shown(key: Any, form: Callable[[Any], str] = repr) -> str:
+    """A dict key as messages show it: its repr (or ``form``), cut to 80 characters. Never
     raises: the repr of an int of more than 4300 digits does (ValueError), and such an int is
     a valid key."""
     try:
-        text = repr(key)
+        text = form(key)
     except ValueError:
         text = f"<{type(key).__name__} too large to show>"
     return text if len(text) <= 80 else text[:77] + "..."
@@ -129,6 +138,59 @@ def key_path(path: str, key: Any) -> str:
     except ValueError:
         text = _shown(key)
     return f"{path}.{text}" if path else text
+
+
+class KeyHashes:
+    """Counts a dict's keys by hash, to refuse more than MAX_KEYS_PER_HASH of one before the
+    dict is built (each insertion then probes at most that many keys)."""
+
+    def __init__(self) -> None:
+        # a hash value below 2^61 is its own hash: this count cannot be flooded in turn
+        self.counts: dict[int, int] = {}
+
+    def add(self, key: Any) -> bool:
+        """Count ``key``; False when its hash already has MAX_KEYS_PER_HASH keys."""
+        h = hash(key)
+        n = self.counts.get(h, 0)
+        if n >= MAX_KEYS_PER_HASH:
+            return False
+        self.counts[h] = n + 1
+        return True
+
+
+class KeyPath:
+    """The key path of the node a walk is at, kept as its keys: the string is built for a
+    message only (a path built at every level costs depth^2 x key length), and exactly, for
+    lookups, only while it is at most ``limit`` characters long (never when ``limit`` < 0)."""
+
+    def __init__(self, base: str = "", limit: int = -1) -> None:
+        self.base = base
+        self.keys: list[Any] = []
+        self.limit = limit
+        self.exacts = [base if len(base) <= limit else None] if limit >= 0 else None
+
+    def push(self, key: Any) -> None:
+        self.keys.append(key)
+        if self.exacts is not None:
+            parent = self.exacts[-1]
+            path = None if parent is None else key_path(parent, key)
+            self.exacts.append(path if path is not None and len(path) <= self.limit else None)
+
+    def pop(self) -> None:
+        self.keys.pop()
+        if self.exacts is not None:
+            self.exacts.pop()
+
+    def exact(self) -> str | None:
+        """The path as :func:`key_path` builds it, or None when it is longer than the limit."""
+        return None if self.exacts is None else self.exacts[-1]
+
+    def shown(self) -> str:
+        """The path for a message, each key cut to 80 characters; ``<root>`` when empty."""
+        path = self.base
+        for key in self.keys:
+            path = key_path(path, _shown(key, str))
+        return path or "<root>"
 
 
 def _is_key(key: Any) -> bool:
@@ -145,10 +207,15 @@ def _check_key(key: Any, path: str) -> None:
 
 
 class _Decoder:
-    def __init__(self, data: bytes, tensor_count: int) -> None:
+    def __init__(self, data: bytes, tensor_count: int,
+                 check_typed: Callable[[str, Any], None] | None,
+                 uses: list[int] | None) -> None:
         self.data = memoryview(data)
         self.pos = 0
         self.tensor_count = tensor_count
+        self.check_typed = check_typed
+        self.uses = uses
+        self.path = KeyPath()  # for error messages
 
     def take(self, n: int) -> memoryview:
         if n > len(self.data) - self.pos:
@@ -197,42 +264,74 @@ class _Decoder:
         if tag == T_BYTES:
             return bytes(self.take(self.u32()))
         if tag in (T_LIST, T_TUPLE):
-            items = [self.node(depth + 1) for _ in range(self.count(1))]
+            items = self.items(depth)
             return items if tag == T_LIST else tuple(items)
         if tag in (T_DICT, T_ODICT):
-            result: dict = {} if tag == T_DICT else OrderedDict()
-            for _ in range(self.count(2)):
-                key = self.node(depth + 1)
-                if not _is_key(key):
-                    raise FormatError(f"dict key of type {type(key).__name__} at tree offset "
-                                      f"{at} is not allowed")
-                try:
-                    if key in result:
-                        raise FormatError(f"duplicate dict key {_shown(key)} at tree offset {at}")
-                except TypeError:
-                    raise FormatError(f"unhashable dict key at tree offset {at}") from None
-                result[key] = self.node(depth + 1)
-            return result
+            return self.pairs(depth, {} if tag == T_DICT else OrderedDict(), at)
         if tag == T_TENSOR:
             index = self.u32()
             if index >= self.tensor_count:
                 raise FormatError(f"tensor reference {index} at tree offset {at} is out of "
                                   f"range ({self.tensor_count} tensors)")
+            if self.uses is not None:
+                self.uses[index] += 1
             return TensorRef(index)
         if tag == T_TYPED:
-            (n,) = struct.unpack("<H", self.take(2))
-            try:
-                name = str(self.take(n), "utf-8")
-            except UnicodeDecodeError:
-                raise FormatError(f"typed-value name at tree offset {at} is not UTF-8") from None
-            return Typed(name, self.node(depth + 1))
+            return self.typed(depth, at)
         raise FormatError(f"unknown object tag {tag} at tree offset {at}")
 
+    def items(self, depth: int) -> list[Any]:
+        items = []
+        for i in range(self.count(1)):
+            self.path.push(i)
+            items.append(self.node(depth + 1))
+            self.path.pop()
+        return items
 
-def decode(data: bytes, tensor_count: int) -> Any:
-    """Decode a tree; every tensor reference must be below ``tensor_count``."""
-    dec = _Decoder(data, tensor_count)
-    obj = dec.node(0)
+    def pairs(self, depth: int, result: dict, at: int) -> dict:
+        hashes = KeyHashes()
+        for _ in range(self.count(2)):
+            key = self.node(depth + 1)
+            if not _is_key(key):
+                raise FormatError(f"dict key of type {type(key).__name__} at tree offset "
+                                  f"{at} is not allowed")
+            if not hashes.add(key):
+                raise LimitError(f"dict at tree offset {at} has more than {MAX_KEYS_PER_HASH} "
+                                 "keys of one hash (rule O13)")
+            if key in result:
+                raise FormatError(f"duplicate dict key {_shown(key)} at tree offset {at}")
+            self.path.push(key)
+            result[key] = self.node(depth + 1)
+            self.path.pop()
+        return result
+
+    def typed(self, depth: int, at: int) -> Typed:
+        (n,) = struct.unpack("<H", self.take(2))
+        try:
+            name = str(self.take(n), "utf-8")
+        except UnicodeDecodeError:
+            raise FormatError(f"typed-value name at tree offset {at} is not UTF-8") from None
+        value = Typed(name, self.node(depth + 1))
+        if self.check_typed is not None:
+            try:
+                self.check_typed(name, value.value)
+            except FormatError as exc:
+                raise type(exc)(f"{exc} (typed value at tree offset {at})") from None
+        return value
+
+
+def decode(data: bytes, tensor_count: int, *,
+           check_typed: Callable[[str, Any], None] | None = None,
+           uses: list[int] | None = None) -> Any:
+    """Decode a tree; every tensor reference must be below ``tensor_count``. Errors name the
+    key path and tree offset. ``check_typed(name, value)`` is called on each typed value as it
+    is decoded (the reader checks the registered forms, rule O12); ``uses[i]`` is incremented
+    for each reference to tensor i."""
+    dec = _Decoder(data, tensor_count, check_typed, uses)
+    try:
+        obj = dec.node(0)
+    except FormatError as exc:
+        raise type(exc)(f"{dec.path.shown()}: {exc}") from None
     if dec.pos != len(dec.data):
         raise FormatError(f"object tree has {len(dec.data) - dec.pos} trailing bytes")
     return obj

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 from construct import ConstructError
 
-from s4format import codecs, hashing, objtree
+from s4format import budget, codecs, hashing, objtree, typedvalues
 from s4format.errors import (
     BadMagicError,
     ChecksumError,
@@ -101,15 +101,18 @@ class Reader:
                  parent: Reader | None = None, verify: bool = True,
                  max_index_size: int = MAX_INDEX_SIZE,
                  max_tensor_bytes: int | None = None,
-                 max_tensors: int = MAX_TENSORS) -> None:
+                 max_tensors: int = MAX_TENSORS,
+                 max_decoded_bytes: int | None = None) -> None:
         """``max_tensor_bytes`` caps the raw size of a tensor this reader will decode (default:
         this machine's physical memory): codecs may legitimately expand a small file enormously
         (spec/validation.md, R0), and a tensor that cannot fit is refused up front with a
-        LimitError instead of failing inside an allocation. ``max_tensors`` caps the tensors an
-        index may declare (rule I0)."""
+        LimitError instead of failing inside an allocation. ``max_decoded_bytes`` caps what
+        :meth:`load` decodes in all (rule L1; default: the memory available when it starts).
+        ``max_tensors`` caps the tensors an index may declare (rule I0)."""
         self.max_tensors = max_tensors
-        self.max_tensor_bytes = _physical_memory() if max_tensor_bytes is None \
+        self.max_tensor_bytes = budget.physical_memory() if max_tensor_bytes is None \
             else max_tensor_bytes
+        self.max_decoded_bytes = max_decoded_bytes
         self.source = open_source(source)
         self.name = self.source.name
         self.verify_hashes = verify
@@ -200,16 +203,22 @@ class Reader:
         self.parent_id: bytes | None = None if idx.parent_id == NO_PARENT else bytes(idx.parent_id)
         if self.parent_id is None and any(t.is_delta for t in tensors):
             raise FormatError(f"{self.name}: delta tensors but no parent checkpoint ID")
-        self.tree = self._decode_tree(idx.tree, len(tensors), "object tree")
+        # how many references each tensor has: a load decodes each once and keeps it only
+        # while references to it remain
+        self.tensor_uses = [0] * len(tensors)
+        self.tree = self._decode_tree(idx.tree, len(tensors), "object tree", self.tensor_uses)
         meta = self._decode_tree(idx.metadata, 0, "metadata")
         if not isinstance(meta, dict) or not all(
                 isinstance(k, str) and isinstance(v, str) for k, v in meta.items()):
             raise FormatError(f"{self.name}: metadata must be a dict of str to str")
         self.metadata: dict[str, str] = meta
 
-    def _decode_tree(self, raw: bytes, tensor_count: int, part: str) -> Any:
+    def _decode_tree(self, raw: bytes, tensor_count: int, part: str,
+                     uses: list[int] | None = None) -> Any:
+        def check_typed(name: str, value: Any) -> None:
+            typedvalues.check(name, value, self.tensors)
         try:
-            return objtree.decode(raw, tensor_count)
+            return objtree.decode(raw, tensor_count, check_typed=check_typed, uses=uses)
         except FormatError as exc:  # LimitError among them: the same class, naming the file
             raise type(exc)(f"{self.name}: {part}: {exc}") from None
 
@@ -329,8 +338,21 @@ class Reader:
         t = self.tensors[i]
         return Tensor(t.dtype, t.shape, self.read_raw(i))
 
+    def decode_budget(self) -> int:
+        """The bytes one load may decode: ``max_decoded_bytes``, or the memory available now."""
+        if self.max_decoded_bytes is not None:
+            return self.max_decoded_bytes
+        return budget.available_memory()
+
+    def check_budget(self, indices: Any, limit: int | None = None) -> None:
+        """Rule L1: LimitError, before anything is decoded, when the distinct tensors
+        ``indices`` hold more raw bytes than ``limit`` (default :meth:`decode_budget`)."""
+        total = sum(self.tensors[i].raw_nbytes for i in set(indices))
+        budget.check(total, self.decode_budget() if limit is None else limit, self.name)
+
     def load(self) -> Any:
         """The object tree with every tensor reference replaced by its :class:`Tensor`."""
+        self.check_budget(i for i, n in enumerate(self.tensor_uses) if n)
         cache: dict[int, Tensor] = {}
 
         def tensor(ref: objtree.TensorRef) -> Tensor:
@@ -350,13 +372,6 @@ class Reader:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _physical_memory() -> int:
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return 1 << 62
 
 
 def _bounds(t: TensorInfo) -> tuple[int, int]:

@@ -26,7 +26,7 @@ from s4format.layouts import Layout
 from s4format.policy import CODECS_OF_MINOR, format_minor
 from s4format.policy import check_policy as policy_check
 from s4format.reader import MAX_INDEX_SIZE, MAX_TENSORS, checkpoint_id
-from s4format.records import MAX_NDIM, MAX_RAW_NBYTES, check_planes
+from s4format.records import MAX_NDIM, MAX_RAW_NBYTES, check_planes, extent_nbytes
 from s4format.schema import (
     MAGIC,
     MAJOR,
@@ -312,7 +312,8 @@ def _check_limits(name: str, shape: tuple[int, ...], dtype: DType, coded: CodedT
                                      ) from None
     if len(encoded) > MAX_NAME_BYTES:
         raise LimitError(f"tensor name of {len(encoded)} bytes exceeds {MAX_NAME_BYTES}")
-    if len(shape) > MAX_NDIM or raw_nbytes > MAX_RAW_NBYTES or any(s < 0 for s in shape):
+    if len(shape) > MAX_NDIM or any(s < 0 for s in shape) \
+            or extent_nbytes(shape, dtype.itemsize) > MAX_RAW_NBYTES:
         raise LimitError(f"tensor {name!r}: shape {list(shape)} is beyond the format's limits")
     if coded.stored > raw_nbytes and coded.layout is not layouts.RAW:
         raise LimitError(f"tensor {name!r}: coded planes store {coded.stored} bytes, more than "

@@ -259,7 +259,8 @@ def _foreign_format(src: ByteSource | str | os.PathLike[str]) -> str | None:
 
 def read_tree(reader: s4format.Reader, map_location: Any = None, *, strict: bool = True,
               show: bool | None = None, device: str = "auto", into: Any = None,
-              workspace: int | None = None, copy_to: Any = None) -> Any:
+              workspace: int | None = None, copy_to: Any = None,
+              max_decoded_bytes: int | None = None) -> Any:
     """The object tree of ``reader`` (see :func:`load`). ``copy_to``: an object whose
     ``host(i, tensor)`` and ``device(i, raw_bytes)`` are called with each stored tensor i as
     it is decoded (on the CPU, or on the GPU: its flat uint8 bytes, before anything else is
@@ -280,8 +281,22 @@ def read_tree(reader: s4format.Reader, map_location: Any = None, *, strict: bool
                                 direct=plan.direct if plan is not None else None,
                                 workspace=workspace,
                                 on_decoded=copy_to.device if copy_to is not None else None)
+        reader.check_budget((i for i, n in enumerate(reader.tensor_uses) if n),
+                            _decode_budget(reader, max_decoded_bytes, loader is not None))
         return Unflattener(tensor, map_location, strict=strict, device_tensor=loader,
-                           into=plan).walk(reader.tree)
+                           into=plan, uses=reader.tensor_uses).walk(reader.tree)
+
+
+def _decode_budget(reader: s4format.Reader, limit: int | None, on_gpu: bool) -> int:
+    """What a load may decode (spec/validation.md, L1): ``limit``, the reader's own, or the
+    memory available, the GPUs' included where the GPU path decodes."""
+    if limit is not None:
+        return limit
+    if reader.max_decoded_bytes is not None or not on_gpu:
+        return reader.decode_budget()
+    gpus = sum(torch.cuda.get_device_properties(d).total_memory
+               for d in range(torch.cuda.device_count()))
+    return reader.decode_budget() + gpus
 
 
 # torch.load's keywords for its unpickler (pickle.Unpickler's): s4weights never unpickles
@@ -292,7 +307,8 @@ def load(f: FileLike | bytes, map_location: Any = None, pickle_module: Any = Non
          weights_only: bool | None = None, mmap: bool | None = None,
          parent: FileLike | s4format.Reader | None = None, strict: bool = True,
          verify: bool = True, progress: bool | None = None, device: str = "auto",
-         into: Any = None, workspace: int | None = None, **pickle_load_args: Any) -> Any:
+         into: Any = None, workspace: int | None = None, max_decoded_bytes: int | None = None,
+         **pickle_load_args: Any) -> Any:
     """Load what :func:`save` wrote. ``map_location`` works as in ``torch.load`` (a device, a
     string, a dict from saved to target location, or a callable). Loading never runs code from
     the file, whatever ``weights_only`` says. ``parent`` is needed only for a delta file.
@@ -325,6 +341,11 @@ def load(f: FileLike | bytes, map_location: Any = None, pickle_module: Any = Non
     need their own memory, as with ``torch.load``, and nvcomp-ans planes decode only on the
     GPU, so their fallback may run out of memory too.
 
+    ``max_decoded_bytes`` bounds what the load decodes in all, each stored tensor counted once:
+    a file of a few kilobytes can declare gigabytes of tensors, and such a file is refused with
+    a LimitError before anything is decoded (default: the memory available, host memory plus
+    the GPUs' where the GPU path decodes).
+
     torch.load's other arguments are taken and change nothing: ``pickle_module`` and the
     unpickler's keywords (``encoding``, ``errors``, ``fix_imports``, ``buffers``), as nothing
     is unpickled, and ``mmap`` (tensors are always read into memory of their own). Any other
@@ -345,6 +366,6 @@ def load(f: FileLike | bytes, map_location: Any = None, pickle_module: Any = Non
             else opened.enter_context(open_reader(parent, verify=verify))
         reader = opened.enter_context(open_reader(f, parent=parent_reader, verify=verify))
         obj = read_tree(reader, map_location, strict=strict, show=progress, device=device,
-                        into=into, workspace=workspace)
+                        into=into, workspace=workspace, max_decoded_bytes=max_decoded_bytes)
     log.info("loaded %s in %.3f s", reader.name, time.perf_counter() - t0)
     return obj

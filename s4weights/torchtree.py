@@ -11,6 +11,7 @@ registered converters, never code named by the file.
 
 from __future__ import annotations
 
+import math
 from collections import Counter, OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,8 +20,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from s4format import dtypes, objtree
-from s4format.errors import FormatError, S4Error, UnsupportedObjectError
+from s4format import dtypes, objtree, typedvalues
+from s4format.errors import (
+    FormatError,
+    S4Error,
+    UnsupportedDeviceError,
+    UnsupportedObjectError,
+)
 from s4format.objtree import TensorRef, Typed
 from s4format.tensor import Tensor
 
@@ -315,6 +321,10 @@ class _Flattener:
             # a typed value's value sits one level down, a Size's ints two
             self.check_depth(depth + (2 if t is torch.Size and len(obj) else 1), path)
         if t is torch.Size:
+            if any(n < 0 for n in obj):  # torch.Size([-5]) is constructible, and useless
+                raise UnsupportedObjectError(f"torch.Size at {path or '<root>'} holds a negative "
+                                             f"size {list(obj)}; readers refuse it "
+                                             "(spec/objects.md, O12)")
             return Typed("torch.Size", tuple(obj))
         if t is torch.dtype:
             return Typed("torch.dtype", torch_dtype_name(obj))
@@ -328,6 +338,7 @@ class _Flattener:
         if t is list or t is tuple:
             return t(self.walk(x, _join(path, i), d) for i, x in enumerate(obj))
         if t is dict or t is OrderedDict:
+            _check_key_hashes(obj, path)
             attrs = getattr(obj, "__dict__", None)
             if attrs:
                 d += _WRAP  # the dict sits inside an s4.attrs value
@@ -354,6 +365,18 @@ def _stored_as_tensor(obj: Any) -> bool:
     a registered converter."""
     return isinstance(obj, torch.Tensor) and (type(obj) in _PLAIN_TENSORS
                                               or _converter_of(type(obj)) is None)
+
+
+def _check_key_hashes(d: dict, path: str) -> None:
+    """Refuse, before anything is written, a dict that readers refuse for the keys its
+    hashes share (spec/objects.md, O13)."""
+    hashes = objtree.KeyHashes()
+    for key in d:
+        if not hashes.add(key):
+            raise UnsupportedObjectError(
+                f"dict at {path or '<root>'} has more than {objtree.MAX_KEYS_PER_HASH} keys "
+                f"of one hash ({objtree._shown(key)} is one): readers refuse it "
+                "(spec/objects.md, O13)")
 
 
 def _attrs_of(t: torch.Tensor) -> dict:
@@ -439,44 +462,49 @@ def tensor_leaves(obj: Any, path: str = "", out: dict[str, torch.Tensor] | None 
     return out
 
 
-def _sites(tree: Any, info: Callable[[int], Tensor | Any], path: str = "",
-           out: dict[str, _Site | None] | None = None) -> dict[str, _Site | None]:
-    """Key path -> tensor site of the stored tree (None where a path holds a numpy array).
-    ``info(i)`` gives stored tensor i's ``dtype``/``shape``/``raw_nbytes``."""
-    out = {} if out is None else out
-    t = type(tree)
-    if t is TensorRef:
-        ti = info(tree.index)
-        out.setdefault(path, _Site(tree.index, ti.dtype.name, tuple(ti.shape), True))
-    elif t is list or t is tuple:
-        for i, x in enumerate(tree):
-            _sites(x, info, _join(path, i), out)
-    elif t is dict or t is OrderedDict:
-        for k, v in tree.items():
-            _sites(v, info, _join(path, k), out)
-    elif t is Typed:
-        name, v = tree.name, tree.value
-        if name == VIEW and isinstance(v, dict):
-            ref = v.get("storage")
-            try:
-                shape, stride = tuple(v["shape"]), tuple(v["stride"])
-                ti = info(ref.index)
-                itemsize = dtypes.BY_NAME[v["dtype"]].itemsize
-                numel = int(np.prod(shape, dtype=np.int64))
-                whole = v["offset"] == 0 and _c_strides(shape) == stride \
-                    and numel * itemsize == ti.raw_nbytes
-                out.setdefault(path, _Site(ref.index, v["dtype"], shape, whole, True))
-            except (KeyError, TypeError, AttributeError, IndexError, RuntimeError,
-                    ValueError, OverflowError):
-                pass  # malformed: Unflattener.view says so
-        elif name in ("numpy.ndarray", "numpy.scalar"):
-            out.setdefault(path, None)
-        elif name == ATTRS and isinstance(v, tuple) and len(v) == 2:
-            _sites(v[0], info, path, out)
-            _sites(v[1], info, path, out)
-        elif name not in ("torch.Size", "torch.dtype", "torch.device"):
-            _sites(v, info, path, out)
-    return out
+def _sites(tree: Any, info: Callable[[int], Any], limit: int
+           ) -> tuple[dict[str, _Site | None], Counter]:
+    """Key path -> tensor site of the stored tree (None where a path holds a numpy array), for
+    paths of at most ``limit`` characters (the longest ``into=`` path: no longer one can
+    match), and how many sites use each stored tensor, at any path. ``info(i)`` gives stored
+    tensor i's ``dtype``/``shape``/``raw_nbytes``."""
+    out: dict[str, _Site | None] = {}
+    uses: Counter = Counter()
+    path = objtree.KeyPath(limit=limit)
+
+    def site(node: Any) -> _Site | None:
+        if type(node) is TensorRef:
+            ti = info(node.index)
+            return _Site(node.index, ti.dtype.name, tuple(ti.shape), True)
+        v = node.value
+        shape, stride, itemsize = v["shape"], v["stride"], dtypes.BY_NAME[v["dtype"]].itemsize
+        whole = v["offset"] == 0 and _c_strides(shape) == stride \
+            and math.prod(shape) * itemsize == info(v["storage"].index).raw_nbytes
+        return _Site(v["storage"].index, v["dtype"], shape, whole, True)
+
+    def visit(node: Any) -> None:
+        t = type(node)
+        if t is TensorRef or (t is Typed and node.name == VIEW):
+            found = site(node)
+            uses[found.index] += 1
+            if path.exact() is not None:
+                out.setdefault(path.exact(), found)
+        elif t is list or t is tuple or t is dict or t is OrderedDict:
+            for k, v in (node.items() if t is dict or t is OrderedDict else enumerate(node)):
+                path.push(k)
+                visit(v)
+                path.pop()
+        elif t is Typed and node.name in ("numpy.ndarray", "numpy.scalar"):
+            if path.exact() is not None:
+                out.setdefault(path.exact(), None)
+        elif t is Typed and node.name == ATTRS:
+            visit(node.value[0])
+            visit(node.value[1])
+        elif t is Typed and node.name not in ("torch.Size", "torch.dtype", "torch.device"):
+            visit(node.value)
+
+    visit(tree)
+    return out, uses
 
 
 def _c_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -500,11 +528,7 @@ def plan_into(tree: Any, info: Callable[[int], Any], into: Any) -> IntoPlan:
     """Match ``into``'s tensors to the stored tree by key path and check each one fits; raise
     :class:`IntoMismatchError` naming the first path that does not."""
     leaves = tensor_leaves(into)
-    sites = _sites(tree, info)
-    uses: dict[int, int] = {}
-    for s in sites.values():
-        if s is not None:
-            uses[s.index] = uses.get(s.index, 0) + 1
+    sites, uses = _sites(tree, info, max(map(len, leaves), default=-1))
     # destinations sharing a storage with another (tied weights, views of one buffer) are
     # decoded apart and copied in, in tree order, as on the CPU path: decoding one in place
     # ahead of its turn would let the other's copy land on it (or both decode into it)
@@ -559,22 +583,50 @@ def _target_device(saved: str, map_location: MapLocation) -> torch.device:
     return torch.device(map_location)
 
 
-def _usable(device: torch.device) -> torch.device:
-    """``device``, or the error torch.load gives where it is CUDA and this torch has none."""
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError(f"a tensor is to be loaded onto {device}, but CUDA is not available "
-                           "here: load with map_location='cpu' (or another device this "
-                           "machine has)")
-    return device
+def _usable(device: torch.device, path: objtree.KeyPath | None = None) -> torch.device:
+    """``device``, or UnsupportedDeviceError naming it where this machine or this torch cannot
+    load onto it (CUDA without a GPU, ``mps`` off a Mac, ``xla`` without torch_xla)."""
+    if device.type in ("cpu", "meta"):
+        return device
+    if device.type == "cuda" and torch.cuda.is_available() \
+            and (device.index is None or device.index < torch.cuda.device_count()):
+        return device
+    if device.type == "mps":
+        if torch.backends.mps.is_available():
+            return device
+    elif device.type != "cuda":
+        available = getattr(getattr(torch, device.type, None), "is_available", None)
+        if callable(available) and available():
+            return device
+    at = f" at {path.shown()}" if path is not None else ""
+    if device.type != "cuda":
+        why = f"which this machine or this torch {torch.__version__} cannot use"
+    elif torch.cuda.is_available():
+        why = f"but this machine has {torch.cuda.device_count()} CUDA devices"
+    else:
+        why = "but CUDA is not available here"
+    raise UnsupportedDeviceError(f"a tensor{at} is to be loaded onto {device}, {why}: load "
+                                 "with map_location='cpu' (or another device this machine has)")
+
+
+def _device_key(device: torch.device) -> str:
+    """One storage per device: every spelling of the CPU (``cpu:3``) is the CPU."""
+    return device.type if device.type in ("cpu", "meta") else str(device)
 
 
 class Unflattener:
-    """Rebuilds torch objects from a decoded tree; ``tensor(i)`` yields stored tensor ``i``."""
+    """Rebuilds torch objects from a decoded tree; ``tensor(i)`` yields stored tensor ``i``.
+
+    One pass over the tree, in time and memory linear in it: key paths are built only for
+    messages and ``into=`` lookups (:class:`~s4format.objtree.KeyPath`), and each stored tensor
+    is decoded once however many references, of whatever kind, the tree holds to it. With
+    ``uses`` (references per stored tensor, :attr:`s4format.Reader.tensor_uses`) a decoded
+    tensor is dropped after its last reference; without, it is kept for the whole walk."""
 
     def __init__(self, tensor: Callable[[int], Tensor], map_location: MapLocation = None,
                  strict: bool = True,
                  device_tensor: Callable[[int, torch.device], torch.Tensor] | None = None,
-                 into: IntoPlan | None = None) -> None:
+                 into: IntoPlan | None = None, uses: list[int] | None = None) -> None:
         self._tensor = tensor
         # Tensors the caller passed (``into=``): filled in place and returned at their paths.
         self._into = into.by_path if into is not None else {}
@@ -582,18 +634,42 @@ class Unflattener:
         self._device_tensor = device_tensor
         self._map_location = map_location
         self._strict = strict
+        self._left = dict(enumerate(uses)) if uses is not None else None
+        self._decoded: dict[int, Tensor] = {}
         self._storages: dict[tuple[int, str], torch.UntypedStorage] = {}
         self._plain: dict[int, torch.Tensor] = {}
+        self._arrays: dict[int, np.ndarray] = {}
+        self._path = objtree.KeyPath()
+
+    def _host(self, i: int) -> Tensor:
+        """Stored tensor i decoded on the host: decoded once, kept while references remain."""
+        t = self._decoded.get(i)
+        if t is None:
+            t = self._tensor(i)
+            if self._left is None or self._left.get(i, 0) > 1:
+                self._decoded[i] = t
+        return t
+
+    def _used(self, i: int) -> None:
+        """One reference to stored tensor i is rebuilt: the last one drops its decoded bytes."""
+        if self._left is not None:
+            self._left[i] = left = self._left.get(i, 0) - 1
+            if left <= 0:
+                self._decoded.pop(i, None)
 
     def _stored(self, i: int, device: torch.device | None = None) -> torch.Tensor:
         if device is not None and device.type == "cuda" and self._device_tensor is not None:
             return self._device_tensor(i, device)
-        t = self._tensor(i)
+        t = self._host(i)
         dt = getattr(torch, t.dtype.name, None)
         if not isinstance(dt, torch.dtype):
             raise UnsupportedObjectError(f"this torch has no dtype {t.dtype.name}")
         data = torch.from_numpy(t.data) if t.data.size else torch.empty(0, dtype=torch.uint8)
         return data.view(dt).reshape(t.shape)
+
+    def _dest(self) -> torch.Tensor | None:
+        """The caller's ``into=`` tensor at the current key path, if any."""
+        return self._into.get(self._path.exact()) if self._into else None
 
     def _fill(self, dest: torch.Tensor, build: Callable[[torch.device], torch.Tensor]
               ) -> torch.Tensor:
@@ -608,45 +684,51 @@ class Unflattener:
                 dest.copy_(got)
         return dest
 
-    def plain(self, ref: TensorRef, path: str = "") -> torch.Tensor:
-        dest = self._into.get(path)
-        if dest is not None:
-            return self._fill(dest, lambda dev: self._stored(ref.index, dev).to(dev))
-        if ref.index not in self._plain:
-            dev = _usable(_target_device("cpu", self._map_location))
-            self._plain[ref.index] = self._stored(ref.index, dev).to(dev)
-        return self._plain[ref.index]
+    def plain(self, ref: TensorRef) -> torch.Tensor:
+        try:
+            dest = self._dest()
+            if dest is not None:
+                return self._fill(dest, lambda dev: self._stored(ref.index, dev).to(dev))
+            if ref.index not in self._plain:
+                dev = _usable(_target_device("cpu", self._map_location), self._path)
+                self._plain[ref.index] = self._stored(ref.index, dev).to(dev)
+            return self._plain[ref.index]
+        finally:
+            self._used(ref.index)
 
-    def view(self, v: dict[str, Any], path: str = "") -> torch.Tensor:
-        dest = self._into.get(path)
-        if dest is not None:
-            return self._fill(dest, lambda dev: self._view(v, dev))
-        return self._view(v)
+    def view(self, v: dict[str, Any]) -> torch.Tensor:
+        try:
+            dest = self._dest()
+            if dest is not None:
+                return self._fill(dest, lambda dev: self._view(v, dev))
+            return self._view(v)
+        finally:
+            self._used(v["storage"].index)
 
     def _view(self, v: dict[str, Any], on: torch.device | None = None) -> torch.Tensor:
+        """A view as the file describes it; its fields have the forms of spec/objects.md
+        (checked when the file was opened)."""
+        ref, dname, offset, saved = v["storage"], v["dtype"], v["offset"], v["device"]
+        shape, stride = v["shape"], v["stride"]
         try:
-            ref, dname, offset = v["storage"], v["dtype"], v["offset"]
-            shape, stride, saved = tuple(v["shape"]), tuple(v["stride"]), v["device"]
-            if not isinstance(saved, str):
-                raise TypeError(f"device {saved!r} is not a string")
             # a device string torch cannot parse is the file's fault...
             device = on if on is not None or self._map_location is not None \
                 else torch.device(saved)
-        except (KeyError, TypeError, RuntimeError) as exc:
-            raise FormatError(f"malformed {VIEW} value: {exc}") from None
+        except RuntimeError as exc:
+            raise FormatError(f"{self._path.shown()}: malformed {VIEW} value: {exc}") from None
         if device is None:  # ...while the caller's map_location errors are the caller's
             device = _target_device(saved, self._map_location)
-        _usable(device)  # as torch.load says it (torch itself would fail on an AssertionError)
+        _usable(device, self._path)
         # only the .s4w dtype names (spec/objects.md), not torch's aliases ("float", "long")
         # or dtypes torch cannot build views of (quantized, sub-byte)
-        dt = getattr(torch, dname, None) if isinstance(dname, str) and dname in dtypes.BY_NAME \
-            else None
-        if not isinstance(ref, TensorRef) or not isinstance(dt, torch.dtype):
-            raise FormatError(f"malformed {VIEW} value (storage {ref!r}, dtype {dname!r})")
-        grad = bool(v.get("requires_grad"))
+        dt = getattr(torch, dname, None)
+        if not isinstance(dt, torch.dtype):
+            raise UnsupportedObjectError(f"{self._path.shown()}: this torch has no dtype {dname}")
+        grad = v["requires_grad"]
         if grad and not (dt.is_floating_point or dt.is_complex):
-            raise FormatError(f"{VIEW}: requires_grad on a {dname} tensor")
-        key = (ref.index, str(device))
+            raise FormatError(f"{self._path.shown()}: {VIEW}: requires_grad on a {dname} "
+                              "tensor")
+        key = (ref.index, _device_key(device))
         if key not in self._storages:
             # Tensor.to, not UntypedStorage.to: the latter fails for devices without a
             # storage module (e.g. "meta").
@@ -654,77 +736,104 @@ class Unflattener:
                 .untyped_storage()
         storage = self._storages[key]
         itemsize = torch.empty(0, dtype=dt).element_size()
-        _check_view(offset, shape, stride, itemsize, storage.nbytes())
+        try:
+            typedvalues.check_view_bounds(offset, shape, stride, itemsize, storage.nbytes())
+        except FormatError as exc:
+            raise FormatError(f"{self._path.shown()}: {exc}") from None
         try:
             out = torch.empty(0, dtype=dt, device=device).set_(storage, offset, shape, stride)
         except (RuntimeError, TypeError, ValueError, NotImplementedError) as exc:
-            raise FormatError(f"{VIEW}: torch cannot build this view ({exc})") from None
-        if v.get("parameter"):
+            raise FormatError(f"{self._path.shown()}: {VIEW}: torch cannot build this view "
+                              f"({exc})") from None
+        if v["parameter"]:
             return torch.nn.Parameter(out, requires_grad=grad)
         if grad:
             out.requires_grad_(True)
         return out
 
     def walk(self, obj: Any, path: str = "") -> Any:
+        """``obj`` rebuilt; ``path``: its key path in the whole tree (for messages and
+        ``into=``)."""
+        self._path = objtree.KeyPath(path, max(map(len, self._into), default=-1))
+        return self._walk(obj)
+
+    def _walk(self, obj: Any) -> Any:
         t = type(obj)
         if t is TensorRef:
-            return self.plain(obj, path)
+            return self.plain(obj)
         if t is list or t is tuple:
-            return t(self.walk(x, _join(path, i)) for i, x in enumerate(obj))
+            items = []
+            for i, x in enumerate(obj):
+                self._path.push(i)
+                items.append(self._walk(x))
+                self._path.pop()
+            return items if t is list else tuple(items)
         if t is dict or t is OrderedDict:
-            return t((k, self.walk(v, _join(path, k))) for k, v in obj.items())
+            out = t()
+            for k, v in obj.items():
+                self._path.push(k)
+                out[k] = self._walk(v)
+                self._path.pop()
+            return out
         if t is Typed:
-            return self.typed(obj, path)
+            return self.typed(obj)
         return obj
 
-    def typed(self, obj: Typed, path: str = "") -> Any:
+    def typed(self, obj: Typed) -> Any:
+        """A typed value rebuilt; its value is walked once, whatever becomes of it."""
         name, value = obj.name, obj.value
-        if name == VIEW and isinstance(value, dict):
-            return self.view(value, path)
+        if name == VIEW:
+            return self.view(value)
         try:
-            if name == "torch.Size" and isinstance(value, tuple):
+            if name == "torch.Size":
                 return torch.Size(value)
-            if name == "torch.dtype" and isinstance(getattr(torch, str(value), None),
-                                                    torch.dtype):
+            if name == "torch.dtype" and isinstance(getattr(torch, value, None), torch.dtype):
                 return getattr(torch, value)
-            if name == "torch.device" and isinstance(value, str):
+            if name == "torch.device":
                 return torch.device(value)
         except (RuntimeError, TypeError, ValueError, OverflowError) as exc:
-            raise FormatError(f"{path or '<root>'}: malformed {name} value {value!r}: "
-                              f"{exc}") from None
-        if name in ("numpy.ndarray", "numpy.scalar") and isinstance(value, TensorRef):
-            arr = self._tensor(value.index).to_numpy()
-            return arr.copy() if name == "numpy.ndarray" else arr[()]
-        if name == ATTRS and isinstance(value, tuple) and len(value) == 2:
-            inner, attrs = self.walk(value[0], path), self.walk(value[1], path)
-            if isinstance(inner, (OrderedDict, torch.Tensor)) and isinstance(attrs, dict):
-                for k, v in attrs.items():
-                    if not _plain_attribute(type(inner), k):
-                        raise FormatError(f"{path or '<root>'}: {ATTRS} attribute name {k!r} "
-                                          "is not a plain attribute name (or is one its "
-                                          f"{type(inner).__name__} class defines)")
-                    setattr(inner, k, v)
-                return inner
+            raise FormatError(f"{self._path.shown()}: malformed {name} value "
+                              f"{objtree._shown(value)}: {exc}") from None
+        if name in ("numpy.ndarray", "numpy.scalar"):
+            return self.array(value, name == "numpy.scalar")
+        if name == ATTRS:
+            return self.attrs(value)
         conv = _CONVERTERS.get(name)
         if conv is not None:
-            return conv.decode(self.walk(value, path))
+            return conv.decode(self._walk(value))
         if self._strict:
-            raise UnsupportedObjectError(f"stored object of type {name!r} is not known here: "
-                                         "register it with s4weights.register_type, or load "
-                                         "with strict=False to get it as an opaque Typed value")
-        return Typed(name, self.walk(value, path))
+            raise UnsupportedObjectError(f"{self._path.shown()}: stored object of type {name!r} "
+                                         "is not known "
+                                         "here: register it with s4weights.register_type, or "
+                                         "load with strict=False to get it as an opaque Typed "
+                                         "value")
+        return Typed(name, self._walk(value))
 
+    def array(self, ref: TensorRef, scalar: bool) -> Any:
+        """A numpy array (one copy per stored tensor, off the decoded bytes a torch tensor may
+        share) or, of a 0-d one, its scalar."""
+        try:
+            arr = self._arrays.get(ref.index)
+            if arr is None:
+                arr = self._arrays[ref.index] = self._host(ref.index).to_numpy().copy()
+        finally:
+            self._used(ref.index)
+        return arr[()] if scalar else arr
 
-def _check_view(offset: Any, shape: tuple, stride: tuple, itemsize: int, nbytes: int) -> None:
-    ints = all(type(x) is int for x in (offset, *shape, *stride))
-    if not ints or len(shape) != len(stride) \
-            or not all(0 <= x < 1 << 63 for x in (offset, *shape, *stride)):
-        raise FormatError(f"{VIEW}: bad geometry offset={offset} shape={shape} stride={stride}")
-    if offset * itemsize > nbytes:
-        raise FormatError(f"{VIEW}: offset {offset} is beyond its storage of {nbytes} bytes")
-    if any(s == 0 for s in shape):
-        return
-    last = offset + sum((n - 1) * s for n, s in zip(shape, stride))
-    if (last + 1) * itemsize > nbytes:
-        raise FormatError(f"{VIEW}: view reaches element {last}, beyond its storage of "
-                          f"{nbytes} bytes")
+    def attrs(self, value: tuple[Any, Any]) -> Any:
+        """An object with its Python attributes set, from its ``s4.attrs`` pair."""
+        inner, attrs = self._walk(value[0]), self._walk(value[1])
+        if not isinstance(inner, (OrderedDict, torch.Tensor)):
+            if self._strict:
+                raise UnsupportedObjectError(
+                    f"{self._path.shown()}: {ATTRS} gives attributes to a "
+                    f"{type(inner).__name__}, which takes none here: load with strict=False to "
+                    "get it as an opaque Typed value")
+            return Typed(ATTRS, (inner, attrs))
+        for k, v in attrs.items():
+            if not _plain_attribute(type(inner), k):
+                raise FormatError(f"{self._path.shown()}: {ATTRS} attribute name {k!r} is not "
+                                  "a plain attribute name (or is one its "
+                                  f"{type(inner).__name__} class defines)")
+            setattr(inner, k, v)
+        return inner

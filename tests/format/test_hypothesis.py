@@ -69,7 +69,9 @@ trees = st.recursive(
         st.lists(children, max_size=4).map(tuple),
         st.dictionaries(keys, children, max_size=4),
         st.dictionaries(keys, children, max_size=4).map(lambda d: OrderedDict(d)),
-        st.builds(Typed, st.sampled_from(["torch.Size", "x.y"]), children),
+        st.builds(Typed, st.just("x.y"), children),  # an unregistered name: any value
+        st.builds(Typed, st.just("torch.Size"),  # a registered one: its form (objects.md O12)
+                  st.lists(st.integers(0, 2**63 - 1), max_size=4).map(tuple)),
     ),
     max_leaves=12,
 )

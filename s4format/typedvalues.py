@@ -1,0 +1,155 @@
+"""The registered typed values of ``spec/objects.md`` and the form each value must have (rule
+O12), checked as a tree is decoded, so that a torch layer never hands torch a value it cannot
+take (a size of 2^70, a flag that is not a bool). Unregistered names are opaque: not checked.
+
+Errors are raised without a location: the reader passes :func:`check` to the decoder, which adds
+the key path and tree offset.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+from s4format import dtypes
+from s4format.errors import FormatError, LimitError
+from s4format.objtree import TensorRef, Typed
+from s4format.records import MAX_NDIM, MAX_RAW_NBYTES, extent_nbytes
+
+MAX_INT64 = (1 << 63) - 1  # torch's sizes, strides and offsets are signed 64-bit
+VIEW = "s4.view"
+ATTRS = "s4.attrs"
+VIEW_KEYS = ("storage", "dtype", "offset", "shape", "stride", "device", "requires_grad",
+             "parameter")
+
+
+class StoredTensor(Protocol):
+    shape: tuple[int, ...]
+    raw_nbytes: int
+
+
+def check(name: str, value: Any, tensors: Sequence[StoredTensor] | None) -> None:
+    """Raise FormatError (LimitError for sizes over torch's limits) if ``value`` is not of the
+    form registered for ``name``. ``tensors``: the file's tensor records, for the checks that
+    need a referenced tensor's size (None: those are skipped)."""
+    rule = _RULES.get(name)
+    if rule is not None:
+        rule(value, tensors)
+
+
+def shown(value: Any) -> str:
+    """A value in a message: its repr cut to 60 characters (ints of any size included)."""
+    try:
+        text = repr(value)
+    except ValueError:  # an int of more than 4300 digits
+        text = f"<int of {value.bit_length()} bits>"
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _int_in_range(x: Any, what: str) -> None:
+    if type(x) is not int:
+        raise FormatError(f"{what} must be an int, not {shown(x)}")
+    if x < 0:
+        raise FormatError(f"{what} must be >= 0, not {shown(x)}")
+    if x > MAX_INT64:
+        raise LimitError(f"{what} {shown(x)} is over 2^63 - 1, the largest torch takes")
+
+
+def _sizes(value: Any, what: str) -> tuple[int, ...]:
+    if type(value) is not tuple:
+        raise FormatError(f"{what} must be a tuple of ints, not {shown(value)}")
+    for x in value:
+        _int_in_range(x, f"{what} entry")
+    return value
+
+
+def _size(value: Any, _tensors: Any) -> None:
+    _sizes(value, "torch.Size value")
+
+
+def _str(name: str) -> Callable[[Any, Any], None]:
+    def rule(value: Any, _tensors: Any) -> None:
+        if type(value) is not str:
+            raise FormatError(f"{name} value must be a str, not {shown(value)}")
+    return rule
+
+
+def _array(name: str, zero_d: bool) -> Callable[[Any, Any], None]:
+    def rule(value: Any, tensors: Sequence[StoredTensor] | None) -> None:
+        if type(value) is not TensorRef:
+            raise FormatError(f"{name} value must be a tensor reference, not {shown(value)}")
+        if zero_d and tensors is not None and tensors[value.index].shape != ():
+            raise FormatError(f"{name} refers to tensor {value.index} of shape "
+                              f"{list(tensors[value.index].shape)}; a scalar is 0-d")
+    return rule
+
+
+def _view(value: Any, tensors: Sequence[StoredTensor] | None) -> None:
+    if type(value) is not dict or len(value) != len(VIEW_KEYS) \
+            or any(type(k) is not str for k in value) or set(value) != set(VIEW_KEYS):
+        keys = list(value) if type(value) is dict else shown(value)
+        raise FormatError(f"{VIEW} value must be a dict of the keys {', '.join(VIEW_KEYS)}; "
+                          f"it has {shown(keys)}")
+    v = value
+    if type(v["storage"]) is not TensorRef:
+        raise FormatError(f"{VIEW} storage must be a tensor reference, not {shown(v['storage'])}")
+    dt = dtypes.BY_NAME.get(v["dtype"]) if type(v["dtype"]) is str else None
+    if dt is None:
+        raise FormatError(f"{VIEW} dtype {shown(v['dtype'])} is not a dtype name of the format")
+    if type(v["device"]) is not str:
+        raise FormatError(f"{VIEW} device must be a str, not {shown(v['device'])}")
+    for key in ("requires_grad", "parameter"):
+        if type(v[key]) is not bool:
+            raise FormatError(f"{VIEW} {key} must be a bool, not {shown(v[key])}")
+    _int_in_range(v["offset"], f"{VIEW} offset")
+    shape, stride = _sizes(v["shape"], f"{VIEW} shape"), _sizes(v["stride"], f"{VIEW} stride")
+    if len(shape) != len(stride) or len(shape) > MAX_NDIM:
+        raise FormatError(f"{VIEW} shape and stride must have one length, at most "
+                          f"{MAX_NDIM}: {len(shape)} and {len(stride)}")
+    if extent_nbytes(shape, dt.itemsize) > MAX_RAW_NBYTES:
+        raise LimitError(f"{VIEW} shape {shown(list(shape))} of {dt.name}: its sizes, zeros "
+                         "counted as 1, multiply to over 2^62 bytes")
+    if tensors is not None:
+        check_view_bounds(v["offset"], shape, stride, dt.itemsize,
+                          tensors[v["storage"].index].raw_nbytes)
+
+
+def check_view_bounds(offset: int, shape: tuple[int, ...], stride: tuple[int, ...],
+                      itemsize: int, nbytes: int) -> None:
+    """FormatError if a view of ``itemsize``-byte elements reaches past ``nbytes``."""
+    if offset * itemsize > nbytes:
+        raise FormatError(f"{VIEW} offset {offset} is beyond its storage of {nbytes} bytes")
+    if 0 in shape:
+        return
+    last = offset + sum((n - 1) * s for n, s in zip(shape, stride))
+    if (last + 1) * itemsize > nbytes:
+        raise FormatError(f"{VIEW} reaches element {shown(last)}, beyond its storage of "
+                          f"{nbytes} bytes")
+
+
+def _attrs(value: Any, _tensors: Any) -> None:
+    if type(value) is not tuple or len(value) != 2:
+        raise FormatError(f"{ATTRS} value must be a pair (object, attributes), not "
+                          f"{shown(value)}")
+    obj, attrs = value
+    if not (type(obj) in (dict, OrderedDict, TensorRef)
+            or (type(obj) is Typed and obj.name == VIEW)):
+        raise FormatError(f"{ATTRS} holds {shown(obj)}; only a dict, an ordered dict, a "
+                          f"tensor reference or an {VIEW} takes attributes")
+    if type(attrs) not in (dict, OrderedDict):
+        raise FormatError(f"{ATTRS} attributes must be a dict, not {shown(attrs)}")
+    for k in attrs:
+        if type(k) is not str:
+            raise FormatError(f"{ATTRS} attribute names must be str, not {shown(k)}")
+
+
+_RULES: dict[str, Callable[[Any, Sequence[StoredTensor] | None], None]] = {
+    "torch.Size": _size,
+    "torch.dtype": _str("torch.dtype"),
+    "torch.device": _str("torch.device"),
+    "numpy.ndarray": _array("numpy.ndarray", zero_d=False),
+    "numpy.scalar": _array("numpy.scalar", zero_d=True),
+    VIEW: _view,
+    ATTRS: _attrs,
+}
