@@ -94,8 +94,10 @@ class S4StorageReader(StorageReader):
                                f"{METADATA}, and S4 checkpoints have no per-rank metadata")
         md = load_metadata(read_metadata_bytes(store), f"{store.url}/{METADATA}",
                            trusted=self.trusted_metadata)
-        from torch.distributed.checkpoint.metadata import StorageMeta
-
+        try:
+            from torch.distributed.checkpoint.metadata import StorageMeta
+        except ImportError:  # torch before StorageMeta: the metadata has no such field
+            return md
         if getattr(md, "storage_meta", None) is None:
             md.storage_meta = StorageMeta()
         md.storage_meta.load_id = self.load_id

@@ -102,8 +102,10 @@ class S4StorageWriter(StorageWriter):
         self.is_coordinator = is_coordinator
 
     def storage_meta(self) -> Any:
-        from torch.distributed.checkpoint.metadata import StorageMeta
-
+        try:
+            from torch.distributed.checkpoint.metadata import StorageMeta
+        except ImportError:  # torch before StorageMeta: nothing to report
+            return None
         return StorageMeta(checkpoint_id=self.url, save_id=self.save_id)
 
     def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
