@@ -126,12 +126,14 @@ def load_metadata(data: bytes, where: str, *, trusted: bool = False) -> Any:
         raise FormatError(f"{where}: not DCP metadata: {exc}{hint}") from None
     if not isinstance(md, Metadata) or not isinstance(md.storage_data, dict):
         raise FormatError(f"{where}: not DCP metadata written by S4StorageWriter")
-    foreign = next((v for v in md.storage_data.values() if not isinstance(v, S4StorageInfo)),
-                   None)
-    if foreign is not None:
-        raise FormatError(f"{where}: a checkpoint of another storage writer (its items are "
-                          f"{type(foreign).__name__}); read it with that writer's reader, such "
-                          "as torch's FileSystemReader")
+    for info in md.storage_data.values():
+        if not isinstance(info, S4StorageInfo):
+            raise FormatError(f"{where}: a checkpoint of another storage writer (its items "
+                              f"are {type(info).__name__}); read it with that writer's "
+                              "reader, such as torch's FileSystemReader")
+        if not (isinstance(info.relative_path, str) and isinstance(info.name, str)
+                and isinstance(info.content_hash, bytes) and len(info.content_hash) == 16):
+            raise FormatError(f"{where}: malformed item location {info!r}")
     return md
 
 

@@ -292,3 +292,16 @@ def test_s3_round_trip_and_one_item_read(aws_env, bucket: str) -> None:
     assert stored < read < stored + TAIL_CACHE + 8192 < size // 2
     with pytest.raises(StorageError, match=f"s3://{bucket}/run/none holds no committed"):
         S4StorageReader(f"s3://{bucket}/run/none").read_metadata()
+
+
+def test_item_outside_the_checkpoint_is_refused(tmp_path: Path) -> None:
+    url = str(tmp_path / "ck")
+    _save(_state(15), url)
+    md = pickle.loads((tmp_path / "ck" / METADATA).read_bytes())
+    index, info = next(iter(md.storage_data.items()))
+    md.storage_data[index] = type(info)("../elsewhere.s4w", info.name, info.content_hash)
+    (tmp_path / "ck" / METADATA).write_bytes(pickle.dumps(md))
+    with pytest.raises(CheckpointException) as caught:
+        _load(url)
+    exc, _trace = caught.value.failures[0]
+    assert isinstance(exc, StorageError) and "'../elsewhere.s4w'" in str(exc)
