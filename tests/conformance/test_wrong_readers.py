@@ -97,7 +97,7 @@ def test_the_reference_adapter_passes_one_vector_of_every_kind() -> None:
                 picked.append((suite, v["id"]))
     results = [r for suite in (V1, V1_1)
                for r in run(suite, REFERENCE, by_id(*(i for s, i in picked if s == suite)))]
-    assert [(r.id, r.status) for r in results if not r.passed] == []
+    assert [(r.id, r.got, r.detail) for r in results if not r.passed] == []
     assert len(results) >= 14
 
 
@@ -105,10 +105,12 @@ def test_a_reader_without_gdeflate_is_skipped_unless_required(tmp_path: Path, ca
     keep = by_id("gdeflate_pages", "gdeflate_page_log2", "bitpack_short", "codec_7",
                  "appendix_a")
     results = run(V1, wrong("no-gdeflate"), keep)
-    assert [(r.id, r.status, r.codec) for r in results] == [
-        ("gdeflate_pages", "skip", "gdeflate"), ("appendix_a", "pass", None),
-        ("codec_7", "pass", None), ("bitpack_short", "pass", None),
-        ("gdeflate_page_log2", "skip", "gdeflate")]
+    assert [(r.id, r.status, r.codec, r.got) for r in results] == [
+        ("gdeflate_pages", "skip", "gdeflate", "rejected UnsupportedCodecError"),
+        ("appendix_a", "pass", None, "valid"),
+        ("codec_7", "pass", None, "rejected UnsupportedCodecError"),
+        ("bitpack_short", "pass", None, "rejected LimitError"),
+        ("gdeflate_page_log2", "skip", "gdeflate", "rejected UnsupportedCodecError")]
     assert statuses(results) == {"passed": 3, "failed": 0, "skipped": 2}
     suite = tmp_path / "suite"
     suite.mkdir()
