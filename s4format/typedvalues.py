@@ -65,7 +65,7 @@ def _sizes(value: Any, what: str) -> tuple[int, ...]:
 
 
 def _size(value: Any, _tensors: Any) -> None:
-    _sizes(value, "torch.Size value")
+    _sizes(value, "torch.Size")
 
 
 def _str(name: str) -> Callable[[Any, Any], None]:
