@@ -568,6 +568,37 @@ def checkpoint_id(tensors: list[TensorSpec]) -> bytes:
 
 # -- must-fail vectors ------------------------------------------------------------------------
 
+def tree_bytes(obj: Any) -> bytes:
+    """``obj`` in the object-tree encoding of spec/objects.md, written here from the spec and
+    without the writer's checks: for trees that break a rule on purpose."""
+    t = type(obj)
+    u32 = struct.Struct("<I").pack
+    if obj is None or t is bool:
+        return bytes([{None: 0, False: 1, True: 2}[obj]])
+    if t is int and -(1 << 63) <= obj < 1 << 63:
+        return b"\x03" + struct.pack("<q", obj)
+    if t is int:  # O4: L = floor((bitlen(|v|) + 8) / 8)
+        raw = obj.to_bytes((obj.bit_length() + 8) // 8, "little", signed=True)
+        return b"\x04" + u32(len(raw)) + raw
+    if t is float:
+        return b"\x05" + struct.pack("<d", obj)
+    if t is str or t is bytes:
+        raw = obj.encode() if t is str else obj
+        return (b"\x06" if t is str else b"\x07") + u32(len(raw)) + raw
+    if t is list or t is tuple:
+        return (b"\x08" if t is list else b"\x09") + u32(len(obj)) \
+            + b"".join(tree_bytes(x) for x in obj)
+    if t is dict or t is OrderedDict:
+        return (b"\x0a" if t is dict else b"\x0d") + u32(len(obj)) \
+            + b"".join(tree_bytes(k) + tree_bytes(v) for k, v in obj.items())
+    if t is TensorRef:
+        return b"\x0b" + u32(obj.index)
+    if t is Typed:
+        name = obj.name.encode()
+        return b"\x0c" + struct.pack("<H", len(name)) + name + tree_bytes(obj.value)
+    raise TypeError(f"not an object-tree value: {t.__name__}")
+
+
 def fail(vid: str, description: str, rules: list[str], error: str, data: bytes,
          parent: str | None = None, file: str | None = None) -> Vector:
     return Vector(vid, description, rules, data, expect="error", error=error, parent=parent,
@@ -1016,6 +1047,115 @@ def parent_vectors(deltas: list[Vector]) -> list[Vector]:
     ]
 
 
+# -- hostile files (spec/README.md, the clarifications of 2026-12-01) -------------------------
+
+HASH_PRIME = (1 << 61) - 1  # CPython's numeric hash: the value modulo this prime (O13)
+O12 = ["objects.md#rules", "objects.md#typed-values", "validation.md#X4"]
+
+
+def hostile_vectors(two: bytes) -> list[Vector]:
+    """One must-fail vector per way a small file made readers hang, exhaust memory or hand
+    torch a value it fails on, with the valid case at each limit."""
+    z = np.zeros(0, np.uint8)
+
+    def shaped(name: str, dtype: str, shape: tuple[int, ...]) -> bytes:
+        blob = write_file([TensorSpec(name, dtype, (0,), z)])
+        return edited(blob, lambda p: p.tensors[0].update(ndim=len(shape), shape=list(shape)))
+
+    def tree(obj: Any) -> bytes:
+        return edited(two, lambda p: p.index.update(tree=tree_bytes(obj)))
+
+    colliding = [1 + k * HASH_PRIME for k in range(65)]
+    assert len({hash(k) for k in colliding}) == 1
+    pairs = b"".join(tree_bytes(k) + b"\x00" for k in colliding)
+    at_limit = {k: None for k in colliding[:64]}
+    shapes = ["format.md#41-tensorrecord", "validation.md#T4", "validation.md#arithmetic"]
+    return [
+        fail("shape_zero_by_2p64_minus_1", "an empty uint8 tensor of shape (0, 2^64 - 1): no "
+             "bytes, but a size torch cannot hold (T4 counts a 0 as 1)", shapes, "LimitError",
+             shaped("e", "uint8", (0, (1 << 64) - 1))),
+        fail("shape_zero_strides_over_2p62", "an empty float32 tensor of shape (0, 2^31, "
+             "2^30): every size fits 63 bits, their product (zeros counted as 1) times 4 is "
+             "2^63", shapes, "LimitError", shaped("e", "float32", (0, 1 << 31, 1 << 30))),
+        valid("tree_keys_64_one_hash", "a dict of 64 int keys 1 + k(2^61 - 1), all of one "
+              "Python hash: the most rule O13 allows", ["objects.md#rules"],
+              [TensorSpec("a", "uint8", (3,), np.array([1, 2, 3], np.uint8))], at_limit),
+        fail("tree_keys_65_one_hash", "a dict of 65 int keys 1 + k(2^61 - 1), all of one "
+             "Python hash (a hash table of them fills in quadratic time)",
+             ["objects.md#rules"], "LimitError",
+             edited(two, lambda p: p.index.update(
+                 tree=b"\x0a" + struct.pack("<I", 65) + pairs))),
+        *typed_vectors(tree),
+    ]
+
+
+def typed_vectors(tree: Callable[[Any], bytes]) -> list[Vector]:
+    """Rule O12 in a file of two uint8 tensors, a (3,) and b (2,): one departure each."""
+    view = {"storage": TensorRef(0), "dtype": "uint8", "offset": 0, "shape": (3,),
+            "stride": (1,), "device": "cpu", "requires_grad": False, "parameter": False}
+
+    def v(**change: Any) -> Any:
+        fields = {**view, **change}
+        return {"x": Typed("s4.view", {k: x for k, x in fields.items() if x is not None})}
+
+    def t(name: str, value: Any) -> Any:
+        return {"x": Typed(name, value)}
+
+    attrs = Typed("s4.attrs", (OrderedDict(), {"_metadata": {}}))
+    cases = [
+        ("size_negative", "torch.Size((-5,))", "FormatError", t("torch.Size", (-5,))),
+        ("size_2p63", "torch.Size((2^63,)): over torch's int64", "LimitError",
+         t("torch.Size", (1 << 63,))),
+        ("size_list", "torch.Size of a list, not a tuple", "FormatError",
+         t("torch.Size", [2, 3])),
+        ("dtype_int", "torch.dtype of an int", "FormatError", t("torch.dtype", 5)),
+        ("device_bytes", "torch.device of bytes", "FormatError", t("torch.device", b"cpu")),
+        ("ndarray_list", "numpy.ndarray of a list, not a tensor reference", "FormatError",
+         t("numpy.ndarray", [1, 2])),
+        ("scalar_1d", "numpy.scalar referring to a tensor of shape (3,)", "FormatError",
+         t("numpy.scalar", TensorRef(0))),
+        ("view_requires_grad_int", "s4.view with requires_grad 1, an int", "FormatError",
+         v(requires_grad=1)),
+        ("view_no_parameter", "s4.view without its parameter key", "FormatError",
+         v(parameter=None)),
+        ("view_extra_key", "s4.view with a ninth key", "FormatError", v(grad_fn="x")),
+        ("view_dtype_alias", "s4.view of dtype 'float', torch's alias, not a format name",
+         "FormatError", v(dtype="float")),
+        ("view_offset_2p63", "s4.view at offset 2^63", "LimitError",
+         v(offset=1 << 63, shape=(0,))),
+        ("view_ndim_65", "s4.view of 65 sizes of 1", "FormatError",
+         v(shape=(1,) * 65, stride=(1,) * 65)),
+        ("view_lengths_differ", "s4.view of shape (3,) and stride (1, 1)", "FormatError",
+         v(stride=(1, 1))),
+        ("view_zero_by_2p63_minus_1", "an empty s4.view of shape (0, 2^63 - 1): sizes "
+         "(zeros counted as 1) over 2^62 bytes", "LimitError",
+         v(shape=(0, (1 << 63) - 1), stride=(1, 1))),
+        ("view_past_storage", "s4.view of 4 bytes on a 3-byte storage", "FormatError",
+         v(shape=(4,))),
+        ("view_offset_past_storage", "an empty s4.view at offset 4 of a 3-byte storage",
+         "FormatError", v(offset=4, shape=(0,))),
+        ("attrs_nested", "s4.attrs whose object is another s4.attrs", "FormatError",
+         t("s4.attrs", (attrs, {}))),
+        ("attrs_int_name", "s4.attrs with the attribute name 1", "FormatError",
+         t("s4.attrs", (OrderedDict(), {1: 2}))),
+        ("attrs_single", "s4.attrs of a 1-tuple", "FormatError",
+         t("s4.attrs", (OrderedDict(),))),
+    ]
+    limits = {"x": [Typed("torch.Size", (0, (1 << 63) - 1)),
+                    Typed("s4.view", {**view, "shape": (0, 1 << 62), "stride": (1, 1)}),
+                    Typed("s4.view", {**view, "offset": 3, "shape": (0,)}),
+                    Typed("numpy.scalar", TensorRef(2)), attrs]}
+    two_and_scalar = [TensorSpec("a", "uint8", (3,), np.array([1, 2, 3], np.uint8)),
+                      TensorSpec("b", "uint8", (2,), np.array([4, 5], np.uint8)),
+                      TensorSpec("s", "int8", (), np.array([7], np.uint8))]
+    return [valid("typed_at_limits", "registered typed values at O12's limits: torch.Size "
+                  "(0, 2^63 - 1), an empty s4.view of shape (0, 2^62) and one at the end of "
+                  "its storage, a numpy.scalar of a 0-d tensor, s4.attrs on an ordered dict",
+                  O12, two_and_scalar, limits)] + [
+        fail(f"typed_{vid}", description, O12, error, tree(obj))
+        for vid, description, error, obj in cases]
+
+
 def all_vectors() -> list[Vector]:
     tiny = appendix_a()
     two = write_file([TensorSpec("a", "uint8", (3,), np.array([1, 2, 3], np.uint8)),
@@ -1026,7 +1166,7 @@ def all_vectors() -> list[Vector]:
                + alignment_vectors() + container_vectors() + tree_vectors()
                + adversarial_vectors() + deltas + header_vectors(tiny) + footer_vectors(tiny)
                + index_vectors(tiny) + cross_vectors(two) + read_vectors()
-               + parent_vectors(deltas))
+               + parent_vectors(deltas) + hostile_vectors(two))
     for v in vectors:
         if v.id == "read_base":
             v.tree = tree_to_json(None)
