@@ -43,7 +43,7 @@ def by_id(*ids: str):
 
 def run(suite: Path, reader: str, keep=None, **kw) -> list[conformance.Result]:
     manifest = subset(suite, keep) if keep else None
-    return conformance.run_suite(suite, reader, timeout=120, manifest=manifest, jobs=2, **kw)
+    return conformance.run_suite(suite, reader, timeout=300, manifest=manifest, jobs=2, **kw)
 
 
 def statuses(results: list[conformance.Result]) -> dict[str, int]:
@@ -119,7 +119,7 @@ def test_a_reader_without_gdeflate_is_skipped_unless_required(tmp_path: Path, ca
         (suite / v["file"]).symlink_to(V1 / v["file"])
     (suite / "manifest.json").write_text(json.dumps(manifest))
     argv = ["conformance", "--reader", wrong("no-gdeflate"), "--suite", str(suite), "--json",
-            "--jobs", "2"]
+            "--jobs", "2", "--timeout", "300"]
     assert cli.main(argv) == 0
     report = json.loads(capsys.readouterr().out)
     assert (report["ok"], report["skipped"], report["skipped_by_codec"]) == (
