@@ -1,11 +1,10 @@
-"""What the spawned ranks of the distributed DCP tests run: one process group per world size,
-shared by every case, each case asserting bit-exact loads itself. Rank 0 records the cases
-that passed, so the test can tell they all ran."""
+"""What the ranks of the distributed DCP tests run (``tests.dcp.launch`` forks them): one process
+group per world size, shared by every case, each case asserting bit-exact loads itself. Rank 0
+records the cases that passed, so the test can tell they all ran."""
 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -52,12 +51,10 @@ def _load_fsdp(url: str, world: int, seed: int) -> tuple[Any, Any, dict[str, Any
     return model, opt, state
 
 
-def world4(rank: int, pg_file: str, ref_path: str, roots: list[str], report: str,
-           env: dict[str, str]) -> None:
+def world4(rank: int, pg_file: str, ref_path: str, roots: list[str], report: str) -> None:
     """Save FSDP2 states from 4 ranks and load them back on 4 ranks (in every root); save a
     DTensor state and load it as other placements, and save asynchronously in thread mode
     (in the first root)."""
-    os.environ.update(env)
     init_group(rank, 4, pg_file)
     model, opt = sharded_model(0, 4)
     train_step(model, opt, 1)
@@ -86,11 +83,9 @@ def world4(rank: int, pg_file: str, ref_path: str, roots: list[str], report: str
     dist.destroy_process_group()
 
 
-def world2(rank: int, pg_file: str, ref_path: str, roots: list[str], report: str,
-           env: dict[str, str]) -> None:
+def world2(rank: int, pg_file: str, ref_path: str, roots: list[str], report: str) -> None:
     """Load the 4-rank checkpoints on 2 ranks, save a 2-rank one, and save asynchronously in
     process mode where this torch has it."""
-    os.environ.update(env)
     init_group(rank, 2, pg_file)
     ref = torch.load(ref_path)
     for root in roots:

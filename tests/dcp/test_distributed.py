@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 torch = pytest.importorskip("torch")
-mp = pytest.importorskip("torch.multiprocessing")
 
 import torch.distributed.checkpoint as dcp  # noqa: E402
 from torch.distributed.checkpoint.state_dict_loader import (  # noqa: E402
@@ -20,12 +21,12 @@ from torch.distributed.checkpoint.state_dict_loader import (  # noqa: E402
 
 from s4weights.dcp import S4StorageReader  # noqa: E402
 from s4weights.dcp.checkpoint import METADATA, RANK_FILE  # noqa: E402
-from tests.dcp import jobs  # noqa: E402
 from tests.dcp.conftest import new_bucket, weed_available  # noqa: E402
 from tests.dcp.states import assert_same, leaves  # noqa: E402
 
-pytestmark = pytest.mark.skipif(not torch.distributed.is_available(),
-                                reason="needs torch.distributed")
+pytestmark = pytest.mark.skipif(not torch.distributed.is_available() or os.name != "posix",
+                                reason="needs torch.distributed and fork")
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -38,8 +39,12 @@ def runs(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureReques
         env = request.getfixturevalue("s3_env")
         roots.append(f"s3://{new_bucket(server)}/run")
     ref, report = str(work / "ref.pt"), str(work / "report.json")
-    mp.spawn(jobs.world4, args=(str(work / "pg4"), ref, roots, report, env), nprocs=4)
-    mp.spawn(jobs.world2, args=(str(work / "pg2"), ref, roots, report, env), nprocs=2)
+    for job, ranks in (("world4", 4), ("world2", 2)):
+        args = json.dumps([str(work / f"pg{ranks}"), ref, roots, report])
+        proc = subprocess.run([sys.executable, "-m", "tests.dcp.launch", job, str(ranks), args],
+                              cwd=REPO, env={**os.environ, **env}, capture_output=True,
+                              text=True, timeout=900)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-6000:]
     return {"roots": roots, "ref": ref, "cases": json.loads(Path(report).read_text()),
             "env": env}
 
