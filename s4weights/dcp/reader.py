@@ -53,6 +53,8 @@ class S4StorageReader(StorageReader):
                  s3_options: dict[str, Any] | None = None,
                  trusted_metadata: bool = False) -> None:
         super().__init__()
+        if device not in gpu.DEVICES:
+            raise ValueError(f"device must be one of {gpu.DEVICES}, got {device!r}")
         self.url = os.fspath(path)
         self.verify = verify
         self.device = device

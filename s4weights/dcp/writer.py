@@ -26,7 +26,9 @@ from torch.futures import Future
 from s4format import dtypes, hashing
 from s4format.errors import StorageError, UnsupportedObjectError
 from s4format.objtree import TensorRef
+from s4format.policy import check_policy
 from s4format.tensor import Tensor
+from s4weights import gpu
 from s4weights.api import write_flattened
 from s4weights.dcp.checkpoint import (
     METADATA,
@@ -63,14 +65,15 @@ class S4StorageWriter(StorageWriter):
                  device: str = "auto", workspace: int | None = None, overwrite: bool = True,
                  s3_options: dict[str, Any] | None = None) -> None:
         super().__init__()
+        if device not in gpu.DEVICES:
+            raise ValueError(f"device must be one of {gpu.DEVICES}, got {device!r}")
         self.url = os.fspath(path)
-        self.policy = policy
+        self.policy = check_policy(policy)
         self.device = device
         self.workspace = workspace
         self.overwrite = overwrite
         self.s3_options = dict(s3_options or {})
         self.save_id = str(uuid.uuid4())
-        self.is_coordinator = False
         self._store: Store | None = None
 
     def __getstate__(self) -> dict[str, Any]:
@@ -99,7 +102,6 @@ class S4StorageWriter(StorageWriter):
             raise ValueError("S4StorageWriter commits a checkpoint once every rank's file is "
                              "written, which needs DCP's collectives: save with "
                              "use_collectives=True (the default)")
-        self.is_coordinator = is_coordinator
 
     def storage_meta(self) -> Any:
         try:
