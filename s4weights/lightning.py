@@ -2,7 +2,12 @@
 checkpoints as .s4w files (``s4weights.save``/``load``: atomic, lossless, no pickle).
 
     trainer = lightning.Trainer(plugins=[S4CheckpointIO()])
-    trainer = lightning.Trainer(plugins=[AsyncCheckpointIO(S4CheckpointIO())])  # in a thread
+    trainer = lightning.Trainer(plugins=[S4AsyncCheckpointIO()])  # saves in a thread
+
+Lightning's own ``AsyncCheckpointIO(S4CheckpointIO())`` works too, but it removes old
+checkpoints at once, before the saves queued ahead of the removal have written them: a
+checkpoint ``ModelCheckpoint`` dropped while it was still being written stays on disk (with any
+CheckpointIO). :class:`S4AsyncCheckpointIO` queues removals behind those saves.
 
 Checkpoints keep Lightning's names (``epoch=0-step=10.ckpt``); the files are .s4w.
 Needs the ``lightning`` extra; the rest of s4weights never imports this module.
@@ -14,6 +19,7 @@ import os
 from typing import Any
 
 from lightning.fabric.plugins import CheckpointIO
+from lightning.pytorch.plugins.io import AsyncCheckpointIO
 
 import s4weights
 from s4weights.api import _store_and_name
@@ -46,4 +52,25 @@ class S4CheckpointIO(CheckpointIO):
         store.delete(name)
 
 
-__all__ = ["S4CheckpointIO"]
+class S4AsyncCheckpointIO(AsyncCheckpointIO):
+    """Lightning's ``AsyncCheckpointIO`` around :class:`S4CheckpointIO` (or ``checkpoint_io``)
+    whose removals run on its save thread, after every save queued before them."""
+
+    def __init__(self, checkpoint_io: CheckpointIO | None = None) -> None:
+        super().__init__(checkpoint_io if checkpoint_io is not None else S4CheckpointIO())
+
+    def remove_checkpoint(self, path: str | os.PathLike[str]) -> None:
+        self._ensure_setup()
+
+        def remove() -> None:
+            try:
+                self.checkpoint_io.remove_checkpoint(path)
+            except BaseException as exc:  # raised on the next save or at teardown, as saves
+                self._error = exc
+
+        self._executor.submit(remove)
+        if self._error:
+            raise self._error
+
+
+__all__ = ["S4AsyncCheckpointIO", "S4CheckpointIO"]

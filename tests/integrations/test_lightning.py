@@ -1,6 +1,7 @@
 """``S4CheckpointIO`` under a real ``lightning.Trainer`` on the CPU: checkpoints are .s4w files,
-old ones are removed through it, and a run resumed from one (also one written by
-``AsyncCheckpointIO``) takes the same next steps, bit for bit, as a run never stopped."""
+old ones are removed through it, and a run resumed from one (also one written in a thread, by
+``S4AsyncCheckpointIO`` or Lightning's ``AsyncCheckpointIO``) takes the same next steps, bit for
+bit, as a run never stopped."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from lightning.pytorch.plugins.io import AsyncCheckpointIO  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
 import s4weights  # noqa: E402
-from s4weights.lightning import S4CheckpointIO  # noqa: E402
+from s4weights.lightning import S4AsyncCheckpointIO, S4CheckpointIO  # noqa: E402
 from tests.weights.common import tensor_bytes  # noqa: E402
 
 MAGIC = b"\x89S4W"
@@ -66,13 +67,18 @@ def _state(model: Tiny) -> dict[str, bytes]:
     return out
 
 
-@pytest.mark.parametrize("io", [S4CheckpointIO, lambda: AsyncCheckpointIO(S4CheckpointIO())],
-                         ids=["sync", "async"])
-def test_fit_saves_s4w_and_resumes_bit_exact(tmp_path: Path, io) -> None:
+@pytest.mark.parametrize(("io", "removes_in_order"), [
+    (S4CheckpointIO, True), (S4AsyncCheckpointIO, True),
+    # Lightning's own wrapper may remove a checkpoint before its queued save has written it
+    (lambda: AsyncCheckpointIO(S4CheckpointIO()), False)],
+    ids=["sync", "s4-async", "lightning-async"])
+def test_fit_saves_s4w_and_resumes_bit_exact(tmp_path: Path, io, removes_in_order) -> None:
     _fit(tmp_path / "a", 2, io())
     saved = sorted((tmp_path / "a" / "ckpt").iterdir())
-    # the epoch-0 checkpoint was removed through S4CheckpointIO when epoch 1's was saved
-    assert [p.name for p in saved] == ["epoch=1-step=8.ckpt"]
+    if removes_in_order:
+        # epoch 0's checkpoint was removed through S4CheckpointIO when epoch 1's was saved
+        assert [p.name for p in saved] == ["epoch=1-step=8.ckpt"]
+    saved = [p for p in saved if p.name == "epoch=1-step=8.ckpt"]
     assert saved[0].read_bytes()[:4] == MAGIC
     ckpt = s4weights.load(saved[0])
     assert (ckpt["epoch"], ckpt["global_step"], ckpt["hyper_parameters"]) == (1, 8, {"width": 8})
