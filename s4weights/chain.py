@@ -748,6 +748,9 @@ def load_checkpoint(url_or_dir: Any, step: int | None = None, *, map_location: A
     store = open_store(url_or_dir)
     infos = by_step(list_checkpoints(store))
     if not infos:
+        if isinstance(store, LocalStore) and not store.root.exists():
+            raise StorageError(f"{store.root} does not exist: there is no checkpoint directory "
+                               "there (save_checkpoint creates it)")
         hint = ""
         if isinstance(store, LocalStore) and store.root.is_file():
             hint = (": it is a file, not a checkpoint directory (load a single file with "

@@ -226,6 +226,9 @@ def test_list_checkpoints_and_file_urls(tmp_path: Path) -> None:
 def test_missing_steps_and_existing_steps_raise_storage_errors(tmp_path: Path) -> None:
     with pytest.raises(s4weights.StorageError, match="no checkpoints in file://"):
         s4weights.load_checkpoint(tmp_path)
+    with pytest.raises(s4weights.StorageError, match="missing does not exist: there is no "
+                       "checkpoint directory there"):
+        s4weights.load_checkpoint(tmp_path / "missing")
     s4weights.save_checkpoint({"x": torch.ones(3)}, tmp_path, 1)
     s4weights.save_checkpoint({"x": torch.ones(3)}, tmp_path, 2)
     with pytest.raises(s4weights.StorageError,
