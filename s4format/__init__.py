@@ -15,6 +15,7 @@ from s4format.errors import (
     StorageError,
     TruncatedError,
     UnsupportedCodecError,
+    UnsupportedDeviceError,
     UnsupportedError,
     UnsupportedFeatureError,
     UnsupportedObjectError,
@@ -31,7 +32,8 @@ __version__ = "0.1.0"
 __all__ = [
     "BadMagicError", "ChecksumError", "CodecError", "ContentHashError", "FormatError",
     "LimitError", "ParentMismatchError", "Reader", "S4Error", "StorageError", "Tensor",
-    "TensorRef", "TruncatedError", "Typed", "UnsupportedCodecError", "UnsupportedError",
+    "TensorRef", "TruncatedError", "Typed", "UnsupportedCodecError", "UnsupportedDeviceError",
+    "UnsupportedError",
     "UnsupportedFeatureError", "UnsupportedObjectError", "UnsupportedVersionError", "WriteResult",
     "Writer", "dumps", "verify", "write",
 ]
