@@ -23,13 +23,13 @@ def physical_memory() -> int:
 
 def available_memory() -> int:
     """Memory a load can still take: Linux's MemAvailable plus free swap, within what the
-    process's cgroup (v2) allows; physical memory where neither can be read."""
+    process's cgroup (v2) and address-space limit (``ulimit -v``) allow; physical memory
+    where none of these can be read."""
     meminfo = _meminfo()
-    if "MemAvailable" not in meminfo:
-        return physical_memory()
-    free = (meminfo["MemAvailable"] + meminfo.get("SwapFree", 0)) * 1024
-    limit = _cgroup_room()
-    return free if limit is None else min(free, limit)
+    free = (meminfo["MemAvailable"] + meminfo.get("SwapFree", 0)) * 1024 \
+        if "MemAvailable" in meminfo else physical_memory()
+    rooms = [room for room in (_cgroup_room(), _address_space_room()) if room is not None]
+    return min([free, *rooms])
 
 
 def check(total: int, budget: int, where: str) -> None:
@@ -65,3 +65,18 @@ def _cgroup_room() -> int | None:
     except (OSError, IndexError, ValueError):
         return None
     return None if limit == "max" else max(0, int(limit) - used)
+
+
+def _address_space_room() -> int | None:
+    """RLIMIT_AS minus this process's virtual size, or None (no limit, or not Linux)."""
+    try:
+        import resource
+        limit = resource.getrlimit(resource.RLIMIT_AS)[0]
+        if limit == resource.RLIM_INFINITY:
+            return None
+        status = Path("/proc/self/status").read_text()
+        size = next(int(line.split()[1]) for line in status.splitlines()
+                    if line.startswith("VmSize:"))
+    except (ImportError, OSError, StopIteration, ValueError):
+        return None
+    return max(0, limit - size * 1024)
