@@ -32,7 +32,7 @@ import secrets
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 import numpy as np
@@ -40,7 +40,7 @@ import torch
 
 import s4format
 from s4format.errors import FormatError, ParentMismatchError, S4Error, StorageError
-from s4weights import gpu, hostmem, lease
+from s4weights import chainpolicy, gpu, hostmem, lease
 from s4weights.api import read_tree, write_flattened
 from s4weights.store import Store, open_store
 from s4weights.store.local import LocalStore
@@ -66,6 +66,7 @@ class CheckpointInfo:
     file_bytes: int
     full_stored_bytes: int  # payload had every tensor been coded alone
     created: float
+    base_reason: str | None = None  # why a base was started (None for deltas and old bases)
 
     @property
     def is_base(self) -> bool:
@@ -90,10 +91,14 @@ class CheckpointInfo:
                              "both null")
         if type(self.created) not in (int, float) or not math.isfinite(self.created):
             raise ValueError(f"created must be a finite number, not {self.created!r}")
+        if self.base_reason is not None and type(self.base_reason) is not str:
+            raise ValueError("base_reason must be a string or null")
 
     def to_json(self) -> bytes:
-        return json.dumps({"format": MANIFEST_FORMAT, "version": MANIFEST_VERSION,
-                           **asdict(self)}, indent=1).encode()
+        fields = {k: v for k, v in asdict(self).items()
+                  if k != "base_reason" or v is not None}
+        return json.dumps({"format": MANIFEST_FORMAT, "version": MANIFEST_VERSION, **fields},
+                          indent=1).encode()
 
     @classmethod
     def from_json(cls, data: bytes, name: str) -> CheckpointInfo:
@@ -101,11 +106,15 @@ class CheckpointInfo:
             d = json.loads(data)
             if d.pop("format") != MANIFEST_FORMAT or d.pop("version") != MANIFEST_VERSION:
                 raise ValueError("not an s4weights v1 manifest")
-            info = cls(**d)
+            # members a later version adds are ignored (spec/checkpoints.md)
+            info = cls(**{k: v for k, v in d.items() if k in _FIELDS})
             info._check_types()
             return info
         except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as exc:
             raise FormatError(f"manifest {name} is malformed: {exc}") from None
+
+
+_FIELDS = frozenset(f.name for f in fields(CheckpointInfo))
 
 
 def _manifest_name(step: int) -> str:
@@ -236,12 +245,7 @@ def open_chain(store: Store, chain: list[CheckpointInfo], verify: bool,
             try:
                 source = store.source(info.file)
             except StorageError as exc:
-                if not store.exists(_manifest_name(info.step)):
-                    raise StorageError(
-                        f"checkpoint step {info.step} was deleted from {store.url} while step "
-                        f"{chain[-1].step} was being opened (retention in another process, or "
-                        "retain()); list the checkpoints again and load one that is kept"
-                    ) from exc
+                _raise_if_deleted(store, chain, exc)
                 if info is chain[-1]:
                     raise StorageError(
                         f"checkpoint step {info.step} is listed in {store.url}, but its file "
@@ -268,6 +272,17 @@ def open_chain(store: Store, chain: list[CheckpointInfo], verify: bool,
         raise
     assert reader is not None
     return reader
+
+
+def _raise_if_deleted(store: Store, chain: list[CheckpointInfo], exc: StorageError) -> None:
+    """Say that a step of ``chain`` was deleted (by retention in another process) while it was
+    being read, where that is why reading it failed with ``exc``."""
+    for info in chain:
+        if not store.exists(_manifest_name(info.step)):
+            raise StorageError(
+                f"checkpoint step {info.step} was deleted from {store.url} while step "
+                f"{chain[-1].step} was being read (retention in another process, or retain()); "
+                "list the checkpoints again and load one that is kept") from exc
 
 
 def _parent_tensors(store: Store, parent: CheckpointInfo, infos: dict[int, CheckpointInfo],
@@ -368,36 +383,41 @@ def _wait_quietly(dev: torch.device) -> None:
 
 
 def save_checkpoint(state: Any, url_or_dir: Any, step: int, *, keyframe_interval: int = 10,
-                    delta: bool = True, min_delta_gain: float = 0.05, keep_last: int | None = None,
+                    delta: bool = True, min_delta_gain: float = 0.05,
+                    read_budget: float | str | None = "default", keep_last: int | None = None,
                     policy: str = "auto", metadata: dict[str, str] | None = None,
                     progress: bool | None = None, device: str = "auto",
                     workspace: int | None = None) -> CheckpointInfo:
     """Save ``state`` as checkpoint ``step``: a delta against the latest checkpoint when allowed
-    (chain shorter than ``keyframe_interval`` files, and the previous delta saved at least
-    ``min_delta_gain`` of a full save), else a new base. Each tensor is stored as a delta only
-    where the XOR codes smaller. ``keep_last`` applies retention afterwards. ``device`` picks
-    where CUDA tensors are coded (as in :func:`s4weights.save`): on the GPU path the XOR with
-    the parent is made and coded on the device too, the parent copied there from host memory
-    piece by piece. This process keeps the checkpoint it saved last in host memory (page-locked
-    at its exact size for CUDA tensors; on the GPU path one buffer per GPU and store from save
-    to save), as the next delta's parent; nothing stays in GPU memory between saves,
-    and a save's extra GPU memory is bounded by ``workspace`` (as in :func:`s4weights.save`,
-    with a few MiB of tables).
-    A process with no parent cached (after a restart) reads it from the store: on the GPU
-    path, decoded on the GPU within ``workspace``; one that loaded it with
-    ``load_checkpoint(..., resume=True)`` holds it already.
+    (chain shorter than ``keyframe_interval`` files, the previous delta saved at least
+    ``min_delta_gain`` of a full save, and loading the new step would read at most
+    ``read_budget`` full saves: by default :data:`chainpolicy.READ_BUDGET`, None for no bound),
+    else a new base, whose manifest says why. Each tensor is stored as a delta only where the
+    XOR codes smaller. ``keep_last`` applies retention afterwards (docs/checkpoints.md).
+
+    ``device`` and ``workspace`` are as in :func:`s4weights.save`; on the GPU path the XOR with
+    the parent is made on the device too. This process keeps the checkpoint it saved last in
+    host memory as the next delta's parent (page-locked for CUDA tensors); nothing stays in GPU
+    memory between saves. A process without it (after a restart) reads the parent from the
+    store, unless it loaded it with ``load_checkpoint(..., resume=True)``.
     CUDA tensors must not change until the call returns. Saves to one store from several
-    threads run one at a time. When the latest checkpoint (or a file of its chain) cannot be
-    read, the save still succeeds, as a base, and logs a warning naming it; the damaged
-    checkpoint is left as it is."""
+    threads run one at a time. When the latest checkpoint cannot be read, the save still
+    succeeds, as a base, and logs a warning naming it."""
     step = _check_step(step)
+    if read_budget == "default":
+        read_budget = chainpolicy.READ_BUDGET
+    if read_budget is not None and not (isinstance(read_budget, (int, float))
+                                        and read_budget >= 1):
+        raise ValueError(f"read_budget must be a number >= 1 (full saves) or None, not "
+                         f"{read_budget!r}")
     if keep_last is not None and keep_last < 1:
         # steps[-0:] would keep every checkpoint, the opposite of what 0 asks.
         raise ValueError("keep_last must be >= 1 (the checkpoint being saved is kept)")
     store = open_store(url_or_dir)
     with _saving(store.url) as nested:
         return _save(store, state, step, keyframe_interval=keyframe_interval, delta=delta,
-                     min_delta_gain=min_delta_gain, keep_last=keep_last, policy=policy,
+                     min_delta_gain=min_delta_gain, read_budget=read_budget,
+                     keep_last=keep_last, policy=policy,
                      metadata=metadata, progress=progress, device=device, workspace=workspace,
                      nested=nested)
 
@@ -430,11 +450,11 @@ def _save(store: Store, state: Any, step: int, *, keyframe_interval: int, delta:
     if step in infos:
         raise StorageError(f"checkpoint step {step} already exists in {store.url}")
     latest = infos[max(infos)] if infos else None
-    parent = None
-    if delta and latest is not None and latest.step < step \
-            and latest.depth + 2 <= keyframe_interval and _delta_paid(latest, min_delta_gain):
-        parent = latest
-    info = _save_on(store, state, step, infos, parent, nested=nested, **coding)
+    why = chainpolicy.reason_without_parent(latest, step, delta=delta,
+                                            keyframe_interval=keyframe_interval,
+                                            min_delta_gain=min_delta_gain)
+    info = _save_on(store, state, step, infos, None if why else latest, why, nested=nested,
+                    **coding)
     if keep_last is not None:
         try:
             _retain_after(store, step, keep_last)
@@ -450,12 +470,12 @@ class _ParentGone(S4Error):
 
 
 def _save_on(store: Store, state: Any, step: int, infos: dict[int, CheckpointInfo],
-             parent: CheckpointInfo | None, **kw: Any) -> CheckpointInfo:
+             parent: CheckpointInfo | None, why: str | None, **kw: Any) -> CheckpointInfo:
     """Save ``state`` as a delta of ``parent``, pinned against retention from before its chain
-    is read until the manifest is committed, or as a base when there is no parent or the pin
-    came too late."""
+    is read until the manifest is committed, or as a base (for the reason ``why``) when there
+    is no parent or the pin came too late."""
     if parent is None:
-        return _code(store, state, step, infos, None, **kw)
+        return _code(store, state, step, infos, None, base_reason=why, **kw)
     with lease.pin(store, parent.step, parent.checkpoint_id):
         try:
             chain = chain_of(parent.step, infos)
@@ -469,7 +489,7 @@ def _save_on(store: Store, state: Any, step: int, infos: dict[int, CheckpointInf
                 why = str(exc)
     log.warning("checkpoint step %d is saved as a base, not as a delta of step %d: %s", step,
                 parent.step, why)
-    return _code(store, state, step, infos, None, **kw)
+    return _code(store, state, step, infos, None, base_reason=f"parent unusable: {why}", **kw)
 
 
 def _parent_gone(store: Store, chain: list[CheckpointInfo]) -> str | None:
@@ -491,7 +511,8 @@ def _parent_gone(store: Store, chain: list[CheckpointInfo]) -> str | None:
 def _code(store: Store, state: Any, step: int, infos: dict[int, CheckpointInfo],
           chain: list[CheckpointInfo] | None, *, nested: bool, policy: str,
           metadata: dict[str, str] | None, progress: bool | None, device: str,
-          workspace: int | None) -> CheckpointInfo:
+          workspace: int | None, read_budget: float | None,
+          base_reason: str | None = None) -> CheckpointInfo:
     """Code ``state`` into a new file of step ``step`` (a delta of ``chain``'s last checkpoint
     where given) and commit it with its manifest."""
     parent = chain[-1] if chain else None
@@ -516,7 +537,12 @@ def _code(store: Store, state: Any, step: int, infos: dict[int, CheckpointInfo],
         except S4Error as exc:
             log.warning("checkpoint step %d is saved as a base, not as a delta of step %d "
                         "(%s), which cannot be read: %s", step, parent.step, parent.file, exc)
-            parent = None
+            parent, base_reason = None, f"parent unreadable: {exc}"
+    if parent is not None and read_budget is not None:
+        base_reason = chainpolicy.over_budget(chain, flat.tensors, parents, read_budget, policy)
+        if base_reason is not None:
+            log.info("checkpoint step %d starts a new base: %s", step, base_reason)
+            parent = parents = hashes = None
     # the buffer this snapshot may take over once the file is coded (on the GPU path): the
     # cached parent's, or that of the parent just read from the store (where the state is on
     # one device)
@@ -545,6 +571,8 @@ def _code(store: Store, state: Any, step: int, infos: dict[int, CheckpointInfo],
                 _PARENT_CACHE.pop(store.url, None)
             snap.finish()
         used = parent if result.parent_id is not None else None
+        if parent is not None and used is None:
+            base_reason = "no tensor coded smaller as a delta"
         info = CheckpointInfo(
             step=step, file=name, checkpoint_id=result.checkpoint_id.hex(),
             parent_step=used.step if used else None,
@@ -552,7 +580,7 @@ def _code(store: Store, state: Any, step: int, infos: dict[int, CheckpointInfo],
             base_step=used.base_step if used else step, depth=used.depth + 1 if used else 0,
             raw_bytes=result.raw_nbytes, stored_bytes=result.stored_nbytes,
             file_bytes=result.file_size, full_stored_bytes=result.full_stored_nbytes,
-            created=time.time())
+            created=time.time(), base_reason=None if used else base_reason)
         if used is not None and (why := _parent_gone(store, chain)):
             _drop_unclaimed(store, step, name, manifest_tried=False)
             raise _ParentGone(why)
@@ -604,12 +632,6 @@ def _retain_after(store: Store, step: int, keep_last: int) -> None:
         steps = sorted(infos)
         _retain(store, sorted(set(steps[-keep_last:]) | {step} | {s for s in steps if s > step}),
                 infos)
-
-
-def _delta_paid(info: CheckpointInfo, min_gain: float) -> bool:
-    if info.is_base:
-        return True
-    return info.stored_bytes <= (1.0 - min_gain) * info.full_stored_bytes
 
 
 def _cache(url: str, entry: tuple | None, keep_replaced: bool = False) -> None:
@@ -761,15 +783,18 @@ def load_checkpoint(url_or_dir: Any, step: int | None = None, *, map_location: A
     if step not in infos:
         raise StorageError(f"no checkpoint step {step} in {store.url}; "
                            f"steps there: {sorted(infos)}")
-    reader = open_chain(store, chain_of(step, infos), verify, device)
+    chain = chain_of(step, infos)
+    reader = open_chain(store, chain, verify, device)
     try:
         copy = _HostCopy(reader) if resume and verify and step == max(infos) else None
         try:
             out = read_tree(reader, map_location, strict=strict, show=progress, device=device,
                             into=into, workspace=workspace, copy_to=copy)
-        except BaseException:
+        except BaseException as exc:
             if copy is not None:
                 copy.abandon()
+            if isinstance(exc, StorageError):
+                _raise_if_deleted(store, chain, exc)
             raise
         entry = None
         if copy is not None:

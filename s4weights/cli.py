@@ -90,13 +90,14 @@ def _print_run(d: dict[str, Any]) -> None:
     w(f"run {d['run']}: {n} checkpoint(s) in {d['chains']} chain(s), {d['file_bytes']} bytes "
       f"stored for {d['raw_bytes']} raw (ratio {_ratio(d['file_bytes'], d['raw_bytes'])})\n")
     w(f"  {'step':>10}  {'kind':<6} {'parent':>10} {'base':>10} {'depth':>5} {'raw':>14} "
-      f"{'file':>14}  {'ratio':<7} checkpoint\n")
+      f"{'file':>14}  {'ratio':<7} {'checkpoint':<16}  why a base\n")
     for c in d["checkpoints"]:
         kind = "base" if c["parent_step"] is None else "delta"
         parent = "-" if c["parent_step"] is None else str(c["parent_step"])
         w(f"  {c['step']:>10}  {kind:<6} {parent:>10} {c['base_step']:>10} {c['depth']:>5} "
           f"{c['raw_bytes']:>14} {c['file_bytes']:>14}  "
-          f"{_ratio(c['file_bytes'], c['raw_bytes']):<7} {c['checkpoint_id'][:16]}\n")
+          f"{_ratio(c['file_bytes'], c['raw_bytes']):<7} {c['checkpoint_id'][:16]}"
+          f"{'  ' + c['base_reason'] if c.get('base_reason') else ''}\n")
     if d["uncommitted"]:
         w(f"  {len(d['uncommitted'])} uncommitted file(s) (no manifest): "
           f"{', '.join(d['uncommitted'])}\n")

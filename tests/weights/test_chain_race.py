@@ -150,7 +150,7 @@ def test_a_step_deleted_while_it_is_opened_says_so(tmp_path, monkeypatch) -> Non
         return real(self, name)
     monkeypatch.setattr(LocalStore, "source", source)
     with pytest.raises(StorageError, match=r"step 1 was deleted from .* while step 1 was being "
-                       r"opened .*load one that is kept"):
+                       r"read .*load one that is kept"):
         s4weights.load_checkpoint(tmp_path, step=1)
 
 

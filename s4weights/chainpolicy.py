@@ -1,0 +1,122 @@
+"""When a checkpoint is saved as a delta and when it starts a new base, and why.
+
+A chain pays only while loading its newest step reads little more than one full save would: a
+delta is written only if the files of its chain plus the delta's estimated size stay within
+``read_budget`` times a full save. The delta's size is estimated by coding windows of the
+state (1/64 of it, at most 4 MiB, spread over its tensors) both whole and as the XOR against
+the parent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+import s4format
+from s4format.policy import POLICIES
+from s4format.writer import code_tensor
+
+if TYPE_CHECKING:
+    from s4weights.chain import CheckpointInfo
+    from s4weights.torchtree import DeviceTensor
+
+# Loading the newest step of a chain may read this many full saves' bytes, by default.
+READ_BUDGET: float | None = 1.5
+# Bytes of the state coded twice for the estimate: this share of it, within these bounds.
+SAMPLE_SHARE, SAMPLE_MIN, SAMPLE_MAX = 1 / 64, 256 << 10, 4 << 20
+WINDOW = 16 << 10  # the smallest window worth coding
+WINDOWS = 4  # per tensor large enough, spread over it
+
+
+def reason_without_parent(latest: CheckpointInfo | None, step: int, *, delta: bool,
+                          keyframe_interval: int, min_delta_gain: float) -> str | None:
+    """Why checkpoint ``step`` cannot be a delta of ``latest``, or None when it can."""
+    if latest is None:
+        return "first checkpoint of the run"
+    if not delta:
+        return "saved with delta=False"
+    if latest.step >= step:
+        return f"not after the latest step {latest.step}"
+    if latest.depth + 2 > keyframe_interval:
+        return f"keyframe_interval={keyframe_interval} reached"
+    if not latest.is_base and latest.stored_bytes > (1.0 - min_delta_gain) * \
+            latest.full_stored_bytes:
+        return (f"the delta of step {latest.step} saved less than {min_delta_gain:.0%} of a "
+                "full save")
+    return None
+
+
+def over_budget(chain: Sequence[CheckpointInfo], tensors: Sequence[tuple[str, object]],
+                parents: Mapping[str, s4format.Tensor], read_budget: float,
+                policy: str) -> str | None:
+    """Why a delta of ``chain[-1]`` would make loading it read more than ``read_budget`` full
+    saves, or None when it fits."""
+    latest = chain[-1]
+    full = latest.full_stored_bytes + (latest.file_bytes - latest.stored_bytes)
+    if full <= 0:
+        return None
+    share = delta_share(tensors, parents, policy if policy in POLICIES else "auto")
+    held = sum(i.file_bytes for i in chain)
+    if held + share * full <= read_budget * full:
+        return None
+    return (f"read budget: loading it as a delta would read {held + share * full:,.0f} bytes "
+            f"({(held + share * full) / full:.2f} full saves; read_budget={read_budget})")
+
+
+def delta_share(tensors: Sequence[tuple[str, object]], parents: Mapping[str, s4format.Tensor],
+                policy: str) -> float:
+    """The estimated size of a delta against ``parents`` as a share of a full save, from
+    windows of the tensors coded both ways (each tensor stores the smaller)."""
+    full = delta = 0
+    for name, t, spans in _sample(tensors):
+        parent = parents.get(name)
+        dtype = t.dtype  # type: ignore[attr-defined]
+        for at, length in spans:
+            mine = _window(t, at, length)
+            alone = code_tensor(mine, dtype, policy).stored
+            full += alone
+            if parent is not None and parent.nbytes == _nbytes(t):
+                theirs = np.asarray(parent.data).reshape(-1).view(np.uint8)[at:at + length]
+                delta += min(alone, code_tensor(mine ^ theirs, dtype, policy).stored)
+            else:
+                delta += alone
+    return delta / full if full else 0.0
+
+
+def _sample(tensors: Sequence[tuple[str, object]]
+            ) -> Iterator[tuple[str, object, list[tuple[int, int]]]]:
+    """The windows to code, as (start, length) per tensor: each tensor's share of the
+    sample in WINDOWS windows where that share is large enough, else one window of
+    every so many small tensors. Starts and lengths are multiples of 16 (element bounds)."""
+    total = sum(_nbytes(t) for _n, t in tensors)
+    sample = min(max(total * SAMPLE_SHARE, SAMPLE_MIN), SAMPLE_MAX)
+    share = min(1.0, sample / total) if total else 0.0
+    owed = 0.0
+    for name, t in tensors:
+        n = _nbytes(t)
+        want = share * n
+        if want >= WINDOW:
+            length = int(want / WINDOWS) // 16 * 16
+            step = (n - length) // (WINDOWS - 1)
+            yield name, t, [((i * step) // 16 * 16, length) for i in range(WINDOWS)]
+            continue
+        owed += want
+        if n and owed >= min(WINDOW, n):
+            length = min(WINDOW, n)
+            owed -= length
+            yield name, t, [((n - length) // 32 * 16, length)]
+
+
+def _nbytes(t: object) -> int:
+    return int(t.nbytes)  # type: ignore[attr-defined]
+
+
+def _window(t: s4format.Tensor | DeviceTensor, at: int, length: int) -> np.ndarray:
+    """Bytes ``at``..``at + length`` of tensor ``t``, on the host."""
+    from s4weights.torchtree import DeviceTensor
+
+    if isinstance(t, DeviceTensor):
+        return t.device_bytes[at:at + length].cpu().numpy()
+    return np.asarray(t.data).reshape(-1).view(np.uint8)[at:at + length]

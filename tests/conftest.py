@@ -1,0 +1,31 @@
+"""Fixtures for the whole suite."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _chains_without_read_budget() -> Iterator[float | None]:
+    """Most chain tests save training states whose deltas are nearly as large as a full save,
+    which the default read budget would turn into bases; they test chains, so they lift it
+    (from the start of the session: module-scoped fixtures save chains too). Yields the
+    default."""
+    from s4weights import chainpolicy
+
+    default = chainpolicy.READ_BUDGET
+    chainpolicy.READ_BUDGET = None
+    yield default
+    chainpolicy.READ_BUDGET = default
+
+
+@pytest.fixture(autouse=True)
+def _read_budget_where_marked(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch,
+                              _chains_without_read_budget: float | None) -> None:
+    """Tests marked ``read_budget`` keep the default (tests/weights/test_chain_policy.py)."""
+    if request.node.get_closest_marker("read_budget") is not None:
+        from s4weights import chainpolicy
+
+        monkeypatch.setattr(chainpolicy, "READ_BUDGET", _chains_without_read_budget)

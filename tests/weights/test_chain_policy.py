@@ -1,0 +1,121 @@
+"""The default chain policy: a delta only while loading the newest step reads at most
+``read_budget`` full saves, and every base says why it was started."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import s4weights
+from s4weights import chain, chainpolicy
+from tests.weights.common import assert_same
+
+pytestmark = pytest.mark.read_budget
+
+N = 1 << 18  # float32 elements per tensor
+
+
+def _weights(seed: int) -> torch.Tensor:
+    return torch.from_numpy(np.random.default_rng(seed).standard_normal(N, dtype=np.float32))
+
+
+def _training(step: int) -> dict:
+    """Every value moves a little at every step (AdamW): the XOR keeps most exponent bits,
+    so a delta stores somewhat less than a full save, but not half."""
+    w = _weights(0) * (1 + 1e-3 * _weights(step + 1))
+    m = _weights(1000) * (1 + 1e-2 * _weights(step + 2000))
+    return {"w": w, "m": m, "step": step}
+
+
+def _fine_tuning(step: int) -> dict:
+    """A small learning rate on bf16 weights: most values keep their bits between saves."""
+    w = _weights(0).to(torch.bfloat16)
+    rng = np.random.default_rng(step)
+    moved = torch.from_numpy(rng.choice(N, N // 50, replace=False))
+    w[moved] += 0.01 * step
+    return {"w": w, "step": step}
+
+
+def _read_bytes(root: Path, step: int) -> int:
+    infos = chain.by_step(chain.list_checkpoints(root))
+    return sum(i.file_bytes for i in chain.chain_of(step, infos))
+
+
+def test_training_states_are_all_bases(tmp_path: Path) -> None:
+    infos = [s4weights.save_checkpoint(_training(s), tmp_path, step=s) for s in range(4)]
+    assert [i.is_base for i in infos] == [True] * 4
+    assert infos[0].base_reason == "first checkpoint of the run"
+    assert all(i.base_reason.startswith("read budget: ") for i in infos[1:]), infos
+    assert_same(s4weights.load_checkpoint(tmp_path), _training(3))
+
+
+def test_fine_tuning_chains_within_the_budget(tmp_path: Path) -> None:
+    infos = [s4weights.save_checkpoint(_fine_tuning(s), tmp_path, step=s, keyframe_interval=50)
+             for s in range(12)]
+    full = infos[0].file_bytes
+    assert sum(not i.is_base for i in infos) >= 8, [i.base_reason for i in infos]
+    for i in infos:
+        assert _read_bytes(tmp_path, i.step) <= 1.5 * full * 1.02, i
+    # the chain stores well under what bases alone would
+    assert sum(i.file_bytes for i in infos) <= 0.5 * sum(i.full_stored_bytes for i in infos)
+    for s in (0, 5, 11):
+        assert_same(s4weights.load_checkpoint(tmp_path, step=s), _fine_tuning(s))
+
+
+def test_each_base_says_why(tmp_path: Path) -> None:
+    save = s4weights.save_checkpoint
+    assert save(_fine_tuning(0), tmp_path, 0).base_reason == "first checkpoint of the run"
+    assert save(_fine_tuning(1), tmp_path, 1, delta=False).base_reason == \
+        "saved with delta=False"
+    assert save(_fine_tuning(2), tmp_path, 2, keyframe_interval=2).base_reason is None
+    assert save(_fine_tuning(3), tmp_path, 3, keyframe_interval=2).base_reason == \
+        "keyframe_interval=2 reached"
+    assert save(_fine_tuning(9), tmp_path, 9).base_reason is None
+    assert save(_fine_tuning(4), tmp_path, 4).base_reason == "not after the latest step 9"
+    # a delta's manifest has no base_reason member; a base's is listed by the CLI
+    manifest = json.loads((tmp_path / "manifests" / f"{9:012d}.json").read_text())
+    assert "base_reason" not in manifest
+    out = subprocess.run([sys.executable, "-m", "s4weights", "list", str(tmp_path)],
+                         capture_output=True, text=True, check=True).stdout
+    assert "keyframe_interval=2 reached" in out and "saved with delta=False" in out
+
+
+def test_read_budget_none_allows_any_chain(tmp_path: Path) -> None:
+    infos = [s4weights.save_checkpoint(_training(s), tmp_path, step=s, read_budget=None)
+             for s in range(3)]
+    assert [i.is_base for i in infos] == [True, False, False]
+    with pytest.raises(ValueError, match="read_budget must be a number >= 1"):
+        s4weights.save_checkpoint(_training(3), tmp_path, step=3, read_budget=0.5)
+
+
+def test_the_estimate_follows_the_coded_sizes() -> None:
+    # the sampled share is close to what coding every tensor both ways gives
+    state, parent = _fine_tuning(3), _fine_tuning(2)
+    from s4weights.torchtree import flatten
+
+    tensors = flatten(state).tensors
+    parents = {n: t for n, t in flatten(parent).tensors}
+    share = chainpolicy.delta_share(tensors, parents, "auto")
+    from s4format.writer import code_tensor
+
+    (name, t), = tensors
+    whole = code_tensor(t.data.reshape(-1).view(np.uint8), t.dtype).stored
+    xor = code_tensor(t.data.reshape(-1).view(np.uint8)
+                      ^ parents[name].data.reshape(-1).view(np.uint8), t.dtype).stored
+    assert abs(share - min(xor, whole) / whole) < 0.05, (share, xor / whole)
+
+
+def test_manifests_with_members_of_a_later_version_are_read(tmp_path: Path) -> None:
+    info = s4weights.save_checkpoint(_fine_tuning(0), tmp_path, 0)
+    path = tmp_path / "manifests" / f"{0:012d}.json"
+    d = json.loads(path.read_text())
+    d["added_later"] = {"any": "thing"}
+    path.write_text(json.dumps(d))
+    chain._MANIFESTS.clear()
+    assert chain.list_checkpoints(tmp_path) == [info]
