@@ -4,7 +4,9 @@ Encodes None, bool, int (any size), float (bit-exact, NaN payloads included), st
 tuple, dict, ``collections.OrderedDict``, tensor references and *typed* values — a registered name
 plus a value — which the torch layer uses for ``torch.Size``, dtypes, devices and views. Anything
 else is refused with the key path of the offending object. Decoding never constructs anything
-but these types; an unknown typed name comes back as an opaque :class:`Typed`.
+but these types; an unknown typed name comes back as an opaque :class:`Typed`. Decoding is
+linear in the tree's bytes: key paths are kept as their keys (:class:`KeyPath`) and built only
+for messages, and a dict holds at most ``MAX_KEYS_PER_HASH`` keys of one hash.
 """
 
 from __future__ import annotations

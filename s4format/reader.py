@@ -1,8 +1,10 @@
 """Reading .s4w files: header and footer checks, the index, random access to any tensor.
 
 A :class:`Reader` reads the header, the footer and the index once (three reads, so it works the
-same over S3 ranged GETs), validates every record, and then decodes single tensors on demand.
-Deltas need their parent: pass it as ``parent=`` (another Reader, itself possibly a delta).
+same over S3 ranged GETs), validates every record and the object tree (typed values included),
+and then decodes single tensors on demand; :meth:`Reader.load` first checks that the tensors
+the tree references fit its decode budget. Deltas need their parent: pass it as ``parent=``
+(another Reader, itself possibly a delta).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import Any
 import numpy as np
 from construct import ConstructError
 
-from s4format import budget, codecs, hashing, objtree, typedvalues
+from s4format import budget, codecs, hashing, objtree, threads, typedvalues
 from s4format.errors import (
     BadMagicError,
     ChecksumError,
@@ -316,8 +318,10 @@ class Reader:
         span = self.compact_span(t)
         # Every plane's checksum (R1) before any decoding (R2), as the GPU decoder does: a
         # damaged plane is reported as such even when an earlier plane fails to decode.
-        stored = [self.read_stored(t, k, span) for k in range(len(t.planes))]
-        planes = [self._decode_plane(t, k, s) for k, s in enumerate(stored)]
+        stored = threads.map_sized(lambda k: self.read_stored(t, k, span),
+                                   range(len(t.planes)), t.raw_nbytes)
+        planes = threads.map_sized(lambda k: self._decode_plane(t, k, stored[k]),
+                                   range(len(t.planes)), t.raw_nbytes)
         try:
             raw = t.layout.merge(planes, t.raw_nbytes, t.dtype.itemsize)
         except FormatError as exc:
