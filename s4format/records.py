@@ -68,11 +68,11 @@ def tensor_info(rec, where: str, data_end: int, alignment: int) -> TensorInfo:
     shape = tuple(int(s) for s in rec["shape"])
     raw_nbytes = rec["raw_nbytes"]
     expected = math.prod(shape) * dtype.itemsize
+    if expected > MAX_RAW_NBYTES or raw_nbytes > MAX_RAW_NBYTES:
+        raise LimitError(f"{where}: raw size {max(expected, raw_nbytes)} exceeds 2^62 bytes")
     if extent_nbytes(shape, dtype.itemsize) > MAX_RAW_NBYTES:
-        raise LimitError(f"{where}: shape {list(shape)} of {dtype.name}: its sizes, zeros "
-                         "counted as 1, multiply to over 2^62 bytes")
-    if raw_nbytes > MAX_RAW_NBYTES:
-        raise LimitError(f"{where}: raw size {raw_nbytes} exceeds 2^62 bytes")
+        raise LimitError(f"{where}: empty tensor of shape {list(shape)} of {dtype.name}: its "
+                         "sizes, zeros counted as 1, multiply to over 2^62 bytes")
     if raw_nbytes != expected:
         raise FormatError(f"{where}: raw_nbytes {raw_nbytes} != {expected} for "
                           f"{dtype.name}{list(shape)}")
