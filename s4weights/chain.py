@@ -67,6 +67,8 @@ class CheckpointInfo:
     full_stored_bytes: int  # payload had every tensor been coded alone
     created: float
     base_reason: str | None = None  # why a base was started (None for deltas and old bases)
+    # a step saved with distributed=True: its rank files (rank, name, checkpoint_id, parent)
+    rank_files: list[dict[str, Any]] | None = None
 
     @property
     def is_base(self) -> bool:
@@ -93,10 +95,12 @@ class CheckpointInfo:
             raise ValueError(f"created must be a finite number, not {self.created!r}")
         if self.base_reason is not None and type(self.base_reason) is not str:
             raise ValueError("base_reason must be a string or null")
+        if self.rank_files is not None:
+            _check_rank_files(self.rank_files)
 
     def to_json(self) -> bytes:
         fields = {k: v for k, v in asdict(self).items()
-                  if k != "base_reason" or v is not None}
+                  if k not in ("base_reason", "rank_files") or v is not None}
         return json.dumps({"format": MANIFEST_FORMAT, "version": MANIFEST_VERSION, **fields},
                           indent=1).encode()
 
@@ -115,6 +119,17 @@ class CheckpointInfo:
 
 
 _FIELDS = frozenset(f.name for f in fields(CheckpointInfo))
+
+
+def _check_rank_files(files: Any) -> None:
+    if not isinstance(files, list) or not files:
+        raise ValueError("rank_files must be a non-empty list")
+    for f in files:
+        if not isinstance(f, dict) or type(f.get("rank")) is not int \
+                or not isinstance(f.get("name"), str) \
+                or not isinstance(f.get("checkpoint_id"), str) \
+                or not (f.get("parent") is None or isinstance(f["parent"], str)):
+            raise ValueError(f"rank_files entry {f!r} is not rank, name, checkpoint_id, parent")
 
 
 def _manifest_name(step: int) -> str:
@@ -387,7 +402,8 @@ def save_checkpoint(state: Any, url_or_dir: Any, step: int, *, keyframe_interval
                     read_budget: float | str | None = "default", keep_last: int | None = None,
                     policy: str = "auto", metadata: dict[str, str] | None = None,
                     progress: bool | None = None, device: str = "auto",
-                    workspace: int | None = None) -> CheckpointInfo:
+                    workspace: int | None = None, distributed: bool = False,
+                    group: Any = None) -> CheckpointInfo:
     """Save ``state`` as checkpoint ``step``: a delta against the latest checkpoint when allowed
     (chain shorter than ``keyframe_interval`` files, the previous delta saved at least
     ``min_delta_gain`` of a full save, and loading the new step would read at most
@@ -402,7 +418,11 @@ def save_checkpoint(state: Any, url_or_dir: Any, step: int, *, keyframe_interval
     store, unless it loaded it with ``load_checkpoint(..., resume=True)``.
     CUDA tensors must not change until the call returns. Saves to one store from several
     threads run one at a time. When the latest checkpoint cannot be read, the save still
-    succeeds, as a base, and logs a warning naming it."""
+    succeeds, as a base, and logs a warning naming it.
+
+    ``distributed=True``: every rank of ``group`` (default: the default process group) calls
+    this with its sharded state dict (FSDP2, DTensor); the step is a DCP checkpoint of one
+    .s4w per rank, each a delta of that rank's previous file where that pays (docs/dcp.md)."""
     step = _check_step(step)
     if read_budget == "default":
         read_budget = chainpolicy.READ_BUDGET
@@ -414,6 +434,16 @@ def save_checkpoint(state: Any, url_or_dir: Any, step: int, *, keyframe_interval
         # steps[-0:] would keep every checkpoint, the opposite of what 0 asks.
         raise ValueError("keep_last must be >= 1 (the checkpoint being saved is kept)")
     store = open_store(url_or_dir)
+    if distributed:
+        from s4weights.dcp import chain as dcp_chain
+
+        if metadata or progress:
+            raise ValueError("metadata and progress are not supported with distributed=True")
+        with _saving(store.url):
+            return dcp_chain.save(
+                state, store.url, step, group=group, keyframe_interval=keyframe_interval,
+                delta=delta, min_delta_gain=min_delta_gain, read_budget=read_budget,
+                keep_last=keep_last, policy=policy, device=device, workspace=workspace)
     with _saving(store.url) as nested:
         return _save(store, state, step, keyframe_interval=keyframe_interval, delta=delta,
                      min_delta_gain=min_delta_gain, read_budget=read_budget,
@@ -453,6 +483,8 @@ def _save(store: Store, state: Any, step: int, *, keyframe_interval: int, delta:
     why = chainpolicy.reason_without_parent(latest, step, delta=delta,
                                             keyframe_interval=keyframe_interval,
                                             min_delta_gain=min_delta_gain)
+    if why is None and latest is not None and latest.rank_files is not None:
+        why = f"step {latest.step} was saved with distributed=True"
     info = _save_on(store, state, step, infos, None if why else latest, why, nested=nested,
                     **coding)
     if keep_last is not None:
@@ -752,7 +784,7 @@ def _wait(events: list[torch.cuda.Event], quiet: bool = False) -> None:
 def load_checkpoint(url_or_dir: Any, step: int | None = None, *, map_location: Any = None,
                     strict: bool = True, verify: bool = True, progress: bool | None = None,
                     device: str = "auto", into: Any = None, workspace: int | None = None,
-                    resume: bool = False) -> Any:
+                    resume: bool = False, distributed: bool = False, group: Any = None) -> Any:
     """Load checkpoint ``step`` (default: the latest), resolving its delta chain.
     ``device`` and ``into`` (existing tensors to decode into, matched by key path, e.g.
     ``into={"model": model.state_dict(), "optimizer": opt.state_dict()}``) and ``workspace``
@@ -764,7 +796,11 @@ def load_checkpoint(url_or_dir: Any, step: int | None = None, *, map_location: A
     next delta: that save then need not read the chain back from the store, which takes
     seconds per GB and level. The copy is made as each tensor is decoded, before the caller
     sees it, and kept only for the store's latest checkpoint (the next save's parent), with
-    ``verify`` on, and where this process does not hold it already."""
+    ``verify`` on, and where this process does not hold it already.
+
+    A step saved with ``distributed=True`` loads into ``into`` (a sharded state dict) on every
+    rank of ``group`` with ``distributed=True``, at any world size; without it, as one whole
+    state dict in this process (host tensors)."""
     if step is not None:
         step = _check_step(step)
     store = open_store(url_or_dir)
@@ -783,6 +819,14 @@ def load_checkpoint(url_or_dir: Any, step: int | None = None, *, map_location: A
     if step not in infos:
         raise StorageError(f"no checkpoint step {step} in {store.url}; "
                            f"steps there: {sorted(infos)}")
+    if distributed or infos[step].rank_files is not None:
+        from s4weights.dcp import chain as dcp_chain
+
+        if distributed and into is None:
+            raise ValueError("load_checkpoint(distributed=True) loads into the sharded state "
+                             "dict given as into=")
+        return dcp_chain.load(store.url, step, into if distributed else None, group=group,
+                              verify=verify, device=device, workspace=workspace)
     chain = chain_of(step, infos)
     reader = open_chain(store, chain, verify, device)
     try:
@@ -917,6 +961,18 @@ class Swept:
 
 
 _CHECKPOINT_FILE = re.compile(r"data/\d{12}(-[0-9a-f]{8})?\.s4w")
+_STEP_FOLDER = re.compile(r"steps/\d{12}-[0-9a-f]{8}/")
+
+
+def _unnamed_steps(store: Store, named: set[str], cutoff: float) -> list[str]:
+    """The objects of distributed steps' folders that no manifest names (saves killed before
+    their manifest), where none was written after ``cutoff``."""
+    folders: dict[str, list[tuple[str, float]]] = {}
+    for n, t in store.modified("steps/").items():
+        if (m := _STEP_FOLDER.match(n)) and m[0] not in named:
+            folders.setdefault(m[0], []).append((n, t))
+    return [n for objs in folders.values() if max(t for _n, t in objs) < cutoff
+            for n, _t in objs]
 
 
 def sweep(url_or_dir: Any, older_than_s: float = 3600.0, *, dry_run: bool = False) -> Swept:
@@ -944,6 +1000,7 @@ def sweep(url_or_dir: Any, older_than_s: float = 3600.0, *, dry_run: bool = Fals
         cutoff = time.time() - older_than_s
         found = [n for n, t in store.modified("data/").items()
                  if _CHECKPOINT_FILE.fullmatch(n) and n not in named and t < cutoff]
+        found += _unnamed_steps(store, named, cutoff)
         if found and not infos and not problems:
             problems.append("checkpoint files left alone: no manifest names any of them, so "
                             "every one would go (delete them by hand if that is what is meant)")
@@ -1000,7 +1057,7 @@ def _retain(store: Store, keep_steps: list[int],
             for s in reversed(doomed):
                 store.delete(_manifest_name(s))
             for s in doomed:
-                store.delete(infos[s].file)
+                _delete_files(store, infos[s])
         needed = set(infos) - set(doomed)
     else:
         needed = set(infos)
@@ -1008,6 +1065,18 @@ def _retain(store: Store, keep_steps: list[int],
     if cached and cached[0] not in {infos[s].checkpoint_id for s in needed}:
         _cache(store.url, None)
     return doomed
+
+
+def _delete_files(store: Store, info: CheckpointInfo) -> None:
+    """Delete a checkpoint's file, or every object of a distributed step's folder."""
+    if info.file.endswith("/"):
+        for name in store.list(info.file):
+            store.delete(name)
+        if isinstance(store, LocalStore):
+            with contextlib.suppress(OSError):  # (a folder something else put a file in)
+                (store.root / info.file).rmdir()
+    else:
+        store.delete(info.file)
 
 
 def _unneeded(keep_steps: set[int] | list[int], infos: dict[int, CheckpointInfo]) -> list[int]:

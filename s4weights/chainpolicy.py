@@ -53,22 +53,31 @@ def over_budget(chain: Sequence[CheckpointInfo], tensors: Sequence[tuple[str, ob
                 policy: str) -> str | None:
     """Why a delta of ``chain[-1]`` would make loading it read more than ``read_budget`` full
     saves, or None when it fits."""
+    full, delta = sample_sizes(tensors, parents, policy)
+    return over_budget_share(delta / full if full else 0.0, chain_share(chain), read_budget)
+
+
+def chain_share(chain: Sequence[CheckpointInfo]) -> float:
+    """The bytes of ``chain``'s files, in full saves (estimated from its newest checkpoint)."""
     latest = chain[-1]
     full = latest.full_stored_bytes + (latest.file_bytes - latest.stored_bytes)
-    if full <= 0:
-        return None
-    share = delta_share(tensors, parents, policy if policy in POLICIES else "auto")
-    held = sum(i.file_bytes for i in chain)
-    if held + share * full <= read_budget * full:
-        return None
-    return (f"read budget: loading it as a delta would read {held + share * full:,.0f} bytes "
-            f"({(held + share * full) / full:.2f} full saves; read_budget={read_budget})")
+    return sum(i.file_bytes for i in chain) / full if full > 0 else float("inf")
 
 
-def delta_share(tensors: Sequence[tuple[str, object]], parents: Mapping[str, s4format.Tensor],
-                policy: str) -> float:
-    """The estimated size of a delta against ``parents`` as a share of a full save, from
-    windows of the tensors coded both ways (each tensor stores the smaller)."""
+def over_budget_share(delta: float, held: float, read_budget: float) -> str | None:
+    """Why a delta of ``delta`` full saves on a chain of ``held`` full saves exceeds the budget,
+    or None."""
+    if held + delta <= read_budget:
+        return None
+    return (f"read budget: as a delta, loading it would read {held + delta:.2f} full saves "
+            f"(read_budget={read_budget})")
+
+
+def sample_sizes(tensors: Sequence[tuple[str, object]], parents: Mapping[str, s4format.Tensor],
+                 policy: str) -> tuple[int, int]:
+    """Stored bytes of windows of the tensors coded whole, and as deltas against ``parents``
+    where that codes smaller (each tensor stores the smaller)."""
+    policy = policy if policy in POLICIES else "auto"
     full = delta = 0
     for name, t, spans in _sample(tensors):
         parent = parents.get(name)
@@ -82,7 +91,7 @@ def delta_share(tensors: Sequence[tuple[str, object]], parents: Mapping[str, s4f
                 delta += min(alone, code_tensor(mine ^ theirs, dtype, policy).stored)
             else:
                 delta += alone
-    return delta / full if full else 0.0
+    return full, delta
 
 
 def _sample(tensors: Sequence[tuple[str, object]]

@@ -146,6 +146,10 @@ def _verify_one(store: Store, info: CheckpointInfo, infos: dict[int, CheckpointI
     from s4weights.chain import chain_of, close_chain, open_chain
 
     where = f"{store.url}: step {info.step} ({info.file})"
+    if info.rank_files is not None:
+        from s4weights.dcp.chain import verify_step
+
+        return [f"{where}: {p}" for p in verify_step(store, info, infos)]
     try:
         reader = open_chain(store, chain_of(info.step, infos), verify=True)
         try:

@@ -10,10 +10,12 @@ copied into DCP's destination, so a checkpoint loads into any world size and pla
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import uuid
 from collections import defaultdict
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -139,8 +141,22 @@ class S4StorageReader(StorageReader):
             raise FormatError(f"{self.store().url}/{METADATA} names no stored item for "
                               f"{req.storage_index.fqn!r}") from None
 
+    def _open_reader(self, name: str) -> s4format.Reader:
+        return s4format.Reader(self.store().source(name), verify=self.verify)
+
+    def _close_reader(self, reader: s4format.Reader) -> None:
+        reader.close()
+
+    @contextlib.contextmanager
+    def _opened(self, name: str) -> Iterator[s4format.Reader]:
+        reader = self._open_reader(name)
+        try:
+            yield reader
+        finally:
+            self._close_reader(reader)
+
     def _read_file(self, name: str, reqs: list[ReadItem], planner: LoadPlanner) -> None:
-        with s4format.Reader(self.store().source(name), verify=self.verify) as reader:
+        with self._opened(name) as reader:
             by_tensor: dict[int, list[ReadItem]] = defaultdict(list)
             for req in reqs:
                 info = self._info(req)

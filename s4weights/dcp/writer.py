@@ -74,6 +74,7 @@ class S4StorageWriter(StorageWriter):
         self.overwrite = overwrite
         self.s3_options = dict(s3_options or {})
         self.save_id = str(uuid.uuid4())
+        self.written: Any = None  # the WriteResult of this rank's file, once written
         self._store: Store | None = None
 
     def __getstate__(self) -> dict[str, Any]:
@@ -161,6 +162,7 @@ class S4StorageWriter(StorageWriter):
             written = write_flattened(flat, sink, policy=self.policy, device=self.device,
                                       workspace=self.workspace, parent_id=parent_id,
                                       parents=parents, metadata={"dcp.save_id": self.save_id})
+        self.written = written
         hashes = written.content_hashes
         return [WriteResult(index=item.index, size_in_bytes=size,
                             storage_data=S4StorageInfo(name, key, hashes.get(key)

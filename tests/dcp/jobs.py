@@ -102,3 +102,41 @@ def world2(rank: int, pg_file: str, ref_path: str, roots: list[str], report: str
         assert_same(full_state(m2, o2), ref)
         _record(report, "async_save process")
     dist.destroy_process_group()
+
+
+def chains2(rank: int, pg_file: str, root: str, refs: str, report: str) -> None:
+    """Twelve steps of FSDP2 training saved with save_checkpoint(distributed=True): deltas,
+    keyframes and retention; every kept step loads back on 2 ranks (the test loads each in
+    one process too)."""
+    import s4weights
+
+    init_group(rank, 2, pg_file)
+    model, opt = sharded_model(0, 2)
+    kinds = []
+    for step in range(12):
+        train_step(model, opt, step + 1)
+        state = dcp_state(model, opt)
+        state["step"] = step
+        info = s4weights.save_checkpoint(state, root, step, distributed=True,
+                                         keyframe_interval=4, keep_last=3, read_budget=None)
+        kinds.append("base" if info.is_base else "delta")
+        ref = full_state(model, opt)
+        if rank == 0:
+            torch.save(ref, f"{refs}/{step}.pt")
+    assert kinds.count("delta") >= 6, kinds
+    kept = [i.step for i in s4weights.list_checkpoints(root)]
+    for step in kept:
+        m2, o2 = sharded_model(9, 2)
+        dest = dcp_state(m2, o2)
+        dest["step"] = -1
+        s4weights.load_checkpoint(root, step, into=dest, distributed=True)
+        assert dest["step"] == step
+        apply_state(m2, o2, dest)
+        assert_same(full_state(m2, o2), torch.load(f"{refs}/{step}.pt"))
+        _record(report, f"chain step {step} on 2")
+    # a budgeted save after the chain: AdamW state does not pay as a delta, so a base
+    train_step(model, opt, 100)
+    info = s4weights.save_checkpoint(dcp_state(model, opt), root, 100, distributed=True)
+    assert info.is_base and info.base_reason.startswith("read budget"), info
+    _record(report, "budget base")
+    dist.destroy_process_group()

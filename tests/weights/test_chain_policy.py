@@ -101,7 +101,8 @@ def test_the_estimate_follows_the_coded_sizes() -> None:
 
     tensors = flatten(state).tensors
     parents = {n: t for n, t in flatten(parent).tensors}
-    share = chainpolicy.delta_share(tensors, parents, "auto")
+    full, delta = chainpolicy.sample_sizes(tensors, parents, "auto")
+    share = delta / full
     from s4format.writer import code_tensor
 
     (name, t), = tensors
