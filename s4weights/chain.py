@@ -784,11 +784,12 @@ def _wait(events: list[torch.cuda.Event], quiet: bool = False) -> None:
 def load_checkpoint(url_or_dir: Any, step: int | None = None, *, map_location: Any = None,
                     strict: bool = True, verify: bool = True, progress: bool | None = None,
                     device: str = "auto", into: Any = None, workspace: int | None = None,
-                    resume: bool = False, distributed: bool = False, group: Any = None) -> Any:
+                    resume: bool = False, distributed: bool = False, group: Any = None,
+                    max_decoded_bytes: int | None = None) -> Any:
     """Load checkpoint ``step`` (default: the latest), resolving its delta chain.
     ``device`` and ``into`` (existing tensors to decode into, matched by key path, e.g.
-    ``into={"model": model.state_dict(), "optimizer": opt.state_dict()}``) and ``workspace``
-    are as in :func:`s4weights.load`.
+    ``into={"model": model.state_dict(), "optimizer": opt.state_dict()}``), ``workspace`` and
+    ``max_decoded_bytes`` are as in :func:`s4weights.load`.
 
     ``resume``: training resumes from this checkpoint and saves to this store again. A host
     copy of it is kept (page-locked where it can be: as much host memory as the checkpoint's
@@ -833,7 +834,8 @@ def load_checkpoint(url_or_dir: Any, step: int | None = None, *, map_location: A
         copy = _HostCopy(reader) if resume and verify and step == max(infos) else None
         try:
             out = read_tree(reader, map_location, strict=strict, show=progress, device=device,
-                            into=into, workspace=workspace, copy_to=copy)
+                            into=into, workspace=workspace, copy_to=copy,
+                            max_decoded_bytes=max_decoded_bytes)
         except BaseException as exc:
             if copy is not None:
                 copy.abandon()

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 import s4format
+from s4format.errors import LimitError
 from s4format.objtree import TensorRef, Typed, key_path
 from s4format.source import ByteSource
 from s4weights import api
@@ -34,8 +35,9 @@ class S4File:
             self.reader = opened.enter_context(api.open_reader(f, parent=parent,
                                                                verify=verify))
             self._closing = opened.pop_all()
-        self._nodes: dict[str, Any] = {}
-        _tensor_nodes(self.reader.tree, "", self._nodes)
+        paths = _Paths(self.reader.name)
+        paths.walk(self.reader.tree)
+        self._nodes: dict[str, Any] = paths.out
 
     def keys(self) -> list[str]:
         """The key path of every tensor in the file, in the saved tree's order."""
@@ -79,26 +81,62 @@ def _is_tensor_node(node: Any) -> bool:
     return t is TensorRef or (t is Typed and node.name == VIEW and isinstance(node.value, dict))
 
 
-def _tensor_nodes(node: Any, path: str, out: dict[str, Any]) -> None:
-    """Key path -> the subtree that decodes to a torch tensor (a reference, a view, or
-    either with Python attributes), for every tensor in the containers of ``node``."""
-    t = type(node)
-    if _is_tensor_node(node):
-        out.setdefault(path, node)
-    elif t is dict or t is OrderedDict:
-        for k, v in node.items():
-            _tensor_nodes(v, key_path(path, k), out)
-    elif t is list or t is tuple:
-        for i, v in enumerate(node):
-            _tensor_nodes(v, key_path(path, i), out)
-    elif t is Typed and node.name == ATTRS and isinstance(node.value, tuple) \
-            and len(node.value) == 2:
-        inner, attrs = node.value
-        if _is_tensor_node(inner):
-            out.setdefault(path, node)
-        else:
-            _tensor_nodes(inner, path, out)
-        _tensor_nodes(attrs, path, out)
+# The key paths open() builds, in characters, at most: a tensor deep under long keys has a path
+# as long as all of them, and many such tensors would multiply it.
+MAX_KEY_CHARS = 64 << 20
+
+
+class _Paths:
+    """Key path -> tensor node, for every tensor under a tree; each path built once, when a
+    tensor is met (building it at every level would cost depth^2 x key length)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.keys: list[Any] = []
+        self.out: dict[str, Any] = {}
+        self.chars = 0
+
+    def add(self, node: Any) -> None:
+        parts: list[str] = []
+        n = 0
+        for k in self.keys:
+            text = key_path("", k)
+            if n:  # (a separator after a non-empty path only, as key_path joins)
+                parts.append(".")
+                n += 1
+            parts.append(text)
+            n += len(text)
+            if self.chars + n > MAX_KEY_CHARS:
+                raise LimitError(f"{self.name}: the key paths of its tensors exceed "
+                                 f"{MAX_KEY_CHARS} characters; read it with s4weights.load")
+        self.chars += n
+        self.out.setdefault("".join(parts), node)
+
+    def walk(self, node: Any) -> None:
+        t = type(node)
+        if _is_tensor_node(node):
+            self.add(node)
+        elif t is dict or t is OrderedDict:
+            for k, v in node.items():
+                self._under(k, v)
+        elif t is list or t is tuple:
+            for i, v in enumerate(node):
+                self._under(i, v)
+        elif t is Typed and node.name == ATTRS and isinstance(node.value, tuple) \
+                and len(node.value) == 2:
+            inner, attrs = node.value
+            if _is_tensor_node(inner):
+                self.add(node)
+            else:
+                self.walk(inner)
+            self.walk(attrs)
+
+    def _under(self, key: Any, node: Any) -> None:
+        self.keys.append(key)
+        try:
+            self.walk(node)
+        finally:
+            self.keys.pop()
 
 
 def open(f: api.FileLike | bytes | ByteSource, *,

@@ -191,3 +191,4 @@ def test_two_writers_race_on_local_disk(tmp_path) -> None:
     # (without the pins and the check before the commit, 19 of 90 saves in such a race
     # reported success for a step that could not be loaded)
     check_race(race(str(tmp_path), trials=1, count=30))
+

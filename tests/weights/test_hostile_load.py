@@ -268,3 +268,14 @@ def test_every_case_gives_a_value_or_an_s4error(name, build, outcome) -> None:
         except S4Error as exc:
             got = exc
         assert type(got) is outcome, (name, strict, got)
+
+
+def test_load_checkpoint_takes_a_decode_budget(tmp_path) -> None:
+    from s4format.errors import LimitError
+
+    state = {"w": torch.arange(4096, dtype=torch.float32)}
+    s4weights.save_checkpoint(state, tmp_path, step=1)
+    with pytest.raises(LimitError, match="max_decoded_bytes"):
+        s4weights.load_checkpoint(tmp_path, max_decoded_bytes=1000)
+    assert torch.equal(s4weights.load_checkpoint(tmp_path, max_decoded_bytes=1 << 20)["w"],
+                       state["w"])
