@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from s4format import codecs, dtypes, layouts
+from s4format.codecs import Codec
 from s4format.dtypes import DType
 from s4format.errors import FormatError, LimitError, S4Error, UnsupportedFeatureError
 from s4format.layouts import Layout
@@ -91,10 +93,11 @@ def tensor_info(rec, where: str, data_end: int, alignment: int) -> TensorInfo:
     for field, p in zip(fields, recs):
         info = PlaneInfo(p["kind"], p["index"], p["codec"], bytes(p["params"]), p["offset"],
                          p["stored_len"], p["decoded_len"], p["checksum"])
-        if not plane_fits(field, info, want) \
+        if not plane_fits(field, info, want, decodable_codec) \
                 or info.offset < HEADER_SIZE or info.offset % alignment \
                 or info.offset + info.stored_len > data_end:
-            _refuse_plane(where, layout, field, info, want, data_end, alignment)
+            _refuse_plane(where, layout, field, info, want, data_end, alignment,
+                          decodable_codec)
         planes.append(info)
     parent_hash = rec["parent_hash"]
     return TensorInfo(rec["name"], dtype, shape, layout, transform, raw_nbytes,
@@ -109,10 +112,12 @@ def extent_nbytes(shape: tuple[int, ...], itemsize: int) -> int:
     return math.prod(max(n, 1) for n in shape) * itemsize
 
 
-def plane_fits(field, p: PlaneInfo, want: int) -> bool:
+def plane_fits(field, p: PlaneInfo, want: int, lookup: Callable[[int], Codec] = codecs.get
+               ) -> bool:
     """Rules P1-P4 for plane ``p`` in ``field``'s place of a tensor whose planes decode to
-    ``want`` bytes: the writer checks them before writing, the reader on opening."""
-    codec = _codec_or_none(p.codec)
+    ``want`` bytes: the writer checks them before writing (``lookup``: the registered codecs),
+    the reader on opening (:func:`decodable_codec`)."""
+    codec = _or_none(lookup, p.codec)
     return codec is not None and (p.kind, p.index) == (field.kind, field.index) \
         and p.decoded_len == want and p.decoded_len <= codec.max_decoded_len(p.stored_len)
 
@@ -127,7 +132,7 @@ def check_planes(where: str, layout: Layout, itemsize: int, raw_nbytes: int, pla
                          p.decoded_len, 0)
         # the optional GPU-only codec (codecs.md) is written where nvCOMP coded it, whether or
         # not this process registered a decoder for it; it defines no expansion bound
-        if p.codec == codecs.NVCOMP_ANS and _codec_or_none(p.codec) is None \
+        if p.codec == codecs.NVCOMP_ANS and _or_none(codecs.get, p.codec) is None \
                 and (p.kind, p.index) == (field.kind, field.index) and p.decoded_len == want:
             continue
         if not plane_fits(field, info, want):  # (placed where the offset rules hold)
@@ -135,7 +140,7 @@ def check_planes(where: str, layout: Layout, itemsize: int, raw_nbytes: int, pla
 
 
 def _refuse_plane(where: str, layout: Layout, field, p: PlaneInfo, want: int, data_end: int,
-                  alignment: int) -> None:
+                  alignment: int, lookup: Callable[[int], Codec] = codecs.get) -> None:
     """Raise the error of the first rule plane ``p`` breaks, in the spec's order (the checks of
     :func:`tensor_info`, spelled out with their messages; only called for a bad plane)."""
     at = f"{where} plane {p.label}"
@@ -143,7 +148,7 @@ def _refuse_plane(where: str, layout: Layout, field, p: PlaneInfo, want: int, da
         raise FormatError(f"{at}: layout {layout.name} expects plane {field.label} here")
     if p.decoded_len != want:
         raise FormatError(f"{at}: decoded length {p.decoded_len}, layout needs {want}")
-    codec = _located(at, codecs.get, p.codec)
+    codec = _located(at, lookup, p.codec)
     if p.decoded_len > codec.max_decoded_len(p.stored_len):
         raise LimitError(f"{at}: declares {p.decoded_len} decoded bytes from {p.stored_len} "
                          f"stored, beyond what codec {codec.name} can produce")
@@ -156,9 +161,21 @@ def _refuse_plane(where: str, layout: Layout, field, p: PlaneInfo, want: int, da
     raise AssertionError(f"{at}: refused, but breaks no rule")
 
 
-def _codec_or_none(codec_id: int):
+def decodable_codec(codec_id: int) -> Codec:
+    """The codec ``codec_id`` names if this process can decode it (rule P3), else
+    UnsupportedCodecError: an unknown ID, or a registered codec whose optional library does not
+    load here (gdeflate without nvCOMP's CPU library), so that a file using it is refused
+    whole when it is opened, as codecs.md requires, not when that plane is decoded."""
+    codec = codecs.get(codec_id)
+    library = getattr(codec, "library", None)  # a codec with an optional library binds it here
+    if library is not None:
+        library()  # raises UnsupportedCodecError saying how to install the library
+    return codec
+
+
+def _or_none(lookup: Callable[[int], Codec], codec_id: int) -> Codec | None:
     try:
-        return codecs.get(codec_id)
+        return lookup(codec_id)
     except S4Error:
         return None
 
