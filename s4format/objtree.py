@@ -28,6 +28,12 @@ T_NONE, T_FALSE, T_TRUE, T_INT, T_BIGINT, T_FLOAT, T_STR, T_BYTES = range(8)
 T_LIST, T_TUPLE, T_DICT, T_TENSOR, T_TYPED, T_ODICT = range(8, 14)
 
 _I64_MIN, _I64_MAX = -(1 << 63), (1 << 63) - 1
+# Tags a dict key may have (rule O7), at its root and inside a tuple key: a key of any other
+# tag is refused at that tag, before its payload is decoded.
+_KEY_TAGS = frozenset((T_NONE, T_FALSE, T_TRUE, T_INT, T_BIGINT, T_FLOAT, T_STR, T_BYTES,
+                       T_TUPLE, T_TENSOR))
+_NOT_KEYS = {T_LIST: "a list", T_DICT: "a dict", T_TYPED: "a typed value",
+             T_ODICT: "an ordered dict"}
 
 
 @dataclass(frozen=True)
@@ -239,11 +245,16 @@ class _Decoder:
                               "more than its remaining bytes can hold")
         return n
 
-    def node(self, depth: int) -> Any:
+    def node(self, depth: int, key: bool = False) -> Any:
+        """The node at ``pos``; ``key``: it is a dict key or inside one."""
         if depth > MAX_DEPTH:
             raise LimitError(f"object tree nested deeper than {MAX_DEPTH}")
         at = self.pos
         tag = self.take(1)[0]
+        if key and tag not in _KEY_TAGS:
+            raise FormatError(f"{_NOT_KEYS.get(tag, f'a node of tag {tag:#04x}')} at tree "
+                              f"offset {at} in a dict key: keys are None, bool, int, float, "
+                              "str, bytes, tensor references and tuples of these (rule O7)")
         if tag == T_NONE:
             return None
         if tag in (T_FALSE, T_TRUE):
@@ -266,7 +277,7 @@ class _Decoder:
         if tag == T_BYTES:
             return bytes(self.take(self.u32()))
         if tag in (T_LIST, T_TUPLE):
-            items = self.items(depth)
+            items = self.items(depth, key)
             return items if tag == T_LIST else tuple(items)
         if tag in (T_DICT, T_ODICT):
             return self.pairs(depth, {} if tag == T_DICT else OrderedDict(), at)
@@ -282,21 +293,18 @@ class _Decoder:
             return self.typed(depth, at)
         raise FormatError(f"unknown object tag {tag} at tree offset {at}")
 
-    def items(self, depth: int) -> list[Any]:
+    def items(self, depth: int, key: bool) -> list[Any]:
         items = []
         for i in range(self.count(1)):
             self.path.push(i)
-            items.append(self.node(depth + 1))
+            items.append(self.node(depth + 1, key))
             self.path.pop()
         return items
 
     def pairs(self, depth: int, result: dict, at: int) -> dict:
         hashes = KeyHashes()
         for _ in range(self.count(2)):
-            key = self.node(depth + 1)
-            if not _is_key(key):
-                raise FormatError(f"dict key of type {type(key).__name__} at tree offset "
-                                  f"{at} is not allowed")
+            key = self.node(depth + 1, key=True)
             if not hashes.add(key):
                 raise LimitError(f"dict at tree offset {at} has more than {MAX_KEYS_PER_HASH} "
                                  "keys of one hash (rule O13)")
