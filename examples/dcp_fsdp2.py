@@ -3,11 +3,14 @@ into S4 storage: one .s4w file per rank, resumable at any world size.
 
     torchrun --nproc-per-node 2 examples/dcp_fsdp2.py --checkpoints /tmp/run --steps 20
     python examples/dcp_fsdp2.py --nproc 2 --checkpoints s3://bucket/run --steps 20
+    python examples/dcp_fsdp2.py --nproc 2 --checkpoints /tmp/chain --chain --keep-last 3
 
 Runs on CUDA with NCCL (one GPU per rank) where there are GPUs, else on the CPU with gloo.
 Every ``--save-every`` steps it saves ``<checkpoints>/step-<n>``; at start it resumes from the
 newest committed step there (a step whose save did not finish has no ``.metadata`` and is
-skipped), whatever world size wrote it.
+skipped), whatever world size wrote it. With ``--chain`` it saves through
+``s4weights.save_checkpoint(..., distributed=True)`` instead: each rank's shards as deltas of
+its previous save where that pays, with retention (``--keep-last``).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import torch.multiprocessing as mp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 
+import s4weights
 from s4weights.dcp import S4StorageReader, S4StorageWriter
 from s4weights.store import open_store
 
@@ -92,15 +96,9 @@ def train(args: argparse.Namespace) -> None:
     fully_shard(model, mesh=mesh)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1)
 
-    start = latest_step(args.checkpoints) or 0
-    if start:
-        msd, osd = get_state_dict(model, opt)
-        state = {"model": msd, "optim": osd, "step": 0}
-        dcp.load(state, storage_reader=S4StorageReader(f"{args.checkpoints}/step-{start:06d}"))
-        set_state_dict(model, opt, model_state_dict=state["model"],
-                       optim_state_dict=state["optim"])
-        if rank == 0:
-            print(f"resumed from step {state['step']} with {world} ranks", flush=True)
+    start = resume(args, model, opt)
+    if start and rank == 0:
+        print(f"resumed from step {start} with {world} ranks", flush=True)
 
     for step in range(start + 1, args.steps + 1):
         tokens = batch(step, rank, device)
@@ -112,12 +110,42 @@ def train(args: argparse.Namespace) -> None:
         if rank == 0:
             print(f"step {step} loss {loss.item():.4f}", flush=True)
         if step % args.save_every == 0 or step == args.steps:
-            msd, osd = get_state_dict(model, opt)
-            url = f"{args.checkpoints}/step-{step:06d}"
-            dcp.save({"model": msd, "optim": osd, "step": step},
-                     storage_writer=S4StorageWriter(url))
-            if rank == 0:
-                print(f"saved {url}", flush=True)
+            save(args, model, opt, step)
+
+
+def resume(args: argparse.Namespace, model: torch.nn.Module, opt: torch.optim.Optimizer
+           ) -> int:
+    """Load the newest checkpoint into the sharded model and optimizer; its step, or 0."""
+    if args.chain:
+        found = bool(s4weights.list_checkpoints(args.checkpoints))
+    else:
+        start = latest_step(args.checkpoints)
+        found = start is not None
+    if not found:  # (get_state_dict would step a fresh optimizer to make its state)
+        return 0
+    msd, osd = get_state_dict(model, opt)
+    state = {"model": msd, "optim": osd, "step": 0}
+    if args.chain:
+        s4weights.load_checkpoint(args.checkpoints, into=state, distributed=True)
+    else:
+        dcp.load(state, storage_reader=S4StorageReader(f"{args.checkpoints}/step-{start:06d}"))
+    set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    return state["step"]
+
+
+def save(args: argparse.Namespace, model: torch.nn.Module, opt: torch.optim.Optimizer,
+         step: int) -> None:
+    msd, osd = get_state_dict(model, opt)
+    state = {"model": msd, "optim": osd, "step": step}
+    if args.chain:
+        info = s4weights.save_checkpoint(state, args.checkpoints, step, distributed=True,
+                                         keep_last=args.keep_last)
+        what = f"step {step} ({'base' if info.is_base else 'delta'}) in {args.checkpoints}"
+    else:
+        what = f"{args.checkpoints}/step-{step:06d}"
+        dcp.save(state, storage_writer=S4StorageWriter(what))
+    if dist.get_rank() == 0:
+        print(f"saved {what}", flush=True)
 
 
 def worker(rank: int, world: int, args: argparse.Namespace) -> None:
@@ -143,6 +171,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--checkpoints", required=True, help="directory or s3://bucket/prefix")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--save-every", type=int, default=5)
+    p.add_argument("--chain", action="store_true",
+                   help="save with s4weights.save_checkpoint(distributed=True): delta chains")
+    p.add_argument("--keep-last", type=int, default=None, help="with --chain: retention")
     p.add_argument("--dim", type=int, default=128)
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--nproc", type=int, default=0,

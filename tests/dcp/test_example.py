@@ -24,9 +24,9 @@ REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "dcp_fsdp2.py"
 
 
-def _run(checkpoints: Path, steps: int, ranks: int) -> str:
+def _run(checkpoints: Path, steps: int, ranks: int, *extra: str) -> str:
     args = [sys.executable, str(EXAMPLE), "--nproc", str(ranks), "--checkpoints", str(checkpoints),
-            "--steps", str(steps), "--save-every", "1", "--dim", "32", "--timeout", "120"]
+            "--steps", str(steps), "--save-every", "1", "--dim", "32", "--timeout", "120", *extra]
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONWARNINGS": "ignore"}
     proc = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
@@ -50,3 +50,18 @@ def test_example_saves_and_resumes(tmp_path: Path) -> None:
     moved = [k for k, v in three["model"].items()
              if tensor_bytes(v) != tensor_bytes(two["model"][k])]
     assert len(moved) == len(three["model"])
+
+
+def test_example_with_chains(tmp_path: Path) -> None:
+    run = tmp_path / "chain"
+    first = _run(run, 3, 2, "--chain", "--keep-last", "2")
+    assert "saved step 3" in first
+    second = _run(run, 4, 1, "--chain")
+    assert "resumed from step 3 with 1 ranks" in second and "saved step 4 (base)" in second
+    import s4weights
+
+    infos = s4weights.list_checkpoints(run)
+    assert [i.step for i in infos][-1] == 4 and all(i.rank_files for i in infos)
+    whole = s4weights.load_checkpoint(run, 4)
+    assert whole["step"] == 4 and {float(s["step"]) for s in whole["optim"]["state"].values()} \
+        == {4.0}
