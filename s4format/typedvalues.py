@@ -1,6 +1,7 @@
 """The registered typed values of ``spec/objects.md`` and the form each value must have (rule
-O12), checked as a tree is decoded, so that a torch layer never hands torch a value it cannot
-take (a size of 2^70, a flag that is not a bool). Unregistered names are opaque: not checked.
+O12), checked as a tree is decoded, so that a torch layer never hands torch or Python a value it
+cannot take (a size of 2^70, a flag that is not a bool, February 30). Unregistered names are
+opaque: not checked.
 
 Errors are raised without a location: the reader passes :func:`check` to the decoder, which adds
 the key path and tree offset.
@@ -8,6 +9,7 @@ the key path and tree offset.
 
 from __future__ import annotations
 
+import calendar
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
@@ -22,6 +24,19 @@ VIEW = "s4.view"
 ATTRS = "s4.attrs"
 VIEW_KEYS = ("storage", "dtype", "offset", "shape", "stride", "device", "requires_grad",
              "parameter")
+# Names under these prefixes are the registry's (format 1.2 added the Python ones): a name a user
+# registers must not take one, so that every file means the same by it.
+RESERVED_PREFIXES = ("torch.", "numpy.", "s4.", "argparse.", "enum.", "pathlib.", "datetime.",
+                     "collections.")
+# A defaultdict's default factory by name: these builtins, or a name a user registered.
+DEFAULT_FACTORIES = ("int", "float", "str", "bytes", "bool", "list", "tuple", "dict",
+                     "collections.OrderedDict", "collections.Counter", "collections.deque",
+                     "collections.defaultdict")
+PATHS = ("pathlib.PurePosixPath", "pathlib.PureWindowsPath", "pathlib.PosixPath",
+         "pathlib.WindowsPath")
+TIMEZONE = "datetime.timezone"
+MAX_TZ_OFFSET = 86_400_000_000 - 1  # microseconds: a UTC offset is within a day, exclusive
+MAX_DAYS = 999_999_999  # Python's timedelta
 
 
 class StoredTensor(Protocol):
@@ -144,6 +159,118 @@ def _attrs(value: Any, _tensors: Any) -> None:
             raise FormatError(f"{ATTRS} attribute names must be str, not {shown(k)}")
 
 
+def _pair(value: Any, name: str, n: int) -> tuple:
+    if type(value) is not tuple or len(value) != n:
+        raise FormatError(f"{name} value must be a tuple of {n}, not {shown(value)}")
+    return value
+
+
+def _user_name(x: Any, what: str) -> None:
+    if type(x) is not str or not x:
+        raise FormatError(f"{what} must be a non-empty str, not {shown(x)}")
+    if x.startswith(RESERVED_PREFIXES):
+        raise FormatError(f"{what} {shown(x)} has a prefix the registry reserves; names users "
+                          "register have none")
+
+
+def _dict(value: Any, what: str, keys: str | None = None) -> None:
+    """A dict (tag 0A); with ``keys`` (what they are called), of str keys."""
+    if type(value) is not dict:
+        raise FormatError(f"{what} must be a dict, not {shown(value)}")
+    for k in value if keys else ():
+        if type(k) is not str:
+            raise FormatError(f"{keys} must be str, not {shown(k)}")
+
+
+def _between(x: Any, lo: int, hi: int, what: str) -> None:
+    if type(x) is not int or not lo <= x <= hi:
+        raise FormatError(f"{what} must be an int in [{lo}, {hi}], not {shown(x)}")
+
+
+def _namespace(value: Any, _tensors: Any) -> None:
+    _dict(value, "argparse.Namespace value", "argparse.Namespace attribute names")
+
+
+def _enum(value: Any, _tensors: Any) -> None:
+    cls, member = _pair(value, "enum.Enum", 2)
+    _user_name(cls, "enum.Enum class name")
+    if type(member) is not str:
+        raise FormatError(f"enum.Enum member name must be a str, not {shown(member)}")
+
+
+def _ymd(y: Any, m: Any, d: Any, name: str) -> None:
+    _between(y, 1, 9999, f"{name} year")
+    _between(m, 1, 12, f"{name} month")
+    _between(d, 1, calendar.monthrange(y, m)[1], f"{name} day of {y:04}-{m:02}")
+
+
+def _clock(h: Any, mi: Any, s: Any, us: Any, fold: Any, tz: Any, name: str) -> None:
+    for x, hi, what in ((h, 23, "hour"), (mi, 59, "minute"), (s, 59, "second"),
+                        (us, 999_999, "microsecond"), (fold, 1, "fold")):
+        _between(x, 0, hi, f"{name} {what}")
+    if tz is not None and not (type(tz) is Typed and tz.name == TIMEZONE):
+        raise FormatError(f"{name} tzinfo must be None or a {TIMEZONE}, not {shown(tz)}")
+
+
+def _date(value: Any, _tensors: Any) -> None:
+    _ymd(*_pair(value, "datetime.date", 3), "datetime.date")
+
+
+def _time(value: Any, _tensors: Any) -> None:
+    _clock(*_pair(value, "datetime.time", 6), "datetime.time")
+
+
+def _datetime(value: Any, _tensors: Any) -> None:
+    y, m, d, *clock = _pair(value, "datetime.datetime", 9)
+    _ymd(y, m, d, "datetime.datetime")
+    _clock(*clock, "datetime.datetime")
+
+
+def _timedelta(value: Any, _tensors: Any) -> None:
+    days, seconds, us = _pair(value, "datetime.timedelta", 3)
+    _between(days, -MAX_DAYS, MAX_DAYS, "datetime.timedelta days")
+    _between(seconds, 0, 86_399, "datetime.timedelta seconds")
+    _between(us, 0, 999_999, "datetime.timedelta microseconds")
+
+
+def _timezone(value: Any, _tensors: Any) -> None:
+    offset, name = _pair(value, TIMEZONE, 2)
+    _between(offset, -MAX_TZ_OFFSET, MAX_TZ_OFFSET, f"{TIMEZONE} offset in microseconds")
+    if name is not None and type(name) is not str:
+        raise FormatError(f"{TIMEZONE} name must be None or a str, not {shown(name)}")
+
+
+def _counter(value: Any, _tensors: Any) -> None:
+    _dict(value, "collections.Counter value")
+
+
+def _deque(value: Any, _tensors: Any) -> None:
+    items, maxlen = _pair(value, "collections.deque", 2)
+    if type(items) is not list:
+        raise FormatError(f"collections.deque items must be a list, not {shown(items)}")
+    if maxlen is not None:
+        if type(maxlen) is int and maxlen > MAX_INT64:
+            raise LimitError(f"collections.deque maxlen {shown(maxlen)} is over 2^63 - 1, the "
+                             "largest Python takes")
+        _between(maxlen, 0, MAX_INT64, "collections.deque maxlen")
+        if len(items) > maxlen:
+            raise FormatError(f"collections.deque holds {len(items)} items, over its maxlen "
+                              f"{maxlen}")
+
+
+def _defaultdict(value: Any, _tensors: Any) -> None:
+    factory, items = _pair(value, "collections.defaultdict", 2)
+    if factory is not None and factory not in DEFAULT_FACTORIES:
+        _user_name(factory, "collections.defaultdict default factory")
+    _dict(items, "collections.defaultdict items")
+
+
+def _namedtuple(value: Any, _tensors: Any) -> None:
+    cls, fields = _pair(value, "collections.namedtuple", 2)
+    _user_name(cls, "collections.namedtuple class name")
+    _dict(fields, "collections.namedtuple fields", "collections.namedtuple field names")
+
+
 _RULES: dict[str, Callable[[Any, Sequence[StoredTensor] | None], None]] = {
     "torch.Size": _size,
     "torch.dtype": _str("torch.dtype"),
@@ -152,4 +279,16 @@ _RULES: dict[str, Callable[[Any, Sequence[StoredTensor] | None], None]] = {
     "numpy.scalar": _array("numpy.scalar", zero_d=True),
     VIEW: _view,
     ATTRS: _attrs,
+    "argparse.Namespace": _namespace,
+    "enum.Enum": _enum,
+    **{name: _str(name) for name in PATHS},
+    "datetime.date": _date,
+    "datetime.time": _time,
+    "datetime.datetime": _datetime,
+    "datetime.timedelta": _timedelta,
+    TIMEZONE: _timezone,
+    "collections.Counter": _counter,
+    "collections.deque": _deque,
+    "collections.defaultdict": _defaultdict,
+    "collections.namedtuple": _namedtuple,
 }
