@@ -10,8 +10,12 @@ never needs CUDA: :func:`available` says whether the path can run.
 
 from __future__ import annotations
 
-import functools
 import logging
+
+from s4weights.gpu.device import DEVICES, available, error_text, out_of_memory_errors, use_gpu
+
+__all__ = ["DEVICES", "available", "coded_in_order", "error_text", "loader_for",
+           "nvcomp_ans_available", "out_of_memory_errors", "register_codecs", "use_gpu"]
 
 log = logging.getLogger("s4weights")
 
@@ -22,20 +26,6 @@ FALLBACK_MIN_WORKSPACE = 4 << 20
 # A load whose attempt needing at most this much failed takes the device as full: the CPU
 # decodes that device's later tensors without trying it.
 FULL_BELOW = 32 << 20
-
-
-@functools.cache
-def available() -> bool:
-    """True when torch sees a CUDA device and CuPy is importable."""
-    try:
-        import cupy  # noqa: F401
-        import torch
-    except ImportError:
-        return False
-    return bool(torch.cuda.is_available())
-
-
-DEVICES = ("auto", "cuda", "cpu")
 
 
 def nvcomp_ans_available() -> bool:
@@ -54,20 +44,6 @@ def register_codecs(device: str = "auto") -> None:
         from s4weights.gpu import nvans
 
         nvans.register()
-
-
-def use_gpu(device: str, wanted: bool) -> bool:
-    """Whether to take the GPU path: ``wanted`` says CUDA tensors are involved."""
-    if device not in DEVICES:
-        raise ValueError(f"device must be one of {DEVICES}, got {device!r}")
-    if device == "cpu" or not wanted:
-        return False
-    if not available():
-        if device == "cuda":
-            raise RuntimeError("device='cuda' needs torch with a CUDA device and CuPy "
-                               "(pip install 's4weights[gpu]')")
-        return False
-    return True
 
 
 def coded_in_order(tensors: list, policy: str, device: str,
@@ -136,26 +112,6 @@ class _OnDevice:
 
         with torch.cuda.device(self.device):
             return next(self.it)
-
-
-def out_of_memory_errors() -> tuple[type[BaseException], ...]:
-    """The exceptions a device allocation raises when the device's memory is exhausted."""
-    import torch
-
-    errors: tuple[type[BaseException], ...] = (torch.cuda.OutOfMemoryError,)
-    try:
-        from cupy.cuda.memory import OutOfMemoryError
-    except ImportError:
-        return errors
-    return (*errors, OutOfMemoryError)
-
-
-def error_text(exc: BaseException) -> str:
-    """The first sentences of an error, for a warning (torch's out-of-memory errors go on for
-    several lines' worth)."""
-    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-    cut = text.find(". GPU ")
-    return text[:cut] if cut > 0 else text
 
 
 def _with_fallback(chosen: list, policy: str, workspace: int | None):

@@ -31,6 +31,7 @@ from s4format import codecs, layouts
 from s4format.codecs.abc import Codec, Encoded
 from s4format.errors import CodecError
 from s4format.writer import SPLIT_MIN, CodedPlane, CodedTensor
+from s4weights.gpu import device
 
 # params byte -> nvCOMP data_type, and the torch dtype its input is viewed as (same bits)
 MODES = {0: ("|u1", torch.uint8), 1: ("<f2", torch.float16), 2: ("<f4", torch.float32)}
@@ -40,9 +41,7 @@ POLICY = "nvcomp-ans"
 @functools.cache
 def available() -> bool:
     """The GPU path is available and nvCOMP's Python package imports."""
-    from s4weights import gpu
-
-    if not gpu.available():
+    if not device.available():
         return False
     try:
         from nvidia import nvcomp  # noqa: F401

@@ -331,11 +331,12 @@ def read_on_gpu(monkeypatch):
     """chain._read_on_gpu under the emulation (its torch and the loader's CUDA calls)."""
     import contextlib
 
-    from s4weights import chain, gpu
+    from s4weights import chain
+    from s4weights.gpu import device
     from tests.gpu.emulated import Torch
 
     monkeypatch.setattr(chain, "torch", Torch())
-    monkeypatch.setattr(gpu, "available", lambda: True)
+    monkeypatch.setattr(device, "available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device", lambda *a, **k: contextlib.nullcontext())
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     return lambda r, ws: chain._read_on_gpu(r, "cuda", ws)
