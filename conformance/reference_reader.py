@@ -21,8 +21,8 @@ from s4format.conformance import tree_to_json
 
 
 def decode(file: Path, outdir: Path, parent: Path | None) -> None:
-    par = Reader(parent) if parent else None
-    with Reader(file, parent=par) as r:
+    # The parent is opened after the file itself has passed its own rules (validation.md, A).
+    with Reader(file, parent=parent) as r:
         tensors = []
         for i, t in enumerate(r.tensors):
             name = f"{i}.bin"

@@ -108,10 +108,9 @@ _NOT_REPORTED = object()
 
 
 def decode_in_process(file: Path, parent: Path | None) -> Outcome:
-    """Our reader, CPU path: open (with the parent), read every tensor, and run ``verify``."""
+    """Our reader, CPU path: open (then the parent), read every tensor, and run ``verify``."""
     try:
-        par = Reader(file.parent / parent) if parent else None
-        with Reader(file, parent=par) as r:
+        with Reader(file, parent=file.parent / parent if parent else None) as r:
             tensors = []
             for i, t in enumerate(r.tensors):
                 raw = r.read_raw(i)

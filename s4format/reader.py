@@ -20,6 +20,7 @@ from s4format import budget, codecs, hashing, objtree, threads, typedvalues
 from s4format.errors import (
     BadMagicError,
     ChecksumError,
+    CodecError,
     ContentHashError,
     FormatError,
     LimitError,
@@ -100,7 +101,8 @@ def _parse_index(raw: bytes, name: str, max_tensors: int = MAX_TENSORS):
 
 class Reader:
     def __init__(self, source: str | os.PathLike[str] | bytes | ByteSource, *,
-                 parent: Reader | None = None, verify: bool = True,
+                 parent: Reader | str | os.PathLike[str] | bytes | ByteSource | None = None,
+                 verify: bool = True,
                  max_index_size: int = MAX_INDEX_SIZE,
                  max_tensor_bytes: int | None = None,
                  max_tensors: int = MAX_TENSORS,
@@ -110,7 +112,8 @@ class Reader:
         (spec/validation.md, R0), and a tensor that cannot fit is refused up front with a
         LimitError instead of failing inside an allocation. ``max_decoded_bytes`` caps what
         :meth:`load` decodes in all (rule L1; default: the memory available when it starts).
-        ``max_tensors`` caps the tensors an index may declare (rule I0)."""
+        ``max_tensors`` caps the tensors an index may declare (rule I0). ``parent``: the
+        delta's parent, a Reader or a file to open as one after this file (rules A)."""
         self.max_tensors = max_tensors
         self.max_tensor_bytes = budget.physical_memory() if max_tensor_bytes is None \
             else max_tensor_bytes
@@ -119,6 +122,7 @@ class Reader:
         self.name = self.source.name
         self.verify_hashes = verify
         self.parent: Reader | None = None
+        self._owns_parent = False
         try:
             self._read_header()
             self._read_footer(max_index_size)
@@ -226,17 +230,31 @@ class Reader:
 
     # -- parents ---------------------------------------------------------------------------
 
-    def attach_parent(self, parent: Reader) -> None:
+    def attach_parent(self, parent: Reader | str | os.PathLike[str] | bytes | ByteSource
+                      ) -> None:
+        """Rules A, after this file's own (H-X): A1 on this file, then a parent given as a
+        file is opened (its own rules, its own errors), then A2. A parent opened here is
+        closed with this Reader."""
         if self.parent_id is None:
             raise ParentMismatchError(f"{self.name} is not a delta; it takes no parent")
+        opened = not isinstance(parent, Reader)
+        if opened:
+            parent = Reader(parent, verify=self.verify_hashes,
+                            max_tensor_bytes=self.max_tensor_bytes, max_tensors=self.max_tensors)
         if parent.checkpoint_id != self.parent_id:
+            if opened:
+                parent.close()
             raise ParentMismatchError(
                 f"{self.name} is a delta against checkpoint {self.parent_id.hex()}, but "
                 f"{parent.name} is checkpoint {parent.checkpoint_id.hex()}")
-        self.parent = parent
+        if self._owns_parent and self.parent is not None:
+            self.parent.close()
+        self.parent, self._owns_parent = parent, opened
         self._parent_by_hash = {t.content_hash: i for i, t in enumerate(parent.tensors)}
 
-    def _parent_bytes(self, t: TensorInfo) -> np.ndarray:
+    def _parent_index(self, t: TensorInfo) -> int:
+        """Rule R5's parent tensor of delta ``t``, found before any of ``t``'s planes is read:
+        without it the delta cannot be decoded, whatever its planes hold."""
         if self.parent is None:
             raise ParentMismatchError(
                 f"{self.name}: tensor {t.name!r} is a delta; open the file with its parent "
@@ -246,7 +264,7 @@ class Reader:
             raise ParentMismatchError(f"{self.name}: parent {self.parent.name} holds no tensor "
                                       f"with hash {t.parent_hash.hex()} of {t.raw_nbytes} bytes "
                                       f"for delta {t.name!r}")
-        return self.parent.read_raw(i)
+        return i
 
     # -- payloads --------------------------------------------------------------------------
 
@@ -301,9 +319,9 @@ class Reader:
         except S4Error as exc:
             # Codecs know nothing of files and tensors; verify prints this message as it is.
             raise type(exc)(f"{self.name}: tensor {t.name!r} plane {p.label}: {exc}") from None
-        if out.shape != (p.decoded_len,):
-            raise FormatError(f"{self.name}: tensor {t.name!r} plane {p.label} decoded to "
-                              f"{out.size} bytes, declared {p.decoded_len}")
+        if out.shape != (p.decoded_len,):  # R3: a stream of another length breaks its codec
+            raise CodecError(f"{self.name}: tensor {t.name!r} plane {p.label} decoded to "
+                             f"{out.size} bytes, declared {p.decoded_len}")
         return out
 
     def read_raw(self, i: int) -> np.ndarray:
@@ -315,6 +333,7 @@ class Reader:
             raise LimitError(f"{self.name}: tensor {t.name!r} declares {t.raw_nbytes} raw bytes, "
                              f"more than this reader's limit of {self.max_tensor_bytes} "
                              "(max_tensor_bytes)")
+        parent = self._parent_index(t) if t.is_delta else None
         span = self.compact_span(t)
         # Every plane's checksum (R1) before any decoding (R2), as the GPU decoder does: a
         # damaged plane is reported as such even when an earlier plane fails to decode.
@@ -326,8 +345,8 @@ class Reader:
             raw = t.layout.merge(planes, t.raw_nbytes, t.dtype.itemsize)
         except FormatError as exc:
             raise FormatError(f"{self.name}: tensor {t.name!r}: {exc}") from None
-        if t.is_delta:
-            raw = np.bitwise_xor(raw, self._parent_bytes(t))
+        if parent is not None:
+            raw = np.bitwise_xor(raw, self.parent.read_raw(parent))
         elif not raw.flags.writeable or (raw.base is not None
                                          and raw.nbytes != raw.base.nbytes):
             raw = raw.copy()  # read-only, or a view that would keep a larger buffer alive
@@ -370,6 +389,8 @@ class Reader:
         close = getattr(self.source, "close", None)
         if close:
             close()
+        if self._owns_parent and self.parent is not None:
+            self.parent.close()
 
     def __enter__(self) -> Reader:
         return self
