@@ -1332,9 +1332,16 @@ def all_vectors_1_1() -> list[Vector]:
 
 # -- writing the suite ------------------------------------------------------------------------
 
+def all_vectors_1_2() -> list[Vector]:
+    """Format 1.2's typed names of Python values (``gen_objects.py``, which uses the helpers
+    here)."""
+    from conformance import gen_objects
+    return gen_objects.vectors()
+
+
 # suite folder -> (the format version it tests, its vectors)
 SUITES: dict[str, tuple[str, Callable[[], list[Vector]]]] = {
-    "v1": ("1.0", all_vectors), "v1.1": ("1.1", all_vectors_1_1)}
+    "v1": ("1.0", all_vectors), "v1.1": ("1.1", all_vectors_1_1), "v1.2": ("1.2", all_vectors_1_2)}
 
 
 def render(vectors: list[Vector], suite: str = "v1") -> dict[str, bytes]:
