@@ -14,15 +14,29 @@ import struct
 import numpy as np
 import xxhash
 
+from s4format import threads
+
 LEAF_SIZE = 64 * 1024
+
+
+# Leaves per piece of work on a worker thread (xxhash releases the GIL).
+_PIECE_LEAVES = 256
 
 
 def _root_input(data: np.ndarray | bytes | memoryview) -> bytes:
     view = memoryview(data).cast("B")
     n = len(view)
-    leaves = np.fromiter(
-        (xxhash.xxh3_64_intdigest(view[i:i + LEAF_SIZE]) for i in range(0, n, LEAF_SIZE)),
-        dtype="<u8", count=(n + LEAF_SIZE - 1) // LEAF_SIZE)
+    count = (n + LEAF_SIZE - 1) // LEAF_SIZE
+    leaves = np.empty(count, dtype="<u8")
+
+    def piece(first: int) -> None:
+        for j in range(first, min(count, first + _PIECE_LEAVES)):
+            leaves[j] = xxhash.xxh3_64_intdigest(view[j * LEAF_SIZE:(j + 1) * LEAF_SIZE])
+
+    if count <= _PIECE_LEAVES:
+        piece(0)
+    else:
+        threads.pool().map(piece, range(0, count, _PIECE_LEAVES))
     return struct.pack("<Q", n) + leaves.tobytes()
 
 

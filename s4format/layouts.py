@@ -12,10 +12,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numba
 import numpy as np
 
+from s4format.codecs.view import PIECE, PlaneView, field_stats, run_pieces
 from s4format.errors import FormatError, UnsupportedFeatureError
+from s4format.jit import kernel
 
 # Plane kinds (spec/planes.md). The plane record's ``index`` distinguishes planes of one kind.
 KIND_RAW = 0
@@ -78,8 +79,26 @@ class Layout:
             rows = raw.reshape(n, w)
             return [np.ascontiguousarray(rows[:, j]) for j in range(w)]
         out = np.empty((len(self.fields), n), dtype=np.uint8)
-        _split_fields(raw.view(_UINT[w]), self._shifts, self._masks, out)
+        words, shifts, masks = raw.view(_UINT[w]), self._shifts, self._masks
+        run_pieces(lambda lo, hi: _split_fields(words, shifts, masks, out, lo, hi), n, PIECE)
         return list(out)
+
+    def views(self, raw: np.ndarray, itemsize: int) -> list[PlaneView]:
+        """The planes of :meth:`split` as views of the raw words, with their statistics
+        counted in one pass over the words."""
+        self.check_applies(raw.size, itemsize)
+        if self.layout_id == RAW.layout_id:
+            return [PlaneView.of(raw)]
+        fields = self.planes(itemsize)
+        w = self.word_size(itemsize)
+        if w not in _UINT:  # (16-byte elements under BYTES: complex128)
+            return [PlaneView.of(p) for p in self.split(raw, itemsize)]
+        words = raw.view(_UINT[w])
+        shifts = np.array([f.shift for f in fields], dtype=np.int64)
+        masks = np.array([(1 << f.bits) - 1 for f in fields], dtype=np.int64)
+        counts, runs = field_stats(words, shifts, masks)
+        return [PlaneView(words, int(shifts[k]), int(masks[k]), counts[k], int(runs[k]))
+                for k in range(len(fields))]
 
     def merge(self, planes: list[np.ndarray], raw_nbytes: int, itemsize: int) -> np.ndarray:
         """Inverse of :meth:`split`; returns ``raw_nbytes`` bytes."""
@@ -87,17 +106,27 @@ class Layout:
         n = self.check_applies(raw_nbytes, itemsize)
         if self.layout_id == RAW.layout_id:
             return planes[0]
-        if self.layout_id == BYTES.layout_id:
+        if self.layout_id == BYTES.layout_id and w not in _UINT:
             out = np.empty((n, w), dtype=np.uint8)
             for j, p in enumerate(planes):
                 out[:, j] = p
             return out.reshape(-1)
+        fields = self.planes(itemsize)
         words = np.empty(n, dtype=_UINT[w])
-        over = _merge_fields(tuple(_readonly(p) for p in planes), self._shifts, self._masks,
-                             words)
-        for f, bits in zip(self.fields, over):
-            if bits:
-                raise FormatError(f"{f.label} plane holds values wider than its {f.bits} bits")
+        src = tuple(_readonly(p) for p in planes)
+        shifts = tuple(f.shift for f in fields)
+        masks = tuple(np.uint8((1 << f.bits) - 1) for f in fields)
+        over = np.zeros(max(1, -(-n // PIECE)), dtype=np.uint8)
+
+        def piece(lo: int, hi: int) -> None:
+            over[lo // PIECE] = _merge_fields(src, shifts, masks, words, lo, hi)
+
+        run_pieces(piece, n, PIECE)
+        if over.any():
+            for f, p in zip(fields, planes):
+                if int(np.bitwise_or.reduce(p)) >> f.bits:
+                    raise FormatError(f"{f.label} plane holds values wider than its "
+                                      f"{f.bits} bits")
         return words.view(np.uint8)
 
     @property
@@ -109,7 +138,7 @@ class Layout:
         return np.array([(1 << f.bits) - 1 for f in self.fields], dtype=np.int64)
 
 
-_UINT = {2: np.dtype("<u2"), 4: np.dtype("<u4")}
+_UINT = {1: np.dtype("u1"), 2: np.dtype("<u2"), 4: np.dtype("<u4"), 8: np.dtype("<u8")}
 
 
 def _readonly(plane: np.ndarray) -> np.ndarray:
@@ -120,46 +149,30 @@ def _readonly(plane: np.ndarray) -> np.ndarray:
     return view
 
 
-# One pass over the words for all fields (numpy would take three passes per field). Measured
-# on 100 MB of fp32: 750 MB/s per element, 420 MB/s field by field in chunks.
-@numba.njit(parallel=True, cache=True, nogil=True)
-def _split_fields(words, shifts, masks, out):  # pragma: no cover - compiled
-    for i in numba.prange(words.size):
+@kernel()
+def _split_fields(words, shifts, masks, out, lo, hi):  # pragma: no cover - compiled
+    for i in range(lo, hi):
         w = np.int64(words[i])
         for k in range(shifts.size):
             out[k, i] = (w >> shifts[k]) & masks[k]
 
 
-# Merge runs over cache-sized chunks in parallel; inside a chunk each field is one simple loop
-# (measured 590 MB/s vs 410 MB/s for a per-element loop) and the out-of-range check is an OR
-# per chunk instead of a branch per byte.
-_CHUNK = 1 << 14
+# One pass per word over every field: with the planes, shifts and masks as tuples the field
+# loop unrolls (measured 1.7 GB/s against 0.65 GB/s field by field). The out-of-range check
+# is an OR of every byte's bits outside its field, tested once per piece.
+@kernel()
+def _merge_fields(planes, shifts, masks, words, lo, hi):  # pragma: no cover - compiled
+    """Fill words[lo:hi]; return the OR of the bits found above their field's width."""
+    over = np.uint8(0)
+    for i in range(lo, hi):
+        w = words.dtype.type(0)
+        for k in range(len(planes)):
+            v = planes[k][i]
+            over |= v & ~masks[k]
+            w |= words.dtype.type(v) << shifts[k]
+        words[i] = w
+    return over
 
-
-@numba.njit(parallel=True, cache=True, nogil=True)
-def _merge_fields(planes, shifts, masks, words):  # pragma: no cover - compiled
-    """Fill ``words``; returns per field the OR of the bits found above its width."""
-    n = words.size
-    nchunks = (n + _CHUNK - 1) // _CHUNK
-    over = np.zeros((nchunks, shifts.size), dtype=np.int64)
-    for c in numba.prange(nchunks):
-        lo = c * _CHUNK
-        hi = min(n, lo + _CHUNK)
-        words[lo:hi] = 0
-        for k in range(shifts.size):
-            p = planes[k]
-            s, m = shifts[k], masks[k]
-            acc = 0
-            for i in range(lo, hi):
-                v = np.int64(p[i])
-                acc |= v & ~m
-                words[i] |= (v & m) << s
-            over[c, k] = acc
-    out = np.zeros(shifts.size, dtype=np.int64)
-    for c in range(nchunks):
-        for k in range(shifts.size):
-            out[k] |= over[c, k]
-    return out
 
 RAW = Layout(0, "raw", 1, (Field(KIND_RAW, 0, 0, 8),))
 BF16 = Layout(1, "bf16", 2, (Field(KIND_SIGN, 0, 15, 1), Field(KIND_EXPONENT, 0, 7, 8),

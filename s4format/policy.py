@@ -2,8 +2,11 @@
 valid file; this is what our writer does).
 
 ``auto`` (default) ranks the candidate codecs for a plane kind by their size estimate and codes
-with the smallest (but bitpack-w wins unless an entropy coder saves more than 1/65 of its size);
-``seed`` uses the fixed assignment exponent->rANS, mantissa->GDeflate, sign->bitpack;
+with the smallest (but bitpack-w wins unless an entropy coder saves more than 1/65 of its size).
+Estimates come from the plane's histogram, counted in the one pass over the tensor's words;
+only the LZ coders (zstd, GDeflate) need a trial encode, paid where :func:`lz_may_pay` says
+they can win. ``seed`` uses the fixed assignment exponent->rANS, mantissa->GDeflate,
+sign->bitpack;
 ``auto-1.0`` is ``auto`` without the codecs format 1.1 added, for files that format-1.0 readers
 decode. Under every policy ``raw`` is the floor: a plane never stores more than its own length.
 """
@@ -14,6 +17,7 @@ import numpy as np
 
 from s4format import codecs, layouts
 from s4format.codecs.abc import Encoded
+from s4format.codecs.view import PlaneView
 from s4format.schema import MINOR
 
 POLICIES = ("auto", "seed", "auto-1.0")
@@ -51,6 +55,12 @@ _SEED = {
 }
 
 _TABLES = {"auto": _AUTO, "seed": _SEED, "auto-1.0": _AUTO_1_0}
+
+# LZ-style coders are estimated (a trial encode of samples) on a float's planes only when
+# lz_may_pay says so; on smaller planes always.
+_FLOAT_KINDS = frozenset((layouts.KIND_SIGN, layouts.KIND_EXPONENT, layouts.KIND_MANTISSA))
+LZ_ALWAYS = 16 * 1024
+LZ_RUNS = 0.002
 
 # Below this a plane is stored raw: coding cannot win back its own bookkeeping.
 MIN_CODED = 64
@@ -91,31 +101,61 @@ def prefer_packed(ranked: list[tuple[int, int]]) -> list[tuple[int, int]]:
 
 def encode_plane(plane: np.ndarray, kind: int, policy: str = "auto") -> tuple[int, Encoded]:
     """Pick a codec for ``plane`` and code it; returns ``(codec_id, encoded)``."""
-    raw = (codecs.RAW, Encoded(plane))
     if plane.size < MIN_CODED:
-        return raw
+        return codecs.RAW, Encoded(plane)
+    return encode_view(PlaneView.of(plane), kind, policy)
+
+
+def encode_view(view: PlaneView, kind: int, policy: str = "auto") -> tuple[int, Encoded]:
+    """:func:`encode_plane` of a plane given as a view of a tensor's words."""
+    if view.size < MIN_CODED:
+        return codecs.RAW, Encoded(view.bytes())
     available = codecs.available()
-    table = _TABLES[policy]
+    for _est, cid in rank(view, kind, policy, available):
+        enc = available[cid].encode_view(view)
+        if enc is not None and enc.nbytes < view.size:
+            return cid, enc
+    return codecs.RAW, Encoded(view.bytes())
+
+
+def rank(view: PlaneView, kind: int, policy: str, available: dict[int, codecs.Codec]
+         ) -> list[tuple[int, int]]:
+    """The candidates that would store less than the plane, as ``(estimate, codec ID)`` in the
+    order to try them."""
+    n = view.size
     ranked: list[tuple[int, int]] = []
     zstd_est = None
-    for cid in table[kind]:
+    for cid in _TABLES[policy][kind]:
         codec = available.get(cid)
         if codec is None:
             continue
-        best = min((e for e, _ in ranked), default=plane.size)
+        best = min((e for e, _ in ranked), default=n)
         if policy != "seed" and cid == codecs.GDEFLATE and not (
                 zstd_est is not None and zstd_est < _LZ_GATE * best):
             continue
-        est = codec.estimate(plane)
+        if policy != "seed" and not codec.counts_estimate and not lz_may_pay(view, kind):
+            continue
+        est = codec.estimate_view(view)
         if cid == codecs.ZSTD:
             zstd_est = est
-        if est is not None and est < plane.size:
+        if est is not None and est < n:
             ranked.append((est, cid))
     ranked.sort()
-    if policy == "auto":
-        ranked = prefer_packed(ranked)
-    for _est, cid in ranked:
-        enc = available[cid].encode(plane)
-        if enc is not None and enc.nbytes < plane.size:
-            return cid, enc
-    return raw
+    return prefer_packed(ranked) if policy == "auto" else ranked
+
+
+def lz_may_pay(view: PlaneView, kind: int) -> bool:
+    """Whether an LZ coder (zstd, GDeflate) may beat the order-0 coders on this plane, judged
+    from its statistics, so that a trial encode is paid only where it can win.
+
+    A float's sign, exponent and mantissa planes are close to independent draws, where LZ
+    gains nothing over order-0 coding; it wins where runs or counters show (optimizer state at
+    its start, unchanged parts of a delta, tables of bit patterns). Independent draws repeat
+    the byte before, or exceed it by one, with probability ``sum(p[s] * (p[s] + p[s - 1]))``;
+    a plane doing so more often by :data:`LZ_RUNS` of its length is tried. Other planes
+    (integers, bytes) and planes up to :data:`LZ_ALWAYS` bytes are always tried."""
+    if kind not in _FLOAT_KINDS or view.size <= LZ_ALWAYS:
+        return True
+    p = view.counts / view.size
+    expected = float(np.dot(p, p) + np.dot(p[1:], p[:-1])) * (view.size - 1)
+    return view.runs - expected > LZ_RUNS * view.size

@@ -14,12 +14,14 @@ import contextlib
 import io
 import math
 import os
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
 import numpy as np
 
-from s4format import hashing, layouts, objtree, policy
+from s4format import hashing, layouts, objtree, policy, threads
+from s4format.codecs.view import run_pieces
 from s4format.dtypes import DType
 from s4format.errors import FormatError, LimitError, StorageError, UnsupportedObjectError
 from s4format.layouts import Layout
@@ -44,6 +46,8 @@ DEFAULT_ALIGN_LOG2 = 6
 # more than splitting can save.
 SPLIT_MIN = 4096
 MAX_NAME_BYTES = 0xFFFF
+# Raw bytes of tensors Writer.code_ahead codes ahead of the one being written.
+AHEAD = 64 << 20
 
 
 @dataclass(frozen=True)
@@ -96,16 +100,27 @@ def code_tensor(raw: np.ndarray, dtype: DType, policy_name: str = "auto") -> Cod
     if raw.size >= SPLIT_MIN and raw.size % layout.word_size(dtype.itemsize) == 0 \
             and layout is not layouts.RAW:
         fields = layout.planes(dtype.itemsize)
-        planes = []
-        for f, plane in zip(fields, layout.split(raw, dtype.itemsize)):
-            cid, enc = policy.encode_plane(plane, f.kind, policy_name)
-            planes.append(CodedPlane(f.kind, f.index, cid, plane.size, enc.payload, enc.params))
+        views = layout.views(raw, dtype.itemsize)
+
+        def code(k: int) -> CodedPlane:
+            cid, enc = policy.encode_view(views[k], fields[k].kind, policy_name)
+            return CodedPlane(fields[k].kind, fields[k].index, cid, views[k].size, enc.payload,
+                              enc.params)
+
+        planes = threads.map_sized(code, range(len(fields)), raw.size)
         coded = CodedTensor(layout, tuple(planes))
         if coded.stored <= raw.size:
             return coded
     cid, enc = policy.encode_plane(raw, layouts.KIND_RAW, policy_name)
     return CodedTensor(layouts.RAW, (CodedPlane(layouts.KIND_RAW, 0, cid, raw.size, enc.payload,
                                                 enc.params),))
+
+
+def _xor(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    out = np.empty_like(a)
+    run_pieces(lambda lo, hi: np.bitwise_xor(a[lo:hi], b[lo:hi], out=out[lo:hi]), a.size,
+               threads.SHARE_MIN)
+    return out
 
 
 class Writer:
@@ -195,12 +210,21 @@ class Writer:
             p = parent if isinstance(parent, Tensor) else Tensor.from_numpy(parent)
             if p.nbytes != t.nbytes:
                 raise ValueError(f"parent of {name!r} has {p.nbytes} bytes, tensor {t.nbytes}")
-            delta = code_tensor(np.bitwise_xor(t.data, p.data), t.dtype, self.policy)
+            delta = code_tensor(_xor(t.data, p.data), t.dtype, self.policy)
             if delta.stored < coded.stored:
                 coded, parent_hash = delta, hashing.content_hash(p.data)
         return dict(name=name, dtype=t.dtype, shape=t.shape, coded=coded,
                     content_hash=hashing.content_hash(t.data), parent_hash=parent_hash,
                     full_stored=full)
+
+    def code_ahead(self, items: Iterable[tuple[str, Tensor, Tensor | None]]
+                   ) -> Iterator[dict[str, Any]]:
+        """:meth:`code` of each ``(name, tensor, parent)``, in order, coded ahead on the worker
+        threads while the caller writes: at most :data:`AHEAD` bytes of tensors (and at least
+        one) are coded and not yet taken."""
+        return threads.ordered(
+            threads.pool(), lambda item: self.code(item[0], item[1], parent=item[2]),
+            ((item, item[1].nbytes) for item in items), AHEAD)
 
     def add_coded(self, name: str, dtype: DType, shape: tuple[int, ...], coded: CodedTensor,
                   content_hash: bytes, *, parent_hash: bytes | None = None,

@@ -20,10 +20,11 @@ from typing import Any, BinaryIO
 import torch
 
 import s4format
+from s4format import threads
 from s4format.errors import BadMagicError, LimitError, S4Error, StorageError
 from s4format.reader import MAX_TENSORS
 from s4format.source import BufferSource, ByteSource
-from s4format.writer import Writer, WriteResult
+from s4format.writer import AHEAD, Writer, WriteResult
 from s4weights import progress
 from s4weights.background import Background, Inline
 from s4weights.store.base import Store
@@ -74,9 +75,12 @@ def write_flattened(flat: Flattened, sink: BinaryIO, *, policy: str = "auto",
         # With tensors coded on the GPU, the sink's writes run on a writer thread while this
         # one codes the next tensors (all coding stays on this thread: torch's current stream
         # is per thread, and the CPU coders are not thread-safe). Queued results hold pinned
-        # host memory, bounded below. A CPU-only save writes as it codes: its streaming memory
-        # stays at one tensor's coding.
+        # host memory, bounded below. A CPU-only save writes as it codes, the CPU coder's
+        # threads coding the next tensors meanwhile (Writer.code_ahead bounds them).
         writes = Background(limit=max(WRITE_QUEUE, total // 20)) if coded else Inline()
+        ahead = None if coded else w.code_ahead(
+            (name, _host(t), None if (p := parents.get(name)) is None else _host(p))
+            for name, t in flat.tensors)
         try:
             for name, tensor in flat.tensors:
                 done = coded.get(name)
@@ -89,8 +93,8 @@ def write_flattened(flat: Flattened, sink: BinaryIO, *, policy: str = "auto",
                         parent_hash=parent_hash, full_stored=full), c.stored)
                 else:
                     parent = parents.get(name)
-                    args = w.code(name, _host(tensor),
-                                  parent=None if parent is None else _host(parent))
+                    args = next(ahead) if ahead is not None else w.code(
+                        name, _host(tensor), parent=None if parent is None else _host(parent))
                     writes.submit(functools.partial(w.add_coded, **args),
                                   args["coded"].stored)
                 bar.update(tensor.nbytes)
@@ -271,8 +275,10 @@ def read_tree(reader: s4format.Reader, map_location: Any = None, *, strict: bool
         if into is not None else None
     total = sum(t.raw_nbytes for t in reader.tensors)
     with progress.bar("s4weights load", total, show) as bar:
+        ahead = None
+
         def tensor(i: int) -> s4format.Tensor:
-            t = reader.read(i)
+            t = ahead.get(i) if ahead is not None else reader.read(i)
             bar.update(t.nbytes)
             if copy_to is not None:
                 copy_to.host(i, t)
@@ -283,6 +289,10 @@ def read_tree(reader: s4format.Reader, map_location: Any = None, *, strict: bool
                                 on_decoded=copy_to.device if copy_to is not None else None)
         reader.check_budget((i for i, n in enumerate(reader.tensor_uses) if n),
                             _decode_budget(reader, max_decoded_bytes, loader is not None))
+        if loader is None:  # the CPU decodes the next tensors on its threads meanwhile
+            ahead = threads.Prefetch(reader.read, [
+                (i, reader.tensors[i].raw_nbytes) for i, n in enumerate(reader.tensor_uses) if n
+            ], AHEAD)
         return Unflattener(tensor, map_location, strict=strict, device_tensor=loader,
                            into=plan, uses=reader.tensor_uses).walk(reader.tree)
 

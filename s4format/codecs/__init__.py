@@ -8,6 +8,7 @@ raises the same error naming the extra to install.
 from __future__ import annotations
 
 import contextlib
+import threading
 
 from s4format.codecs.abc import Codec, Encoded
 from s4format.errors import UnsupportedCodecError
@@ -59,18 +60,23 @@ def name_of(codec_id: int) -> str:
 
 
 _loaded = False
+_loading = threading.Lock()
 
 
 def _load_builtin() -> None:
-    # Imported lazily so that a codec module may import this registry at import time.
+    # Imported lazily so that a codec module may import this registry at import time. Worker
+    # threads may ask at once: none may see the registry before every codec is in it.
     global _loaded
     if _loaded:
         return
-    _loaded = True
-    from s4format.codecs import bitpack, raw, zstd  # noqa: F401
-    for optional in ("rans", "bitpackw", "gdeflate"):
-        with contextlib.suppress(ImportError):
-            __import__(f"s4format.codecs.{optional}")
+    with _loading:
+        if _loaded:
+            return
+        from s4format.codecs import bitpack, raw, zstd  # noqa: F401
+        for optional in ("rans", "bitpackw", "gdeflate"):
+            with contextlib.suppress(ImportError):
+                __import__(f"s4format.codecs.{optional}")
+        _loaded = True
 
 
 __all__ = [

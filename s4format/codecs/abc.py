@@ -11,6 +11,8 @@ codec:
   :class:`~s4format.errors.S4Error` subclass (``CodecError`` for a bad stream). It never reads
   outside ``payload``, never hangs and never allocates more than ``decoded_len`` plus a bounded
   workspace: callers have checked ``decoded_len`` against :meth:`max_decoded_len` first.
+* ``encode_view`` and ``estimate_view`` give the same as ``encode`` and ``estimate`` on the
+  view's bytes (:class:`~s4format.codecs.view.PlaneView`).
 * ``max_decoded_len(stored_len)`` is the largest plane the codec can produce from ``stored_len``
   stored bytes; the reader refuses larger declared lengths before allocating anything.
 
@@ -21,9 +23,12 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from s4format.codecs.view import PlaneView
 
 
 @dataclass(frozen=True)
@@ -56,3 +61,15 @@ class Codec(ABC):
         """Cheap estimate of the stored size, for choosing codecs; default: encode for real."""
         enc = self.encode(plane)
         return None if enc is None else enc.nbytes
+
+    # The CPU writer's entry points: a plane given as a view of a tensor's words with its
+    # statistics. A codec that can estimate from the histogram alone sets ``counts_estimate``
+    # (choosing among such codecs needs no trial encode); one that can read the words in place
+    # overrides ``encode_view``. Both must give what estimate and encode give on the bytes.
+    counts_estimate: ClassVar[bool] = False
+
+    def estimate_view(self, view: PlaneView) -> int | None:
+        return self.estimate(view.bytes())
+
+    def encode_view(self, view: PlaneView) -> Encoded | None:
+        return self.encode(view.bytes())

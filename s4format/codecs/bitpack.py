@@ -10,12 +10,15 @@ import numpy as np
 
 from s4format.codecs import BITPACK, register
 from s4format.codecs.abc import Codec, Encoded
+from s4format.codecs.bitpackw import pack_view
+from s4format.codecs.view import PlaneView
 from s4format.errors import CodecError
 
 
 class BitpackCodec(Codec):
     codec_id = BITPACK
     name = "bitpack"
+    counts_estimate = True
 
     def encode(self, plane: np.ndarray) -> Encoded | None:
         if plane.size and int(plane.max()) > 1:
@@ -40,6 +43,12 @@ class BitpackCodec(Codec):
         if plane.size and int(plane.max()) > 1:
             return None
         return (plane.size + 7) // 8
+
+    def estimate_view(self, view: PlaneView) -> int | None:
+        return None if view.max_symbol > 1 else (view.size + 7) // 8
+
+    def encode_view(self, view: PlaneView) -> Encoded | None:
+        return None if view.max_symbol > 1 else Encoded(pack_view(view, 1))
 
 
 register(BitpackCodec())

@@ -13,11 +13,12 @@ while this codes and decodes at memory speed.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
 
 from s4format.codecs import BITPACK_W, register
 from s4format.codecs.abc import Codec, Encoded
+from s4format.codecs.view import PlaneView, run_pieces
 from s4format.errors import CodecError
+from s4format.jit import kernel
 
 
 def width_of(plane: np.ndarray) -> int:
@@ -29,41 +30,53 @@ def stored_len(n: int, w: int) -> int:
     return (n * w + 7) // 8
 
 
-_GROUPS = 1 << 16  # 8-byte groups per parallel task (512 KiB of plane)
+_GROUPS = 1 << 16  # 8-byte groups per piece of work (512 KiB of plane)
 
 
-@njit(cache=True, nogil=True, parallel=True)
-def _pack(plane, w, out):  # pragma: no cover - compiled
-    # eight plane bytes -> w stored bytes, as one little-endian integer, in parallel tasks of
-    # whole groups (the output does not depend on the thread count); then the tail
-    n = plane.size
+def pack_view(view: PlaneView, w: int) -> np.ndarray:
+    """The ``w``-bit packing of a plane whose bytes are all below ``2**w``, read from its words
+    (bitpack, codec 2, is the case ``w = 1``)."""
+    n = view.size
+    out = np.empty(stored_len(n, w), np.uint8)
+    groups = n // 8
+    run_pieces(lambda lo, hi: _pack(view.words, view.shift, view.mask, w, lo, hi, out),
+               groups + 1, _GROUPS)
+    return out
+
+
+@kernel()
+def _pack(words, shift, mask, w, g0, g1, out):  # pragma: no cover - compiled
+    # groups [g0, g1) of eight plane bytes -> w stored bytes, as one little-endian integer;
+    # group n // 8 (in the last piece) is the partial one at the end
+    n = words.size
     g = n // 8
-    for t in prange((g + _GROUPS - 1) // _GROUPS):
-        for i in range(t * _GROUPS, min(g, (t + 1) * _GROUPS)):
-            acc = np.uint64(0)
-            for j in range(8):
-                acc |= np.uint64(plane[8 * i + j]) << np.uint64(w * j)
-            for b in range(w):
-                out[w * i + b] = np.uint8((acc >> np.uint64(8 * b)) & np.uint64(0xFF))
-    acc = np.uint64(0)
-    for j in range(n - 8 * g):
-        acc |= np.uint64(plane[8 * g + j]) << np.uint64(w * j)
-    for b in range(out.size - w * g):
-        out[w * g + b] = np.uint8((acc >> np.uint64(8 * b)) & np.uint64(0xFF))
+    for i in range(g0, min(g1, g)):
+        acc = np.uint64(0)
+        for j in range(8):
+            v = (np.int64(words[8 * i + j]) >> shift) & mask
+            acc |= np.uint64(v) << np.uint64(w * j)
+        for b in range(w):
+            out[w * i + b] = np.uint8((acc >> np.uint64(8 * b)) & np.uint64(0xFF))
+    if g1 > g:
+        acc = np.uint64(0)
+        for j in range(n - 8 * g):
+            v = (np.int64(words[8 * g + j]) >> shift) & mask
+            acc |= np.uint64(v) << np.uint64(w * j)
+        for b in range(out.size - w * g):
+            out[w * g + b] = np.uint8((acc >> np.uint64(8 * b)) & np.uint64(0xFF))
 
 
-@njit(cache=True, nogil=True, parallel=True)
+@kernel()
 def _unpack(payload, w, n, out):  # pragma: no cover - compiled
     # (the padding bits of the last byte are form_error's to check)
     mask = np.uint64((1 << w) - 1)
     g = n // 8
-    for t in prange((g + _GROUPS - 1) // _GROUPS):
-        for i in range(t * _GROUPS, min(g, (t + 1) * _GROUPS)):
-            acc = np.uint64(0)
-            for b in range(w):
-                acc |= np.uint64(payload[w * i + b]) << np.uint64(8 * b)
-            for j in range(8):
-                out[8 * i + j] = np.uint8((acc >> np.uint64(w * j)) & mask)
+    for i in range(g):
+        acc = np.uint64(0)
+        for b in range(w):
+            acc |= np.uint64(payload[w * i + b]) << np.uint64(8 * b)
+        for j in range(8):
+            out[8 * i + j] = np.uint8((acc >> np.uint64(w * j)) & mask)
     acc = np.uint64(0)
     for b in range(payload.size - w * g):
         acc |= np.uint64(payload[w * g + b]) << np.uint64(8 * b)
@@ -89,14 +102,18 @@ def form_error(decoded_len: int, params: bytes, stored: int, last: int) -> str |
 class BitpackWCodec(Codec):
     codec_id = BITPACK_W
     name = "bitpack-w"
+    counts_estimate = True
 
     def encode(self, plane: np.ndarray) -> Encoded | None:
         w = width_of(plane)
         if w >= 8:
             return None
-        out = np.empty(stored_len(plane.size, w), np.uint8)
-        _pack(np.ascontiguousarray(plane, np.uint8), w, out)
-        return Encoded(out, bytes([w]))
+        view = PlaneView(np.ascontiguousarray(plane, np.uint8).reshape(-1), 0, 0xFF, None, 0)
+        return Encoded(pack_view(view, w), bytes([w]))
+
+    def encode_view(self, view: PlaneView) -> Encoded | None:
+        w = max(1, view.max_symbol.bit_length())
+        return None if w >= 8 else Encoded(pack_view(view, w), bytes([w]))
 
     def decode(self, payload: np.ndarray, decoded_len: int, params: bytes) -> np.ndarray:
         msg = form_error(decoded_len, params, len(payload),
@@ -113,6 +130,10 @@ class BitpackWCodec(Codec):
     def estimate(self, plane: np.ndarray) -> int | None:
         w = width_of(plane)
         return None if w >= 8 else stored_len(plane.size, w)
+
+    def estimate_view(self, view: PlaneView) -> int | None:
+        w = max(1, view.max_symbol.bit_length())
+        return None if w >= 8 else stored_len(view.size, w)
 
 
 register(BitpackWCodec())

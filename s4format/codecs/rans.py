@@ -6,8 +6,8 @@ normative; this code follows it step by step and names its constants after it. I
 * One frequency table per plane (12-bit precision, sums to 4096), built by the spec's integer
   normalisation, so the GPU encoder emits the very same bytes.
 * A block of ``2**log2_block`` symbols is coded by 32 interleaved lanes (symbol ``i`` of the block
-  goes to lane ``i % 32``); blocks are independent, so both sides run them in parallel
-  (``prange``) and the output does not depend on the thread count.
+  goes to lane ``i % 32``); blocks are independent, so both sides code runs of blocks on the
+  worker threads and the output does not depend on the thread count.
 * Decoding validates every length, offset and state before indexing: numba does not bounds-check,
   so the kernels only ever see indices that the Python-side checks have proven in range. A bad
   stream raises :class:`~s4format.errors.CodecError`; it never crashes, hangs or over-allocates.
@@ -20,11 +20,13 @@ from __future__ import annotations
 import struct
 
 import numpy as np
-from numba import njit, prange
 
+from s4format import threads
 from s4format.codecs import RANS, register
 from s4format.codecs.abc import Codec, Encoded
+from s4format.codecs.view import PlaneView
 from s4format.errors import CodecError, LimitError
+from s4format.jit import kernel
 
 LANES = 32
 PROB_BITS = 12
@@ -143,7 +145,7 @@ def _decoder_table(freqs: np.ndarray) -> np.ndarray:
     return _decoder_slots(np.ascontiguousarray(freqs, dtype=np.int64))
 
 
-@njit(cache=True)
+@kernel()
 def _decoder_slots(freqs: np.ndarray) -> np.ndarray:
     # (compiled: a plane's table took ~90 us in numpy, a share of a small plane's decode)
     tab = np.empty(PROB_SCALE, dtype=np.uint32)
@@ -161,48 +163,43 @@ def _decoder_slots(freqs: np.ndarray) -> np.ndarray:
 # numba's uint64/int64 promotion to float.
 
 
-@njit(cache=True)
-def _histogram(plane: np.ndarray) -> np.ndarray:
-    # Four sub-histograms break the store-to-load dependency on runs of one symbol.
-    h = np.zeros((4, 256), dtype=np.int64)
-    n = plane.size
-    n4 = n - n % 4
-    for i in range(0, n4, 4):
-        h[0, plane[i]] += 1
-        h[1, plane[i + 1]] += 1
-        h[2, plane[i + 2]] += 1
-        h[3, plane[i + 3]] += 1
-    for i in range(n4, n):
-        h[0, plane[i]] += 1
-    return h.sum(axis=0)
+# Blocks per piece of work on a worker thread (about a million symbols at the default size).
+_PIECE_SYMBOLS = 1 << 20
 
 
-@njit(cache=True)
-def _blocks_constant(plane: np.ndarray, log2_block: int) -> bool:
-    n = plane.size
+@kernel()
+def _blocks_constant(words, shift, mask, log2_block):  # pragma: no cover - compiled
+    n = words.size
     for start in range(0, n, 1 << log2_block):
         end = min(start + (1 << log2_block), n)
-        first = plane[start]
+        first = (np.int64(words[start]) >> shift) & mask
         for i in range(start + 1, end):
-            if plane[i] != first:
+            if (np.int64(words[i]) >> shift) & mask != first:
                 return False
     return True
 
 
-@njit(cache=True, parallel=True)
 def _encode_blocks(plane: np.ndarray, log2_block: int, tab: np.ndarray, scratch: np.ndarray,
                    counts: np.ndarray, states: np.ndarray) -> None:
-    """Encode every block; block b's words go to scratch[b << log2_block:] (<= 1 per symbol)."""
-    n = plane.size
-    for b in prange(counts.size):
-        # Parfor indices may be unsigned; mixing them with int64 would promote to float.
+    """Encode every block of a plane of bytes (as :func:`_encode_range` does a field's)."""
+    _encode_range(plane, 0, 0xFF, log2_block, tab, scratch, counts, states, 0, counts.size)
+
+
+@kernel()
+def _encode_range(words, shift, mask, log2_block, tab, scratch, counts, states, b0, b1
+                  ):  # pragma: no cover - compiled
+    """Encode blocks [b0, b1) of field (shift, mask) of ``words``; block b's words go to
+    scratch[b << log2_block:] (at most one per symbol)."""
+    n = words.size
+    x = np.empty(LANES, dtype=np.int64)
+    for b in range(b0, b1):
         start = np.int64(b) << log2_block
         end = min(start + (1 << log2_block), n)
-        x = np.full(LANES, STATE_LOW, dtype=np.int64)
+        x[:] = STATE_LOW
         w = start
         for row in range(start, end, LANES):
             for lane in range(min(LANES, end - row)):
-                s = plane[row + lane]
+                s = (np.int64(words[row + lane]) >> shift) & mask
                 xv = x[lane]
                 # Lanes renormalise in lane order within a row: the warp-ballot order. The
                 # store is unconditional (branch-free: the branch is unpredictable); w never
@@ -218,15 +215,15 @@ def _encode_blocks(plane: np.ndarray, log2_block: int, tab: np.ndarray, scratch:
             states[b * LANES + lane] = x[lane]
 
 
-@njit(cache=True, parallel=True)
-def _gather_words(scratch: np.ndarray, log2_block: int, counts: np.ndarray, offsets: np.ndarray,
-                  words: np.ndarray) -> None:
-    for b in prange(counts.size):
+@kernel()
+def _gather_words(scratch, log2_block, counts, offsets, words, b0, b1
+                  ):  # pragma: no cover - compiled
+    for b in range(b0, b1):
         src = np.int64(b) << log2_block
         words[offsets[b]:offsets[b] + counts[b]] = scratch[src:src + counts[b]]
 
 
-@njit(cache=True, inline="always")
+@kernel(inline="always")
 def _decode_step(xv: int, dtab: np.ndarray, out: np.ndarray, at: int) -> int:
     """Emit the symbol of state xv at out[at]; return the state before renormalisation."""
     e = np.int64(dtab[xv & (PROB_SCALE - 1)])
@@ -234,7 +231,7 @@ def _decode_step(xv: int, dtab: np.ndarray, out: np.ndarray, at: int) -> int:
     return ((e >> 20) + 1) * (xv >> PROB_BITS) + ((e >> 8) & (PROB_SCALE - 1))
 
 
-@njit(cache=True, inline="always")
+@kernel(inline="always")
 def _decode_row_fast(words: np.ndarray, p: int, x: np.ndarray, dtab: np.ndarray,
                      out: np.ndarray, row: int) -> int:
     """Decode one full row; the caller guarantees >= 32 words remain below p.
@@ -251,7 +248,7 @@ def _decode_row_fast(words: np.ndarray, p: int, x: np.ndarray, dtab: np.ndarray,
     return p
 
 
-@njit(cache=True)
+@kernel()
 def _decode_block(words: np.ndarray, lo: int, hi: int, x: np.ndarray, dtab: np.ndarray,
                   out: np.ndarray, start: int, end: int) -> int:
     """Decode symbols [start, end) from lane states x, popping words[hi-1] down to words[lo].
@@ -284,11 +281,11 @@ def _decode_block(words: np.ndarray, lo: int, hi: int, x: np.ndarray, dtab: np.n
     return 0
 
 
-@njit(cache=True, parallel=True)
-def _decode_blocks(words: np.ndarray, offsets: np.ndarray, states: np.ndarray, dtab: np.ndarray,
-                   log2_block: int, out: np.ndarray, errors: np.ndarray) -> None:
+@kernel()
+def _decode_blocks(words, offsets, states, dtab, log2_block, out, errors, b0, b1
+                   ):  # pragma: no cover - compiled
     n = out.size
-    for b in prange(errors.size):
+    for b in range(b0, b1):
         start = np.int64(b) << log2_block
         end = min(start + (1 << log2_block), n)
         x = states[b * LANES:(b + 1) * LANES].astype(np.int64)
@@ -310,19 +307,37 @@ def _raw_stream(plane: np.ndarray, log2_block: int) -> np.ndarray:
     return out
 
 
-def _const_stream(plane: np.ndarray, log2_block: int) -> np.ndarray:
-    head = HEADER.pack(MODE_CONST, log2_block, 0, plane.size)
-    firsts = plane[::1 << log2_block]
-    return np.concatenate((np.frombuffer(head, np.uint8), firsts))
+def _const_stream(view: PlaneView | np.ndarray, log2_block: int) -> np.ndarray:
+    view = _as_view(view)
+    head = HEADER.pack(MODE_CONST, log2_block, 0, view.size)
+    firsts = (view.words[::1 << log2_block].astype(np.int64) >> view.shift) & view.mask
+    return np.concatenate((np.frombuffer(head, np.uint8), firsts.astype(np.uint8)))
 
 
-def _rans_stream(plane: np.ndarray, log2_block: int, freqs: np.ndarray) -> np.ndarray:
-    n = plane.size
+def _block_pieces(nb: int, log2_block: int, fn) -> None:
+    """``fn(b0, b1)`` over the blocks ``[0, nb)`` in pieces of about a million symbols."""
+    per = max(1, _PIECE_SYMBOLS >> log2_block)
+    if nb <= per:
+        fn(0, nb)
+    else:
+        threads.pool().map(lambda b0: fn(b0, min(nb, b0 + per)), range(0, nb, per))
+
+
+def _as_view(plane: PlaneView | np.ndarray) -> PlaneView:
+    return plane if isinstance(plane, PlaneView) else PlaneView(plane, 0, 0xFF, None, 0)
+
+
+def _rans_stream(view: PlaneView | np.ndarray, log2_block: int, freqs: np.ndarray
+                 ) -> np.ndarray:
+    view = _as_view(view)
+    n = view.size
     nb = _n_blocks(n, log2_block)
     scratch = np.empty(n, dtype=np.uint16)
     counts = np.empty(nb, dtype=np.int64)
     states = np.empty(nb * LANES, dtype=np.int64)
-    _encode_blocks(plane, log2_block, _encoder_table(freqs), scratch, counts, states)
+    tab = _encoder_table(freqs)
+    _block_pieces(nb, log2_block, lambda b0, b1: _encode_range(
+        view.words, view.shift, view.mask, log2_block, tab, scratch, counts, states, b0, b1))
     offsets = np.zeros(nb + 1, dtype=np.int64)
     np.cumsum(counts, out=offsets[1:])
     table = table_bytes(freqs)
@@ -334,7 +349,9 @@ def _rans_stream(plane: np.ndarray, log2_block: int, freqs: np.ndarray) -> np.nd
     out[pos:pos + 4 * nb] = counts.astype("<u4").view(np.uint8)
     pos += 4 * nb
     out[pos:words_at] = states.astype("<u4").view(np.uint8)
-    _gather_words(scratch, log2_block, counts, offsets, out[words_at:].view(np.uint16))
+    words = out[words_at:].view(np.uint16)
+    _block_pieces(nb, log2_block, lambda b0, b1: _gather_words(
+        scratch, log2_block, counts, offsets, words, b0, b1))
     return out
 
 
@@ -347,6 +364,7 @@ class RansCodec(Codec):
 
     codec_id = RANS
     name = "rans"
+    counts_estimate = True
 
     def __init__(self, log2_block: int = LOG2_BLOCK_DEFAULT) -> None:
         if not LOG2_BLOCK_MIN <= log2_block <= LOG2_BLOCK_MAX:
@@ -354,20 +372,21 @@ class RansCodec(Codec):
         self.log2_block = log2_block
 
     def encode(self, plane: np.ndarray) -> Encoded:
-        plane = np.ascontiguousarray(plane, dtype=np.uint8).reshape(-1)
-        n = plane.size
+        return self.encode_view(PlaneView.of(plane))
+
+    def encode_view(self, view: PlaneView) -> Encoded:
+        n = view.size
         if n >= MAX_SYMBOLS:
             raise LimitError(f"rans planes hold fewer than 2^48 bytes, got {n}")
         if n == 0:
-            return Encoded(_raw_stream(plane, self.log2_block))
-        counts = _histogram(plane)
-        if np.count_nonzero(counts) == 1:
-            return Encoded(_const_stream(plane, LOG2_BLOCK_MAX))
-        if _blocks_constant(plane, self.log2_block):
-            return Encoded(_const_stream(plane, self.log2_block))
-        stream = _rans_stream(plane, self.log2_block, normalise(counts))
+            return Encoded(_raw_stream(view.bytes(), self.log2_block))
+        if view.symbols == 1:
+            return Encoded(_const_stream(view, LOG2_BLOCK_MAX))
+        if _blocks_constant(view.words, view.shift, view.mask, self.log2_block):
+            return Encoded(_const_stream(view, self.log2_block))
+        stream = _rans_stream(view, self.log2_block, normalise(view.counts))
         if stream.size >= HEADER_SIZE + n:
-            return Encoded(_raw_stream(plane, self.log2_block))
+            return Encoded(_raw_stream(view.bytes(), self.log2_block))
         return Encoded(stream)
 
     def decode(self, payload: np.ndarray, decoded_len: int, params: bytes) -> np.ndarray:
@@ -402,18 +421,20 @@ class RansCodec(Codec):
         return max(0, stored_len - HEADER_SIZE) << LOG2_BLOCK_MAX
 
     def estimate(self, plane: np.ndarray) -> int:
+        return self.estimate_view(PlaneView.of(plane))
+
+    def estimate_view(self, view: PlaneView) -> int:
         """Stored size predicted from the histogram, without encoding (spec/rans.md, "Estimate").
 
         The RANS term is the exact cross-entropy of the plane under the normalised table plus
         header, table and per-block overhead; it overshoots the real size by the information
         the final states carry (about 32 bytes per block) and undershoots per-block CONST.
         """
-        plane = np.ascontiguousarray(plane, dtype=np.uint8).reshape(-1)
-        n = plane.size
+        n = view.size
         if n == 0:
             return HEADER_SIZE
-        counts = _histogram(plane)
-        if np.count_nonzero(counts) == 1:
+        counts = view.counts
+        if view.symbols == 1:
             return HEADER_SIZE + _n_blocks(n, LOG2_BLOCK_MAX)
         freqs = normalise(counts)
         present = counts > 0
@@ -460,7 +481,9 @@ def _decode_rans(buf: np.ndarray, n: int, log2_block: int) -> np.ndarray:
         words = words.copy()
     out = np.empty(n, dtype=np.uint8)
     errors = np.zeros(nb, dtype=np.int64)
-    _decode_blocks(words, offsets, states, _decoder_table(freqs), log2_block, out, errors)
+    dtab = _decoder_table(freqs)
+    _block_pieces(nb, log2_block, lambda b0, b1: _decode_blocks(
+        words, offsets, states, dtab, log2_block, out, errors, b0, b1))
     bad = np.flatnonzero(errors)
     if bad.size:
         b = int(bad[0])

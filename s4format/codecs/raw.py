@@ -7,12 +7,14 @@ import numpy as np
 
 from s4format.codecs import RAW, register
 from s4format.codecs.abc import Codec, Encoded
+from s4format.codecs.view import PlaneView
 from s4format.errors import CodecError
 
 
 class RawCodec(Codec):
     codec_id = RAW
     name = "raw"
+    counts_estimate = True
 
     def encode(self, plane: np.ndarray) -> Encoded:
         return Encoded(plane)
@@ -29,6 +31,9 @@ class RawCodec(Codec):
 
     def estimate(self, plane: np.ndarray) -> int:
         return int(plane.nbytes)
+
+    def estimate_view(self, view: PlaneView) -> int:
+        return view.size
 
 
 register(RawCodec())

@@ -8,6 +8,8 @@ Parameter bytes (optional, ignored by readers): one signed byte, the compression
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import zstandard
 
@@ -29,8 +31,16 @@ class ZstdCodec(Codec):
 
     def __init__(self, level: int = 3) -> None:
         self.level = level
-        self._compressor = zstandard.ZstdCompressor(level=level, write_content_size=True,
-                                                    write_checksum=False)
+        self._local = threading.local()
+
+    @property
+    def _compressor(self) -> zstandard.ZstdCompressor:
+        # one per thread: a ZstdCompressor may not be used by two threads at once
+        c = getattr(self._local, "compressor", None)
+        if c is None:
+            c = self._local.compressor = zstandard.ZstdCompressor(
+                level=self.level, write_content_size=True, write_checksum=False)
+        return c
 
     def encode(self, plane: np.ndarray) -> Encoded:
         payload = self._compressor.compress(np.ascontiguousarray(plane).data)

@@ -24,7 +24,6 @@ from s4format.codecs.rans import (
     RansCodec,
     _decoder_table,
     _encoder_table,
-    _histogram,
     _rans_stream,
     normalise,
 )
@@ -400,7 +399,7 @@ def test_golden_vector(name: str) -> None:
         assert ref_decode_rans(stream) == plane_bytes
     log2_block, forced = entry["log2_block"], entry["forced_rans"]
     if forced:
-        encoded = _rans_stream(plane, log2_block, normalise(_histogram(plane)))
+        encoded = _rans_stream(plane, log2_block, normalise(np.bincount(plane, minlength=256)))
     else:
         encoded = as_array(RansCodec(log2_block).encode(plane).payload)
     assert encoded.tobytes() == stream

@@ -1,0 +1,58 @@
+"""Numba kernels compiled on their first call, so that importing s4format (the CLIs, ``inspect``,
+a reader that decodes nothing) does not import numba, which takes longer than the rest.
+
+:func:`kernel` marks a function as an ``njit`` kernel (``cache=True``: compiled once per machine
+and loaded from numba's cache after). On the first call of any marked kernel, every kernel
+marked so far is compiled lazily by numba and replaces its placeholder in its module, so kernels
+may call each other by their global names. Kernels are serial and release the GIL: the CPU path
+runs them on :mod:`s4format.threads`'s workers, one piece of a plane each.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+_pending: list[tuple[dict[str, Any], str, Callable[..., Any], dict[str, Any]]] = []
+_lock = threading.Lock()
+
+
+class _Kernel:
+    """The placeholder of a kernel not compiled yet; calling it compiles every pending one."""
+
+    def __init__(self, func: Callable[..., Any]) -> None:
+        self._func = func
+        self._dispatcher: Any = None
+        self.__doc__ = func.__doc__
+        self.__name__ = func.__name__
+
+    def __call__(self, *args: Any) -> Any:
+        if self._dispatcher is None:
+            _compile_pending()
+            self._dispatcher = self._func.__globals__[self._func.__name__]
+        return self._dispatcher(*args)
+
+    @property
+    def py_func(self) -> Callable[..., Any]:
+        return self._func
+
+
+def kernel(**options: Any) -> Callable[[Callable[..., Any]], _Kernel]:
+    """Decorator: ``func`` becomes ``numba.njit(cache=True, nogil=True, **options)(func)`` at
+    the first call of any kernel."""
+    def mark(func: Callable[..., Any]) -> _Kernel:
+        with _lock:
+            _pending.append((func.__globals__, func.__name__, func, options))
+        return _Kernel(func)
+    return mark
+
+
+def _compile_pending() -> None:
+    import numba
+
+    with _lock:
+        for module, name, func, options in _pending:
+            if isinstance(module.get(name), _Kernel):
+                module[name] = numba.njit(cache=True, nogil=True, **options)(func)
+        _pending.clear()

@@ -1,0 +1,127 @@
+"""The CPU path's worker pool: nested waits do not deadlock, errors come back in order, the
+look-ahead helpers keep order and bounds, and coded bytes never depend on the thread count."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+import s4format
+from s4format import dtypes, threads
+from s4format.writer import code_tensor
+
+
+@pytest.fixture(params=[1, 2, 5])
+def pool(request, monkeypatch) -> threads.Pool:
+    p = threads.Pool(request.param)
+    monkeypatch.setattr(threads, "_pool", p)
+    return p
+
+
+def test_nested_maps_finish_on_any_thread_count(pool: threads.Pool) -> None:
+    def inner(x: int) -> int:
+        return sum(pool.map(lambda y: x * y, range(10)))
+
+    assert pool.map(inner, range(20)) == [45 * x for x in range(20)]
+
+
+def test_the_first_error_in_order_is_raised(pool: threads.Pool) -> None:
+    def work(x: int) -> int:
+        if x in (3, 9):
+            raise ValueError(f"item {x}")
+        return x
+
+    with pytest.raises(ValueError, match="item 3"):
+        pool.map(work, range(10))
+    assert pool.map(work, range(3)) == [0, 1, 2]
+
+
+def test_ordered_keeps_order_and_its_bound(pool: threads.Pool) -> None:
+    held, most = [0], [0]
+    lock = threading.Lock()
+
+    def work(x: int) -> int:
+        with lock:
+            held[0] += 1
+            most[0] = max(most[0], held[0])
+        return x
+
+    got = []
+    for x in threads.ordered(pool, work, ((x, 10) for x in range(50)), limit=30):
+        got.append(x)
+        with lock:
+            held[0] -= 1
+    assert got == list(range(50))
+    assert most[0] <= 3
+
+
+def test_prefetch_serves_keys_in_and_out_of_order(pool: threads.Pool) -> None:
+    calls = []
+
+    def fn(k: int) -> int:
+        calls.append(k)
+        return k * k
+
+    ahead = threads.Prefetch(fn, [(k, 1) for k in range(6)], limit=2)
+    assert [ahead.get(k) for k in (0, 2, 1, 9, 3, 3)] == [0, 4, 1, 81, 9, 9]
+    # (4 and 5 may have been computed ahead meanwhile)
+    assert sorted(k for k in calls if k not in (4, 5)) == [0, 1, 2, 3, 3, 9]
+
+
+def test_s4_threads_is_read_and_checked(monkeypatch) -> None:
+    monkeypatch.setenv("S4_THREADS", "3")
+    assert threads.count() == 3
+    monkeypatch.setenv("S4_THREADS", "many")
+    with pytest.raises(ValueError, match="S4_THREADS must be a positive integer, got 'many'"):
+        threads.count()
+
+
+def _state() -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(5)
+    w = (rng.standard_normal(700_000) * 0.02).astype("<f4")
+    w[1000:90_000] = 0.5  # a run: LZ gets tried on some planes
+    return {"w": w, "b": (rng.standard_normal(300_000) * 0.1).astype("<f4"),
+            "ids": np.arange(200_000, dtype="<i8"), "small": np.ones(100, "<f4")}
+
+
+def _coded(monkeypatch, n: int) -> bytes:
+    monkeypatch.setattr(threads, "_pool", threads.Pool(n))
+    return s4format.dumps(_state())
+
+
+def test_files_do_not_depend_on_the_thread_count(monkeypatch) -> None:
+    one = _coded(monkeypatch, 1)
+    assert _coded(monkeypatch, 2) == one
+    assert _coded(monkeypatch, 7) == one
+    with s4format.Reader(one) as r:
+        got = r.load()
+    assert all(got[k].data.tobytes() == v.tobytes() for k, v in _state().items())
+
+
+def test_a_delta_is_coded_alike_on_every_thread_count(monkeypatch) -> None:
+    raw = np.random.default_rng(6).integers(0, 256, 3 << 20, dtype=np.uint8)
+    parent = raw.copy()
+    parent[::7] ^= 1
+    out = []
+    for n in (1, 4):
+        monkeypatch.setattr(threads, "_pool", threads.Pool(n))
+        buf = io.BytesIO()
+        with s4format.Writer(buf, parent_id=b"\x01" * 16) as w:
+            w.add("x", s4format.Tensor(dtypes.by_name("uint8"), raw.shape, raw),
+                  parent=s4format.Tensor(dtypes.by_name("uint8"), raw.shape, parent))
+        out.append(buf.getvalue())
+    assert out[0] == out[1]
+    assert code_tensor(raw ^ parent, dtypes.by_name("uint8")).stored < raw.size // 4
+
+
+def test_importing_s4format_does_not_import_numba() -> None:
+    code = ("import sys, s4format, s4format.reader, s4format.writer, s4format.cli; "
+            "print('numba' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout
+    assert out.strip() == "False"

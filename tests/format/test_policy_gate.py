@@ -1,0 +1,60 @@
+"""The LZ gate of the auto policy: zstd and GDeflate are tried on a float's planes only where
+their statistics show runs or counters, and then the choice is the one an exhaustive trial
+makes; other planes and small planes are always tried."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from s4format import codecs, layouts, policy
+from s4format.codecs.view import PlaneView
+
+E, M, B = layouts.KIND_EXPONENT, layouts.KIND_MANTISSA, layouts.KIND_BYTE
+N = 1 << 18
+
+
+def fp32_fields(x: np.ndarray) -> list[PlaneView]:
+    return layouts.FP32.views(x.astype("<f4").view(np.uint8), 4)
+
+
+def weights(n: int = N) -> np.ndarray:
+    return np.random.default_rng(3).standard_normal(n) * 0.02
+
+
+def test_independent_float_planes_skip_the_trial() -> None:
+    for v, f in zip(fp32_fields(weights()), layouts.FP32.fields):
+        assert not policy.lz_may_pay(v, f.kind), f.label
+
+
+def test_runs_open_the_trial_and_zstd_wins_there() -> None:
+    x = weights()
+    x[N // 4:N // 2] = 0.25  # a quarter of the values: one run
+    m1 = fp32_fields(x)[3]
+    assert policy.lz_may_pay(m1, M)
+    cid, enc = policy.encode_view(m1, M)
+    assert cid == codecs.ZSTD and enc.nbytes < 0.8 * m1.size
+
+
+def test_counters_open_the_trial() -> None:
+    counter = np.tile(np.arange(128, dtype=np.uint8), N // 128)
+    v = PlaneView.of(counter)
+    assert policy.lz_may_pay(v, M)
+    assert policy.encode_view(v, M)[0] == codecs.ZSTD
+
+
+@pytest.mark.parametrize(("kind", "size"), [(B, N), (layouts.KIND_RAW, N), (M, 4096)])
+def test_byte_planes_and_small_planes_are_always_tried(kind: int, size: int) -> None:
+    v = PlaneView.of(np.random.default_rng(4).integers(0, 256, size, dtype=np.uint8))
+    assert policy.lz_may_pay(v, kind)
+
+
+def test_the_gate_changes_no_choice_where_it_opens(monkeypatch) -> None:
+    x = weights()
+    x[N // 3:N // 2] = np.round(x[N // 3:N // 2], 2)  # a stretch of coarse values
+    views = fp32_fields(x)
+    gated = [policy.encode_view(v, f.kind) for v, f in zip(views, layouts.FP32.fields)]
+    monkeypatch.setattr(policy, "lz_may_pay", lambda view, kind: True)
+    tried = [policy.encode_view(v, f.kind) for v, f in zip(fp32_fields(x), layouts.FP32.fields)]
+    assert [(c, bytes(e.payload)) for c, e in gated] == [(c, bytes(e.payload)) for c, e in tried]
+    assert codecs.ZSTD in {c for c, _ in gated}
