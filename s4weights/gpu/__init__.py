@@ -196,7 +196,7 @@ def _coded_stream(chosen: list, policy: str, workspace: int | None):
                 # XORed chunk by chunk by the chunked coder, never held whole
                 items.append(Item(t.dtype, t.shape, t.device_bytes, parent=p[0]))
             elif p is not None:
-                items.append(Item(t.dtype, t.shape, xor(t.device_bytes, p[0])))
+                items.append(Item(t.dtype, t.shape, runtime.xor(t.device_bytes, p[0])))
         results = enc.code(items)
         for (_name, _t, p), phash in zip(chunk, phashes):
             alone = next(results)
@@ -210,33 +210,6 @@ def _coded_stream(chosen: list, policy: str, workspace: int | None):
             else:
                 yield alone.coded, alone.content_hash, None, full
         del items
-
-
-def xor(a, b, out=None):
-    """``a ^ b`` of two flat uint8 CUDA tensors of one length (``kernels/planes.cu``
-    ``xor_bytes``, on torch's current stream), into ``out`` (may be ``a``) or a new tensor.
-    ``b`` may be elsewhere, in host memory (a delta's parent kept there): it is copied into
-    ``out`` first (without a synchronisation from pinned memory: it must stay as it is until
-    the stream has run the copy), so ``out`` must not then be ``a``."""
-    import numpy as np
-
-    from s4weights.gpu import runtime
-
-    n = int(a.numel())
-    if int(b.numel()) != n:
-        raise ValueError(f"xor of {n} and {int(b.numel())} bytes")
-    if out is None:
-        out = runtime.device_empty(n)[:n]
-    if b.device != a.device:
-        if n and out.data_ptr() == a.data_ptr():
-            raise ValueError("xor with a host operand needs an output other than a")
-        if n:
-            out.copy_(b, non_blocking=True)
-        b = out
-    if n:
-        runtime.launch("planes", "xor_bytes", min(4096, (n + 4095) // 4096), 256,
-                       runtime.ptr(a), runtime.ptr(b), runtime.ptr(out), np.int64(n))
-    return out
 
 
 def loader_for(reader, device: str, update=None, direct: dict | None = None,

@@ -87,9 +87,7 @@ class _Chunks:
         lo, hi = c0 * self.word, (c0 + m) * self.word
         src = self.it.data[lo:hi]
         if self.it.parent is not None:
-            from s4weights.gpu import xor
-
-            src = xor(src, self.it.parent[lo:hi], out=self.xbuf[:hi - lo])
+            src = runtime.xor(src, self.it.parent[lo:hi], out=self.xbuf[:hi - lo])
         return m, src
 
     def queue_split(self, c0: int, m: int, batch: runtime.Batch) -> None:
@@ -203,9 +201,7 @@ def _host_bytes(it: Item, workspace: int) -> np.ndarray:
         hi = min(it.nbytes, lo + step)
         src = it.data[lo:hi]
         if it.parent is not None:
-            from s4weights.gpu import xor
-
-            src = xor(src, it.parent[lo:hi], out=xbuf[:hi - lo])
+            src = runtime.xor(src, it.parent[lo:hi], out=xbuf[:hi - lo])
         out[lo:hi] = src.cpu().numpy()
     return out
 
@@ -709,8 +705,6 @@ def _decode_levels(levels: list[_Level], out: torch.Tensor, workspace: int,
     chunk is its copy into pinned memory, one host-to-device copy and the launches (a small
     state's load is bound by that host work, not by the device). One staging buffer and one
     buffer of decoded planes serve every chunk and level, in stream order."""
-    from s4weights.gpu import xor
-
     nbytes = levels[0].t.raw_nbytes
     hashed = [d for d, lv in enumerate(levels)
               if content and (lv.reader.verify_hashes or lv.t.is_delta)]
@@ -765,7 +759,7 @@ def _decode_levels(levels: list[_Level], out: torch.Tensor, workspace: int,
                          into if deepest else pbuf[:hi - lo])
                 recorded[slot] = True
                 if not deepest:
-                    xor(into, pbuf[:hi - lo], out=into)
+                    runtime.xor(into, pbuf[:hi - lo], out=into)
                 if depth in digests:
                     i = k - w0
                     runtime.launch("hash", "leaf_digests", (int(leaf_first[k, 1]) + 7) // 8,

@@ -385,8 +385,6 @@ def _apply_parents(reader: Reader, idx: list[int], outs: list[torch.Tensor]) -> 
     decoding at once, whatever the chain's depth (:func:`device_extra`), and each level is
     decoded in batches as large as the top's. A chain ends at a tensor stored whole, or one
     the GPU does not decode (the CPU reader reads it with its own parents)."""
-    from s4weights.gpu import xor
-
     # every delta's chain: per level below ``reader``, its reader and {position: index}
     levels: list[tuple[Reader, dict[int, int]]] = []
     r, cur = reader, dict(enumerate(idx))
@@ -418,7 +416,7 @@ def _apply_parents(reader: Reader, idx: list[int], outs: list[torch.Tensor]) -> 
             done = set()
             for k, j in at.items():  # a level's delta made whole with the level below
                 if j in xored and j not in done and mine[j].numel():
-                    xor(mine[j], below[k], out=mine[j])
+                    runtime.xor(mine[j], below[k], out=mine[j])
                 done.add(j)
             _check_hashes(p, sorted(xored), [mine[j] for j in sorted(xored)])
         except S4Error as exc:  # about the first delta (in order) whose chain failed
@@ -438,7 +436,7 @@ def _apply_parents(reader: Reader, idx: list[int], outs: list[torch.Tensor]) -> 
         del mine
     for k, o in enumerate(outs):
         if o.numel():
-            xor(o, below[k], out=o)
+            runtime.xor(o, below[k], out=o)
     del below
     _check_hashes(reader, idx, outs)
 

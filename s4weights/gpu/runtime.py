@@ -353,6 +353,29 @@ def pack_ops(src, dst, n, width, src_width=None, batch: Batch | None = None
     return batch.run() if own else None
 
 
+def xor(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``a ^ b`` of two flat uint8 CUDA tensors of one length (``kernels/planes.cu``
+    ``xor_bytes``, on torch's current stream), into ``out`` (may be ``a``) or a new tensor.
+    ``b`` may be elsewhere, in host memory (a delta's parent kept there): it is copied into
+    ``out`` first (without a synchronisation from pinned memory: it must stay as it is until
+    the stream has run the copy), so ``out`` must not then be ``a``."""
+    n = int(a.numel())
+    if int(b.numel()) != n:
+        raise ValueError(f"xor of {n} and {int(b.numel())} bytes")
+    if out is None:
+        out = device_empty(n)[:n]
+    if b.device != a.device:
+        if n and out.data_ptr() == a.data_ptr():
+            raise ValueError("xor with a host operand needs an output other than a")
+        if n:
+            out.copy_(b, non_blocking=True)
+        b = out
+    if n:
+        launch("planes", "xor_bytes", min(4096, (n + 4095) // 4096), 256, ptr(a), ptr(b),
+               ptr(out), np.int64(n))
+    return out
+
+
 def _leaf_launch(ptrs, lengths, batch: Batch, gap: bool, out: torch.Tensor | None = None,
                  at: np.ndarray | None = None
                  ) -> tuple[torch.Tensor, np.ndarray, list[Batch._At]]:

@@ -18,8 +18,8 @@ if not torch.cuda.is_available():
 import s4format  # noqa: E402
 import s4weights  # noqa: E402
 from s4format.errors import ContentHashError  # noqa: E402
-from s4weights import chain, gpu  # noqa: E402
-from s4weights.gpu import decode  # noqa: E402
+from s4weights import chain  # noqa: E402
+from s4weights.gpu import decode, runtime  # noqa: E402
 from s4weights.torchtree import DeviceTensor, IntoMismatchError  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -73,7 +73,7 @@ def test_xor_kernel_equals_torch_xor_at_every_alignment() -> None:
     other = torch.randint(0, 256, (1 << 20,), dtype=torch.uint8, device="cuda")
     for off, n in ((0, 0), (0, 1), (1, 17), (3, 4099), (0, 1 << 19), (5, (1 << 19) + 7)):
         a, b = base[off:off + n], other[16:16 + n]
-        assert torch.equal(gpu.xor(a, b), torch.bitwise_xor(a, b)), (off, n)
+        assert torch.equal(runtime.xor(a, b), torch.bitwise_xor(a, b)), (off, n)
 
 
 def _record_outs(monkeypatch) -> set[int]:

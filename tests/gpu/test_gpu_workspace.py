@@ -70,17 +70,18 @@ def test_checkpoint_chain_stays_within_the_workspace_and_holds_no_device_memory(
         tmp_path, monkeypatch, workspace) -> None:
     # save_checkpoint keeps the next delta's parent in host memory: the deltas are XORed on the
     # device in workspace-sized buffers, and nothing stays on the device between saves
-    from s4weights import chain, gpu
+    from s4weights import chain
+    from s4weights.gpu import runtime
 
     chain._PARENT_CACHE.clear()
     xored = []
-    real_xor = gpu.xor
+    real_xor = runtime.xor
 
     def spy(a, b, out=None):
         xored.append(b.device.type)
         return real_xor(a, b, out)
 
-    monkeypatch.setattr(gpu, "xor", spy)
+    monkeypatch.setattr(runtime, "xor", spy)
     state = _state("mixed")
     big = torch.randn(12 << 20, device="cuda") * 0.02  # 48 MiB: XORed in chunks
     state["big"] = big
