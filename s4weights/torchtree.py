@@ -3,16 +3,18 @@
 Saving walks the caller's object and replaces each tensor by a stored tensor: a plain CPU tensor
 that owns its whole storage becomes a bare tensor reference; anything else (views, tensors
 sharing storage, non-contiguous or CUDA tensors, Parameters) becomes an ``s4.view`` of its
-storage, so storage shared on save is shared again on load. Known torch and numpy values map to
-registered typed names. Everything else is refused with its key path, unless the caller
-registered a converter for its type with :func:`register_type` — loading only ever runs such
-registered converters, never code named by the file.
+storage, so storage shared on save is shared again on load. Known torch and numpy values, and
+the standard-library values of :mod:`s4weights.pytypes`, map to registered typed names.
+Everything else is refused with its key path, unless the caller registered its type with
+:func:`register_type` — loading only ever runs such registered converters and rebuilds only
+registered classes, never code named by the file.
 """
 
 from __future__ import annotations
 
+import argparse
 import math
-from collections import Counter, OrderedDict
+from collections import Counter, OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -29,6 +31,7 @@ from s4format.errors import (
 )
 from s4format.objtree import TensorRef, Typed
 from s4format.tensor import Tensor
+from s4weights import pytypes
 
 VIEW = "s4.view"
 ATTRS = "s4.attrs"
@@ -36,27 +39,49 @@ ATTRS = "s4.attrs"
 
 @dataclass(frozen=True)
 class _Converter:
+    """A registered class: with ``encode``/``decode``, stored under the typed name ``name``;
+    without (an enum or named tuple class), stored in the registry's form naming ``name``."""
     name: str
     cls: type
-    encode: Callable[[Any], Any]
-    decode: Callable[[Any], Any]
+    encode: Callable[[Any], Any] | None
+    decode: Callable[[Any], Any] | None
 
 
 _CONVERTERS: dict[str, _Converter] = {}
+_RESERVED = {p.rstrip(".") for p in typedvalues.RESERVED_PREFIXES}
 
 
-def register_type(name: str, cls: type, encode: Callable[[Any], Any],
-                  decode: Callable[[Any], Any]) -> None:
+def register_type(name: str, cls: type, encode: Callable[[Any], Any] | None = None,
+                  decode: Callable[[Any], Any] | None = None) -> None:
     """Opt in to storing instances of ``cls``: ``encode(obj)`` returns a storable value (which
-    may hold tensors), ``decode(value)`` rebuilds the object on load. Stored under the typed
-    name ``name``, which must not start with ``torch.``, ``numpy.`` or ``s4.``."""
-    if name.split(".")[0] in ("torch", "numpy", "s4"):
-        raise ValueError(f"typed name {name!r} is reserved")
+    may hold tensors), ``decode(value)`` rebuilds the object on load; stored under the typed
+    name ``name``. An enum or named tuple class needs neither: its members or instances are
+    stored by ``name`` and field or member names, and rebuilt where ``name`` is registered.
+    ``name`` must not start with a prefix the format reserves (``torch.``, ``numpy.``, ``s4.``,
+    ``argparse.``, ``enum.``, ``pathlib.``, ``datetime.``, ``collections.``)."""
+    if not isinstance(name, str) or not name or name.split(".")[0] in _RESERVED \
+            or name in pytypes.FACTORIES:
+        raise ValueError(f"typed name {name!r} is reserved (or empty)")
+    if (encode is None) != (decode is None):
+        raise TypeError("register_type takes both encode and decode, or neither")
+    if encode is None and not pytypes.is_class_by_name(cls):
+        raise TypeError(f"{getattr(cls, '__qualname__', cls)!r} is neither an enum nor a named "
+                        "tuple class: register it with encode and decode")
     _CONVERTERS[name] = _Converter(name, cls, encode, decode)
 
 
 def _converter_of(cls: type) -> _Converter | None:
     return next((c for c in _CONVERTERS.values() if c.cls is cls), None)
+
+
+def _name_of(cls: type) -> str | None:
+    conv = _converter_of(cls)
+    return None if conv is None else conv.name
+
+
+def _class_of(name: str) -> type | None:
+    conv = _CONVERTERS.get(name)
+    return None if conv is None else conv.cls
 
 
 def torch_dtype_name(dtype: torch.dtype) -> str:
@@ -202,9 +227,12 @@ class _Flattener:
         if t is dict or t is OrderedDict:
             return [*obj.items(), *(getattr(obj, "__dict__", None) or {}).items()]
         conv = _converter_of(t)
-        if conv is not None:
+        if conv is not None and conv.encode is not None:
             return [(None, self.encode(obj, conv))]
-        return None
+        if not pytypes.handles(t):
+            return None
+        enc = pytypes.stored(obj, self.path(), _name_of)
+        return enc.items if enc is not None and enc.items else None
 
     def path(self, length: int | None = None) -> str:
         out = ""
@@ -345,13 +373,26 @@ class _Flattener:
             out = t((k, self.walk(v, _join(path, k), d)) for k, v in obj.items())
             return self.with_attrs(obj, out, attrs, path, depth) if attrs else out
         conv = _converter_of(t)
-        if conv is not None:
+        if conv is not None and conv.encode is not None:
             return Typed(conv.name, self.walk(self.encode(obj, conv), path, d))
+        enc = pytypes.stored(obj, path, _name_of)
+        if enc is not None:
+            return self.python(enc, path, depth)
         raise UnsupportedObjectError(
             f"cannot save object of type {t.__module__}.{t.__qualname__} at "
             f"{path or '<root>'}: s4weights stores tensors, numpy arrays, dicts, lists, tuples, "
-            "str, int, float, bool, None, bytes, torch.Size/dtype/device; register a converter "
-            "with s4weights.register_type to store other types")
+            "str, int, float, bool, None, bytes, torch.Size/dtype/device, argparse.Namespace, "
+            "pathlib paths, datetime values and collections containers; register the class "
+            "with s4weights.register_type to store it (an enum or named tuple class needs only "
+            "a name)")
+
+    def python(self, enc: pytypes.Stored, path: str, depth: int) -> Typed:
+        """A standard-library value as its typed value, the user values in it walked."""
+        self.check_depth(depth + enc.height, path)
+        if enc.keys is not None:
+            _check_key_hashes(enc.keys, path)
+        walked = [self.walk(x, _join(path, k), depth + enc.level) for k, x in enc.items]
+        return Typed(enc.name, enc.form(walked))
 
 
 MAX_REPEATED = 1 << 22  # nodes a save may write again for objects it meets at several places,
@@ -453,10 +494,10 @@ def tensor_leaves(obj: Any, path: str = "", out: dict[str, torch.Tensor] | None 
     out = {} if out is None else out
     if isinstance(obj, torch.Tensor):
         out.setdefault(path, obj)
-    elif isinstance(obj, dict):
-        for k, v in obj.items():
+    elif isinstance(obj, dict | argparse.Namespace):
+        for k, v in (obj if isinstance(obj, dict) else vars(obj)).items():
             tensor_leaves(v, _join(path, k), out)
-    elif isinstance(obj, (list, tuple)):
+    elif isinstance(obj, list | tuple | deque):
         for i, v in enumerate(obj):
             tensor_leaves(v, _join(path, i), out)
     return out
@@ -500,6 +541,11 @@ def _sites(tree: Any, info: Callable[[int], Any], limit: int
         elif t is Typed and node.name == ATTRS:
             visit(node.value[0])
             visit(node.value[1])
+        elif t is Typed and node.name in pytypes.NAMES:
+            for k, v in pytypes.children(node):
+                path.push(k)
+                visit(v)
+                path.pop()
         elif t is Typed and node.name not in ("torch.Size", "torch.dtype", "torch.device"):
             visit(node.value)
 
@@ -798,8 +844,10 @@ class Unflattener:
             return self.array(value, name == "numpy.scalar")
         if name == ATTRS:
             return self.attrs(value)
+        if name in pytypes.NAMES:
+            return self.python(obj)
         conv = _CONVERTERS.get(name)
-        if conv is not None:
+        if conv is not None and conv.decode is not None:
             return conv.decode(self._walk(value))
         if self._strict:
             raise UnsupportedObjectError(f"{self._path.shown()}: stored object of type {name!r} "
@@ -808,6 +856,25 @@ class Unflattener:
                                          "load with strict=False to get it as an opaque Typed "
                                          "value")
         return Typed(name, self._walk(value))
+
+    def python(self, obj: Typed) -> Any:
+        """A standard-library value rebuilt (:mod:`s4weights.pytypes`); one of a class not
+        registered here is refused or, with strict=False, kept as an opaque Typed value."""
+        items = []
+        for k, v in pytypes.children(obj):
+            self._path.push(k)
+            items.append(self._walk(v))
+            self._path.pop()
+        try:
+            return pytypes.rebuild(obj, items, _class_of)
+        except FormatError as exc:
+            raise FormatError(f"{self._path.shown()}: {exc}") from None
+        except pytypes.NotHere as exc:
+            if self._strict:
+                raise UnsupportedObjectError(
+                    f"{self._path.shown()}: {exc}: register it with s4weights.register_type, "
+                    "or load with strict=False to get it as an opaque Typed value") from None
+            return pytypes.opaque(obj, items)
 
     def array(self, ref: TensorRef, scalar: bool) -> Any:
         """A numpy array (one copy per stored tensor, off the decoded bytes a torch tensor may
