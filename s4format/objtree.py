@@ -2,9 +2,10 @@
 
 Encodes None, bool, int (any size), float (bit-exact, NaN payloads included), str, bytes, list,
 tuple, dict, ``collections.OrderedDict``, tensor references and *typed* values — a registered name
-plus a value — which the torch layer uses for ``torch.Size``, dtypes, devices and views. Anything
-else is refused with the key path of the offending object. Decoding never constructs anything
-but these types; an unknown typed name comes back as an opaque :class:`Typed`. Decoding is
+plus a value — which the torch layer uses for ``torch.Size``, dtypes, devices, views and Python
+values such as ``argparse.Namespace`` (forms: :mod:`s4format.typedvalues`). Anything else is
+refused with the key path of the offending object. Decoding never constructs anything but
+these types; every typed value comes back as a :class:`Typed`. Decoding is
 linear in the tree's bytes: key paths are kept as their keys (:class:`KeyPath`) and built only
 for messages, and a dict holds at most ``MAX_KEYS_PER_HASH`` keys of one hash.
 """
