@@ -30,7 +30,7 @@ import zstandard
 from conformance import craft
 from s4format import codecs, dtypes, hashing, layouts
 from s4format.codecs.rans import MODE_CONST, MODE_RANS, MODE_RAW, RansCodec
-from s4format.conformance import tree_to_json
+from s4format.conformance import OPTIONAL_CODECS, tree_to_json
 from s4format.layouts import Layout
 from s4format.objtree import TensorRef, Typed
 from s4format.tensor import Tensor
@@ -103,6 +103,9 @@ class Vector:
     parent: str | None = None
     file: str | None = None  # defaults to id + ".s4w"; vectors may share a file
     tags: list[str] = field(default_factory=list)
+    # optional codec -> what a reader lacking it answers, where that is not
+    # UnsupportedCodecError (a rule broken before P3 reaches the codec's first plane)
+    without: dict[str, str] = field(default_factory=dict)
 
     def entry(self) -> dict[str, Any]:
         e: dict[str, Any] = dict(id=self.id, file=self.file or f"{self.id}.s4w",
@@ -115,6 +118,9 @@ class Vector:
         if self.parent:
             e["parent"] = self.parent
         e["codecs"] = sorted(codecs_used(self.data))
+        lacking = [c for c in e["codecs"] if c in OPTIONAL_CODECS]
+        if lacking:
+            e["without"] = {c: self.without.get(c, "UnsupportedCodecError") for c in lacking}
         if self.tags:
             e["tags"] = self.tags
         return e
@@ -600,9 +606,10 @@ def tree_bytes(obj: Any) -> bytes:
 
 
 def fail(vid: str, description: str, rules: list[str], error: str, data: bytes,
-         parent: str | None = None, file: str | None = None) -> Vector:
+         parent: str | None = None, file: str | None = None,
+         without: dict[str, str] | None = None) -> Vector:
     return Vector(vid, description, rules, data, expect="error", error=error, parent=parent,
-                  file=file)
+                  file=file, without=without or {})
 
 
 def edited(blob: bytes, edit: Callable[[craft.Parts], Any]) -> bytes:
@@ -870,6 +877,10 @@ def cross_vectors(two: bytes) -> list[Vector]:
     ]
 
 
+# P4 of a plane before h's GDeflate plane: every reader owes it, with GDeflate or without
+P4_FIRST = {"gdeflate": "LimitError"}
+
+
 def read_vectors() -> list[Vector]:
     """R rules: the file opens; reading a tensor fails."""
     n = 4087  # n % 8 = 7: the bitpacked sign plane has unused high bits
@@ -932,7 +943,7 @@ def read_vectors() -> list[Vector]:
              payload_edit(W_SIGN, lambda b: b.__setitem__(-1, b[-1] | 0x80))),
         fail("bitpack_short", "bitpack: one stored byte missing, so decoded_len exceeds 8 x "
              "stored_len (checked before decoding)", ["validation.md#P4", "codecs.md#2"],
-             "LimitError", replace(W_SIGN, lambda old: old[:-1])),
+             "LimitError", replace(W_SIGN, lambda old: old[:-1]), without=P4_FIRST),
         fail("zstd_no_content_size", "zstd frame without Frame_Content_Size", ["codecs.md#3"],
              "CodecError", replace(W_MANT, zc.compress(mant))),
         fail("zstd_wrong_content_size", "zstd frame whose content size is one byte short",
@@ -981,7 +992,7 @@ def read_vectors() -> list[Vector]:
         fail("rans_const_empty_body", "rANS CONST stream with no block bytes: 12 stored bytes "
              "cannot decode to a non-empty plane (checked before decoding)",
              ["validation.md#P4", "rans.md#8"], "LimitError",
-             replace((1, 1), struct.pack("<BBHQ", MODE_CONST, 20, 0, H_N))),
+             replace((1, 1), struct.pack("<BBHQ", MODE_CONST, 20, 0, H_N)), without=P4_FIRST),
         fail("gdeflate_page_log2", "GDeflate page_log2 15", ["gdeflate.md#5"], "CodecError",
              payload_edit(H_MANT1, lambda b: b.__setitem__(0, 15))),
         fail("gdeflate_reserved", "GDeflate reserved byte 1", ["gdeflate.md#5"], "CodecError",
@@ -1170,7 +1181,9 @@ def all_vectors() -> list[Vector]:
     for v in vectors:
         if v.id == "read_base":
             v.tree = tree_to_json(None)
-    return vectors
+            read_base = v.data
+    from conformance import gen_verdicts
+    return vectors + gen_verdicts.vectors(tiny, two, deltas, read_base)
 
 
 # -- format 1.1 (v1.1/): codec 8, bitpack-w -------------------------------------------------

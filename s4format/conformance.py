@@ -7,8 +7,9 @@ A valid vector passes when it decodes to the manifest's tensors (in index order:
 shape, SHA-256 of the raw bytes) and object tree; a must-fail vector passes only when rejected
 with the manifest's error class, one of the names of ``spec/validation.md`` (or a reader's own
 name that ``--error-map`` maps to it). A reader's ``UnsupportedCodecError`` for a vector that
-uses an optional codec is a skip, unless ``--require`` names that codec. Importable without
-torch; the GPU path is imported only for ``--device cuda`` and its absence is a failure.
+uses an optional codec is a skip, unless ``--require`` names that codec or the vector's
+``without`` says a reader lacking it owes another class. Importable without torch; the GPU
+path is imported only for ``--device cuda`` and its absence is a failure.
 """
 
 from __future__ import annotations
@@ -265,13 +266,21 @@ def judge(vector: dict[str, Any], got: Outcome, require: Iterable[str] = ()) -> 
     if got.problem:
         return Result(vid, expect, FAIL, got.problem, got.detail)
     if got.error_class == _UNSUPPORTED_CODEC and expect != f"error {_UNSUPPORTED_CODEC}":
-        codec = next((c for c in OPTIONAL_CODECS if c in vector.get("codecs", ())), None)
-        if codec and codec not in require:
+        optional = [c for c in OPTIONAL_CODECS if c in vector.get("codecs", ())]
+        lacking = [c for c in optional if c not in require]
+        # the manifest's "without" says what a reader lacking the codec owes (spec/conformance.md)
+        owed = vector.get("without", {}).get(lacking[0], _UNSUPPORTED_CODEC) if lacking else None
+        if owed == _UNSUPPORTED_CODEC:
             return Result(vid, expect, SKIP, f"rejected {_UNSUPPORTED_CODEC}",
-                          f"uses {codec}, an optional codec the reader lacks", codec)
-        if codec:
+                          f"uses {lacking[0]}, an optional codec the reader lacks", lacking[0])
+        if owed:
             return Result(vid, expect, FAIL, f"rejected {_UNSUPPORTED_CODEC}",
-                          f"uses {codec}, which --require {codec} asks the reader to decode")
+                          f"a reader without {lacking[0]} still owes {owed}: the file breaks a "
+                          f"rule checked before P3 reaches its {lacking[0]} plane")
+        if optional:
+            return Result(vid, expect, FAIL, f"rejected {_UNSUPPORTED_CODEC}",
+                          f"uses {optional[0]}, which --require {optional[0]} asks the reader "
+                          "to decode")
     if vector["expect"] == "valid":
         return _judge_valid(vid, vector, got)
     if got.ok:
