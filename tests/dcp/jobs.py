@@ -4,6 +4,7 @@ records the cases that passed, so the test can tell they all ran."""
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 from typing import Any
@@ -104,7 +105,8 @@ def world2(rank: int, pg_file: str, ref_path: str, roots: list[str], report: str
     dist.destroy_process_group()
 
 
-def chains2(rank: int, pg_file: str, root: str, refs: str, report: str) -> None:
+def chains2(rank: int, pg_file: str, root: str, refs: str, report: str,
+            s3_root: str | None) -> None:
     """Twelve steps of FSDP2 training saved with save_checkpoint(distributed=True): deltas,
     keyframes and retention; every kept step loads back on 2 ranks (the test loads each in
     one process too)."""
@@ -139,4 +141,28 @@ def chains2(rank: int, pg_file: str, root: str, refs: str, report: str) -> None:
     info = s4weights.save_checkpoint(dcp_state(model, opt), root, 100, distributed=True)
     assert info.is_base and info.base_reason.startswith("read budget"), info
     _record(report, "budget base")
+    if s3_root is not None:
+        _chain_on_s3(model, opt, s3_root, report)
     dist.destroy_process_group()
+
+
+def _chain_on_s3(model: Any, opt: Any, root: str, report: str) -> None:
+    """A shorter chain on S3: deltas, retention, and the kept steps loaded on 2 ranks."""
+    import s4weights
+
+    refs = {}
+    for step in range(5):
+        train_step(model, opt, 200 + step)
+        state = dcp_state(model, opt)
+        s4weights.save_checkpoint(state, root, step, distributed=True, keyframe_interval=3,
+                                  keep_last=2, read_budget=None)
+        refs[step] = copy.deepcopy(full_state(model, opt))  # (the live step counts move)
+    infos = s4weights.list_checkpoints(root)
+    assert [i.step for i in infos] == [3, 4] and not infos[-1].is_base, infos
+    for info in infos:
+        m2, o2 = sharded_model(9, 2)
+        dest = dcp_state(m2, o2)
+        s4weights.load_checkpoint(root, info.step, into=dest, distributed=True)
+        apply_state(m2, o2, dest)
+        assert_same(full_state(m2, o2), refs[info.step])
+    _record(report, "chain on s3")

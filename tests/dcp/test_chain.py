@@ -1,6 +1,7 @@
 """Delta chains of sharded checkpoints (save_checkpoint/load_checkpoint with distributed=True):
 twelve FSDP2 steps with keyframes and retention, every kept step loaded back bit-exactly on 2
-ranks and whole in one process; list and verify on such a run; sweep of a killed step."""
+ranks and whole in one process (and a shorter chain on SeaweedFS); list and verify on such a
+run; sweep of a killed step."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ torch = pytest.importorskip("torch")
 
 import s4weights  # noqa: E402
 from s4weights import chain  # noqa: E402
+from tests.dcp.conftest import new_bucket, weed_available  # noqa: E402
 from tests.dcp.states import assert_same  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not torch.distributed.is_available() or os.name != "posix",
@@ -24,13 +26,18 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory: pytest.TempPathFactory) -> dict:
+def run(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> dict:
     work = tmp_path_factory.mktemp("dcp-chain")
     root, refs, report = work / "run", work / "refs", work / "report.json"
     refs.mkdir()
-    args = json.dumps([str(work / "pg"), str(root), str(refs), str(report)])
+    s3_root, env = None, {}
+    if weed_available():
+        env = request.getfixturevalue("s3_env")
+        s3_root = f"s3://{new_bucket(request.getfixturevalue('s3_server'))}/chain"
+    args = json.dumps([str(work / "pg"), str(root), str(refs), str(report), s3_root])
     proc = subprocess.run([sys.executable, "-m", "tests.dcp.launch", "chains2", "2", args],
-                          cwd=REPO, capture_output=True, text=True, timeout=900)
+                          cwd=REPO, env={**os.environ, **env}, capture_output=True, text=True,
+                          timeout=900)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-6000:]
     return {"root": root, "refs": refs, "cases": json.loads(report.read_text())}
 
@@ -39,6 +46,8 @@ def test_every_kept_step_loaded_on_two_ranks(run: dict) -> None:
     kept = [i.step for i in s4weights.list_checkpoints(run["root"])]
     assert 100 in kept and len(kept) >= 3
     want = [f"chain step {s} on 2" for s in kept if s != 100] + ["budget base"]
+    if weed_available():
+        want.append("chain on s3")
     assert sorted(run["cases"]) == sorted(want)
 
 
