@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from conformance import generate
 from s4format import conformance
 from s4format.conformance import Outcome, judge
 
@@ -96,3 +97,25 @@ def test_the_reference_adapter_opens_the_parent_after_the_file() -> None:
         "base_given_not_s4w_parent": ("pass", "rejected ParentMismatchError"),
         "delta_plane_damaged_parent_missing": ("pass", "rejected ParentMismatchError"),
         "tree_key_list_300_deep": ("pass", "rejected FormatError")}
+
+
+def test_the_docs_count_the_vectors_of_each_suite() -> None:
+    spec = (V1.parents[1] / "spec" / "conformance.md").read_text()
+    readme = (V1.parent / "README.md").read_text()
+    for suite in (V1.parent / name for name in generate.SUITES):
+        vectors = conformance.load_manifest(suite)["vectors"]
+        valid = sum(v["expect"] == "valid" for v in vectors)
+        files = len({v["file"] for v in vectors})
+        assert (f"| `conformance/{suite.name}/` |" in spec
+                and f"| {len(vectors)} in {files} files: {valid} valid, "
+                    f"{len(vectors) - valid} must-fail |" in spec), suite.name
+        assert f"{len(vectors)} vectors in {files} files" in readme, suite.name
+        assert f"**{valid} valid**, **{len(vectors) - valid} must-fail**" in readme, suite.name
+
+
+def test_a_typed_value_is_two_keys_and_key_order_means_nothing() -> None:
+    tree = {"typed": "torch.dtype", "value": "bfloat16"}
+    vector = {"id": "v", "expect": "valid", "tensors": [], "tree": tree}
+    assert judge(vector, Outcome(True, [], {"value": "bfloat16", "typed": "torch.dtype"})
+                 ).status == "pass"
+    assert judge(vector, Outcome(True, [], {**tree, "str": "x"})).got == "wrong tree"
