@@ -46,15 +46,14 @@ from s4format.source import BufferSource
 from s4format.writer import CodedPlane, CodedTensor, code_tensor
 from s4weights.gpu import plan, ranshost, runtime
 from s4weights.gpu.encode import (
-    Coded,
     Encoder,
-    Item,
     Planes,
     const_whole,
     launch_split,
     rans_meta_bytes,
 )
 from s4weights.gpu.hash import content_hashes_from_leaves
+from s4weights.gpu.items import Coded, Item
 
 
 class _Chunks:

@@ -76,10 +76,10 @@ import torch
 
 from s4format import codecs, layouts, policy
 from s4format.codecs import rans
-from s4format.dtypes import DType
 from s4format.layouts import Layout
 from s4format.writer import SPLIT_MIN, CodedPlane, CodedTensor, code_tensor
 from s4weights.gpu import gdeflate, plan, ranshost, runtime
+from s4weights.gpu.items import Coded, Item
 
 SPLIT_KERNEL = {layouts.BF16.layout_id: "split_bf16", layouts.FP16.layout_id: "split_fp16",
                 layouts.FP32.layout_id: "split_fp32"}
@@ -89,36 +89,6 @@ MANTISSA_MODES = ("auto", "rans", "gdeflate", "raw")
 ALIGN_PAYLOAD = 16
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class Item:
-    """One tensor to code: raw bytes on the device (flat, contiguous uint8)."""
-    dtype: DType
-    shape: tuple[int, ...]
-    data: torch.Tensor
-    layout: Layout | None = None  # set by the encoder: GPU split layout, None = CPU coder
-    # a delta coded without a device copy of the XOR: the item is ``data ^ parent`` (same
-    # length), formed chunk by chunk (``chunked``); such items never share a group
-    parent: torch.Tensor | None = None
-
-    @functools.cached_property
-    def nbytes(self) -> int:
-        return int(self.data.numel())
-
-    @classmethod
-    def of(cls, t: torch.Tensor) -> Item:
-        """The item of a contiguous tensor: its dtype, shape and bytes."""
-        from s4format import dtypes
-
-        return cls(dtypes.BY_NAME[str(t.dtype).removeprefix("torch.")], tuple(t.shape),
-                   t.reshape(-1).view(torch.uint8))
-
-
-@dataclass
-class Coded:
-    coded: CodedTensor
-    content_hash: bytes
 
 
 FORM_RAW, FORM_BITPACK, FORM_CONST, FORM_RANS, FORM_GDEFLATE, FORM_BITPACK_W = range(6)

@@ -32,6 +32,7 @@ from s4format.codecs.abc import Codec, Encoded
 from s4format.errors import CodecError
 from s4format.writer import SPLIT_MIN, CodedPlane, CodedTensor
 from s4weights.gpu import device
+from s4weights.gpu.items import Coded
 
 # params byte -> nvCOMP data_type, and the torch dtype its input is viewed as (same bits)
 MODES = {0: ("|u1", torch.uint8), 1: ("<f2", torch.float16), 2: ("<f4", torch.float32)}
@@ -150,7 +151,6 @@ def register() -> bool:
 def code(items) -> Iterator:
     """``Encoder.code`` for the ``nvcomp-ans`` policy: one ``Coded`` per item, in order."""
     from s4weights.gpu import runtime
-    from s4weights.gpu.encode import Coded
     from s4weights.gpu.hash import content_hashes_from_leaves, plane_checksums_from_leaves
 
     for it in items:
