@@ -14,6 +14,7 @@ import logging
 import os
 import stat
 import time
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -118,7 +119,7 @@ def _host(t: s4format.Tensor | DeviceTensor) -> s4format.Tensor:
 
 def save(obj: Any, f: FileLike, *, policy: str = "auto", metadata: dict[str, str] | None = None,
          progress: bool | None = None, device: str = "auto",
-         workspace: int | None = None) -> WriteResult:
+         workspace: int | None = None, blocking: bool = True) -> WriteResult | Future[Any]:
     """Save ``obj`` (a state dict, optimizer state, any tree of tensors and plain values).
 
     ``f`` is a path or ``s3://bucket/key`` URL (written atomically: a failed save leaves any
@@ -140,9 +141,26 @@ def save(obj: Any, f: FileLike, *, policy: str = "auto", metadata: dict[str, str
     When tensors are coded on the GPU, a file object ``f`` is written from a helper thread
     while the next tensors are coded (one thread at a time; ``save`` returns after the last
     write).
+    ``blocking=False`` returns a :class:`concurrent.futures.Future` of the result once ``obj``'s
+    tensors are copied (:mod:`s4weights.background_save`); a file object ``f`` is written in the
+    background and must not be touched until then.
     """
-    t0 = time.perf_counter()
+    from s4weights import background_save
+
     flat = flatten(obj)
+    kw = dict(policy=policy, metadata=metadata, progress=progress, device=device,
+              workspace=workspace)
+    key = os.path.realpath(f) if isinstance(f, (str, os.PathLike)) else f"file {id(f)}"
+    if not blocking:
+        captured, streams = background_save.capture(flat)
+        return background_save.submit(key, lambda: _save_flat(captured, f, **kw), streams)
+    background_save.wait_for(key)
+    return _save_flat(flat, f, **kw)
+
+
+def _save_flat(flat: Flattened, f: FileLike, *, policy: str, metadata: dict[str, str] | None,
+               progress: bool | None, device: str, workspace: int | None) -> WriteResult:
+    t0 = time.perf_counter()
     if isinstance(f, (str, os.PathLike)) and _special_file(f):
         # a device, FIFO or socket (os.devnull, /dev/stdout): written into, as torch.save
         # does; the atomic rename would replace it with a regular file

@@ -31,7 +31,7 @@ import re
 import secrets
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
@@ -40,11 +40,11 @@ import torch
 
 import s4format
 from s4format.errors import FormatError, ParentMismatchError, S4Error, StorageError
-from s4weights import chainpolicy, gpu, hostmem, lease
+from s4weights import background_save, chainpolicy, gpu, hostmem, lease
 from s4weights.api import read_tree, write_flattened
 from s4weights.store import Store, open_store
 from s4weights.store.local import LocalStore
-from s4weights.torchtree import DeviceTensor, flatten
+from s4weights.torchtree import DeviceTensor, Flattened, flatten
 
 log = logging.getLogger("s4weights")
 
@@ -403,7 +403,8 @@ def save_checkpoint(state: Any, url_or_dir: Any, step: int, *, keyframe_interval
                     policy: str = "auto", metadata: dict[str, str] | None = None,
                     progress: bool | None = None, device: str = "auto",
                     workspace: int | None = None, distributed: bool = False,
-                    group: Any = None) -> CheckpointInfo:
+                    group: Any = None, blocking: bool = True
+                    ) -> CheckpointInfo | Future[CheckpointInfo]:
     """Save ``state`` as checkpoint ``step``: a delta against the latest checkpoint when allowed
     (chain shorter than ``keyframe_interval`` files, the previous delta saved at least
     ``min_delta_gain`` of a full save, and loading the new step would read at most
@@ -422,7 +423,13 @@ def save_checkpoint(state: Any, url_or_dir: Any, step: int, *, keyframe_interval
 
     ``distributed=True``: every rank of ``group`` (default: the default process group) calls
     this with its sharded state dict (FSDP2, DTensor); the step is a DCP checkpoint of one
-    .s4w per rank, each a delta of that rank's previous file where that pays (docs/dcp.md)."""
+    .s4w per rank, each a delta of that rank's previous file where that pays (docs/dcp.md).
+
+    ``blocking=False`` returns a :class:`concurrent.futures.Future` of the CheckpointInfo once
+    the state is captured (copied: on the device for CUDA tensors where it has room); coding,
+    writing, the commit and retention go on in the background, and ``result()`` raises what a
+    blocking save would. Saves to one store run in the order they were made
+    (:mod:`s4weights.background_save`)."""
     step = _check_step(step)
     if read_budget == "default":
         read_budget = chainpolicy.READ_BUDGET
@@ -434,6 +441,21 @@ def save_checkpoint(state: Any, url_or_dir: Any, step: int, *, keyframe_interval
         # steps[-0:] would keep every checkpoint, the opposite of what 0 asks.
         raise ValueError("keep_last must be >= 1 (the checkpoint being saved is kept)")
     store = open_store(url_or_dir)
+    if not blocking:
+        if distributed:
+            raise ValueError("distributed=True saves block; use dcp.async_save with "
+                             "S4StorageWriter for asynchronous sharded saves")
+        captured, streams = background_save.capture(flatten(state))
+        kw = dict(keyframe_interval=keyframe_interval, delta=delta,
+                  min_delta_gain=min_delta_gain, read_budget=read_budget, keep_last=keep_last,
+                  policy=policy, metadata=metadata, progress=progress, device=device,
+                  workspace=workspace)
+
+        def job() -> CheckpointInfo:
+            with _saving(store.url) as nested:
+                return _save(store, captured, step, nested=nested, **kw)
+        return background_save.submit(store.url, job, streams)
+    background_save.wait_for(store.url)
     if distributed:
         from s4weights.dcp import chain as dcp_chain
 
@@ -548,7 +570,7 @@ def _code(store: Store, state: Any, step: int, infos: dict[int, CheckpointInfo],
     """Code ``state`` into a new file of step ``step`` (a delta of ``chain``'s last checkpoint
     where given) and commit it with its manifest."""
     parent = chain[-1] if chain else None
-    flat = flatten(state)
+    flat = state if isinstance(state, Flattened) else flatten(state)
     # The next delta's parent is a host snapshot of this state. Host tensors are copied as the
     # save starts and the file is coded from the copies, so a caller changing them during the
     # save (from another thread) cannot make the file and the snapshot differ. CUDA tensors
