@@ -20,9 +20,9 @@ import torch
 import s4format
 import s4weights
 from conformance.generate import write_file
-from s4format import FormatError, objtree
+from s4format import FormatError, objtree, typedvalues
 from s4format.objtree import Typed
-from s4weights import torchtree
+from s4weights import pytypes, torchtree
 from tests.weights.test_objects_checkpoint import assert_exact
 
 
@@ -214,3 +214,12 @@ def test_the_tree_holds_no_name_of_a_python_module(registry) -> None:
     assert tree == {"c": Typed("enum.Enum", ("tests.Color", "RED")),
                     "n": Typed("argparse.Namespace", {"a": 1})}
     assert objtree.encode(tree).count(b"test_objects_safety") == 0
+
+
+def test_the_torch_layer_rebuilds_exactly_the_names_the_format_checks() -> None:
+    python = {n for n in typedvalues._RULES if not n.startswith(("torch.", "numpy.", "s4."))}
+    assert python == pytypes.NAMES
+    assert list(pytypes.FACTORIES) == list(typedvalues.DEFAULT_FACTORIES)
+    assert all(n == f"collections.{c.__name__}" or n == c.__name__
+               for n, c in pytypes.FACTORIES.items())
+    assert list(pytypes.PATHS) == list(typedvalues.PATHS)
