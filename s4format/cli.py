@@ -103,11 +103,13 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 def cmd_verify(args: argparse.Namespace) -> int:
     with contextlib.ExitStack() as opened:
-        # --parent P1 [--parent P2 ...]: the file's parent, then that one's parent, ...
-        parent = None
-        for path in reversed(args.parent or []):
-            parent = opened.enter_context(Reader(_source(path), parent=parent))
-        r = opened.enter_context(Reader(_source(args.file), parent=parent))
+        # --parent P1 [--parent P2 ...]: the file's parent, then that one's parent, ...; each
+        # opened after the file that names it (validation.md, rules A), closed with it
+        r = opened.enter_context(Reader(_source(args.file)))
+        child = r
+        for path in args.parent or []:
+            child.attach_parent(_source(path))
+            child = child.parent
         problems = verify(r)
         if r.parent is None and r.parent_id is not None:
             return _report_without_parent(args.file, r, problems)

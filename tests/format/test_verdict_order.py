@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from conformance import craft
-from s4format import Reader, codecs
+from s4format import Reader, cli, codecs
 from s4format.errors import (
     BadMagicError,
     ChecksumError,
@@ -138,3 +138,15 @@ def test_a_plane_decoded_to_another_length_is_a_codec_error(monkeypatch) -> None
     with Reader(V1 / "appendix_a.s4w") as r:
         message = _exactly(CodecError, r.read_raw, 0)
     assert "plane raw decoded to 7 bytes, declared 8" in message
+
+
+def test_verify_opens_the_parent_after_the_file(tmp_path: Path, capsys) -> None:
+    """``verify FILE --parent P``: FILE's own rules first (it opened P first, so a garbage P
+    hid a damaged FILE)."""
+    _base, child = _delta_files()
+    (tmp_path / "child.s4w").write_bytes(child[:20] + bytes([child[20] ^ 1]) + child[21:])
+    (tmp_path / "garbage.s4w").write_bytes(GARBAGE)
+    status = cli.main(["verify", str(tmp_path / "child.s4w"), "--parent",
+                       str(tmp_path / "garbage.s4w")])
+    assert status == 2
+    assert "header checksum mismatch" in capsys.readouterr().err
