@@ -168,9 +168,9 @@ def _pair(value: Any, name: str, n: int) -> tuple:
 def _user_name(x: Any, what: str) -> None:
     if type(x) is not str or not x:
         raise FormatError(f"{what} must be a non-empty str, not {shown(x)}")
-    if x.startswith(RESERVED_PREFIXES):
-        raise FormatError(f"{what} {shown(x)} has a prefix the registry reserves; names users "
-                          "register have none")
+    if x.startswith(RESERVED_PREFIXES) or x in DEFAULT_FACTORIES:
+        raise FormatError(f"{what} {shown(x)} is a name the registry reserves; names users "
+                          "register have no reserved prefix and name no builtin factory")
 
 
 def _dict(value: Any, what: str, keys: str | None = None) -> None:

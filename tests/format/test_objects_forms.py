@@ -116,6 +116,14 @@ def test_reserved_or_empty_names_are_no_user_names(name: Any) -> None:
     assert not accepted("collections.namedtuple", (name, {}))
 
 
+def test_a_builtin_factory_name_is_no_class_name() -> None:
+    assert accepted("collections.defaultdict", ("int", {}))
+    with pytest.raises(FormatError, match=r"^x: enum\.Enum class name 'int' is a name the "
+                                          r"registry reserves"):
+        decode({"x": Typed("enum.Enum", ("int", "A"))})
+    assert not accepted("collections.namedtuple", ("list", {}))
+
+
 def test_a_timezone_inside_a_datetime_is_checked_first_and_named() -> None:
     bad = Typed("datetime.timezone", (86_400_000_000, None))
     tree = {"run": [Typed("datetime.datetime", (2026, 1, 1, 0, 0, 0, 0, 0, bad))]}
