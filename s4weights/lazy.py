@@ -19,7 +19,7 @@ import s4format
 from s4format.errors import LimitError
 from s4format.objtree import TensorRef, Typed, key_path
 from s4format.source import ByteSource
-from s4weights import api
+from s4weights import api, pytypes
 from s4weights.torchtree import ATTRS, VIEW, Unflattener
 
 
@@ -122,6 +122,9 @@ class _Paths:
         elif t is list or t is tuple:
             for i, v in enumerate(node):
                 self._under(i, v)
+        elif t is Typed and node.name in pytypes.NAMES:
+            for k, v in pytypes.children(node):
+                self._under(k, v)
         elif t is Typed and node.name == ATTRS and isinstance(node.value, tuple) \
                 and len(node.value) == 2:
             inner, attrs = node.value

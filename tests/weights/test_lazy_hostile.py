@@ -1,4 +1,5 @@
-"""s4weights.open on hostile trees: key paths are built once per tensor and bounded in all."""
+"""s4weights.open: key paths built once per tensor and bounded in all (hostile trees), and the
+tensors inside Python containers (Namespace, deque, ...) listed."""
 
 from __future__ import annotations
 
@@ -32,3 +33,19 @@ def test_key_paths_over_the_bound_are_refused(monkeypatch) -> None:
     monkeypatch.setattr(lazy, "MAX_KEY_CHARS", 1 << 20)
     with pytest.raises(LimitError, match="key paths of its tensors exceed 1048576 characters"):
         s4weights.open(hostile.long_keys(128, 16 << 10))
+
+
+def test_tensors_inside_python_containers_are_listed() -> None:
+    import argparse
+    import collections
+    import io
+
+    import torch
+
+    buf = io.BytesIO()
+    state = {"args": argparse.Namespace(w=torch.ones(2)),
+             "hist": collections.deque([torch.zeros(3)], maxlen=4)}
+    s4weights.save(state, buf)
+    with s4weights.open(buf.getvalue()) as f:
+        assert sorted(f.keys()) == ["args.w", "hist.0"]
+        assert torch.equal(f.get_tensor("hist.0"), torch.zeros(3))
