@@ -1,7 +1,7 @@
-"""The conformance runner: every vector of the suites (``conformance/v1/manifest.json``, format
-1.0, and ``conformance/v1.1/manifest.json``, what 1.1 adds) against our reader in-process, or
-against an external reader through the protocol of ``spec/conformance.md``; ``--device cuda``
-adds GPU round trips (the AMI-build gate).
+"""The conformance runner: every vector of the suites (``conformance/v1``, format 1.0, and
+``v1.1`` and ``v1.2``, what 1.1 and 1.2 add) against our reader in-process, or against an
+external reader through the protocol of ``spec/conformance.md``; ``--device cuda`` adds GPU
+round trips (the AMI-build gate).
 
 A valid vector passes when it decodes to the manifest's tensors (in index order: name, dtype,
 shape, SHA-256 of the raw bytes) and object tree; a must-fail vector passes only when rejected
@@ -41,7 +41,7 @@ from s4format.verify import verify
 
 DEFAULT_SUITE = Path(__file__).resolve().parent.parent / "conformance" / "v1"
 # What a reader of format 1.1 passes: format 1.0's frozen suite and the one 1.1 added.
-DEFAULT_SUITES = (DEFAULT_SUITE, DEFAULT_SUITE.parent / "v1.1")
+DEFAULT_SUITES = (DEFAULT_SUITE, DEFAULT_SUITE.parent / "v1.1", DEFAULT_SUITE.parent / "v1.2")
 DEFAULT_TIMEOUT = 60.0
 # The error classes of spec/validation.md's table, the only names a rejection may give; the
 # library may have more (for its torch layer), which no reader of files raises.
