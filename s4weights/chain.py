@@ -345,7 +345,7 @@ def _read_on_gpu(reader: s4format.Reader, device: str, workspace: int | None
     from s4weights.gpu import plan
     from s4weights.gpu.chunked import chunkable, load_large
     from s4weights.gpu.decode import decodable, device_extra
-    from s4weights.gpu.ranshost import TablesTooLarge
+    from s4weights.gpu.ransparse import TablesTooLarge
 
     total = sum(t.raw_nbytes for t in reader.tensors)
     ws = workspace or plan.default_workspace(total)

@@ -327,7 +327,7 @@ def loader_for(reader, device: str, update=None, direct: dict | None = None,
 
         if decodable(reader, i) and extra_of(i) > ws and chunkable(reader, i):
             # too large to decode whole within the workspace: in chunks, straight into place
-            from s4weights.gpu.ranshost import TablesTooLarge
+            from s4weights.gpu.ransparse import TablesTooLarge
 
             tried.update(chunks=True, size=1, need=0)
             with torch.cuda.device(dev):

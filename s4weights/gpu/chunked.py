@@ -44,7 +44,7 @@ from s4format.errors import (
 from s4format.hashing import LEAF_SIZE
 from s4format.source import BufferSource
 from s4format.writer import CodedPlane, CodedTensor, code_tensor
-from s4weights.gpu import plan, ranshost, runtime
+from s4weights.gpu import plan, ranshost, ransparse, runtime
 from s4weights.gpu.encode import (
     Encoder,
     Planes,
@@ -543,14 +543,14 @@ class _Level:
                 host = np.concatenate([self.stored[j] for j in self.rans])
                 at = np.cumsum([0] + [t.planes[j].stored_len for j in self.rans[:-1]])
             stored = [t.planes[j].stored_len for j in self.rans]
-            nb = ranshost.stream_blocks(host, at, stored,
+            nb = ransparse.stream_blocks(host, at, stored,
                                         [t.planes[j].decoded_len for j in self.rans])
-            if not ranshost.tables_fit(int(nb.sum()), sum(stored)):
-                raise ranshost.TablesTooLarge(f"{reader.name}: tensor {t.name!r}")
+            if not ransparse.tables_fit(int(nb.sum()), sum(stored)):
+                raise ransparse.TablesTooLarge(f"{reader.name}: tensor {t.name!r}")
             try:
-                self.streams = ranshost.parse_streams(
+                self.streams = ransparse.parse_streams(
                     host, at, stored, [t.planes[j].decoded_len for j in self.rans])
-            except ranshost.StreamError as e:
+            except ransparse.StreamError as e:
                 p = t.planes[self.rans[e.plane]]
                 raise CodecError(f"{reader.name}: tensor {t.name!r} plane {p.label}: {e}"
                                  ) from None

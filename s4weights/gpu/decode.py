@@ -13,7 +13,7 @@ for files; other sources copy once into it) and copied up in one H2D.
 Host synchronisations per group: one, after the merge (two with GDeflate or nvCOMP planes,
 whose checksums are compared first: nvCOMP must not see unverified bytes). The plane
 checksums are launched first. Every rANS stream's header and table are then validated on the
-host, as the CPU decoders check them (``ranshost.parse_streams``, compiled per stream), and its
+host, as the CPU decoders check them (``ransparse.parse_streams``, compiled per stream), and its
 decode is queued at once: the host checks every other plane's stored form and plans the
 merge while the device decodes. The rANS kernels are safe on any bytes once the headers and
 tables hold: ``rans_blocks`` checks each block's word count within its length and the stream's
@@ -53,7 +53,7 @@ from s4format.errors import (
 )
 from s4format.hashing import LEAF_SIZE
 from s4format.reader import Reader
-from s4weights.gpu import gdeflate, nvans, plan, ranshost, runtime
+from s4weights.gpu import gdeflate, nvans, plan, ransparse, runtime
 from s4weights.gpu.plan import GPU_LAYOUTS, chunk_table
 
 MERGE_KERNEL = {layouts.BF16.layout_id: "merge_bf16", layouts.FP16.layout_id: "merge_fp16",
@@ -91,7 +91,7 @@ _BY_HASH: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # reader -> h
 # digest, flags), per plane (its checksum, digest slot and launch rows), per rANS plane (its
 # stream's frequency tables and rows), per rANS block at the writers' block size (the block
 # tables and error codes; a file of smaller blocks holds more, bounded per batch by
-# ``ranshost.tables_fit``), per 64 KiB leaf of stored or decoded bytes (its digest and the
+# ``ransparse.tables_fit``), per 64 KiB leaf of stored or decoded bytes (its digest and the
 # digest's copy on the way to the host).
 DECODE_TENSOR, DECODE_PLANE, DECODE_RANS_PLANE, DECODE_RANS_BLOCK, DECODE_LEAF = (
     512, 128, 1536, 64, 16)
@@ -343,21 +343,21 @@ def _decode_batch(reader: Reader, idx: list[int], outs: list[torch.Tensor]) -> l
 
 def _tables_too_large(st: Staged) -> set[int]:
     """Positions in ``st.idx`` whose rANS streams declare more blocks than the batch builds
-    tables for (``ranshost.tables_fit`` over the batch's stored bytes, tensors in order): a
+    tables for (``ransparse.tables_fit`` over the batch's stored bytes, tensors in order): a
     CONST stream stores one byte per block, so without this a small hostile file could make
     the decoder allocate ~160 bytes per stored byte on the host and the device."""
     rows = [q for q, (_k, _j, p) in enumerate(st.planes) if p.codec == codecs.RANS]
     if not rows:
         return set()
     recs = [st.planes[q][2] for q in rows]
-    nb = ranshost.stream_blocks(st.host, st.at[rows], [p.stored_len for p in recs],
+    nb = ransparse.stream_blocks(st.host, st.at[rows], [p.stored_len for p in recs],
                                 [p.decoded_len for p in recs])
     blocks = np.zeros(len(st.idx), np.int64)
     np.add.at(blocks, [st.planes[q][0] for q in rows], nb)
     stored = sum(p.stored_len for _k, _j, p in st.planes)
     heavy, used = set(), 0
     for k in range(len(st.idx)):
-        if ranshost.tables_fit(used + int(blocks[k]), stored):
+        if ransparse.tables_fit(used + int(blocks[k]), stored):
             used += int(blocks[k])
         else:
             heavy.add(k)
@@ -916,7 +916,7 @@ def _form_failure(st: Staged, whole: np.ndarray) -> tuple[int, str, np.ndarray]:
 
 class _RansBatch:
     """Every rANS plane of a group: queued as arrays, its streams' headers and tables validated
-    by ``ranshost.parse_streams`` (numpy over all planes at once), its block table made and
+    by ``ransparse.parse_streams`` (numpy over all planes at once), its block table made and
     checked on the device (``rans_blocks``: the host reads no word count), launched once."""
 
     def __init__(self, host: np.ndarray, where) -> None:
@@ -949,14 +949,14 @@ class _RansBatch:
             return
         a, stored, n, src, dst = self.rows
         try:
-            st = ranshost.parse_streams(self.host, a, stored, n, blocks=False)
-        except ranshost.StreamError as e:
+            st = ransparse.parse_streams(self.host, a, stored, n, blocks=False)
+        except ransparse.StreamError as e:
             # a lower stream may fail a word-count check the host did not make: the full host
             # checks name the lowest failing stream, as the CPU reader meets them
             err = e
             try:
-                ranshost.parse_streams(self.host, a, stored, n)
-            except ranshost.StreamError as lowest:
+                ransparse.parse_streams(self.host, a, stored, n)
+            except ransparse.StreamError as lowest:
                 err = lowest
             self.failed = err.plane
             raise CodecError(f"{self.where(err.plane)}: {err}") from None
@@ -1002,9 +1002,9 @@ class _RansBatch:
             row = int(self.coded[q_bad])
             a, stored, n, _src, _dst = self.rows
             try:
-                ranshost.parse_streams(self.host, a[[row]], stored[[row]], n[[row]])
+                ransparse.parse_streams(self.host, a[[row]], stored[[row]], n[[row]])
                 msg = "rans stream failed the block checks"  # (not expected: the same checks)
-            except ranshost.StreamError as ex:
+            except ransparse.StreamError as ex:
                 msg = str(ex)
             return int(self.pos[row]), 0, CodecError(f"{self.where(row)}: {msg}")
         b = int(blk[0])

@@ -12,7 +12,7 @@ import pytest
 from s4format.codecs import rans
 from s4format.codecs.rans import RansCodec
 from s4format.errors import CodecError
-from s4weights.gpu.ranshost import StreamError, parse_streams
+from s4weights.gpu.ransparse import StreamError, parse_streams
 
 RNG = np.random.default_rng(5)
 
@@ -252,14 +252,14 @@ def _const_file(n: int, log2_block: int) -> bytes:
 def test_streams_declaring_huge_block_tables_go_to_the_cpu_decoder() -> None:
     # 2^19 blocks from 512 KiB of stored bytes: ~80 MiB of block tables on the GPU path
     import s4format
-    from s4weights.gpu import decode, ranshost
+    from s4weights.gpu import decode, ransparse
 
     blob = _const_file(1 << 24, 5)
     r = s4format.Reader(blob)
     t = r.tensors[0]
     host = np.frombuffer(blob, np.uint8)
     p = t.planes[0]
-    assert ranshost.stream_blocks(host, [p.offset], [p.stored_len], [p.decoded_len]).tolist() \
+    assert ransparse.stream_blocks(host, [p.offset], [p.stored_len], [p.decoded_len]).tolist() \
         == [1 << 19]
     st = decode.Staged(r, [0, 0], [(0, 0, p), (1, 0, p)], np.array([p.offset, p.offset]),
                        host, None)
@@ -275,12 +275,12 @@ def test_streams_declaring_huge_block_tables_go_to_the_cpu_decoder() -> None:
 
 
 def test_stream_blocks_of_bad_headers_are_zero() -> None:
-    from s4weights.gpu import ranshost
+    from s4weights.gpu import ransparse
 
     host = np.zeros(40, np.uint8)
     host[0], host[1] = rans.MODE_CONST, 99        # log2_block out of range: clipped
     host[20], host[21] = rans.MODE_RAW, 16
-    got = ranshost.stream_blocks(host, [0, 20, 39], [20, 20, 1], [1 << 20, 100, 5])
+    got = ransparse.stream_blocks(host, [0, 20, 39], [20, 20, 1], [1 << 20, 100, 5])
     assert got.tolist() == [1, 0, 0]
 
 
