@@ -4,7 +4,7 @@ A :class:`Reader` reads the header, the footer and the index once (three reads, 
 same over S3 ranged GETs), validates every record and the object tree (typed values included),
 and then decodes single tensors on demand; :meth:`Reader.load` first checks that the tensors
 the tree references fit its decode budget. Deltas need their parent: pass it as ``parent=``
-(another Reader, itself possibly a delta).
+(another Reader, itself possibly a delta, or a file, opened after this one as rules A order).
 """
 
 from __future__ import annotations
