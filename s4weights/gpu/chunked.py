@@ -48,7 +48,6 @@ from s4weights.gpu import plan, ranshost, ransparse, runtime
 from s4weights.gpu.encode import (
     Encoder,
     Planes,
-    const_whole,
     launch_split,
     rans_meta_bytes,
 )
@@ -449,7 +448,7 @@ class _Streams:
             kind = int(pl.kind[i])
             codec, payload = codecs.RAW, None
             if pl.nsym[i] == 1 and pl.cand_rans[i]:
-                head = const_whole(pl.counts[i], n)  # CONST stream of the whole plane
+                head = ranshost.const_whole(pl.counts[i], n)  # CONST stream of the whole plane
                 if len(head) < n:
                     codec, payload = codecs.RANS, np.frombuffer(head, np.uint8)
             elif i in self.job:

@@ -221,7 +221,7 @@ def candidates(pl: Planes, policy_name: str, mantissa: str, gd: bool, log2_block
         est[single] = ranshost.HEADER_SIZE + ranshost.n_blocks(n[single], rans.LOG2_BLOCK_MAX)
         pl.sym0 = np.argmax(pl.counts > 0, axis=1)
         top = 255 - np.argmax(pl.counts[:, ::-1] > 0, axis=1)
-        pl.tsize = table_sizes(pl.freqs)
+        pl.tsize = ranshost.table_sizes(pl.freqs)
     pl.nsym, pl.est_rans = nsym, est
     pl.est_bp = (n + 7) // 8
     pl.cand_rans = want & (est < n)
@@ -289,54 +289,6 @@ def candidate_kinds(n: np.ndarray, kind: np.ndarray, policy_name: str, mantissa:
     return want, coded & sign, bw_ok
 
 
-def table_sizes(freqs: np.ndarray) -> np.ndarray:
-    """``len(rans.table_bytes(f))`` of every row f: bitmap, u16 per symbol, 4-aligned."""
-    size = rans.BITMAP_SIZE + 2 * (np.asarray(freqs).reshape(-1, 256) > 0).sum(axis=1)
-    return size + -size % 4
-
-
-def table_bodies(freqs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``rans.table_bytes`` of every row, back to back: (bytes, length of each row's)."""
-    freqs = np.asarray(freqs, np.int64).reshape(-1, 256)
-    present = freqs > 0
-    k = present.sum(axis=1)
-    size = table_sizes(freqs)
-    bitmap = np.packbits(present, axis=1, bitorder="little")
-    body = freqs[present].astype("<u2").view(np.uint8)
-    out = np.zeros(int(size.sum()), np.uint8)
-    start = np.cumsum(size) - size
-    out[(start[:, None] + np.arange(rans.BITMAP_SIZE)).reshape(-1)] = bitmap.reshape(-1)
-    out[_ragged_positions(start + rans.BITMAP_SIZE, 2 * k)] = body
-    return out, size
-
-
-def _ragged_positions(start: np.ndarray, length: np.ndarray) -> np.ndarray:
-    """Positions ``start[r] + j`` for ``j < length[r]`` of every row r, in row order."""
-    length = np.asarray(length, np.int64)
-    first = np.cumsum(length) - length
-    return np.repeat(np.asarray(start, np.int64) - first, length) + np.arange(int(length.sum()))
-
-
-def stream_heads(mode, log2_block, n, body: np.ndarray, body_len
-                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Host bytes of many rANS streams: row r is ``header(mode[r], log2_block[r], n[r])``
-    followed by its ``body_len[r]`` bytes of ``body`` (rows' bodies back to back). Returns
-    (bytes, start of each row's, length of each row's)."""
-    n = np.asarray(n, np.int64).reshape(-1)
-    body_len = np.asarray(body_len, np.int64).reshape(-1)
-    hs = ranshost.HEADER_SIZE
-    length = hs + body_len
-    start = np.cumsum(length) - length
-    hdr = np.zeros((n.size, hs), np.uint8)
-    hdr[:, 0] = mode
-    hdr[:, 1] = log2_block
-    hdr[:, 4:12] = n.astype("<u8").view(np.uint8).reshape(-1, 8)
-    out = np.empty(int(length.sum()), np.uint8)
-    out[(start[:, None] + np.arange(hs)).reshape(-1)] = hdr.reshape(-1)
-    out[_ragged_positions(start + hs, body_len)] = body
-    return out, start, length
-
-
 def choose(pl: Planes, r: dict | None, gd: gdeflate.Compressed | None, log2_block: int) -> None:
     """Each plane's codec: the first candidate in rank order whose real size is under the
     plane's, else raw (``policy.encode_plane``), and the host bytes of its payload. rANS sizes
@@ -386,23 +338,23 @@ def choose(pl: Planes, r: dict | None, gd: gdeflate.Compressed | None, log2_bloc
     pl.dtab = np.zeros(n.size, np.int64)
     if rr.size:
         if pl.tdev is None:
-            body, blen = table_bodies(pl.freqs[rr])
+            body, blen = ranshost.table_bodies(pl.freqs[rr])
         else:  # the tables are on the device: the assembly copies them after the header
             body, blen = np.zeros(0, np.uint8), np.zeros(rr.size, np.int64)
             pl.dtab[rr] = pl.tsize[rr]
-        parts.append((rr, *stream_heads(rans.MODE_RANS, log2_block, n[rr], body, blen)))
+        parts.append((rr, *ranshost.stream_heads(rans.MODE_RANS, log2_block, n[rr], body, blen)))
     cj = np.flatnonzero(use_r & is_job & (form == FORM_CONST))  # constant in every block
     if cj.size:
         jpos = np.searchsorted(jobs, cj)
         nbj = nb[jpos]
         b0 = r["bt"].first[jpos]
-        firsts = r["firsts"][_ragged_positions(b0, nbj)]
-        parts.append((cj, *stream_heads(rans.MODE_CONST, log2_block, n[cj], firsts, nbj)))
+        firsts = r["firsts"][ranshost.ragged_positions(b0, nbj)]
+        parts.append((cj, *ranshost.stream_heads(rans.MODE_CONST, log2_block, n[cj], firsts, nbj)))
     oc = np.flatnonzero(use_r & one)
     if oc.size:
         nbm = ranshost.n_blocks(n[oc], rans.LOG2_BLOCK_MAX)
         sym = pl.sym0[oc].astype(np.uint8)
-        parts.append((oc, *stream_heads(rans.MODE_CONST, rans.LOG2_BLOCK_MAX, n[oc],
+        parts.append((oc, *ranshost.stream_heads(rans.MODE_CONST, rans.LOG2_BLOCK_MAX, n[oc],
                                         np.repeat(sym, nbm), nbm)))
     gd_rows = np.flatnonzero(pl.cand_gd)
     pl.gd_job = np.full(n.size, -1, np.int64)
@@ -514,13 +466,6 @@ def place_split(n: np.ndarray, width: np.ndarray, packed: np.ndarray
         off[sel] = np.cumsum(s_) - s_
         totals.append(int(s_.sum()))
     return off, totals[0], totals[1]
-
-
-def const_whole(counts: np.ndarray, n: int) -> bytes:
-    """The CONST stream of a plane of ``n`` bytes that hold one symbol."""
-    sym = int(np.flatnonzero(counts)[0])
-    nbm = ranshost.n_blocks(n, rans.LOG2_BLOCK_MAX)
-    return ranshost.const_stream(np.full(nbm, sym), rans.LOG2_BLOCK_MAX, n)
 
 
 @dataclass
@@ -1552,14 +1497,14 @@ def rans_stream(plane: torch.Tensor, log2_block: int = rans.LOG2_BLOCK_DEFAULT) 
         return np.frombuffer(ranshost.header(rans.MODE_RAW, log2_block, 0), np.uint8)
     counts = torch.bincount(plane, minlength=256).cpu().numpy().astype(np.int64)
     if np.count_nonzero(counts) == 1:
-        return np.frombuffer(const_whole(counts, n), np.uint8)
+        return np.frombuffer(ranshost.const_whole(counts, n), np.uint8)
     freqs = rans.normalise(counts)[None, :]
     r = Encoder(log2_block=log2_block)._rans(np.full(1, 8), np.array([n]),
                                              np.array([plane.data_ptr()], np.uint64), freqs)
     if not r["plane_varied"][0]:
         return np.frombuffer(ranshost.const_stream(r["firsts"], log2_block, n), np.uint8)
-    body, blen = table_bodies(freqs)
-    head = stream_heads(rans.MODE_RANS, log2_block, [n], body, blen)[0]
+    body, blen = ranshost.table_bodies(freqs)
+    head = ranshost.stream_heads(rans.MODE_RANS, log2_block, [n], body, blen)[0]
     size = head.size + rans.BLOCK_OVERHEAD * r["bt"].size + 2 * int(r["plane_words"][0])
     if size >= ranshost.HEADER_SIZE + n:
         return np.concatenate([np.frombuffer(ranshost.header(rans.MODE_RAW, log2_block, n),

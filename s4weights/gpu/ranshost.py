@@ -165,3 +165,60 @@ def estimate_many(counts: np.ndarray, freqs: np.ndarray, log2_block: int) -> np.
     size = HEADER_SIZE + table + rans.BLOCK_OVERHEAD * nb + 2 * np.ceil(bits / rans.WORD_BITS
                                                                        ).astype(np.int64)
     return np.minimum(size, HEADER_SIZE + n)
+
+
+# -- stream pieces of many planes at once: frequency tables, headers, CONST streams
+
+def table_sizes(freqs: np.ndarray) -> np.ndarray:
+    """``len(rans.table_bytes(f))`` of every row f: bitmap, u16 per symbol, 4-aligned."""
+    size = rans.BITMAP_SIZE + 2 * (np.asarray(freqs).reshape(-1, 256) > 0).sum(axis=1)
+    return size + -size % 4
+
+
+def table_bodies(freqs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``rans.table_bytes`` of every row, back to back: (bytes, length of each row's)."""
+    freqs = np.asarray(freqs, np.int64).reshape(-1, 256)
+    present = freqs > 0
+    k = present.sum(axis=1)
+    size = table_sizes(freqs)
+    bitmap = np.packbits(present, axis=1, bitorder="little")
+    body = freqs[present].astype("<u2").view(np.uint8)
+    out = np.zeros(int(size.sum()), np.uint8)
+    start = np.cumsum(size) - size
+    out[(start[:, None] + np.arange(rans.BITMAP_SIZE)).reshape(-1)] = bitmap.reshape(-1)
+    out[ragged_positions(start + rans.BITMAP_SIZE, 2 * k)] = body
+    return out, size
+
+
+def ragged_positions(start: np.ndarray, length: np.ndarray) -> np.ndarray:
+    """Positions ``start[r] + j`` for ``j < length[r]`` of every row r, in row order."""
+    length = np.asarray(length, np.int64)
+    first = np.cumsum(length) - length
+    return np.repeat(np.asarray(start, np.int64) - first, length) + np.arange(int(length.sum()))
+
+
+def stream_heads(mode, log2_block, n, body: np.ndarray, body_len
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Host bytes of many rANS streams: row r is ``header(mode[r], log2_block[r], n[r])``
+    followed by its ``body_len[r]`` bytes of ``body`` (rows' bodies back to back). Returns
+    (bytes, start of each row's, length of each row's)."""
+    n = np.asarray(n, np.int64).reshape(-1)
+    body_len = np.asarray(body_len, np.int64).reshape(-1)
+    hs = HEADER_SIZE
+    length = hs + body_len
+    start = np.cumsum(length) - length
+    hdr = np.zeros((n.size, hs), np.uint8)
+    hdr[:, 0] = mode
+    hdr[:, 1] = log2_block
+    hdr[:, 4:12] = n.astype("<u8").view(np.uint8).reshape(-1, 8)
+    out = np.empty(int(length.sum()), np.uint8)
+    out[(start[:, None] + np.arange(hs)).reshape(-1)] = hdr.reshape(-1)
+    out[ragged_positions(start + hs, body_len)] = body
+    return out, start, length
+
+
+def const_whole(counts: np.ndarray, n: int) -> bytes:
+    """The CONST stream of a plane of ``n`` bytes that hold one symbol."""
+    sym = int(np.flatnonzero(counts)[0])
+    nbm = n_blocks(n, rans.LOG2_BLOCK_MAX)
+    return const_stream(np.full(nbm, sym), rans.LOG2_BLOCK_MAX, n)
