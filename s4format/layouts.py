@@ -151,7 +151,7 @@ def _readonly(plane: np.ndarray) -> np.ndarray:
 
 @kernel()
 def _split_fields(words, shifts, masks, out, lo, hi):  # pragma: no cover - compiled
-    for i in range(lo, hi):
+    for i in range(np.uint64(lo), np.uint64(hi)):
         w = np.int64(words[i])
         for k in range(shifts.size):
             out[k, i] = (w >> shifts[k]) & masks[k]
@@ -164,7 +164,7 @@ def _split_fields(words, shifts, masks, out, lo, hi):  # pragma: no cover - comp
 def _merge_fields(planes, shifts, masks, words, lo, hi):  # pragma: no cover - compiled
     """Fill words[lo:hi]; return the OR of the bits found above their field's width."""
     over = np.uint8(0)
-    for i in range(lo, hi):
+    for i in range(np.uint64(lo), np.uint64(hi)):
         w = words.dtype.type(0)
         for k in range(len(planes)):
             v = planes[k][i]

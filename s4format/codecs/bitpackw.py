@@ -44,44 +44,54 @@ def pack_view(view: PlaneView, w: int) -> np.ndarray:
     return out
 
 
+# Indices are unsigned so that numba skips its negative-index wraparound (measured 1.3 to 1.6
+# times faster).
 @kernel()
 def _pack(words, shift, mask, w, g0, g1, out):  # pragma: no cover - compiled
     # groups [g0, g1) of eight plane bytes -> w stored bytes, as one little-endian integer;
     # group n // 8 (in the last piece) is the partial one at the end
-    n = words.size
-    g = n // 8
-    for i in range(g0, min(g1, g)):
+    n = np.uint64(words.size)
+    g = n // np.uint64(8)
+    sh, mk, ww = np.uint64(shift), np.uint64(mask), np.uint64(w)
+    for i in range(np.uint64(g0), min(np.uint64(g1), g)):
         acc = np.uint64(0)
+        at = np.uint64(8) * i
         for j in range(8):
-            v = (np.int64(words[8 * i + j]) >> shift) & mask
-            acc |= np.uint64(v) << np.uint64(w * j)
+            acc |= ((np.uint64(words[at + np.uint64(j)]) >> sh) & mk) << (ww * np.uint64(j))
+        at = ww * i
         for b in range(w):
-            out[w * i + b] = np.uint8((acc >> np.uint64(8 * b)) & np.uint64(0xFF))
-    if g1 > g:
+            out[at + np.uint64(b)] = np.uint8(acc >> np.uint64(8 * b))
+    if np.uint64(g1) > g:
         acc = np.uint64(0)
-        for j in range(n - 8 * g):
-            v = (np.int64(words[8 * g + j]) >> shift) & mask
-            acc |= np.uint64(v) << np.uint64(w * j)
-        for b in range(out.size - w * g):
-            out[w * g + b] = np.uint8((acc >> np.uint64(8 * b)) & np.uint64(0xFF))
+        for j in range(n - np.uint64(8) * g):
+            v = (np.uint64(words[np.uint64(8) * g + np.uint64(j)]) >> sh) & mk
+            acc |= v << (ww * np.uint64(j))
+        for b in range(np.uint64(out.size) - ww * g):
+            out[ww * g + np.uint64(b)] = np.uint8((acc >> np.uint64(8 * b)) & np.uint64(0xFF))
 
 
 @kernel()
-def _unpack(payload, w, n, out):  # pragma: no cover - compiled
-    # (the padding bits of the last byte are form_error's to check)
+def _unpack(payload, w, n, out, g0, g1):  # pragma: no cover - compiled
+    # groups [g0, g1) as _pack cuts them (the padding bits of the last byte are form_error's
+    # to check)
     mask = np.uint64((1 << w) - 1)
-    g = n // 8
-    for i in range(g):
+    ww = np.uint64(w)
+    n = np.uint64(n)
+    g = n // np.uint64(8)
+    for i in range(np.uint64(g0), min(np.uint64(g1), g)):
         acc = np.uint64(0)
+        at = ww * i
         for b in range(w):
-            acc |= np.uint64(payload[w * i + b]) << np.uint64(8 * b)
+            acc |= np.uint64(payload[at + np.uint64(b)]) << np.uint64(8 * b)
+        at = np.uint64(8) * i
         for j in range(8):
-            out[8 * i + j] = np.uint8((acc >> np.uint64(w * j)) & mask)
-    acc = np.uint64(0)
-    for b in range(payload.size - w * g):
-        acc |= np.uint64(payload[w * g + b]) << np.uint64(8 * b)
-    for j in range(n - 8 * g):
-        out[8 * g + j] = np.uint8((acc >> np.uint64(w * j)) & mask)
+            out[at + np.uint64(j)] = np.uint8((acc >> (ww * np.uint64(j))) & mask)
+    if np.uint64(g1) > g:
+        acc = np.uint64(0)
+        for b in range(np.uint64(payload.size) - ww * g):
+            acc |= np.uint64(payload[ww * g + np.uint64(b)]) << np.uint64(8 * b)
+        for j in range(n - np.uint64(8) * g):
+            out[np.uint64(8) * g + np.uint64(j)] = np.uint8((acc >> (ww * np.uint64(j))) & mask)
 
 
 def form_error(decoded_len: int, params: bytes, stored: int, last: int) -> str | None:
@@ -121,7 +131,9 @@ class BitpackWCodec(Codec):
         if msg is not None:
             raise CodecError(msg)
         out = np.empty(decoded_len, np.uint8)
-        _unpack(np.ascontiguousarray(payload, np.uint8), params[0], decoded_len, out)
+        src, w = np.ascontiguousarray(payload, np.uint8), params[0]
+        run_pieces(lambda lo, hi: _unpack(src, w, decoded_len, out, lo, hi),
+                   decoded_len // 8 + 1, _GROUPS)
         return out
 
     def max_decoded_len(self, stored_len: int) -> int:

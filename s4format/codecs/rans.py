@@ -159,8 +159,8 @@ def _decoder_slots(freqs: np.ndarray) -> np.ndarray:
 
 
 # ---------------------------------------------------------------------------------------------
-# Kernels. States are held as int64: values stay below 2**31, and signed arithmetic avoids
-# numba's uint64/int64 promotion to float.
+# Kernels. Indices are unsigned: numba then skips its negative-index wraparound, which took
+# a third of the encoder's time. Encoder states are uint64 (below 2**31); decoder states int64.
 
 
 # Blocks per piece of work on a worker thread (about a million symbols at the default size).
@@ -179,37 +179,51 @@ def _blocks_constant(words, shift, mask, log2_block):  # pragma: no cover - comp
     return True
 
 
+def _packed_table(tab: np.ndarray) -> np.ndarray:
+    """:func:`_encoder_table` as the kernel reads it: per symbol four uint64, x_max, rcp,
+    bias and (4096 - freq) << 8 | (32 + shift)."""
+    out = np.empty((256, 4), np.uint64)
+    out[:, 0], out[:, 1], out[:, 2] = tab[:, 0], tab[:, 1], tab[:, 3]
+    out[:, 3] = (tab[:, 4] << 8) | (tab[:, 2] + 32)
+    return out.reshape(-1)
+
+
 def _encode_blocks(plane: np.ndarray, log2_block: int, tab: np.ndarray, scratch: np.ndarray,
                    counts: np.ndarray, states: np.ndarray) -> None:
     """Encode every block of a plane of bytes (as :func:`_encode_range` does a field's)."""
-    _encode_range(plane, 0, 0xFF, log2_block, tab, scratch, counts, states, 0, counts.size)
+    _encode_range(plane, 0, 0xFF, log2_block, _packed_table(tab), scratch, counts, states, 0,
+                  counts.size)
 
 
 @kernel()
 def _encode_range(words, shift, mask, log2_block, tab, scratch, counts, states, b0, b1
                   ):  # pragma: no cover - compiled
-    """Encode blocks [b0, b1) of field (shift, mask) of ``words``; block b's words go to
-    scratch[b << log2_block:] (at most one per symbol)."""
-    n = words.size
-    x = np.empty(LANES, dtype=np.int64)
+    """Encode blocks [b0, b1) of field (shift, mask) of ``words`` with the table of
+    :func:`_packed_table`; block b's words go to scratch[b << log2_block:] (at most one per
+    symbol)."""
+    n = np.uint64(words.size)
+    sh, mk = np.uint64(shift), np.uint64(mask)
+    x = np.empty(LANES, dtype=np.uint64)
     for b in range(b0, b1):
-        start = np.int64(b) << log2_block
-        end = min(start + (1 << log2_block), n)
+        start = np.uint64(b) << np.uint64(log2_block)
+        end = min(start + (np.uint64(1) << np.uint64(log2_block)), n)
         x[:] = STATE_LOW
         w = start
         for row in range(start, end, LANES):
-            for lane in range(min(LANES, end - row)):
-                s = (np.int64(words[row + lane]) >> shift) & mask
+            row = np.uint64(row)
+            for lane in range(min(np.uint64(LANES), end - row)):
+                t = ((np.uint64(words[row + np.uint64(lane)]) >> sh) & mk) << np.uint64(2)
                 xv = x[lane]
                 # Lanes renormalise in lane order within a row: the warp-ballot order. The
                 # store is unconditional (branch-free: the branch is unpredictable); w never
                 # passes the current symbol's index, so it stays inside this block's region.
-                need = np.int64(xv >= tab[s, 0])
-                scratch[w] = xv & 0xFFFF
+                need = np.uint64(xv >= tab[t])
+                scratch[w] = np.uint16(xv & np.uint64(0xFFFF))
                 w += need
-                xv >>= need << 4
-                q = ((xv * tab[s, 1]) >> 32) >> tab[s, 2]
-                x[lane] = xv + tab[s, 3] + q * tab[s, 4]
+                xv >>= need << np.uint64(4)
+                c = tab[t + np.uint64(3)]
+                q = (xv * tab[t + np.uint64(1)]) >> (c & np.uint64(0xFF))
+                x[lane] = xv + tab[t + np.uint64(2)] + q * (c >> np.uint64(8))
         counts[b] = w - start
         for lane in range(LANES):
             states[b * LANES + lane] = x[lane]
@@ -224,54 +238,60 @@ def _gather_words(scratch, log2_block, counts, offsets, words, b0, b1
 
 
 @kernel(inline="always")
-def _decode_step(xv: int, dtab: np.ndarray, out: np.ndarray, at: int) -> int:
+def _decode_step(xv, dtab, out, at):  # pragma: no cover - compiled
     """Emit the symbol of state xv at out[at]; return the state before renormalisation."""
-    e = np.int64(dtab[xv & (PROB_SCALE - 1)])
-    out[at] = e & 0xFF
-    return ((e >> 20) + 1) * (xv >> PROB_BITS) + ((e >> 8) & (PROB_SCALE - 1))
+    e = np.uint64(dtab[xv & np.uint64(PROB_SCALE - 1)])
+    out[at] = np.uint8(e & np.uint64(0xFF))
+    return (((e >> np.uint64(20)) + np.uint64(1)) * (xv >> np.uint64(PROB_BITS))
+            + ((e >> np.uint64(8)) & np.uint64(PROB_SCALE - 1)))
 
 
 @kernel(inline="always")
-def _decode_row_fast(words: np.ndarray, p: int, x: np.ndarray, dtab: np.ndarray,
-                     out: np.ndarray, row: int) -> int:
+def _decode_row_fast(words, p, x, dtab, out, row):  # pragma: no cover - compiled
     """Decode one full row; the caller guarantees >= 32 words remain below p.
 
     So words[p - 1] is always readable, and the pop is a branch-free select (a pop happens for
     about one symbol in six, too irregular for the branch predictor).
     """
-    for lane in range(LANES - 1, -1, -1):
+    for k in range(LANES):
+        lane = np.uint64(LANES - 1 - k)
         xv = _decode_step(x[lane], dtab, out, row + lane)
-        w = np.int64(words[p - 1])
-        need = xv < STATE_LOW
-        p -= need
-        x[lane] = ((xv << WORD_BITS) | w) if need else xv
+        w = np.uint64(words[p - np.uint64(1)])
+        need = xv < np.uint64(STATE_LOW)
+        p -= np.uint64(need)
+        x[lane] = ((xv << np.uint64(WORD_BITS)) | w) if need else xv
     return p
 
 
 @kernel()
-def _decode_block(words: np.ndarray, lo: int, hi: int, x: np.ndarray, dtab: np.ndarray,
-                  out: np.ndarray, start: int, end: int) -> int:
-    """Decode symbols [start, end) from lane states x, popping words[hi-1] down to words[lo].
+def _decode_block(words, lo, hi, states, dtab, out, start, end):  # pragma: no cover - compiled
+    """Decode symbols [start, end) from the 32 lane ``states``, popping words[hi-1] down to
+    words[lo]; 0, or the error code.
 
     Precondition (checked by the caller): lo <= hi <= words.size, end <= out.size.
     """
+    x = np.empty(LANES, np.uint64)
     for lane in range(LANES):
-        if x[lane] < STATE_LOW or x[lane] >= STATE_HIGH:
+        if states[lane] < STATE_LOW or states[lane] >= STATE_HIGH:
             return _ERR_STATE
-    p = hi
-    last = start + ((end - start - 1) // LANES) * LANES
-    for row in range(last, start - 1, -LANES):
-        m = min(LANES, end - row)
-        if m == LANES and p - lo >= LANES:
+        x[lane] = states[lane]
+    lo, p, start, end = np.uint64(lo), np.uint64(hi), np.uint64(start), np.uint64(end)
+    lanes, one = np.uint64(LANES), np.uint64(1)
+    row = start + ((end - start - one) // lanes) * lanes + lanes
+    while row > start:  # rows backwards
+        row -= lanes
+        m = min(lanes, end - row)
+        if m == lanes and p - lo >= lanes:
             p = _decode_row_fast(words, p, x, dtab, out, row)
             continue
-        for lane in range(m - 1, -1, -1):
+        for k in range(m):
+            lane = m - one - np.uint64(k)
             xv = _decode_step(x[lane], dtab, out, row + lane)
             if xv < STATE_LOW:
                 if p == lo:
                     return _ERR_UNDERFLOW
-                p -= 1
-                xv = (xv << WORD_BITS) | np.int64(words[p])
+                p -= one
+                xv = (xv << np.uint64(WORD_BITS)) | np.uint64(words[p])
             x[lane] = xv
     if p != lo:
         return _ERR_LEFTOVER
@@ -288,8 +308,8 @@ def _decode_blocks(words, offsets, states, dtab, log2_block, out, errors, b0, b1
     for b in range(b0, b1):
         start = np.int64(b) << log2_block
         end = min(start + (1 << log2_block), n)
-        x = states[b * LANES:(b + 1) * LANES].astype(np.int64)
-        errors[b] = _decode_block(words, offsets[b], offsets[b + 1], x, dtab, out, start, end)
+        errors[b] = _decode_block(words, offsets[b], offsets[b + 1],
+                                  states[b * LANES:(b + 1) * LANES], dtab, out, start, end)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -335,7 +355,7 @@ def _rans_stream(view: PlaneView | np.ndarray, log2_block: int, freqs: np.ndarra
     scratch = np.empty(n, dtype=np.uint16)
     counts = np.empty(nb, dtype=np.int64)
     states = np.empty(nb * LANES, dtype=np.int64)
-    tab = _encoder_table(freqs)
+    tab = _packed_table(_encoder_table(freqs))
     _block_pieces(nb, log2_block, lambda b0, b1: _encode_range(
         view.words, view.shift, view.mask, log2_block, tab, scratch, counts, states, b0, b1))
     offsets = np.zeros(nb + 1, dtype=np.int64)

@@ -128,5 +128,6 @@ def _count_fields(words, lo, hi, shifts, masks, counts, runs):  # pragma: no cov
 
 @kernel()
 def _extract(words, lo, hi, shift, mask, out):  # pragma: no cover - compiled
-    for i in range(lo, hi):
-        out[i] = (np.int64(words[i]) >> shift) & mask
+    sh, mk = np.uint64(shift), np.uint64(mask)
+    for i in range(np.uint64(lo), np.uint64(hi)):
+        out[i] = (np.uint64(words[i]) >> sh) & mk
