@@ -45,14 +45,10 @@ from s4format.hashing import LEAF_SIZE
 from s4format.source import BufferSource
 from s4format.writer import CodedPlane, CodedTensor, code_tensor
 from s4weights.gpu import plan, ranshost, ransparse, runtime
-from s4weights.gpu.encode import (
-    Encoder,
-    Planes,
-    launch_split,
-    rans_meta_bytes,
-)
+from s4weights.gpu.encode import Encoder, rans_meta_bytes
 from s4weights.gpu.hash import content_hashes_from_leaves
 from s4weights.gpu.items import Coded, Item
+from s4weights.gpu.planes import Planes, launch_split
 
 
 class _Chunks:

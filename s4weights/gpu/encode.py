@@ -66,7 +66,6 @@ pays for it on the GPU.
 
 from __future__ import annotations
 
-import functools
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -74,121 +73,35 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from s4format import codecs, layouts, policy
+from s4format import layouts, policy
 from s4format.codecs import rans
-from s4format.layouts import Layout
 from s4format.writer import SPLIT_MIN, CodedPlane, CodedTensor, code_tensor
 from s4weights.gpu import gdeflate, plan, ranshost, runtime
 from s4weights.gpu.items import Coded, Item
+from s4weights.gpu.planes import (
+    ALIGN_PAYLOAD,
+    FORM_BITPACK,
+    FORM_BITPACK_W,
+    FORM_CODEC,
+    FORM_CONST,
+    FORM_GDEFLATE,
+    FORM_RANS,
+    FORM_RAW,
+    SPLIT_KERNEL,
+    Planes,
+    field_rows,
+    kept_as_split,
+    launch_split,
+    narrow_fields,
+    pack_widths,
+    params_of,
+    place_split,
+    stored_bound,
+)
 
-SPLIT_KERNEL = {layouts.BF16.layout_id: "split_bf16", layouts.FP16.layout_id: "split_fp16",
-                layouts.FP32.layout_id: "split_fp32"}
-# kernels/planes.cu: the planes, only their histograms, or both in one pass
-SPLIT_KINDS = ("split", "hist", "split_hist")
 MANTISSA_MODES = ("auto", "rans", "gdeflate", "raw")
-ALIGN_PAYLOAD = 16
 
 log = logging.getLogger(__name__)
-
-
-FORM_RAW, FORM_BITPACK, FORM_CONST, FORM_RANS, FORM_GDEFLATE, FORM_BITPACK_W = range(6)
-_FORM_CODEC = np.array([codecs.RAW, codecs.BITPACK, codecs.RANS, codecs.RANS, codecs.GDEFLATE,
-                        codecs.BITPACK_W], np.int64)
-
-
-class Planes:
-    """The planes of a group (or of one large tensor) as arrays, row q one plane: rows in item
-    order, each item's planes in its layout's field order (the order its ``CodedTensor`` lists
-    them). Every stage of the host's work is a few numpy operations over all rows, never a
-    Python step per plane: about 1,600 planes per training state, where ~30 µs of host Python
-    per plane (the encoder before this table) cost several times the whole device pass.
-
-    Set at creation: ``item``, ``kind``, ``index`` (the field), ``n`` (bytes = elements),
-    ``bits`` (the field's bits; 8 for raw rows), ``ptr`` (device address) and ``pw`` (how the
-    plane is stored there: 8 a byte per element; fewer, packed at that many bits, as
-    bitpack-w: a sign plane's bits at 1, a narrow mantissa plane the split packed at its
-    field's bits), ``counts`` ([P, 256] histogram; a sign
-    plane's is [zeros, ones], a raw plane's all zero), or None where the device's
-    ``rans_normalise`` gave ``stats`` instead ([P, 4]: symbols present, rANS estimate, first
-    symbol present | last symbol present << 16, table size; ``tdev``: the device address of
-    each row's table bytes).
-    By :func:`candidates`: ``nsym``, ``sym0`` (first symbol present), ``tsize`` (bytes of the
-    rANS frequency table), ``freqs`` (host rows only: normalised, at least the rows that may
-    take rANS), ``est_rans``/``est_bp``/``est_bw`` (size estimates; bitpack-w's is exact at
-    ``width`` bits), ``cand_rans``/``cand_bp``/``cand_bw``/``cand_gd`` (codecs of
-    ``policy.encode_plane``'s candidates the GPU codes, estimate under n), ``bw_first``
-    (bitpack-w ranks first) and ``runs_rans`` (the rANS kernel codes the plane).
-    By :func:`choose`: ``codec``, ``form`` (FORM_*), ``size`` (stored bytes), ``head`` (bytes
-    of the payload written from the host: header and table, or the whole CONST stream, or a
-    GDeflate page table), ``head_at`` (where in ``heads``, the host bytes of all rows) and
-    ``dtab`` (bytes of a RANS stream's table that follow the head, copied from ``tdev``).
-    By the encoder's assembly: ``offset`` (in the group's buffer; -1 for planes of items the
-    CPU codes) and ``checksum``."""
-
-    def __init__(self, item, kind, index, n, ptr, counts, stats=None, tdev=None,
-                 bits=None, pw=None) -> None:
-        self.item = np.asarray(item, np.int64)
-        self.kind = np.asarray(kind, np.int64)
-        self.index = np.asarray(index, np.int64)
-        self.n = np.asarray(n, np.int64)
-        self.ptr = np.asarray(ptr, np.uint64)
-        self.bits = np.full(self.n.size, 8, np.int64) if bits is None else np.asarray(
-            bits, np.int64)
-        self.pw = (np.where(self.kind == layouts.KIND_SIGN, 1, 8) if pw is None
-                   else np.asarray(pw, np.int64))
-        self.counts = None if counts is None else np.asarray(counts, np.int64).reshape(-1, 256)
-        self.stats = None if stats is None else np.asarray(stats, np.int64).reshape(-1, 4)
-        self.tdev = None if tdev is None else np.asarray(tdev, np.uint64)
-        self.offset = np.full(self.n.size, -1, np.int64)
-        self.checksum = np.zeros(self.n.size, np.uint64)
-        # normalised frequencies already made (the device's ``rans_normalise``), and the
-        # device address of each row's encoder-table input (0: none), or None
-        self.freqs: np.ndarray | None = None
-        self.tab: np.ndarray | None = None
-        self.tables: object = None  # the device buffer ``tab`` points into, while needed
-        # the buffer of the planes the split packs (``place_split``), their offsets in it (-1:
-        # a row not there)
-        self.fixed: torch.Tensor | None = None
-        self.fixed_off = np.full(self.n.size, -1, np.int64)
-        # a rANS launch already queued over rows ``launched`` (Encoder._histograms), or None
-        self.rans_queued: dict | None = None
-        # the most rANS words each row can take (``ranshost.WORD_COST``: the device's
-        # rans_normalise sums it), where the window's figures came from the device, or None
-        self.words: np.ndarray | None = None
-
-    _CHOSEN = ("nsym", "sym0", "tsize", "est_rans", "est_bp", "cand_rans", "cand_bp", "cand_gd",
-               "runs_rans", "launched", "width", "est_bw", "cand_bw", "bw_first", "words")
-
-    def take(self, rows: np.ndarray, item: np.ndarray) -> Planes:
-        """Rows ``rows`` as a table of their own, ``item`` their items' positions there (a
-        group's rows of its window's table), with what :func:`candidates` set."""
-        out = Planes(item, self.kind[rows], self.index[rows], self.n[rows], self.ptr[rows],
-                     None if self.counts is None else self.counts[rows],
-                     None if self.stats is None else self.stats[rows],
-                     None if self.tdev is None else self.tdev[rows], self.bits[rows],
-                     self.pw[rows])
-        out.freqs = None if self.freqs is None else self.freqs[rows]
-        out.tab = None if self.tab is None else self.tab[rows]
-        for name in self._CHOSEN:
-            if getattr(self, name, None) is not None:
-                setattr(out, name, getattr(self, name)[rows])
-        return out
-
-    def __len__(self) -> int:
-        return int(self.n.size)
-
-    @classmethod
-    def of_tensor(cls, layout: Layout, n: int, hist: np.ndarray, ones: int) -> Planes:
-        """The planes of one split tensor of ``n`` elements from the split kernel's histograms
-        (``hist``: 256 bins per byte plane; ``ones``: set sign bits); no device addresses
-        (the chunked coder gives each chunk's)."""
-        nf = len(layout.fields)
-        counts = np.zeros((nf, 256), np.int64)
-        counts[0, :2] = n - ones, ones
-        counts[1:] = np.asarray(hist, np.int64)[:256 * (nf - 1)].reshape(nf - 1, 256)
-        return cls(np.zeros(nf), [f.kind for f in layout.fields],
-                   [f.index for f in layout.fields], np.full(nf, n), np.zeros(nf), counts,
-                   bits=[f.bits for f in layout.fields])
 
 
 def candidates(pl: Planes, policy_name: str, mantissa: str, gd: bool, log2_block: int) -> None:
@@ -239,36 +152,6 @@ def candidates(pl: Planes, policy_name: str, mantissa: str, gd: bool, log2_block
     pl.bw_first = pl.cand_bw & (~pl.cand_rans | policy.packed_wins(pl.est_bw, est))
     pl.runs_rans = pl.cand_rans & ~bitpack_first & ~pl.bw_first & (nsym > 1)
     pl.launched = pl.runs_rans  # the rows a rANS launch covers (Encoder._histograms': more)
-
-
-@functools.cache
-def _field_table() -> np.ndarray:
-    """[layout id, 4, 5] int64, for the layouts the GPU splits (``plan.SPLIT_DTYPES``): the
-    fields' bits, kinds and indexes (padded to 5 fields), then the word size and field count
-    (read-only)."""
-    lays = {lay.layout_id: lay for lay in plan.SPLIT_DTYPES.values()}
-    out = np.zeros((max(lays) + 1, 4, 5), np.int64)
-    for i, lay in lays.items():
-        f = lay.fields
-        out[i, 0, :len(f)] = [x.bits for x in f]
-        out[i, 1, :len(f)] = [x.kind for x in f]
-        out[i, 2, :len(f)] = [x.index for x in f]
-        out[i, 3, :2] = lay.word, len(f)
-    out.flags.writeable = False
-    return out
-
-
-def _field_rows(lays: list[Layout]) -> tuple[np.ndarray, ...]:
-    """The split rows of tensors of split layouts ``lays`` (a row per field, tensor by tensor),
-    without a Python step per row: (each tensor's layout id, field count; each row's tensor,
-    field, bits, kind and index; each tensor's word size)."""
-    ids = np.array([lay.layout_id for lay in lays], np.int64)
-    tab = _field_table()
-    word, nf = tab[ids, 3, 0], tab[ids, 3, 1]
-    seg = np.repeat(np.arange(ids.size), nf)
-    field = np.arange(int(nf.sum())) - np.repeat(np.cumsum(nf) - nf, nf)
-    at = ids[seg]
-    return ids, nf, seg, field, tab[at, 0, field], tab[at, 1, field], tab[at, 2, field], word
 
 
 def candidate_kinds(n: np.ndarray, kind: np.ndarray, policy_name: str, mantissa: str
@@ -379,93 +262,7 @@ def choose(pl: Planes, r: dict | None, gd: gdeflate.Compressed | None, log2_bloc
         pl.head_at[rows] = base + start
         base += blob.size
     pl.heads = np.concatenate([p[1] for p in parts]) if parts else np.zeros(0, np.uint8)
-    pl.form, pl.size, pl.codec = form, size, _FORM_CODEC[form]
-
-
-def params_of(pl: Planes, q: int) -> bytes:
-    """The codec parameters of row q's payload: bitpack-w's width byte, else none."""
-    return bytes([int(pl.width[q])]) if pl.form[q] == FORM_BITPACK_W else b""
-
-
-def narrow(pl: Planes) -> np.ndarray:
-    """Rows of mantissa fields narrower than a byte (the bf16 and fp32 7-bit, the fp16 2-bit
-    planes): the split kernels can store these as bitpack-w at the field's width."""
-    return _narrow(pl.kind, pl.bits)
-
-
-def _narrow(kind, bits) -> np.ndarray:
-    return (np.asarray(kind, np.int64) == layouts.KIND_MANTISSA) & (np.asarray(bits) < 8)
-
-
-def pack_widths(pl: Planes) -> np.ndarray:
-    """How a group's split stores each row once its candidates are known (``Planes.pw``): sign
-    bits packed (1); a narrow mantissa plane whose codec is sure to be bitpack-w at its field's
-    full width (ranked first: no other candidate can take it) packed at that width, so the
-    assembly copies it as it is; every other plane a byte per element."""
-    packed = narrow(pl) & pl.bw_first & (pl.width == pl.bits)
-    return np.where(pl.kind == layouts.KIND_SIGN, 1, np.where(packed, pl.bits, 8))
-
-
-def stays_raw(pl: Planes) -> np.ndarray:
-    """Split rows with no candidate codec (:func:`candidates`): stored raw whatever the rANS
-    kernel finds, their payload the split's bytes as they are (the uniform low mantissa bytes
-    of fp32 tensors and optimizer state: about half of their bytes)."""
-    return ((pl.kind != layouts.KIND_RAW) & (pl.kind != layouts.KIND_SIGN)
-            & ~(pl.cand_rans | pl.cand_bp | pl.cand_bw | pl.cand_gd))
-
-
-def kept_as_split(pl: Planes, width: np.ndarray, raw: bool = True) -> np.ndarray:
-    """The rows of a sized group (candidates known) whose payload is sure to be the split's
-    bytes as it stores them (``width``: :func:`pack_widths`): the narrow planes it packs at
-    their field's width (stored bitpack-w as they are) and (``raw``) the planes with no
-    candidate (:func:`stays_raw`). The group's split writes them where its result keeps them
-    (``place_split``): the assembly copies nothing for them, and the group's need counts
-    their bytes once (``plan.group_need``'s ``kept``)."""
-    kept = narrow(pl) & (width < 8)
-    return kept | stays_raw(pl) if raw else kept
-
-
-def stored_bound(pl: Planes, width: np.ndarray, kept: np.ndarray,
-                 log2_block: int = rans.LOG2_BLOCK_DEFAULT) -> np.ndarray:
-    """An upper bound on each row's stored bytes once :func:`choose` has run (``width``:
-    :func:`pack_widths`, ``kept``: :func:`kept_as_split`): a kept row's payload exactly;
-    bitpack-w's or bitpack's size where that codec is sure to be chosen (ranked first, or
-    bitpack ranked before rANS); a plane of one symbol's CONST stream where it ranks first; a
-    rANS stream's most bytes where rANS ranks first and even
-    its most (``Planes.words``, the stream at ``log2_block``) is under the plane's bytes, so
-    that it is sure to be chosen; any other row's bytes (a coded payload is smaller, raw is
-    that). A tensor whose rows' bounds sum past its raw bytes may be coded by the CPU."""
-    n = pl.n
-    bp_sure = pl.cand_bp & ~(pl.cand_rans & (pl.est_rans < pl.est_bp))
-    out = np.where(pl.bw_first, pl.est_bw, np.where(bp_sure, pl.est_bp, n))
-    # a plane of one symbol whose CONST stream (its estimate, exactly) ranks first
-    const_sure = (pl.cand_rans & (pl.nsym == 1) & ~pl.bw_first
-                  & (~pl.cand_bp | (pl.est_rans < pl.est_bp)))
-    out = np.where(const_sure, pl.est_rans, out)
-    if pl.words is not None:
-        # runs_rans: rANS ranks first (not bitpack's nor bitpack-w's turn); a stream of at
-        # most ``most`` bytes under n is sure to be taken (choose: its real size is under n)
-        most = (ranshost.HEADER_SIZE + pl.tsize + rans.BLOCK_OVERHEAD * -(-n >> log2_block)
-                + 2 * pl.words)
-        out = np.where(pl.runs_rans & (most < n), most, out)
-    return np.where(kept, plan.packed_bytes(n, width), out)
-
-
-def place_split(n: np.ndarray, width: np.ndarray, packed: np.ndarray
-                ) -> tuple[np.ndarray, int, int]:
-    """Where a group's split stores its rows (``n`` elements at ``width`` bits,
-    ``plan.split_plane_bytes``): ``packed`` rows (narrow planes the split packs) back to back in
-    a buffer of their own, which the group's result keeps as part of its payloads (the
-    assembly copies nothing there), the others in the planes buffer, freed after the assembly.
-    Returns (each row's offset in its buffer, the planes buffer's bytes, the packed one's)."""
-    size = plan.split_plane_bytes(n, width)
-    off = np.zeros(size.size, np.int64)
-    totals = []
-    for sel in (~packed, packed):
-        s_ = size[sel]
-        off[sel] = np.cumsum(s_) - s_
-        totals.append(int(s_.sum()))
-    return off, totals[0], totals[1]
+    pl.form, pl.size, pl.codec = form, size, FORM_CODEC[form]
 
 
 @dataclass
@@ -799,14 +596,14 @@ class Encoder:
             elif it.layout is not None:
                 split_k.append(k)
                 lays.append(it.layout)
-        lay_ids, nf, seg, field, bits, kind, index, word = _field_rows(lays)
+        lay_ids, nf, seg, field, bits, kind, index, word = field_rows(lays)
         n_el = np.array([items[k].nbytes for k in split_k], np.int64) // word
         n = n_el[seg]
         pack = split and self.packs
         # how the split stores each row: sign bits packed, narrow mantissa planes packed when
         # ``pack``, bytes otherwise (the hist-only pass stores nothing: each group's split
         # decides, ``pack_widths``)
-        pw = np.where(field == 0, 1, np.where(pack & _narrow(kind, bits), bits, 8))
+        pw = np.where(field == 0, 1, np.where(pack & narrow_fields(kind, bits), bits, 8))
         buf, fixed, rows_at = None, None, np.zeros(n.size, np.uint64)
         infix = (field > 0) & (pw < 8)  # the packed narrow planes
         if split:  # the planes, split rows in order (the packed ones in a buffer of their own)
@@ -1412,43 +1209,6 @@ def file_of(enc: Encoder, tensors: dict[str, torch.Tensor]) -> bytes:
             w.add_coded(name, it.dtype, tuple(t.shape), c.coded, c.content_hash)
         w.set_tree({k: objtree.TensorRef(i) for i, k in enumerate(tensors)})
     return buf.getvalue()
-
-
-def launch_split(layout_id: int, src: list[int], nelems,
-                 planes: list[list[int]] | np.ndarray | None, hist_p: int, ones_p: int,
-                 batch: runtime.Batch | None = None, kind: str = "split",
-                 chunks: tuple[np.ndarray, np.ndarray] | None = None,
-                 pack: np.ndarray | None = None) -> torch.Tensor | None:
-    """One split launch (``kernels/planes.cu``) for tensors of one layout: tensor r has
-    ``nelems[r]`` elements at address ``src[r]`` and its planes (packed sign bits first) at
-    ``planes[r]``; its byte histograms are added to the 1024 u64 at ``hist_p + 8192 * r`` and its
-    count of set sign bits to the u64 at ``ones_p + 8 * r``. ``kind``: "split" writes the
-    planes (``hist_p`` and ``ones_p`` unused), "hist" only adds the histograms (``planes``
-    None), "split_hist" does both. Returns the launch's device table (stream-ordered: keep it
-    or drop it, the caching allocator reuses it after the launch); with a ``batch``, the
-    launch joins it (and runs with it). ``chunks``: ``plan.chunk_table(nelems)``, when made
-    beforehand. ``pack[r]`` 1: tensor r's narrow mantissa plane (a field of under 8 bits) is
-    stored as bitpack-w at the field's width (its address 4-aligned); default none."""
-    if kind not in SPLIT_KINDS:
-        raise ValueError(f"kind must be one of {SPLIT_KINDS}")
-    cs, c0 = plan.chunk_table(nelems) if chunks is None else chunks
-    table = np.zeros((len(src), 5), dtype=np.uint64)
-    if isinstance(planes, np.ndarray):
-        table[:, :planes.shape[1]] = planes
-    elif planes is not None:
-        for r, addrs in enumerate(planes):
-            table[r, :len(addrs)] = addrs
-    own = batch is None
-    batch = runtime.Batch() if own else batch
-    name = SPLIT_KERNEL[layout_id].replace("split", kind, 1)
-    pack = np.zeros(len(src), np.uint8) if pack is None else np.asarray(pack, np.uint8)
-    if pack.any() and (table[pack != 0, 2] % 4).any():
-        raise ValueError("a packed plane must be 4-byte aligned")
-    batch.launch("planes", name, cs.size, 256,
-                 *batch.table(cs, c0, np.asarray(src, dtype=np.uint64),
-                              np.asarray(nelems, dtype=np.int64), table, pack),
-                 np.uint64(hist_p), np.uint64(ones_p))
-    return batch.run() if own else None
 
 
 def rans_runs(r: dict, jobs: np.ndarray, at: np.ndarray, words: bool = True

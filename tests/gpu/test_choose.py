@@ -14,6 +14,15 @@ import pytest
 from s4format import codecs, layouts, policy
 from s4format.codecs import rans
 from s4weights.gpu import encode, plan, ranshost
+from s4weights.gpu.planes import (
+    FORM_BITPACK,
+    FORM_BITPACK_W,
+    FORM_CONST,
+    FORM_RANS,
+    FORM_RAW,
+    Planes,
+    params_of,
+)
 
 LG = rans.LOG2_BLOCK_DEFAULT
 RNG = np.random.default_rng(11)
@@ -69,7 +78,7 @@ def _reference(kind: int, plane: np.ndarray, pol: str, mantissa: str, monkeypatc
     return cid, bytes(enc.payload) if cid != codecs.RAW else plane.tobytes()
 
 
-def _kernel_result(pl: encode.Planes, planes: list[np.ndarray]) -> dict | None:
+def _kernel_result(pl: Planes, planes: list[np.ndarray]) -> dict | None:
     """What ``Encoder._rans`` returns after the rANS kernel, from the CPU reference encoder."""
     jobs = np.flatnonzero(pl.runs_rans)
     if not jobs.size:
@@ -94,7 +103,7 @@ def test_choice_equals_the_cpu_policy(pol: str, mantissa: str, monkeypatch) -> N
     cases = _planes()
     planes = [p for _k, p in cases]
     counts = np.stack([np.bincount(p, minlength=256) for p in planes])
-    pl = encode.Planes(np.arange(len(cases)), [k for k, _ in cases], np.zeros(len(cases)),
+    pl = Planes(np.arange(len(cases)), [k for k, _ in cases], np.zeros(len(cases)),
                        [p.size for p in planes], np.zeros(len(cases)), counts)
     encode.candidates(pl, pol, mantissa, False, LG)
     encode.choose(pl, _kernel_result(pl, planes), None, LG)
@@ -107,16 +116,16 @@ def test_choice_equals_the_cpu_policy(pol: str, mantissa: str, monkeypatch) -> N
         assert (int(pl.codec[q]), int(pl.size[q])) == (want[0], len(want[1])), q
         head = pl.heads[pl.head_at[q]:pl.head_at[q] + pl.head[q]].tobytes()
         assert want[1].startswith(head), q
-        if pl.form[q] == encode.FORM_BITPACK_W:
-            assert encode.params_of(pl, q) == bytes([max(1, int(p.max()).bit_length())]), q
-        if pl.form[q] == encode.FORM_CONST:
+        if pl.form[q] == FORM_BITPACK_W:
+            assert params_of(pl, q) == bytes([max(1, int(p.max()).bit_length())]), q
+        if pl.form[q] == FORM_CONST:
             assert head == want[1], q  # a CONST stream is all host bytes
         forms.add(int(pl.form[q]))
     if (pol, mantissa) == ("auto", "auto"):
-        assert forms == {encode.FORM_RAW, encode.FORM_BITPACK, encode.FORM_CONST,
-                         encode.FORM_RANS, encode.FORM_BITPACK_W}
+        assert forms == {FORM_RAW, FORM_BITPACK, FORM_CONST,
+                         FORM_RANS, FORM_BITPACK_W}
     if pol != "auto":
-        assert encode.FORM_BITPACK_W not in forms
+        assert FORM_BITPACK_W not in forms
 
 
 def test_device_frequencies_give_the_same_choice() -> None:
@@ -125,7 +134,7 @@ def test_device_frequencies_give_the_same_choice() -> None:
     counts = np.stack([np.bincount(p, minlength=256) for _k, p in cases])
     args = (np.arange(len(cases)), [k for k, _ in cases], np.zeros(len(cases)),
             [p.size for _k, p in cases], np.zeros(len(cases)), counts)
-    a, b = encode.Planes(*args), encode.Planes(*args)
+    a, b = Planes(*args), Planes(*args)
     nz = counts.any(axis=1)
     b.freqs = np.zeros_like(counts)
     b.freqs[nz] = ranshost.normalise_many(counts[nz])

@@ -195,7 +195,7 @@ def test_collect_moves_each_chunks_words_behind_the_one_before(emulated) -> None
     # the host side of the pass on its own: two chunks of one job, their words in slots of a
     # byte per symbol, moved together behind the counts and states
     from s4format import layouts
-    from s4weights.gpu.encode import Planes
+    from s4weights.gpu.planes import Planes
 
     n, lg = 3 * 65536, 16
     hist = np.zeros(1024, np.int64)

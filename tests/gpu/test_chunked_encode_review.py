@@ -173,7 +173,7 @@ def test_collect_moves_overlapping_words(emulated):
     # a chunk's words moved down over its own slot (the gap behind the chunk before is
     # shorter than the words): the move must read before it writes
     from s4format import layouts
-    from s4weights.gpu.encode import Planes
+    from s4weights.gpu.planes import Planes
 
     n, lg = 3 * 65536, 16
     hist = np.zeros(1024, np.int64)

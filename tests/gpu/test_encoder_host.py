@@ -22,6 +22,7 @@ import s4format
 from s4format import dtypes, hashing, objtree
 from s4format.writer import Writer
 from s4weights.gpu import encode, runtime
+from s4weights.gpu.planes import kept_as_split, pack_widths, stored_bound
 from tests.gpu.emulated import Device, emulate
 
 
@@ -197,8 +198,8 @@ def test_random_states_stay_within_the_workspace(emulated, seed) -> None:
     # what the sizing assumed of every plane holds: no plane stores more than its bound
     for grp in enc.encode_device(_items([t for t in tensors if t.numel() < 3_000_000])):
         pl = grp.planes
-        width = encode.pack_widths(pl)
-        bound = encode.stored_bound(pl, width, encode.kept_as_split(pl, width))
+        width = pack_widths(pl)
+        bound = stored_bound(pl, width, kept_as_split(pl, width))
         assert (pl.size <= bound).all()
 
 

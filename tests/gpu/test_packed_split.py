@@ -16,6 +16,14 @@ import torch
 import s4format
 from s4format import codecs, hashing, layouts
 from s4weights.gpu import encode
+from s4weights.gpu.planes import (
+    FORM_BITPACK_W,
+    FORM_RAW,
+    kept_as_split,
+    narrow,
+    pack_widths,
+    stays_raw,
+)
 from tests.gpu.emulated import Device, emulate
 
 N = 150_000
@@ -94,14 +102,14 @@ def test_a_group_split_before_its_codecs_packs_every_narrow_plane(emulated) -> N
     enc = encode.Encoder("auto", workspace=1 << 30)
     (g,) = enc.encode_device(items)
     pl = g.planes
-    narrow = encode.narrow(pl)
-    assert narrow.sum() == len(items)
-    assert (pl.pw[narrow] == pl.bits[narrow]).all()
+    rows = narrow(pl)
+    assert rows.sum() == len(items)
+    assert (pl.pw[rows] == pl.bits[rows]).all()
     assert (pl.pw[pl.kind == layouts.KIND_SIGN] == 1).all()
     # the copies: narrow planes stored at full width; the rest repacked, rANS-coded or CONST
-    full = narrow & (pl.form == encode.FORM_BITPACK_W) & (pl.width == pl.bits)
+    full = rows & (pl.form == FORM_BITPACK_W) & (pl.width == pl.bits)
     assert full.sum() == 6
-    assert (narrow & (pl.form == encode.FORM_BITPACK_W) & (pl.width < pl.bits)).sum() == 3
+    assert (rows & (pl.form == FORM_BITPACK_W) & (pl.width < pl.bits)).sum() == 3
     # the full-width planes stay where the split put them: the image's second part
     # (runs of kept planes: the planes between them took other forms)
     assert g.fixed is not None and 0 < g.head < g.total
@@ -155,20 +163,20 @@ def test_a_sized_group_packs_only_the_planes_stored_at_full_width(emulated) -> N
     raw_kept = 0
     for g in groups:
         pl = g.planes
-        packed = encode.narrow(pl) & (pl.pw < 8)
-        assert (pl.form[packed] == encode.FORM_BITPACK_W).all()
+        packed = narrow(pl) & (pl.pw < 8)
+        assert (pl.form[packed] == FORM_BITPACK_W).all()
         assert (pl.width[packed] == pl.bits[packed]).all()
         # planes with no candidate codec are written there too, stored raw as they are
-        stays = encode.stays_raw(pl)
+        stays = stays_raw(pl)
         assert not (packed & stays).any()
-        assert (pl.form[stays] == encode.FORM_RAW).all() and (pl.pw[stays] == 8).all()
+        assert (pl.form[stays] == FORM_RAW).all() and (pl.pw[stays] == 8).all()
         kept = packed | stays
         assert ((pl.fixed_off >= 0) == kept).all()
         assert (g.fixed is None) == (not kept.any())
         assert (pl.offset[kept] >= g.head).all()
         assert len(g.parts) == (1 if kept.any() else 0)  # nothing but kept planes there
         raw_kept += int(stays.sum())
-    assert sum(int((encode.narrow(g.planes) & (g.planes.pw < 8)).sum()) for g in groups) == 6
+    assert sum(int((narrow(g.planes) & (g.planes.pw < 8)).sum()) for g in groups) == 6
     assert raw_kept  # the fp32 tensors' low mantissa bytes (uniform: no candidate)
     reader = s4format.Reader(encode.file_of(enc, tensors))
     for i, t in enumerate(tensors.values()):
@@ -197,15 +205,15 @@ def test_planes_stored_as_split_shrink_a_groups_need(emulated) -> None:
         if keep:
             for g in groups:  # the compacted buffer holds the other planes' payloads only
                 assert g.buffer.numel() <= sum(it.nbytes for it in g.items) // 2
-                assert int(encode.stays_raw(g.planes).sum()) == 2 * len(g.items)
+                assert int(stays_raw(g.planes).sum()) == 2 * len(g.items)
     assert counts[True] < counts[False], counts
     pl, _tables, _buf = enc._histograms(items)
-    width = encode.pack_widths(pl)
+    width = pack_widths(pl)
     nbytes = np.array([it.nbytes for it in items], np.int64)
     args = (pl.item, width, pl.kind != layouts.KIND_RAW, pl.n, pl.runs_rans, pl.cand_gd,
             nbytes, enc.log2_block)
     from s4weights.gpu import plan
-    assert (plan.group_need(*args) - plan.group_need(*args, encode.stays_raw(pl))
+    assert (plan.group_need(*args) - plan.group_need(*args, stays_raw(pl))
             == 2 * N).all()
 
 
@@ -227,7 +235,7 @@ def test_kept_planes_of_a_tensor_the_cpu_codes_stay_within_the_workspace(emulate
     assert Device.peak <= 24 << 20, Device.peak
     groups = enc.encode_device(_items(tensors))
     assert sum(len(gr.cpu) for gr in groups) == len(tensors)  # every one coded by the CPU
-    assert any(encode.kept_as_split(gr.planes, encode.pack_widths(gr.planes)).any()
+    assert any(kept_as_split(gr.planes, pack_widths(gr.planes)).any()
                for gr in groups)
     for c, t in zip(coded, tensors):
         assert c.content_hash == hashing.content_hash(t.reshape(-1).view(torch.uint8)
