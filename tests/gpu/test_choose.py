@@ -1,5 +1,5 @@
-"""The GPU encoder's codec choice, on the host (runs without a GPU): ``encode.candidates`` and
-``encode.choose`` decide every plane of a group with numpy over all planes at once. Fed the
+"""The GPU encoder's codec choice, on the host (runs without a GPU): ``candidates`` and
+``choose`` decide every plane of a group with numpy over all planes at once. Fed the
 block word counts that the CPU reference encoder produces for the same planes (what the rANS
 kernel produces: the kernel is byte-identical to it, tests/gpu/test_gpu_codec.py), they must
 pick what ``policy.encode_plane`` picks among the codecs the GPU codes (bitpack, rANS,
@@ -13,7 +13,8 @@ import pytest
 
 from s4format import codecs, layouts, policy
 from s4format.codecs import rans
-from s4weights.gpu import encode, plan, ranshost
+from s4weights.gpu import plan, ranshost
+from s4weights.gpu.choose import candidates, choose
 from s4weights.gpu.planes import (
     FORM_BITPACK,
     FORM_BITPACK_W,
@@ -105,8 +106,8 @@ def test_choice_equals_the_cpu_policy(pol: str, mantissa: str, monkeypatch) -> N
     counts = np.stack([np.bincount(p, minlength=256) for p in planes])
     pl = Planes(np.arange(len(cases)), [k for k, _ in cases], np.zeros(len(cases)),
                        [p.size for p in planes], np.zeros(len(cases)), counts)
-    encode.candidates(pl, pol, mantissa, False, LG)
-    encode.choose(pl, _kernel_result(pl, planes), None, LG)
+    candidates(pl, pol, mantissa, False, LG)
+    choose(pl, _kernel_result(pl, planes), None, LG)
     forms = set()
     for q, (kind, p) in enumerate(cases):
         if kind == layouts.KIND_MANTISSA and mantissa == "raw":
@@ -139,7 +140,7 @@ def test_device_frequencies_give_the_same_choice() -> None:
     b.freqs = np.zeros_like(counts)
     b.freqs[nz] = ranshost.normalise_many(counts[nz])
     for pl in (a, b):
-        encode.candidates(pl, "auto", "auto", False, LG)
+        candidates(pl, "auto", "auto", False, LG)
     for name in ("est_rans", "cand_rans", "cand_bp", "runs_rans", "width", "cand_bw"):
         assert (getattr(a, name) == getattr(b, name)).all(), name
     rows = a.runs_rans

@@ -1,6 +1,6 @@
 """A group split before its codecs are known queues its rANS launch before the host has read
 the planes' figures, the planes picked on the device by ``rans_jobs`` (kernels/rans.cu), the
-host's rule (``encode.candidates``' ``runs_rans``) written again in CUDA. Here, with the kernels
+host's rule (``candidates``' ``runs_rans``) written again in CUDA. Here, with the kernels
 emulated (tests/gpu/emulated.py, which follows the kernel's code): the device picks what the host
 picks on every kind of plane and policy, the files are byte for byte those of the encoder
 that launches after reading the figures, and a launch that picked other planes is not used
