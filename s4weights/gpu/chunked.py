@@ -44,8 +44,8 @@ from s4format.errors import (
 from s4format.hashing import LEAF_SIZE
 from s4format.source import BufferSource
 from s4format.writer import CodedPlane, CodedTensor, code_tensor
-from s4weights.gpu import plan, ranshost, ransparse, runtime
-from s4weights.gpu.encode import Encoder, rans_meta_bytes
+from s4weights.gpu import plan, ransencode, ranshost, ransparse, runtime
+from s4weights.gpu.encode import Encoder
 from s4weights.gpu.hash import content_hashes_from_leaves
 from s4weights.gpu.items import Coded, Item
 from s4weights.gpu.planes import Planes, launch_split
@@ -240,7 +240,7 @@ def _code_chunks(enc: Encoder, ch: _Chunks, st: _Streams, width: np.ndarray,
     if nj:
         scratch = runtime.device_empty(nj * runtime.align(2 * chunk))
         nbf = -(-chunk >> lg)
-        figures = rans_meta_bytes(nj * nbf)
+        figures = ransencode.rans_meta_bytes(nj * nbf)
         meta = runtime.device_empty(figures + 8 * (nj * nbf + 1))
         excl = meta[figures:].view(torch.int64)
         excl[:1].zero_()
@@ -266,13 +266,15 @@ def _code_chunks(enc: Encoder, ch: _Chunks, st: _Streams, width: np.ndarray,
             st.pack_plain(m, ch, outs, batch)
             blocks = 0
             if nj:
-                r = enc._rans_launch(width, np.full(nj, m),
-                                     np.array([ch.addr(i) for i in jobs], np.uint64), None,
-                                     tabs, batch, scratch=scratch, out=meta)
+                r = ransencode.rans_launch(width, np.full(nj, m),
+                                           np.array([ch.addr(i) for i in jobs], np.uint64),
+                                           None, tabs, batch, enc.log2_block, scratch=scratch,
+                                           out=meta)
                 blocks = r["bt"].size
             steps.append((c0, m, batch.mark() - before, blocks))
             if nj:
-                enc._place(r, words, batch, excl=excl.data_ptr(), cap=st.slot * m)
+                ransencode.place_words(r, words, batch, excl=excl.data_ptr(),
+                                       cap=st.slot * m)
                 del r
             per = max(per, batch.table_bytes() - size)
             k += 1

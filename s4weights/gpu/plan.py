@@ -189,7 +189,7 @@ def large_need(layout: layouts.Layout, itemsize: int, chunk: int, rans_planes: i
     workspace): the chunk's XOR with its parent (deltas); for each of ``rans_planes``
     rANS-coded planes the kernel's scratch (a word per symbol; the kernel reads the sign
     plane's packed bits as they are) and its encoder-table input (2 KiB); the blocks' figures
-    (``encode.rans_meta_bytes``: 146 bytes per block, and 8 for the prefix sum of the word
+    (``ransencode.rans_meta_bytes``: 146 bytes per block, and 8 for the prefix sum of the word
     counts) and the prefix sum's scratch; one buffer that holds the chunk's planes and
     ``packed`` planes packed to bitpack-w while they are coded, then the staging
     (``large_staging``); one chunk's leaf digests and the histograms (``large_chunk`` counts

@@ -408,11 +408,18 @@ Cuda.current_device = staticmethod(lambda: 0)
 
 
 def emulate(monkeypatch) -> None:
-    """The CUDA path's modules with emulated kernels and CPU "device" tensors."""
-    from s4weights.gpu import chunked, decode, encode, runtime
+    """The CUDA path's modules with emulated kernels and CPU "device" tensors: every module of
+    the package that imports torch gets :class:`Torch` instead."""
+    import importlib
+    import pkgutil
 
-    for mod in (encode, decode, runtime, chunked):
-        monkeypatch.setattr(mod, "torch", Torch())
+    from s4weights import gpu
+    from s4weights.gpu import runtime
+
+    for info in pkgutil.iter_modules(gpu.__path__):
+        mod = importlib.import_module(f"s4weights.gpu.{info.name}")
+        if getattr(mod, "torch", None) is torch:
+            monkeypatch.setattr(mod, "torch", Torch())
     monkeypatch.setattr(runtime, "launch", launch)
     monkeypatch.setattr(runtime, "pinned", lambda n: torch.empty(max(n, 1), dtype=torch.uint8))
     # constant tables made here are CPU tensors: a cache of their own, gone with the test

@@ -21,7 +21,7 @@ import s4weights  # noqa: E402
 from s4format import codecs, hashing  # noqa: E402
 from s4format.codecs.rans import RansCodec  # noqa: E402
 from s4weights.gpu import decode, runtime  # noqa: E402
-from s4weights.gpu.encode import rans_stream  # noqa: E402
+from s4weights.gpu.ransencode import rans_stream  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 RNG = np.random.default_rng(2024)
