@@ -76,8 +76,8 @@ import torch
 from s4format import layouts, policy
 from s4format.codecs import rans
 from s4format.writer import SPLIT_MIN, CodedPlane, CodedTensor, code_tensor
-from s4weights.gpu import gdeflate, plan, ransencode, ranshost, runtime
-from s4weights.gpu.choose import candidate_kinds, candidates, choose
+from s4weights.gpu import gdeflate, histograms, plan, ransencode, runtime
+from s4weights.gpu.choose import candidates, choose
 from s4weights.gpu.items import Coded, Item
 from s4weights.gpu.planes import (
     ALIGN_PAYLOAD,
@@ -88,10 +88,8 @@ from s4weights.gpu.planes import (
     FORM_RAW,
     SPLIT_KERNEL,
     Planes,
-    field_rows,
     kept_as_split,
     launch_split,
-    narrow_fields,
     pack_widths,
     params_of,
     place_split,
@@ -183,14 +181,14 @@ class Encoder:
         self.workspace = workspace
         self.gd_algorithm = gdeflate_algorithm
         self.gd = (mantissa == "gdeflate" or self.policy == "seed") and gdeflate.available()
-        # a group split before its codecs are known (``_histograms(split=True)``) stores its
+        # a group split before its codecs are known (``histograms.window_planes``) stores its
         # narrow mantissa planes packed where bitpack-w is a candidate for them: the codec they
         # take unless rANS saves over 1/65 (then its kernel reads them packed), so the assembly
         # usually copies them as they are
         self.packs = self.policy == "auto" and mantissa == "auto"
         self._copy_stream: torch.cuda.Stream | None = None
         # a group split before its codecs are known queues its rANS launch before the host has
-        # read its figures, the planes picked on the device (``_histograms``); the groups
+        # read its figures, the planes picked on the device (``histograms``); the groups
         # where that launch picked other planes than the host's rule (a bug: rans_jobs is
         # candidates' rule; the host's wins and codes again)
         self.early_rans = True
@@ -227,7 +225,7 @@ class Encoder:
         rANS tables of at most ``workspace / plan.WINDOW_SHARE`` bytes). A window that fits the
         workspace even if every plane took rANS (``plan.encode_need``) is one group, split and
         histogrammed in one pass when it is coded (table None). Otherwise one histogram pass
-        over the window (:meth:`_histograms`, one synchronisation) decides every plane's
+        over the window (``histograms.window_planes``, one synchronisation) decides every plane's
         candidates, so each group is sized by what it really holds (``plan.group_need``), not
         by the worst case. ``pipelined`` (``code``): the previous group's compacted buffer is
         still on the device while the next group is coded, and counts against the workspace.
@@ -279,7 +277,7 @@ class Encoder:
         if worst <= budget:
             yield items, None, worst, None
             return
-        pl, tables, _none = self._histograms(items)
+        pl, tables, _none = histograms.window_planes(self, items)
         nbytes = np.array([it.nbytes for it in items], np.int64)
         width = pack_widths(pl)
         kept = kept_as_split(pl, width, self.keep_raw)
@@ -389,165 +387,6 @@ class Encoder:
 
     # -- one window: histograms and candidates ---------------------------------------------
 
-    def _histograms(self, items: list[Item], batch: runtime.Batch | None = None,
-                    split: bool = False, queue_rans: bool = False
-                    ) -> tuple[Planes, tuple, torch.Tensor | None]:
-        """The window's plane table: one histogram launch per layout over its split tensors
-        and one normalisation launch over their planes (``rans_normalise``: rans.normalise's
-        integer procedure; the encoder's table inputs stay on the device), run with ``batch``'s
-        launches, then one synchronisation for the histograms and frequencies, and the
-        candidates of every plane (:func:`candidates`). Rows are in item order: a split
-        tensor's planes, a raw-layout item's bytes in place; an item the CPU codes has none.
-        ``split``: the same pass splits the tensors too (a group that needs no sizing), into
-        the returned buffer, and the rows hold their addresses; else the rows of split planes
-        have none yet (each group splits its own); that pass stores narrow mantissa planes
-        packed where ``packs`` (``Planes.pw``), and (``queue_rans`` and ``early_rans``: only
-        where the workspace holds rANS scratch for every plane) queues the rANS launch over
-        every split row before the synchronisation, the rows picked by ``rans_jobs``: the
-        table holds it (``Planes.rans_queued``, its rows ``Planes.launched``) where the host's
-        candidates agree. Returns the table, the device tables to keep, and the planes' buffer
-        (or None)."""
-        split_k, raws, lays = [], [], []
-        for k, it in enumerate(items):
-            if it.layout is layouts.RAW:
-                raws.append(k)
-            elif it.layout is not None:
-                split_k.append(k)
-                lays.append(it.layout)
-        lay_ids, nf, seg, field, bits, kind, index, word = field_rows(lays)
-        n_el = np.array([items[k].nbytes for k in split_k], np.int64) // word
-        n = n_el[seg]
-        pack = split and self.packs
-        # how the split stores each row: sign bits packed, narrow mantissa planes packed when
-        # ``pack``, bytes otherwise (the hist-only pass stores nothing: each group's split
-        # decides, ``pack_widths``)
-        pw = np.where(field == 0, 1, np.where(pack & narrow_fields(kind, bits), bits, 8))
-        buf, fixed, rows_at = None, None, np.zeros(n.size, np.uint64)
-        infix = (field > 0) & (pw < 8)  # the packed narrow planes
-        if split:  # the planes, split rows in order (the packed ones in a buffer of their own)
-            off, total, ftotal = place_split(n, pw, infix)
-            buf = runtime.device_empty(total)
-            fixed = runtime.device_empty(ftotal) if ftotal else None
-            rows_at = np.uint64(buf.data_ptr()) + off.astype(np.uint64)
-            if fixed is not None:
-                rows_at[infix] = np.uint64(fixed.data_ptr()) + off[infix].astype(np.uint64)
-        nseg = len(split_k)
-        batch = runtime.Batch() if batch is None else batch
-        hist = torch.zeros(nseg * 1025 + 1, dtype=torch.int64, device="cuda")
-        hp = hist.data_ptr()
-        hpos = np.zeros(nseg, np.int64)  # segment -> its histogram's position, by layout
-        first_row = np.cumsum(nf) - nf
-        at = 0
-        for lay_id in SPLIT_KERNEL:
-            sel = np.flatnonzero(lay_ids == lay_id)
-            if not sel.size:
-                continue
-            hpos[sel] = np.arange(at, at + sel.size)
-            addrs = rows_at[first_row[sel][:, None] + np.arange(int(nf[sel[0]]))] \
-                if split else None
-            launch_split(lay_id, [items[split_k[j]].data.data_ptr() for j in sel.tolist()],
-                         n_el[sel], addrs, hp + 8 * 1024 * at, hp + 8 * (1024 * nseg + at),
-                         batch, "split_hist" if split else "hist",
-                         pack=np.full(sel.size, pack, np.uint8))
-            at += sel.size
-        # every split plane's rANS frequencies, normalised on the device and kept there as the
-        # encoder's table input, with the frequency tables' bytes; only the planes' figures
-        # (symbols present, estimate, first symbol, table size) come to the host
-        ps = n.size
-        bins = np.where(field > 0, np.uint64(hp) + (8 * (hpos[seg] * 1024 + (field - 1) * 256)
-                                                    ).astype(np.uint64), np.uint64(0))
-        fc = runtime.device_empty(2048 * ps)
-        # table bytes, then the figures, then (``split``) the rows rans_jobs picks
-        # (figures 32 bytes a plane, then the words' bounds 8, then rans_jobs' picks 1)
-        meta = runtime.device_empty((plan.TABLE_STRIDE + 41) * ps)
-        host = runtime.pinned(41 * ps)
-        stats_p = meta.data_ptr() + plan.TABLE_STRIDE * ps
-        batch.launch("rans", "rans_normalise", ps, 256, *batch.table(
-            bins, np.uint64(hp) + (8 * (1024 * nseg + hpos[seg])).astype(np.uint64), n),
-            runtime.constant("symbol_bits", ranshost.SYMBOL_BITS), runtime.ptr(fc),
-            np.uint64(stats_p), runtime.ptr(meta), np.int32(self.log2_block),
-            runtime.constant("word_cost", ranshost.WORD_COST), np.uint64(stats_p + 32 * ps))
-        split_tab = np.uint64(fc.data_ptr()) + np.arange(ps, dtype=np.uint64) * np.uint64(2048)
-        queued = None
-        early = split and ps and queue_rans and self.early_rans
-        if early:
-            # This pass splits too, so the planes' addresses are known: the rANS launch is
-            # queued now, over every split row, and rans_jobs picks on the device the rows
-            # candidates() will pick on the host (the others' blocks code nothing). The host
-            # then waits only for the figures, and decides while the device codes.
-            want, bp_ok, bw_ok = candidate_kinds(n, kind, self.policy, self.mantissa)
-            rule = (want | bp_ok << 1 | bw_ok << 2).astype(np.uint8)
-            run_p = stats_p + 40 * ps
-            batch.launch("rans", "rans_jobs", -(-ps // 256), 256, np.uint64(stats_p),
-                         *batch.table(n, rule), np.int32(ps), np.int32(policy.PACKED_SLACK[0]),
-                         np.int32(policy.PACKED_SLACK[1]), np.uint64(run_p))
-        tables = batch.run()
-        if ps:
-            host.copy_(meta[plan.TABLE_STRIDE * ps:], non_blocking=True)
-        if early:
-            figures = torch.cuda.Event()
-            figures.record()
-            rb = runtime.Batch()
-            queued = ransencode.rans_launch(pw, n, rows_at, None, split_tab, rb, self.log2_block,
-                                            run=run_p)
-            queued["keep"][0].append(rb.run())
-        # while the device works: the rows, split rows then one row per raw-layout item (its
-        # bytes in place), put in item order
-        item = np.concatenate((np.asarray(split_k, np.int64)[seg], raws)).astype(np.int64)
-        kind = np.concatenate((kind, np.full(len(raws), layouts.KIND_RAW, np.int64)))
-        bits = np.concatenate((bits, np.full(len(raws), 8, np.int64)))
-        pw = np.concatenate((pw, np.full(len(raws), 8, np.int64)))
-        fixed_off = np.concatenate((np.where(infix, off, -1) if split else np.full(n.size, -1),
-                                    np.full(len(raws), -1))).astype(np.int64)
-        index = np.concatenate((index, np.zeros(len(raws), np.int64)))
-        nrow = np.concatenate((n, [items[k].nbytes for k in raws])).astype(np.int64)
-        ptr = np.concatenate((rows_at,
-                              np.array([items[k].data.data_ptr() for k in raws], np.uint64)))
-        split_tdev = np.uint64(meta.data_ptr()) + np.arange(ps, dtype=np.uint64) * np.uint64(
-            plan.TABLE_STRIDE)
-        if raws:
-            order = np.argsort(item, kind="stable")
-            at_row = np.empty(order.size, np.int64)   # split row i goes to row at_row[i]
-            at_row[order] = np.arange(order.size)
-        if queued is not None:
-            figures.synchronize()  # the group's one synchronisation before its rANS counts
-        elif ps:
-            torch.cuda.current_stream().synchronize()  # the window's one synchronisation
-        split_stats = host.numpy()[:32 * ps].view(np.int64).reshape(ps, 4)
-        split_words = ranshost.word_bound(host.numpy()[32 * ps:40 * ps].view(np.int64))
-        if raws:
-            stats = np.zeros((order.size, 4), np.int64)
-            stats[at_row[:ps]] = split_stats
-            words = np.zeros(order.size, np.int64)
-            words[at_row[:ps]] = split_words
-            tab = np.zeros(order.size, np.uint64)
-            tab[at_row[:ps]] = split_tab
-            tdev = np.zeros(order.size, np.uint64)
-            tdev[at_row[:ps]] = split_tdev
-            item, nrow, ptr = item[order], nrow[order], ptr[order]
-            kind, index = kind[order], index[order]
-            bits, pw, fixed_off = bits[order], pw[order], fixed_off[order]
-        else:  # split rows only: already in item order
-            stats, tab, tdev, words = split_stats.copy(), split_tab, split_tdev, split_words
-        pl = Planes(item, kind, index, nrow, ptr, None, stats, tdev, bits, pw)
-        pl.words = words
-        pl.fixed, pl.fixed_off = fixed, fixed_off
-        pl.tab = tab
-        self.candidates(pl)
-        if queued is not None:
-            split_rows = at_row[:ps] if raws else np.arange(ps)
-            picked = host.numpy()[40 * ps:41 * ps].astype(bool)
-            if np.array_equal(picked, pl.runs_rans[split_rows]):  # (other rows never run rANS)
-                pl.launched = np.zeros(len(pl), bool)
-                pl.launched[split_rows] = True
-                pl.rans_queued = queued
-            else:  # (a bug: the device's rule and the host's differ) the host's rule codes
-                self.mispredicted += 1
-                log.warning("rans_jobs picked other planes than the host's rule: %s against "
-                            "%s; coding the host's", picked.tolist(),
-                            pl.runs_rans[split_rows].tolist())
-        return pl, (fc, meta, tables), buf
-
     # -- one group --------------------------------------------------------------------------
 
     def _encode_group(self, items: list[Item], pl: Planes | None,
@@ -558,13 +397,13 @@ class Encoder:
         ``previous``'s hashes (the group before, if not read yet) and runs ``ahead()`` (the
         next group's :meth:`_prepare`); ``prep``: this group's, if made that way. ``fits``:
         the group's worst case (every plane rANS-coded) fits the workspace, so a group split
-        here may queue its rANS launch before its figures (``_histograms``)."""
+        here may queue its rANS launch before its figures (``histograms``)."""
         prof = runtime.Profile("encode")
         batch = runtime.Batch()  # split, rANS: their tables in one upload
         planned = None
         if pl is None:  # a group that needs no sizing: split and histograms in one pass
-            pl, pl.tables, planes_buf = self._histograms(items, batch, split=True,
-                                                         queue_rans=fits)  # sync
+            pl, pl.tables, planes_buf = histograms.window_planes(
+                self, items, batch, split=True, queue_rans=fits)  # sync
             batch = runtime.Batch()
         else:
             if prep is None or prep.planes is not pl:

@@ -15,7 +15,7 @@ import torch
 
 import s4format
 from s4format import codecs, hashing, layouts
-from s4weights.gpu import encode
+from s4weights.gpu import encode, histograms
 from s4weights.gpu.planes import (
     FORM_BITPACK_W,
     FORM_RAW,
@@ -207,7 +207,7 @@ def test_planes_stored_as_split_shrink_a_groups_need(emulated) -> None:
                 assert g.buffer.numel() <= sum(it.nbytes for it in g.items) // 2
                 assert int(stays_raw(g.planes).sum()) == 2 * len(g.items)
     assert counts[True] < counts[False], counts
-    pl, _tables, _buf = enc._histograms(items)
+    pl, _tables, _buf = histograms.window_planes(enc, items)
     width = pack_widths(pl)
     nbytes = np.array([it.nbytes for it in items], np.int64)
     args = (pl.item, width, pl.kind != layouts.KIND_RAW, pl.n, pl.runs_rans, pl.cand_gd,
