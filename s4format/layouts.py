@@ -14,8 +14,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from s4format import codecs, threads
+from s4format.codecs.abc import Slicer
 from s4format.codecs.view import PIECE, PlaneView, field_stats, run_pieces
-from s4format.errors import FormatError, UnsupportedFeatureError
+from s4format.errors import FormatError, S4Error, UnsupportedFeatureError
 from s4format.jit import kernel
 
 # Plane kinds (spec/planes.md). The plane record's ``index`` distinguishes planes of one kind.
@@ -129,6 +131,35 @@ class Layout:
                                       f"{f.bits} bits")
         return words.view(np.uint8)
 
+    def merge_slices(self, slicers: list[Slicer], raw_nbytes: int, itemsize: int
+                     ) -> np.ndarray | None:
+        """:meth:`merge` of planes given as slicers, a piece of every plane at a time, so that
+        no plane is decoded whole; None for the raw layout, where a slice is corrupt, or where
+        a plane holds values wider than its field (decoding whole planes and :meth:`merge`
+        then say what is wrong)."""
+        w = self.word_size(itemsize)
+        n = self.check_applies(raw_nbytes, itemsize)
+        if self.layout_id == RAW.layout_id or w not in _UINT:
+            return None
+        fields = self.planes(itemsize)
+        words = np.empty(n, dtype=_UINT[w])
+        shifts = tuple(f.shift for f in fields)
+        masks = tuple(np.uint8((1 << f.bits) - 1) for f in fields)
+        # every alignment is a power of two, so the largest is a multiple of the others
+        piece = max(PIECE, *(s.align for s in slicers))
+        bad = np.zeros(max(1, -(-n // piece)), dtype=bool)
+
+        def merge(lo: int, hi: int) -> None:
+            parts = [s.get(lo, hi) for s in slicers]
+            if any(p is None for p in parts):
+                bad[lo // piece] = True
+            else:
+                src = tuple(_readonly(p) for p in parts)
+                bad[lo // piece] = _merge_fields(src, shifts, masks, words[lo:hi], 0, hi - lo)
+
+        run_pieces(merge, n, piece)
+        return None if bad.any() else words.view(np.uint8)
+
     @property
     def _shifts(self) -> np.ndarray:
         return np.array([f.shift for f in self.fields], dtype=np.int64)
@@ -139,6 +170,32 @@ class Layout:
 
 
 _UINT = {1: np.dtype("u1"), 2: np.dtype("<u2"), 4: np.dtype("<u4"), 8: np.dtype("<u8")}
+
+
+def merge_stored(layout: Layout, itemsize: int, raw_nbytes: int,
+                 planes: list[tuple[int, np.ndarray, int, bytes]]) -> np.ndarray | None:
+    """A tensor's raw bytes from its stored planes, each ``(codec ID, stored bytes, decoded
+    length, params)``, merged a piece at a time (:meth:`Layout.merge_slices`); a plane whose
+    codec decodes only whole planes is decoded whole first. None for the raw layout or where
+    anything is wrong: decoding plane by plane then names it."""
+    if layout.layout_id == RAW.layout_id:
+        return None
+
+    def slicer(plane: tuple[int, np.ndarray, int, bytes]) -> Slicer:
+        codec = codecs.get(plane[0])
+        s = codec.slicer(*plane[1:])
+        if s is None:
+            whole = codec.decode(*plane[1:])
+            if whole.shape != (plane[2],):
+                raise FormatError("plane decoded to another length")
+            s = Slicer(1, lambda lo, hi: whole[lo:hi])
+        return s
+
+    try:
+        slicers = threads.map_sized(slicer, planes, raw_nbytes)
+    except S4Error:
+        return None
+    return layout.merge_slices(slicers, raw_nbytes, itemsize)
 
 
 def _readonly(plane: np.ndarray) -> np.ndarray:

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 from construct import ConstructError
 
-from s4format import budget, codecs, hashing, objtree, threads, typedvalues
+from s4format import budget, codecs, hashing, layouts, objtree, threads, typedvalues
 from s4format.errors import (
     BadMagicError,
     ChecksumError,
@@ -339,12 +339,15 @@ class Reader:
         # damaged plane is reported as such even when an earlier plane fails to decode.
         stored = threads.map_sized(lambda k: self.read_stored(t, k, span),
                                    range(len(t.planes)), t.raw_nbytes)
-        planes = threads.map_sized(lambda k: self._decode_plane(t, k, stored[k]),
-                                   range(len(t.planes)), t.raw_nbytes)
-        try:
-            raw = t.layout.merge(planes, t.raw_nbytes, t.dtype.itemsize)
-        except FormatError as exc:
-            raise FormatError(f"{self.name}: tensor {t.name!r}: {exc}") from None
+        raw = layouts.merge_stored(t.layout, t.dtype.itemsize, t.raw_nbytes, [
+            (p.codec, s, p.decoded_len, p.params) for p, s in zip(t.planes, stored)])
+        if raw is None:  # plane by plane, which names what is wrong
+            planes = threads.map_sized(lambda k: self._decode_plane(t, k, stored[k]),
+                                       range(len(t.planes)), t.raw_nbytes)
+            try:
+                raw = t.layout.merge(planes, t.raw_nbytes, t.dtype.itemsize)
+            except FormatError as exc:
+                raise FormatError(f"{self.name}: tensor {t.name!r}: {exc}") from None
         if parent is not None:
             raw = np.bitwise_xor(raw, self.parent.read_raw(parent))
         elif not raw.flags.writeable or (raw.base is not None

@@ -159,6 +159,16 @@ def pool() -> Pool:
         return _pool
 
 
+def _forget_pool() -> None:
+    # A forked child has none of the parent's workers, and a lock a worker held stays held.
+    global _pool, _pool_lock
+    _pool, _pool_lock = None, threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pool)
+
+
 class Prefetch:
     """``fn(key)`` for the ``(key, size)`` of ``order``, computed ahead on the pool (at most
     ``limit`` of size in flight) for a caller that asks for them mostly in that order: ``get``

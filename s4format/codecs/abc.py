@@ -22,6 +22,7 @@ Codec IDs come from the registry table in ``spec/codecs.md`` and are never reuse
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
@@ -39,6 +40,15 @@ class Encoded:
     @property
     def nbytes(self) -> int:
         return len(self.payload) if isinstance(self.payload, bytes) else int(self.payload.nbytes)
+
+
+@dataclass(frozen=True)
+class Slicer:
+    """Decodes a plane a slice at a time, so that a reader merges slices into the tensor as
+    they come: ``get(lo, hi)`` gives the decoded bytes [lo, hi) for ``lo`` a multiple of
+    ``align`` and ``hi`` one or the plane's end, or None where the stream is corrupt."""
+    align: int
+    get: Callable[[int, int], np.ndarray | None]
 
 
 class Codec(ABC):
@@ -73,3 +83,8 @@ class Codec(ABC):
 
     def encode_view(self, view: PlaneView) -> Encoded | None:
         return self.encode(view.bytes())
+
+    def slicer(self, payload: np.ndarray, decoded_len: int, params: bytes) -> Slicer | None:
+        """A :class:`Slicer` of a stored plane, or None where this codec decodes whole planes
+        only or the stream's form is wrong (:meth:`decode` then says what is wrong)."""
+        return None

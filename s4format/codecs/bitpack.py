@@ -9,8 +9,8 @@ from __future__ import annotations
 import numpy as np
 
 from s4format.codecs import BITPACK, register
-from s4format.codecs.abc import Codec, Encoded
-from s4format.codecs.bitpackw import pack_view
+from s4format.codecs.abc import Codec, Encoded, Slicer
+from s4format.codecs.bitpackw import pack_view, unpack_slicer
 from s4format.codecs.view import PlaneView
 from s4format.errors import CodecError
 
@@ -38,6 +38,12 @@ class BitpackCodec(Codec):
 
     def max_decoded_len(self, stored_len: int) -> int:
         return stored_len * 8
+
+    def slicer(self, payload: np.ndarray, decoded_len: int, params: bytes) -> Slicer | None:
+        tail = decoded_len % 8
+        if params or len(payload) != (decoded_len + 7) // 8 or (tail and payload[-1] >> tail):
+            return None
+        return unpack_slicer(np.ascontiguousarray(payload, np.uint8), 1, decoded_len)
 
     def estimate(self, plane: np.ndarray) -> int | None:
         if plane.size and int(plane.max()) > 1:

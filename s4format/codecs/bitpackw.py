@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from s4format.codecs import BITPACK_W, register
-from s4format.codecs.abc import Codec, Encoded
+from s4format.codecs.abc import Codec, Encoded, Slicer
 from s4format.codecs.view import PlaneView, run_pieces
 from s4format.errors import CodecError
 from s4format.jit import kernel
@@ -94,6 +94,17 @@ def _unpack(payload, w, n, out, g0, g1):  # pragma: no cover - compiled
             out[np.uint64(8) * g + np.uint64(j)] = np.uint8((acc >> (ww * np.uint64(j))) & mask)
 
 
+def unpack_slicer(payload: np.ndarray, w: int, n: int) -> Slicer:
+    """Slices of a ``w``-bit packed plane of ``n`` bytes whose form is checked."""
+    def get(lo: int, hi: int) -> np.ndarray:
+        out = np.empty(hi - lo, np.uint8)
+        at = w * (lo // 8)
+        _unpack(payload[at:at + stored_len(hi - lo, w)], w, hi - lo, out, 0, (hi - lo) // 8 + 1)
+        return out
+
+    return Slicer(8, get)
+
+
 def form_error(decoded_len: int, params: bytes, stored: int, last: int) -> str | None:
     """What is wrong with a bitpack-w plane's form, from its parameters, stored length and last
     stored byte (checked in this order); None if nothing. The GPU decoder checks with it too."""
@@ -138,6 +149,12 @@ class BitpackWCodec(Codec):
 
     def max_decoded_len(self, stored_len: int) -> int:
         return stored_len * 8  # w >= 1
+
+    def slicer(self, payload: np.ndarray, decoded_len: int, params: bytes) -> Slicer | None:
+        if form_error(decoded_len, params, len(payload),
+                      int(payload[-1]) if len(payload) else 0) is not None:
+            return None
+        return unpack_slicer(np.ascontiguousarray(payload, np.uint8), params[0], decoded_len)
 
     def estimate(self, plane: np.ndarray) -> int | None:
         w = width_of(plane)

@@ -23,7 +23,7 @@ import numpy as np
 
 from s4format import threads
 from s4format.codecs import RANS, register
-from s4format.codecs.abc import Codec, Encoded
+from s4format.codecs.abc import Codec, Encoded, Slicer
 from s4format.codecs.view import PlaneView
 from s4format.errors import CodecError, LimitError
 from s4format.jit import kernel
@@ -302,14 +302,16 @@ def _decode_block(words, lo, hi, states, dtab, out, start, end):  # pragma: no c
 
 
 @kernel()
-def _decode_blocks(words, offsets, states, dtab, log2_block, out, errors, b0, b1
+def _decode_blocks(words, offsets, states, dtab, log2_block, n, out, errors, b0, b1
                    ):  # pragma: no cover - compiled
-    n = out.size
+    """Decode blocks [b0, b1) of an n-symbol plane into out, block b0's first symbol at
+    out[0]; errors[b - b0] gets each block's error code."""
+    base = np.int64(b0) << log2_block
     for b in range(b0, b1):
-        start = np.int64(b) << log2_block
-        end = min(start + (1 << log2_block), n)
-        errors[b] = _decode_block(words, offsets[b], offsets[b + 1],
-                                  states[b * LANES:(b + 1) * LANES], dtab, out, start, end)
+        start = (np.int64(b) << log2_block) - base
+        end = min(start + (1 << log2_block), n - base)
+        errors[b - b0] = _decode_block(words, offsets[b], offsets[b + 1],
+                                       states[b * LANES:(b + 1) * LANES], dtab, out, start, end)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -433,8 +435,32 @@ class RansCodec(Codec):
             _expect_size(buf, HEADER_SIZE + nb, "CONST")
             return np.repeat(buf[HEADER_SIZE:], _block_lengths(n, log2_block))
         if mode == MODE_RANS:
-            return _decode_rans(buf, n, log2_block)
+            return _Blocks(buf, n, log2_block).all()
         raise CodecError(f"rans mode {mode} is not RAW (0), CONST (1) or RANS (2)")
+
+    def slicer(self, payload: np.ndarray, decoded_len: int, params: bytes) -> Slicer | None:
+        buf = np.ascontiguousarray(payload, dtype=np.uint8).reshape(-1)
+        if params or buf.size < HEADER_SIZE:
+            return None
+        mode, log2_block, reserved, n = HEADER.unpack_from(buf[:HEADER_SIZE].tobytes())
+        if reserved or not LOG2_BLOCK_MIN <= log2_block <= LOG2_BLOCK_MAX \
+                or n != decoded_len or n >= MAX_SYMBOLS:
+            return None
+        nb = _n_blocks(n, log2_block)
+        if mode == MODE_RAW and buf.size == HEADER_SIZE + n:
+            return Slicer(1, lambda lo, hi: buf[HEADER_SIZE + lo:HEADER_SIZE + hi])
+        if mode == MODE_CONST and buf.size == HEADER_SIZE + nb:
+            firsts = buf[HEADER_SIZE:]
+            return Slicer(1 << log2_block, lambda lo, hi: np.repeat(
+                firsts[lo >> log2_block:_n_blocks(hi, log2_block)],
+                _block_lengths(n, log2_block)[lo >> log2_block:_n_blocks(hi, log2_block)]))
+        if mode == MODE_RANS:
+            try:
+                blocks = _Blocks(buf, n, log2_block)
+            except CodecError:
+                return None
+            return Slicer(1 << log2_block, blocks.slice)
+        return None
 
     def max_decoded_len(self, stored_len: int) -> int:
         # CONST is the densest mode: one stored byte per block of at most 2**20 symbols.
@@ -478,37 +504,61 @@ def _block_lengths(n: int, log2_block: int) -> np.ndarray:
     return lengths
 
 
-def _decode_rans(buf: np.ndarray, n: int, log2_block: int) -> np.ndarray:
-    freqs, pos = _parse_table(buf, HEADER_SIZE)
-    nb = _n_blocks(n, log2_block)
-    words_at = pos + BLOCK_OVERHEAD * nb
-    if buf.size < words_at:
-        raise CodecError(f"rans stream of {buf.size} bytes ends before the word area of its "
-                         f"{nb} blocks (needs {words_at})")
-    counts = _u32_array(buf, pos, nb)
-    lengths = _block_lengths(n, log2_block)
-    over = np.flatnonzero(counts > lengths)
-    if over.size:
-        b = int(over[0])
-        raise CodecError(f"rans block {b} stores {int(counts[b])} words for {int(lengths[b])} "
-                         "symbols (at most one word per symbol)")
-    offsets = np.zeros(nb + 1, dtype=np.int64)
-    np.cumsum(counts, out=offsets[1:])
-    _expect_size(buf, words_at + 2 * int(offsets[-1]), "RANS")
-    states = _u32_array(buf, pos + 4 * nb, nb * LANES)
-    words = buf[words_at:].view("<u2")
-    if not words.flags.aligned:
-        words = words.copy()
-    out = np.empty(n, dtype=np.uint8)
-    errors = np.zeros(nb, dtype=np.int64)
-    dtab = _decoder_table(freqs)
-    _block_pieces(nb, log2_block, lambda b0, b1: _decode_blocks(
-        words, offsets, states, dtab, log2_block, out, errors, b0, b1))
-    bad = np.flatnonzero(errors)
-    if bad.size:
-        b = int(bad[0])
-        raise CodecError(f"rans block {b} of {nb} is corrupt: {_ERR_TEXT[int(errors[b])]}")
-    return out
+class _Blocks:
+    """A RANS-mode stream whose table, word counts and length are checked: decodes any run of
+    whole blocks (block errors are reported per block, by code)."""
+
+    def __init__(self, buf: np.ndarray, n: int, log2_block: int) -> None:
+        freqs, pos = _parse_table(buf, HEADER_SIZE)
+        nb = _n_blocks(n, log2_block)
+        words_at = pos + BLOCK_OVERHEAD * nb
+        if buf.size < words_at:
+            raise CodecError(f"rans stream of {buf.size} bytes ends before the word area of "
+                             f"its {nb} blocks (needs {words_at})")
+        counts = _u32_array(buf, pos, nb)
+        lengths = _block_lengths(n, log2_block)
+        over = np.flatnonzero(counts > lengths)
+        if over.size:
+            b = int(over[0])
+            raise CodecError(f"rans block {b} stores {int(counts[b])} words for "
+                             f"{int(lengths[b])} symbols (at most one word per symbol)")
+        self.offsets = np.zeros(nb + 1, dtype=np.int64)
+        np.cumsum(counts, out=self.offsets[1:])
+        _expect_size(buf, words_at + 2 * int(self.offsets[-1]), "RANS")
+        self.states = _u32_array(buf, pos + 4 * nb, nb * LANES)
+        words = buf[words_at:].view("<u2")
+        self.words = words if words.flags.aligned else words.copy()
+        self.dtab = _decoder_table(freqs)
+        self.n, self.log2_block, self.nb = n, log2_block, nb
+
+    def decode(self, b0: int, b1: int, out: np.ndarray) -> np.ndarray:
+        """Decode blocks [b0, b1) into ``out``; their error codes (0: none)."""
+        errors = np.zeros(b1 - b0, dtype=np.int64)
+        _decode_blocks(self.words, self.offsets, self.states, self.dtab, self.log2_block,
+                       self.n, out, errors, b0, b1)
+        return errors
+
+    def all(self) -> np.ndarray:
+        out = np.empty(self.n, dtype=np.uint8)
+        errors = np.zeros(self.nb, dtype=np.int64)
+
+        def piece(b0: int, b1: int) -> None:
+            lo = b0 << self.log2_block
+            errors[b0:b1] = self.decode(b0, b1, out[lo:lo + ((b1 - b0) << self.log2_block)])
+
+        _block_pieces(self.nb, self.log2_block, piece)
+        bad = np.flatnonzero(errors)
+        if bad.size:
+            b = int(bad[0])
+            raise CodecError(f"rans block {b} of {self.nb} is corrupt: "
+                             f"{_ERR_TEXT[int(errors[b])]}")
+        return out
+
+    def slice(self, lo: int, hi: int) -> np.ndarray | None:
+        """Symbols [lo, hi) (lo a block start, hi one or n), or None if a block is corrupt."""
+        out = np.empty(hi - lo, dtype=np.uint8)
+        b0, b1 = lo >> self.log2_block, _n_blocks(hi, self.log2_block)
+        return None if self.decode(b0, b1, out).any() else out
 
 
 register(RansCodec())

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from s4format.codecs import RAW, register
-from s4format.codecs.abc import Codec, Encoded
+from s4format.codecs.abc import Codec, Encoded, Slicer
 from s4format.codecs.view import PlaneView
 from s4format.errors import CodecError
 
@@ -28,6 +28,11 @@ class RawCodec(Codec):
 
     def max_decoded_len(self, stored_len: int) -> int:
         return stored_len
+
+    def slicer(self, payload: np.ndarray, decoded_len: int, params: bytes) -> Slicer | None:
+        if params or len(payload) != decoded_len:
+            return None
+        return Slicer(1, lambda lo, hi: payload[lo:hi])
 
     def estimate(self, plane: np.ndarray) -> int:
         return int(plane.nbytes)

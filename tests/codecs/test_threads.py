@@ -4,6 +4,7 @@ look-ahead helpers keep order and bounds, and coded bytes never depend on the th
 from __future__ import annotations
 
 import io
+import os
 import subprocess
 import sys
 import threading
@@ -125,3 +126,17 @@ def test_importing_s4format_does_not_import_numba() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout
     assert out.strip() == "False"
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_codes_with_a_pool_of_its_own() -> None:
+    s4format.dumps(_state())  # the parent's pool has started its workers
+    pid = os.fork()
+    if pid == 0:  # the child: exit status 0 only if it codes and decodes the same bytes
+        ok = False
+        try:
+            with s4format.Reader(s4format.dumps(_state())) as r:
+                ok = r.load()["w"].data.tobytes() == _state()["w"].tobytes()
+        finally:
+            os._exit(0 if ok else 1)
+    assert os.waitpid(pid, 0)[1] == 0
