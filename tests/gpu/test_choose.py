@@ -80,7 +80,7 @@ def _reference(kind: int, plane: np.ndarray, pol: str, mantissa: str, monkeypatc
 
 
 def _kernel_result(pl: Planes, planes: list[np.ndarray]) -> dict | None:
-    """What ``Encoder._rans`` returns after the rANS kernel, from the CPU reference encoder."""
+    """What ``ransencode.rans_encode`` returns after the kernel, from the CPU reference encoder."""
     jobs = np.flatnonzero(pl.runs_rans)
     if not jobs.size:
         return None

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import s4format
-from s4weights.gpu import encode, ransencode
+from s4weights.gpu import encode, encode_group, ransencode, runtime
 from tests.gpu import emulated as em
 
 RNG = np.random.default_rng(77)
@@ -58,13 +58,13 @@ WS = 64 << 20  # tensors() in one group, whose worst case fits: its rANS launch 
 def _queued(monkeypatch) -> list[bool]:
     """Whether each group's rANS launch was the one queued early (appended per group)."""
     seen: list[bool] = []
-    real = encode.Encoder._encode
+    real = encode_group._encode
 
-    def spy(self, pl, *a, **k):
+    def spy(enc, pl, *a, **k):
         seen.append(pl.rans_queued is not None)
-        return real(self, pl, *a, **k)
+        return real(enc, pl, *a, **k)
 
-    monkeypatch.setattr(encode.Encoder, "_encode", spy)
+    monkeypatch.setattr(encode_group, "_encode", spy)
     return seen
 
 
@@ -99,7 +99,7 @@ def test_a_launch_that_picked_other_planes_is_not_used(emulated, monkeypatch) ->
         if name == "rans_jobs":  # the device picks every plane
             em.at(a[6], np.uint8, int(a[3]))[:] = 1
 
-    monkeypatch.setattr(encode.runtime, "launch", wrong)
+    monkeypatch.setattr(runtime, "launch", wrong)
     seen = _queued(monkeypatch)
     early = encode.Encoder("auto", workspace=WS)
     assert encode.file_of(early, ts) == want
