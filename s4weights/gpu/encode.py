@@ -74,7 +74,7 @@ import torch
 from s4format import layouts, policy
 from s4format.codecs import rans
 from s4format.writer import SPLIT_MIN
-from s4weights.gpu import encode_group, gdeflate, histograms, plan
+from s4weights.gpu import encode_group, encode_large, gdeflate, histograms, plan
 from s4weights.gpu.choose import candidates
 from s4weights.gpu.encode_group import DeviceGroup, Prepared
 from s4weights.gpu.items import Coded, Item
@@ -251,9 +251,7 @@ class Encoder:
     def code(self, items: list[Item]) -> Iterator[Coded]:
         """Coded tensors with payloads in pinned host memory, in order; one group's D2H is in
         flight while the next group runs on the device. A tensor too large for the workspace
-        is coded alone, in chunks (``chunked``), once the group before it is done."""
-        from s4weights.gpu import chunked
-
+        is coded alone, in chunks (``encode_large``), once the group before it is done."""
         pending: DeviceGroup | None = None
         ready: Prepared | None = None  # the next group's tables, made while this one ran
         _cap, budget = self._budgets(items)
@@ -265,8 +263,8 @@ class Encoder:
                 # the chunked coders get what groups get: a tensor handed out in the middle
                 # of a window leaves the window's tables (up to the rest) on the device
                 split = grp.layout is not None and grp.layout is not layouts.RAW
-                yield (chunked.code_large(self, grp, budget) if split
-                       else chunked.code_host(self, grp, budget))
+                yield (encode_large.code_large(self, grp, budget) if split
+                       else encode_large.code_host(self, grp, budget))
                 continue
             its, pl, need, following = grp
             if pending is not None and pending.device_bytes + need > budget:

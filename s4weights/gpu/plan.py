@@ -184,8 +184,8 @@ def large_staging(chunk: int, rans_planes: int, slot: int = 1) -> int:
 
 def large_need(layout: layouts.Layout, itemsize: int, chunk: int, rans_planes: int,
                xor: bool, log2_block: int, packed: int = 0, slot: int = 1) -> int:
-    """Device bytes the chunked encoder (``chunked.code_large``) holds at once with chunks of
-    ``chunk`` elements, apart from its window's launch tables (``chunked.TABLE_SHARE`` of the
+    """Device bytes the chunked encoder (``encode_large.code_large``) holds at once with chunks of
+    ``chunk`` elements, apart from its window's launch tables (``encode_large.TABLE_SHARE`` of the
     workspace): the chunk's XOR with its parent (deltas); for each of ``rans_planes``
     rANS-coded planes the kernel's scratch (a word per symbol; the kernel reads the sign
     plane's packed bits as they are) and its encoder-table input (2 KiB); the blocks' figures

@@ -1,5 +1,5 @@
-"""The chunked encoder's coding pass (``chunked.code_large``, pass 2) without a GPU: every chunk
-is queued with no synchronisation, its rANS words go down to a slot of a byte per symbol, and
+"""The chunked encoder's coding pass (``encode_large.code_large``, pass 2) without a GPU: every
+chunk is queued with no synchronisation, its rANS words go down to a slot of a byte per symbol, and
 the host moves them together after the one synchronisation. Its planes must equal the
 one-group path's byte for byte, including where a chunk's words outgrow their slot (the pass
 runs again with slots of two bytes per symbol), where streams reach the plane's raw size, and
@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from s4format import codecs, dtypes
-from s4weights.gpu import chunked, encode
+from s4weights.gpu import encode, encode_large
 from tests.gpu.emulated import Device, emulate
 
 BIG = 1 << 34  # a workspace that takes any tensor here in one group
@@ -59,7 +59,7 @@ def _chunked(t: torch.Tensor, parent: torch.Tensor | None = None, passes: list |
     against it; ``passes`` gets (slot, chunk length, fitted) of every coding pass."""
     ws = _smallest_workspace(t, lg, parent is not None)
     enc = encode.Encoder("auto", workspace=ws, log2_block=lg)
-    spy = chunked._code_chunks
+    spy = encode_large._code_chunks
 
     def counted(enc_, ch, st, width, tables):
         ok = spy(enc_, ch, st, width, tables)
@@ -67,14 +67,14 @@ def _chunked(t: torch.Tensor, parent: torch.Tensor | None = None, passes: list |
             passes.append((st.slot, ch.chunk, ok))
         return ok
 
-    chunked._code_chunks = counted
+    encode_large._code_chunks = counted
     try:
         Device.live = Device.peak = 0
-        out = chunked.code_large(enc, _item(t, parent), ws)
+        out = encode_large.code_large(enc, _item(t, parent), ws)
         assert Device.peak <= ws, (Device.peak, ws)
         return out
     finally:
-        chunked._code_chunks = spy
+        encode_large._code_chunks = spy
 
 
 def _whole(t: torch.Tensor, parent: torch.Tensor | None = None, lg: int = 16):
@@ -114,10 +114,10 @@ def test_windows_of_chunks_give_the_same_bytes(emulated, monkeypatch, window) ->
     # from it one chunk at a time, a delta's XOR made right before its chunk's
     from s4weights.gpu import ranshost, runtime
 
-    monkeypatch.setattr(chunked, "WINDOW_CHUNKS", window)
+    monkeypatch.setattr(encode_large, "WINDOW_CHUNKS", window)
     calls: list[list[int]] = []  # per coding pass: the tables of each upload it made
     now: list[list[int]] = []
-    real, coding = runtime.upload, chunked._code_chunks
+    real, coding = runtime.upload, encode_large._code_chunks
     monkeypatch.setattr(runtime, "upload",
                         lambda *a: (now[0].append(len(a)) if now else None) or real(*a))
     runtime.constant("word_cost", ranshost.WORD_COST)  # (uploaded once per process)
@@ -130,7 +130,7 @@ def test_windows_of_chunks_give_the_same_bytes(emulated, monkeypatch, window) ->
         finally:
             now.clear()
 
-    monkeypatch.setattr(chunked, "_code_chunks", marked)
+    monkeypatch.setattr(encode_large, "_code_chunks", marked)
     g = torch.Generator().manual_seed(14)
     parent = (torch.randn(N, generator=g) * 0.02).bfloat16()
     child = (parent.float() + torch.randn(N, generator=g) * 1e-4).bfloat16()
@@ -174,7 +174,7 @@ def test_streams_that_reach_the_raw_size_are_stored_raw(emulated, monkeypatch) -
     whole = _whole(t).coded
     sizes = {(p.kind, p.index): p.stored_len for p in whole.planes if p.codec == codecs.RANS}
     assert sizes
-    monkeypatch.setattr(chunked, "_room", lambda n: n // 4)
+    monkeypatch.setattr(encode_large, "_room", lambda n: n // 4)
     part = _chunked(t).coded
     for p in part.planes:
         if sizes.get((p.kind, p.index), 0) >= p.decoded_len // 4:
@@ -206,7 +206,7 @@ def test_collect_moves_each_chunks_words_behind_the_one_before(emulated) -> None
     jobs = [1]
     freqs = np.zeros((1, 256), np.int64)
     freqs[0, :4] = 1024
-    st = chunked._Streams(pl, jobs, freqs, n, lg, slot=1)
+    st = encode_large._Streams(pl, jobs, freqs, n, lg, slot=1)
     lengths = [2 * 65536, 65536]
     counts = [np.array([100, 200], np.uint32), np.array([50], np.uint32)]
     meta = []

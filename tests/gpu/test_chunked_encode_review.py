@@ -1,4 +1,4 @@
-"""More cases for the chunked encoder's coding pass (``chunked.code_large``, pass 2) without
+"""More cases for the chunked encoder's coding pass (``encode_large.code_large``, pass 2) without
 a GPU, beyond test_chunked_encode_host.py: awkward lengths (a last chunk of under 8
 elements), every split dtype, sign planes coded by rANS, bitpack-w planes, CONST planes,
 block sizes other than 2^16, a delta whose chunk outgrows its slot, planes over their raw
@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from s4format import codecs
-from s4weights.gpu import chunked, encode
+from s4weights.gpu import encode, encode_large
 from tests.gpu.emulated import emulate
 from tests.gpu.test_chunked_encode_host import _chunked, _retry_tensor, _same, _whole
 
@@ -104,7 +104,7 @@ def test_over_planes_decode_to_the_tensor(emulated, monkeypatch, name, div):
     # streams that reach a (lowered) raw size fall back to raw, bitpack-w or bitpack (pass 3):
     # the planes still decode to the tensor
     t = _bw3() if name == "bw3" else CASES[name]
-    monkeypatch.setattr(chunked, "_room", lambda n: n // div)
+    monkeypatch.setattr(encode_large, "_room", lambda n: n // div)
     out, _w = _run(t)
     raw = t.reshape(-1).view(torch.uint8).numpy()
     got = _decoded(out.coded, raw.size, t.element_size())
@@ -120,7 +120,7 @@ def test_copies_stay_in_their_regions(emulated, monkeypatch, name):
 
     t = {"retry": _retry_tensor, "bw3": _bw3}.get(name, lambda: CASES[name])()
     seen = {"d2h": 0, "place": 0, "on": False}
-    real_large = chunked.code_large
+    real_large = encode_large.code_large
 
     def large(*a):
         seen["on"] = True
@@ -129,8 +129,8 @@ def test_copies_stay_in_their_regions(emulated, monkeypatch, name):
         finally:
             seen["on"] = False
 
-    monkeypatch.setattr(chunked, "code_large", large)
-    real_d2h = chunked._Streams.d2h
+    monkeypatch.setattr(encode_large, "code_large", large)
+    real_d2h = encode_large._Streams.d2h
 
     def d2h(self, off, src):
         ends = [*self.at[1:], self.host.numel()]
@@ -141,7 +141,7 @@ def test_copies_stay_in_their_regions(emulated, monkeypatch, name):
         seen["d2h"] += 1
         return real_d2h(self, off, src)
 
-    monkeypatch.setattr(chunked._Streams, "d2h", d2h)
+    monkeypatch.setattr(encode_large._Streams, "d2h", d2h)
     real_launch = runtime.launch
 
     def launch(module, name_, grid, block, *a):
@@ -184,7 +184,7 @@ def test_collect_moves_overlapping_words(emulated):
     freqs = np.zeros((1, 256), np.int64)
     freqs[0, :200] = 4096 // 200
     freqs[0, 0] += 4096 - freqs[0].sum()
-    st = chunked._Streams(pl, [1], freqs, n, lg, slot=1)
+    st = encode_large._Streams(pl, [1], freqs, n, lg, slot=1)
     st.room = 10 * n  # (kept whatever its size)
     lengths = [65536, 65536, 65536]
     counts = [32000, 30000, 32700]
@@ -211,7 +211,7 @@ def test_windows_bounded_by_the_table_share(emulated, monkeypatch, share):
     # a window's upload holds at most workspace // TABLE_SHARE bytes unless it is one chunk's
     from s4weights.gpu import runtime
 
-    monkeypatch.setattr(chunked, "TABLE_SHARE", share)
+    monkeypatch.setattr(encode_large, "TABLE_SHARE", share)
     real_run, windows, budget, chunk, seen = runtime.Batch.run, [], [], [], []
 
     def run(self, stop=None):
@@ -220,7 +220,7 @@ def test_windows_bounded_by_the_table_share(emulated, monkeypatch, share):
             windows.append((self.table_bytes(), chunks))
         return real_run(self, stop)
 
-    real_code = chunked._code_chunks
+    real_code = encode_large._code_chunks
 
     def code(enc, ch, st, width, tables):
         budget.append(tables)
@@ -232,7 +232,7 @@ def test_windows_bounded_by_the_table_share(emulated, monkeypatch, share):
             budget.clear()
 
     monkeypatch.setattr(runtime.Batch, "run", run)
-    monkeypatch.setattr(chunked, "_code_chunks", code)
+    monkeypatch.setattr(encode_large, "_code_chunks", code)
     g = torch.Generator().manual_seed(21)
     t = (torch.randn(20 * 65536 + 3, generator=g) * 0.02).bfloat16()
     out, whole = _run(t)
@@ -241,6 +241,6 @@ def test_windows_bounded_by_the_table_share(emulated, monkeypatch, share):
     assert len(chunk) == 1
     assert sum(c for _b, c in windows) == -(-t.numel() // chunk[0]) >= 8
     assert all(b <= tables or c == 1 for b, c in windows), (tables, windows)
-    assert all(c <= chunked.WINDOW_CHUNKS for _b, c in windows)
+    assert all(c <= encode_large.WINDOW_CHUNKS for _b, c in windows)
     if share == 1 << 40:
         assert all(c == 1 for _b, c in windows)

@@ -1,5 +1,5 @@
-"""Tensors larger than the workspace are coded in chunks (``s4weights.gpu.chunked``): the stored
-planes equal the one-group path's byte for byte, the extra device memory stays under the
+"""Tensors larger than the workspace are coded in chunks (``s4weights.gpu.encode_large``): the
+stored planes equal the one-group path's byte for byte, the extra device memory stays under the
 workspace, deltas are XORed chunk by chunk, and a rANS stream that reaches its raw size falls
 back to raw. Skipped without CUDA and CuPy."""
 
@@ -19,7 +19,7 @@ import s4format  # noqa: E402
 import s4weights  # noqa: E402
 from s4format import codecs, dtypes, hashing  # noqa: E402
 from s4weights import chain  # noqa: E402
-from s4weights.gpu import chunked  # noqa: E402
+from s4weights.gpu import chunked, encode_large  # noqa: E402
 from s4weights.gpu.encode import Encoder, Item  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -132,14 +132,14 @@ def test_a_chunk_that_outgrows_its_slot_is_coded_again_with_wider_slots(monkeypa
     t = ((e << 7) | m).to(torch.int16).view(torch.bfloat16)
     whole = _code1(Encoder(workspace=BIG), t)
     passes = []
-    spy = chunked._code_chunks
+    spy = encode_large._code_chunks
 
     def counted(enc, ch, st, width, tables):
         ok = spy(enc, ch, st, width, tables)
         passes.append((st.slot, ch.chunk, ok))
         return ok
 
-    monkeypatch.setattr(chunked, "_code_chunks", counted)
+    monkeypatch.setattr(encode_large, "_code_chunks", counted)
     part = _code1(Encoder(workspace=4 * MIB), t)
     assert [(s, ok) for s, _c, ok in passes] == [(1, False), (2, True)], passes
     assert passes[0][1] <= MIB
@@ -170,7 +170,7 @@ def test_a_stream_that_reaches_its_raw_size_is_stored_raw(monkeypatch) -> None:
                   if p.codec == codecs.RANS}
     assert rans_sizes
     # a stream must now stay under half the plane: the larger ones fall back to raw
-    monkeypatch.setattr(chunked, "_room", lambda n: n // 2)
+    monkeypatch.setattr(encode_large, "_room", lambda n: n // 2)
     part = _code1(Encoder(workspace=16 * MIB), t).coded
     for p in part.planes:
         if rans_sizes.get((p.kind, p.index), 0) >= p.decoded_len // 2:
