@@ -19,7 +19,7 @@ from s4format.errors import (
 )
 from s4format.hashing import LEAF_SIZE
 from s4format.source import BufferSource
-from s4weights.gpu import plan, ransparse, runtime
+from s4weights.gpu import plan, ransparse, runtime, staging
 from s4weights.gpu.hash import content_hashes_from_leaves
 
 _LOAD_CODECS = (codecs.RAW, codecs.BITPACK, codecs.RANS, codecs.BITPACK_W)
@@ -51,7 +51,6 @@ class _Level:
         t = self.t
         self.whole = t.layout.layout_id == layouts.RAW.layout_id
         self.word = 1 if self.whole else t.layout.word_size(t.dtype.itemsize)
-        from s4weights.gpu import decode
         from s4weights.gpu.decode import plane_form_error
 
         # the tensor's planes in one read (in parallel pieces, as the batches stage them:
@@ -64,7 +63,7 @@ class _Level:
             span = (bounds[0], reader.source.read_at(bounds[0], bounds[1] - bounds[0]))
         elif bounds is not None:
             span = (bounds[0], np.empty(bounds[1] - bounds[0], np.uint8))
-            decode.read_into(reader, bounds[0], span[1])
+            staging.read_into(reader, bounds[0], span[1])
         self.stored = [reader.read_stored(t, j, span) for j in range(len(t.planes))]  # R1
         self.rans = [j for j, p in enumerate(t.planes) if p.codec == codecs.RANS]
         for j, p in enumerate(t.planes):
@@ -535,7 +534,7 @@ class _Run:
         ``dst``: rANS rows, then the merge (or, for a raw layout, its bytes copied)."""
         from s4weights.gpu import decode
 
-        decode.copy_into(pinned.numpy(), self.copies[k])
+        staging.copy_into(pinned.numpy(), self.copies[k])
         total = int(self.staged[k])
         if total:
             stage[:total].copy_(pinned[:total], non_blocking=True)

@@ -287,15 +287,16 @@ def test_chunks_hold_whole_blocks_of_every_level(monkeypatch, lgs) -> None:
 def test_chunked_levels_read_their_planes_in_pieces_or_one_by_one(monkeypatch, tmp_path,
                                                                  compact: bool,
                                                                  source: str) -> None:
-    # a compact tensor's span is read from a file in parallel pieces (decode.read_into), or
+    # a compact tensor's span is read from a file in parallel pieces (staging.read_into), or
     # taken as a view of a source already in memory; planes far apart (compact_bounds None)
     # one by one; every way decodes the chain exactly
-    from s4weights.gpu import chunked
+    from s4weights.gpu import chunked, staging
 
-    monkeypatch.setattr(decode, "READ_PIECE", 1 << 14)  # (pieces of a small span)
+    monkeypatch.setattr(staging, "READ_PIECE", 1 << 14)  # (pieces of a small span)
     pieces = []
-    real = decode.read_into
-    monkeypatch.setattr(decode, "read_into", lambda r, o, d: pieces.append(d.size) or real(r, o, d))
+    real = staging.read_into
+    monkeypatch.setattr(staging, "read_into",
+                        lambda r, o, d: pieces.append(d.size) or real(r, o, d))
     if not compact:
         monkeypatch.setattr(s4format.Reader, "compact_bounds", lambda self, t: None)
     spans = []  # whether each plane came from the span read (else read alone)

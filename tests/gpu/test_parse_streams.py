@@ -252,7 +252,7 @@ def _const_file(n: int, log2_block: int) -> bytes:
 def test_streams_declaring_huge_block_tables_go_to_the_cpu_decoder() -> None:
     # 2^19 blocks from 512 KiB of stored bytes: ~80 MiB of block tables on the GPU path
     import s4format
-    from s4weights.gpu import decode, ransparse
+    from s4weights.gpu import decode, ransparse, staging
 
     blob = _const_file(1 << 24, 5)
     r = s4format.Reader(blob)
@@ -261,14 +261,14 @@ def test_streams_declaring_huge_block_tables_go_to_the_cpu_decoder() -> None:
     p = t.planes[0]
     assert ransparse.stream_blocks(host, [p.offset], [p.stored_len], [p.decoded_len]).tolist() \
         == [1 << 19]
-    st = decode.Staged(r, [0, 0], [(0, 0, p), (1, 0, p)], np.array([p.offset, p.offset]),
+    st = staging.Staged(r, [0, 0], [(0, 0, p), (1, 0, p)], np.array([p.offset, p.offset]),
                        host, None)
     assert decode._tables_too_large(st) == {0, 1}
     # the writer's own CONST streams (blocks of 2^16 or 2^20) fit
     r2 = s4format.Reader(_const_file(1 << 24, 16))
     p2 = r2.tensors[0].planes[0]
     h2 = np.frombuffer(r2.source.read_at(0, r2.source.size()), np.uint8)
-    st2 = decode.Staged(r2, [0], [(0, 0, p2)], np.array([p2.offset]), h2, None)
+    st2 = staging.Staged(r2, [0], [(0, 0, p2)], np.array([p2.offset]), h2, None)
     assert decode._tables_too_large(st2) == set()
     # and the CPU decoder reads it
     assert not r.read_raw(0).any()

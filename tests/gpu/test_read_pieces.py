@@ -1,5 +1,5 @@
 """Large reads into the GPU loader's pinned staging go in pieces on a few threads
-(``decode.read_into``); no CUDA needed: the bytes must be exactly the source's, from a file
+(``staging.read_into``); no CUDA needed: the bytes must be exactly the source's, from a file
 or from memory, and a short file must still raise TruncatedError."""
 
 from __future__ import annotations
@@ -13,35 +13,35 @@ pytest.importorskip("torch")
 
 from s4format.errors import TruncatedError
 from s4format.source import BufferSource, FileSource
-from s4weights.gpu import decode
+from s4weights.gpu import staging
 
 
 @pytest.mark.parametrize("kind", ["file", "memory"])
 @pytest.mark.parametrize("size", [0, 1000, 3 * 4096 + 17, 40 * 4096 + 5])
 def test_pieces_read_exactly_the_source(tmp_path, monkeypatch, kind: str, size: int) -> None:
-    monkeypatch.setattr(decode, "READ_PIECE", 4096)  # many pieces from small data
+    monkeypatch.setattr(staging, "READ_PIECE", 4096)  # many pieces from small data
     data = np.random.default_rng(size).integers(0, 256, size + 300, dtype=np.uint8)
     path = tmp_path / "f"
     path.write_bytes(data.tobytes())
     src = FileSource(path) if kind == "file" else BufferSource(data.tobytes())
     dst = np.full(size, 0xAB, np.uint8)
-    decode.read_into(SimpleNamespace(source=src), 300, dst)
+    staging.read_into(SimpleNamespace(source=src), 300, dst)
     assert np.array_equal(dst, data[300:])
 
 
 def test_a_short_file_raises(tmp_path, monkeypatch) -> None:
-    monkeypatch.setattr(decode, "READ_PIECE", 4096)
+    monkeypatch.setattr(staging, "READ_PIECE", 4096)
     path = tmp_path / "f"
     path.write_bytes(bytes(10 * 4096))
     src = FileSource(path)
     path.write_bytes(bytes(5 * 4096))  # shrinks after the source was opened
     with pytest.raises(TruncatedError):
-        decode.read_into(SimpleNamespace(source=src), 0, np.empty(10 * 4096, np.uint8))
+        staging.read_into(SimpleNamespace(source=src), 0, np.empty(10 * 4096, np.uint8))
 
 
 def _child_read(path: str, expect: bytes) -> None:
     dst = np.empty(len(expect), np.uint8)
-    decode.read_into(SimpleNamespace(source=FileSource(path)), 0, dst)
+    staging.read_into(SimpleNamespace(source=FileSource(path)), 0, dst)
     raise SystemExit(0 if dst.tobytes() == expect else 3)
 
 
@@ -50,12 +50,12 @@ def test_reads_work_in_a_forked_child(tmp_path, monkeypatch) -> None:
     # the reader threads belong to the parent; a forked child must start its own
     import multiprocessing
 
-    monkeypatch.setattr(decode, "READ_PIECE", 4096)
+    monkeypatch.setattr(staging, "READ_PIECE", 4096)
     data = bytes(range(256)) * 160
     path = tmp_path / "f"
     path.write_bytes(data)
-    decode.read_into(SimpleNamespace(source=FileSource(path)), 0, np.empty(len(data), np.uint8))
-    assert decode._READERS is not None  # the parent's pool exists
+    staging.read_into(SimpleNamespace(source=FileSource(path)), 0, np.empty(len(data), np.uint8))
+    assert staging._READERS is not None  # the parent's pool exists
     p = multiprocessing.get_context("fork").Process(target=_child_read, args=(str(path), data))
     p.start()
     p.join(60)
@@ -67,14 +67,14 @@ def test_reads_work_in_a_forked_child(tmp_path, monkeypatch) -> None:
 
 @pytest.mark.parametrize("sizes", [[], [10], [5000, 0, 3 * 4096 + 17, 40 * 4096 + 5], [90_000]])
 def test_copies_land_exactly_in_pieces_or_whole(monkeypatch, sizes: list[int]) -> None:
-    # decode.copy_into (a chunk's staged pieces into pinned memory): every array at its offset,
+    # staging.copy_into (a chunk's staged pieces into pinned memory): every array at its offset,
     # the bytes between them untouched, whether the pool copies it in pieces or one thread
-    monkeypatch.setattr(decode, "READ_PIECE", 4096)
+    monkeypatch.setattr(staging, "READ_PIECE", 4096)
     rng = np.random.default_rng(len(sizes))
     arrays = [rng.integers(0, 256, n, dtype=np.uint8) for n in sizes]
     offsets = np.cumsum([0] + [n + 16 for n in sizes])
     dst = np.full(int(offsets[-1]), 0xAB, np.uint8)
-    decode.copy_into(dst, list(zip(offsets[:-1].tolist(), arrays)))
+    staging.copy_into(dst, list(zip(offsets[:-1].tolist(), arrays)))
     want = np.full_like(dst, 0xAB)
     for o, a in zip(offsets[:-1].tolist(), arrays):
         want[o:o + a.size] = a

@@ -1,0 +1,166 @@
+"""Staging for the GPU load: a batch's stored planes read from the file straight into pinned
+host memory, then copied to the device in one H2D copy.
+
+Large reads and copies run in pieces on a few threads: one thread copying from the page cache
+into pinned memory reaches a fraction of the memory bandwidth, and the copies release the GIL.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from s4format.reader import Reader
+from s4weights.gpu import runtime
+
+SLOT_ALIGN = 16  # each staged plane's offset in the buffer
+
+
+@dataclass
+class Staged:
+    """A batch's planes in pinned host memory (``host``, which the host's checks read) and on
+    the device, each at offset ``at[q]`` of both."""
+    reader: Reader
+    idx: list[int]
+    planes: list[tuple[int, int, object]]   # (tensor position, plane index, plane record)
+    at: np.ndarray                           # offset of each plane in the buffer
+    host: np.ndarray                         # pinned host copy (validation reads it)
+    device: torch.Tensor
+    keep: list[object] = field(default_factory=list)
+    # per plane: tensor position, plane index, codec, decoded bytes, stored bytes, parameter
+    # bytes (the planes' records as one array, for the host's checks; made from ``planes``
+    # when not given)
+    meta: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        if self.meta is None:
+            self.meta = np.array([(k, j, p.codec, p.decoded_len, p.stored_len, len(p.params))
+                                  for k, j, p in self.planes], np.int64).reshape(-1, 6)
+
+
+READ_PIECE = 4 << 20  # large reads into pinned memory go in pieces of this, in parallel
+_READERS: ThreadPoolExecutor | None = None
+_READERS_LOCK = threading.Lock()
+
+
+def _forget_readers() -> None:
+    global _READERS
+    _READERS = None  # a forked child has none of the parent's threads: start afresh
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_readers)
+
+
+def _readers() -> ThreadPoolExecutor:
+    global _READERS
+    with _READERS_LOCK:
+        if _READERS is None:
+            _READERS = ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1),
+                                          thread_name_prefix="s4w-read")
+        return _READERS
+
+
+def _in_pieces(n: int) -> list[tuple[int, int]]:
+    """[a, b) ranges of ``n`` bytes for the pool: one below two pieces' size, else at least
+    ``READ_PIECE`` each, about eight in all (4 KiB multiples)."""
+    if n < 2 * READ_PIECE:
+        return [(0, n)]
+    step = max(READ_PIECE, -(-n // 8) // 4096 * 4096)
+    return [(a, min(n, a + step)) for a in range(0, n, step)]
+
+
+def _run_all(jobs: list) -> None:
+    wait(jobs)  # every piece done (none still writing) before an error is raised
+    for j in jobs:
+        j.result()
+
+
+def read_into(reader: Reader, offset: int, dst: np.ndarray) -> None:
+    """Fill ``dst`` with the source's bytes at ``offset``. A large read is cut into pieces read
+    by a few threads at once: one thread copying from the page cache (or from memory) into
+    pinned memory runs at a fraction of the memory bandwidth, and the copies release the GIL.
+    The source's ``read_at`` must therefore be safe to call from several threads (positional
+    reads, as every source here; not a shared seek-and-read file object)."""
+    parts = _in_pieces(dst.size)
+    if len(parts) == 1:
+        _read_piece(reader, offset, dst)
+        return
+    pool = _readers()
+    _run_all([pool.submit(_read_piece, reader, offset + a, dst[a:b]) for a, b in parts])
+
+
+def copy_into(dst: np.ndarray, copies: list[tuple[int, np.ndarray]]) -> None:
+    """``dst[o:o + a.size] = a`` for each (o, a) of ``copies``, large ones in pieces on the
+    reading threads (as :func:`read_into`)."""
+    total = sum(a.size for _o, a in copies)
+    if total < 2 * READ_PIECE:
+        for o, a in copies:
+            dst[o:o + a.size] = a
+        return
+    pool = _readers()
+
+    def one(o: int, a: np.ndarray) -> None:
+        dst[o:o + a.size] = a
+
+    _run_all([pool.submit(one, o + x, a[x:y]) for o, a in copies for x, y in _in_pieces(a.size)])
+
+
+def _read_piece(reader: Reader, offset: int, dst: np.ndarray) -> None:
+    src = reader.source
+    fd = getattr(src, "_fd", None)
+    if isinstance(fd, int) and fd >= 0 and hasattr(os, "preadv"):
+        done, n = 0, dst.size
+        mv = memoryview(dst)
+        try:
+            while done < n:
+                got = os.preadv(fd, [mv[done:]], offset + done)
+                if got <= 0:
+                    break
+                done += got
+        except OSError:
+            done = -1  # the source's own read reports it (StorageError, as the CPU reader)
+        if done == n:
+            return
+    dst[:] = src.read_at(offset, dst.size)
+
+
+def stage_planes(reader: Reader, idx: list[int]) -> Staged:
+    """Read every plane of tensors ``idx`` into one pinned buffer and start one H2D copy.
+    Planes contiguous in the file (the writer's order) are read with one read; each plane sits
+    at a 16-byte aligned offset of the buffer."""
+    planes = [(k, j, p) for k, i in enumerate(idx) for j, p in enumerate(reader.tensors[i].planes)]
+    meta = np.array([(k, j, p.codec, p.decoded_len, p.stored_len, len(p.params), p.offset)
+                     for k, j, p in planes], np.int64).reshape(-1, 7)
+    off, ln = meta[:, 6].copy(), meta[:, 4].copy()
+    span0 = int(off.min()) if off.size else 0
+    span = int((off + ln).max()) - span0 if off.size else 0
+    # one read of the planes' whole span when it holds nothing but them and the padding
+    # between them (what device_extra counts), else plane by plane
+    pad = max(SLOT_ALIGN, reader.alignment)
+    contiguous = off.size and not ((off - span0) % SLOT_ALIGN).any() and \
+        span <= int(ln.sum()) + pad * off.size
+    if contiguous:
+        at = off - span0
+        total = span
+    else:
+        sizes = (ln + SLOT_ALIGN - 1) // SLOT_ALIGN * SLOT_ALIGN
+        at = np.concatenate(([0], np.cumsum(sizes)[:-1])).astype(np.int64) if off.size \
+            else np.zeros(0, np.int64)
+        total = int(sizes.sum())
+    host_t = runtime.pinned(total)
+    host = host_t.numpy()
+    if contiguous:
+        read_into(reader, span0, host[:span])
+    else:
+        for a, o, n in zip(at.tolist(), off.tolist(), ln.tolist()):
+            read_into(reader, o, host[a:a + n])
+    dev = runtime.device_empty(total)
+    if total:
+        dev[:total].copy_(host_t[:total], non_blocking=True)
+    return Staged(reader, list(idx), planes, at, host, dev, [host_t], meta[:, :6])
