@@ -19,7 +19,7 @@ from s4format.errors import (
 )
 from s4format.hashing import LEAF_SIZE
 from s4format.source import BufferSource
-from s4weights.gpu import plan, ransparse, runtime, staging
+from s4weights.gpu import failures, plan, ransparse, runtime, staging
 from s4weights.gpu.hash import content_hashes_from_leaves
 
 _LOAD_CODECS = (codecs.RAW, codecs.BITPACK, codecs.RANS, codecs.BITPACK_W)
@@ -51,8 +51,6 @@ class _Level:
         t = self.t
         self.whole = t.layout.layout_id == layouts.RAW.layout_id
         self.word = 1 if self.whole else t.layout.word_size(t.dtype.itemsize)
-        from s4weights.gpu.decode import plane_form_error
-
         # the tensor's planes in one read (in parallel pieces, as the batches stage them:
         # one thread copies from the page cache at a fraction of the memory bandwidth), or
         # None: planes far apart, read one by one
@@ -67,7 +65,7 @@ class _Level:
         self.stored = [reader.read_stored(t, j, span) for j in range(len(t.planes))]  # R1
         self.rans = [j for j, p in enumerate(t.planes) if p.codec == codecs.RANS]
         for j, p in enumerate(t.planes):
-            err = plane_form_error(p, self.stored[j], j)
+            err = failures.plane_form_error(p, self.stored[j], j)
             if err:
                 raise CodecError(f"{reader.name}: tensor {t.name!r} plane {p.label}: {err}")
         self.streams = None
@@ -177,12 +175,10 @@ def load_large(reader, i: int, out: torch.Tensor, workspace: int, on_host: bool 
     tensor) in its words, by re-reading the tensor on the CPU, on this error path only.
     ``on_host``: ``out`` is host memory (page-locked, for the copies to overlap): each chunk
     is decoded into a device buffer (within the workspace) and copied down."""
-    from s4weights.gpu import decode
-
     try:
         _load_large(reader, i, out, workspace, on_host)
     except FormatError as exc:  # (CodecError is one)
-        decode.raise_as_cpu(reader, i, exc)
+        failures.raise_as_cpu(reader, i, exc)
         raise
 
 

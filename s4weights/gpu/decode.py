@@ -36,8 +36,8 @@ import numpy as np
 import torch
 
 from s4format import codecs, layouts
-from s4format.codecs import bitpackw, rans
 from s4format.codecs import gdeflate as cpu_gdeflate
+from s4format.codecs import rans
 from s4format.errors import (
     ChecksumError,
     CodecError,
@@ -50,6 +50,7 @@ from s4format.errors import (
 from s4format.hashing import LEAF_SIZE
 from s4format.reader import Reader
 from s4weights.gpu import gdeflate, nvans, plan, ransparse, runtime, staging
+from s4weights.gpu.failures import about, form_failure, raise_as_cpu
 from s4weights.gpu.plan import GPU_LAYOUTS, chunk_table
 from s4weights.gpu.staging import SLOT_ALIGN, Staged
 
@@ -150,25 +151,6 @@ def parent_index(reader: Reader, i: int) -> int | None:
     return j if j is not None and parent.tensors[j].raw_nbytes == t.raw_nbytes else None
 
 
-def plane_form_error(p, payload: np.ndarray, j: int) -> str | None:
-    """What is wrong with the stored form of plane j (its record ``p``, its bytes ``payload``)
-    for a raw, bitpack or rANS plane, as far as it shows without decoding; None if nothing."""
-    n = p.decoded_len
-    if p.codec == codecs.RAW and (p.params or p.stored_len != n):
-        return f"raw plane with parameters, or storing {p.stored_len} bytes for {n}"
-    if p.codec == codecs.BITPACK:
-        if p.params or len(payload) != (n + 7) // 8 or (n % 8 and int(payload[-1]) >> (n % 8)):
-            return "bitpack payload is malformed"
-        if j != 0:
-            return "bitpack on a plane other than the sign plane"
-    if p.codec == codecs.RANS and p.params:
-        return "rans takes no parameters"
-    if p.codec == codecs.BITPACK_W:
-        return bitpackw.form_error(n, p.params, len(payload),
-                                   int(payload[-1]) if len(payload) else 0)
-    return None
-
-
 def _cap(reader: Reader) -> int:
     return min(reader.max_tensor_bytes,
                torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory)
@@ -201,11 +183,11 @@ def _check_limits(reader: Reader, idx: list[int]) -> None:
             try:
                 reader.read_raw(j)
             except S4Error as first:
-                raise _about(first, reader, j) from None
+                raise about(first, reader, j) from None
         try:
             check_limit(reader, i)
         except LimitError as exc:
-            raise _about(exc, reader, i) from None
+            raise about(exc, reader, i) from None
 
 
 def read_tensor(reader: Reader, i: int, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -242,31 +224,9 @@ def read_on_cpu(reader: Reader, i: int, out: torch.Tensor) -> None:
     try:
         raw = reader.read_raw(i)
     except S4Error as exc:
-        raise _about(exc, reader, i) from None
+        raise about(exc, reader, i) from None
     if raw.size:
         out.copy_(torch.from_numpy(raw))
-
-
-def _about(exc: S4Error, reader: Reader, i: int) -> S4Error:
-    """``exc``, marked as the failure of ``reader``'s tensor i."""
-    exc.s4_tensor = (reader, i)
-    return exc
-
-
-def _plane_named(reader: Reader, i: int, exc: Exception) -> int | None:
-    """Which plane of ``reader``'s tensor i an error message is about (its index; -1: the
-    tensor, no plane), or None when the message is not about that tensor."""
-    t = reader.tensors[i]
-    head = f"{reader.name}: tensor {t.name!r}"
-    msg = str(exc)
-    if not msg.startswith(head):
-        return None
-    rest = msg[len(head):]
-    for j, p in enumerate(t.planes):
-        label = f" plane {p.label}"
-        if rest.startswith(label) and rest[len(label):len(label) + 1] in (":", " "):
-            return j
-    return -1 if rest[:1] in (":", " ") else None
 
 
 def _read_aligned(reader: Reader, idx: list[int], outs: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -286,26 +246,9 @@ def _read_aligned(reader: Reader, idx: list[int], outs: list[torch.Tensor]) -> l
             try:
                 reader.read_raw(i)
             except S4Error as first:
-                raise _about(first, reader, i) from None
+                raise about(first, reader, i) from None
         raise_as_cpu(reader, at[1], exc)
         raise
-
-
-def raise_as_cpu(reader: Reader, i: int, exc: S4Error) -> None:
-    """On a failure ``exc`` about tensor i, read it with the CPU reader (only on this error
-    path) and raise its failure: ``exc`` itself when both name the same plane, else the CPU
-    reader's (the GPU paths find some failures before decoding and others after, so the
-    first plane to fail can differ), and the CPU reader's too where ``exc`` names no plane.
-    Returns if the CPU reader reads the tensor."""
-    try:
-        reader.read_raw(i)
-    except S4Error as first:
-        ours = _plane_named(reader, i, exc)
-        if ours is not None and ours >= 0 and _plane_named(reader, i, first) == ours:
-            raise exc from None
-        # (a failure the GPU path names by tensor only, such as a merge that found values
-        # wider than a field, takes the CPU reader's words, which name what it found)
-        raise _about(first, reader, i) from None
 
 
 def _read_batch(reader: Reader, idx: list[int], outs: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -389,7 +332,7 @@ def _apply_parents(reader: Reader, idx: list[int], outs: list[torch.Tensor]) -> 
         for k, i in cur.items():
             j = parent_index(r, i)
             if j is None:
-                raise _about(ParentMismatchError(
+                raise about(ParentMismatchError(
                     f"{r.name}: parent {p.name} holds no tensor with hash "
                     f"{r.tensors[i].parent_hash.hex()} of {r.tensors[i].raw_nbytes} bytes "
                     f"for delta {r.tensors[i].name!r}"), reader, idx[k])
@@ -426,8 +369,8 @@ def _apply_parents(reader: Reader, idx: list[int], outs: list[torch.Tensor]) -> 
             try:
                 reader.read_raw(idx[first])
             except S4Error as cpu:
-                raise _about(cpu, reader, idx[first]) from None
-            raise _about(exc, reader, idx[first]) from None
+                raise about(cpu, reader, idx[first]) from None
+            raise about(exc, reader, idx[first]) from None
         below = {k: mine[j] for k, j in at.items()}
         del mine
     for k, o in enumerate(outs):
@@ -446,7 +389,7 @@ def _check_hashes(reader: Reader, idx: list[int], outs: list[torch.Tensor]) -> N
     for k, got in enumerate(hashes):
         t = reader.tensors[idx[k]]
         if got != t.content_hash:
-            raise _about(ContentHashError(
+            raise about(ContentHashError(
                 f"{reader.name}: tensor {t.name!r} content hash mismatch after decoding: the "
                 "file is corrupt or its parent is wrong"), reader, idx[k])
 
@@ -488,7 +431,7 @@ def decode_staged(st: Staged, outs: list[torch.Tensor]) -> None:
     def verify_checksums() -> None:  # a synchronisation before any plane is decoded
         bad = checksum_failure(sums[:nsum].cpu().numpy().view(np.uint64))
         if bad is not None:
-            raise _about(bad[1], reader, st.idx[bad[0]])
+            raise about(bad[1], reader, st.idx[bad[0]])
 
     # Every checksum is verified before a plane's decoded bytes are used (spec R1 before R2:
     # a damaged plane is reported as ChecksumError even where a plane would fail to decode).
@@ -514,7 +457,7 @@ def decode_staged(st: Staged, outs: list[torch.Tensor]) -> None:
             at = getattr(exc, "s4_tensor", None)
             if bad is not None and (at is None or at[0] is not reader or at[1] not in st.idx
                                     or bad[0] <= st.idx.index(at[1])):
-                raise _about(bad[1], reader, st.idx[bad[0]]) from None
+                raise about(bad[1], reader, st.idx[bad[0]]) from None
         raise
     prof.mark("validate")
     ptrs, packed, copies, rb, scratch = decoded
@@ -605,7 +548,7 @@ def decode_staged(st: Staged, outs: list[torch.Tensor]) -> None:
                 break
     if found:
         k, _rank, exc = min(found, key=lambda f: f[:2])
-        raise _about(exc, reader, st.idx[k])
+        raise about(exc, reader, st.idx[k])
     prof.mark("content hash")
     prof.report()
     del keep, scratch
@@ -659,7 +602,7 @@ def _prepare(st: Staged, outs: list[torch.Tensor], base: int, keep: list[object]
                 f"{planes[q][2].label}")
 
     def fail(q: int, msg: str) -> CodecError:
-        return _about(CodecError(f"{where(q)}: {msg}"), reader, st.idx[k[q]])
+        return about(CodecError(f"{where(q)}: {msg}"), reader, st.idx[k[q]])
 
     rn, gd = codec == codecs.RANS, codec == codecs.GDEFLATE
     # rANS streams: RAW-mode ones are used in place (their bytes follow the header)
@@ -697,20 +640,20 @@ def _prepare(st: Staged, outs: list[torch.Tensor], base: int, keep: list[object]
             except CodecError as exc:  # named by its plane, like every other failure
                 named = exc if str(exc).startswith(where(q)) \
                     else CodecError(f"{where(q)}: {exc}")
-                raise _about(named, reader, st.idx[k[q]]) from None
+                raise about(named, reader, st.idx[k[q]]) from None
 
     try:
         rb.prepare(keep)
     except CodecError as exc:  # a stream's header or table (row ``failed`` of the batch)
         q = int(rq[rb.failed])
-        first_bad, msg, _width = _form_failure(st, whole)
+        first_bad, msg, _width = form_failure(st, whole)
         nvcomp_upto(min(first_bad, q))
         if first_bad <= q:  # (on the same plane the CPU reader checks the form first)
             raise fail(first_bad, msg) from None
-        raise _about(exc, reader, st.idx[k[q]]) from None
+        raise about(exc, reader, st.idx[k[q]]) from None
     rb.launch()
     keep.append(scratch)
-    first_bad, msg, width = _form_failure(st, whole)
+    first_bad, msg, width = form_failure(st, whole)
     nvcomp_upto(first_bad)
     if first_bad < nq:
         raise fail(first_bad, msg)
@@ -729,46 +672,6 @@ def _prepare(st: Staged, outs: list[torch.Tensor], base: int, keep: list[object]
     copies = list(zip(np.where(raw_mode[cp], src[cp] + np.uint64(rans.HEADER_SIZE),
                                src[cp]).tolist(), dst_t[k[cp]].tolist(), n[cp].tolist()))
     return ptrs, packed, copies, rb, scratch
-
-
-def _form_failure(st: Staged, whole: np.ndarray) -> tuple[int, str, np.ndarray]:
-    """The stored forms of the group's planes (``whole``: of a raw-layout tensor), as
-    plane_form_error checks them one by one: (the first plane in a bad form, or the number of
-    planes; its first failing check's message; each bitpack-w plane's width, else 0). The CPU
-    reader meets the planes in order, so the first failing plane (and its first failing check)
-    is the one reported."""
-    nq = len(st.planes)
-    _k, j, codec, n, stored, nparams = st.meta.T
-    at = np.asarray(st.at, np.int64)
-    raw, bp = codec == codecs.RAW, codec == codecs.BITPACK
-    rn, gd = codec == codecs.RANS, codec == codecs.GDEFLATE
-    last = st.host[np.clip(at + stored - 1, 0, max(st.host.size - 1, 0))] if st.host.size \
-        else np.zeros(nq, np.uint8)
-    tail = np.where(n % 8 > 0, last.astype(np.int64) >> (n % 8), 0)
-    bad_bp = bp & ((nparams > 0) | (stored != (n + 7) // 8) | (tail != 0))
-    errors = [(raw & ((nparams > 0) | (stored != n)), lambda q: "raw plane with parameters, "
-               f"or storing {int(stored[q])} bytes for {int(n[q])}"),
-              (bad_bp, lambda q: "bitpack payload is malformed"),
-              (bp & ~bad_bp & (j != 0), lambda q: "bitpack on a plane other than the sign plane"),
-              (rn & (nparams > 0), lambda q: "rans takes no parameters"),
-              (gd & ~whole & (nparams > 1), lambda q: "gdeflate parameters are at most 1 byte")]
-    # bitpack-w planes (codec 8): their width, and their form as the codec checks it
-    width = np.zeros(nq, np.int64)
-    bw_msg: dict[int, str] = {}
-    for q in np.flatnonzero(codec == codecs.BITPACK_W).tolist():
-        prm = st.planes[q][2].params
-        msg = bitpackw.form_error(int(n[q]), prm, int(stored[q]), int(last[q]))
-        if msg is None:
-            width[q] = prm[0]
-        else:
-            bw_msg[q] = msg
-    bad_bw = np.zeros(nq, bool)
-    bad_bw[list(bw_msg)] = True
-    errors.append((bad_bw, lambda q: bw_msg[q]))
-    first_bad = min((int(np.argmax(m)) for m, _ in errors if m.any()), default=nq)
-    if first_bad == nq:
-        return nq, "", width
-    return first_bad, next(m(first_bad) for bad, m in errors if bad[first_bad]), width
 
 
 class _RansBatch:
