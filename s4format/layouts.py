@@ -16,7 +16,7 @@ import numpy as np
 
 from s4format import codecs, threads
 from s4format.codecs.abc import Slicer
-from s4format.codecs.view import PIECE, PlaneView, field_stats, run_pieces
+from s4format.codecs.view import PIECE, PlaneView, counted, run_pieces, sampled
 from s4format.errors import FormatError, S4Error, UnsupportedFeatureError
 from s4format.jit import kernel
 
@@ -86,21 +86,28 @@ class Layout:
         return list(out)
 
     def views(self, raw: np.ndarray, itemsize: int) -> list[PlaneView]:
-        """The planes of :meth:`split` as views of the raw words, with their statistics
-        counted in one pass over the words."""
+        """The planes of :meth:`split` as views of the raw words. Sign and exponent planes are
+        counted in one pass over the words (they are nearly always entropy coded); the others
+        are sampled and ORed in another, and counted only if their coder needs it."""
         self.check_applies(raw.size, itemsize)
+        one = (np.zeros(1, np.int64), np.full(1, 0xFF, np.int64))
         if self.layout_id == RAW.layout_id:
-            return [PlaneView.of(raw)]
+            return sampled(raw, *one)
         fields = self.planes(itemsize)
         w = self.word_size(itemsize)
         if w not in _UINT:  # (16-byte elements under BYTES: complex128)
-            return [PlaneView.of(p) for p in self.split(raw, itemsize)]
+            return [sampled(p, *one)[0] for p in self.split(raw, itemsize)]
         words = raw.view(_UINT[w])
-        shifts = np.array([f.shift for f in fields], dtype=np.int64)
-        masks = np.array([(1 << f.bits) - 1 for f in fields], dtype=np.int64)
-        counts, runs = field_stats(words, shifts, masks)
-        return [PlaneView(words, int(shifts[k]), int(masks[k]), counts[k], int(runs[k]))
-                for k in range(len(fields))]
+        views: list[PlaneView | None] = [None] * len(fields)
+        exact = [f.kind in (KIND_SIGN, KIND_EXPONENT) for f in fields]
+        for pick, make in ((True, counted), (False, sampled)):
+            ks = [k for k in range(len(fields)) if exact[k] == pick]
+            if ks:
+                shifts = np.array([fields[k].shift for k in ks], dtype=np.int64)
+                masks = np.array([(1 << fields[k].bits) - 1 for k in ks], dtype=np.int64)
+                for k, v in zip(ks, make(words, shifts, masks)):
+                    views[k] = v
+        return views
 
     def merge(self, planes: list[np.ndarray], raw_nbytes: int, itemsize: int) -> np.ndarray:
         """Inverse of :meth:`split`; returns ``raw_nbytes`` bytes."""

@@ -66,6 +66,10 @@ LZ_RUNS = 0.002
 # extra runs and lost on all from 0.2% to 11%.
 LZ_RUNS_EXPONENT = 0.2
 
+# rANS is ruled out on a plane's sample alone (the plane not counted) when the sample's
+# estimate exceeds what it must beat by this share: it is off by a few in ten thousand.
+SAMPLE_MARGIN = 1 / 1024
+
 # Below this a plane is stored raw: coding cannot win back its own bookkeeping.
 MIN_CODED = 64
 
@@ -139,6 +143,9 @@ def rank(view: PlaneView, kind: int, policy: str, available: dict[int, codecs.Co
             continue
         if policy != "seed" and not codec.counts_estimate and not lz_may_pay(view, kind):
             continue
+        if cid == codecs.RANS and not view.counted and _sample_rules_out(codec, view, ranked,
+                                                                         policy):
+            continue
         est = codec.estimate_view(view)
         if cid == codecs.ZSTD:
             zstd_est = est
@@ -161,7 +168,18 @@ def lz_may_pay(view: PlaneView, kind: int) -> bool:
     :data:`LZ_ALWAYS` bytes are always tried."""
     if kind not in _FLOAT_KINDS or view.size <= LZ_ALWAYS:
         return True
-    p = view.counts / view.size
-    expected = float(np.dot(p, p) + np.dot(p[1:], p[:-1])) * (view.size - 1)
-    share = LZ_RUNS_EXPONENT if kind == layouts.KIND_EXPONENT else LZ_RUNS
-    return view.runs - expected > share * view.size
+    counts, m, runs = view.share()
+    p = counts / m
+    expected = float(np.dot(p, p) + np.dot(p[1:], p[:-1]))
+    return runs - expected > (LZ_RUNS_EXPONENT if kind == layouts.KIND_EXPONENT else LZ_RUNS)
+
+
+def _sample_rules_out(rans: codecs.Codec, view: PlaneView, ranked: list[tuple[int, int]],
+                      policy: str) -> bool:
+    """Whether the sample of a plane not counted yet shows that rANS stores at least
+    :data:`SAMPLE_MARGIN` more than what it must beat (the plane, and the codecs ranked so
+    far, bitpack-w by its 1/65): then the plane need not be counted."""
+    counts, _m, _runs = view.share()
+    bar = min((e * PACKED_SLACK[0] / PACKED_SLACK[1] if c == codecs.BITPACK_W
+               and policy == "auto" else e for e, c in ranked), default=view.size)
+    return rans.estimate_counts(counts, view.size) >= min(bar, view.size) * (1 + SAMPLE_MARGIN)

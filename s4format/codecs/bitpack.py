@@ -51,10 +51,10 @@ class BitpackCodec(Codec):
         return (plane.size + 7) // 8
 
     def estimate_view(self, view: PlaneView) -> int | None:
-        return None if view.max_symbol > 1 else (view.size + 7) // 8
+        return None if view.bits > 1 else (view.size + 7) // 8
 
     def encode_view(self, view: PlaneView) -> Encoded | None:
-        return None if view.max_symbol > 1 else Encoded(pack_view(view, 1))
+        return None if view.bits > 1 else Encoded(pack_view(view, 1))
 
 
 register(BitpackCodec())

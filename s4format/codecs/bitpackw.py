@@ -129,11 +129,10 @@ class BitpackWCodec(Codec):
         w = width_of(plane)
         if w >= 8:
             return None
-        view = PlaneView(np.ascontiguousarray(plane, np.uint8).reshape(-1), 0, 0xFF, None, 0)
-        return Encoded(pack_view(view, w), bytes([w]))
+        return Encoded(pack_view(PlaneView.of(plane), w), bytes([w]))
 
     def encode_view(self, view: PlaneView) -> Encoded | None:
-        w = max(1, view.max_symbol.bit_length())
+        w = view.width
         return None if w >= 8 else Encoded(pack_view(view, w), bytes([w]))
 
     def decode(self, payload: np.ndarray, decoded_len: int, params: bytes) -> np.ndarray:
@@ -161,7 +160,7 @@ class BitpackWCodec(Codec):
         return None if w >= 8 else stored_len(plane.size, w)
 
     def estimate_view(self, view: PlaneView) -> int | None:
-        w = max(1, view.max_symbol.bit_length())
+        w = view.width
         return None if w >= 8 else stored_len(view.size, w)
 
 

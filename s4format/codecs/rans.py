@@ -346,7 +346,7 @@ def _block_pieces(nb: int, log2_block: int, fn) -> None:
 
 
 def _as_view(plane: PlaneView | np.ndarray) -> PlaneView:
-    return plane if isinstance(plane, PlaneView) else PlaneView(plane, 0, 0xFF, None, 0)
+    return plane if isinstance(plane, PlaneView) else PlaneView.of(plane)
 
 
 def _rans_stream(view: PlaneView | np.ndarray, log2_block: int, freqs: np.ndarray
@@ -476,15 +476,19 @@ class RansCodec(Codec):
         header, table and per-block overhead; it overshoots the real size by the information
         the final states carry (about 32 bytes per block) and undershoots per-block CONST.
         """
-        n = view.size
+        return self.estimate_counts(view.counts, view.size)
+
+    def estimate_counts(self, counts: np.ndarray, n: int) -> int:
+        """:meth:`estimate_view` of an ``n``-byte plane whose histogram is ``counts``, or of
+        which ``counts`` is a sample (its cross-entropy scaled to ``n``)."""
         if n == 0:
             return HEADER_SIZE
-        counts = view.counts
-        if view.symbols == 1:
+        present = counts > 0
+        if np.count_nonzero(present) == 1:
             return HEADER_SIZE + _n_blocks(n, LOG2_BLOCK_MAX)
         freqs = normalise(counts)
-        present = counts > 0
         bits = float(np.sum(counts[present] * (PROB_BITS - np.log2(freqs[present]))))
+        bits *= n / int(counts.sum())
         nb = _n_blocks(n, self.log2_block)
         rans = (HEADER_SIZE + len(table_bytes(freqs)) + BLOCK_OVERHEAD * nb
                 + 2 * int(np.ceil(bits / WORD_BITS)))

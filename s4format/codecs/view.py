@@ -3,8 +3,11 @@ statistics that codec choice needs, gathered in one pass over the words.
 
 A :class:`PlaneView` is field ``(shift, mask)`` of ``words`` (a plane of bytes is its own words,
 shift 0, mask 255). Codecs that can code straight from the words (raw, bitpack, bitpack-w, rANS)
-never materialise the plane; the others get its bytes from :meth:`PlaneView.bytes`. The
-statistics are exact whatever the thread count: the words are cut into pieces by size alone.
+never materialise the plane; the others get its bytes from :meth:`PlaneView.bytes`. Its exact
+histogram is counted in the first pass where it is nearly always needed (sign and exponent
+planes) and otherwise on first use: until then a fixed sample stands in for it, so that the
+choice can rule a coder out without counting. Statistics never depend on the thread count:
+the words are cut into pieces and samples by size alone.
 """
 
 from __future__ import annotations
@@ -16,19 +19,25 @@ from s4format.jit import kernel
 
 # Words per piece of work on a worker (about 1 MiB of fp32 words).
 PIECE = 1 << 18
+# The sample of a plane not counted yet: this many evenly spaced runs of SAMPLE_CHUNK bytes
+# (a plane that fits in them is counted whole).
+SAMPLE_CHUNKS, SAMPLE_CHUNK = 32, 2048
 
 
 class PlaneView:
-    """Field ``(shift, mask)`` of the little-endian ``words`` (1-D uint8/16/32/64), with its
-    byte histogram ``counts`` (256) and ``runs``: the bytes that equal the byte before or
-    exceed it by one (as in runs and counters, which LZ coders shrink)."""
+    """Field ``(shift, mask)`` of the little-endian ``words`` (1-D uint8/16/32/64) with its
+    statistics: ``bits``, the OR of all its bytes, and either its histogram ``counts`` (256)
+    and ``runs`` (the bytes that equal the byte before or exceed it by one, as in runs and
+    counters, which LZ coders shrink), or a sample's (:meth:`share`) until ``counts`` is
+    first asked for."""
 
-    __slots__ = ("_bytes", "counts", "mask", "runs", "shift", "words")
+    __slots__ = ("_bytes", "_counts", "_runs", "_sample", "bits", "mask", "shift", "words")
 
-    def __init__(self, words: np.ndarray, shift: int, mask: int, counts: np.ndarray,
-                 runs: int) -> None:
-        self.words, self.shift, self.mask = words, shift, mask
-        self.counts, self.runs = counts, runs
+    def __init__(self, words: np.ndarray, shift: int, mask: int, bits: int,
+                 counts: np.ndarray | None, runs: int,
+                 sample: tuple[np.ndarray, int, int] | None = None) -> None:
+        self.words, self.shift, self.mask, self.bits = words, shift, mask, bits
+        self._counts, self._runs, self._sample = counts, runs, sample
         self._bytes: np.ndarray | None = words if words.dtype == np.uint8 and mask == 0xFF \
             else None
 
@@ -36,21 +45,45 @@ class PlaneView:
     def of(cls, plane: np.ndarray) -> PlaneView:
         """A plane of bytes, its statistics counted."""
         plane = np.ascontiguousarray(plane, dtype=np.uint8).reshape(-1)
-        counts, runs = field_stats(plane, np.zeros(1, np.int64), np.full(1, 0xFF, np.int64))
-        return cls(plane, 0, 0xFF, counts[0], int(runs[0]))
+        return counted(plane, np.zeros(1, np.int64), np.full(1, 0xFF, np.int64))[0]
 
     @property
     def size(self) -> int:
         return int(self.words.size)
 
     @property
-    def max_symbol(self) -> int:
-        present = np.flatnonzero(self.counts)
-        return int(present[-1]) if present.size else 0
+    def width(self) -> int:
+        """Bits the plane's largest byte needs (at least 1)."""
+        return max(1, self.bits.bit_length())
+
+    @property
+    def counted(self) -> bool:
+        return self._counts is not None
+
+    @property
+    def counts(self) -> np.ndarray:
+        """The exact histogram, counted on first use."""
+        if self._counts is None:
+            counts, runs = field_stats(self.words, np.array([self.shift]), np.array([self.mask]))
+            self._counts, self._runs = counts[0], int(runs[0])
+        return self._counts
+
+    @property
+    def runs(self) -> int:
+        self.counts  # noqa: B018 - counted on first use
+        return self._runs
 
     @property
     def symbols(self) -> int:
         return int(np.count_nonzero(self.counts))
+
+    def share(self) -> tuple[np.ndarray, int, float]:
+        """``(histogram, bytes it covers, share of runs)``: the exact ones once counted, else
+        the sample's."""
+        if self._counts is not None:
+            return self._counts, self.size, self._runs / max(1, self.size - 1)
+        counts, runs, pairs = self._sample
+        return counts, int(counts.sum()), runs / max(1, pairs)
 
     def bytes(self) -> np.ndarray:
         """The plane's bytes (uint8, contiguous), extracted from the words on first use."""
@@ -68,6 +101,45 @@ def run_pieces(fn, n: int, piece: int) -> None:
         fn(0, n)
         return
     threads.pool().map(lambda lo: fn(lo, min(n, lo + piece)), range(0, n, piece))
+
+
+def counted(words: np.ndarray, shifts: np.ndarray, masks: np.ndarray) -> list[PlaneView]:
+    """Views of fields ``(shifts[k], masks[k])`` of ``words``, every histogram counted."""
+    counts, runs = field_stats(words, shifts, masks)
+    return [PlaneView(words, int(shifts[k]), int(masks[k]), _or_of(counts[k]), counts[k],
+                      int(runs[k])) for k in range(shifts.size)]
+
+
+def sampled(words: np.ndarray, shifts: np.ndarray, masks: np.ndarray) -> list[PlaneView]:
+    """Views of fields of ``words`` whose histograms are counted on first use: one pass ORs
+    each field's bytes, and a sample gives their statistics meanwhile."""
+    n = words.size
+    if n <= SAMPLE_CHUNKS * SAMPLE_CHUNK:
+        return counted(words, shifts, masks)
+    k = shifts.size
+    ors = np.zeros(k, np.uint64)
+
+    def piece(lo: int, hi: int) -> np.ndarray:
+        out = np.zeros(k, np.uint64)
+        _or_fields(words, lo, hi, shifts, masks, out)
+        return out
+
+    for part in threads.pool().map(lambda lo: piece(lo, min(n, lo + PIECE)),
+                                   range(0, n, PIECE)):
+        ors |= part
+    counts = np.zeros((k, 4, 256), np.int64)
+    runs = np.zeros(k, np.int64)
+    for start in np.linspace(0, n - SAMPLE_CHUNK, SAMPLE_CHUNKS).astype(np.int64).tolist():
+        _count_fields(words[start:start + SAMPLE_CHUNK], 0, SAMPLE_CHUNK, shifts, masks, counts,
+                      runs)
+    sums, pairs = counts.sum(axis=1), SAMPLE_CHUNKS * (SAMPLE_CHUNK - 1)
+    return [PlaneView(words, int(shifts[j]), int(masks[j]), int(ors[j]), None, 0,
+                      (sums[j], int(runs[j]), pairs)) for j in range(k)]
+
+
+def _or_of(counts: np.ndarray) -> int:
+    present = np.flatnonzero(counts)
+    return int(np.bitwise_or.reduce(present)) if present.size else 0
 
 
 def field_stats(words: np.ndarray, shifts: np.ndarray, masks: np.ndarray
@@ -89,7 +161,8 @@ def field_stats(words: np.ndarray, shifts: np.ndarray, masks: np.ndarray
 
 
 # Four interleaved histograms per field: a plane of few symbols (an exponent plane) would
-# otherwise wait on the increment of the same counter, element after element.
+# otherwise wait on the increment of the same counter, element after element. A one-bit field
+# (a sign) is counted by adding its bits instead, a loop that vectorises (4 times faster).
 @kernel()
 def _count_fields(words, lo, hi, shifts, masks, counts, runs):  # pragma: no cover - compiled
     for f in range(shifts.size):
@@ -100,6 +173,12 @@ def _count_fields(words, lo, hi, shifts, masks, counts, runs):  # pragma: no cov
             h0[(np.int64(words[0]) >> s) & m] += 1
             i = 1
         if i >= hi:
+            continue
+        if m == 1:
+            ones, run = _count_bits(words, i, hi, s)
+            h0[1] += ones
+            h0[0] += hi - i - ones
+            runs[f] += run
             continue
         p = (np.int64(words[i - 1]) >> s) & m
         run = 0
@@ -126,8 +205,30 @@ def _count_fields(words, lo, hi, shifts, masks, counts, runs):  # pragma: no cov
         runs[f] += run
 
 
+@kernel(inline="always")
+def _count_bits(words, lo, hi, s):  # pragma: no cover - compiled
+    """(ones, runs) of bit s of words[lo:hi] (lo >= 1: each bit is compared with the one
+    before)."""
+    ones, run = np.uint64(0), np.uint64(0)
+    one, sh = np.uint64(1), np.uint64(s)
+    for j in range(np.uint64(lo), np.uint64(hi)):
+        a = (np.uint64(words[j]) >> sh) & one
+        ones += a
+        run += np.uint64(a >= (np.uint64(words[j - one]) >> sh) & one)  # not a fall 1 -> 0
+    return np.int64(ones), np.int64(run)
+
+
 @kernel()
 def _extract(words, lo, hi, shift, mask, out):  # pragma: no cover - compiled
     sh, mk = np.uint64(shift), np.uint64(mask)
     for i in range(np.uint64(lo), np.uint64(hi)):
         out[i] = (np.uint64(words[i]) >> sh) & mk
+
+
+@kernel()
+def _or_fields(words, lo, hi, shifts, masks, out):  # pragma: no cover - compiled
+    for f in range(shifts.size):
+        sh, acc = np.uint64(shifts[f]), np.uint64(0)
+        for i in range(np.uint64(lo), np.uint64(hi)):
+            acc |= np.uint64(words[i]) >> sh
+        out[f] |= acc & np.uint64(masks[f])

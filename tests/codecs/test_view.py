@@ -32,18 +32,36 @@ def _words(n: int, seed: int = 1) -> np.ndarray:
 def test_views_count_exactly_what_split_planes_hold(layout, itemsize: int) -> None:
     raw = _words(2 * view.PIECE + 1000).view(np.uint8)
     raw = raw[:raw.size - raw.size % itemsize]
-    for plane, v in zip(layout.split(raw, itemsize), layout.views(raw, itemsize)):
+    fields = layout.planes(itemsize) if layout is not layouts.RAW else layouts.RAW.fields
+    for f, plane, v in zip(fields, layout.split(raw, itemsize), layout.views(raw, itemsize)):
+        assert v.counted == (f.kind in (layouts.KIND_SIGN, layouts.KIND_EXPONENT)), f.label
+        assert v.bits == int(np.bitwise_or.reduce(plane)) and v.width == max(1, v.bits
+                                                                              .bit_length())
         assert v.bytes().tobytes() == plane.tobytes()
         assert v.counts.tolist() == np.bincount(plane, minlength=256).tolist()
-        assert v.runs == _runs(plane)
-        assert v.max_symbol == int(plane.max()) and v.symbols == len(np.unique(plane))
+        assert v.runs == _runs(plane) and v.counted
+        assert v.symbols == len(np.unique(plane))
+
+
+def test_a_plane_not_counted_is_judged_by_its_sample() -> None:
+    raw = _words(3 * view.PIECE).view(np.uint8)
+    m1 = layouts.FP32.views(raw, 4)[3]
+    plane = layouts.FP32.split(raw, 4)[3]
+    starts = np.linspace(0, plane.size - view.SAMPLE_CHUNK, view.SAMPLE_CHUNKS).astype(int)
+    sample = [plane[s:s + view.SAMPLE_CHUNK] for s in starts]
+    counts, m, runs = m1.share()
+    assert m == view.SAMPLE_CHUNKS * view.SAMPLE_CHUNK and not m1.counted
+    assert counts.tolist() == np.bincount(np.concatenate(sample), minlength=256).tolist()
+    assert runs == sum(_runs(c) for c in sample) / (m - view.SAMPLE_CHUNKS)
+    m1.counts  # noqa: B018 - counts it
+    assert m1.share()[1:] == (plane.size, _runs(plane) / (plane.size - 1))
 
 
 def test_a_plane_of_bytes_is_its_own_view() -> None:
     plane = np.array([5, 5, 6, 9, 8, 8, 200], np.uint8)
     v = PlaneView.of(plane)
     assert v.bytes() is v.words
-    assert (v.runs, v.size, v.symbols, v.max_symbol) == (3, 7, 5, 200)
+    assert (v.runs, v.size, v.symbols, v.bits) == (3, 7, 5, 207)
 
 
 @pytest.mark.parametrize("codec_id", [codecs.RAW, codecs.BITPACK, codecs.BITPACK_W,
