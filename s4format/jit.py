@@ -40,7 +40,7 @@ class _Kernel:
 
 def kernel(**options: Any) -> Callable[[Callable[..., Any]], _Kernel]:
     """Decorator: ``func`` becomes ``numba.njit(cache=True, nogil=True, **options)(func)`` at
-    the first call of any kernel."""
+    the first call of any kernel (without ``cache`` where numba finds no folder to write)."""
     def mark(func: Callable[..., Any]) -> _Kernel:
         with _lock:
             _pending.append((func.__globals__, func.__name__, func, options))
@@ -54,5 +54,8 @@ def _compile_pending() -> None:
     with _lock:
         for module, name, func, options in _pending:
             if isinstance(module.get(name), _Kernel):
-                module[name] = numba.njit(cache=True, nogil=True, **options)(func)
+                try:
+                    module[name] = numba.njit(cache=True, nogil=True, **options)(func)
+                except RuntimeError:  # no writable cache folder: compiled in each process
+                    module[name] = numba.njit(nogil=True, **options)(func)
         _pending.clear()
