@@ -19,7 +19,7 @@ from s4format.errors import (
 )
 from s4format.hashing import LEAF_SIZE
 from s4format.source import BufferSource
-from s4weights.gpu import failures, plan, ransparse, runtime, staging
+from s4weights.gpu import decode_group, failures, plan, ransparse, runtime, staging
 from s4weights.gpu.hash import content_hashes_from_leaves
 
 _LOAD_CODECS = (codecs.RAW, codecs.BITPACK, codecs.RANS, codecs.BITPACK_W)
@@ -528,8 +528,6 @@ class _Run:
         """Stage chunk k (of the window from w0, whose tables are at ``addrs``) through
         ``pinned`` (``copied`` recorded after its copy to the device) and decode it into
         ``dst``: rANS rows, then the merge (or, for a raw layout, its bytes copied)."""
-        from s4weights.gpu import decode
-
         staging.copy_into(pinned.numpy(), self.copies[k])
         total = int(self.staged[k])
         if total:
@@ -553,8 +551,8 @@ class _Run:
             return
         m0, m1 = int(self.m_at[k]), int(self.m_at[k + 1])
         mw = m0 - int(self.m_at[w0])
-        runtime.launch("planes", decode.MERGE_KERNEL[self.lv.t.layout.layout_id], m1 - m0, 256,
-                       np.uint64(addrs[10] + 4 * mw), np.uint64(addrs[11] + 8 * mw),
+        runtime.launch("planes", decode_group.MERGE_KERNEL[self.lv.t.layout.layout_id], m1 - m0,
+                       256, np.uint64(addrs[10] + 4 * mw), np.uint64(addrs[11] + 8 * mw),
                        *(np.uint64(x) for x in addrs[12:16]),
                        # (segment s of the window flags errors[s]: chunk w0 + s's flag)
                        np.uint64(errs.data_ptr() + 4 * (self.flags_at + w0)),

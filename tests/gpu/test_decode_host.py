@@ -1,7 +1,7 @@
 """The GPU decoder's host side without a GPU: device buffers are CPU tensors and the kernels
 are emulated by the reference code (tests/gpu/emulated.py).
 
-The checks before any kernel runs (``decode._prepare``): every malformed stored form
+The checks before any kernel runs (``decode_group.prepare``): every malformed stored form
 ``plane_form_error`` knows and the reader's index checks let through (lengths a codec cannot
 produce are refused there) is refused with a message naming the tensor and the plane, and a
 batch with several reports the first plane in file order, as the CPU reader meets them.
@@ -31,7 +31,7 @@ from s4format import codecs, dtypes, hashing, layouts, objtree
 from s4format.codecs import rans
 from s4format.errors import ChecksumError, CodecError, ContentHashError
 from s4format.writer import CodedPlane, CodedTensor, Writer
-from s4weights.gpu import decode, encode, ranshost
+from s4weights.gpu import decode, decode_group, encode, ranshost
 from tests.gpu.emulated import emulate
 
 N = 1001  # elements: the packed sign plane has 5 padding bits
@@ -87,7 +87,7 @@ def _prepare(blob: bytes):
     idx = list(range(len(r.tensors)))
     st = decode.stage(r, idx)
     outs = [torch.empty(r.tensors[i].raw_nbytes, dtype=torch.uint8) for i in idx]
-    return decode._prepare(st, outs, st.device.data_ptr(), [])
+    return decode_group.prepare(st, outs, st.device.data_ptr(), [])
 
 
 @pytest.mark.parametrize("j,how,message", [
@@ -813,7 +813,7 @@ def test_content_roots_digest_what_no_merge_did_and_root_it_all() -> None:
                 for j in range(sizes[k] // LEAF_SIZE):
                     slots[first[k] + k + 1 + j] = xxhash.xxh3_64_intdigest(
                         b[j * LEAF_SIZE:(j + 1) * LEAF_SIZE]) ^ int(k == wrong)
-        roots = decode.content_roots([d.data_ptr() for d in data], nbytes, first, merged, cd)
+        roots = decode_group.content_roots([d.data_ptr() for d in data], nbytes, first, merged, cd)
         got = roots.numpy().view(np.uint8)[:16 * len(sizes)].tobytes()
         for k, d in enumerate(data):
             ok = got[16 * k:16 * (k + 1)] == hashing.content_hash(d.numpy().tobytes())
