@@ -22,7 +22,8 @@ from walls import walls
 
 import s4format
 import s4weights
-from s4weights.gpu import chunked, decode, plan, runtime
+from s4weights.gpu import decode, plan, runtime
+from s4weights.gpu import decode_large as chunked
 
 MB = int(float(os.environ.get("S4_CHUNK_MB", "49")) * 1e6)
 WS = int(float(os.environ.get("S4_CHUNK_WS", "4.7")) * (1 << 20))

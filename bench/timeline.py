@@ -23,7 +23,8 @@ import gpu
 import torch
 
 import s4format
-from s4weights.gpu import chunked, decode, encode, runtime
+from s4weights.gpu import decode, encode, runtime
+from s4weights.gpu import decode_large as chunked
 from s4weights.gpu.encode import Encoder
 
 # host stages marked in the trace: (module or class, function names)

@@ -343,8 +343,8 @@ def _read_on_gpu(reader: s4format.Reader, device: str, workspace: int | None
     made (:func:`chunked.load_large`), and on the CPU where the GPU does not decode it (empty
     tensors too: their checks). Fails as the CPU reader would, reading in order."""
     from s4weights.gpu import plan
-    from s4weights.gpu.chunked import chunkable, load_large
     from s4weights.gpu.decode import decodable, device_extra
+    from s4weights.gpu.decode_large import chunkable, load_large
     from s4weights.gpu.ransparse import TablesTooLarge
 
     total = sum(t.raw_nbytes for t in reader.tensors)

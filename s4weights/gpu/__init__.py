@@ -228,7 +228,7 @@ def loader_for(reader, device: str, update=None, direct: dict | None = None,
     the merge and the decoder's tables (``decode.device_extra``, known from the index: block
     tables at the writers' block size): a batch holds at most
     ``workspace`` of it (default ``plan.default_workspace`` of the file's raw bytes). A tensor
-    that alone needs more is decoded in chunks that fit (``chunked.load_large``) where its
+    that alone needs more is decoded in chunks that fit (``decode_large.load_large``) where its
     codecs allow (raw, bitpack, bitpack-w, rANS; else whole, as one batch of its own). When
     the device runs out of memory, the tensor is decoded again with a halved workspace (and so
     are the batches after it, on that device), down to ``FALLBACK_MIN_WORKSPACE``, where that
@@ -267,8 +267,8 @@ def loader_for(reader, device: str, update=None, direct: dict | None = None,
     def load(i: int, dev):
         import torch
 
-        from s4weights.gpu.chunked import chunkable
         from s4weights.gpu.decode import decodable, read_on_cpu
+        from s4weights.gpu.decode_large import chunkable
 
         t = reader.tensors[i]
         dev = torch.device(dev)
@@ -322,8 +322,8 @@ def loader_for(reader, device: str, update=None, direct: dict | None = None,
         ``ready``)."""
         import torch
 
-        from s4weights.gpu.chunked import chunkable, load_large
         from s4weights.gpu.decode import decodable, over_limit, read_on_cpu, read_tensors
+        from s4weights.gpu.decode_large import chunkable, load_large
 
         if decodable(reader, i) and extra_of(i) > ws and chunkable(reader, i):
             # too large to decode whole within the workspace: in chunks, straight into place

@@ -217,20 +217,21 @@ def test_a_wrong_hash_partway_up_is_found_at_its_level(level: int) -> None:
 
 @pytest.mark.parametrize("depth", [0, 3])
 def test_chunks_copied_down_to_a_host_destination(monkeypatch, depth: int) -> None:
-    # chunked.load_large(on_host=True): each chunk is built in a device buffer within the
+    # decode_large.load_large(on_host=True): each chunk is built in a device buffer within the
     # workspace and copied into host memory (a restarted process's parent read)
-    from s4weights.gpu import chunked
+    from s4weights.gpu import decode_chunks, decode_large
 
     levels = _levels(depth, seed=3, scale=8)
     r = _open(_chain(levels, _full_at))
     i = r.index_of("w")
-    assert chunked.chunkable(r, i)
+    assert decode_large.chunkable(r, i)
     out = torch.empty(r.tensors[i].raw_nbytes, dtype=torch.uint8)
     ws = 1 << 20
-    assert chunked._load_chunk([chunked._Level(r, i)], out.numel(), ws, True) < out.numel()
+    level = decode_chunks.Level(r, i)
+    assert decode_large._load_chunk([level], out.numel(), ws, True) < out.numel()
     base = Device.live
     Device.peak = Device.live
-    chunked.load_large(r, i, out, ws, on_host=True)
+    decode_large.load_large(r, i, out, ws, on_host=True)
     assert Device.peak - base <= ws
     assert np.array_equal(out.numpy(), levels[-1]["w"][1])
 
@@ -239,7 +240,7 @@ def test_chunks_copied_down_to_a_host_destination(monkeypatch, depth: int) -> No
 def test_chunks_hold_whole_blocks_of_every_level(monkeypatch, lgs) -> None:
     # a chain whose levels were coded with other rANS block sizes: the chunks of a small
     # workspace are whole blocks of the largest (2^16 elements at least), and decode exactly
-    from s4weights.gpu import chunked
+    from s4weights.gpu import decode_chunks, decode_large
 
     rng = np.random.default_rng(5)
     n = 700_000
@@ -263,20 +264,20 @@ def test_chunks_hold_whole_blocks_of_every_level(monkeypatch, lgs) -> None:
         blobs.append(buf.getvalue())
         parent_id = s4format.Reader(blobs[-1]).checkpoint_id
     r = _open(blobs)
-    levels = [chunked._Level(r, 0), chunked._Level(r.parent, 0)]
+    levels = [decode_chunks.Level(r, 0), decode_chunks.Level(r.parent, 0)]
     align = 2 << max(16, *lgs)
     assert max(lv.align() for lv in levels) == align
     chunks = []
-    real = chunked._load_chunk
+    real = decode_large._load_chunk
 
     def spy(*a, **k):
         got = real(*a, **k)
         chunks.append(got[0] if isinstance(got, tuple) else got)  # (chunk, plans)
         return got
 
-    monkeypatch.setattr(chunked, "_load_chunk", spy)
+    monkeypatch.setattr(decode_large, "_load_chunk", spy)
     out = torch.empty(2 * n, dtype=torch.uint8)
-    chunked.load_large(r, 0, out, 1 << 20)
+    decode_large.load_large(r, 0, out, 1 << 20)
     assert chunks and all(c % align == 0 for c in chunks)
     assert chunks[0] < 2 * n or align > 2 * n  # (in chunks, where blocks allow)
     assert np.array_equal(out.numpy(), x[-1])
@@ -290,7 +291,7 @@ def test_chunked_levels_read_their_planes_in_pieces_or_one_by_one(monkeypatch, t
     # a compact tensor's span is read from a file in parallel pieces (staging.read_into), or
     # taken as a view of a source already in memory; planes far apart (compact_bounds None)
     # one by one; every way decodes the chain exactly
-    from s4weights.gpu import chunked, staging
+    from s4weights.gpu import decode_large, staging
 
     monkeypatch.setattr(staging, "READ_PIECE", 1 << 14)  # (pieces of a small span)
     pieces = []
@@ -314,7 +315,7 @@ def test_chunked_levels_read_their_planes_in_pieces_or_one_by_one(monkeypatch, t
         r = _open(blobs)
     i = r.index_of("w")
     out = torch.empty(r.tensors[i].raw_nbytes, dtype=torch.uint8)
-    chunked.load_large(r, i, out, 2 << 20, on_host=True)
+    decode_large.load_large(r, i, out, 2 << 20, on_host=True)
     assert np.array_equal(out.numpy(), levels[-1]["w"][1])
     assert spans and all(x == compact for x in spans)
     if source == "buffer":
@@ -362,7 +363,7 @@ def _file(tensors: dict[str, tuple[str, np.ndarray]], hashes: dict | None = None
 
 
 def test_a_parent_read_holds_no_more_than_the_workspace(read_on_gpu, monkeypatch) -> None:
-    from s4weights.gpu import chunked
+    from s4weights.gpu import decode_large
 
     # tensors that decode with little room (all-zero bytes) still count their decoded bytes
     # until each is copied down (a review found 32 MiB held under a 4 MiB workspace)
@@ -379,8 +380,8 @@ def test_a_parent_read_holds_no_more_than_the_workspace(read_on_gpu, monkeypatch
     r = _open(_chain(levels, _full_at))
     ws = 2 << 20
     large = []
-    real = chunked.load_large
-    monkeypatch.setattr(chunked, "load_large", lambda *a, **k: large.append(a[0].tensors[
+    real = decode_large.load_large
+    monkeypatch.setattr(decode_large, "load_large", lambda *a, **k: large.append(a[0].tensors[
         a[1]].name) or real(*a, **k))
     base = Device.live
     Device.peak = Device.live

@@ -1,5 +1,5 @@
-"""Host side of the chunked GPU load (``s4weights.gpu.chunked._Level``), no CUDA needed: for any
-chunk of a tensor, the pieces it stages (plane byte ranges, rANS final states and words, CONST
+"""Host side of the chunked GPU load (``s4weights.gpu.decode_chunks.Level``), no CUDA needed: for
+any chunk of a tensor, the pieces it stages (plane byte ranges, rANS final states and words, CONST
 fills) rebuild exactly that chunk of every decoded plane, checked with the CPU decoder; and the
 chunk length respects the workspace."""
 
@@ -16,7 +16,7 @@ import s4format  # noqa: E402
 import s4weights  # noqa: E402
 from s4format import codecs  # noqa: E402
 from s4format.codecs import rans  # noqa: E402
-from s4weights.gpu import chunked, ranshost  # noqa: E402
+from s4weights.gpu import decode_chunks, decode_large, ranshost  # noqa: E402
 
 MIB = 1 << 20
 
@@ -44,7 +44,7 @@ def _file() -> s4format.Reader:
     return s4format.Reader(_blob())
 
 
-def _rebuild(lv: chunked._Level, piece, e0: int, e1: int) -> np.ndarray:
+def _rebuild(lv: decode_chunks.Level, piece, e0: int, e1: int) -> np.ndarray:
     """The decoded bytes [e0, e1) of a piece's plane, from the piece alone."""
     form, j, arrays, extra = piece
     p = lv.t.planes[j]
@@ -72,9 +72,9 @@ def test_pieces_rebuild_every_chunk_of_every_plane() -> None:
     r = _file()
     forms = set()
     for i, t in enumerate(r.tensors):
-        if not chunked.chunkable(r, i):
+        if not decode_large.chunkable(r, i):
             continue
-        lv = chunked._Level(r, i)
+        lv = decode_chunks.Level(r, i)
         planes = [r.read_plane(t, j) for j in range(len(t.planes))]
         n = planes[0].size if lv.whole else t.raw_nbytes // lv.word
         for step in (65536, 2 * 65536, 3 * 65536):
@@ -91,15 +91,15 @@ def test_pieces_rebuild_every_chunk_of_every_plane() -> None:
 def test_chunk_length_fits_the_workspace() -> None:
     r = _file()
     for i, _t in enumerate(r.tensors):
-        if not chunked.chunkable(r, i):
+        if not decode_large.chunkable(r, i):
             continue
-        lv = chunked._Level(r, i)
+        lv = decode_chunks.Level(r, i)
         nbytes = lv.t.raw_nbytes
         align = lv.align()
         lgs = [lv.lg[q] for q in range(len(lv.rans)) if lv.streams.mode[q] == rans.MODE_RANS]
         assert align == lv.word << max([16, *lgs])  # whole rANS blocks, 2^16 elements at least
         for ws in (1, MIB // 2, 4 * MIB, 6 * MIB, 64 * MIB):
-            c = chunked._load_chunk([lv], nbytes, ws)
+            c = decode_large._load_chunk([lv], nbytes, ws)
             assert c % align == 0 and c >= align
             worst = max(lv.need(lo, min(nbytes, lo + c)) for lo in range(0, nbytes, c))
             assert worst <= ws or c == align
@@ -112,4 +112,4 @@ def test_damaged_plane_is_refused_on_the_host() -> None:
     p = max(r.tensors[i].planes, key=lambda p: p.stored_len)
     blob[p.offset + 7] ^= 1
     with pytest.raises(s4format.ChecksumError):
-        chunked._Level(s4format.Reader(bytes(blob)), i)
+        decode_chunks.Level(s4format.Reader(bytes(blob)), i)

@@ -1,4 +1,4 @@
-"""The chunked loader plans every chunk before staging the first (``chunked._Run``) and uploads
+"""The chunked loader plans every chunk before staging the first (``decode_chunks.Run``) and uploads
 the launch tables of a window of chunks at once, under the CPU emulation of tests/gpu/emulated.py:
 tensors decode byte for byte whether one window holds every chunk or each chunk is a window of
 its own; a corrupt rANS block or a field overflow in a later chunk (and a later window) is
@@ -16,7 +16,7 @@ import s4format
 from s4format import codecs, dtypes, hashing, layouts, objtree
 from s4format.codecs import rans
 from s4format.writer import Writer
-from s4weights.gpu import chunked, encode
+from s4weights.gpu import decode_chunks, decode_large, encode
 from tests.gpu.emulated import Device, emulate
 from tests.gpu.test_decode_host import _rewrite
 
@@ -52,14 +52,14 @@ def _weights(seed: int = 0) -> np.ndarray:
 
 def _chunks_seen(monkeypatch) -> list[int]:
     seen: list[int] = []
-    real = chunked._load_chunk
+    real = decode_large._load_chunk
 
     def spy(*a, **k):
         got = real(*a, **k)
         seen.append(got[0] if isinstance(got, tuple) else got)
         return got
 
-    monkeypatch.setattr(chunked, "_load_chunk", spy)
+    monkeypatch.setattr(decode_large, "_load_chunk", spy)
     return seen
 
 
@@ -68,7 +68,7 @@ def _chunks_seen(monkeypatch) -> list[int]:
 def test_every_chunk_decodes_exactly_in_one_window_or_many(monkeypatch, windows: str,
                                                            delta: bool) -> None:
     if windows == "one per chunk":  # (a window holds at least one chunk)
-        monkeypatch.setattr(chunked, "TABLE_SHARE", 1 << 40)
+        monkeypatch.setattr(decode_large, "TABLE_SHARE", 1 << 40)
     x = _weights()
     blob = _blob(x)
     r = s4format.Reader(blob)
@@ -80,7 +80,7 @@ def test_every_chunk_decodes_exactly_in_one_window_or_many(monkeypatch, windows:
         want = y
     seen = _chunks_seen(monkeypatch)
     out = torch.full((2 * N,), 0xAB, dtype=torch.uint8)
-    chunked.load_large(r, 0, out, 1 << 19)
+    decode_large.load_large(r, 0, out, 1 << 19)
     assert seen and seen[0] * 3 <= 2 * N  # (several chunks)
     assert np.array_equal(out.numpy(), want)
 
@@ -96,7 +96,7 @@ def _plane(blob: bytes, codec: int, kind: int | None = None) -> int:
 def test_a_corrupt_block_in_any_chunk_is_named_as_the_cpu_reader_names_it(
         monkeypatch, windows: str, where: float) -> None:
     if windows == "one per chunk":
-        monkeypatch.setattr(chunked, "TABLE_SHARE", 1 << 40)
+        monkeypatch.setattr(decode_large, "TABLE_SHARE", 1 << 40)
     blob = _blob(_weights(2))
     j = _plane(blob, codecs.RANS)
 
@@ -112,7 +112,7 @@ def test_a_corrupt_block_in_any_chunk_is_named_as_the_cpu_reader_names_it(
         s4format.Reader(bad).read_raw(0)
     seen = _chunks_seen(monkeypatch)
     with pytest.raises(s4format.S4Error) as got:
-        chunked.load_large(s4format.Reader(bad), 0, torch.empty(2 * N, dtype=torch.uint8),
+        decode_large.load_large(s4format.Reader(bad), 0, torch.empty(2 * N, dtype=torch.uint8),
                            1 << 19)
     assert seen and seen[0] * 3 <= 2 * N
     assert type(got.value) is type(cpu.value) and str(got.value) == str(cpu.value)
@@ -123,7 +123,7 @@ def test_a_field_overflow_in_a_late_chunk_is_flagged(monkeypatch, windows: str) 
     # a mantissa value wider than its 7 bits near the tensor's end: the merge of a late chunk
     # (the merge flag of a late window) finds it, and the CPU reader words it
     if windows == "one per chunk":
-        monkeypatch.setattr(chunked, "TABLE_SHARE", 1 << 40)
+        monkeypatch.setattr(decode_large, "TABLE_SHARE", 1 << 40)
     blob = _blob(_weights(3), mantissa="raw")
     t = s4format.Reader(blob).tensors[0]
     j = next(k for k, p in enumerate(t.planes) if p.kind == layouts.KIND_MANTISSA)
@@ -137,7 +137,7 @@ def test_a_field_overflow_in_a_late_chunk_is_flagged(monkeypatch, windows: str) 
     with pytest.raises(s4format.FormatError) as cpu:
         s4format.Reader(bad).read_raw(0)
     with pytest.raises(s4format.FormatError) as got:
-        chunked.load_large(s4format.Reader(bad), 0, torch.empty(2 * N, dtype=torch.uint8),
+        decode_large.load_large(s4format.Reader(bad), 0, torch.empty(2 * N, dtype=torch.uint8),
                            1 << 19)
     assert str(got.value) == str(cpu.value)
 
@@ -151,12 +151,12 @@ def test_a_chunk_with_its_tables_fits_the_workspace(ws: int, chain: bool) -> Non
     r = s4format.Reader(_blob(x))
     if chain:
         r = s4format.Reader(_blob(x ^ np.uint8(1), parent=(r.checkpoint_id, x)), parent=r)
-    levels = [chunked._Level(r, 0)]
+    levels = [decode_chunks.Level(r, 0)]
     if chain:
-        levels.append(chunked._Level(r.parent, 0))
-    chunk, runs = chunked._load_chunk(levels, 2 * N, ws, plans=True)
+        levels.append(decode_chunks.Level(r.parent, 0))
+    chunk, runs = decode_large._load_chunk(levels, 2 * N, ws, plans=True)
     align = max(lv.align() for lv in levels)
-    need = chunked._need(runs, chunk, 2 * N, chain, False, ws, len(levels))
+    need = decode_large._need(runs, chunk, 2 * N, chain, False, ws, len(levels))
     assert chunk % align == 0
     assert need <= ws or chunk == align, (need, ws, chunk)
     assert runs[0].bounds[-1][1] == 2 * N and all(
@@ -174,7 +174,7 @@ def test_an_empty_tensor_has_no_chunks_and_its_hash_is_checked(delta: bool) -> N
     r = s4format.Reader(_blob(x))
     if delta:
         r = s4format.Reader(_blob(x, parent=(r.checkpoint_id, x)), parent=r)
-    chunked.load_large(r, 0, torch.empty(0, dtype=torch.uint8), 1 << 19)
+    decode_large.load_large(r, 0, torch.empty(0, dtype=torch.uint8), 1 << 19)
 
 
 @pytest.mark.parametrize("on_host", [False, True])
@@ -191,21 +191,21 @@ def test_the_device_holds_no_more_than_the_need_it_counts(monkeypatch, on_host: 
         r = s4format.Reader(_blob(x, parent=(r.checkpoint_id, x)), parent=r)
     ws = 16 << 20
     seen = {}
-    real = chunked._load_chunk
+    real = decode_large._load_chunk
 
     def spy(levels, nbytes, workspace, on_host=False, plans=False, hashed=None):
         got = real(levels, nbytes, workspace, on_host, plans, hashed)
         chunk, runs = got
-        seen["need"] = chunked._need(runs, chunk, nbytes, len(levels) > 1, on_host, workspace,
+        seen["need"] = decode_large._need(runs, chunk, nbytes, len(levels) > 1, on_host, workspace,
                                      hashed)
         seen["chunks"] = len(runs[0].bounds)
         seen["hashed"] = hashed
         return got
 
-    monkeypatch.setattr(chunked, "_load_chunk", spy)
+    monkeypatch.setattr(decode_large, "_load_chunk", spy)
     out = torch.full((2 * n,), 0xAB, dtype=torch.uint8)
     Device.peak = base = Device.live
-    chunked.load_large(r, 0, out, ws, on_host=on_host)
+    decode_large.load_large(r, 0, out, ws, on_host=on_host)
     assert not out.numpy().any()
     assert seen["chunks"] > 2 and seen["hashed"] == 3
     assert Device.peak - base <= seen["need"] - 4096 and seen["need"] <= ws, (

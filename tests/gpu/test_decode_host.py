@@ -174,8 +174,8 @@ def test_an_earlier_rans_plane_outranks_a_later_bitpack_w_form(where: str) -> No
         if where == "batch":
             decode.read_tensors(r, [0])
         else:
-            from s4weights.gpu import chunked
-            chunked.load_large(r, 0, torch.empty(2 * N, dtype=torch.uint8), 1 << 16)
+            from s4weights.gpu import decode_large
+            decode_large.load_large(r, 0, torch.empty(2 * N, dtype=torch.uint8), 1 << 16)
     assert str(got.value) == str(cpu.value)
 
 
@@ -698,7 +698,7 @@ def test_a_chunked_delta_fails_as_the_cpu_reader_reads_it(child_corrupt: bool) -
     # the chunked loader (tensors larger than the workspace) checks a parent's planes before
     # decoding anything; a delta's own corrupt bitstream is still reported first, as the CPU
     # reader meets it (the delta's planes, then its parent)
-    from s4weights.gpu import chunked
+    from s4weights.gpu import decode_large
 
     pblob, blob = _delta_pair(child_corrupt)
     n = 300_000
@@ -710,7 +710,7 @@ def test_a_chunked_delta_fails_as_the_cpu_reader_reads_it(child_corrupt: bool) -
     cpu = _first_cpu_failure(child())
     assert type(cpu) is (CodecError if child_corrupt else ChecksumError), cpu
     with pytest.raises(s4format.S4Error) as got:
-        chunked.load_large(child(), 0, torch.empty(2 * n, dtype=torch.uint8), 1 << 16)
+        decode_large.load_large(child(), 0, torch.empty(2 * n, dtype=torch.uint8), 1 << 16)
     assert type(got.value) is type(cpu) and _who(got.value) == _who(cpu), (cpu, got.value)
 
 
@@ -766,7 +766,7 @@ def test_a_chunked_delta_names_a_parent_with_a_wrong_content_hash() -> None:
     # a parent whose planes decode (checksums made) to bytes that miss its content hash: the
     # CPU reader names the parent (read, and checked, before the delta's own hash); so must
     # the chunked loader, which builds each chunk from the parent up
-    from s4weights.gpu import chunked
+    from s4weights.gpu import decode_large
 
     pblob, blob = _delta_pair()
     n = 300_000
@@ -787,7 +787,7 @@ def test_a_chunked_delta_names_a_parent_with_a_wrong_content_hash() -> None:
     assert type(cpu) is ContentHashError and _who(cpu)[0] == "p", cpu
     for workspace in (1 << 16, 1 << 30):  # many chunks, one
         with pytest.raises(ContentHashError) as got:
-            chunked.load_large(child(), 0, torch.empty(2 * n, dtype=torch.uint8), workspace)
+            decode_large.load_large(child(), 0, torch.empty(2 * n, dtype=torch.uint8), workspace)
         assert _who(got.value)[0] == "p", got.value
 
 
@@ -824,7 +824,7 @@ def test_content_roots_digest_what_no_merge_did_and_root_it_all() -> None:
 def test_a_field_overflow_is_named_by_field_on_both_gpu_paths(path: str) -> None:
     # the merge flags the tensor, not the field: the CPU reader, reading it on this error path
     # only, words the failure (which field, how many bits), in the batch and the chunked loader
-    from s4weights.gpu import chunked
+    from s4weights.gpu import decode_large
 
     blob = _gpu_file({"b": _state()["bfloat16.zeros"]})
     t = s4format.Reader(blob).tensors[0]
@@ -843,6 +843,6 @@ def test_a_field_overflow_is_named_by_field_on_both_gpu_paths(path: str) -> None
         if path == "batch":
             decode.read_tensors(r, [0])
         else:
-            chunked.load_large(r, 0, torch.empty(r.tensors[0].raw_nbytes, dtype=torch.uint8),
+            decode_large.load_large(r, 0, torch.empty(r.tensors[0].raw_nbytes, dtype=torch.uint8),
                                1 << 16)
     assert str(gpu.value) == str(cpu.value)

@@ -20,7 +20,7 @@ import s4format  # noqa: E402
 import s4weights  # noqa: E402
 from s4format import codecs, dtypes, hashing, layouts  # noqa: E402
 from s4format.writer import CodedPlane, CodedTensor, Writer  # noqa: E402
-from s4weights.gpu import chunked, decode, encode, runtime  # noqa: E402
+from s4weights.gpu import decode, decode_large, encode, runtime  # noqa: E402
 from tests.gpu import test_packed_split  # noqa: E402
 from tests.gpu.emulated import pack_bits  # noqa: E402
 
@@ -121,9 +121,9 @@ def test_bitpack_w_files_decode_on_the_gpu_as_on_the_cpu(n: int) -> None:
         assert np.array_equal(r.read_raw(i), x)
     if n > 1 << 20:  # in chunks: each chunk reads its packed bytes in place
         for i, x in enumerate(raws):
-            assert chunked.chunkable(r, i)
+            assert decode_large.chunkable(r, i)
             out = torch.full((x.size,), 0xAB, dtype=torch.uint8, device="cuda")
-            chunked.load_large(r, i, out, 6 << 20)
+            decode_large.load_large(r, i, out, 6 << 20)
             assert np.array_equal(out.cpu().numpy(), x), r.tensors[i].name
 
 

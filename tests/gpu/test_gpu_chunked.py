@@ -19,7 +19,7 @@ import s4format  # noqa: E402
 import s4weights  # noqa: E402
 from s4format import codecs, dtypes, hashing  # noqa: E402
 from s4weights import chain  # noqa: E402
-from s4weights.gpu import chunked, encode_large  # noqa: E402
+from s4weights.gpu import decode_large, encode_large  # noqa: E402
 from s4weights.gpu.encode import Encoder, Item  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -232,17 +232,17 @@ def test_large_tensors_load_in_chunks_within_the_workspace(writer: str, workspac
     s4weights.save(src, buf, device=writer)
     blob = buf.getvalue()
     r = s4format.Reader(blob)
-    assert sum(chunked.chunkable(r, i) for i in range(len(r.tensors))) >= 6
+    assert sum(decode_large.chunkable(r, i) for i in range(len(r.tensors))) >= 6
     # under every split tensor's one-batch need (bf16 with a bitpack-w mantissa read in place:
     # about 23 MiB); 3 MiB: chunks of a few 2^16 elements
     calls = []
-    orig = chunked.load_large
+    orig = decode_large.load_large
 
     def spy(reader, i, out, ws):
         calls.append(i)
         return orig(reader, i, out, ws)
 
-    monkeypatch.setattr(chunked, "load_large", spy)
+    monkeypatch.setattr(decode_large, "load_large", spy)
     got, extra = _peak(s4weights.load, blob, map_location="cuda", device="cuda",
                        workspace=workspace)
     extra -= sum(v.numel() * v.element_size() for v in state.values())  # the result

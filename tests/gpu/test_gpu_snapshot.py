@@ -269,7 +269,7 @@ def test_a_restarted_process_reads_its_parent_on_the_gpu(tmp_path, monkeypatch) 
     state = _state()
     state["ids"] = torch.arange(1000, device="cuda")  # int64: read on the CPU
     state["big"] = torch.randn(6 << 20, device="cuda") * 0.02  # 24 MiB: over half of 32
-    from s4weights.gpu import chunked
+    from s4weights.gpu import decode_large
     root = tmp_path / "run"
     url = root.resolve().as_uri()
     for step in range(3):
@@ -280,13 +280,13 @@ def test_a_restarted_process_reads_its_parent_on_the_gpu(tmp_path, monkeypatch) 
     store = open_store(root)
     infos = chain.by_step(chain.list_checkpoints(store))
     chunked_to_host = []
-    real_large = chunked.load_large
+    real_large = decode_large.load_large
 
     def large(reader, i, out, ws, on_host=False):
         chunked_to_host.append((reader.tensors[i].name, on_host, out.device.type, ws))
         return real_large(reader, i, out, ws, on_host)
 
-    monkeypatch.setattr(chunked, "load_large", large)
+    monkeypatch.setattr(decode_large, "load_large", large)
     on_gpu, hashes, buf = chain._parent_tensors(store, infos[2], infos, "cuda", 32 * MIB)
     # tensors that need more than the workspace with their bytes ("big": 24 MiB, two deltas
     # deep) are decoded in chunks within it, each copied down as it is made

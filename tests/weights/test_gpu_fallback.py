@@ -142,7 +142,8 @@ def _loader(monkeypatch, n: int, extra: int, chunkable: bool, fails):
     workspace)`` says whether that attempt runs out of memory. Returns (load, what ran)."""
     import contextlib
 
-    from s4weights.gpu import chunked, decode, runtime
+    from s4weights.gpu import decode, runtime
+    from s4weights.gpu import decode_large as chunked
 
     ran: list = []
 
