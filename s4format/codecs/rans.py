@@ -69,22 +69,35 @@ def normalise(counts: np.ndarray) -> np.ndarray:
     proportion to the counts by floor division, and the few left over go one each to the largest
     remainders, ties to the lower symbol. Integer-only, so every implementation agrees.
     """
-    counts = np.asarray(counts, dtype=np.int64)
-    total = int(counts.sum())
-    present = counts > 0
-    k = int(present.sum())
-    if k == 0:
+    counts = np.ascontiguousarray(counts, dtype=np.int64)
+    if not counts.any():
         raise ValueError("cannot normalise an empty histogram")
-    spare = PROB_SCALE - k
-    share = counts * spare
-    freqs = share // total + present
-    remainder = share % total
-    leftover = PROB_SCALE - int(freqs.sum())
-    # lexsort sorts by the last key first: largest remainder, then lowest symbol.
-    order = np.lexsort((np.arange(256), -remainder))
-    order = order[present[order]][:leftover]
-    freqs[order] += 1
+    freqs = np.empty(256, dtype=np.int64)
+    _normalise(counts, freqs)  # (compiled: 38 us in numpy, a few per plane)
     return freqs
+
+
+@kernel()
+def _normalise(counts, freqs):  # pragma: no cover - compiled
+    total, k = 0, 0
+    for s in range(256):
+        total += counts[s]
+        k += counts[s] > 0
+    spare = PROB_SCALE - k
+    remainder = np.empty(256, dtype=np.int64)
+    left = PROB_SCALE
+    for s in range(256):
+        share = counts[s] * spare
+        freqs[s] = share // total + (counts[s] > 0)
+        remainder[s] = share % total if counts[s] > 0 else -1
+        left -= freqs[s]
+    for _ in range(left):  # the largest remainder left, the lowest symbol of equals
+        best = 0
+        for s in range(1, 256):
+            if remainder[s] > remainder[best]:
+                best = s
+        freqs[best] += 1
+        remainder[best] = -1
 
 
 def table_bytes(freqs: np.ndarray) -> bytes:
@@ -127,16 +140,25 @@ def _encoder_table(freqs: np.ndarray) -> np.ndarray:
     (F. Giesen's rANS encoder), avoiding a hardware divide per symbol.
     """
     tab = np.zeros((256, 5), dtype=np.int64)
-    cum = np.concatenate(([0], np.cumsum(freqs)[:-1]))
-    for s in np.flatnonzero(freqs):
-        f, c = int(freqs[s]), int(cum[s])
-        if f == 1:
-            rcp, shift, bias = (1 << 32) - 1, 0, c + PROB_SCALE - 1
-        else:
-            bits = (f - 1).bit_length()          # ceil(log2 f)
-            rcp, shift, bias = ((1 << (bits + 31)) + f - 1) // f, bits - 1, c
-        tab[s] = (f << _XMAX_SHIFT, rcp, shift, bias, PROB_SCALE - f)
+    _encoder_rows(np.ascontiguousarray(freqs, dtype=np.int64), tab)
     return tab
+
+
+@kernel()
+def _encoder_rows(freqs, tab):  # pragma: no cover - compiled
+    cum = 0
+    for s in range(256):
+        f = freqs[s]
+        if f == 1:
+            tab[s, 0], tab[s, 1], tab[s, 2] = f << _XMAX_SHIFT, (1 << 32) - 1, 0
+            tab[s, 3], tab[s, 4] = cum + PROB_SCALE - 1, PROB_SCALE - f
+        elif f > 1:
+            bits = 0  # ceil(log2 f)
+            while (1 << bits) < f:
+                bits += 1
+            tab[s, 0], tab[s, 1] = f << _XMAX_SHIFT, ((1 << (bits + 31)) + f - 1) // f
+            tab[s, 2], tab[s, 3], tab[s, 4] = bits - 1, cum, PROB_SCALE - f
+        cum += f
 
 
 def _decoder_table(freqs: np.ndarray) -> np.ndarray:

@@ -129,9 +129,8 @@ def sampled(words: np.ndarray, shifts: np.ndarray, masks: np.ndarray) -> list[Pl
         ors |= part
     counts = np.zeros((k, 4, 256), np.int64)
     runs = np.zeros(k, np.int64)
-    for start in np.linspace(0, n - SAMPLE_CHUNK, SAMPLE_CHUNKS).astype(np.int64).tolist():
-        _count_fields(words[start:start + SAMPLE_CHUNK], 0, SAMPLE_CHUNK, shifts, masks, counts,
-                      runs)
+    starts = np.linspace(0, n - SAMPLE_CHUNK, SAMPLE_CHUNKS).astype(np.int64)
+    _count_sample(words, starts, SAMPLE_CHUNK, shifts, masks, counts, runs)
     sums, pairs = counts.sum(axis=1), SAMPLE_CHUNKS * (SAMPLE_CHUNK - 1)
     return [PlaneView(words, int(shifts[j]), int(masks[j]), int(ors[j]), None, 0,
                       (sums[j], int(runs[j]), pairs)) for j in range(k)]
@@ -203,6 +202,13 @@ def _count_fields(words, lo, hi, shifts, masks, counts, runs):  # pragma: no cov
             p = a
             i += 1
         runs[f] += run
+
+
+@kernel()
+def _count_sample(words, starts, chunk, shifts, masks, counts, runs
+                  ):  # pragma: no cover - compiled
+    for start in starts:
+        _count_fields(words[start:start + chunk], 0, chunk, shifts, masks, counts, runs)
 
 
 @kernel(inline="always")
