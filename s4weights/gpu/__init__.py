@@ -1,11 +1,18 @@
-"""CUDA path of s4weights: tensors on the GPU are split into planes, coded and hashed on the
-device, and decoded and merged back there (``spec/planes.md``, ``spec/rans.md``,
-``spec/gdeflate.md``). Files are the same format the CPU path writes and reads; rANS, bitpack
-and raw plane bytes are identical to what the CPU coder produces for the same codec choice.
+"""CUDA path of s4weights: tensors on the GPU are coded and decoded there, into files the CPU
+path reads and writes byte for byte (``spec/``). This module holds the hooks the torch layer
+calls, with their out-of-memory fallbacks.
 
-Kernels live in ``kernels/*.cu`` and are compiled at first use with NVRTC through CuPy; they run
-on torch's current stream with memory from torch's caching allocator. Importing this package
-never needs CUDA: :func:`available` says whether the path can run.
+Save: :func:`coded_in_order` gives a state's CUDA tensors to ``encode.Encoder``, which plans
+windows and groups (``plan``), histograms each window (``histograms``), ranks the codecs
+(``choose``), codes each group (``encode_group``: the split, ``ransencode``, ``assemble``) and a
+tensor larger than the workspace in chunks (``encode_large``).
+
+Load: :func:`loader_for` decodes batches with ``decode``: ``staging`` reads their planes,
+``decode_group`` checks, decodes (``ransparse``, ``ransdecode``) and merges them, ``failures``
+orders what went wrong; a tensor larger than the workspace goes to ``decode_large``.
+
+Kernels are ``kernels/*.cu``, compiled and launched by ``runtime`` on torch's current stream;
+``gdeflate`` and ``nvans`` reach nvCOMP. Importing this package never needs CUDA (``device``).
 """
 
 from __future__ import annotations
@@ -49,19 +56,14 @@ def register_codecs(device: str = "auto") -> None:
 def coded_in_order(tensors: list, policy: str, device: str,
                    parents: dict | None = None, workspace: int | None = None,
                    parent_hashes: dict | None = None) -> dict:
-    """The save hook: name -> iterator for every CUDA tensor the GPU codes; ``next()`` on it, in
-    flat order, gives ``(CodedTensor, content_hash, parent_hash, full_stored)`` to pass to
-    ``Writer.add_coded``, or None: the device ran out of memory even with a small workspace
-    (under ``nvcomp-ans``, at all), and the caller codes that tensor on the CPU
-    (``_with_fallback``). ``parents`` maps a name to its delta parent (same dtype and byte
-    length): the parent is XORed on the tensor's device and both codings are made, the delta
-    kept only where it stores strictly less (the writer's rule). A parent on that device (a
-    :class:`DeviceTensor`) is read in place; one in host memory (an ``s4format.Tensor``, best
-    in pinned memory) is copied into the XOR's device buffer, and its content hash must be in
-    ``parent_hashes`` (by name; else the tensor is left to the CPU writer, which hashes it).
-    ``workspace`` bounds the extra device memory (default ``plan.default_workspace`` of the
-    bytes coded here): XOR buffers take at most half of it when there are parents, the coder
-    the rest."""
+    """The save hook: name -> iterator for every CUDA tensor the GPU codes. ``next()`` on it,
+    in flat order, gives ``(CodedTensor, content_hash, parent_hash, full_stored)`` for
+    ``Writer.add_coded``, or None where the device ran out of memory and the caller codes
+    that tensor on the CPU. ``parents``: name -> delta parent, on the tensor's device (a
+    :class:`DeviceTensor`) or in host memory (an ``s4format.Tensor`` whose content hash is in
+    ``parent_hashes``); both codings are made and the delta kept only where it stores less.
+    ``workspace`` bounds the extra device memory per device (default
+    ``plan.default_workspace`` of the bytes coded); XOR buffers take at most half of it."""
     from s4weights.torchtree import DeviceTensor
 
     parents = parents or {}
@@ -215,165 +217,185 @@ def _coded_stream(chosen: list, policy: str, workspace: int | None):
 def loader_for(reader, device: str, update=None, direct: dict | None = None,
                workspace: int | None = None, count_outputs: bool = False, on_decoded=None):
     """The load hook: ``f(i, cuda_device)`` decoding stored tensor i on that device as a typed,
-    shaped torch tensor, or None when the GPU path is off. ``direct`` maps a stored tensor index
-    to caller-owned flat uint8 CUDA bytes (``load(into=...)``) that tensor is decoded straight
-    into when its device is the one asked for.
-
-    Decoding is batched: the first request for a GPU-decodable tensor decodes it together with
-    the following GPU-decodable tensors (up to a workspace of raw bytes) on the same device, and
-    later requests take theirs from that batch. Tensors are requested in stored order, so each
-    batch is used up before the next; one never requested stays held until the loader goes.
-
-    Extra device memory per batch is its staged payloads, the decoded planes that wait for
-    the merge and the decoder's tables (``decode.device_extra``, known from the index: block
-    tables at the writers' block size): a batch holds at most
-    ``workspace`` of it (default ``plan.default_workspace`` of the file's raw bytes). A tensor
-    that alone needs more is decoded in chunks that fit (``decode_large.load_large``) where its
-    codecs allow (raw, bitpack, bitpack-w, rANS; else whole, as one batch of its own). When
-    the device runs out of memory, the tensor is decoded again with a halved workspace (and so
-    are the batches after it, on that device), down to ``FALLBACK_MIN_WORKSPACE``, where that
-    can help; else the CPU decodes it and it is copied in (and every later tensor on that
-    device, once an attempt that needed at most ``FULL_BELOW`` failed). The
-    returned tensors themselves need their memory, as with ``torch.load``, and nvcomp-ans
-    planes decode only on the GPU (their codec's "CPU" decode runs there too), so their
-    fallback may run out of memory as well. ``count_outputs``: a batch's decoded tensors count
-    against the workspace too (for a caller that copies each away as it comes), so the device
-    holds at most the workspace. ``on_decoded(i, raw)``: called with each stored tensor's flat
-    uint8 bytes on the device as soon as they are decoded (and checked), before anything else
-    is queued that could write them (a batch's tensors all at once, requested or not)."""
+    shaped torch tensor, or None when the GPU path is off. Tensors must be asked for in
+    stored order: the first request decodes a batch of the following tensors too, within a
+    workspace of extra device memory (default ``plan.default_workspace`` of the file's raw
+    bytes; a tensor alone over it is decoded in chunks where its codecs allow). When the
+    device runs out of memory, the workspace is halved down to ``FALLBACK_MIN_WORKSPACE``,
+    then the CPU decodes and the bytes are copied in. ``direct``: stored tensor index ->
+    caller-owned flat uint8 CUDA bytes to decode into (``load(into=...)``). ``count_outputs``:
+    decoded tensors count against the workspace too. ``on_decoded(i, raw)``: called with each
+    tensor's checked bytes on the device as soon as they are decoded. ``update(nbytes)``:
+    progress, per tensor returned."""
     if not use_gpu(device, True):
         return None
-    ready: dict[tuple[int, str], object] = {}
-    direct = direct or {}
-    sizes = [t.raw_nbytes for t in reader.tensors]
-    from s4weights.gpu import plan
+    return _Loader(reader, update, direct or {}, workspace, count_outputs, on_decoded).load
 
-    budget = workspace or plan.default_workspace(sum(sizes))
-    extra: dict[int, int] = {}
 
-    def extra_of(j: int) -> int:
-        from s4weights.gpu.decode import device_extra
+class _Loader:
+    """The state of one file's GPU load: the batches decoded ahead of their requests, each
+    device's workspace (halved when it ran out of memory; 0 once the CPU decodes its tensors)
+    and what the last attempt needed."""
 
-        if j not in extra:
-            extra[j] = device_extra(reader, j) + (sizes[j] if count_outputs else 0)
-        return extra[j]
+    def __init__(self, reader, update, direct: dict, workspace: int | None,
+                 count_outputs: bool, on_decoded) -> None:
+        from s4weights.gpu import plan
 
-    # per device: its workspace, halved each time the device ran out of memory; 0 once it
-    # reached the smallest: the CPU decodes that device's tensors from then on
-    budgets: dict[str, int] = {}
-    tried = {"chunks": False, "size": 0, "need": 0}  # the last attempt: in chunks, or a batch
-    # of ``size`` tensors needing ``need`` bytes of workspace
+        self.reader, self.update, self.direct = reader, update, direct
+        self.count_outputs, self.on_decoded = count_outputs, on_decoded
+        self.ready: dict[tuple[int, str], object] = {}
+        self.sizes = [t.raw_nbytes for t in reader.tensors]
+        self.budget = workspace or plan.default_workspace(sum(self.sizes))
+        self.extra: dict[int, int] = {}
+        self.budgets: dict[str, int] = {}
+        # the last attempt: in chunks, or a batch of ``size`` tensors needing ``need`` bytes
+        self.tried = {"chunks": False, "size": 0, "need": 0}
 
-    def load(i: int, dev):
+    def extra_of(self, j: int) -> int:
+        """Device bytes decoding tensor j holds besides its output (and with it, where
+        outputs count)."""
+        from s4weights.gpu import decode
+
+        if j not in self.extra:
+            self.extra[j] = decode.device_extra(self.reader, j) + (
+                self.sizes[j] if self.count_outputs else 0)
+        return self.extra[j]
+
+    def load(self, i: int, dev):
         import torch
 
-        from s4weights.gpu.decode import decodable, read_on_cpu
-        from s4weights.gpu.decode_large import chunkable
-
-        t = reader.tensors[i]
+        t = self.reader.tensors[i]
         dev = torch.device(dev)
         if dev.index is None:
             dev = torch.device("cuda", torch.cuda.current_device())
         key = str(dev)
-        raw = ready.pop((i, key), None)
+        raw = self.ready.pop((i, key), None)
         while raw is None:
-            ws = budgets.get(key, budget)
+            ws = self.budgets.get(key, self.budget)
             if ws:
                 try:
-                    raw = _decoded(i, dev, ws)
+                    raw = self._decoded(i, dev, ws)
                     continue
                 except out_of_memory_errors() as exc:
                     what = f"{dev} ran out of memory decoding {t.name!r} with a workspace " \
                            f"of {ws >> 20} MiB ({error_text(exc)})"
-                # Out of device memory (a training run may leave little free), and out of the
-                # handler, so the failed attempt's buffers are free again. A smaller workspace
-                # helps a tensor decoded in chunks (smaller chunks), or one in a batch with
-                # others or that chunks can decode (a smaller batch, or chunks): halved until
-                # the next attempt differs, down to the smallest, for the later batches on
-                # that device too. Else the CPU decodes it and it is copied in; and if the
-                # attempt asked for no more than ``FULL_BELOW``, the device is taken as full:
-                # the CPU decodes its later tensors too, without trying it.
-                smaller = ws // 2
-                if not tried["chunks"]:
-                    while FALLBACK_MIN_WORKSPACE <= smaller >= tried["need"]:
-                        smaller //= 2  # (the same batch again otherwise)
-                helps = tried["chunks"] or tried["size"] > 1 or (
-                    decodable(reader, i) and chunkable(reader, i))
-                if helps and smaller >= FALLBACK_MIN_WORKSPACE:
-                    budgets[key] = smaller
-                    log.warning("%s: decoding again with %d MiB", what, smaller >> 20)
+                # (out of the handler: the failed attempt's buffers are free again)
+                if self._smaller(i, key, ws, what):
                     continue
-                if (ws if tried["chunks"] else tried["need"]) <= FULL_BELOW:
-                    budgets[key] = 0
-                log.warning("%s: the CPU decodes it%s", what, "" if budgets.get(key, budget)
-                            else " and the later tensors on that device")
-            with torch.cuda.device(dev):
-                raw = _dest(i, dev)
-                read_on_cpu(reader, i, raw)
-                if on_decoded is not None:
-                    on_decoded(i, raw)
-        if update is not None:
-            update(t.raw_nbytes)
+            raw = self._on_cpu(i, dev)
+        if self.update is not None:
+            self.update(t.raw_nbytes)
         return raw.view(getattr(torch, t.dtype.name)).reshape(t.shape)
 
-    def _decoded(i: int, dev, ws: int):
+    def _smaller(self, i: int, key: str, ws: int, what: str) -> bool:
+        """After device ``key`` ran out of memory with workspace ``ws``: whether to decode
+        tensor i again with a smaller one. It helps chunks (smaller ones), or a batch of
+        several tensors or one chunks can decode, halved until the attempt differs, for the
+        later batches on that device too. Else the CPU decodes it; and if the attempt asked
+        for at most ``FULL_BELOW``, the device is taken as full for its later tensors too."""
+        from s4weights.gpu import decode, decode_large
+
+        tried = self.tried
+        smaller = ws // 2
+        if not tried["chunks"]:
+            while FALLBACK_MIN_WORKSPACE <= smaller >= tried["need"]:
+                smaller //= 2  # (the same batch again otherwise)
+        helps = tried["chunks"] or tried["size"] > 1 or (
+            decode.decodable(self.reader, i) and decode_large.chunkable(self.reader, i))
+        if helps and smaller >= FALLBACK_MIN_WORKSPACE:
+            self.budgets[key] = smaller
+            log.warning("%s: decoding again with %d MiB", what, smaller >> 20)
+            return True
+        if (ws if tried["chunks"] else tried["need"]) <= FULL_BELOW:
+            self.budgets[key] = 0
+        log.warning("%s: the CPU decodes it%s", what, "" if self.budgets.get(key, self.budget)
+                    else " and the later tensors on that device")
+        return False
+
+    def _on_cpu(self, i: int, dev):
+        """Tensor i decoded by the CPU reader and copied to ``dev``."""
+        import torch
+
+        from s4weights.gpu import decode
+
+        with torch.cuda.device(dev):
+            raw = self._dest(i, dev)
+            decode.read_on_cpu(self.reader, i, raw)
+            if self.on_decoded is not None:
+                self.on_decoded(i, raw)
+        return raw
+
+    def _decoded(self, i: int, dev, ws: int):
         """Tensor i's raw bytes decoded on ``dev`` within workspace ``ws``: in chunks when it
         alone needs more, else in a batch with the following tensors (theirs kept in
         ``ready``)."""
+        from s4weights.gpu import decode, decode_large
+
+        if decode.decodable(self.reader, i) and self.extra_of(i) > ws \
+                and decode_large.chunkable(self.reader, i):
+            return self._in_chunks(i, dev, ws)
+        return self._in_batch(i, dev, ws)
+
+    def _in_chunks(self, i: int, dev, ws: int):
+        """Tensor i, too large to decode whole within the workspace, in chunks straight into
+        place."""
         import torch
 
-        from s4weights.gpu.decode import decodable, over_limit, read_on_cpu, read_tensors
-        from s4weights.gpu.decode_large import chunkable, load_large
+        from s4weights.gpu import decode, decode_large
+        from s4weights.gpu.ransparse import TablesTooLarge
 
-        if decodable(reader, i) and extra_of(i) > ws and chunkable(reader, i):
-            # too large to decode whole within the workspace: in chunks, straight into place
-            from s4weights.gpu.ransparse import TablesTooLarge
+        self.tried.update(chunks=True, size=1, need=0)
+        with torch.cuda.device(dev):
+            raw = self._dest(i, dev)
+            try:
+                decode_large.load_large(self.reader, i, raw, ws)
+            except TablesTooLarge:  # streams of tiny blocks: the CPU decodes it
+                decode.read_on_cpu(self.reader, i, raw)
+            if self.on_decoded is not None:
+                self.on_decoded(i, raw)
+        return raw
 
-            tried.update(chunks=True, size=1, need=0)
-            with torch.cuda.device(dev):
-                raw = _dest(i, dev)
-                try:
-                    load_large(reader, i, raw, ws)
-                except TablesTooLarge:  # streams of tiny blocks: the CPU decodes it
-                    read_on_cpu(reader, i, raw)
-                if on_decoded is not None:
-                    on_decoded(i, raw)
-            return raw
+    def _in_batch(self, i: int, dev, ws: int):
+        """Tensor i decoded in a batch with the following tensors the GPU decodes, as many as
+        the workspace holds."""
+        import torch
+
+        from s4weights.gpu import decode
+
+        reader = self.reader
         idx, used = [i], 0
         with torch.cuda.device(dev):  # (the size limit counts that device's memory)
-            if decodable(reader, i):
-                used = extra_of(i)
-                for j in range(i + 1, len(sizes)):
-                    if (j, str(dev)) in ready or not decodable(reader, j):
+            if decode.decodable(reader, i):
+                used = self.extra_of(i)
+                for j in range(i + 1, len(self.sizes)):
+                    if (j, str(dev)) in self.ready or not decode.decodable(reader, j):
                         continue
                     # a tensor over the size limit (R0) starts a batch of its own, so that
                     # the tensors before it are read first, as the CPU reader reads them
-                    if used + extra_of(j) > ws or over_limit(reader, j):
+                    if used + self.extra_of(j) > ws or decode.over_limit(reader, j):
                         break
                     idx.append(j)
-                    used += extra_of(j)
-            tried.update(chunks=False, size=len(idx), need=used)
-            outs = read_tensors(reader, idx, [_dest(j, dev) for j in idx] if direct
-                                else None)
-            if on_decoded is not None:
+                    used += self.extra_of(j)
+            self.tried.update(chunks=False, size=len(idx), need=used)
+            outs = decode.read_tensors(reader, idx, [self._dest(j, dev) for j in idx]
+                                       if self.direct else None)
+            if self.on_decoded is not None:
                 for j, o in zip(idx, outs):
-                    on_decoded(j, o)
+                    self.on_decoded(j, o)
         for j, o in zip(idx[1:], outs[1:]):
-            ready[(j, str(dev))] = o
+            self.ready[(j, str(dev))] = o
         return outs[0]
 
-    def _dest(j: int, dev):
-        from s4weights.gpu import runtime
-        from s4weights.gpu.decode import DEST_ALIGN, check_limit
+    def _dest(self, j: int, dev):
+        """Where tensor j is decoded: the caller's bytes, or a new device buffer."""
+        from s4weights.gpu import decode, runtime
 
-        d = direct.get(j)
+        d = self.direct.get(j)
         # the merge kernels store whole words (and 16-byte vectors where aligned): a view at an
         # odd offset (into= a slice of a larger buffer) would fault the device, so it gets a
         # fresh buffer and a copy like any other destination
-        if d is not None and d.device == dev and d.data_ptr() % DEST_ALIGN == 0:
+        if d is not None and d.device == dev and d.data_ptr() % decode.DEST_ALIGN == 0:
             return d
-        check_limit(reader, j)  # rule R0 before allocating (read_tensors checks too, later)
-        n = sizes[j]
+        decode.check_limit(self.reader, j)  # rule R0 before allocating (and again later)
+        n = self.sizes[j]
         return runtime.device_empty(n)[:n]
-
-    return load
