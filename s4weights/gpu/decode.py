@@ -1,31 +1,11 @@
-"""Load side of the CUDA path, batched: every plane of a group of tensors goes to the device in
-one copy, is checked there (plane checksums made on the device: ``runtime.plane_checksums``)
-before any kernel decodes it,
-and one launch per kernel decodes the group: every rANS block of every plane (one warp each),
-one merge per layout straight into the destination tensors (which also digests every full
-64 KiB leaf of the content hash from the words it writes), one hash launch for the leaves no
-merge digests (a tensor's last partial leaf, tensors of other layouts). GDeflate planes go to
-nvCOMP; raw, bitpack and rANS RAW-mode planes are used in place.
+"""The load side of the CUDA path: stored tensors decoded on the GPU in batches, each batch's
+planes staged in one copy (``staging``) and decoded in one pass (``decode_group``), deltas
+made whole with their parents' bytes one chain level at a time.
 
-Staging: the planes are read from the file straight into pinned host memory (``os.preadv``
-for files; other sources copy once into it) and copied up in one H2D.
-
-Host synchronisations per group: one, after the merge (two with GDeflate or nvCOMP planes,
-whose checksums are compared first: nvCOMP must not see unverified bytes). The plane
-checksums are launched first. Every rANS stream's header and table are then validated on the
-host, as the CPU decoders check them (``ransparse.parse_streams``, compiled per stream), and its
-decode is queued at once: the host checks every other plane's stored form and plans the
-merge while the device decodes. The rANS kernels are safe on any bytes once the headers and
-tables hold: ``rans_blocks`` checks each block's word count within its length and the stream's
-length exactly its sections and words before ``rans_decode`` reads a word, and a stream that
-fails is skipped. After the merge, the plane checksums, the per-block rANS error codes, the
-streams' block-check flags, the merge range flags and the content-leaf digests come back in
-one copy, and the failure raised is the one the CPU reader would meet first (a plane checksum
-before anything decoded from it; then plane by plane). By then the group's destinations may
-hold bytes decoded from a damaged plane.
-
-:func:`stage` and :func:`decode_staged` split the work at the H2D so the device-to-device part
-can be timed alone (coded payloads already on the device -> tensors).
+It also says which tensors the GPU decodes and how much device memory each needs, known from
+the index alone, so the loader sizes its batches by what they hold. Failures come out as the
+CPU reader would raise them (``failures``). :func:`stage` and ``decode_staged`` split a batch
+at the H2D, so benchmarks can time the device-to-device part alone.
 """
 
 from __future__ import annotations
@@ -308,17 +288,11 @@ def _subset(st: Staged, keep: list[int]) -> Staged:
 
 
 def _apply_parents(reader: Reader, idx: list[int], outs: list[torch.Tensor]) -> None:
-    """Each delta's decoded XOR bytes in ``outs`` made whole: XORed with its parent tensor's
-    bytes, then its content hash checked (always, as the CPU reader does: the only proof the
-    parent was right).
-
-    The parents' chains are decoded one level at a time, from the deepest up: each level's
-    tensors as one batch (:func:`_decode_batch`), each delta among them XORed with its own
-    parent's bytes, made whole on the level below, and its content hash checked there, as
-    the CPU reader checks every level. So the device holds two levels' bytes and one level's
-    decoding at once, whatever the chain's depth (:func:`device_extra`), and each level is
-    decoded in batches as large as the top's. A chain ends at a tensor stored whole, or one
-    the GPU does not decode (the CPU reader reads it with its own parents)."""
+    """Each delta's decoded XOR bytes in ``outs`` made whole with its parent's bytes, then its
+    content hash checked: always, as the CPU reader does, since it is the only proof the parent
+    was right. The chains are decoded one level at a time from the deepest up, each level as
+    one batch, so the device holds two levels' bytes whatever the depth. A chain ends at a
+    tensor stored whole, or one the GPU does not decode (the CPU reader applies its parents)."""
     # every delta's chain: per level below ``reader``, its reader and {position: index}
     levels: list[tuple[Reader, dict[int, int]]] = []
     r, cur = reader, dict(enumerate(idx))

@@ -59,16 +59,11 @@ def load_large(reader, i: int, out: torch.Tensor, workspace: int, on_host: bool 
 
 def _load_large(reader, i: int, out: torch.Tensor, workspace: int, on_host: bool = False
                 ) -> None:
-    """Decode tensor i into ``out`` (its raw bytes, flat uint8 on the current device) chunk by
-    chunk, each chunk's device memory under ``workspace`` (at least one chunk of
-    ``Level.align()`` bytes). Every plane's checksum is verified (on the host, where its stored
-    bytes are read) and every stream validated before any kernel runs. A delta's chain is
-    applied chunk by chunk: the deepest ancestor's bytes for the chunk are decoded, then each
-    delta's XORed in; every level's content hash is checked at the end (an ancestor's where
-    its reader verifies hashes, a delta's always). Failures come in the CPU reader's order: a
-    parent that fails its checks before decoding (no such tensor, size limit, checksums,
-    headers) is reported after the delta's own planes have decoded without failure, and
-    content hashes from the deepest level up, after every level's planes."""
+    """Decode tensor i into ``out`` (flat uint8 bytes on the current device) chunk by chunk,
+    each chunk's device memory under ``workspace``. Every plane is checked on the host before
+    any kernel runs, and every level's content hash at the end. Failures come in the CPU
+    reader's order: a parent that fails its checks is reported only after the delta's own
+    planes decoded, and content hashes from the deepest level up."""
     decode.check_limit(reader, i)
     levels = [Level(reader, i)]
     deferred = None

@@ -1,67 +1,13 @@
-"""Save side of the CUDA path: code tensors that live on the GPU into ``CodedTensor``s.
+"""The save side of the CUDA path: :class:`Encoder` codes tensors that live on the GPU into
+coded tensors (``CodedTensor``), in order.
 
-Host work is numpy over all planes at once (:class:`Planes`), never a Python step per plane or
-block, and the host synchronises once per window and once per group, whatever the number of
-tensors, planes or blocks:
-
-1. **Window** (consecutive tensors whose histograms and tables take at most 1/16 of the
-   workspace): one histogram launch per layout (``hist_*``) reads every tensor once, and one
-   launch normalises every plane's histogram into rANS frequencies (``rans_normalise``:
-   rans.normalise's integer procedure; the encoder's table input and the streams' frequency
-   tables stay on the device) and sums each plane's rANS size estimate. Synchronisation: 32
-   bytes per plane come to the host (symbols present, estimate, first symbol, table size),
-   which picks every plane's candidate codecs as ``s4format.policy`` ranks them (GPU codecs
-   only: :func:`candidates`).
-   Groups are then sized by what they really hold (``plan.group_need``: rANS scratch only for
-   the planes the rANS kernel codes, and only the most words each can write: the bound
-   ``ranshost.WORD_COST`` gives, which ``rans_normalise`` sums per plane, a third of a byte
-   per symbol for a weight's exponents where the worst case is two), not by the worst case.
-2. **Group**, one batch of launches with one table upload: one split launch per layout
-   (packed sign bits and byte planes;
-   a narrow mantissa plane that will be stored bit-packed at its field's width is written
-   packed, see :func:`pack_widths`; those, and the planes with no candidate codec, go to a
-   buffer of their own that the result keeps: :func:`kept_as_split`),
-   and one launch that encodes every rANS block of the group (one warp each); GDeflate pages
-   go to nvCOMP in one batch where asked for. Synchronisation: the word counts, first symbols
-   and "varied" flags of the blocks come back; the content hashes of the raw bytes (leaf
-   digests, then their XXH3-128 roots: ``runtime.content_hashes``) are queued behind them, so
-   the device hashes while the host lays the payloads out.
-   A group of a window that needs no sizing (it fits the workspace even if every plane took
-   rANS) is split and histogrammed in one pass (``split_hist_*``) and queues its rANS launch
-   right behind, before the host has read its figures: ``rans_jobs`` picks on the device the
-   planes :func:`candidates` will pick (the blocks of the others code nothing). The host waits
-   only for the figures, checks that both picks agree (if not, a bug, the host's rule codes
-   again: ``Encoder.mispredicted``) and decides while the device codes.
-3. the host sizes every payload and picks its codec (:func:`choose`), lays the payloads out in
-   one compacted device buffer (16-byte aligned; the planes the split wrote as they are
-   stored stay in their own buffer, the second part of the group's payload image), and one
-   copy launch assembles them (with
-   one more that places every rANS block's words, from the prefix sums of the word counts the
-   host has read, in the batch's one upload); two hash launches make the plane checksums
-   (the payload leaves' digests, then their roots: ``runtime.plane_checksums``). The content
-   hashes (16 bytes a tensor) and the checksums (8 bytes a plane) go to pinned host memory
-   without a synchronisation; ``Encoder.finish`` reads them once there, while the next group
-   is coded. The host hashes nothing here (the chunked coder roots its one tensor's digests on
-   the host).
-
-The payload image with that metadata is the device-to-device result (:class:`DeviceGroup`).
-For a file, the buffer goes to pinned host memory in one copy on a side stream, overlapped with
-the next group's device work (``Encoder.code`` keeps one group in flight); payloads are views of
-that pinned buffer and keep it alive as long as the caller holds them.
-
-Tensors under ``SPLIT_MIN`` bytes are stored as one raw plane (raw layout, raw codec) copied on
-the device: where the CPU writer might save a few hundred bytes on them with zstd, coding
-hundreds of them on the host would cost more time than the whole GPU pass. Larger tensors the
-GPU does not split (other dtypes) and tensors whose planes would store more than their raw
-bytes are copied to the host in the same buffer and coded by the CPU coder, as the CPU path
-codes them.
-
-Codec choice, in the CPU policy's rank order: sign planes take bitpack or rANS (including
-CONST); exponent and mantissa planes bitpack-w (policy auto; its width from the largest symbol
-present), rANS or raw by the histogram estimate, bitpack-w first unless rANS would save over
-1/65 of it (``policy.prefer_packed``). GDeflate (nvCOMP, far slower than the rANS kernels) runs
-only where asked for: ``mantissa="gdeflate"`` or the ``seed`` policy; ``mantissa="auto"`` never
-pays for it on the GPU.
+Consecutive tensors form windows. A window whose worst case fits the workspace is one group,
+split and histogrammed in one pass; otherwise one histogram pass (``histograms``) sizes its
+groups by what they really hold (``plan.group_need``). ``encode_group`` codes each group, and its
+payloads go to pinned host memory while the next group runs; a tensor larger than the workspace
+goes to ``encode_large``. Tensors under ``SPLIT_MIN`` bytes are stored raw, copied on the
+device; other dtypes, and tensors whose planes would store more than their raw bytes, go to the
+CPU coder as the CPU path codes them. GDeflate runs only where asked for.
 """
 
 from __future__ import annotations
@@ -141,19 +87,14 @@ class Encoder:
 
     def _plan(self, items: list[Item], pipelined: bool = False, chunked: bool = False
               ) -> Iterator[tuple[list[Item], Planes | None, int, tuple | None] | Item]:
-        """The groups to code, in order, each as (its items, its plane table with candidates
-        chosen or None, its device bytes, the next group's items and table when the next
-        group is of the same window, else None). Consecutive tensors form windows (histograms and
-        rANS tables of at most ``workspace / plan.WINDOW_SHARE`` bytes). A window that fits the
-        workspace even if every plane took rANS (``plan.encode_need``) is one group, split and
-        histogrammed in one pass when it is coded (table None). Otherwise one histogram pass
-        over the window (``histograms.window_planes``, one synchronisation) decides every plane's
-        candidates, so each group is sized by what it really holds (``plan.group_need``), not
-        by the worst case. ``pipelined`` (``code``): the previous group's compacted buffer is
-        still on the device while the next group is coded, and counts against the workspace.
-        ``chunked``: a tensor that alone needs more than the workspace (and every item with a
-        parent) is yielded on its own, an ``Item``, for the chunked coder; without it such a
-        tensor is a group of its own, whatever it needs."""
+        """The groups to code, in order, each as (its items, its plane table with candidates or
+        None, its device bytes, the next group's items and table if the next group is of the
+        same window). A window that fits the workspace even if every plane took rANS is one
+        group, split and histogrammed as it is coded (table None); otherwise one histogram pass
+        decides every plane's candidates and sizes the groups by what they hold. ``pipelined``:
+        the previous group's payloads are still on the device while the next one is coded.
+        ``chunked``: a tensor that alone needs more than the workspace, and every item with a
+        parent, comes alone as an ``Item`` for ``encode_large``."""
         if not chunked and any(it.parent is not None for it in items):
             raise ValueError("an item with a parent is coded by Encoder.code only")
         self._layouts(items)

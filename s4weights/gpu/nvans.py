@@ -1,22 +1,13 @@
-"""Codec 6, ``nvcomp-ans`` (``spec/codecs.md``): nvCOMP's own ANS bitstream, for users who accept
-files that only a machine with an NVIDIA GPU and nvCOMP can read.
+"""Codec 6, ``nvcomp-ans`` (``spec/codecs.md``): nvCOMP's own ANS bitstream, written only under
+the explicit policy ``"nvcomp-ans"``, for users who accept files that only a machine with an
+NVIDIA GPU and nvCOMP can read.
 
-A tensor coded with it is stored with the raw layout as one plane whose payload is what
-``nvidia.nvcomp.Codec(algorithm="ANS", data_type=...)`` produces for the tensor's bytes, in
-nvCOMP's float mode for 2- and 4-byte floats (``"<f2"``, ``"<f4"``) and byte mode otherwise;
-``params`` is one byte naming that mode. It is written only under the explicit policy
-``"nvcomp-ans"`` (``s4weights.save(..., policy="nvcomp-ans")``), never by default: every default
-file decodes on a CPU. Tensors under the split threshold and tensors nvCOMP does not shrink are
-stored raw, so those files still never store more than their raw bytes.
-
-Reading: :func:`register` adds the codec to ``s4format``'s registry on a machine where the GPU
-path and nvCOMP are available (``s4weights.load`` does it before opening a file), so the file
-opens and its planes decode there (on the GPU path straight into the destination; through the
-registry by a round trip to the device). Elsewhere opening such a file raises
-``UnsupportedCodecError``, as the spec requires. nvCOMP's bitstream is undocumented: the plane
-checksum is verified before nvCOMP sees a byte, and a decode that fails or yields the wrong
-length is a ``CodecError``; a file crafted with valid checksums and a hostile codec-6 payload
-is parsed by nvCOMP itself, which this project cannot harden.
+A tensor is stored with the raw layout as one plane of nvCOMP's output (float mode for 2- and
+4-byte floats, byte mode otherwise; ``params`` names the mode), or raw where that is not
+smaller. :func:`register` makes the codec readable where nvCOMP runs; elsewhere such a file
+raises ``UnsupportedCodecError``. nvCOMP's bitstream is undocumented: the plane checksum is
+checked before nvCOMP sees a byte, but a hostile payload with a valid checksum is parsed by
+nvCOMP itself.
 """
 
 from __future__ import annotations

@@ -63,15 +63,12 @@ TENSOR_META = _al(8 * 1025) + 4096  # a split tensor's histograms; its launch-ta
 
 def encode_need(layout: layouts.Layout | None, nbytes: int, itemsize: int,
                 gdeflate: bool = False, log2_block: int = 16, rans: bool = True) -> int:
-    """Device bytes the encoder may hold for one tensor at once, at worst: its planes (packed
-    sign bits and one byte per element per other field), rANS scratch of two bytes per symbol
-    for every plane (the sign plane too), each plane's tables and each
-    rANS block's metadata (``log2_block``), GDeflate's output pages where GDeflate runs, and the
-    compacted payloads (at most the raw bytes: larger codings fall back to a raw copy). A
-    tensor the GPU does not split holds only its copy in the payloads. ``rans=False``: the
-    least it can need, its planes and tables alone, each plane at its field's width (the most
-    the split packs it to), no rANS scratch and no payload beyond the planes the split stores
-    as they are kept: the encoder's exact need, ``group_need``, lies between the two."""
+    """Device bytes the encoder may hold for one tensor at once, at worst: its planes, rANS
+    scratch (two bytes per symbol) and block figures for every plane, each plane's tables,
+    GDeflate's pages where it runs, and the compacted payloads (at most the raw bytes). A
+    tensor the GPU does not split holds only its copy. ``rans=False``: the least it can need,
+    its planes (each packed to its field's width) and tables alone. The exact need,
+    :func:`group_need`, lies between the two."""
     if layout is None or layout.layout_id == layouts.RAW.layout_id:
         return _al(nbytes)
     n = nbytes // layout.word_size(itemsize)
@@ -125,18 +122,13 @@ def group_need(item: np.ndarray, width: np.ndarray, split: np.ndarray, n: np.nda
                log2_block: int, kept: np.ndarray | None = None,
                words: np.ndarray | None = None, payload: np.ndarray | None = None
                ) -> np.ndarray:
-    """Exact device bytes the encoder holds for each tensor of a group at once, from its planes'
-    chosen candidates (rows: plane q of tensor ``item[q]``; ``split``: the row is a split plane,
-    not a raw-layout tensor's bytes in place, stored at ``width`` bits per element,
-    ``split_plane_bytes``): the split planes, rANS scratch (two bytes per symbol, or per word
-    of ``words``: each plane's bound, ``ranshost.WORD_COST``) and block metadata only for
-    planes the rANS kernel codes, GDeflate's pages for planes it codes,
-    per-plane tables and copy ops, the compacted payloads (at most the raw bytes and 16-byte
-    padding per plane; ``nbytes``: each tensor's raw bytes; tensors without rows hold only
-    their copy, less the payloads of ``kept`` rows: split planes stored as the split wrote
-    them, ``width`` bits each, which the result keeps where they are, ``encode.kept_as_split``;
-    or ``payload``: each tensor's compacted payloads, a caller's bound), and the leaf digests
-    of the raw bytes and of the payloads."""
+    """Exact device bytes the encoder holds for each tensor of a group at once, once its planes'
+    candidates are known. Row q is plane q of tensor ``item[q]``: a split plane (``split``)
+    stored at ``width`` bits per element, or a raw-layout tensor's bytes in place. Counted: the
+    split planes; rANS scratch (two bytes per symbol, or per word of ``words``, each plane's
+    bound) and block figures for the planes the rANS kernel codes; GDeflate's pages; tables and
+    copy ops; the compacted payloads (each tensor's raw ``nbytes``, less the ``kept`` rows the
+    result keeps where the split wrote them, or ``payload``, a caller's bound); the digests."""
     n = np.asarray(n, np.int64)
     row = np.where(split, split_plane_bytes(n, width), 0)
     nb = -(-n >> log2_block)
@@ -184,16 +176,12 @@ def large_staging(chunk: int, rans_planes: int, slot: int = 1) -> int:
 
 def large_need(layout: layouts.Layout, itemsize: int, chunk: int, rans_planes: int,
                xor: bool, log2_block: int, packed: int = 0, slot: int = 1) -> int:
-    """Device bytes the chunked encoder (``encode_large.code_large``) holds at once with chunks of
-    ``chunk`` elements, apart from its window's launch tables (``encode_large.TABLE_SHARE`` of the
-    workspace): the chunk's XOR with its parent (deltas); for each of ``rans_planes``
-    rANS-coded planes the kernel's scratch (a word per symbol; the kernel reads the sign
-    plane's packed bits as they are) and its encoder-table input (2 KiB); the blocks' figures
-    (``ransencode.rans_meta_bytes``: 146 bytes per block, and 8 for the prefix sum of the word
-    counts) and the prefix sum's scratch; one buffer that holds the chunk's planes and
-    ``packed`` planes packed to bitpack-w while they are coded, then the staging
-    (``large_staging``); one chunk's leaf digests and the histograms (``large_chunk`` counts
-    the whole tensor's digests)."""
+    """Device bytes the chunked encoder (``encode_large``) holds at once with chunks of
+    ``chunk`` elements, apart from its launch tables: a delta's XOR buffer; for each of
+    ``rans_planes`` rANS-coded planes the kernel's scratch and table input; the blocks' figures
+    (``ransencode.rans_meta_bytes``) and their prefix sum; one buffer for the chunk's planes
+    (and ``packed`` bitpack-w planes), later the staging of its words (``large_staging``); one
+    chunk's leaf digests and the histograms."""
     word = layout.word_size(itemsize)
     planes = _al(chunk // 8) + (len(layout.fields) - 1) * _al(chunk)
     need = _al(chunk * word) if xor else 0
@@ -275,7 +263,7 @@ def cta_planes(first: np.ndarray, warps: int = RANS_WARPS
     plane's first block, plus the total), so the CTA loads that plane's table into shared
     memory once. Read-only arrays, shared by the launches over the same blocks: a training
     run codes the same shapes again and again, and the table of a 1 GiB plane took 0.1-0.25 ms
-    of host time per launch (bench/RESULTS.md, session 12)."""
+    of host time per launch."""
     return _cta_planes(np.asarray(first, dtype=np.int64).tobytes(), warps)
 
 

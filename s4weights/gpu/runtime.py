@@ -56,13 +56,10 @@ def _compiled(name: str, device: int):
 
 def _module(name: str, device: int):
     """Kernel module ``name`` (``kernels/<name>.cu``) on ``device``, compiled once per process
-    and device (CuPy keeps the binary on disk for later processes). The first request for a
-    device compiles every module for it at once, each in a thread of its own (NVRTC runs
-    without the GIL): a process with no cached binaries (a bare machine, a fresh container)
-    waits for the slowest module, not for their sum. Where a thread cannot start (a limit on
-    threads, or at interpreter exit), the caller compiles that module itself. A compile that
-    fails (or is interrupted) is forgotten at once: its waiters get the error, and the next
-    request for that module compiles it again."""
+    and device; CuPy keeps the binary on disk. The first request for a device compiles every
+    module at once, each in a thread (NVRTC runs without the GIL), so a bare machine waits for
+    the slowest module, not their sum. A compile that fails is forgotten at once: its waiters
+    get the error, and the next request compiles it again."""
     mine: list[tuple[Future, str]] = []  # registered here: this call starts them
     with _MODULES_LOCK:
         if (name, device) not in _MODULES:
@@ -156,12 +153,9 @@ def sm_count() -> int:
 
 
 # A launch of at most this many rANS decode warps (blocks) per multiprocessor takes
-# kernels/rans.cu's `rans_decode_ahead` build: too few warps to hide the latency of the load of
-# each row's words, which that build issues before the row decodes (bench/RESULTS.md, session
-# 15, on the H200's 132 SMs: 4,096 fp32 blocks 0.74 -> 0.56 ms, 2,048 bf16 blocks 0.38 -> 0.35
-# ms, 1,024 0.36 -> 0.33; 8,192 bf16 blocks 0.69 -> 0.74 ms, so those take `rans_decode`). The
-# ahead build replaced a window held in registers (session 11), which took 0.62 ms at 4,096
-# fp32 blocks.
+# kernels/rans.cu's `rans_decode_ahead` build, which loads each row's words before the row
+# decodes: it pays where too few warps hide that load and costs where many do (on the H200,
+# bench/kernel_variants.py: 4,096 fp32 blocks 0.74 -> 0.56 ms, 8,192 bf16 blocks 0.69 -> 0.74).
 RANS_AHEAD_WARPS_PER_SM = 32
 
 
@@ -180,14 +174,11 @@ def launch(module: str, name: str, grid: int, block: int, *args: object) -> None
 
 
 class Batch:
-    """Launches whose tables go to the device in one upload (each upload costs a pinned
-    staging buffer, a device buffer and a copy: tens of microseconds of host time).
-    ``table(*arrays)`` reserves tables and returns their placeholders; ``launch`` takes them
-    among its arguments; ``run()`` uploads every table at once, then launches in order, and
-    returns the device buffer (stream-ordered: keep it or drop it; ``address`` gives a table's
-    place in it, for later launches while it is kept, until the next upload). ``run(stop)``
-    launches only the first ``stop``; the batch holds the buffer until a later ``run()`` has
-    queued the rest."""
+    """Launches whose tables go to the device in one upload: each upload costs tens of
+    microseconds of host time. ``table(*arrays)`` reserves tables and returns placeholders that
+    ``launch`` takes among its arguments; ``run()`` uploads every table, launches in order and
+    returns the device buffer (stream-ordered: keep it or drop it). ``run(stop)`` launches only
+    the first ``stop``, keeping the buffer until a later ``run()`` has queued the rest."""
 
     class _At:
         def __init__(self, i: int) -> None:

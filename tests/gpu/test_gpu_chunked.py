@@ -108,8 +108,8 @@ def _same(a, b) -> None:
 def test_chunked_planes_equal_the_one_group_path(name: str, workspace: int) -> None:
     t = _tensors()[name]
     whole = _code1(Encoder(workspace=BIG), t)
-    # 10 MiB: below what each needs as a group (by its exact need where not by its least;
-    # 12 MiB took the one-symbol tensor whole in run 4); 2 MiB: chunks of a few 2^16 elements
+    # 10 MiB: below what each needs as a group (by its exact need where not by its least; at
+    # 12 MiB the one-symbol tensor was coded whole); 2 MiB: chunks of a few 2^16 elements
     enc = Encoder(workspace=workspace)
     assert isinstance(next(enc._plan([_item(t)], chunked=True)), Item)  # really chunked
     part = _code1(enc, t)

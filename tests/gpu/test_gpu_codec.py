@@ -251,7 +251,7 @@ def test_rans_jobs_picks_the_planes_the_host_rule_picks(policy: str, mantissa: s
     """The rANS launch queued before the host reads the figures (``rans_jobs``' picks) codes
     the planes the host's rule picks: the same planes as the encoder that launches after
     (byte for byte but for GDeflate's, which nvCOMP's compressor does not make the same from
-    one run to the next: seen on the H200, session 12)."""
+    one run to the next on the H200)."""
     from s4weights.gpu import encode
     from tests.gpu.test_rans_jobs import tensors
 

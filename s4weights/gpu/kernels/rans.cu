@@ -420,7 +420,7 @@ rans_normalise(const u64* hist, const u64* ones, const i64* n, const double* sbi
 // bit 2 bitpack-w; 0 for planes under policy.MIN_CODED bytes): encode.candidates' runs_rans
 // exactly, so that a group that splits and codes in one pass can queue its rANS launch
 // before the host has read the figures. The host computes the same rule once it has them
-// and takes the launch only where both agree (encode.Encoder._histograms). slack = policy's
+// and takes the launch only where both agree (histograms.window_planes). slack = policy's
 // PACKED_SLACK: bitpack-w's size s ranks before an estimate e when slack_s s <= slack_e e.
 extern "C" __global__ void __launch_bounds__(256)
 rans_jobs(const u64* stats, const i64* n, const u8* rule, int rows, int slack_s, int slack_e,

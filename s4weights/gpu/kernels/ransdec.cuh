@@ -39,8 +39,7 @@ __device__ __forceinline__ void decoder_table(const u32* gcum, u32* cum, u32* dt
 // waits on a shuffle, not on a load: ncu showed the decoder's warps spending ~40% of their
 // stalls on that load. It pays where a launch has too few warps to hide the load (4,096 fp32
 // blocks: 0.73 -> 0.56 ms on the H200) and costs where it has enough (8,192 blocks: 0.69 ->
-// 0.74 ms), so the host picks rans.cu's build by the launch's size (runtime.rans_decode_kernel;
-// bench/RESULTS.md, session 15).
+// 0.74 ms), so the host picks rans.cu's build by the launch's size (runtime.rans_decode_kernel).
 __device__ __forceinline__ u32 ahead_row(u32& x, u32& p, const u32* dtab, const u16* words,
                                          u32 lt, int lane) {
     u16 cand;
