@@ -17,9 +17,9 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "save": "s4weights.api", "load": "s4weights.api", "open": "s4weights.lazy",
-    "CheckpointInfo": "s4weights.chain", "list_checkpoints": "s4weights.chain",
-    "load_checkpoint": "s4weights.chain", "retain": "s4weights.chain",
-    "save_checkpoint": "s4weights.chain", "register_type": "s4weights.torchtree",
+    "CheckpointInfo": "s4weights.manifests", "list_checkpoints": "s4weights.manifests",
+    "load_checkpoint": "s4weights.checkpoints", "retain": "s4weights.manifests",
+    "save_checkpoint": "s4weights.checkpoints", "register_type": "s4weights.torchtree",
     "IntoMismatchError": "s4weights.torchtree",
 }
 

@@ -1,152 +1,46 @@
-"""Checkpoint chains: a base and deltas against the previous checkpoint, in one store.
+"""One process's checkpoint chains: a base and deltas against the previous checkpoint.
 
-Objects under the store root::
-
-    data/<step:012d>-<token>.s4w  the checkpoint file (committed first)
-    manifests/<step:012d>.json    the manifest (committed last, create-if-absent)
-
-A checkpoint exists exactly when its manifest does; the manifest names its file (stores written
-before the token came hold ``data/<step:012d>.s4w``, which the manifests name as well). Each
-save writes a file of its own name, so two saves of one step that race (two processes, or a
-save from a signal handler) cannot replace each other's file: the one whose manifest lands
-first wins, and the other deletes its file and fails. The manifest names the parent step and
-parent checkpoint ID; the .s4w file names its parent by checkpoint ID too, and the reader
-refuses a parent whose ID differs. A save never writes a delta against a checkpoint whose
-chain it cannot open: it saves a base instead and warns. Retention deletes manifests first, then
-files, never removes a checkpoint that a kept delta depends on, and after a save never one
-newer than the step saved (another process may have just committed it). A delta's parent is
-pinned against other processes' retention while the delta is saved (:mod:`s4weights.lease`,
-spec/checkpoints.md). A manifest that does not parse is skipped with a warning, so one damaged
-file does not stop every save and load.
+Each save writes a file of its own name (``data/<step>-<token>.s4w``) and then its manifest
+(:mod:`s4weights.manifests`), so two saves of one step that race cannot replace each other's
+file: the first manifest wins, the other save deletes its file and fails. A .s4w file names its
+parent by checkpoint ID and the reader refuses another. A delta's parent is pinned against other
+processes' retention while the delta is saved (:mod:`s4weights.lease`); a save never writes a
+delta against a checkpoint whose chain it cannot open or read, but saves a base and warns. The
+process keeps the checkpoint it saved last in host memory as the next delta's parent.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
-import math
-import numbers
-import re
-import secrets
-import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 import numpy as np
 import torch
 
 import s4format
-from s4format.errors import FormatError, ParentMismatchError, S4Error, StorageError
-from s4weights import background_save, chainpolicy, gpu, hostmem, lease
+from s4format.errors import ParentMismatchError, S4Error, StorageError
+from s4weights import chainpolicy, gpu, hostmem, lease
 from s4weights.api import read_tree, write_flattened
-from s4weights.store import Store, open_store
+from s4weights.manifests import (
+    RETAINED,
+    CheckpointInfo,
+    by_step,
+    chain_of,
+    data_name,
+    list_checkpoints,
+    manifest_name,
+    parent_gone,
+    read_manifest,
+    retain_after,
+    saving,
+)
+from s4weights.store import Store
 from s4weights.store.local import LocalStore
 from s4weights.torchtree import DeviceTensor, Flattened, flatten
 
 log = logging.getLogger("s4weights")
-
-MANIFEST_FORMAT = "s4weights-checkpoint"
-MANIFEST_VERSION = 1
-
-
-@dataclass(frozen=True)
-class CheckpointInfo:
-    step: int
-    file: str
-    checkpoint_id: str
-    parent_step: int | None
-    parent_id: str | None
-    base_step: int
-    depth: int  # deltas between this checkpoint and its base (0 for a base)
-    raw_bytes: int
-    stored_bytes: int
-    file_bytes: int
-    full_stored_bytes: int  # payload had every tensor been coded alone
-    created: float
-    base_reason: str | None = None  # why a base was started (None for deltas and old bases)
-    # a step saved with distributed=True: its rank files (rank, name, checkpoint_id, parent)
-    rank_files: list[dict[str, Any]] | None = None
-
-    @property
-    def is_base(self) -> bool:
-        return self.parent_step is None
-
-    def _check_types(self) -> None:
-        """Every field of the type it is written with (a hand-edited or foreign manifest
-        with ``"step": "3"`` would otherwise fail later, far from its cause)."""
-        ints = ("step", "base_step", "depth", "raw_bytes", "stored_bytes", "file_bytes",
-                "full_stored_bytes")
-        for k in ints:
-            v = getattr(self, k)
-            if type(v) is not int or v < 0:
-                raise ValueError(f"{k} must be a non-negative integer, not {v!r}")
-        for k in ("file", "checkpoint_id"):
-            if type(getattr(self, k)) is not str:
-                raise ValueError(f"{k} must be a string")
-        if (self.parent_step is None) != (self.parent_id is None) \
-                or (self.parent_step is not None and (type(self.parent_step) is not int
-                                                      or type(self.parent_id) is not str)):
-            raise ValueError("parent_step and parent_id must be an integer and a string, or "
-                             "both null")
-        if type(self.created) not in (int, float) or not math.isfinite(self.created):
-            raise ValueError(f"created must be a finite number, not {self.created!r}")
-        if self.base_reason is not None and type(self.base_reason) is not str:
-            raise ValueError("base_reason must be a string or null")
-        if self.rank_files is not None:
-            _check_rank_files(self.rank_files)
-
-    def to_json(self) -> bytes:
-        fields = {k: v for k, v in asdict(self).items()
-                  if k not in ("base_reason", "rank_files") or v is not None}
-        return json.dumps({"format": MANIFEST_FORMAT, "version": MANIFEST_VERSION, **fields},
-                          indent=1).encode()
-
-    @classmethod
-    def from_json(cls, data: bytes, name: str) -> CheckpointInfo:
-        try:
-            d = json.loads(data)
-            if d.pop("format") != MANIFEST_FORMAT or d.pop("version") != MANIFEST_VERSION:
-                raise ValueError("not an s4weights v1 manifest")
-            # members a later version adds are ignored (spec/checkpoints.md)
-            info = cls(**{k: v for k, v in d.items() if k in _FIELDS})
-            info._check_types()
-            return info
-        except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as exc:
-            raise FormatError(f"manifest {name} is malformed: {exc}") from None
-
-
-_FIELDS = frozenset(f.name for f in fields(CheckpointInfo))
-
-
-def _check_rank_files(files: Any) -> None:
-    if not isinstance(files, list) or not files:
-        raise ValueError("rank_files must be a non-empty list")
-    for f in files:
-        if not isinstance(f, dict) or type(f.get("rank")) is not int \
-                or not isinstance(f.get("name"), str) \
-                or not isinstance(f.get("checkpoint_id"), str) \
-                or not (f.get("parent") is None or isinstance(f["parent"], str)):
-            raise ValueError(f"rank_files entry {f!r} is not rank, name, checkpoint_id, parent")
-
-
-def _manifest_name(step: int) -> str:
-    return f"manifests/{step:012d}.json"
-
-
-def _data_name(step: int) -> str:
-    """A new file name for checkpoint ``step``: no other save picks it."""
-    return f"data/{step:012d}-{secrets.token_hex(4)}.s4w"
-
-
-def _check_step(step: Any) -> int:
-    if isinstance(step, bool) or not isinstance(step, numbers.Integral):
-        raise TypeError(f"step must be an int, not {type(step).__name__}")
-    if step < 0:
-        raise ValueError("step must be >= 0")
-    return int(step)
 
 
 # Raw bytes of the last checkpoint this process saved, per store: the parent of the next delta
@@ -156,86 +50,6 @@ def _check_step(step: Any) -> int:
 # the workspace); never GPU memory between saves.
 _PARENT_CACHE: dict[str, tuple[str, dict[str, s4format.Tensor], dict[str, bytes],
                                dict[torch.device, np.ndarray]]] = {}
-
-
-def list_checkpoints(url_or_dir: Any, *, problems: list[str] | None = None
-                     ) -> list[CheckpointInfo]:
-    """Every committed checkpoint under the store, by step. A manifest that does not parse is
-    skipped, with a warning, or with its error appended to ``problems`` when that is given."""
-    store = open_store(url_or_dir)
-    listed = {n: v for n, v in store.list_versions("manifests/").items() if n.endswith(".json")}
-    known = _MANIFESTS.get(store.url, {})  # never changed in place: no lock (a save from a
-    # signal handler lists too, while the interrupted listing holds what it holds)
-    todo = [n for n, v in listed.items() if not v or known.get(n, ("",))[0] != v]
-    # a run's manifests are read once per process (each is written once; a new version is
-    # read again), several at a time: a save or load then costs a listing, not a GET for
-    # every checkpoint of the run
-    if len(todo) > 1:
-        with ThreadPoolExecutor(min(8, len(todo))) as pool:
-            got = dict(zip(todo, pool.map(lambda n: _manifest(store, n), todo)))
-    else:
-        got = {n: _manifest(store, n) for n in todo}
-    out, kept = [], {}
-    for n, version in listed.items():
-        if n in got:
-            read = got[n]
-            if read is None:
-                continue  # deleted since the listing (a trainer's retention, running now)
-        else:
-            read = known[n][1]
-        if version:
-            kept[n] = (version, read)
-        if isinstance(read, CheckpointInfo):
-            out.append(read)
-        elif problems is None:
-            # one damaged or stray manifest must not stop every save and load of the run
-            log.warning("%s: skipped: %s", store.url, read)
-        else:
-            problems.append(str(read))
-    _MANIFESTS[store.url] = kept  # what this listing found, no more
-    return out
-
-
-# store URL -> manifest name -> (its version when read, what it parsed to or why it did not)
-_MANIFESTS: dict[str, dict[str, tuple[str, CheckpointInfo | FormatError]]] = {}
-
-
-def _manifest(store: Store, name: str) -> CheckpointInfo | FormatError | None:
-    """Manifest ``name`` parsed, the error that says why it does not parse, or None if it was
-    deleted since the listing."""
-    try:
-        data = store.get(name)
-    except StorageError:
-        if not store.exists(name):
-            return None
-        raise
-    try:
-        return CheckpointInfo.from_json(data, name)
-    except FormatError as exc:
-        return exc
-
-
-def by_step(infos: list[CheckpointInfo]) -> dict[int, CheckpointInfo]:
-    return {i.step: i for i in infos}
-
-
-def chain_of(step: int, infos: dict[int, CheckpointInfo]) -> list[CheckpointInfo]:
-    """The checkpoints to open for ``step``, base first."""
-    chain = [infos[step]]
-    while chain[-1].parent_step is not None:
-        parent = infos.get(chain[-1].parent_step)
-        if parent is None:
-            raise ParentMismatchError(
-                f"checkpoint step {chain[-1].step} is a delta of step {chain[-1].parent_step}, "
-                "which is missing from the store")
-        if parent.checkpoint_id != chain[-1].parent_id:
-            raise ParentMismatchError(
-                f"checkpoint step {chain[-1].step} expects parent {chain[-1].parent_id}, but "
-                f"step {parent.step} is {parent.checkpoint_id}")
-        chain.append(parent)
-        if len(chain) > len(infos):
-            raise FormatError("checkpoint manifests form a cycle")
-    return chain[::-1]
 
 
 def close_chain(reader: s4format.Reader | None) -> None:
@@ -293,7 +107,7 @@ def _raise_if_deleted(store: Store, chain: list[CheckpointInfo], exc: StorageErr
     """Say that a step of ``chain`` was deleted (by retention in another process) while it was
     being read, where that is why reading it failed with ``exc``."""
     for info in chain:
-        if not store.exists(_manifest_name(info.step)):
+        if not store.exists(manifest_name(info.step)):
             raise StorageError(
                 f"checkpoint step {info.step} was deleted from {store.url} while step "
                 f"{chain[-1].step} was being read (retention in another process, or retain()); "
@@ -397,102 +211,11 @@ def _wait_quietly(dev: torch.device) -> None:
         torch.cuda.current_stream(dev).synchronize()
 
 
-def save_checkpoint(state: Any, url_or_dir: Any, step: int, *, keyframe_interval: int = 10,
-                    delta: bool = True, min_delta_gain: float = 0.05,
-                    read_budget: float | str | None = "default", keep_last: int | None = None,
-                    policy: str = "auto", metadata: dict[str, str] | None = None,
-                    progress: bool | None = None, device: str = "auto",
-                    workspace: int | None = None, distributed: bool = False,
-                    group: Any = None, blocking: bool = True
-                    ) -> CheckpointInfo | Future[CheckpointInfo]:
-    """Save ``state`` as checkpoint ``step``: a delta against the latest checkpoint when allowed
-    (chain shorter than ``keyframe_interval`` files, the previous delta saved at least
-    ``min_delta_gain`` of a full save, and loading the new step would read at most
-    ``read_budget`` full saves: by default :data:`chainpolicy.READ_BUDGET`, None for no bound),
-    else a new base, whose manifest says why. Each tensor is stored as a delta only where the
-    XOR codes smaller. ``keep_last`` applies retention afterwards (docs/checkpoints.md).
-
-    ``device`` and ``workspace`` are as in :func:`s4weights.save`; on the GPU path the XOR with
-    the parent is made on the device too. This process keeps the checkpoint it saved last in
-    host memory as the next delta's parent (page-locked for CUDA tensors); nothing stays in GPU
-    memory between saves. A process without it (after a restart) reads the parent from the
-    store, unless it loaded it with ``load_checkpoint(..., resume=True)``.
-    CUDA tensors must not change until the call returns. Saves to one store from several
-    threads run one at a time. When the latest checkpoint cannot be read, the save still
-    succeeds, as a base, and logs a warning naming it.
-
-    ``distributed=True``: every rank of ``group`` (default: the default process group) calls
-    this with its sharded state dict (FSDP2, DTensor); the step is a DCP checkpoint of one
-    .s4w per rank, each a delta of that rank's previous file where that pays (docs/dcp.md).
-
-    ``blocking=False`` returns a :class:`concurrent.futures.Future` of the CheckpointInfo once
-    the state is captured (copied: on the device for CUDA tensors where it has room); coding,
-    writing, the commit and retention go on in the background, and ``result()`` raises what a
-    blocking save would. Saves to one store run in the order they were made
-    (:mod:`s4weights.background_save`)."""
-    step = _check_step(step)
-    if read_budget == "default":
-        read_budget = chainpolicy.READ_BUDGET
-    if read_budget is not None and not (isinstance(read_budget, (int, float))
-                                        and read_budget >= 1):
-        raise ValueError(f"read_budget must be a number >= 1 (full saves) or None, not "
-                         f"{read_budget!r}")
-    if keep_last is not None and keep_last < 1:
-        # steps[-0:] would keep every checkpoint, the opposite of what 0 asks.
-        raise ValueError("keep_last must be >= 1 (the checkpoint being saved is kept)")
-    store = open_store(url_or_dir)
-    if not blocking:
-        if distributed:
-            raise ValueError("distributed=True saves block; use dcp.async_save with "
-                             "S4StorageWriter for asynchronous sharded saves")
-        captured, streams = background_save.capture(flatten(state))
-        kw = dict(keyframe_interval=keyframe_interval, delta=delta,
-                  min_delta_gain=min_delta_gain, read_budget=read_budget, keep_last=keep_last,
-                  policy=policy, metadata=metadata, progress=progress, device=device,
-                  workspace=workspace)
-
-        def job() -> CheckpointInfo:
-            with _saving(store.url) as nested:
-                return _save(store, captured, step, nested=nested, **kw)
-        return background_save.submit(store.url, job, streams)
-    background_save.wait_for(store.url)
-    if distributed:
-        from s4weights.dcp import chain as dcp_chain
-
-        if metadata or progress:
-            raise ValueError("metadata and progress are not supported with distributed=True")
-        with _saving(store.url):
-            return dcp_chain.save(
-                state, store.url, step, group=group, keyframe_interval=keyframe_interval,
-                delta=delta, min_delta_gain=min_delta_gain, read_budget=read_budget,
-                keep_last=keep_last, policy=policy, device=device, workspace=workspace)
-    with _saving(store.url) as nested:
-        return _save(store, state, step, keyframe_interval=keyframe_interval, delta=delta,
-                     min_delta_gain=min_delta_gain, read_budget=read_budget,
-                     keep_last=keep_last, policy=policy,
-                     metadata=metadata, progress=progress, device=device, workspace=workspace,
-                     nested=nested)
-
-
-_SAVING: dict[str, threading.RLock] = {}
-_SAVING_LOCK = threading.Lock()
-_DEPTH: dict[str, int] = {}  # saves in progress per store (on the thread holding its lock)
-
-
-@contextlib.contextmanager
-def _saving(url: str):
-    """One save (or retention) at a time per store in this process: the cached parent's
-    buffer is overwritten by the save that replaces it. Re-entrant, for a save made from
-    within another on the same thread (a signal handler's, on preemption); yields whether
-    this one is such a nested save, which must leave the outer save's parent alone."""
-    with _SAVING_LOCK:
-        held = _SAVING.setdefault(url, threading.RLock())
-    with held:
-        _DEPTH[url] = _DEPTH.get(url, 0) + 1
-        try:
-            yield _DEPTH[url] > 1
-        finally:
-            _DEPTH[url] -= 1
+def save(store: Store, state: Any, step: int, **kw: Any) -> CheckpointInfo:
+    """Save ``state`` as checkpoint ``step`` of ``store`` in this process (see
+    :func:`s4weights.save_checkpoint`), one save per store at a time."""
+    with saving(store.url) as nested:
+        return _save(store, state, step, nested=nested, **kw)
 
 
 def _save(store: Store, state: Any, step: int, *, keyframe_interval: int, delta: bool,
@@ -511,7 +234,7 @@ def _save(store: Store, state: Any, step: int, *, keyframe_interval: int, delta:
                     **coding)
     if keep_last is not None:
         try:
-            _retain_after(store, step, keep_last)
+            retain_after(store, step, keep_last)
         except (S4Error, OSError) as exc:
             # the checkpoint is committed: a retention that fails (a file that cannot be
             # deleted) is said, and the next save's retention tries again
@@ -533,7 +256,7 @@ def _save_on(store: Store, state: Any, step: int, infos: dict[int, CheckpointInf
     with lease.pin(store, parent.step, parent.checkpoint_id):
         try:
             chain = chain_of(parent.step, infos)
-            why = _parent_gone(store, chain)
+            why = parent_gone(store, chain)
         except S4Error as exc:
             chain, why = [], f"its chain cannot be read: {exc}"
         if why is None:
@@ -544,22 +267,6 @@ def _save_on(store: Store, state: Any, step: int, infos: dict[int, CheckpointInf
     log.warning("checkpoint step %d is saved as a base, not as a delta of step %d: %s", step,
                 parent.step, why)
     return _code(store, state, step, infos, None, base_reason=f"parent unusable: {why}", **kw)
-
-
-def _parent_gone(store: Store, chain: list[CheckpointInfo]) -> str | None:
-    """Why ``chain`` (base first) can no longer carry a delta, or None. Read after the pin is
-    written: retention that marks the chain later sees the pin and keeps it."""
-    marked = lease.retiring(store) & {i.step for i in chain}
-    if marked:
-        return f"retention in another process is deleting step(s) {sorted(marked)}"
-    listed = set(store.list("manifests/"))
-    missing = [i.step for i in chain if _manifest_name(i.step) not in listed]
-    if missing:
-        return f"step(s) {missing} of its chain were deleted during the save"
-    now = _manifest(store, _manifest_name(chain[-1].step))
-    if not isinstance(now, CheckpointInfo) or now.checkpoint_id != chain[-1].checkpoint_id:
-        return f"step {chain[-1].step} was deleted or replaced during the save"
-    return None
 
 
 def _code(store: Store, state: Any, step: int, infos: dict[int, CheckpointInfo],
@@ -612,7 +319,7 @@ def _code(store: Store, state: Any, step: int, infos: dict[int, CheckpointInfo],
             (name, t if on_gpu and isinstance(t, DeviceTensor) else snap.tensors[name])
             for name, t in flat.tensors])
         t0 = time.perf_counter()
-        name = _data_name(step)
+        name = data_name(step)
         with store.writer(name) as sink:
             result = write_flattened(
                 flat, sink, policy=policy, parent_id=bytes.fromhex(parent.checkpoint_id)
@@ -635,11 +342,11 @@ def _code(store: Store, state: Any, step: int, infos: dict[int, CheckpointInfo],
             raw_bytes=result.raw_nbytes, stored_bytes=result.stored_nbytes,
             file_bytes=result.file_size, full_stored_bytes=result.full_stored_nbytes,
             created=time.time(), base_reason=None if used else base_reason)
-        if used is not None and (why := _parent_gone(store, chain)):
+        if used is not None and (why := parent_gone(store, chain)):
             _drop_unclaimed(store, step, name, manifest_tried=False)
             raise _ParentGone(why)
         try:
-            store.put_atomic(_manifest_name(step), info.to_json(), if_absent=True)
+            store.put_atomic(manifest_name(step), info.to_json(), if_absent=True)
         except BaseException:
             _drop_unclaimed(store, step, name)
             raise
@@ -663,7 +370,7 @@ def _drop_unclaimed(store: Store, step: int, name: str, manifest_tried: bool = T
     manifest, and readers ignore it."""
     try:
         if manifest_tried:
-            claimed = _manifest(store, _manifest_name(step))
+            claimed = read_manifest(store, manifest_name(step))
             if isinstance(claimed, CheckpointInfo) and claimed.file == name:
                 return  # this save's write did land, after all
             if claimed is None and not isinstance(store, LocalStore):
@@ -674,18 +381,6 @@ def _drop_unclaimed(store: Store, step: int, name: str, manifest_tried: bool = T
     except (S4Error, OSError) as exc:
         log.warning("%s: could not delete %s, which no checkpoint uses: %s", store.url, name,
                     exc)
-
-
-def _retain_after(store: Store, step: int, keep_last: int) -> None:
-    """Retention after saving ``step``: the last ``keep_last`` steps listed now, the one just
-    saved (an older step, after a rollback, is not among the highest), and every step above it
-    (another process may have committed one during this save)."""
-    with _saving(store.url):
-        # one listing for both: a step committed after it is not deleted
-        infos = by_step(list_checkpoints(store))
-        steps = sorted(infos)
-        _retain(store, sorted(set(steps[-keep_last:]) | {step} | {s for s in steps if s > step}),
-                infos)
 
 
 def _cache(url: str, entry: tuple | None, keep_replaced: bool = False) -> None:
@@ -701,6 +396,16 @@ def _cache(url: str, entry: tuple | None, keep_replaced: bool = False) -> None:
         for dev, buf in old[3].items():
             if entry is None or all(buf is not b for b in entry[3].values()):
                 hostmem.keep(dev, buf)
+
+
+def _forget_retained(url: str, kept: set[str]) -> None:
+    """Retention deleted the cached parent of ``url``: its buffers go back for reuse."""
+    cached = _PARENT_CACHE.get(url)
+    if cached and cached[0] not in kept:
+        _cache(url, None)
+
+
+RETAINED.append(_forget_retained)
 
 
 class _Snapshot:
@@ -803,53 +508,11 @@ def _wait(events: list[torch.cuda.Event], quiet: bool = False) -> None:
                 raise
 
 
-def load_checkpoint(url_or_dir: Any, step: int | None = None, *, map_location: Any = None,
-                    strict: bool = True, verify: bool = True, progress: bool | None = None,
-                    device: str = "auto", into: Any = None, workspace: int | None = None,
-                    resume: bool = False, distributed: bool = False, group: Any = None,
-                    max_decoded_bytes: int | None = None) -> Any:
-    """Load checkpoint ``step`` (default: the latest), resolving its delta chain.
-    ``device`` and ``into`` (existing tensors to decode into, matched by key path, e.g.
-    ``into={"model": model.state_dict(), "optimizer": opt.state_dict()}``), ``workspace`` and
-    ``max_decoded_bytes`` are as in :func:`s4weights.load`.
-
-    ``resume``: training resumes from this checkpoint and saves to this store again. A host
-    copy of it is kept (page-locked where it can be: as much host memory as the checkpoint's
-    raw bytes, what :func:`save_checkpoint` holds during a run anyway) as the parent of the
-    next delta: that save then need not read the chain back from the store, which takes
-    seconds per GB and level. The copy is made as each tensor is decoded, before the caller
-    sees it, and kept only for the store's latest checkpoint (the next save's parent), with
-    ``verify`` on, and where this process does not hold it already.
-
-    A step saved with ``distributed=True`` loads into ``into`` (a sharded state dict) on every
-    rank of ``group`` with ``distributed=True``, at any world size; without it, as one whole
-    state dict in this process (host tensors)."""
-    if step is not None:
-        step = _check_step(step)
-    store = open_store(url_or_dir)
-    infos = by_step(list_checkpoints(store))
-    if not infos:
-        if isinstance(store, LocalStore) and not store.root.exists():
-            raise StorageError(f"{store.root} does not exist: there is no checkpoint directory "
-                               "there (save_checkpoint creates it)")
-        hint = ""
-        if isinstance(store, LocalStore) and store.root.is_file():
-            hint = (": it is a file, not a checkpoint directory (load a single file with "
-                    "s4weights.load)")
-        raise StorageError(f"no checkpoints in {store.url}{hint}")
-    if step is None:
-        step = max(infos)
-    if step not in infos:
-        raise StorageError(f"no checkpoint step {step} in {store.url}; "
-                           f"steps there: {sorted(infos)}")
-    if distributed or infos[step].rank_files is not None:
-        from s4weights.dcp import chain as dcp_chain
-
-        if distributed and into is None:
-            raise ValueError("load_checkpoint(distributed=True) loads into the sharded state "
-                             "dict given as into=")
-        return dcp_chain.load(store.url, step, into if distributed else None, group=group,
-                              verify=verify, device=device, workspace=workspace)
+def load(store: Store, infos: dict[int, CheckpointInfo], step: int, *, map_location: Any,
+         strict: bool, verify: bool, progress: bool | None, device: str, into: Any,
+         workspace: int | None, resume: bool, max_decoded_bytes: int | None) -> Any:
+    """Load checkpoint ``step`` of ``store`` (listed in ``infos``) with its chain in this
+    process (see :func:`s4weights.load_checkpoint`)."""
     chain = chain_of(step, infos)
     reader = open_chain(store, chain, verify, device)
     try:
@@ -872,7 +535,7 @@ def load_checkpoint(url_or_dir: Any, step: int | None = None, *, map_location: A
                 log.warning("checkpoint step %d loaded, but no host copy of it is kept as the "
                             "next save's parent: %s", step, exc)
         if entry is not None:
-            with _saving(store.url):
+            with saving(store.url):
                 # only as the parent of the next save: the latest checkpoint still, and not
                 # one this process already holds (a save's, whose buffer it keeps)
                 now = by_step(list_checkpoints(store))
@@ -882,6 +545,8 @@ def load_checkpoint(url_or_dir: Any, step: int | None = None, *, map_location: A
         return out
     finally:
         close_chain(reader)
+
+
 
 
 class _HostCopy:
@@ -972,141 +637,3 @@ class _HostCopy:
         can go, hiding a failure there (a device already in error)."""
         for dev in self.devices:
             _wait_quietly(dev)
-
-
-@dataclass(frozen=True)
-class Swept:
-    """What :func:`sweep` found: checkpoint files no manifest names (deleted unless a dry run),
-    how many temporary files, uploads, pins or retiring marks of dead writers went (or would
-    go), and what stopped it removing something."""
-    orphans: list[str]
-    temporaries: int
-    problems: list[str]
-
-
-_CHECKPOINT_FILE = re.compile(r"data/\d{12}(-[0-9a-f]{8})?\.s4w")
-_STEP_FOLDER = re.compile(r"steps/\d{12}-[0-9a-f]{8}/")
-
-
-def _unnamed_steps(store: Store, named: set[str], cutoff: float) -> list[str]:
-    """The objects of distributed steps' folders that no manifest names (saves killed before
-    their manifest), where none was written after ``cutoff``."""
-    folders: dict[str, list[tuple[str, float]]] = {}
-    for n, t in store.modified("steps/").items():
-        if (m := _STEP_FOLDER.match(n)) and m[0] not in named:
-            folders.setdefault(m[0], []).append((n, t))
-    return [n for objs in folders.values() if max(t for _n, t in objs) < cutoff
-            for n, _t in objs]
-
-
-def sweep(url_or_dir: Any, older_than_s: float = 3600.0, *, dry_run: bool = False) -> Swept:
-    """Remove what failed saves left in a run and nothing reads: checkpoint files that no
-    manifest names (a save killed between its file and its manifest, a file a failed save
-    could not delete) and the temporary files, or S3 multipart uploads, of writers that died
-    in the run's ``data/`` and ``manifests/``, all last written more than ``older_than_s``
-    ago (a save in progress writes its manifest right after its file; on S3 an object's time
-    may be when its upload began, so keep ``older_than_s`` above the longest save, or sweep
-    while no save runs; and above any difference between this machine's clock and the
-    store's). Only names a save writes are candidates (``data/<step>[-<token>].s4w``, right
-    inside ``data/``: not another run's files under this one). Where a manifest does not
-    parse, it could name any file, and where there is none, every file would go: then no
-    checkpoint file is removed and ``problems`` says why. ``dry_run`` removes nothing."""
-    if not (math.isfinite(older_than_s) and older_than_s > 0):
-        raise ValueError(f"older_than_s must be a positive number of seconds, not "
-                         f"{older_than_s!r}")
-    store = open_store(url_or_dir)
-    with _saving(store.url):
-        malformed: list[str] = []
-        infos = list_checkpoints(store, problems=malformed)
-        problems = [f"checkpoint files left alone: {p} (it may name any of them)"
-                    for p in malformed]
-        named = {i.file for i in infos}
-        cutoff = time.time() - older_than_s
-        found = [n for n, t in store.modified("data/").items()
-                 if _CHECKPOINT_FILE.fullmatch(n) and n not in named and t < cutoff]
-        found += _unnamed_steps(store, named, cutoff)
-        if found and not infos and not problems:
-            problems.append("checkpoint files left alone: no manifest names any of them, so "
-                            "every one would go (delete them by hand if that is what is meant)")
-        orphans = [] if problems else found
-        removed = []
-        for n in orphans:
-            if not dry_run:
-                try:
-                    store.delete(n)
-                except S4Error as exc:
-                    problems.append(f"could not delete {n}: {exc}")
-                    continue
-            removed.append(n)
-        try:
-            temporaries = store.sweep(older_than_s, dirs=("data/", "manifests/"),
-                                      dry_run=dry_run) if hasattr(store, "sweep") else 0
-            leases = lease.stale(store, older_than_s)
-            for n in leases if not dry_run else ():
-                store.delete(n)
-            temporaries += len(leases)
-        except S4Error as exc:
-            temporaries = 0
-            problems.append(f"temporary files: {exc}")
-    return Swept(removed, temporaries, problems)
-
-
-def retain(url_or_dir: Any, keep_steps: list[int]) -> list[int]:
-    """Delete every checkpoint not in ``keep_steps`` and not needed by a kept one (its chain
-    back to the base). Returns the deleted steps."""
-    store = open_store(url_or_dir)
-    with _saving(store.url):
-        return _retain(store, keep_steps)
-
-
-def _retain(store: Store, keep_steps: list[int],
-            infos: dict[int, CheckpointInfo] | None = None) -> list[int]:
-    """Delete what ``keep_steps`` do not need. The steps to delete are marked first; then the
-    pins of saves in progress and the manifests are listed again, and a pinned step, a step
-    committed since ``infos`` was listed, and their chains are kept (see :mod:`lease`)."""
-    if infos is None:
-        infos = by_step(list_checkpoints(store))
-    doomed = _unneeded(keep_steps, infos)
-    if doomed:
-        with lease.marking(store, doomed):
-            held = lease.pinned(store)
-            now = by_step(list_checkpoints(store))
-            keep = set(keep_steps) | (set(now) - set(infos)) | {
-                p.step for p in held
-                if p.step in now and now[p.step].checkpoint_id == p.checkpoint_id}
-            doomed = [s for s in _unneeded(keep, now)
-                      if s in doomed and now[s].checkpoint_id == infos[s].checkpoint_id]
-            # newest first: a delta's manifest goes before its parent's, so an interrupted
-            # retention never leaves a listed delta whose parent is gone
-            for s in reversed(doomed):
-                store.delete(_manifest_name(s))
-            for s in doomed:
-                _delete_files(store, infos[s])
-        needed = set(infos) - set(doomed)
-    else:
-        needed = set(infos)
-    cached = _PARENT_CACHE.get(store.url)
-    if cached and cached[0] not in {infos[s].checkpoint_id for s in needed}:
-        _cache(store.url, None)
-    return doomed
-
-
-def _delete_files(store: Store, info: CheckpointInfo) -> None:
-    """Delete a checkpoint's file, or every object of a distributed step's folder."""
-    if info.file.endswith("/"):
-        for name in store.list(info.file):
-            store.delete(name)
-        if isinstance(store, LocalStore):
-            with contextlib.suppress(OSError):  # (a folder something else put a file in)
-                (store.root / info.file).rmdir()
-    else:
-        store.delete(info.file)
-
-
-def _unneeded(keep_steps: set[int] | list[int], infos: dict[int, CheckpointInfo]) -> list[int]:
-    """The steps of ``infos`` that no step of ``keep_steps`` is, or needs for its chain."""
-    needed: set[int] = set()
-    for s in keep_steps:
-        if s in infos:
-            needed.update(i.step for i in chain_of(s, infos))
-    return sorted(set(infos) - needed)

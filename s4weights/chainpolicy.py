@@ -19,7 +19,7 @@ from s4format.policy import POLICIES
 from s4format.writer import code_tensor
 
 if TYPE_CHECKING:
-    from s4weights.chain import CheckpointInfo
+    from s4weights.manifests import CheckpointInfo
     from s4weights.torchtree import DeviceTensor
 
 # Loading the newest step of a chain may read this many full saves' bytes, by default.

@@ -35,8 +35,8 @@ from s4format.verify import report, say
 from s4weights.store import LocalStore, Store, open_store
 
 if TYPE_CHECKING:
-    from s4weights.chain import CheckpointInfo
     from s4weights.convert import Converted
+    from s4weights.manifests import CheckpointInfo
 
 MANIFESTS = "manifests/"
 MIN_SWEEP_AGE = 900.0  # S3 refuses requests from clocks more than 15 minutes apart from its own
@@ -68,7 +68,7 @@ def _ratio(num: int, den: int) -> str:
 
 
 def _run_summary(store: Store, run: str, names: set[str]) -> dict[str, Any]:
-    from s4weights.chain import list_checkpoints
+    from s4weights.manifests import list_checkpoints
 
     malformed: list[str] = []
     infos = list_checkpoints(_sub(store, run), problems=malformed)
@@ -143,7 +143,8 @@ def cmd_list(args: argparse.Namespace) -> int:
 def _verify_one(store: Store, info: CheckpointInfo, infos: dict[int, CheckpointInfo]
                 ) -> list[str]:
     from s4format.verify import verify
-    from s4weights.chain import chain_of, close_chain, open_chain
+    from s4weights.chain import close_chain, open_chain
+    from s4weights.manifests import chain_of
 
     where = f"{store.url}: step {info.step} ({info.file})"
     if info.rank_files is not None:
@@ -165,7 +166,7 @@ def _verify_one(store: Store, info: CheckpointInfo, infos: dict[int, CheckpointI
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from s4weights.chain import by_step, chain_of, list_checkpoints
+    from s4weights.manifests import by_step, chain_of, list_checkpoints
 
     store = _open(args.url)
     runs, _ = _run_names(store)
@@ -206,7 +207,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from s4weights.chain import sweep
+    from s4weights.sweep import sweep
 
     store = _open(args.url)
     runs, _ = _run_names(store)

@@ -26,7 +26,6 @@ PACKAGES = ("s4format", "s4weights")
 KNOWN_CYCLES = [
     {"s4format.codecs", "s4format.codecs.bitpack", "s4format.codecs.bitpackw",
      "s4format.codecs.raw", "s4format.codecs.zstd"},
-    {"s4weights.chain", "s4weights.dcp.chain"},
 ]
 
 

@@ -28,10 +28,10 @@ from torch.futures import Future
 
 import s4format
 from s4format.errors import FormatError, ParentMismatchError, S4Error, StorageError
-from s4weights import chain, chainpolicy, lease
-from s4weights.chain import CheckpointInfo, by_step, chain_of, list_checkpoints
+from s4weights import chainpolicy, lease, manifests
 from s4weights.dcp.reader import S4StorageReader
 from s4weights.dcp.writer import S4StorageWriter, flatten_items
+from s4weights.manifests import CheckpointInfo, by_step, chain_of, list_checkpoints
 from s4weights.store import Store, open_store
 from s4weights.store.local import LocalStore
 
@@ -158,9 +158,9 @@ def save(state: dict[str, Any], url: Any, step: int, *, group: Any = None,
                           held if parent is not None else None, budget, coding)
     if keep_last is not None and first:
         try:
-            chain._retain_after(store, step, keep_last)
+            manifests.retain_after(store, step, keep_last)
         except (S4Error, OSError) as exc:
-            chain.log.warning("checkpoint step %d is saved, but retention failed: %s", step,
+            manifests.log.warning("checkpoint step %d is saved, but retention failed: %s", step,
                               exc)
     dist.barrier(group)
     return info
@@ -188,7 +188,7 @@ def _check_parent(store: Store, parent: CheckpointInfo, read_budget: float | Non
         return f"step {parent.step} was deleted"
     try:
         parents = chain_of(parent.step, infos)
-        why = chain._parent_gone(store, parents)
+        why = manifests.parent_gone(store, parents)
     except S4Error as exc:
         return f"its chain cannot be read: {exc}"
     if why is not None:
@@ -241,7 +241,7 @@ def _commit(store: Store, step: int, folder: str, files: list[dict[str, Any] | N
         rank_files=[{k: f[k] for k in ("rank", "name", "checkpoint_id", "parent")}
                     for f in written])
     try:
-        store.put_atomic(chain._manifest_name(step), info.to_json(), if_absent=True)
+        store.put_atomic(manifests.manifest_name(step), info.to_json(), if_absent=True)
     except StorageError as exc:
         return f"checkpoint step {step} is not saved: {exc}"
     return info
@@ -251,6 +251,12 @@ def _child_url(store: Store, folder: str) -> str:
     if isinstance(store, LocalStore):
         return str(store.root / folder)
     return f"{store.url}/{folder}".rstrip("/")
+
+
+def _close_chain(reader: s4format.Reader | None) -> None:
+    while reader is not None:
+        reader.close()
+        reader = reader.parent
 
 
 # -- loading -------------------------------------------------------------------------------
@@ -279,7 +285,7 @@ def open_rank_file(store: Store, name: str, files: dict[str, dict[str, Any]],
                 child.attach_parent(reader)
             reader = child
     except BaseException:
-        chain.close_chain(reader)
+        _close_chain(reader)
         raise
     assert reader is not None
     return reader
@@ -302,7 +308,7 @@ class _ChainReader(S4StorageReader):
         return open_rank_file(self.run, self.folder + name, self.files, self.verify)
 
     def _close_reader(self, reader: s4format.Reader) -> None:
-        chain.close_chain(reader)
+        _close_chain(reader)
 
 
 def load(url: Any, step: int, into: dict[str, Any] | None, *, group: Any = None,
@@ -361,7 +367,7 @@ def verify_step(store: Store, info: CheckpointInfo, infos: dict[int, CheckpointI
             try:
                 problems += [f"{f['name']}: {p}" for p in verify(reader)]
             finally:
-                chain.close_chain(reader)
+                _close_chain(reader)
         except S4Error as exc:
             problems.append(f"{f['name']}: {type(exc).__name__}: {exc}")
     if not store.exists(info.file + ".metadata"):

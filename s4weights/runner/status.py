@@ -118,7 +118,7 @@ class RegistryPoller:
     def poll_once(self) -> str | None:
         problems: list[str] = []
         try:
-            from s4weights.chain import list_checkpoints
+            from s4weights.manifests import list_checkpoints
             infos = list_checkpoints(self.cfg.run_url, problems=problems)
         except Exception as exc:  # any failure is reported by /readyz, never fatal here
             error = f"{type(exc).__name__}: {exc}"[:500]

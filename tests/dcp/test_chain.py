@@ -16,7 +16,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import s4weights  # noqa: E402
-from s4weights import chain  # noqa: E402
+from s4weights import chain, sweep  # noqa: E402
 from tests.dcp.conftest import new_bucket, weed_available  # noqa: E402
 from tests.dcp.states import assert_same  # noqa: E402
 
@@ -111,6 +111,6 @@ def test_sweep_removes_a_killed_step(run: dict, tmp_path: Path) -> None:
     (dead / "__0_0123456789ab.s4w").write_bytes(b"partial")
     old = 1_000_000_000
     os.utime(dead / "__0_0123456789ab.s4w", (old, old))
-    got = chain.sweep(copy, older_than_s=3600)
+    got = sweep.sweep(copy, older_than_s=3600)
     assert got.orphans == [f"steps/{500:012d}-deadbeef/__0_0123456789ab.s4w"]
     assert not (dead / "__0_0123456789ab.s4w").exists()

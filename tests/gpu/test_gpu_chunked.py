@@ -18,7 +18,6 @@ if not torch.cuda.is_available():
 import s4format  # noqa: E402
 import s4weights  # noqa: E402
 from s4format import codecs, dtypes, hashing  # noqa: E402
-from s4weights import chain  # noqa: E402
 from s4weights.gpu import decode_large, encode_large  # noqa: E402
 from s4weights.gpu.encode import Encoder, Item  # noqa: E402
 
@@ -191,13 +190,13 @@ def test_large_delta_is_xored_in_chunks(tmp_path) -> None:
     w0 = torch.randn(24 * MIB, device="cuda", generator=g) * 0.02      # 96 MiB
     w1 = w0 + torch.randn(24 * MIB, device="cuda", generator=g) * 1e-4
     root = str(tmp_path / "run")
-    chain.save_checkpoint({"w": w0}, root, 0, device="cuda", workspace=48 * MIB)
-    info, extra = _peak(chain.save_checkpoint, {"w": w1}, root, 1, device="cuda",
+    s4weights.save_checkpoint({"w": w0}, root, 0, device="cuda", workspace=48 * MIB)
+    info, extra = _peak(s4weights.save_checkpoint, {"w": w1}, root, 1, device="cuda",
                         workspace=48 * MIB)
     assert extra <= 48 * MIB + SLACK, extra / MIB
     assert info.parent_step == 0 and info.stored_bytes < info.full_stored_bytes
     for dev in ("cpu", "cuda"):
-        got = chain.load_checkpoint(root, map_location="cuda", device=dev)
+        got = s4weights.load_checkpoint(root, map_location="cuda", device=dev)
         assert torch.equal(got["w"].view(torch.uint8), w1.view(torch.uint8)), dev
 
 
@@ -260,11 +259,11 @@ def test_large_delta_chain_loads_in_chunks(tmp_path) -> None:
     for step in range(3):  # base, delta, delta of the delta
         w = w + torch.randn(12 * MIB, device="cuda", generator=g) * 1e-4
         states.append({"w": w.clone(), "b": w[:1 << 20].bfloat16()})
-        chain.save_checkpoint(states[-1], root, step, device="cuda")
+        s4weights.save_checkpoint(states[-1], root, step, device="cuda")
     from s4weights import chain as c
 
     c._PARENT_CACHE.clear()
-    got, extra = _peak(chain.load_checkpoint, root, map_location="cuda", device="cuda",
+    got, extra = _peak(s4weights.load_checkpoint, root, map_location="cuda", device="cuda",
                        workspace=32 * MIB)
     extra -= 50 * MIB  # the result
     assert extra <= 32 * MIB + SLACK, extra / MIB

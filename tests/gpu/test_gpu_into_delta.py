@@ -20,6 +20,7 @@ import s4weights  # noqa: E402
 from s4format.errors import ContentHashError  # noqa: E402
 from s4weights import chain  # noqa: E402
 from s4weights.gpu import decode, runtime  # noqa: E402
+from s4weights.store import open_store  # noqa: E402
 from s4weights.torchtree import DeviceTensor, IntoMismatchError  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -185,7 +186,7 @@ def test_gpu_delta_chain_equals_cpu_chain_and_loads_both_ways(tmp_path) -> None:
 
 def test_delta_tensors_decode_on_the_gpu_and_wrong_parent_is_refused(tmp_path) -> None:
     _save_chains((tmp_path, "cuda"), steps=2)
-    store = chain.open_store(tmp_path)
+    store = open_store(tmp_path)
     by = chain.by_step(chain.list_checkpoints(store))
     reader = chain.open_chain(store, chain.chain_of(1, by), verify=True)
     deltas = [i for i, t in enumerate(reader.tensors) if t.is_delta]

@@ -16,7 +16,7 @@ import torch
 
 import s4weights
 from s4format.errors import StorageError
-from s4weights import chain
+from s4weights import chain, manifests
 from s4weights.store.local import LocalStore, _LocalWriter
 
 
@@ -215,7 +215,7 @@ def test_manifests_are_read_once_per_version(tmp_path, monkeypatch) -> None:
     gets: list[str] = []
     real = LocalStore.get
     monkeypatch.setattr(LocalStore, "get", lambda self, n: (gets.append(n), real(self, n))[1])
-    chain._MANIFESTS.clear()  # a fresh process
+    manifests._MANIFESTS.clear()  # a fresh process
     assert len(chain.list_checkpoints(tmp_path)) == 5 and len(gets) == 5
     gets.clear()
     assert len(chain.list_checkpoints(tmp_path)) == 5 and gets == []
@@ -231,7 +231,7 @@ def test_manifests_are_read_once_per_version(tmp_path, monkeypatch) -> None:
 def test_retention_keeps_a_step_committed_between_its_listings(tmp_path, monkeypatch) -> None:
     for s in (1, 2, 3):
         s4weights.save_checkpoint(_state(s, str(s)), tmp_path, step=s, delta=False)
-    real = chain._retain
+    real = manifests._retain
     done = []
 
     def retain(store, keep, infos=None):
@@ -239,7 +239,7 @@ def test_retention_keeps_a_step_committed_between_its_listings(tmp_path, monkeyp
             done.append(1)
             s4weights.save_checkpoint(_state(5, "5"), tmp_path, step=5, delta=False)
         return real(store, keep, infos)
-    monkeypatch.setattr(chain, "_retain", retain)
+    monkeypatch.setattr(manifests, "_retain", retain)
     s4weights.save_checkpoint(_state(4, "4"), tmp_path, step=4, delta=False, keep_last=2)
     assert sorted(i.step for i in chain.list_checkpoints(tmp_path)) == [3, 4, 5]
 
@@ -248,7 +248,7 @@ def test_a_save_inside_a_listing_completes(tmp_path, monkeypatch) -> None:
     # a signal handler's save while the interrupted code lists the store's manifests
     for s in (1, 2, 3):
         s4weights.save_checkpoint(_state(s, str(s)), tmp_path, step=s)
-    chain._MANIFESTS.clear()
+    manifests._MANIFESTS.clear()
     real = LocalStore.get
     done = []
 

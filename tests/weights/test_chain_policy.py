@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import s4weights
-from s4weights import chain, chainpolicy
+from s4weights import chain, chainpolicy, manifests
 from tests.weights.common import assert_same
 
 pytestmark = pytest.mark.read_budget
@@ -118,5 +118,5 @@ def test_manifests_with_members_of_a_later_version_are_read(tmp_path: Path) -> N
     d = json.loads(path.read_text())
     d["added_later"] = {"any": "thing"}
     path.write_text(json.dumps(d))
-    chain._MANIFESTS.clear()
+    manifests._MANIFESTS.clear()
     assert chain.list_checkpoints(tmp_path) == [info]

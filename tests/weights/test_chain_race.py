@@ -16,7 +16,7 @@ import torch
 
 import s4weights
 from s4format.errors import StorageError
-from s4weights import chain, lease
+from s4weights import chain, lease, sweep
 from s4weights.store.local import LocalStore, _LocalWriter
 from tests.weights import race_worker
 from tests.weights.common import assert_same
@@ -137,7 +137,7 @@ def test_pins_are_refreshed_and_stale_ones_swept(tmp_path, monkeypatch) -> None:
     os.utime(dead, (old, old))
     assert lease.pinned(store) == set()
     s4weights.save_checkpoint(_state(1), tmp_path, step=1)
-    assert chain.sweep(tmp_path, older_than_s=60).temporaries == 1
+    assert sweep.sweep(tmp_path, older_than_s=60).temporaries == 1
     assert not dead.exists()
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from s4weights import chain, hostmem
+from s4weights import chain, hostmem, manifests
 
 KEY = "dev"
 
@@ -118,14 +118,14 @@ def test_saves_to_one_store_run_one_at_a_time() -> None:
     order = []
 
     def second() -> None:
-        with chain._saving("file:///s"):
+        with manifests.saving("file:///s"):
             order.append("second")
 
-    with chain._saving("file:///s") as nested:
+    with manifests.saving("file:///s") as nested:
         assert not nested
         t = threading.Thread(target=second)
         t.start()
-        with chain._saving("file:///other"):  # another store: not held up
+        with manifests.saving("file:///other"):  # another store: not held up
             order.append("other")
         time.sleep(0.2)
         order.append("first")

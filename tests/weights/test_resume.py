@@ -11,6 +11,7 @@ import pytest
 import s4format
 import s4weights
 from s4weights import chain
+from s4weights.store import open_store
 from tests.weights.common import assert_same, clone_tree
 from tests.weights.test_chain import _Run
 
@@ -138,7 +139,7 @@ def test_resume_keeps_tensors_no_part_of_the_tree_uses(tmp_path) -> None:
     chain._PARENT_CACHE.clear()
     s4weights.load_checkpoint(tmp_path, resume=True, device="cpu")
     entry = chain._PARENT_CACHE[tmp_path.resolve().as_uri()]
-    r = chain.open_chain(chain.open_store(tmp_path),
+    r = chain.open_chain(open_store(tmp_path),
                          chain.chain_of(1, chain.by_step(s4weights.list_checkpoints(tmp_path))),
                          verify=True)
     try:
@@ -199,7 +200,7 @@ def test_the_device_path_gives_the_copy_up_too(tmp_path, monkeypatch, caplog, wh
     monkeypatch.setattr(chain, "torch", Torch())  # (its cuda.current_stream)
 
     _host_out_of_memory(monkeypatch, when)
-    store = chain.open_store(tmp_path)
+    store = open_store(tmp_path)
     infos = chain.by_step(chain.list_checkpoints(store))
     r = chain.open_chain(store, chain.chain_of(max(infos), infos), True, "cpu")
     try:

@@ -1,4 +1,4 @@
-"""``chain.sweep`` and ``python -m s4weights sweep``: what failed saves leave (checkpoint files
+"""``sweep.sweep`` and ``python -m s4weights sweep``: what failed saves leave (checkpoint files
 no manifest names, dead writers' temporary files) goes; what a checkpoint uses, or a save in
 progress may still name, stays."""
 
@@ -13,7 +13,7 @@ import torch
 
 import s4weights
 from s4format.errors import StorageError
-from s4weights import chain, cli
+from s4weights import cli, sweep
 from s4weights.store.local import TMP_PREFIX, LocalStore
 
 
@@ -44,7 +44,7 @@ def test_sweep_removes_old_orphans_and_temporaries_only(tmp_path, capsys) -> Non
     assert "would remove 1 temporary" in out
     assert old.exists() and temp.exists()
 
-    got = chain.sweep(tmp_path)
+    got = sweep.sweep(tmp_path)
     assert got.orphans == ["data/000000000004-deadbeef.s4w"] and got.temporaries == 1
     assert not old.exists() and not temp.exists() and young.exists()
     for s in (1, 2, 3):
@@ -78,8 +78,8 @@ def test_a_run_nested_in_another_keeps_its_files(tmp_path, capsys) -> None:
     for p in (tmp_path / outer[1], tmp_path / "data" / "exp2" / inner[7], child_temp,
               other_temp):
         _aged(p)
-    got = chain.sweep(tmp_path)  # the outer run alone
-    assert got == chain.Swept([], 0, [])
+    got = sweep.sweep(tmp_path)  # the outer run alone
+    assert got == sweep.Swept([], 0, [])
     assert child_temp.exists() and other_temp.exists()
     assert cli.main(["sweep", str(tmp_path)]) == 0  # every run: each sweeps its own
     assert not child_temp.exists() and other_temp.exists()
@@ -98,7 +98,7 @@ def test_a_listing_that_fails_removes_nothing(tmp_path, monkeypatch) -> None:
         return real(top, *a, onerror=onerror, **kw)
     monkeypatch.setattr(os, "walk", walk)
     with pytest.raises(StorageError, match=r"cannot list .*manifests: Permission denied"):
-        chain.sweep(tmp_path)
+        sweep.sweep(tmp_path)
     monkeypatch.undo()
     assert all((tmp_path / f).exists() for f in files.values())
 
@@ -107,7 +107,7 @@ def test_no_manifest_at_all_removes_nothing(tmp_path) -> None:
     files = _run(tmp_path, (1,))
     _aged(tmp_path / files[1])
     (tmp_path / "manifests" / f"{1:012d}.json").unlink()
-    got = chain.sweep(tmp_path)
+    got = sweep.sweep(tmp_path)
     assert got.orphans == [] and "no manifest names any" in got.problems[0]
     assert (tmp_path / files[1]).exists()
 
@@ -116,7 +116,7 @@ def test_no_manifest_at_all_removes_nothing(tmp_path) -> None:
 def test_ages_that_would_remove_live_files_or_nothing_are_refused(tmp_path, age) -> None:
     _run(tmp_path, (1,))
     with pytest.raises(ValueError, match="older_than_s must be a positive"):
-        chain.sweep(tmp_path, age)
+        sweep.sweep(tmp_path, age)
     with pytest.raises(SystemExit):
         cli.main(["sweep", str(tmp_path), "--older-than", str(age)])
     with pytest.raises(SystemExit):
