@@ -18,16 +18,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("s4format", "s4weights")
 
-# Cycles that were there when this test was added, for their owners to take apart: the codec
-# registry (the package imports its codecs to register them, they import its IDs and
-# ``register``) and the checkpoint chains (``chain`` hands distributed steps to ``dcp.chain``,
-# which builds on ``chain``). Any other cycle fails, so does one that grows past its entry, and
-# so does an entry that is no longer a cycle: then delete it here.
-KNOWN_CYCLES = [
-    {"s4format.codecs", "s4format.codecs.bitpack", "s4format.codecs.bitpackw",
-     "s4format.codecs.raw", "s4format.codecs.zstd"},
-]
-
 
 def module_name(root: Path, path: Path) -> str:
     parts = list(path.relative_to(root).with_suffix("").parts)
@@ -141,10 +131,7 @@ def _repo_graph() -> dict[str, set[str]]:
 
 def test_no_import_cycles() -> None:
     found = cycles(_repo_graph())
-    new = [c for c in found if not any(set(c) <= known for known in KNOWN_CYCLES)]
-    assert not new, "import cycles:\n" + "\n".join(" <-> ".join(c) for c in new)
-    gone = [sorted(k) for k in KNOWN_CYCLES if not any(set(c) <= k for c in found)]
-    assert not gone, f"no longer cycles, delete them from KNOWN_CYCLES: {gone}"
+    assert not found, "import cycles:\n" + "\n".join(" <-> ".join(c) for c in found)
 
 
 def test_the_graph_holds_module_and_function_level_imports() -> None:

@@ -11,29 +11,19 @@ import contextlib
 import threading
 
 from s4format.codecs.abc import Codec, Encoded
+from s4format.codecs.registry import (
+    _REGISTRY,
+    BITPACK,
+    BITPACK_W,
+    GDEFLATE,
+    NAMES,
+    NVCOMP_ANS,
+    RANS,
+    RAW,
+    ZSTD,
+    register,
+)
 from s4format.errors import UnsupportedCodecError
-
-# The registered IDs of .s4w v1 (spec/codecs.md). 0 is never a valid ID; 7 is held unassigned
-# (the frozen conformance suite v1 uses it as its unknown codec, vector codec_7).
-RAW = 1
-BITPACK = 2
-ZSTD = 3
-RANS = 4
-GDEFLATE = 5
-NVCOMP_ANS = 6
-BITPACK_W = 8
-
-NAMES = {RAW: "raw", BITPACK: "bitpack", ZSTD: "zstd", RANS: "rans", GDEFLATE: "gdeflate",
-         NVCOMP_ANS: "nvcomp-ans", BITPACK_W: "bitpack-w"}
-
-_REGISTRY: dict[int, Codec] = {}
-
-
-def register(codec: Codec) -> Codec:
-    if codec.codec_id in _REGISTRY:
-        raise ValueError(f"codec ID {codec.codec_id} registered twice")
-    _REGISTRY[codec.codec_id] = codec
-    return codec
 
 
 def get(codec_id: int) -> Codec:
@@ -64,7 +54,7 @@ _loading = threading.Lock()
 
 
 def _load_builtin() -> None:
-    # Imported lazily so that a codec module may import this registry at import time. Worker
+    # Imported lazily: importing a codec imports the package first. Worker
     # threads may ask at once: none may see the registry before every codec is in it.
     global _loaded
     if _loaded:

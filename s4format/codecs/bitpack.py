@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from s4format.codecs import BITPACK, register
 from s4format.codecs.abc import Codec, Encoded, Slicer
 from s4format.codecs.bitpackw import pack_view, unpack_slicer
+from s4format.codecs.registry import BITPACK, register
 from s4format.codecs.view import PlaneView
 from s4format.errors import CodecError
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from s4format.codecs import BITPACK_W, register
 from s4format.codecs.abc import Codec, Encoded, Slicer
+from s4format.codecs.registry import BITPACK_W, register
 from s4format.codecs.view import PlaneView, run_pieces
 from s4format.errors import CodecError
 from s4format.jit import kernel

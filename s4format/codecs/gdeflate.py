@@ -29,8 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
-from s4format.codecs import GDEFLATE, register
 from s4format.codecs.abc import Codec, Encoded
+from s4format.codecs.registry import GDEFLATE, register
 from s4format.errors import CodecError, UnsupportedCodecError
 
 PAGE_LOG2 = 16

@@ -22,8 +22,8 @@ import struct
 import numpy as np
 
 from s4format import threads
-from s4format.codecs import RANS, register
 from s4format.codecs.abc import Codec, Encoded, Slicer
+from s4format.codecs.registry import RANS, register
 from s4format.codecs.view import PlaneView
 from s4format.errors import CodecError, LimitError
 from s4format.jit import kernel

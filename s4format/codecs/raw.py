@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from s4format.codecs import RAW, register
 from s4format.codecs.abc import Codec, Encoded, Slicer
+from s4format.codecs.registry import RAW, register
 from s4format.codecs.view import PlaneView
 from s4format.errors import CodecError
 

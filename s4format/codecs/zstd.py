@@ -13,8 +13,8 @@ import threading
 import numpy as np
 import zstandard
 
-from s4format.codecs import ZSTD, register
 from s4format.codecs.abc import Codec, Encoded
+from s4format.codecs.registry import ZSTD, register
 from s4format.errors import CodecError
 
 # RFC 8878: a block holds at most 128 KiB; the smallest block (an RLE block) takes 4 bytes.
