@@ -9,8 +9,12 @@ model on CUDA, a smaller one on the CPU):
 - ``s4weights.save``/``load`` in memory against ``torch.save``/``torch.load``;
 - two chains with the default policy: the training run saved every 10 steps (keyframe 6), and
   a fine-tuning run (bf16 weights, learning rate 1e-5); per kept step, ``load_checkpoint``'s
-  time against one full load, and what the chain stores against bases alone.
-Every load is compared bit for bit. The table is printed last; JSON to $OUT/checkpoints.json.
+  time against one full load, and what the chain stores against bases alone. Each chain's last
+  save runs as after a restart: the parent is read back from the store.
+On CUDA, every save also reports the peak GPU memory it took over the state, what it left
+held, and the page-locked host memory the process then holds for its snapshots. Every load is
+compared bit for bit. Medians by bench/timing.py; the table is printed last; JSON to
+$OUT/checkpoints.json when OUT is set.
 """
 
 from __future__ import annotations
@@ -21,37 +25,38 @@ import json
 import os
 import shutil
 import statistics
-import sys
 import tempfile
-import time
 from pathlib import Path
 
+import timing
 import torch
 
-sys.path.insert(0, str(Path(__file__).parents[1]))
 import s4weights
-from s4weights import chain
+from s4weights import chain, hostmem
 
+MIB = 1 << 20
 ROWS: list[dict] = []
 
 
-def sync(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
+def wall(fn, device: str, reps: int = 3) -> timing.Timing:
+    """``reps`` calls after one warm-up, the device synchronised around each."""
+    return timing.measure(fn, reps, device=device)
 
 
-def wall(fn, device: str, reps: int = 3) -> tuple[float, object]:
-    """Median seconds of ``reps`` calls after one warm-up, the device synchronised around."""
-    fn()
-    times, out = [], None
-    for _ in range(reps):
-        out = None
-        sync(device)
-        t0 = time.perf_counter()
-        out = fn()
-        sync(device)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times), out
+def with_memory(fn, device: str, reps: int = 1, warmup: int = 0) -> tuple[timing.Timing, dict]:
+    """``fn`` timed, and on CUDA the GPU memory its calls took over what was allocated before
+    (peak, and held after) and the page-locked host memory held for snapshots after them."""
+    if device != "cuda":
+        return timing.measure(fn, reps, warmup=warmup, device=device), {}
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    t = timing.measure(fn, reps, warmup=warmup, device=device)
+    held = [b for entry in chain._PARENT_CACHE.values() for b in entry[3].values()]
+    locked = sum(b.nbytes for b in held + list(hostmem._KEPT.values()))
+    return t, {"peak_extra_MiB": round((torch.cuda.max_memory_allocated() - base) / MIB),
+               "held_after_MiB": round((torch.cuda.memory_allocated() - base) / MIB),
+               "host_locked_MiB": round(locked / MIB)}
 
 
 def same(a, b) -> bool:
@@ -114,14 +119,16 @@ def raw_bytes(state) -> int:
 
 
 def plain_write(path: Path, nbytes: int) -> float:
-    """Seconds to write ``nbytes`` with one buffered write and fsync (the medium's floor)."""
+    """Median seconds to write ``nbytes`` with one buffered write and fsync (the medium's
+    floor)."""
     data = os.urandom(1 << 20) * (nbytes >> 20) + os.urandom(nbytes & ((1 << 20) - 1))
-    t0 = time.perf_counter()
-    with open(path, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    return time.perf_counter() - t0
+
+    def write() -> None:
+        with open(path, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+    return timing.measure(write, 3, warmup=0).wall
 
 
 def torch_save_fsync(state, path: Path) -> None:
@@ -131,31 +138,40 @@ def torch_save_fsync(state, path: Path) -> None:
         os.fsync(f.fileno())
 
 
-def saves(state: dict, device: str, tmp: Path) -> None:
-    """Blocking and asynchronous saves against torch and the medium, and in-memory round trips."""
-    raw = raw_bytes(state)
+def disk_saves(state: dict, device: str, tmp: Path) -> None:
+    """Blocking and asynchronous saves against torch and the medium."""
     step = iter(range(10**6))
 
-    def s4_ckpt() -> None:
-        s4weights.save_checkpoint(state, tmp / "sync", next(step), delta=False, keep_last=1)
-    s4_s, _ = wall(s4_ckpt, device)
+    def s4_save(folder: str, **kw):
+        return s4weights.save_checkpoint(state, tmp / folder, next(step), delta=False,
+                                         keep_last=1, **kw)
+    blocking, memory = with_memory(lambda: s4_save("sync"), device, reps=3, warmup=1)
     stored = chain.list_checkpoints(tmp / "sync")[-1].file_bytes
-    blocked, total = [], []
-    for _ in range(3):
-        sync(device)
-        t0 = time.perf_counter()
-        future = s4weights.save_checkpoint(state, tmp / "async", next(step), delta=False,
-                                           keep_last=1, blocking=False)
-        blocked.append(time.perf_counter() - t0)
-        future.result()
-        total.append(time.perf_counter() - t0)
-    torch_s, _ = wall(lambda: torch_save_fsync(state, tmp / "x.pt"), device)
-    floor = statistics.median(plain_write(tmp / "plain", stored) for _ in range(3))
-    row("save to local disk", raw_bytes=raw, stored_bytes=stored,
-        s4_save_s=round(s4_s, 3), torch_save_fsync_s=round(torch_s, 3),
-        plain_write_fsync_of_stored_s=round(floor, 3), s4_over_plain=round(s4_s / floor, 2),
-        async_blocked_s=round(statistics.median(blocked), 3),
-        async_until_committed_s=round(statistics.median(total), 3))
+    pending = []
+
+    def settle() -> None:
+        """The previous asynchronous save committed and the device idle: off the clock."""
+        while pending:
+            pending.pop().result()
+        timing.measure(lambda: None, 1, warmup=0, device=device)
+    # blocked: until save_checkpoint returns; the device is not synchronised after the call,
+    # since the save's copies run on while training goes on
+    blocked = timing.measure(lambda: pending.append(s4_save("async", blocking=False)), 3,
+                             warmup=0, before=settle)
+    settle()
+    committed = timing.measure(lambda: s4_save("async", blocking=False).result(), 3, warmup=0,
+                               device=device)
+    torch_s = wall(lambda: torch_save_fsync(state, tmp / "x.pt"), device).wall
+    floor = plain_write(tmp / "plain", stored)
+    row("save to local disk", raw_bytes=raw_bytes(state), stored_bytes=stored,
+        s4_save_s=round(blocking.wall, 3), torch_save_fsync_s=round(torch_s, 3),
+        plain_write_fsync_of_stored_s=round(floor, 3),
+        s4_over_plain=round(blocking.wall / floor, 2), async_blocked_s=round(blocked.wall, 3),
+        async_until_committed_s=round(committed.wall, 3), **memory)
+
+
+def memory_round_trips(state: dict, device: str) -> None:
+    """s4weights.save/load against torch.save/load, to and from memory."""
     buf = {}
 
     def s4_mem() -> None:
@@ -165,42 +181,68 @@ def saves(state: dict, device: str, tmp: Path) -> None:
     def torch_mem() -> None:
         buf["pt"] = io.BytesIO()
         torch.save(state, buf["pt"])
-    s4_save, _ = wall(s4_mem, device)
-    pt_save, _ = wall(torch_mem, device)
-    s4_load, got = wall(lambda: s4weights.load(buf["s4"].getvalue(), map_location=device), device)
-    pt_load, _ = wall(lambda: torch.load(io.BytesIO(buf["pt"].getvalue()),
-                                         map_location=device), device)
-    row("in memory", raw_bytes=raw, stored_bytes=len(buf["s4"].getvalue()),
+    s4_save = wall(s4_mem, device).wall
+    pt_save = wall(torch_mem, device).wall
+    s4_load = wall(lambda: s4weights.load(buf["s4"].getvalue(), map_location=device), device)
+    pt_load = wall(lambda: torch.load(io.BytesIO(buf["pt"].getvalue()),
+                                      map_location=device), device).wall
+    row("in memory", raw_bytes=raw_bytes(state), stored_bytes=len(buf["s4"].getvalue()),
         s4_save_s=round(s4_save, 3), torch_save_s=round(pt_save, 3),
-        s4_load_s=round(s4_load, 3), torch_load_s=round(pt_load, 3), bit_exact=same(state, got))
+        s4_load_s=round(s4_load.wall, 3), torch_load_s=round(pt_load, 3),
+        bit_exact=same(state, s4_load.result))
+
+
+def forget_parents() -> None:
+    """What a restarted process starts with: no parent cached, no snapshot buffer kept."""
+    chain._PARENT_CACHE.clear()
+    hostmem.forget()
+
+
+def chain_saves(root: Path, device: str, states) -> tuple[dict, list[dict]]:
+    """Save every state of ``states`` (a list of (step, state)) with the default policy, the
+    last one as a restarted process would; the states kept on the CPU, and each save's figures."""
+    kept, figures = {}, []
+    for n, (step, state) in enumerate(states):
+        if n == len(states) - 1:
+            forget_parents()
+        t, memory = with_memory(lambda s=state, k=step: s4weights.save_checkpoint(
+            s, root, k, keyframe_interval=6), device)
+        figures.append({"save_s": t.wall, "base": t.result.is_base, **memory})
+        kept[step] = _to_cpu(state)
+    return kept, figures
 
 
 def chain_run(name: str, device: str, tmp: Path, states) -> None:
-    """Save every state of ``states`` (an iterator of (step, state)) with the default policy,
-    then load each kept step, against one full save's load."""
+    """A chain's saves, then each kept step loaded, against one full save's load."""
     root = tmp / name
-    kept_states = {}
-    for step, state in states:
-        s4weights.save_checkpoint(state, root, step, keyframe_interval=6)
-        kept_states[step] = _to_cpu(state)
+    kept_states, figures = chain_saves(root, device, list(states))
     infos = chain.list_checkpoints(root)
     full = tmp / f"{name}-full.s4w"
-    last = infos[-1].step
-    s4weights.save(kept_states[last], full)
-    full_s, _ = wall(lambda: s4weights.load(full, map_location=device), device)
+    s4weights.save(kept_states[infos[-1].step], full)
+    full_s = wall(lambda: s4weights.load(full, map_location=device), device).wall
     worst, exact = 0.0, True
     for info in infos:
-        chain._PARENT_CACHE.clear()
-        t, got = wall(lambda i=info: s4weights.load_checkpoint(root, i.step, map_location=device),
-                      device, reps=1)
-        exact &= same(kept_states[info.step], got)
-        worst = max(worst, t / full_s)
+        t = timing.measure(lambda i=info: s4weights.load_checkpoint(
+            root, i.step, map_location=device), 1, device=device, before=chain._PARENT_CACHE.clear)
+        exact &= same(kept_states[info.step], t.result)
+        worst = max(worst, t.wall / full_s)
     stored = sum(i.file_bytes for i in infos)
     bases = sum(i.full_stored_bytes + i.file_bytes - i.stored_bytes for i in infos)
+    memory = {k: max(f[k] for f in figures) for k in figures[0] if k.endswith("MiB")}
     row(f"chain: {name}", checkpoints=len(infos), deltas=sum(not i.is_base for i in infos),
-        stored_over_bases_alone=round(stored / bases, 3), full_load_s=round(full_s, 3),
-        worst_chain_load_over_full=round(worst, 2), bit_exact=exact,
-        base_reasons=sorted({i.base_reason for i in infos if i.base_reason}))
+        stored_over_bases_alone=round(stored / bases, 3),
+        base_save_s=_median(f["save_s"] for f in figures[:-1] if f["base"]),
+        delta_save_s=_median(f["save_s"] for f in figures[:-1] if not f["base"]),
+        save_after_restart_s=round(figures[-1]["save_s"], 3),
+        after_restart="base" if figures[-1]["base"] else "delta",
+        full_load_s=round(full_s, 3), worst_chain_load_over_full=round(worst, 2),
+        bit_exact=exact, base_reasons=sorted({i.base_reason for i in infos if i.base_reason}),
+        **{f"max_{k}": v for k, v in memory.items()})
+
+
+def _median(xs) -> float | None:
+    xs = list(xs)
+    return round(statistics.median(xs), 3) if xs else None
 
 
 def _to_cpu(obj):
@@ -216,41 +258,52 @@ def _to_cpu(obj):
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--saves", type=int, default=8, help="checkpoints per chain")
+    ap.add_argument("--saves", type=int, default=8, help="checkpoints per chain (default 8)")
+    ap.add_argument("--dim", type=int, help="model width (default 768 on CUDA, 256 on the CPU)")
+    ap.add_argument("--layers", type=int, help="layers (default 12 on CUDA, 4 on the CPU)")
     args = ap.parse_args()
     dev = args.device
-    dim, layers = (768, 12) if dev == "cuda" else (256, 4)
+    dim = args.dim or (768 if dev == "cuda" else 256)
+    layers = args.layers or (12 if dev == "cuda" else 4)
     tmp = Path(tempfile.mkdtemp(prefix="s4ckpt"))
     try:
-        model, opt, step = training(dev, dim, layers)
-        for _ in range(20):
-            step()
-        saves(state_of(model, opt), dev, tmp)
-
-        def trained():
-            for n in range(args.saves):
-                for _ in range(10):
-                    step()
-                yield n * 10, state_of(model, opt)
-        chain_run("training, AdamW, every 10 steps", dev, tmp, trained())
-        ft_model, _ft_opt, ft_step = training(dev, dim, layers, lr=1e-5)
-        ft_model.load_state_dict(model.state_dict())
-
-        def fine_tuned():
-            for n in range(args.saves):
-                for _ in range(10):
-                    ft_step()
-                yield n * 10, {k: v.detach().to(torch.bfloat16)
-                               for k, v in ft_model.state_dict().items()}
-        chain_run("fine-tuning, bf16 weights, lr 1e-5", dev, tmp, fine_tuned())
+        run(dev, dim, layers, args.saves, tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    print("\n| what | figures |\n|---|---|")
-    for r in ROWS:
-        print(f"| {r['what']} | " + ", ".join(f"{k} {v}" for k, v in r.items() if k != "what")
-              + " |")
-    if os.environ.get("OUT"):
-        Path(os.environ["OUT"], "checkpoints.json").write_text(json.dumps(ROWS, indent=1))
+    table = ["| what | figures |", "|---|---|"]
+    table += [f"| {r['what']} | " + ", ".join(f"{k} {v}" for k, v in r.items() if k != "what")
+              + " |" for r in ROWS]
+    timing.finish("checkpoints", f"Checkpoints in a training loop ({dev}, width {dim}, {layers} "
+                  "layers)", table, ROWS)
+    if not all(r.get("bit_exact", True) for r in ROWS):
+        raise SystemExit("a load differs from the state saved")
+
+
+def run(dev: str, dim: int, layers: int, saves_per_chain: int, tmp: Path) -> None:
+    model, opt, step = training(dev, dim, layers)
+    for _ in range(20):
+        step()
+    state = state_of(model, opt)
+    disk_saves(state, dev, tmp)
+    memory_round_trips(state, dev)
+    del state
+
+    def trained():
+        for n in range(saves_per_chain):
+            for _ in range(10):
+                step()
+            yield n * 10, state_of(model, opt)
+    chain_run("training, AdamW, every 10 steps", dev, tmp, trained())
+    ft_model, _ft_opt, ft_step = training(dev, dim, layers, lr=1e-5)
+    ft_model.load_state_dict(model.state_dict())
+
+    def fine_tuned():
+        for n in range(saves_per_chain):
+            for _ in range(10):
+                ft_step()
+            yield n * 10, {k: v.detach().to(torch.bfloat16)
+                           for k, v in ft_model.state_dict().items()}
+    chain_run("fine-tuning, bf16 weights, lr 1e-5", dev, tmp, fine_tuned())
 
 
 if __name__ == "__main__":
