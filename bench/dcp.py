@@ -1,6 +1,8 @@
 """DCP save and load of a sharded GPT-style training state with S4StorageWriter against torch's
-FileSystemWriter, plain and with its ZStandard extension where this torch has it: bytes
-stored per kind of tensor, and the save and load wall times of the slowest rank.
+FileSystemWriter, plain and with its ZStandard extension where this torch has it.
+
+One question: what does S4 store and cost as DCP's storage layer? Bytes stored per kind of
+tensor, and the save and load wall times of the slowest rank (bench/timing.py on each rank).
 
     python bench/dcp.py                                  # 2 CPU ranks, ~580 MB of state
     python bench/dcp.py --device cuda --ranks 1          # one GPU
@@ -10,6 +12,7 @@ The state is ``--params`` million GPT parameters sharded Shard(0) over the ranks
 AdamW's exp_avg and exp_avg_sq after ``--steps`` steps on synthetic gradients, saved once with
 fp32 weights and once with bf16 weights (the AdamW state fp32 in both). Every load is checked
 bit-exact. Loads read what the save just wrote, mostly from the page cache, for every writer.
+The table is printed last (rank 0); JSON to $OUT/dcp.json when OUT is set.
 """
 
 from __future__ import annotations
@@ -19,13 +22,13 @@ import datetime
 import os
 import shutil
 import socket
-import time
 import warnings
 import zlib
 from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
+import timing
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
@@ -121,14 +124,10 @@ def _dir_bytes(path: str) -> int:
     return sum(os.path.getsize(os.path.join(path, f)) for f in os.listdir(path))
 
 
-def timed(fn: Callable[[], Any]) -> float:
-    """Wall seconds of a collective call on the slowest rank."""
-    dist.barrier()
-    t0 = time.perf_counter()
-    fn()
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-    took = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+def timed(fn: Callable[[], Any], device: torch.device) -> float:
+    """Wall seconds of one collective call on the slowest rank, the ranks started together."""
+    t = timing.measure(fn, 1, warmup=0, device=device.type, before=dist.barrier)
+    took = torch.tensor([t.wall], dtype=torch.float64)
     dist.all_reduce(took, op=dist.ReduceOp.MAX)
     return float(took)
 
@@ -161,14 +160,16 @@ def _zeros(state: dict[str, Any]) -> dict[str, Any]:
             for k, v in state.items()}
 
 
-def run_case(case: str, state: dict[str, Any], root: str, raw: dict[str, int]) -> list[dict]:
+def run_case(case: str, state: dict[str, Any], root: str, raw: dict[str, int],
+             device: torch.device) -> list[dict]:
     rows = []
     path = os.path.join(root, case)
     for label, writer, reader in writers(path):
         saved: list[Any] = []
-        save_s = timed(lambda w=writer, out=saved: out.append(dcp.save(state, storage_writer=w)))
+        save_s = timed(lambda w=writer, out=saved: out.append(dcp.save(state, storage_writer=w)),
+                       device)
         dest = _zeros(state)
-        load_s = timed(lambda r=reader, d=dest: dcp.load(d, storage_reader=r))
+        load_s = timed(lambda r=reader, d=dest: dcp.load(d, storage_reader=r), device)
         if not _same(state, dest):
             raise SystemExit(f"{case} {label}: the load is not bit-exact")
         dist.barrier()
@@ -191,18 +192,19 @@ def _raw(state: dict[str, Any]) -> dict[str, int]:
 
 
 def report(rows: list[dict], args: argparse.Namespace, load: tuple[float, ...]) -> None:
-    print(f"\ntorch {torch.__version__}, {args.ranks} rank(s) on {args.device}, "
-          f"{os.cpu_count()} CPU cores, load average before/after: "
-          f"{load[0]:.1f} / {os.getloadavg()[0]:.1f}")
-    print("\n| state | writer | stored MB | x FS weights | x FS AdamW | x FS total | save s "
-          "| load s |\n|---|---|---|---|---|---|---|---|")
+    print(f"load average before/after: {load[0]:.1f} / {os.getloadavg()[0]:.1f}")
     base = {r["case"]: r for r in rows if r["writer"] == "FileSystemWriter"}
-    for r in rows:
-        b = base[r["case"]]
-        print(f"| {r['case']} ({sum(r['raw'].values()) / 1e6:.0f} MB raw) | {r['writer']} | "
-              f"{r['total'] / 1e6:.1f} | {r['weights'] / b['weights']:.3f} | "
-              f"{r['AdamW'] / b['AdamW']:.3f} | {r['total'] / b['total']:.3f} | "
-              f"{r['save']:.2f} | {r['load']:.2f} |")
+    table = [[f"{r['case']} ({sum(r['raw'].values()) / 1e6:.0f} MB raw)", r["writer"],
+              f"{r['total'] / 1e6:.1f}", f"{r['weights'] / base[r['case']]['weights']:.3f}",
+              f"{r['AdamW'] / base[r['case']]['AdamW']:.3f}",
+              f"{r['total'] / base[r['case']]['total']:.3f}", f"{r['save']:.2f}",
+              f"{r['load']:.2f}"] for r in rows]
+    timing.finish("dcp", f"DCP storage writers, {args.params:g}M parameters, {args.ranks} "
+                  f"rank(s) on {args.device}",
+                  timing.markdown(["state", "writer", "stored MB", "x FS weights", "x FS AdamW",
+                                   "x FS total", "save s", "load s"], table),
+                  {"ranks": args.ranks, "device": args.device, "params_m": args.params,
+                   "rows": rows})
 
 
 def bench(args: argparse.Namespace) -> None:
@@ -213,13 +215,14 @@ def bench(args: argparse.Namespace) -> None:
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     model, optim = training_state(gpt_shapes(args.params), args.steps, mesh, device)
     small = {"w": next(iter(model.values()))}
-    run_case("warm-up", small, args.dir, _raw({"model": small, "optim": {}}))  # JIT, caches
+    # compiles and caches outside the timed cases
+    run_case("warm-up", small, args.dir, _raw({"model": small, "optim": {}}), device)
     rows = []
     for case in ("fp32 weights + AdamW", "bf16 weights + AdamW"):
         if case.startswith("bf16"):
             model = {n: t.to(torch.bfloat16) for n, t in model.items()}
         state = {"model": model, "optim": optim}
-        rows += run_case(case.split()[0], state, args.dir, _raw(state))
+        rows += run_case(case.split()[0], state, args.dir, _raw(state), device)
     if dist.get_rank() == 0:
         report(rows, args, load_before)
 
