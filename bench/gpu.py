@@ -1,26 +1,31 @@
-"""GPU benchmark (run on the H200 by bench/gpu_run.sh): S4 vs nvCOMP ANS float mode vs nvCOMP
-GDeflate on (a) one 1 GiB bf16 tensor N(0, 0.02), (b) the training state of a ~100M-parameter
-transformer trained a few hundred steps (bf16 weights, fp32 master weights, AdamW state), and
-(c) end to end: s4weights.save/load of (b) vs torch.save/torch.load to local disk and to memory.
+"""The GPU codec against nvCOMP, and save/load on CUDA against torch (``python bench/gpu.py``).
 
-Every figure is a median after warm-up, timed with CUDA events (host syncs inside the S4 path are
-part of what is timed); every run checks bit-exactness. The table is printed last and written
-to $OUT/gpu_results.json when $OUT is set.
+One question: how fast is S4 on a GPU, next to nvCOMP's ANS (float mode) and torch.save/load?
+Cases: (a) one 1 GiB bf16 tensor N(0, 0.02); (b) the training state of a ~100M-parameter
+transformer trained a few hundred steps (bf16 weights, fp32 master weights, AdamW state):
+device to device and through the host, against nvCOMP; (c) end to end, s4weights.save/load of
+(b) against torch.save/torch.load to local disk and to memory; (d) smaller states (prefixes of
+(b)) in memory at the default workspace. Every figure is a median after warm-up, timed with
+CUDA events by bench/timing.py (host syncs inside the S4 path are part of what is timed);
+every result is checked bit-exact. Needs CUDA, the ``gpu`` extra and nvCOMP's Python package.
+The table is printed last; JSON to $OUT/gpu.json when OUT is set.
+
+    python bench/gpu.py [--reps 5] [--steps 200] [--small 40,300] [--profile]
 """
 
 from __future__ import annotations
 
-import gc
+import argparse
 import io
 import json
 import os
-import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
+import timing
 import torch
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
@@ -33,32 +38,22 @@ from s4weights.gpu.encode import Encoder, Item
 
 REPS = int(os.environ.get("S4_BENCH_REPS", "5"))
 ROWS: list[dict] = []
+PROFILE = False
 
 
-def timed(fn, reps: int = REPS) -> tuple[float, object]:
+def timed(fn, reps: int | None = None) -> timing.Timing:
+    """CUDA-event times of ``reps`` calls after a warm-up that compiles kernels and fills the
+    allocator's caches."""
     # Garbage is collected once, before the warm-up, for every row alike; not before each rep:
-    # a collection right before a call slowed the call that followed (bench/timeline.py on the
-    # H200, (b) encode: 22 ms per call without, 31 ms with a gc.collect() before each), which
-    # is not how a training loop calls save. The garbage collector stays on, as it is there.
-    gc.collect()
-    fn()  # warm-up (compiles kernels, fills allocator caches)
-    times, out = [], None
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        # the previous rep's result is dropped before the clock starts (holding it while the
-        # next rep runs would time the allocator under twice the memory one call needs)
-        out = None
-        torch.cuda.synchronize()
-        a.record()
-        out = fn()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b) / 1e3)
+    # a collection right before a call slowed the call that followed (on the H200, 2026-11-30,
+    # commit 06b5cfa: (b) encode 22 ms per call without, 31 ms with a gc.collect() before
+    # each), which is not how a training loop calls save. The collector stays on, as it is there.
+    t = timing.measure(fn, reps or REPS, events=True, collect=True)
     # every rep, in order (stderr, the log): whether slow reps come first (settling) or at
     # random shows here, not in the median
-    print("  timed reps, ms: " + " ".join(f"{1e3 * t:.2f}" for t in times), file=sys.stderr,
+    print("  timed reps, ms: " + " ".join(f"{1e3 * w:.2f}" for w in t.walls), file=sys.stderr,
           flush=True)
-    return statistics.median(times), out
+    return t
 
 
 def row(case: str, codec: str, raw: int, stored: int, enc_s: float, dec_s: float,
@@ -76,35 +71,21 @@ def s4_items(tensors: dict[str, torch.Tensor]) -> list[Item]:
     return [Item.of(t) for t in tensors.values()]
 
 
-def s4_case(case: str, tensors: dict[str, torch.Tensor], mantissa: str,
-            workspace: int | None = None) -> None:
-    """Two rows. Device-to-device (what nvCOMP's figures measure): device tensors -> compacted
-    coded payload buffers on the device with all the metadata a writer needs (codecs, sizes,
-    plane checksums, content hashes); and coded payloads already on the device -> tensors
-    (checksums, decode, merge, content hashes). Then with the host side: encode to pinned host
-    memory (D2H included) and decode from a file image in memory (pinned staging and H2D)."""
-    enc = Encoder("auto", mantissa=mantissa, workspace=workspace)
-    raw = sum(t.numel() * t.element_size() for t in tensors.values())
-    items = s4_items(tensors)
-
-    enc_d2d, _groups = timed(lambda: enc.encode_device(items))
-    del _groups
-    enc_s, coded = timed(lambda: list(enc.code(items)))
+def file_image(coded, tensors: dict[str, torch.Tensor], items: list[Item]) -> bytes:
+    """The .s4w file of ``coded`` (the encoder's output for ``tensors``), in memory."""
     buf = io.BytesIO()
     with Writer(buf) as w:
         for (name, t), it, c in zip(tensors.items(), items, coded):
             w.add_coded(name, it.dtype, tuple(t.shape), c.coded, c.content_hash)
         w.set_tree({k: s4format.objtree.TensorRef(i) for i, k in enumerate(tensors)})
-    blob = buf.getvalue()
-    del coded
-    reader = s4format.Reader(blob)
-    outs = [torch.empty(t.numel() * t.element_size(), dtype=torch.uint8, device="cuda")
-            for t in tensors.values()]
+    return buf.getvalue()
+
+
+def load_groups(reader: s4format.Reader, limit: int) -> list[list[int]]:
+    """Tensor indices grouped as s4weights.load batches them: the staged payloads and the
+    decoded planes waiting for the merge (decode.device_extra) fit the workspace."""
     groups, used, cur = [], 0, []
-    # as s4weights.load batches: the staged payloads and the decoded planes waiting for the
-    # merge (decode.device_extra) fit the workspace
-    limit = workspace or (1 << 30)
-    for i in range(len(outs)):
+    for i in range(len(reader.tensors)):
         need = decode.device_extra(reader, i)
         if cur and used + need > limit:
             groups.append(cur)
@@ -112,30 +93,47 @@ def s4_case(case: str, tensors: dict[str, torch.Tensor], mantissa: str,
         cur.append(i)
         used += need
     groups.append(cur)
-    on_gpu = [[i for i in g if decode.decodable(reader, i)] for g in groups]
+    return groups
+
+
+def exact_bytes(outs: list[torch.Tensor], tensors: dict[str, torch.Tensor]) -> bool:
+    return all(torch.equal(o, t.reshape(-1).view(torch.uint8))
+               for o, t in zip(outs, tensors.values()))
+
+
+def s4_case(case: str, tensors: dict[str, torch.Tensor], workspace: int | None = None) -> None:
+    """Two rows. Device-to-device (what nvCOMP's figures measure): device tensors -> compacted
+    coded payload buffers on the device with all the metadata a writer needs (codecs, sizes,
+    plane checksums, content hashes); and coded payloads already on the device -> tensors
+    (checksums, decode, merge, content hashes). Then with the host side: encode to pinned host
+    memory (D2H included) and decode from a file image in memory (pinned staging and H2D)."""
+    enc = Encoder("auto", workspace=workspace)
+    raw = sum(t.numel() * t.element_size() for t in tensors.values())
+    items = s4_items(tensors)
+    enc_d2d = timed(lambda: enc.encode_device(items)).wall
+    host = timed(lambda: list(enc.code(items)))
+    blob = file_image(host.result, tensors, items)
+    enc_s = host.wall
+    del host
+    reader = s4format.Reader(blob)
+    outs = [torch.empty(t.numel() * t.element_size(), dtype=torch.uint8, device="cuda")
+            for t in tensors.values()]
+    groups = load_groups(reader, workspace or (1 << 30))
+    on_gpu = [kept for g in groups if (kept := [i for i in g if decode.decodable(reader, i)])]
     on_cpu = [i for i in range(len(outs)) if not decode.decodable(reader, i)]
-    staged = [decode.stage(reader, g) for g in on_gpu if g]
+    staged = [decode.stage(reader, g) for g in on_gpu]
 
     def dec_d2d() -> None:
-        for g, st in zip([g for g in on_gpu if g], staged):
+        for g, st in zip(on_gpu, staged):
             decode.decode_staged(st, [outs[i] for i in g])
         for i in on_cpu:  # tensors the CPU coder coded (tiny ones): host decode + copy
             outs[i].copy_(torch.from_numpy(reader.read_raw(i)))
 
-    dec_d2d_s, _ = timed(dec_d2d)
-    exact_d2d = all(torch.equal(o, t.reshape(-1).view(torch.uint8))
-                    for o, t in zip(outs, tensors.values()))
-    # one warm profiled pass of each d2d direction (stage times on stderr; each stage is
-    # synchronised there, so this pass is not part of the timings)
-    os.environ["S4_GPU_PROFILE"] = "1"
-    print(f"warm d2d profile, {case}:", file=sys.stderr, flush=True)
-    enc.encode_device(items)
-    dec_d2d()
-    del os.environ["S4_GPU_PROFILE"]
-    kernel_profile(f"{case}: encode d2d", lambda: enc.encode_device(items))
-    kernel_profile(f"{case}: decode d2d", dec_d2d)
-    host_profile(f"{case}: encode d2d", lambda: enc.encode_device(items))
-    host_profile(f"{case}: decode d2d", dec_d2d)
+    dec_d2d_s = timed(dec_d2d).wall
+    exact_d2d = exact_bytes(outs, tensors)
+    if PROFILE:
+        kernel_profile(f"{case}: encode d2d", lambda: enc.encode_device(items))
+        kernel_profile(f"{case}: decode d2d", dec_d2d)
     staged.clear()
     for o in outs:
         o.fill_(0xAB)
@@ -144,13 +142,10 @@ def s4_case(case: str, tensors: dict[str, torch.Tensor], mantissa: str,
         for g in groups:
             decode.read_tensors(reader, g, [outs[i] for i in g])
 
-    dec_s, _ = timed(dec)
-    exact = all(torch.equal(o, t.reshape(-1).view(torch.uint8))
-                for o, t in zip(outs, tensors.values()))
+    dec_s = timed(dec).wall
     stored = sum(p.stored_len for t in reader.tensors for p in t.planes)
-    row(case, f"s4 d2d (mantissa={mantissa})", raw, stored, enc_d2d, dec_d2d_s, exact_d2d,
-        mode="device-to-device")
-    row(case, f"s4 host (mantissa={mantissa})", raw, stored, enc_s, dec_s, exact,
+    row(case, "s4 d2d", raw, stored, enc_d2d, dec_d2d_s, exact_d2d, mode="device-to-device")
+    row(case, "s4 host", raw, stored, enc_s, dec_s, exact_bytes(outs, tensors),
         file_bytes=len(blob), mode="to pinned host / from file image in memory")
 
 
@@ -184,38 +179,6 @@ def _kernel_profile(what: str, fn) -> None:
         print(f"  {sum(v) / 1e3:8.3f} ms  {len(v):5d}x  {name[:90]}", flush=True)
 
 
-def _cprofile(fn):
-    """cProfile of one warm call of ``fn``, the device synchronised around it."""
-    import cProfile
-    torch.cuda.synchronize()
-    pr = cProfile.Profile()
-    pr.enable()
-    fn()
-    torch.cuda.synchronize()
-    pr.disable()
-    return pr
-
-
-def _stats(pr, key: str, top: int) -> list[str]:
-    import pstats
-    out = io.StringIO()
-    pstats.Stats(pr, stream=out).sort_stats(key).print_stats(top)
-    return [ln for ln in out.getvalue().splitlines() if ln.strip()]
-
-
-def profile_call(fn, top: int) -> None:
-    """The ``top`` functions of one warm call of ``fn``, by own and by cumulative time."""
-    pr = _cprofile(fn)
-    for key in ("tottime", "cumulative"):
-        print(f"-- by {key}", *_stats(pr, key, top)[3:], sep="\n", flush=True)
-
-
-def host_profile(what: str, fn, top: int = 18) -> None:
-    """Where the host's time goes in one warm call (cProfile, by own time)."""
-    lines = _stats(_cprofile(fn), "tottime", top)
-    print(f"host profile, {what}:", *lines[2:top + 6], sep="\n  ", flush=True)
-
-
 # -- nvCOMP ------------------------------------------------------------------------------------
 
 def nvcomp_case(case: str, tensors: dict[str, torch.Tensor], algorithm: str) -> None:
@@ -237,19 +200,23 @@ def nvcomp_case(case: str, tensors: dict[str, torch.Tensor], algorithm: str) -> 
     def enc():
         return {k: codecs[tensors[k].dtype].encode(a) for k, a in arrays.items()}
 
-    enc_s, comp = timed(enc)
+    encoded = timed(enc)
+    comp = encoded.result
     stored = sum(c.buffer_size for c in comp.values())
 
     def dec():
         return {k: codecs[tensors[k].dtype].decode(c) for k, c in comp.items()}
 
-    dec_s, outs = timed(dec)
-    kernel_profile(f"{case}: nvcomp {algorithm} encode", enc)
-    kernel_profile(f"{case}: nvcomp {algorithm} decode", dec)
+    decoded = timed(dec)
+    if PROFILE:
+        kernel_profile(f"{case}: nvcomp {algorithm} encode", enc)
+        kernel_profile(f"{case}: nvcomp {algorithm} decode", dec)
+    outs = decoded.result
     exact = all(torch.equal(torch.as_tensor(outs[k], device="cuda").view(torch.uint8)
                             .reshape(-1), t.reshape(-1).view(torch.uint8))
                 for k, t in tensors.items())
-    row(case, f"nvcomp {algorithm}", raw, stored, enc_s, dec_s, exact, mode="device-to-device")
+    row(case, f"nvcomp {algorithm}", raw, stored, encoded.wall, decoded.wall, exact,
+        mode="device-to-device")
 
 
 # -- (b) a trained transformer -----------------------------------------------------------------
@@ -330,98 +297,128 @@ def same_state(a, b) -> bool:
 def end_to_end(state: dict, case: str = "(c) end to end", only: set[str] | None = None) -> None:
     """s4weights.save/load against torch.save/load of ``state``, to disk and to memory, with
     the product's defaults (workspace included); ``only`` picks some of the cases."""
-    raw = sum(t.numel() * t.element_size() for t in flat_tensors(state).values())
-    tmp = Path(tempfile.mkdtemp(prefix="s4bench"))
-    cases = {
+    with tempfile.TemporaryDirectory(prefix="s4bench") as folder:
+        cases = api_cases(state, Path(folder))
+        for name, (save, load, size) in cases.items():
+            if only is None or name in only:
+                api_row(case, name, state, save, load, size)
+
+
+def api_cases(state: dict, tmp: Path) -> dict[str, tuple]:
+    """(save, load, stored bytes) per way of saving ``state``."""
+    mem: dict[str, io.BytesIO] = {}
+
+    def to_memory(key: str, save, **kw):
+        def call() -> None:
+            mem[key] = io.BytesIO()
+            save(state, mem[key], **kw)
+        return call
+
+    return {
         "s4weights disk": (lambda: s4weights.save(state, tmp / "x.s4w"),
                            lambda: s4weights.load(tmp / "x.s4w", map_location="cuda"),
                            lambda: (tmp / "x.s4w").stat().st_size),
         "torch disk": (lambda: torch.save(state, tmp / "x.pt"),
                        lambda: torch.load(tmp / "x.pt", map_location="cuda"),
                        lambda: (tmp / "x.pt").stat().st_size),
+        "s4weights memory": (to_memory("s4", s4weights.save), lambda: s4weights.load(
+            mem["s4"].getvalue(), map_location="cuda"), lambda: len(mem["s4"].getvalue())),
+        "s4weights nvcomp-ans memory": (
+            to_memory("ans", s4weights.save, policy="nvcomp-ans"),
+            lambda: s4weights.load(mem["ans"].getvalue(), map_location="cuda"),
+            lambda: len(mem["ans"].getvalue())),
+        "torch memory": (to_memory("pt", torch.save), lambda: torch.load(
+            io.BytesIO(mem["pt"].getvalue()), map_location="cuda"),
+            lambda: len(mem["pt"].getvalue())),
     }
-    mem: dict[str, io.BytesIO] = {}
-
-    def s4_mem_save():
-        mem["s4"] = io.BytesIO()
-        s4weights.save(state, mem["s4"])
-
-    def torch_mem_save():
-        mem["pt"] = io.BytesIO()
-        torch.save(state, mem["pt"])
-
-    cases["s4weights memory"] = (s4_mem_save, lambda: s4weights.load(
-        mem["s4"].getvalue(), map_location="cuda"), lambda: len(mem["s4"].getvalue()))
-    def s4_ans_save():
-        mem["ans"] = io.BytesIO()
-        s4weights.save(state, mem["ans"], policy="nvcomp-ans")
-
-    cases["s4weights nvcomp-ans memory"] = (s4_ans_save, lambda: s4weights.load(
-        mem["ans"].getvalue(), map_location="cuda"), lambda: len(mem["ans"].getvalue()))
-    cases["torch memory"] = (torch_mem_save, lambda: torch.load(
-        io.BytesIO(mem["pt"].getvalue()), map_location="cuda"), lambda: len(mem["pt"].getvalue()))
-    for name, (save, load, size) in cases.items():
-        if only is not None and name not in only:
-            continue
-        base = torch.cuda.memory_allocated()
-        torch.cuda.reset_peak_memory_stats()
-        save_s, _ = timed(save, reps=3)
-        save_peak = torch.cuda.max_memory_allocated() - base
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
-        load_s, got = timed(load, reps=3)
-        load_peak = torch.cuda.max_memory_allocated() - base
-        row(case, name, raw, size(), save_s, load_s, same_state(state, got),
-            save_s=round(save_s, 3), load_s=round(load_s, 3),
-            save_peak_extra_MiB=round(save_peak / 2**20),
-            load_peak_extra_MiB=round(load_peak / 2**20))
-        del got
 
 
-def main() -> None:
-    torch.cuda.init()
-    print(torch.cuda.get_device_name(), torch.__version__, flush=True)
-    # 1 GiB, the same bytes in every run (drawn unseeded until session 21: stored sizes then
-    # differed by a few KB from run to run)
+def api_row(case: str, name: str, state: dict, save, load, size) -> None:
+    """One way of saving: save and load timed (3 calls each), with their peak extra GPU memory."""
+    raw = sum(t.numel() * t.element_size() for t in flat_tensors(state).values())
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    save_s = timed(save, reps=3).wall
+    save_peak = torch.cuda.max_memory_allocated() - base
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    loaded = timed(load, reps=3)
+    load_peak = torch.cuda.max_memory_allocated() - base
+    row(case, name, raw, size(), save_s, loaded.wall, same_state(state, loaded.result),
+        save_s=round(save_s, 3), load_s=round(loaded.wall, 3),
+        save_peak_extra_MiB=round(save_peak / 2**20),
+        load_peak_extra_MiB=round(load_peak / 2**20))
+
+
+def prefix(tensors: dict[str, torch.Tensor], limit: int) -> dict[str, torch.Tensor]:
+    """The first of ``tensors`` up to ``limit`` bytes: a smaller state of the same kind."""
+    out, total = {}, 0
+    for k, v in tensors.items():
+        n = v.numel() * v.element_size()
+        if total + n > limit and out:
+            break
+        out[k], total = v, total + n
+    return out
+
+
+def one_tensor() -> None:
+    """(a): one 1 GiB bf16 tensor, the same bytes in every run (seeded)."""
     g = torch.Generator(device="cuda").manual_seed(0)
-    x = (torch.randn(1 << 29, device="cuda", generator=g) * 0.02).to(torch.bfloat16)
-    one = {"w": x}
-    # one profiled pass (stage times on stderr; each stage synchronised, so not timed below)
-    os.environ["S4_GPU_PROFILE"] = "1"
-    groups = Encoder("auto").encode_device(s4_items(one))
-    del groups
-    buf = io.BytesIO()
-    s4weights.save(one, buf, device="cuda")
-    decode.read_tensors(s4format.Reader(buf.getvalue()), [0])
-    del os.environ["S4_GPU_PROFILE"], buf
-    for m in ("auto",):
-        s4_case("(a) 1 GiB bf16", one, m)
-    for alg in ("ANS",):
-        nvcomp_case("(a) 1 GiB bf16", one, alg)
+    one = {"w": (torch.randn(1 << 29, device="cuda", generator=g) * 0.02).to(torch.bfloat16)}
+    s4_case("(a) 1 GiB bf16", one)
+    nvcomp_case("(a) 1 GiB bf16", one, "ANS")
     # the API with its default workspace (10% of the state): the tensor is coded and decoded
     # in chunks
     end_to_end(one, "(a) via the API", only={"s4weights memory", "torch memory"})
-    del x, one
+    del one
     torch.cuda.empty_cache()
-    state = trained_state(int(os.environ.get("S4_BENCH_STEPS", "200")))
+
+
+def training_state(steps: int, small_mb: list[int]) -> None:
+    """(b), (c) and (d) on the trained transformer's state."""
+    state = trained_state(steps)
     tensors = flat_tensors(state)
     print(f"state: {len(tensors)} tensors, "
           f"{sum(t.numel() * t.element_size() for t in tensors.values()) / 2**30:.2f} GiB",
           flush=True)
-    for m in ("auto",):
-        s4_case("(b) training state", tensors, m, workspace=1 << 30)
-    for alg in ("ANS",):
-        nvcomp_case("(b) training state", tensors, alg)
+    s4_case("(b) training state", tensors, workspace=1 << 30)
+    nvcomp_case("(b) training state", tensors, "ANS")
     end_to_end(state)
-    print(f"\n{'case':20} {'codec':28} {'ratio':>7} {'enc GB/s':>9} {'dec GB/s':>9} exact")
-    for r in ROWS:
-        print(f"{r['case']:20} {r['codec']:28} {r['ratio']:7.4f} {r['enc_GBps']:9.1f} "
-              f"{r['dec_GBps']:9.1f} {r['exact']}")
-    out = os.environ.get("OUT")
-    if out:
-        Path(out, "gpu_results.json").write_text(json.dumps(
-            dict(device=torch.cuda.get_device_name(), date=time.strftime("%Y-%m-%d"),
-                 rows=ROWS), indent=1))
+    for mb in small_mb:
+        part = prefix(tensors, mb * 10**6)
+        end_to_end(part, f"(d) {sum(t.nbytes for t in part.values()) / 1e6:.0f} MB state",
+                   only={"s4weights memory", "torch memory"})
+
+
+def table() -> list[str]:
+    return timing.markdown(
+        ["case", "codec", "ratio", "enc/save GB/s", "dec/load GB/s", "save s", "load s",
+         "peak extra MiB save/load", "exact"],
+        [[r["case"], r["codec"], f"{r['ratio']:.4f}", r["enc_GBps"], r["dec_GBps"],
+          r.get("save_s", "-"), r.get("load_s", "-"),
+          f"{r['save_peak_extra_MiB']} / {r['load_peak_extra_MiB']}"
+          if "save_peak_extra_MiB" in r else "-", r["exact"]] for r in ROWS])
+
+
+def main() -> None:
+    global REPS, PROFILE
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--reps", type=int, default=REPS,
+                    help="timed calls per codec figure (default S4_BENCH_REPS or 5)")
+    ap.add_argument("--steps", type=int, default=int(os.environ.get("S4_BENCH_STEPS", "200")),
+                    help="training steps of (b) (default S4_BENCH_STEPS or 200)")
+    ap.add_argument("--small", default=os.environ.get("S4_BENCH_SMALL", "40,300"),
+                    help="MB of the (d) states, comma-separated; empty for none")
+    ap.add_argument("--profile", action="store_true", help="print each case's kernel times")
+    args = ap.parse_args()
+    REPS, PROFILE = args.reps, args.profile
+    torch.cuda.init()
+    one_tensor()
+    training_state(args.steps, [int(x) for x in args.small.split(",") if x])
+    timing.finish("gpu", "GPU codec against nvCOMP, and save/load against torch", table(),
+                  ROWS)
+    if not all(r["exact"] for r in ROWS):
+        raise SystemExit("a round trip was not bit-exact")
 
 
 if __name__ == "__main__":
