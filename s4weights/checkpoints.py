@@ -13,7 +13,6 @@ from typing import Any
 
 from s4format.errors import StorageError
 from s4weights import background_save, chain, chainpolicy
-from s4weights.dcp import chain as dcp_chain
 from s4weights.manifests import CheckpointInfo, by_step, check_step, list_checkpoints, saving
 from s4weights.store import open_store
 from s4weights.store.local import LocalStore
@@ -74,6 +73,9 @@ def save_checkpoint(state: Any, url_or_dir: Any, step: int, *, keyframe_interval
         if metadata or progress:
             raise ValueError("metadata and progress are not supported with distributed=True")
         background_save.wait_for(store.url)
+        # Imported here: torch.distributed.checkpoint takes seconds to import, which a
+        # one-process save should not pay.
+        from s4weights.dcp import chain as dcp_chain
         with saving(store.url):
             return dcp_chain.save(state, store.url, step, group=group, **kw)
     kw.update(metadata=metadata, progress=progress)
@@ -128,6 +130,7 @@ def load_checkpoint(url_or_dir: Any, step: int | None = None, *, map_location: A
         if distributed and into is None:
             raise ValueError("load_checkpoint(distributed=True) loads into the sharded state "
                              "dict given as into=")
+        from s4weights.dcp import chain as dcp_chain
         return dcp_chain.load(store.url, step, into if distributed else None, group=group,
                               verify=verify, device=device, workspace=workspace)
     return chain.load(store, infos, step, map_location=map_location, strict=strict,

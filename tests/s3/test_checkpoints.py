@@ -213,7 +213,7 @@ def _rss_kib(field: str) -> int:
 def test_streaming_save_has_bounded_memory(aws_env, admin, bucket, monkeypatch) -> None:
     import s4format.writer
 
-    part, conc, ahead = MIN_PART_SIZE, 2, 8 << 20
+    part, conc, ahead = MIN_PART_SIZE, 2, 4 << 20
     monkeypatch.setattr(s4format.writer, "AHEAD", ahead)  # (the bytes coded ahead, at most)
     store = S3Store(bucket, "big", client=admin, part_size=part, max_concurrency=conc)
     state = {f"t{i}": torch.randint(-2**31, 2**31 - 1, (512 * 1024,), dtype=torch.int32)
