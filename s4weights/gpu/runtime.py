@@ -29,16 +29,15 @@ def align(n: int, a: int = ALIGN) -> int:
     return (n + a - 1) // a * a
 
 
-def kernel_source(name: str, folder: Path = KERNELS, source: Path | None = None) -> str:
-    """The source CuPy compiles for ``kernels/<name>.cu`` (or ``source``, a file elsewhere that
-    includes the folder's headers): the file, after a line that names the digest of every
-    header in the folder. CuPy's on-disk kernel cache is keyed by the source text and the
-    options, not by what the source includes, so without that line a changed header alone
-    would load kernels compiled from the old one."""
+def kernel_source(name: str, folder: Path = KERNELS) -> str:
+    """The source CuPy compiles for ``kernels/<name>.cu``: the file, after a line that names the
+    digest of every header in the folder. CuPy's on-disk kernel cache is keyed by the source
+    text and the options, not by what the source includes, so without that line a changed
+    header alone would load kernels compiled from the old one."""
     digest = hashlib.sha256()
     for h in sorted(folder.glob("*.cuh")):
         digest.update(h.name.encode() + b"\0" + h.read_bytes() + b"\0")
-    return f"// headers {digest.hexdigest()}\n" + (source or folder / f"{name}.cu").read_text()
+    return f"// headers {digest.hexdigest()}\n" + (folder / f"{name}.cu").read_text()
 
 
 _MODULES: dict[tuple[str, int], Future] = {}
@@ -154,8 +153,9 @@ def sm_count() -> int:
 
 # A launch of at most this many rANS decode warps (blocks) per multiprocessor takes
 # kernels/rans.cu's `rans_decode_ahead` build, which loads each row's words before the row
-# decodes: it pays where too few warps hide that load and costs where many do (on the H200,
-# bench/kernel_variants.py: 4,096 fp32 blocks 0.74 -> 0.56 ms, 8,192 bf16 blocks 0.69 -> 0.74).
+# decodes: it pays where too few warps hide that load and costs where many do (both builds
+# timed side by side on the H200 at commit c7b699a: 4,096 fp32 blocks 0.74 -> 0.56 ms, 8,192
+# bf16 blocks 0.69 -> 0.74).
 RANS_AHEAD_WARPS_PER_SM = 32
 
 

@@ -27,7 +27,7 @@
 #define CHUNK_ELEMS 65536   // elements per CTA; a multiple of 8 * SPLIT_THREADS
 #define LEAF_BYTES 65536    // the content hash's leaves (spec/format.md, "Hashes")
 // Tuning, fixed at compile time: SPLIT_G / MERGE_G rounds of 8 elements per thread whose loads
-// are issued together (bench/kernel_variants.py measures the choices side by side on a GPU).
+// are issued together (-D builds the other choices, to time them against these on a GPU).
 #ifndef SPLIT_G
 #define SPLIT_G 2
 #endif

@@ -1,5 +1,5 @@
-// Pieces of the rANS decoder (spec/rans.md) shared by kernels/rans.cu and the fused decode
-// probe (bench/fused_decode_probe.cu).
+// Pieces of the rANS decoder (spec/rans.md) that kernels/rans.cu builds its decode kernels
+// from.
 #pragma once
 #include "common.cuh"
 
