@@ -19,7 +19,7 @@ failed=()
 for stage in "${stages[@]}"; do
     echo "=== $stage $(date -u +%H:%M:%S)"
     case $stage in
-        tests) python3 -m pytest -q -m gpu tests/gpu tests/dcp/test_gpu.py ;;
+        tests) python3 -m pytest -q -m gpu tests/gpu && python3 -m pytest -q tests/dcp/test_gpu.py ;;
         conformance) python3 -m s4format conformance --device cuda ;;
         gate) python3 packer/gate.py --report "$OUT/gate.json" ;;
         gpu) python3 bench/gpu.py ;;
