@@ -33,8 +33,8 @@ _AUTO = {
 }
 # The entropy coders (rANS, zstd, GDeflate) must beat bitpack-w by more than this share of its
 # size to be chosen over it: bitpack-w codes and decodes at memory speed, and rANS stores the
-# 7-bit mantissa plane of weights only about 0.2% below 7 bits per byte (bench/RESULTS.md,
-# session 9), a full entropy-coding pass for that. As integers: bitpack-w's size s wins against
+# 7-bit mantissa plane of weights only about 0.2% below 7 bits per byte (bench/ratio.py's
+# rows), a full entropy-coding pass for that. As integers: bitpack-w's size s wins against
 # an estimate e when 64 * s <= 65 * e. (A plane of 0s and 1s whose kind has no bitpack
 # candidate, such as an exponent plane, gets bitpack-w at w = 1: bitpack's bytes, codec 8.)
 PACKED_SLACK = (64, 65)
