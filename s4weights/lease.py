@@ -21,6 +21,7 @@ import threading
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from s4format.errors import S4Error, StorageError
 from s4weights.store import Store
@@ -106,21 +107,22 @@ class _Refresher:
 def pin(store: Store, step: int, checkpoint_id: str) -> Iterator[None]:
     """Hold a pin on checkpoint ``step`` for the duration of the block."""
     name = f"{PINS}{step:012d}-{checkpoint_id}-{secrets.token_hex(8)}.json"
-    body = json.dumps({"step": step, "checkpoint_id": checkpoint_id, **_holder()}).encode()
-    store.put_atomic(name, body)
-    refresher = _Refresher(store, name, body)
-    try:
+    with _held(store, name, {"step": step, "checkpoint_id": checkpoint_id}):
         yield
-    finally:
-        refresher.stop()
-        _delete_quietly(store, name)
 
 
 @contextlib.contextmanager
 def marking(store: Store, steps: Iterable[int]) -> Iterator[None]:
     """Mark ``steps`` as being retired for the duration of the block."""
-    name = f"{RETIRING}{secrets.token_hex(8)}.json"
-    body = json.dumps({"steps": sorted(steps), **_holder()}).encode()
+    with _held(store, f"{RETIRING}{secrets.token_hex(8)}.json", {"steps": sorted(steps)}):
+        yield
+
+
+@contextlib.contextmanager
+def _held(store: Store, name: str, what: dict[str, Any]) -> Iterator[None]:
+    """Write the lease file ``name`` (``what`` and its holder), refresh it while the block runs,
+    then delete it."""
+    body = json.dumps({**what, **_holder()}).encode()
     store.put_atomic(name, body)
     refresher = _Refresher(store, name, body)
     try:

@@ -68,6 +68,27 @@ def open_checkpoint(url: str, s3_options: dict[str, Any] | None = None) -> Store
     return open_store(url)
 
 
+class StoreHolder:
+    """The checkpoint store of a DCP storage reader or writer, opened on first use: clients and
+    pools do not pickle, so a pickled copy (async_save's process mode) opens its own."""
+
+    url: str
+    s3_options: dict[str, Any]
+    _store: Store | None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_store": None}
+
+    def store(self) -> Store:
+        if self._store is None:
+            self._store = open_checkpoint(self.url, self.s3_options)
+        return self._store
+
+    @property
+    def checkpoint_id(self) -> str:
+        return self.url
+
+
 def is_checkpoint_url(checkpoint_id: str | os.PathLike[str]) -> bool:
     """Whether a checkpoint_id names something these classes store to: a local path, a
     ``file://`` or an ``s3://`` URL."""

@@ -31,15 +31,15 @@ from s4weights import gpu
 from s4weights.dcp.checkpoint import (
     METADATA,
     S4StorageInfo,
+    StoreHolder,
     is_checkpoint_url,
     load_metadata,
-    open_checkpoint,
     read_metadata_bytes,
 )
 from s4weights.store import Store
 
 
-class S4StorageReader(StorageReader):
+class S4StorageReader(StoreHolder, StorageReader):
     """Reads a DCP checkpoint from ``path`` (a directory, ``file://`` or ``s3://bucket/prefix``;
     or the ``checkpoint_id`` given to ``dcp.load``).
 
@@ -66,18 +66,6 @@ class S4StorageReader(StorageReader):
         self.storage_data: dict[Any, S4StorageInfo] = {}
         self.load_id = str(uuid.uuid4())
         self._store: Store | None = None
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_store": None}
-
-    def store(self) -> Store:
-        if self._store is None:
-            self._store = open_checkpoint(self.url, self.s3_options)
-        return self._store
-
-    @property
-    def checkpoint_id(self) -> str:
-        return self.url
 
     # -- DCP's StorageReader ---------------------------------------------------------------
 

@@ -35,10 +35,10 @@ from s4weights.dcp.checkpoint import (
     RANK_FILE,
     RankFile,
     S4StorageInfo,
+    StoreHolder,
     dump_metadata,
     is_checkpoint_url,
     item_key,
-    open_checkpoint,
     rank_file_name,
     with_field,
 )
@@ -51,7 +51,7 @@ log = logging.getLogger("s4weights")
 DEVICE_ALIGN = 256
 
 
-class S4StorageWriter(StorageWriter):
+class S4StorageWriter(StoreHolder, StorageWriter):
     """Writes a DCP checkpoint to ``path`` (a directory, ``file://`` or ``s3://bucket/prefix``;
     or the ``checkpoint_id`` given to ``dcp.save``).
 
@@ -76,18 +76,6 @@ class S4StorageWriter(StorageWriter):
         self.save_id = str(uuid.uuid4())
         self.written: Any = None  # the WriteResult of this rank's file, once written
         self._store: Store | None = None
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_store": None}  # clients and pools do not travel
-
-    def store(self) -> Store:
-        if self._store is None:
-            self._store = open_checkpoint(self.url, self.s3_options)
-        return self._store
-
-    @property
-    def checkpoint_id(self) -> str:
-        return self.url
 
     # -- DCP's StorageWriter ---------------------------------------------------------------
 
