@@ -126,7 +126,9 @@ def test_directory_without_metadata_is_refused(tmp_path: Path) -> None:
     with pytest.raises(CheckpointException) as info:
         _load(url)
     exc, _trace = info.value.failures[0]  # ours, or DCP's note that every way to read failed
-    assert "holds no committed checkpoint: it has no .metadata" in str(exc)
+    # torch 2.13 puts the reader's reason in that note; 2.11 drops it and says only this.
+    assert ("holds no committed checkpoint: it has no .metadata" in str(exc)
+            or str(exc) == "metadata is None")
     with pytest.raises(StorageError, match="holds no committed checkpoint"):
         S4StorageReader(str(tmp_path / "missing")).read_metadata()
 
