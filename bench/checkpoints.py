@@ -198,9 +198,11 @@ def forget_parents() -> None:
     hostmem.forget()
 
 
-def chain_saves(root: Path, device: str, states) -> tuple[dict, list[dict]]:
+def chain_saves(root: Path, device: str, states) -> tuple[dict, list[dict], Path]:
     """Save every state of ``states`` (a list of (step, state)) with the default policy, the
-    last one as a restarted process would; the states kept on the CPU, and each save's figures."""
+    last one as a restarted process would, and the last one as one full file too, from the
+    same device (a full file coded on the CPU path decodes at other speeds); the states kept on
+    the CPU, each save's figures and the full file."""
     kept, figures = {}, []
     for n, (step, state) in enumerate(states):
         if n == len(states) - 1:
@@ -209,16 +211,16 @@ def chain_saves(root: Path, device: str, states) -> tuple[dict, list[dict]]:
             s, root, k, keyframe_interval=6), device)
         figures.append({"save_s": t.wall, "base": t.result.is_base, **memory})
         kept[step] = _to_cpu(state)
-    return kept, figures
+    full = root.parent / f"{root.name}-full.s4w"
+    s4weights.save(state, full)
+    return kept, figures, full
 
 
 def chain_run(name: str, device: str, tmp: Path, states) -> None:
     """A chain's saves, then each kept step loaded, against one full save's load."""
     root = tmp / name
-    kept_states, figures = chain_saves(root, device, list(states))
+    kept_states, figures, full = chain_saves(root, device, list(states))
     infos = chain.list_checkpoints(root)
-    full = tmp / f"{name}-full.s4w"
-    s4weights.save(kept_states[infos[-1].step], full)
     full_s = wall(lambda: s4weights.load(full, map_location=device), device).wall
     worst, exact = 0.0, True
     for info in infos:
