@@ -34,6 +34,7 @@ import s4weights
 from s4format.errors import StorageError
 from s4weights.dcp import S4StorageReader, S4StorageWriter
 from s4weights.store.base import ObjectWriter, Store
+from tests.dcp.states import NO_DIST
 
 WORLD = 2
 POINTS = {"write": (0, 1), "commit": (0, 1), "committed": (0, 1), "put": (0,),
@@ -173,7 +174,7 @@ def holds(path: str) -> int | None:
         raise
     probe = full_state(0)
     dest = {k: torch.zeros_like(v) for k, v in probe.items()}
-    dcp.load(dest, storage_reader=reader, no_dist=True)
+    dcp.load(dest, storage_reader=reader, **NO_DIST)
     seed = int(dest["n"][0])
     want = full_state(seed)
     for k, v in want.items():

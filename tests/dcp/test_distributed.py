@@ -22,7 +22,7 @@ from torch.distributed.checkpoint.state_dict_loader import (  # noqa: E402
 from s4weights.dcp import S4StorageReader  # noqa: E402
 from s4weights.dcp.checkpoint import METADATA, RANK_FILE  # noqa: E402
 from tests.dcp.conftest import new_bucket, weed_available  # noqa: E402
-from tests.dcp.states import assert_same, leaves  # noqa: E402
+from tests.dcp.states import NO_DIST, assert_same, leaves  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not torch.distributed.is_available() or os.name != "posix",
                                 reason="needs torch.distributed and fork")
@@ -86,6 +86,6 @@ def test_two_ranks_to_one_without_dist(runs: dict, where: str, monkeypatch) -> N
     assert whole.pop("step") == 1
     assert_same(whole, ref)
     dest = {"model": {k: torch.zeros_like(v) for k, v in ref["model"].items()}}
-    dcp.load(dest, storage_reader=S4StorageReader(url), no_dist=True)
+    dcp.load(dest, storage_reader=S4StorageReader(url), **NO_DIST)
     assert_same(dest, {"model": ref["model"]})
     assert all(v.abs().sum() > 0 for v in leaves(dest).values())

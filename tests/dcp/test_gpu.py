@@ -16,7 +16,7 @@ import torch.distributed.checkpoint as dcp  # noqa: E402
 import s4format  # noqa: E402
 import s4weights  # noqa: E402
 from s4weights.dcp import S4StorageReader, S4StorageWriter  # noqa: E402
-from tests.dcp.states import assert_same  # noqa: E402
+from tests.dcp.states import NO_DIST, assert_same  # noqa: E402
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.filterwarnings("ignore:torch.distributed is disabled")]
@@ -36,7 +36,7 @@ def _rank_file(path: Path) -> Path:
 
 def test_cuda_items_code_as_s4weights_save_and_load_anywhere(tmp_path: Path) -> None:
     dcp.save(_state("cuda"), storage_writer=S4StorageWriter(str(tmp_path / "gpu")),
-             no_dist=True)
+             **NO_DIST)
     rank_file = _rank_file(tmp_path / "gpu")
     items = {k: v.cuda() for k, v in s4weights.load(rank_file).items()
              if isinstance(v, torch.Tensor)}
@@ -52,7 +52,7 @@ def test_cuda_items_code_as_s4weights_save_and_load_anywhere(tmp_path: Path) -> 
         want = _state(device)
         dest = {k: torch.zeros_like(v) if isinstance(v, torch.Tensor) else 0
                 for k, v in want.items()}
-        dcp.load(dest, storage_reader=S4StorageReader(str(tmp_path / "gpu")), no_dist=True)
+        dcp.load(dest, storage_reader=S4StorageReader(str(tmp_path / "gpu")), **NO_DIST)
         assert all(v.device.type == device for v in dest.values()
                    if isinstance(v, torch.Tensor))
         assert_same(dest, want)
