@@ -34,7 +34,7 @@ import s4weights
 from s4format.errors import StorageError
 from s4weights.dcp import S4StorageReader, S4StorageWriter
 from s4weights.store.base import ObjectWriter, Store
-from tests.dcp.states import NO_DIST
+from tests.dcp.compat import NO_DIST
 
 WORLD = 2
 POINTS = {"write": (0, 1), "commit": (0, 1), "committed": (0, 1), "put": (0,),

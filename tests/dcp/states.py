@@ -5,14 +5,12 @@ unevenly, and the bit-exact comparison of what was loaded with what was saved.""
 from __future__ import annotations
 
 import datetime
-import inspect
 import os
 import warnings
 from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
 
 try:
     from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
@@ -31,12 +29,9 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.device_mesh import init_device_mesh
 
-# One-process saves and loads: torch 2.4 has no no_dist argument and falls back to one process
-# on its own when torch.distributed is not initialised.
-NO_DIST: dict[str, bool] = (
-    {"no_dist": True} if "no_dist" in inspect.signature(dcp.save).parameters else {})
+from tests.dcp.compat import NO_DIST
 
-__all__ = ["DTensor", "Replicate", "Shard"]
+__all__ = ["NO_DIST", "DTensor", "Replicate", "Shard"]
 
 VOCAB, DIM = 96, 48
 
