@@ -72,7 +72,9 @@ def open_chain(store: Store, chain: list[CheckpointInfo], verify: bool,
     try:
         for info in chain:
             try:
-                source = store.source(info.file)
+                # a file deleted since the listing fails in either call (on S3, between
+                # the source's HEAD and the header's GET too)
+                child = s4format.Reader(store.source(info.file), verify=verify)
             except StorageError as exc:
                 _raise_if_deleted(store, chain, exc)
                 if info is chain[-1]:
@@ -83,7 +85,6 @@ def open_chain(store: Store, chain: list[CheckpointInfo], verify: bool,
                 raise ParentMismatchError(
                     f"checkpoint step {chain[-1].step} needs step {info.step} of its chain, "
                     f"whose file cannot be read: {exc}") from exc
-            child = s4format.Reader(source, verify=verify)
             if child.checkpoint_id.hex() != info.checkpoint_id:
                 child.close()
                 raise ParentMismatchError(

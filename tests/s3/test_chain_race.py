@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-pytest.importorskip("torch")
+torch = pytest.importorskip("torch")
 
 from tests.weights.test_chain_race import check_race, race
 
@@ -19,3 +19,24 @@ def test_a_prefix_with_an_empty_segment_is_refused(aws_env, bucket) -> None:
 
     with pytest.raises(ValueError, match="empty path segment"):
         s4weights.save_checkpoint({"a": 1}, f"s3://{bucket}/runs//one", step=1)
+
+
+def test_a_step_deleted_after_its_file_is_opened_says_so(aws_env, bucket, monkeypatch) -> None:
+    # the source's HEAD finds the file and the header's GET, just after, does not: the failed
+    # read names the deletion, not damage to a listed step
+    import s4weights
+    from s4format.errors import StorageError
+    from s4weights.store.s3 import S3Store
+
+    url = f"s3://{bucket}/opened"
+    s4weights.save_checkpoint({"w": torch.arange(10.0)}, url, step=1)
+    real = S3Store.source
+
+    def source(self, name):
+        opened = real(self, name)
+        s4weights.retain(url, [])
+        return opened
+    monkeypatch.setattr(S3Store, "source", source)
+    with pytest.raises(StorageError, match=r"step 1 was deleted from .* while step 1 was being "
+                       r"read .*load one that is kept"):
+        s4weights.load_checkpoint(url, step=1)
