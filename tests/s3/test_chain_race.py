@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-torch = pytest.importorskip("torch")
+pytest.importorskip("torch")
 
 from tests.weights.test_chain_race import check_race, race
 
@@ -24,6 +24,8 @@ def test_a_prefix_with_an_empty_segment_is_refused(aws_env, bucket) -> None:
 def test_a_step_deleted_after_its_file_is_opened_says_so(aws_env, bucket, monkeypatch) -> None:
     # the source's HEAD finds the file and the header's GET, just after, does not: the failed
     # read names the deletion, not damage to a listed step
+    import torch
+
     import s4weights
     from s4format.errors import StorageError
     from s4weights.store.s3 import S3Store
