@@ -23,7 +23,7 @@ from s4format.schema import MINOR
 POLICIES = ("auto", "seed", "auto-1.0")
 
 _AUTO = {
-    layouts.KIND_SIGN: (codecs.BITPACK, codecs.RANS),
+    layouts.KIND_SIGN: (codecs.BITPACK, codecs.RANS, codecs.ZSTD),
     layouts.KIND_EXPONENT: (codecs.BITPACK_W, codecs.RANS, codecs.ZSTD, codecs.GDEFLATE),
     layouts.KIND_MANTISSA: (codecs.BITPACK_W, codecs.RANS, codecs.ZSTD, codecs.GDEFLATE),
     layouts.KIND_BYTE: (codecs.BITPACK, codecs.BITPACK_W, codecs.RANS, codecs.ZSTD,
@@ -45,7 +45,10 @@ _ENTROPY = frozenset((codecs.RANS, codecs.ZSTD, codecs.GDEFLATE))
 _LZ_GATE = 0.99
 # "auto-1.0": auto as format 1.0 had it, without the codecs 1.1 added (bitpack-w): files that
 # readers of format 1.0 decode. The writer marks them 1.0 in the header.
-_AUTO_1_0 = {k: tuple(c for c in v if c != codecs.BITPACK_W) for k, v in _AUTO.items()}
+# (Nor zstd on sign planes, added to auto with the sparse rule below on 2026-12-01.)
+_AUTO_1_0 = {k: tuple(c for c in v if c != codecs.BITPACK_W
+                      and not (k == layouts.KIND_SIGN and c == codecs.ZSTD))
+             for k, v in _AUTO.items()}
 _SEED = {
     layouts.KIND_SIGN: (codecs.BITPACK,),
     layouts.KIND_EXPONENT: (codecs.RANS,),
@@ -65,6 +68,15 @@ LZ_RUNS = 0.002
 # that LZ cannot use. On bench/ratio.py's rows zstd won on exponent planes only past 34% of
 # extra runs and lost on all from 0.2% to 11%.
 LZ_RUNS_EXPONENT = 0.2
+
+# A plane whose most common byte fills this share of it is sparse (a delta's sign and
+# exponent planes: most elements keep theirs). There zstd codes the long runs below the order-0
+# bound that rANS is held to, and codes and decodes them 3-6 times faster than rANS decodes
+# one symbol per byte (bench/RESULTS.md), so it is tried on every sparse plane and preferred
+# to rANS unless it stores more by over SPARSE_SLACK of the plane's length. (Under ``auto``
+# only: ``auto-1.0`` keeps the choices format 1.0 files were written with.)
+SPARSE = 0.9
+SPARSE_SLACK = 1 / 256
 
 # rANS is ruled out on a plane's sample alone (the plane not counted) when the sample's
 # estimate exceeds what it must beat by this share: it is off by a few in ten thousand.
@@ -126,6 +138,41 @@ def encode_view(view: PlaneView, kind: int, policy: str = "auto") -> tuple[int, 
     return codecs.RAW, Encoded(view.bytes())
 
 
+def estimate_view(view: PlaneView, kind: int, policy: str = "auto") -> int:
+    """What :func:`encode_view` would store for the plane, by the estimate of the codec it
+    would try first (the plane's own size where none would store less)."""
+    if view.size < MIN_CODED:
+        return view.size
+    ranked = rank(view, kind, policy, codecs.available())
+    return min(ranked[0][0], view.size) if ranked else view.size
+
+
+def quick_estimate(view: PlaneView, kind: int, policy: str = "auto") -> int | None:
+    """:func:`estimate_view` from the plane's sample alone, its histogram not counted (rANS
+    by the sample's cross-entropy, the packing codecs by the plane's OR); None where an LZ
+    coder would be tried, whose estimate is a trial encode."""
+    if view.size < MIN_CODED:
+        return view.size
+    available = codecs.available()
+    ranked = []
+    for cid in _TABLES[policy][kind]:
+        codec = available.get(cid)
+        if codec is None:
+            continue
+        if not codec.counts_estimate:
+            if policy == "seed" or _lz_tried(view, kind, policy):
+                return None
+            continue
+        est = codec.estimate_counts(view.share()[0], view.size) if cid == codecs.RANS \
+            else codec.estimate_view(view)
+        if est is not None and est < view.size:
+            ranked.append((est, cid))
+    ranked.sort()
+    if policy == "auto":
+        ranked = prefer_packed(ranked)
+    return min(ranked[0][0], view.size) if ranked else view.size
+
+
 def rank(view: PlaneView, kind: int, policy: str, available: dict[int, codecs.Codec]
          ) -> list[tuple[int, int]]:
     """The candidates that would store less than the plane, as ``(estimate, codec ID)`` in the
@@ -141,7 +188,7 @@ def rank(view: PlaneView, kind: int, policy: str, available: dict[int, codecs.Co
         if policy != "seed" and cid == codecs.GDEFLATE and not (
                 zstd_est is not None and zstd_est < _LZ_GATE * best):
             continue
-        if policy != "seed" and not codec.counts_estimate and not lz_may_pay(view, kind):
+        if policy != "seed" and not codec.counts_estimate and not _lz_tried(view, kind, policy):
             continue
         if cid == codecs.RANS and not view.counted and _sample_rules_out(codec, view, ranked,
                                                                          policy):
@@ -152,7 +199,37 @@ def rank(view: PlaneView, kind: int, policy: str, available: dict[int, codecs.Co
         if est is not None and est < n:
             ranked.append((est, cid))
     ranked.sort()
+    if policy == "auto" and sparse(view):
+        ranked = prefer_fast(ranked, view.size)
     return prefer_packed(ranked) if policy == "auto" else ranked
+
+
+def _lz_tried(view: PlaneView, kind: int, policy: str) -> bool:
+    """Whether the LZ coders are estimated on the plane: where :func:`lz_may_pay` says so, and
+    under ``auto`` on every sparse plane; a sign plane (whose LZ candidate only ``auto`` has)
+    only when sparse: a dense one is as random as bits come."""
+    if policy == "auto" and sparse(view):
+        return True
+    return kind != layouts.KIND_SIGN and lz_may_pay(view, kind)
+
+
+def sparse(view: PlaneView) -> bool:
+    counts, m, _runs = view.share()
+    return m > 0 and int(counts.max()) >= SPARSE * m
+
+
+def prefer_fast(ranked: list[tuple[int, int]], n: int) -> list[tuple[int, int]]:
+    """``ranked`` with zstd moved just before rANS where it stores at most
+    :data:`SPARSE_SLACK` of the plane's ``n`` bytes more (for a sparse plane)."""
+    est = dict((c, e) for e, c in ranked)
+    if codecs.ZSTD not in est or codecs.RANS not in est \
+            or est[codecs.ZSTD] > est[codecs.RANS] + n * SPARSE_SLACK:
+        return ranked
+    z = next(i for i, (_e, c) in enumerate(ranked) if c == codecs.ZSTD)
+    r = next(i for i, (_e, c) in enumerate(ranked) if c == codecs.RANS)
+    if z < r:
+        return ranked
+    return [*ranked[:r], ranked[z], *ranked[r:z], *ranked[z + 1:]]
 
 
 def lz_may_pay(view: PlaneView, kind: int) -> bool:

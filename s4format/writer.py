@@ -5,7 +5,8 @@ Per tensor the writer tries the dtype's plane layout and keeps it only if the co
 no larger than the raw bytes; otherwise it stores one raw plane. So a tensor's stored payload
 never exceeds its raw size; the fixed overhead per tensor is its index record plus alignment
 padding (``spec/format.md``, "Size guarantee"). Given a parent, a tensor is stored as the XOR
-delta against the parent's bytes only when that codes smaller.
+delta against the parent's bytes only when that is estimated to code smaller (the two are
+compared by the codecs' estimates from one pass over each, and only the smaller is coded).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from s4format import hashing, layouts, objtree, policy, threads
-from s4format.codecs.view import run_pieces
+from s4format.codecs.view import PlaneView, run_pieces
 from s4format.dtypes import DType
 from s4format.errors import FormatError, LimitError, StorageError, UnsupportedObjectError
 from s4format.layouts import Layout
@@ -46,6 +47,10 @@ DEFAULT_ALIGN_LOG2 = 6
 # more than splitting can save.
 SPLIT_MIN = 4096
 MAX_NAME_BYTES = 0xFFFF
+# A delta is kept, or the tensor coded alone, on the samples' estimate of the tensor alone when
+# the delta's estimate is this share below or above it (a sample's estimate is off by a
+# percent or so); nearer, both are estimated from the counted planes.
+QUICK_MARGIN = 0.05
 # Raw bytes of tensors Writer.code_ahead codes ahead of the one being written.
 AHEAD = 64 << 20
 
@@ -93,14 +98,16 @@ class CodedTensor:
         return sum(p.stored_len for p in self.planes)
 
 
-def code_tensor(raw: np.ndarray, dtype: DType, policy_name: str = "auto") -> CodedTensor:
+def code_tensor(raw: np.ndarray, dtype: DType, policy_name: str = "auto",
+                views: list | None = None) -> CodedTensor:
     """The CPU coder: split ``raw`` by the dtype's preferred layout and code each plane; one
-    coded raw plane instead when splitting would store more than the raw bytes."""
+    coded raw plane instead when splitting would store more than the raw bytes. ``views``:
+    the layout's plane views of ``raw`` where :func:`estimate_tensor` made them already."""
     layout = layouts.preferred(dtype.name, dtype.itemsize)
-    if raw.size >= SPLIT_MIN and raw.size % layout.word_size(dtype.itemsize) == 0 \
-            and layout is not layouts.RAW:
+    if _splits(raw, dtype, layout):
         fields = layout.planes(dtype.itemsize)
-        views = layout.views(raw, dtype.itemsize)
+        if views is None:
+            views = layout.views(raw, dtype.itemsize)
 
         def code(k: int) -> CodedPlane:
             cid, enc = policy.encode_view(views[k], fields[k].kind, policy_name)
@@ -114,6 +121,42 @@ def code_tensor(raw: np.ndarray, dtype: DType, policy_name: str = "auto") -> Cod
     cid, enc = policy.encode_plane(raw, layouts.KIND_RAW, policy_name)
     return CodedTensor(layouts.RAW, (CodedPlane(layouts.KIND_RAW, 0, cid, raw.size, enc.payload,
                                                 enc.params),))
+
+
+def _splits(raw: np.ndarray, dtype: DType, layout: Layout) -> bool:
+    return raw.size >= SPLIT_MIN and raw.size % layout.word_size(dtype.itemsize) == 0 \
+        and layout is not layouts.RAW
+
+
+def quick_estimate_tensor(raw: np.ndarray, dtype: DType, policy_name: str = "auto"
+                          ) -> int | None:
+    """:func:`estimate_tensor` from each plane's sample alone (no pass that counts them):
+    None where that is not enough (a tensor stored unsplit, a plane an LZ coder may win)."""
+    layout = layouts.preferred(dtype.name, dtype.itemsize)
+    if not _splits(raw, dtype, layout):
+        return None
+    total = 0
+    for v, f in zip(layout.views(raw, dtype.itemsize, count=False),
+                    layout.planes(dtype.itemsize)):
+        est = policy.quick_estimate(v, f.kind, policy_name)
+        if est is None:
+            return None
+        total += est
+    return min(total, raw.size)
+
+
+def estimate_tensor(raw: np.ndarray, dtype: DType, policy_name: str = "auto"
+                    ) -> tuple[int, list | None]:
+    """What :func:`code_tensor` would store for ``raw``, from the planes' statistics (the
+    codecs' estimates, as the policy ranks them) without coding it, and the plane views it
+    counted (None where the tensor is not split), for :func:`code_tensor` to reuse."""
+    layout = layouts.preferred(dtype.name, dtype.itemsize)
+    if not _splits(raw, dtype, layout):
+        return policy.estimate_view(PlaneView.of(raw), layouts.KIND_RAW, policy_name), None
+    fields = layout.planes(dtype.itemsize)
+    views = layout.views(raw, dtype.itemsize)
+    total = sum(policy.estimate_view(v, f.kind, policy_name) for v, f in zip(views, fields))
+    return min(total, raw.size), views
 
 
 def _xor(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -201,18 +244,36 @@ class Writer:
         :meth:`add_coded`. Touches no state the writing changes, so one thread can code the
         next tensor while another writes this one."""
         t = tensor if isinstance(tensor, Tensor) else Tensor.from_numpy(tensor)
-        coded = code_tensor(t.data, t.dtype, self.policy)
-        full = coded.stored
         parent_hash = None
-        if parent is not None:
+        if parent is None:
+            coded = code_tensor(t.data, t.dtype, self.policy)
+            full = coded.stored
+        else:
             if self._parent_id is None:
                 raise ValueError("a parent tensor needs the writer's parent_id")
             p = parent if isinstance(parent, Tensor) else Tensor.from_numpy(parent)
             if p.nbytes != t.nbytes:
                 raise ValueError(f"parent of {name!r} has {p.nbytes} bytes, tensor {t.nbytes}")
-            delta = code_tensor(_xor(t.data, p.data), t.dtype, self.policy)
-            if delta.stored < coded.stored:
-                coded, parent_hash = delta, hashing.content_hash(p.data)
+            # Only the one that will be kept is coded: the tensor alone and its delta are
+            # compared by their estimates (within a few parts in ten thousand of the coded
+            # sizes), not by coding both; the tensor alone by its planes' samples where
+            # the two are far apart, which spares counting it.
+            xor = _xor(t.data, p.data)
+            est, delta_views = estimate_tensor(xor, t.dtype, self.policy)
+            quick = quick_estimate_tensor(t.data, t.dtype, self.policy)
+            full_views = None
+            if quick is not None and est < quick * (1 - QUICK_MARGIN):
+                full = quick
+            elif quick is not None and est > quick * (1 + QUICK_MARGIN):
+                full = est + 1  # (coded alone below)
+            else:
+                full, full_views = estimate_tensor(t.data, t.dtype, self.policy)
+            if est < full:
+                coded = code_tensor(xor, t.dtype, self.policy, delta_views)
+                parent_hash = hashing.content_hash(p.data)
+            else:
+                coded = code_tensor(t.data, t.dtype, self.policy, full_views)
+                full = coded.stored
         return dict(name=name, dtype=t.dtype, shape=t.shape, coded=coded,
                     content_hash=hashing.content_hash(t.data), parent_hash=parent_hash,
                     full_stored=full)

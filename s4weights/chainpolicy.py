@@ -2,9 +2,9 @@
 
 A chain pays only while loading its newest step reads little more than one full save would: a
 delta is written only if the files of its chain plus the delta's estimated size stay within
-``read_budget`` times a full save. The delta's size is estimated by coding windows of the
-state (1/64 of it, at most 4 MiB, spread over its tensors) both whole and as the XOR against
-the parent.
+``read_budget`` times a full save. The delta's size is estimated on windows of the state (1/64
+of it, at most 4 MiB, spread over its tensors), by the codecs' estimates of each window's
+planes whole and as the XOR against the parent (as the writer chooses, without coding them).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import numpy as np
 
 import s4format
 from s4format.policy import POLICIES
-from s4format.writer import code_tensor
+from s4format.writer import estimate_tensor
 
 if TYPE_CHECKING:
     from s4weights.manifests import CheckpointInfo
@@ -24,10 +24,12 @@ if TYPE_CHECKING:
 
 # Loading the newest step of a chain may read this many full saves' bytes, by default.
 READ_BUDGET: float | None = 1.5
-# Bytes of the state coded twice for the estimate: this share of it, within these bounds.
+# Bytes of the state estimated twice: this share of it, within these bounds.
 SAMPLE_SHARE, SAMPLE_MIN, SAMPLE_MAX = 1 / 64, 256 << 10, 4 << 20
-WINDOW = 16 << 10  # the smallest window worth coding
-WINDOWS = 4  # per tensor large enough, spread over it
+# The smallest window: each costs a fixed ~0.1 ms per plane to estimate, so fewer, larger
+# windows keep the estimate at a few percent of the save.
+WINDOW = 64 << 10
+WINDOWS = 4  # at most, per tensor large enough, spread over it
 
 
 def reason_without_parent(latest: CheckpointInfo | None, step: int, *, delta: bool,
@@ -75,8 +77,8 @@ def over_budget_share(delta: float, held: float, read_budget: float) -> str | No
 
 def sample_sizes(tensors: Sequence[tuple[str, object]], parents: Mapping[str, s4format.Tensor],
                  policy: str) -> tuple[int, int]:
-    """Stored bytes of windows of the tensors coded whole, and as deltas against ``parents``
-    where that codes smaller (each tensor stores the smaller)."""
+    """Estimated stored bytes of windows of the tensors coded whole, and as deltas against
+    ``parents`` where that codes smaller (each tensor stores the smaller)."""
     policy = policy if policy in POLICIES else "auto"
     full = delta = 0
     for name, t, spans in _sample(tensors):
@@ -84,11 +86,11 @@ def sample_sizes(tensors: Sequence[tuple[str, object]], parents: Mapping[str, s4
         dtype = t.dtype  # type: ignore[attr-defined]
         for at, length in spans:
             mine = _window(t, at, length)
-            alone = code_tensor(mine, dtype, policy).stored
+            alone = estimate_tensor(mine, dtype, policy)[0]
             full += alone
             if parent is not None and parent.nbytes == _nbytes(t):
                 theirs = np.asarray(parent.data).reshape(-1).view(np.uint8)[at:at + length]
-                delta += min(alone, code_tensor(mine ^ theirs, dtype, policy).stored)
+                delta += min(alone, estimate_tensor(mine ^ theirs, dtype, policy)[0])
             else:
                 delta += alone
     return full, delta
@@ -96,9 +98,10 @@ def sample_sizes(tensors: Sequence[tuple[str, object]], parents: Mapping[str, s4
 
 def _sample(tensors: Sequence[tuple[str, object]]
             ) -> Iterator[tuple[str, object, list[tuple[int, int]]]]:
-    """The windows to code, as (start, length) per tensor: each tensor's share of the
-    sample in WINDOWS windows where that share is large enough, else one window of
-    every so many small tensors. Starts and lengths are multiples of 16 (element bounds)."""
+    """The windows to estimate, as (start, length) per tensor: each tensor's share of the
+    sample in up to WINDOWS windows of at least WINDOW where that share is large enough, else
+    one window of every so many small tensors. Starts and lengths are multiples of 16
+    (element bounds)."""
     total = sum(_nbytes(t) for _n, t in tensors)
     sample = min(max(total * SAMPLE_SHARE, SAMPLE_MIN), SAMPLE_MAX)
     share = min(1.0, sample / total) if total else 0.0
@@ -107,9 +110,10 @@ def _sample(tensors: Sequence[tuple[str, object]]
         n = _nbytes(t)
         want = share * n
         if want >= WINDOW:
-            length = int(want / WINDOWS) // 16 * 16
-            step = (n - length) // (WINDOWS - 1)
-            yield name, t, [((i * step) // 16 * 16, length) for i in range(WINDOWS)]
+            k = min(WINDOWS, int(want // WINDOW))
+            length = int(want / k) // 16 * 16
+            step = (n - length) // max(1, k - 1)
+            yield name, t, [((i * step) // 16 * 16, length) for i in range(k)]
             continue
         owed += want
         if n and owed >= min(WINDOW, n):

@@ -31,13 +31,17 @@ class PlaneView:
     counters, which LZ coders shrink), or a sample's (:meth:`share`) until ``counts`` is
     first asked for."""
 
-    __slots__ = ("_bytes", "_counts", "_runs", "_sample", "bits", "mask", "shift", "words")
+    __slots__ = ("_bytes", "_counts", "_runs", "_sample", "bits", "mask", "memo", "shift",
+                 "words")
 
     def __init__(self, words: np.ndarray, shift: int, mask: int, bits: int,
                  counts: np.ndarray | None, runs: int,
                  sample: tuple[np.ndarray, int, int] | None = None) -> None:
         self.words, self.shift, self.mask, self.bits = words, shift, mask, bits
         self._counts, self._runs, self._sample = counts, runs, sample
+        # codec ID -> its encoding of this plane, where an estimate had to encode it whole
+        # (a small plane's zstd trial): the encode that follows takes it instead of repeating it
+        self.memo: dict = {}
         self._bytes: np.ndarray | None = words if words.dtype == np.uint8 and mask == 0xFF \
             else None
 

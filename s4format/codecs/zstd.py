@@ -15,6 +15,7 @@ import zstandard
 
 from s4format.codecs.abc import Codec, Encoded
 from s4format.codecs.registry import ZSTD, register
+from s4format.codecs.view import PlaneView
 from s4format.errors import CodecError
 
 # RFC 8878: a block holds at most 128 KiB; the smallest block (an RLE block) takes 4 bytes.
@@ -80,6 +81,16 @@ class ZstdCodec(Codec):
 
     def max_decoded_len(self, stored_len: int) -> int:
         return stored_len * _MAX_EXPANSION + _FRAME_SLACK
+
+    def estimate_view(self, view: PlaneView) -> int:
+        if view.size <= _SAMPLES * _SAMPLE:  # exact: the encoding itself, kept for the encode
+            enc = view.memo[self.codec_id] = self.encode(view.bytes())
+            return enc.nbytes
+        return self.estimate(view.bytes())
+
+    def encode_view(self, view: PlaneView) -> Encoded:
+        enc = view.memo.get(self.codec_id)
+        return enc if enc is not None else self.encode(view.bytes())
 
     def estimate(self, plane: np.ndarray) -> int:
         """Exact up to 8 samples' worth; above, 8 evenly spaced 64 KiB samples compressed on

@@ -1,0 +1,131 @@
+"""Sparse planes under ``auto`` (spec/codecs.md, "Choosing codecs"): a delta's sign and
+exponent planes, mostly one byte, are tried with zstd, which wins where it stores no more than
+rANS plus 1/256 of the plane; ``auto-1.0`` keeps format 1.0's choices. And the writer keeps a
+tensor's delta by the estimates of both, coding only the one it keeps."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+
+from s4format import Reader, Writer, codecs, layouts, policy
+from s4format.codecs.view import PlaneView
+from s4format.dtypes import by_name
+from s4format.writer import code_tensor, estimate_tensor
+
+RANS, ZSTD = codecs.RANS, codecs.ZSTD
+N = 1 << 18
+
+
+def sparse_plane(share: float, values: int = 2, seed: int = 0, clustered: bool = True
+                 ) -> np.ndarray:
+    """``share`` of the bytes nonzero (1..values-1), in short runs where ``clustered``."""
+    rng = np.random.default_rng(seed)
+    plane = np.zeros(N, np.uint8)
+    at = rng.choice(N // 8 if clustered else N, int(share * N / (8 if clustered else 1)),
+                    replace=False)
+    rows = (at[:, None] * 8 + np.arange(8)).reshape(-1) if clustered else at
+    plane[rows] = rng.integers(1, values, rows.size)
+    return plane
+
+
+def test_a_sparse_sign_plane_is_tried_with_zstd_under_auto_only() -> None:
+    plane = sparse_plane(0.002)
+    view = PlaneView.of(plane)
+    assert policy.sparse(view)
+    cid, enc = policy.encode_view(view, layouts.KIND_SIGN, "auto")
+    assert cid == ZSTD
+    assert enc.nbytes < codecs.get(RANS).estimate(plane)
+    assert policy.encode_view(PlaneView.of(plane), layouts.KIND_SIGN, "auto-1.0")[0] != ZSTD
+    assert ZSTD not in policy._AUTO_1_0[layouts.KIND_SIGN]
+
+
+def test_a_dense_sign_plane_skips_the_zstd_trial(monkeypatch) -> None:
+    plane = np.random.default_rng(1).integers(0, 2, N, dtype=np.uint8)
+    tried = []
+    real = codecs.get(ZSTD).estimate_view
+    monkeypatch.setattr(type(codecs.get(ZSTD)), "estimate_view",
+                        lambda self, v: tried.append(v) or real(v))
+    assert policy.encode_view(PlaneView.of(plane), layouts.KIND_SIGN, "auto")[0] == \
+        codecs.BITPACK
+    assert tried == []
+
+
+@pytest.mark.parametrize(("ranked", "n", "want"), [
+    # zstd within n/256 of rANS moves just before it
+    ([(100, RANS), (100 + 4, ZSTD)], 1024, [(104, ZSTD), (100, RANS)]),
+    # one byte more than the slack: the order stays
+    ([(100, RANS), (100 + 5, ZSTD)], 1024, [(100, RANS), (105, ZSTD)]),
+    # others ahead of rANS keep their place
+    ([(90, codecs.BITPACK_W), (100, RANS), (103, ZSTD)], 1024,
+     [(90, codecs.BITPACK_W), (103, ZSTD), (100, RANS)]),
+    ([(100, ZSTD), (101, RANS)], 1024, [(100, ZSTD), (101, RANS)]),
+    ([(100, RANS)], 1024, [(100, RANS)]),
+])
+def test_prefer_fast(ranked, n, want) -> None:
+    assert policy.prefer_fast(ranked, n) == want
+
+
+def test_zstd_is_preferred_on_a_sparse_exponent_plane_within_the_slack() -> None:
+    # scattered changes: zstd stores a little more than rANS, within 1/256 of the plane
+    plane = sparse_plane(0.004, values=4, seed=2, clustered=False)
+    view = PlaneView.of(plane)
+    z, r = codecs.get(ZSTD).estimate(plane), codecs.get(RANS).estimate(plane)
+    assert r < z <= r + N * policy.SPARSE_SLACK
+    assert policy.encode_view(view, layouts.KIND_EXPONENT, "auto")[0] == ZSTD
+    assert policy.encode_view(PlaneView.of(plane), layouts.KIND_EXPONENT, "auto-1.0")[0] == RANS
+
+
+def test_the_zstd_trial_is_the_encoding() -> None:
+    plane = sparse_plane(0.01, values=9, seed=3)[: 300_000 // 2]
+    view = PlaneView.of(plane)
+    size = codecs.get(ZSTD).estimate_view(view)
+    kept = view.memo[ZSTD]
+    enc = codecs.get(ZSTD).encode_view(view)
+    assert enc is kept and enc.nbytes == size
+    assert bytes(enc.payload) == bytes(codecs.get(ZSTD).encode(plane).payload)
+
+
+def _fine_tuned(seed: int = 4) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    w = rng.normal(0, 0.02, 1 << 16).astype("<f4")
+    bf = (w.view("<u4") >> 16).astype("<u2")
+    child = bf.copy()
+    at = rng.choice(bf.size, bf.size // 50, replace=False)
+    child[at] ^= rng.integers(1, 4, at.size).astype("<u2")  # the low mantissa bits move
+    return bf.view(np.uint8), child.view(np.uint8)
+
+
+def test_a_delta_is_kept_by_the_estimates_and_they_match_the_coding() -> None:
+    parent, child = _fine_tuned()
+    bf16 = by_name("bfloat16")
+    for raw in (child, child ^ parent):
+        est, views = estimate_tensor(raw, bf16)
+        coded = code_tensor(raw, bf16, "auto", views).stored
+        assert abs(est - coded) <= 0.002 * coded + 64, (est, coded)
+    buf = io.BytesIO()
+    with Writer(buf, parent_id=b"\x01" * 16) as w:
+        w.add("w", child.view("<u2"), parent=parent.view("<u2"))
+        result = w.close()
+    assert result.delta_count == 1
+    assert result.stored_nbytes < 0.5 * result.full_stored_nbytes
+    with Reader(buf.getvalue()) as r:
+        assert r.tensors[0].is_delta
+        assert {p.codec for p in r.tensors[0].planes} & {ZSTD}
+
+
+def test_an_unrelated_tensor_is_coded_alone_once(monkeypatch) -> None:
+    parent, child = _fine_tuned()
+    other = np.random.default_rng(5).integers(0, 256, child.size, dtype=np.uint8)
+    calls = []
+    import s4format.writer as writer
+
+    real = writer.code_tensor
+    monkeypatch.setattr(writer, "code_tensor", lambda raw, *a: calls.append(1) or real(raw, *a))
+    with Writer(io.BytesIO(), parent_id=b"\x01" * 16) as w:
+        w.add("w", other, parent=parent)
+        result = w.close()
+    assert result.delta_count == 0 and calls == [1]
+    assert result.full_stored_nbytes == result.stored_nbytes
