@@ -265,7 +265,7 @@ class Writer:
             if quick is not None and est < quick * (1 - QUICK_MARGIN):
                 full = quick
             elif quick is not None and est > quick * (1 + QUICK_MARGIN):
-                full = est + 1  # (coded alone below)
+                full = est  # (not above the delta's: coded alone below)
             else:
                 full, full_views = estimate_tensor(t.data, t.dtype, self.policy)
             if est < full:
