@@ -48,9 +48,39 @@ def kernel(**options: Any) -> Callable[[Callable[..., Any]], _Kernel]:
     return mark
 
 
+class _NoSciPyBLAS:
+    """An import hook that refuses ``scipy.linalg`` to the thread that installed it."""
+
+    def __init__(self) -> None:
+        self.thread = threading.get_ident()
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> None:
+        if name == "scipy.linalg" and threading.get_ident() == self.thread:
+            raise ModuleNotFoundError(f"{name} is held back while numba loads", name=name)
+
+
+def _load_numba_arraymath() -> None:
+    """Import numba's array functions without SciPy's linear algebra. numba imports them with
+    its first kernel, and their import-time BLAS check imports ``scipy.linalg`` where SciPy is
+    installed: 0.6-0.8 s, most of a first save's extra time, for numba's BLAS inner product
+    (np.correlate and np.convolve of floats in jitted code), which then loops instead. Our
+    kernels use no BLAS; numba's linear algebra still imports SciPy when it is compiled."""
+    import sys
+
+    if "numba.np.arraymath" in sys.modules or "scipy.linalg" in sys.modules:
+        return
+    hook = _NoSciPyBLAS()
+    sys.meta_path.insert(0, hook)
+    try:
+        import numba.np.arraymath  # noqa: F401
+    finally:
+        sys.meta_path.remove(hook)
+
+
 def _compile_pending() -> None:
     import numba
 
+    _load_numba_arraymath()
     with _lock:
         for module, name, func, options in _pending:
             if isinstance(module.get(name), _Kernel):

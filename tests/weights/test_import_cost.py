@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -36,3 +38,23 @@ def test_inspecting_a_file_loads_no_numba(tmp_path: Path) -> None:
     modules = _modules_after("import s4format\n"
                              f"with s4format.Reader({str(path)!r}) as r: r.tensors")
     assert "numba" not in modules
+
+
+def test_the_first_kernel_does_not_import_scipy_linalg() -> None:
+    # numba's array functions check for BLAS as they are imported, which imports
+    # scipy.linalg (0.6-0.8 s) where SciPy is installed; s4format.jit holds it back
+    pytest.importorskip("scipy")
+    modules = _modules_after(
+        "import numpy as np, s4format\n"
+        "s4format.dumps({'w': np.random.default_rng(0).standard_normal(1 << 16)})")
+    assert "numba.np.arraymath" in modules
+    assert "scipy.linalg" not in modules
+    # and SciPy's linear algebra still imports, and numba's still compiles, afterwards
+    out = subprocess.run([sys.executable, "-c", (
+        "import numpy as np, numba, s4format\n"
+        "s4format.dumps({'w': np.ones(1 << 16)})\n"
+        "import scipy.linalg\n"
+        "f = numba.njit(lambda a: np.linalg.norm(a) + np.dot(a, a))\n"
+        "print(f(np.ones(4)))")], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["6.0"]
