@@ -69,8 +69,8 @@ LZ_RUNS = 0.002
 # extra runs and lost on all from 0.2% to 11%.
 LZ_RUNS_EXPONENT = 0.2
 
-# A plane whose most common byte fills this share of it is sparse (a delta's sign and
-# exponent planes: most elements keep theirs). There zstd codes the long runs below the order-0
+# A plane whose most common byte fills this share of it, but not all of it, is sparse (a
+# delta's sign and exponent planes: most elements keep theirs). There zstd codes the long runs below the order-0
 # bound that rANS is held to, and codes and decodes them 3-6 times faster than rANS decodes
 # one symbol per byte (bench/RESULTS.md), so it is tried on every sparse plane and preferred
 # to rANS unless it stores more by over SPARSE_SLACK of the plane's length. (Under ``auto``
@@ -214,8 +214,12 @@ def _lz_tried(view: PlaneView, kind: int, policy: str) -> bool:
 
 
 def sparse(view: PlaneView) -> bool:
+    """Whether the plane is sparse: of two symbols or more, its most common filling
+    :data:`SPARSE` of it. (A plane of one symbol is rANS's CONST form: a few bytes that
+    decode at memory speed.)"""
     counts, m, _runs = view.share()
-    return m > 0 and int(counts.max()) >= SPARSE * m
+    top = int(counts.max()) if m else 0
+    return SPARSE * m <= top < m
 
 
 def prefer_fast(ranked: list[tuple[int, int]], n: int) -> list[tuple[int, int]]:
