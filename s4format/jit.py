@@ -80,8 +80,8 @@ def _load_numba_arraymath() -> None:
 def _compile_pending() -> None:
     import numba
 
-    _load_numba_arraymath()
     with _lock:
+        _load_numba_arraymath()
         for module, name, func, options in _pending:
             if isinstance(module.get(name), _Kernel):
                 try:

@@ -70,11 +70,12 @@ LZ_RUNS = 0.002
 LZ_RUNS_EXPONENT = 0.2
 
 # A plane whose most common byte fills this share of it, but not all of it, is sparse (a
-# delta's sign and exponent planes: most elements keep theirs). There zstd codes the long runs below the order-0
-# bound that rANS is held to, and codes and decodes them 3-6 times faster than rANS decodes
-# one symbol per byte (bench/RESULTS.md), so it is tried on every sparse plane and preferred
-# to rANS unless it stores more by over SPARSE_SLACK of the plane's length. (Under ``auto``
-# only: ``auto-1.0`` keeps the choices format 1.0 files were written with.)
+# delta's sign and exponent planes: most elements keep theirs). There zstd codes the long runs
+# below the order-0 bound that rANS is held to, and codes and decodes them 3-6 times faster
+# than rANS decodes one symbol per byte (bench/RESULTS.md), so it is tried on every sparse
+# plane and preferred to rANS unless it stores more by over SPARSE_SLACK of the plane's
+# length. (Under ``auto`` only: ``auto-1.0`` keeps the choices format 1.0 files were written
+# with.)
 SPARSE = 0.9
 SPARSE_SLACK = 1 / 256
 
@@ -144,32 +145,6 @@ def estimate_view(view: PlaneView, kind: int, policy: str = "auto") -> int:
     if view.size < MIN_CODED:
         return view.size
     ranked = rank(view, kind, policy, codecs.available())
-    return min(ranked[0][0], view.size) if ranked else view.size
-
-
-def quick_estimate(view: PlaneView, kind: int, policy: str = "auto") -> int | None:
-    """:func:`estimate_view` from the plane's sample alone, its histogram not counted (rANS
-    by the sample's cross-entropy, the packing codecs by the plane's OR); None where an LZ
-    coder would be tried, whose estimate is a trial encode."""
-    if view.size < MIN_CODED:
-        return view.size
-    available = codecs.available()
-    ranked = []
-    for cid in _TABLES[policy][kind]:
-        codec = available.get(cid)
-        if codec is None:
-            continue
-        if not codec.counts_estimate:
-            if policy == "seed" or _lz_tried(view, kind, policy):
-                return None
-            continue
-        est = codec.estimate_counts(view.share()[0], view.size) if cid == codecs.RANS \
-            else codec.estimate_view(view)
-        if est is not None and est < view.size:
-            ranked.append((est, cid))
-    ranked.sort()
-    if policy == "auto":
-        ranked = prefer_packed(ranked)
     return min(ranked[0][0], view.size) if ranked else view.size
 
 

@@ -47,10 +47,6 @@ DEFAULT_ALIGN_LOG2 = 6
 # more than splitting can save.
 SPLIT_MIN = 4096
 MAX_NAME_BYTES = 0xFFFF
-# A delta is kept, or the tensor coded alone, on the samples' estimate of the tensor alone when
-# the delta's estimate is this share below or above it (a sample's estimate is off by a
-# percent or so); nearer, both are estimated from the counted planes.
-QUICK_MARGIN = 0.05
 # Raw bytes of tensors Writer.code_ahead codes ahead of the one being written.
 AHEAD = 64 << 20
 
@@ -126,23 +122,6 @@ def code_tensor(raw: np.ndarray, dtype: DType, policy_name: str = "auto",
 def _splits(raw: np.ndarray, dtype: DType, layout: Layout) -> bool:
     return raw.size >= SPLIT_MIN and raw.size % layout.word_size(dtype.itemsize) == 0 \
         and layout is not layouts.RAW
-
-
-def quick_estimate_tensor(raw: np.ndarray, dtype: DType, policy_name: str = "auto"
-                          ) -> int | None:
-    """:func:`estimate_tensor` from each plane's sample alone (no pass that counts them):
-    None where that is not enough (a tensor stored unsplit, a plane an LZ coder may win)."""
-    layout = layouts.preferred(dtype.name, dtype.itemsize)
-    if not _splits(raw, dtype, layout):
-        return None
-    total = 0
-    for v, f in zip(layout.views(raw, dtype.itemsize, count=False),
-                    layout.planes(dtype.itemsize)):
-        est = policy.quick_estimate(v, f.kind, policy_name)
-        if est is None:
-            return None
-        total += est
-    return min(total, raw.size)
 
 
 def estimate_tensor(raw: np.ndarray, dtype: DType, policy_name: str = "auto"
@@ -255,19 +234,10 @@ class Writer:
             if p.nbytes != t.nbytes:
                 raise ValueError(f"parent of {name!r} has {p.nbytes} bytes, tensor {t.nbytes}")
             # Only the one that will be kept is coded: the tensor alone and its delta are
-            # compared by their estimates (within a few parts in ten thousand of the coded
-            # sizes), not by coding both; the tensor alone by its planes' samples where
-            # the two are far apart, which spares counting it.
+            # compared by their estimates (from their counted planes), not by coding both.
             xor = _xor(t.data, p.data)
             est, delta_views = estimate_tensor(xor, t.dtype, self.policy)
-            quick = quick_estimate_tensor(t.data, t.dtype, self.policy)
-            full_views = None
-            if quick is not None and est < quick * (1 - QUICK_MARGIN):
-                full = quick
-            elif quick is not None and est > quick * (1 + QUICK_MARGIN):
-                full = est  # (not above the delta's: coded alone below)
-            else:
-                full, full_views = estimate_tensor(t.data, t.dtype, self.policy)
+            full, full_views = estimate_tensor(t.data, t.dtype, self.policy)
             if est < full:
                 coded = code_tensor(xor, t.dtype, self.policy, delta_views)
                 parent_hash = hashing.content_hash(p.data)

@@ -84,7 +84,9 @@ class ZstdCodec(Codec):
 
     def estimate_view(self, view: PlaneView) -> int:
         if view.size <= _SAMPLES * _SAMPLE:  # exact: the encoding itself, kept for the encode
-            enc = view.memo[self.codec_id] = self.encode(view.bytes())
+            enc = view.memo.get(self.codec_id)  # (a view's bytes never change)
+            if enc is None:
+                enc = view.memo[self.codec_id] = self.encode(view.bytes())
             return enc.nbytes
         return self.estimate(view.bytes())
 

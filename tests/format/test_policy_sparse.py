@@ -128,7 +128,7 @@ def test_a_delta_is_kept_by_the_estimates_and_they_match_the_coding() -> None:
         assert np.array_equal(r.read_raw(0), child)
 
 
-@pytest.mark.parametrize("dtype", ["<u2", "<u1"])  # bf16 (judged on samples), or raw bytes
+@pytest.mark.parametrize("dtype", ["<u2", "<u1"])  # split as bf16, or raw bytes
 def test_an_unrelated_tensor_is_coded_alone_once(monkeypatch, dtype) -> None:
     parent, child = _fine_tuned()
     other = np.random.default_rng(5).integers(0, 256, child.size, dtype=np.uint8)
@@ -147,3 +147,26 @@ def test_an_unrelated_tensor_is_coded_alone_once(monkeypatch, dtype) -> None:
         result = w.close()
     assert result.delta_count == 0 and len(calls) == 1 and np.array_equal(calls[0], other)
     assert result.full_stored_nbytes == result.stored_nbytes
+
+
+def test_a_tensor_unlike_its_samples_is_judged_by_all_of_it() -> None:
+    # zero where the planes are sampled, weights elsewhere: the delta against a parent that
+    # differs in a few elements must still win (it codes far smaller than the tensor alone)
+    from s4format.codecs.view import SAMPLE_CHUNK, SAMPLE_CHUNKS
+
+    n = 1 << 20
+    rng = np.random.default_rng(7)
+    w = (rng.normal(0, 0.02, n).astype("<f4").view("<u4") >> 16).astype("<u2")
+    for start in np.linspace(0, n - SAMPLE_CHUNK, SAMPLE_CHUNKS).astype(np.int64):
+        w[start:start + SAMPLE_CHUNK] = 0
+    parent = w.copy()
+    at = rng.choice(n, n // 20, replace=False)
+    parent[at] ^= rng.integers(1, 4, at.size).astype("<u2")
+    bf16 = by_name("bfloat16")
+    with Writer(io.BytesIO(), parent_id=b"\x01" * 16) as wr:
+        wr.add("w", Tensor(bf16, (n,), w.view(np.uint8)),
+               parent=Tensor(bf16, (n,), parent.view(np.uint8)))
+        result = wr.close()
+    alone = code_tensor(w.view(np.uint8), bf16).stored
+    assert result.delta_count == 1
+    assert result.stored_nbytes < 0.2 * alone
