@@ -10,6 +10,7 @@ runs them on :mod:`s4format.threads`'s workers, one piece of a plane each.
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -65,8 +66,6 @@ def _load_numba_arraymath() -> None:
     installed: 0.6-0.8 s, most of a first save's extra time, for numba's BLAS inner product
     (np.correlate and np.convolve of floats in jitted code), which then loops instead. Our
     kernels use no BLAS; numba's linear algebra still imports SciPy when it is compiled."""
-    import sys
-
     if "numba.np.arraymath" in sys.modules or "scipy.linalg" in sys.modules:
         return
     hook = _NoSciPyBLAS()

@@ -200,13 +200,9 @@ def sparse(view: PlaneView) -> bool:
 def prefer_fast(ranked: list[tuple[int, int]], n: int) -> list[tuple[int, int]]:
     """``ranked`` with zstd moved just before rANS where it stores at most
     :data:`SPARSE_SLACK` of the plane's ``n`` bytes more (for a sparse plane)."""
-    est = dict((c, e) for e, c in ranked)
-    if codecs.ZSTD not in est or codecs.RANS not in est \
-            or est[codecs.ZSTD] > est[codecs.RANS] + n * SPARSE_SLACK:
-        return ranked
-    z = next(i for i, (_e, c) in enumerate(ranked) if c == codecs.ZSTD)
-    r = next(i for i, (_e, c) in enumerate(ranked) if c == codecs.RANS)
-    if z < r:
+    at = {c: i for i, (_e, c) in enumerate(ranked)}
+    z, r = at.get(codecs.ZSTD), at.get(codecs.RANS)
+    if z is None or r is None or z < r or ranked[z][0] > ranked[r][0] + n * SPARSE_SLACK:
         return ranked
     return [*ranked[:r], ranked[z], *ranked[r:z], *ranked[z + 1:]]
 
