@@ -38,7 +38,7 @@ _AUTO = {
 # an estimate e when 64 * s <= 65 * e. (A plane of 0s and 1s whose kind has no bitpack
 # candidate, such as an exponent plane, gets bitpack-w at w = 1: bitpack's bytes, codec 8.)
 PACKED_SLACK = (64, 65)
-_ENTROPY = frozenset((codecs.RANS, codecs.ZSTD, codecs.GDEFLATE))
+_ENTROPY = frozenset((codecs.RANS, codecs.ZSTD, codecs.GDEFLATE, codecs.RANS_SEG))
 # On the CPU GDeflate codes about 6x slower than zstd and rarely smaller (bench/RESULTS.md),
 # so auto estimates it only where zstd's estimate shows LZ-style redundancy that the order-0
 # rANS misses: zstd at least this much smaller than the best so far.
@@ -83,18 +83,27 @@ SPARSE_SLACK = 1 / 256
 # estimate exceeds what it must beat by this share: it is off by a few in ten thousand.
 SAMPLE_MARGIN = 1 / 1024
 
+# Under ``auto``, a counted plane of at least view.UNITS_MIN bytes whose histogram changes along
+# it (a flat buffer of many parameters) takes rans-seg, a table per segment (codec 9), where
+# that is estimated to store less than one table by more than this share of rANS's estimate.
+# Below it the plane keeps codec 4: the GPU decodes codec 4 itself, codec 9 on the host.
+SEGMENTS_GAIN = 1 / 64
+
 # Below this a plane is stored raw: coding cannot win back its own bookkeeping.
 MIN_CODED = 64
 
 
 # The codec IDs each minor version of format 1 defines (spec/README.md, "Versioning"). 7 stays
 # unassigned: the frozen conformance suite v1 uses it as its unknown codec (codec_7).
-CODECS_OF_MINOR = {0: frozenset(range(1, 7)), 1: frozenset((*range(1, 7), codecs.BITPACK_W))}
+# (1.2 added typed names of Python values, no codec.)
+CODECS_OF_MINOR = {0: frozenset(range(1, 7)), 1: frozenset((*range(1, 7), codecs.BITPACK_W)),
+                   3: frozenset((*range(1, 7), codecs.BITPACK_W, codecs.RANS_SEG))}
 
 
 def format_minor(policy: str) -> int:
-    """The minor version a file written under ``policy`` declares: 0 for ``auto-1.0``."""
-    return 0 if policy == "auto-1.0" else MINOR
+    """The minor version a file written under ``policy`` declares: 0 for ``auto-1.0``, 1 for
+    ``seed`` (whose codecs 1.1 has), 3 for ``auto`` (codec 9)."""
+    return {"auto-1.0": 0, "seed": 1}.get(policy, MINOR)
 
 
 def check_policy(policy: str) -> str:
@@ -173,10 +182,25 @@ def rank(view: PlaneView, kind: int, policy: str, available: dict[int, codecs.Co
             zstd_est = est
         if est is not None and est < n:
             ranked.append((est, cid))
+    if policy == "auto":
+        _add_segments(view, ranked, available)
     ranked.sort()
     if policy == "auto" and sparse(view):
         ranked = prefer_fast(ranked, view.size)
     return prefer_packed(ranked) if policy == "auto" else ranked
+
+
+def _add_segments(view: PlaneView, ranked: list[tuple[int, int]],
+                  available: dict[int, codecs.Codec]) -> None:
+    """rans-seg's estimate added to ``ranked`` where rANS was estimated on the counted plane
+    and a table per segment stores less by over :data:`SEGMENTS_GAIN`."""
+    seg = available.get(codecs.RANS_SEG)
+    rans = next((e for e, c in ranked if c == codecs.RANS), None)
+    if seg is None or rans is None or not view.counted or view.units is None:
+        return
+    est = seg.estimate_view(view)
+    if est is not None and est < rans * (1 - SEGMENTS_GAIN):
+        ranked.append((est, codecs.RANS_SEG))
 
 
 def _lz_tried(view: PlaneView, kind: int, policy: str) -> bool:

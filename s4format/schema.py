@@ -31,7 +31,7 @@ from construct import (
 MAGIC = b"\x89S4W\r\n\x1a\n"
 END_MAGIC = b"\n\x1aS4WEND"
 MAJOR = 1
-MINOR = 1  # 1.1 added codec 8, bitpack-w (spec/README.md, Versioning)
+MINOR = 3  # 1.1 added codec 8, bitpack-w; 1.3 codec 9, rans-seg (spec/README.md, Versioning)
 
 HEADER_SIZE = 32
 FOOTER_SIZE = 40

@@ -19,6 +19,7 @@ from s4format.codecs.registry import (
     NAMES,
     NVCOMP_ANS,
     RANS,
+    RANS_SEG,
     RAW,
     ZSTD,
     register,
@@ -63,7 +64,7 @@ def _load_builtin() -> None:
         if _loaded:
             return
         from s4format.codecs import bitpack, raw, zstd  # noqa: F401
-        for optional in ("rans", "bitpackw", "gdeflate"):
+        for optional in ("rans", "ransseg", "bitpackw", "gdeflate"):
             with contextlib.suppress(ImportError):
                 __import__(f"s4format.codecs.{optional}")
         _loaded = True
@@ -76,6 +77,7 @@ __all__ = [
     "NAMES",
     "NVCOMP_ANS",
     "RANS",
+    "RANS_SEG",
     "RAW",
     "ZSTD",
     "Codec",

@@ -14,9 +14,11 @@ RANS = 4
 GDEFLATE = 5
 NVCOMP_ANS = 6
 BITPACK_W = 8
+RANS_SEG = 9  # format 1.3
 
 NAMES = {RAW: "raw", BITPACK: "bitpack", ZSTD: "zstd", RANS: "rans", GDEFLATE: "gdeflate",
-         NVCOMP_ANS: "nvcomp-ans", BITPACK_W: "bitpack-w"}
+         NVCOMP_ANS: "nvcomp-ans", BITPACK_W: "bitpack-w",
+         RANS_SEG: "rans-seg"}
 
 _REGISTRY: dict[int, Codec] = {}
 

@@ -19,6 +19,10 @@ from s4format.jit import kernel
 
 # Words per piece of work on a worker (about 1 MiB of fp32 words).
 PIECE = 1 << 18
+# A plane of at least UNITS_MIN words keeps its histogram per UNIT words too (counted in the
+# same pass), from which codec 9 (rans-seg) chooses where a new frequency table pays.
+UNIT = 1 << 16
+UNITS_MIN = 4 * UNIT
 # The sample of a plane not counted yet: this many evenly spaced runs of SAMPLE_CHUNK bytes
 # (a plane that fits in them is counted whole).
 SAMPLE_CHUNKS, SAMPLE_CHUNK = 32, 2048
@@ -31,14 +35,15 @@ class PlaneView:
     counters, which LZ coders shrink), or a sample's (:meth:`share`) until ``counts`` is
     first asked for."""
 
-    __slots__ = ("_bytes", "_counts", "_runs", "_sample", "bits", "mask", "memo", "shift",
-                 "words")
+    __slots__ = ("_bytes", "_counts", "_runs", "_sample", "_units", "bits", "mask", "memo",
+                 "shift", "words")
 
     def __init__(self, words: np.ndarray, shift: int, mask: int, bits: int,
                  counts: np.ndarray | None, runs: int,
-                 sample: tuple[np.ndarray, int, int] | None = None) -> None:
+                 sample: tuple[np.ndarray, int, int] | None = None,
+                 units: np.ndarray | None = None) -> None:
         self.words, self.shift, self.mask, self.bits = words, shift, mask, bits
-        self._counts, self._runs, self._sample = counts, runs, sample
+        self._counts, self._runs, self._sample, self._units = counts, runs, sample, units
         # codec ID -> its encoding of this plane, where an estimate had to encode it whole
         # (a small plane's zstd trial): the encode that follows takes it instead of repeating it
         self.memo: dict = {}
@@ -68,9 +73,18 @@ class PlaneView:
     def counts(self) -> np.ndarray:
         """The exact histogram, counted on first use."""
         if self._counts is None:
-            counts, runs = field_stats(self.words, np.array([self.shift]), np.array([self.mask]))
+            counts, runs, units = field_stats(self.words, np.array([self.shift]),
+                                              np.array([self.mask]))
             self._counts, self._runs = counts[0], int(runs[0])
+            self._units = None if units is None else units[:, 0]
         return self._counts
+
+    @property
+    def units(self) -> np.ndarray | None:
+        """The histogram of each UNIT words (int32, units x 256; the last unit may be
+        shorter), for planes of at least UNITS_MIN words; else None."""
+        self.counts  # noqa: B018 - counted on first use
+        return self._units
 
     @property
     def runs(self) -> int:
@@ -109,9 +123,10 @@ def run_pieces(fn, n: int, piece: int) -> None:
 
 def counted(words: np.ndarray, shifts: np.ndarray, masks: np.ndarray) -> list[PlaneView]:
     """Views of fields ``(shifts[k], masks[k])`` of ``words``, every histogram counted."""
-    counts, runs = field_stats(words, shifts, masks)
+    counts, runs, units = field_stats(words, shifts, masks)
     return [PlaneView(words, int(shifts[k]), int(masks[k]), _or_of(counts[k]), counts[k],
-                      int(runs[k])) for k in range(shifts.size)]
+                      int(runs[k]), units=None if units is None else units[:, k])
+            for k in range(shifts.size)]
 
 
 def sampled(words: np.ndarray, shifts: np.ndarray, masks: np.ndarray) -> list[PlaneView]:
@@ -146,21 +161,33 @@ def _or_of(counts: np.ndarray) -> int:
 
 
 def field_stats(words: np.ndarray, shifts: np.ndarray, masks: np.ndarray
-                ) -> tuple[np.ndarray, np.ndarray]:
-    """Per field ``(shifts[k], masks[k])`` of ``words``: its histogram (k x 256) and runs."""
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """Per field ``(shifts[k], masks[k])`` of ``words``: its histogram (k x 256), runs, and
+    for at least UNITS_MIN words the histogram of each UNIT words (units x k x 256, int32)."""
     k = shifts.size
+    n = words.size
+    units = np.zeros((-(-n // UNIT), k, 256), np.int32) if n >= UNITS_MIN else None
 
     def piece(lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
         counts = np.zeros((k, 4, 256), np.int64)
         runs = np.zeros(k, np.int64)
-        _count_fields(words, lo, hi, shifts, masks, counts, runs)
-        return counts.sum(axis=1), runs
+        if units is None:
+            _count_fields(words, lo, hi, shifts, masks, counts, runs)
+            return counts.sum(axis=1), runs
+        total = np.zeros((k, 256), np.int64)
+        for a in range(lo, hi, UNIT):  # pieces start on unit bounds (PIECE % UNIT == 0)
+            counts[:] = 0
+            _count_fields(words, a, min(hi, a + UNIT), shifts, masks, counts, runs)
+            one = counts.sum(axis=1)
+            units[a // UNIT] = one
+            total += one
+        return total, runs
 
-    n = words.size
     if n <= PIECE:
-        return piece(0, n)
+        counts, runs = piece(0, n)
+        return counts, runs, units
     parts = threads.pool().map(lambda lo: piece(lo, min(n, lo + PIECE)), range(0, n, PIECE))
-    return sum(p[0] for p in parts), sum(p[1] for p in parts)
+    return sum(p[0] for p in parts), sum(p[1] for p in parts), units
 
 
 # Four interleaved histograms per field: a plane of few symbols (an exponent plane) would

@@ -57,7 +57,7 @@ def test_inspect(files) -> None:
     res = run("inspect", files["good"])
     assert res.returncode == 0, res.stderr
     lines = res.stdout.splitlines()
-    assert lines[0] == f"{files['good']}: .s4w 1.1, flags required=0x0 optional=0x0, alignment 64"
+    assert lines[0] == f"{files['good']}: .s4w 1.3, flags required=0x0 optional=0x0, alignment 64"
     assert lines[1].endswith(", full (no parent)")
     assert "  framework: test" in lines
     assert any(line.startswith("emb  bfloat16[2048]  bf16  raw 4096  stored ") for line in lines)

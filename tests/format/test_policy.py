@@ -15,6 +15,7 @@ from s4format.writer import CodedPlane, CodedTensor
 
 RANS, ZSTD, GDEFLATE = codecs.RANS, codecs.ZSTD, codecs.GDEFLATE
 BITPACK, BITPACK_W = codecs.BITPACK, codecs.BITPACK_W
+RANS_SEG = codecs.RANS_SEG
 
 
 def near_uniform_7bit(n: int = 1 << 16) -> np.ndarray:
@@ -85,16 +86,16 @@ def plane_codecs(blob: bytes) -> dict[str, int]:
         return {p.label: p.codec for p in r.tensors[0].planes}
 
 
-def test_default_writer_declares_1_1_and_packs_the_bf16_mantissa() -> None:
+def test_default_writer_declares_1_3_and_packs_the_bf16_mantissa() -> None:
     bits = bf16_weights()
     blob = s4format.dumps({"w": bits.view(np.uint8)}, policy="auto")
-    assert blob[8:12] == b"\x01\x00\x01\x00"
+    assert blob[8:12] == b"\x01\x00\x03\x00"
     buf = io.BytesIO()
     with Writer(buf) as w:
         w.add("w", s4format.Tensor(dtypes.by_name("bfloat16"), bits.shape, bits.view(np.uint8)))
     blob = buf.getvalue()
     with Reader(blob) as r:
-        assert (r.header.major, r.header.minor) == (1, 1)
+        assert (r.header.major, r.header.minor) == (1, 3)
         assert r.read_raw(0).tobytes() == bits.tobytes()
     assert plane_codecs(blob) == {"sign": BITPACK, "exponent": RANS, "mantissa0": BITPACK_W}
 
@@ -114,12 +115,13 @@ def test_auto_1_0_declares_1_0_and_never_uses_codec_8() -> None:
         assert s4format.verify(r) == []
 
 
-@pytest.mark.parametrize(("name", "minor"), [("auto", 1), ("seed", 1), ("auto-1.0", 0)])
+@pytest.mark.parametrize(("name", "minor"), [("auto", 3), ("seed", 1), ("auto-1.0", 0)])
 def test_format_minor_of_each_policy(name: str, minor: int) -> None:
     assert policy.format_minor(name) == minor
     assert s4format.dumps({}, policy=name)[10] == minor
     assert policy.CODECS_OF_MINOR[minor] >= {1, 2, 3, 4, 5, 6}
-    assert (BITPACK_W in policy.CODECS_OF_MINOR[minor]) == (minor == 1)
+    assert (BITPACK_W in policy.CODECS_OF_MINOR[minor]) == (minor >= 1)
+    assert (RANS_SEG in policy.CODECS_OF_MINOR[minor]) == (minor >= 3)
     assert 7 not in policy.CODECS_OF_MINOR[minor]
 
 
