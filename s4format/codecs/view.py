@@ -174,14 +174,9 @@ def field_stats(words: np.ndarray, shifts: np.ndarray, masks: np.ndarray
         if units is None:
             _count_fields(words, lo, hi, shifts, masks, counts, runs)
             return counts.sum(axis=1), runs
-        total = np.zeros((k, 256), np.int64)
-        for a in range(lo, hi, UNIT):  # pieces start on unit bounds (PIECE % UNIT == 0)
-            counts[:] = 0
-            _count_fields(words, a, min(hi, a + UNIT), shifts, masks, counts, runs)
-            one = counts.sum(axis=1)
-            units[a // UNIT] = one
-            total += one
-        return total, runs
+        # pieces start on unit bounds (PIECE % UNIT == 0)
+        _count_units(words, lo, hi, shifts, masks, counts, runs, units)
+        return units[lo // UNIT:-(-hi // UNIT)].sum(axis=0, dtype=np.int64), runs
 
     if n <= PIECE:
         counts, runs = piece(0, n)
@@ -233,6 +228,19 @@ def _count_fields(words, lo, hi, shifts, masks, counts, runs):  # pragma: no cov
             p = a
             i += 1
         runs[f] += run
+
+
+@kernel()
+def _count_units(words, lo, hi, shifts, masks, counts, runs, units
+                 ):  # pragma: no cover - compiled
+    for a in range(lo, hi, UNIT):
+        counts[:] = 0
+        _count_fields(words, a, min(hi, a + UNIT), shifts, masks, counts, runs)
+        u = a // UNIT
+        for f in range(shifts.size):
+            for s in range(256):
+                units[u, f, s] = counts[f, 0, s] + counts[f, 1, s] + counts[f, 2, s] \
+                    + counts[f, 3, s]
 
 
 @kernel()
