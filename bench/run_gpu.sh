@@ -2,17 +2,17 @@
 # Everything measured on a GPU machine, in one go, from the repository root of an install with
 # the gpu extra (docs/gpu.md):
 #
-#   bash bench/run_gpu.sh [STAGE...]    # default: tests conformance gate gpu checkpoints dcp cpu
+#   bash bench/run_gpu.sh [STAGE...]  # default: tests conformance gate gpu checkpoints flat dcp cpu
 #
 # Stages: tests (the GPU tests), conformance (the suite on the GPU path), gate (the image build's
-# gate), gpu, checkpoints, dcp (the benches on CUDA), cpu (bench/cpu_speed.py with the GPU
+# gate), gpu, checkpoints, flat, dcp (the benches on CUDA), cpu (bench/cpu_speed.py with the GPU
 # hidden). Each stage's log and the benches' JSON land in $OUT; the exit status is 0 only when
 # every stage passed.
 set -o pipefail
 export OUT=${OUT:-/tmp/s4-gpu-out} PYTHONUNBUFFERED=1
 mkdir -p "$OUT"
 stages=("$@")
-[ ${#stages[@]} -gt 0 ] || stages=(tests conformance gate gpu checkpoints dcp cpu)
+[ ${#stages[@]} -gt 0 ] || stages=(tests conformance gate gpu checkpoints flat dcp cpu)
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv \
     | tee "$OUT/gpu_info.txt"
 failed=()
@@ -24,6 +24,7 @@ for stage in "${stages[@]}"; do
         gate) python3 packer/gate.py --report "$OUT/gate.json" ;;
         gpu) python3 bench/gpu.py ;;
         checkpoints) python3 bench/checkpoints.py --device cuda ;;
+        flat) python3 bench/flat.py --device cuda ;;
         dcp) python3 bench/dcp.py --device cuda --ranks 1 ;;
         cpu) CUDA_VISIBLE_DEVICES="" python3 bench/cpu_speed.py --reps 3 ;;
         *) echo "unknown stage $stage"; false ;;
