@@ -120,23 +120,25 @@ def _segment_table(buf: np.ndarray, decoded_len: int) -> list[tuple[int, int]]:
     if body > buf.size:
         raise CodecError(f"rans-seg segment table of {k} segments needs {body} bytes, the "
                          f"payload has {buf.size}")
-    table = [SEGMENT.unpack_from(buf[COUNT.size:body].tobytes(), SEGMENT.size * i)
-             for i in range(k)]
-    symbols = stored = 0
-    for i, (n, s) in enumerate(table):
-        if n == 0:
-            raise CodecError(f"rans-seg segment {i} holds 0 symbols")
-        if i < k - 1 and n % SEGMENT_UNIT:
-            raise CodecError(f"rans-seg segment {i} holds {n} symbols, not a multiple of "
-                             f"{SEGMENT_UNIT} (only the last segment may)")
-        symbols += n
-        stored += s
+    fields = np.frombuffer(buf[COUNT.size:body].tobytes(), "<u8").reshape(k, 2)
+    zero = np.flatnonzero(fields[:, 0] == 0)
+    if zero.size:
+        raise CodecError(f"rans-seg segment {int(zero[0])} holds 0 symbols")
+    odd = np.flatnonzero(fields[:-1, 0] % SEGMENT_UNIT)
+    if odd.size:
+        i = int(odd[0])
+        raise CodecError(f"rans-seg segment {i} holds {int(fields[i, 0])} symbols, not a "
+                         f"multiple of {SEGMENT_UNIT} (only the last segment may)")
+    # summed as Python ints: u64 sums may wrap
+    symbols = sum(int(n) for n in fields[:, 0].tolist())
+    stored = sum(int(n) for n in fields[:, 1].tolist())
     if symbols != decoded_len:
         raise CodecError(f"rans-seg segments hold {symbols} symbols, plane declares "
                          f"{decoded_len}")
     if body + stored != buf.size:
         raise CodecError(f"rans-seg segments store {stored} bytes after a {body}-byte table, "
                          f"the payload has {buf.size}")
+    table = [(int(n), int(m)) for n, m in fields.tolist()]
     return table
 
 
