@@ -136,8 +136,10 @@ def codecs_used(blob: bytes) -> set[str]:
 
 def write_file(tensors: list[TensorSpec], tree: Any = None, *, align_log2: int = 6,
                parent_id: bytes | None = None, metadata: dict[str, str] | None = None,
-               policy: str = "auto-1.0") -> bytes:
-    """The vectors frozen before format 1.1 are 1.0 files, written under ``auto-1.0``."""
+               policy: str = "auto-1.0", minor: int | None = None) -> bytes:
+    """The vectors frozen before format 1.1 are 1.0 files, written under ``auto-1.0``.
+    ``minor`` pins the header's minor version where a suite's files must keep declaring theirs
+    after the writer's default moves on."""
     buf = io.BytesIO()
     w = Writer(buf, align_log2=align_log2, parent_id=parent_id, policy=policy)
     for t in tensors:
@@ -151,7 +153,9 @@ def write_file(tensors: list[TensorSpec], tree: Any = None, *, align_log2: int =
     if metadata:
         w.set_metadata(metadata)
     w.close()
-    return buf.getvalue()
+    if minor is None or minor == w.minor:
+        return buf.getvalue()
+    return edited(buf.getvalue(), lambda p: p.header.update(minor=minor))
 
 
 def valid(vid: str, description: str, rules: list[str], tensors: list[TensorSpec],
@@ -1191,7 +1195,8 @@ def all_vectors() -> list[Vector]:
 # v1/ is frozen as the suite of format 1.0, which a 1.0 reader passes; what 1.1 adds is in its
 # own folder (README.md, "Frozen vectors"). A 1.1 reader passes v1/ and v1.1/.
 
-POLICY_1_1 = "auto"  # files whose header says minor 1 and that may use codec 8
+POLICY_1_1 = "auto"  # files that may use codec 8, their header pinned to MINOR_1_1
+MINOR_1_1 = 1
 BITPACK_W_RULES = ["codecs.md#8--bitpack-w"]
 
 
@@ -1234,7 +1239,8 @@ def bitpackw_vectors() -> list[Vector]:
                      "largest byte 2^w - 1) over 1000 bytes (n % 8 = 0, no padding), 1001 bytes "
                      "(padding bits in the last stored byte) and w bytes (one partial group); "
                      "a 2-bit plane at width 7 (any width that holds the bytes is valid); an "
-                     "empty plane", BITPACK_W_RULES, tensors, policy=POLICY_1_1))
+                     "empty plane", BITPACK_W_RULES, tensors, policy=POLICY_1_1,
+                     minor=MINOR_1_1))
     examples = []
     for name, w, plane, stored in (("w3", 3, "0502070003", "d531"),
                                    ("w7", 7, "057f004112336a017e2c", "853f202899a9037e16")):
@@ -1244,7 +1250,8 @@ def bitpackw_vectors() -> list[Vector]:
         examples.append(TensorSpec(name, "uint8", (raw.size,), raw, coded))
     out.append(valid("bitpackw_spec_examples", "the two worked examples of codecs.md, byte for "
                      "byte: 05 02 07 00 03 at w = 3 -> D5 31; a 10-byte plane at w = 7 -> "
-                     "85 3F 20 28 99 A9 03 7E 16", BITPACK_W_RULES, examples, policy=POLICY_1_1))
+                     "85 3F 20 28 99 A9 03 7E 16", BITPACK_W_RULES, examples,
+                     policy=POLICY_1_1, minor=MINOR_1_1))
     spec_examples = out[-1]
     assert spec_examples.data[10] == 1, "a 1.1 file declares minor 1"
     out.append(Vector("bitpackw_in_minor_0", "the spec examples in a file whose header says "
@@ -1266,7 +1273,7 @@ def bitpackw_vectors() -> list[Vector]:
                   TensorSpec("f16", "float16", (n,), h,
                              force(h, "float16", layouts.FP16,
                                    [codecs.BITPACK, bitpack_w(5), bitpack_w(2), codecs.RAW]))],
-                 policy=POLICY_1_1)
+                 policy=POLICY_1_1, minor=MINOR_1_1)
     assert packed_planes(auto.data) == [("bf16", 2), ("f32", 2), ("f16", 1), ("f16", 2)], \
         packed_planes(auto.data)
     out.append(auto)
@@ -1288,7 +1295,7 @@ def bitpackw_read_vectors() -> list[Vector]:
                                [codecs.BITPACK, bitpack_w(5), bitpack_w(2), codecs.RANS]))]
     base = valid("bitpackw_base", "the valid file the bitpack-w must-fail vectors are made "
                  "from: bf16 mantissa at w = 7 (n = 4087), fp16 exponent at w = 5 and mantissa0 "
-                 "at w = 2", BITPACK_W_RULES, base_t, policy=POLICY_1_1)
+                 "at w = 2", BITPACK_W_RULES, base_t, policy=POLICY_1_1, minor=MINOR_1_1)
     W_MANT, H_EXP = (0, 2), (1, 1)
     mant = layouts.BF16.split(w, 2)[2]
     stored = craft.plane_bytes(craft.parse(base.data), *W_MANT)
