@@ -1,5 +1,6 @@
-"""Generate the .s4w v1 conformance vectors: format 1.0's into ``conformance/v1/``, what format
-1.1 adds into ``conformance/v1.1/`` (or one suite into ``--out DIR``).
+"""Generate the .s4w v1 conformance vectors: format 1.0's into ``conformance/v1/``, what each
+later minor adds into its own folder (``v1.1/``, ``v1.2/``, ``v1.3/``), or one suite into
+``--out DIR``.
 
 Deterministic: fixed seeds (PCG64's raw bit stream, which numpy keeps stable), no timestamps,
 sorted JSON. Expected tensor bytes are hashed from the arrays built here, *before* writing, and
@@ -7,7 +8,7 @@ trees are converted from the Python objects given to the writer: nothing expecte
 reader. Vectors of a released version are frozen: an existing file is never overwritten with
 different bytes unless ``--force`` is given (see ``README.md``).
 
-    python -m conformance.generate [--suite v1|v1.1 [--out DIR]] [--force]
+    python -m conformance.generate [--suite v1|v1.1|v1.2|v1.3 [--out DIR]] [--force]
 """
 
 from __future__ import annotations
@@ -1350,6 +1351,256 @@ def all_vectors_1_1() -> list[Vector]:
     return bitpackw_vectors() + bitpackw_read_vectors()
 
 
+# -- format 1.3 (v1.3/): codec 9, rans-seg --------------------------------------------------
+#
+# A 1.3 reader passes v1/ to v1.3/; an older one refuses every file here at open, each having a
+# codec-9 plane (UnsupportedCodecError, rule P3).
+
+MINOR_1_3 = 3
+RANS_SEG_RULES = ["codecs.md#9--rans-seg"]
+SEG_UNIT = 1 << 16  # every segment but the last holds a multiple of this many symbols
+U64_WRAP = 1 << 64
+
+
+def rans_seg_payload(segments: list[tuple[int, bytes]]) -> bytes:
+    """A codec-9 payload laid out by codecs.md from (symbols_i, codec-4 stream_i) pairs: k, the
+    table of (symbols_i, stored_i), the streams back to back."""
+    table = b"".join(struct.pack("<QQ", n, len(s)) for n, s in segments)
+    return struct.pack("<I", len(segments)) + table + b"".join(s for _, s in segments)
+
+
+def rans_stream(plane: np.ndarray, mode: int, codec: RansCodec) -> bytes:
+    """``plane`` as one codec-4 stream, whose mode byte is checked to be ``mode``."""
+    stream = np.asarray(codec.encode(plane).payload, np.uint8).tobytes()
+    if stream[0] != mode:
+        raise AssertionError(f"a segment's rANS mode is {stream[0]}, wanted {mode}")
+    return stream
+
+
+def rans_seg(cuts: list[int], modes: list[int], coders: list[RansCodec] | None = None
+             ) -> Callable[[np.ndarray], tuple[bytes, bytes, int]]:
+    """Code a plane as rans-seg cut at symbol offsets ``cuts``, segment ``i`` a codec-4
+    stream of ``coders[i]`` (default: codec 4's default block size) in mode ``modes[i]``."""
+    def code(plane: np.ndarray) -> tuple[bytes, bytes, int]:
+        edges = [0, *cuts, plane.size]
+        rans = coders or [RansCodec()] * len(modes)
+        segments = [(b - a, rans_stream(plane[a:b], m, c)) for a, b, m, c
+                    in zip(edges[:-1], edges[1:], modes, rans, strict=True)]
+        return rans_seg_payload(segments), b"", codecs.RANS_SEG
+    return code
+
+
+def skewed(seed: int, n: int, low: int) -> np.ndarray:
+    """Bytes ``low``, ``low + 1``, ... with halving probabilities (a low-entropy plane)."""
+    r = bits(seed, n)
+    run = np.zeros(n, np.uint8)
+    for k in range(7):  # the trailing ones of r, at most 7: P(run >= k + 1) = 2^-(k + 1)
+        run += ((r >> np.uint64(k)) & np.uint64(1)).astype(np.uint8) * (run == k)
+    return run + np.uint8(low)
+
+
+def gaussian_f32(seed: int, n: int, scale: float) -> np.ndarray:
+    """About N(0, scale^2) as fp32, from 12 uniform 16-bit draws per value (Irwin-Hall): integer
+    sums and IEEE-rounded arithmetic, no library math, so every platform makes the same bits."""
+    r = bits(seed, 3 * n).reshape(n, 3)
+    s = np.zeros(n, np.int64)
+    for k in range(12):
+        s += ((r[:, k // 4] >> np.uint64(16 * (k % 4))) & np.uint64(0xFFFF)).astype(np.int64)
+    return ((s - 6 * 65535) / 65536.0 * scale).astype(np.float32)
+
+
+def bf16_of(f32: np.ndarray) -> np.ndarray:
+    """fp32 values rounded to bf16 bit patterns (nearest, ties to even), as torch does."""
+    u = f32.view(np.uint32).astype(np.uint64)
+    return ((u + np.uint64(0x7FFF) + ((u >> np.uint64(16)) & np.uint64(1))) >> np.uint64(16)
+            ).astype(np.uint16)
+
+
+def flat_buffer() -> np.ndarray:
+    """Parameters of different scales end to end, as in an FSDP1 FlatParameter or a flat
+    optimizer partition: N(0, 0.02), N(0, 1e-4), ones, zeros, 65,536 of each."""
+    return np.concatenate([gaussian_f32(500, SEG_UNIT, 0.02), gaussian_f32(501, SEG_UNIT, 1e-4),
+                           np.ones(SEG_UNIT, np.float32), np.zeros(SEG_UNIT, np.float32)])
+
+
+def segmented_planes(blob: bytes) -> list[tuple[str, int]]:
+    """(tensor name, plane number) of every codec-9 plane in a file."""
+    return [(t["name"], k) for t in craft.parse(blob).tensors
+            for k, p in enumerate(t["planes"]) if p["codec"] == codecs.RANS_SEG]
+
+
+def ransseg_vectors() -> list[Vector]:
+    n_last = 1234
+    plane = np.concatenate([
+        skewed(600, SEG_UNIT, 100),
+        np.repeat(np.array([0x7F, 0x80, 0x7F, 0x00], np.uint8), SEG_UNIT // 4),
+        rand_bytes(601, SEG_UNIT), skewed(602, n_last, 30)])
+    modes = [MODE_RANS, MODE_CONST, MODE_RAW, MODE_RANS]
+    coders = [RansCodec(12), RansCodec(14), RansCodec(), RansCodec(8)]
+    cuts = [SEG_UNIT, 2 * SEG_UNIT, 3 * SEG_UNIT]
+    every_mode = valid(
+        "ransseg_modes", "rans-seg in 4 segments, one per codec-4 mode: RANS (16 blocks), CONST "
+        "(4 blocks of their own bytes), RAW (uniform bytes), then a partial last segment of "
+        f"{n_last} symbols in RANS (5 blocks of 256, the last partial)", RANS_SEG_RULES,
+        [TensorSpec("flat", "uint8", (plane.size,), plane,
+                    force(plane, "uint8", layouts.RAW, [rans_seg(cuts, modes, coders)]))],
+        policy="auto", minor=MINOR_1_3)
+    w = weights_bf16(610, 4000).view(np.uint8).copy()
+    one = valid("ransseg_one_segment", "a bf16 exponent plane as rans-seg of one segment "
+                "(k = 1, a RANS stream): valid, though our writer codes such a plane as codec 4",
+                RANS_SEG_RULES, [TensorSpec("w", "bfloat16", (4000,), w, force(
+                    w, "bfloat16", layouts.BF16,
+                    [codecs.BITPACK, rans_seg([], [MODE_RANS]), codecs.RAW]))],
+                policy="auto", minor=MINOR_1_3)
+    flat = flat_buffer()
+    weights = valid("ransseg_flat_weights", "the writer's choice (policy auto) on a flat buffer "
+                    "of bf16 and of fp32 parameters, N(0, 0.02), N(0, 1e-4), ones and zeros "
+                    "end to end: both exponent planes are rans-seg, and the sign planes and "
+                    "fp32's mantissa1 and mantissa2 (mantissa0 is zstd)",
+                    [*RANS_SEG_RULES, "codecs.md#choosing-codecs-informative", "planes.md"],
+                    [TensorSpec("bf16", "bfloat16", (flat.size,), bf16_of(flat).view(np.uint8)),
+                     TensorSpec("f32", "float32", (flat.size,), flat.view(np.uint8))],
+                    policy="auto", minor=MINOR_1_3)
+    chosen = segmented_planes(weights.data)
+    assert chosen == [("bf16", 0), ("bf16", 1), ("f32", 0), ("f32", 1), ("f32", 3),
+                      ("f32", 4)], chosen
+    in_minor_1 = Vector("ransseg_in_minor_1", "ransseg_modes in a file whose header says minor "
+                        "1: readers decode what the records name, whatever minor the header "
+                        "declares", ["README.md#versioning", "validation.md#H3",
+                                     "validation.md#P3", *RANS_SEG_RULES],
+                        edited(every_mode.data, lambda p: p.header.update(minor=1)),
+                        tensors=every_mode.tensors, tree=every_mode.tree)
+    return [every_mode, one, weights, in_minor_1]
+
+
+def ransseg_read_vectors() -> list[Vector]:
+    """The rules of codec 9 (R2), one each, made from a valid plane of two segments: 65,536
+    symbols in CONST, then 3000 in RANS (12 blocks of 256)."""
+    body = skewed(620, 3000, 10)
+    plane = np.concatenate([np.full(SEG_UNIT, 0x55, np.uint8), body])
+    r8 = RansCodec(8)
+    const = rans_stream(plane[:SEG_UNIT], MODE_CONST, RansCodec())
+    stream = rans_stream(body, MODE_RANS, r8)
+    base = valid("ransseg_base", "the valid file the rans-seg must-fail vectors are made from: "
+                 "a uint8 plane in two segments, 65,536 symbols in CONST and 3000 in RANS",
+                 RANS_SEG_RULES, [TensorSpec("p", "uint8", (plane.size,), plane, force(
+                     plane, "uint8", layouts.RAW,
+                     [rans_seg([SEG_UNIT], [MODE_CONST, MODE_RANS], [RansCodec(), r8])]))],
+                 policy="auto", minor=MINOR_1_3)
+    PLANE = (0, 0)
+    payload = craft.plane_bytes(craft.parse(base.data), *PLANE)
+    assert payload == rans_seg_payload([(SEG_UNIT, const), (3000, stream)])
+    at = 4 + 2 * 16 + len(const)  # segment 1's stream in the payload
+    table_len = _rans_table_len(stream)
+    states_at = at + 12 + table_len + 4 * -(-3000 // 256)
+
+    def rebuilt(segments: list[tuple[int, bytes]]) -> bytes:
+        return replaced(base.data, PLANE, rans_seg_payload(segments))
+
+    def set_u32(offset: int, value: int) -> bytes:
+        return payload_edited(base.data, PLANE, lambda b: b.__setitem__(
+            slice(offset, offset + 4), struct.pack("<I", value)))
+
+    assert payload[at + 44] < 0xFF and payload[28] < 0xFF  # the +1 edits below carry no bit
+    assert payload[19] == payload[35] == 0  # nor do the 2^63 ones
+    empty = np.zeros(0, np.uint8)
+    return [
+        base,
+        fail("ransseg_params_1", "rans-seg with a parameter byte", RANS_SEG_RULES, "CodecError",
+             edited(base.data, lambda p: p.tensors[0]["planes"][0].update(params=b"\x00"))),
+        fail("ransseg_k_0", "rans-seg segment count k = 0, the rest of the payload kept",
+             RANS_SEG_RULES, "CodecError", set_u32(0, 0)),
+        fail("ransseg_table_past_payload", f"rans-seg k = {(len(payload) - 4) // 16 + 1}: its "
+             f"segment table needs more than the payload's {len(payload)} bytes",
+             RANS_SEG_RULES, "CodecError", set_u32(0, (len(payload) - 4) // 16 + 1)),
+        fail("ransseg_k_max", "rans-seg k = 2^32 - 1: a table of 4 + 16 k bytes, past the "
+             "payload (and past 2^32: a size computed in 32 bits wraps)", RANS_SEG_RULES,
+             "CodecError", set_u32(0, 0xFFFFFFFF)),
+        fail("ransseg_payload_3", "the plane stored in 3 bytes: decoded_len exceeds "
+             "max_decoded_len(3) = 0 (checked before decoding)",
+             ["validation.md#P4", *RANS_SEG_RULES], "LimitError",
+             replaced(base.data, PLANE, b"\x01\x00\x00")),
+        fail("ransseg_symbols_0", "a first segment of 0 symbols (an empty RAW codec-4 stream) "
+             "before the two valid ones", RANS_SEG_RULES, "CodecError",
+             rebuilt([(0, rans_stream(empty, MODE_RAW, RansCodec())), (SEG_UNIT, const),
+                      (3000, stream)])),
+        fail("ransseg_not_multiple", "the plane cut after 65,535 symbols: a segment other than "
+             "the last that is not a multiple of 65,536 (both streams valid)", RANS_SEG_RULES,
+             "CodecError",
+             rebuilt([(SEG_UNIT - 1, rans_stream(plane[:SEG_UNIT - 1], MODE_CONST,
+                                                 RansCodec())),
+                      (3001, rans_stream(plane[SEG_UNIT - 1:], MODE_RANS, r8))])),
+        fail("ransseg_symbols_over", "the last segment codes one symbol more (3001): the "
+             "segments hold decoded_len + 1 symbols", RANS_SEG_RULES, "CodecError",
+             rebuilt([(SEG_UNIT, const), (3001, rans_stream(np.append(body, body[:1]),
+                                                            MODE_RANS, r8))])),
+        fail("ransseg_symbols_under", "the last segment codes one symbol less (2999): the "
+             "segments hold decoded_len - 1 symbols", RANS_SEG_RULES, "CodecError",
+             rebuilt([(SEG_UNIT, const), (2999, rans_stream(body[:-1], MODE_RANS, r8))])),
+        fail("ransseg_stored_short", "a byte after the last stream: the stored lengths sum to "
+             "one short of the payload", RANS_SEG_RULES, "CodecError",
+             replaced(base.data, PLANE, payload + b"\x00")),
+        fail("ransseg_stored_long", "the last segment's stored length one more than its "
+             "stream: the stored lengths sum to one past the payload", RANS_SEG_RULES,
+             "CodecError", payload_edited(base.data, PLANE, lambda b: b.__setitem__(
+                 28, b[28] + 1))),
+        fail("ransseg_symbols_wrap", "segments of 131,072, 2^64 - 65,536 (a CONST stream of "
+             "one block byte) and 3000 symbols: their sum is decoded_len only modulo 2^64 (a "
+             "reader summing in u64 would write 131,072 bytes into a 68,536-byte plane)",
+             RANS_SEG_RULES, "CodecError",
+             rebuilt([(2 * SEG_UNIT, rans_stream(np.full(2 * SEG_UNIT, 0x55, np.uint8),
+                                                 MODE_CONST, RansCodec())),
+                      (U64_WRAP - SEG_UNIT,
+                       struct.pack("<BBHQ", MODE_CONST, 20, 0, U64_WRAP - SEG_UNIT) + b"\x55"),
+                      (3000, stream)])),
+        fail("ransseg_stored_wrap", "both stored lengths 2^63 more than their streams: their "
+             "sum matches the payload only modulo 2^64", RANS_SEG_RULES, "CodecError",
+             payload_edited(base.data, PLANE, lambda b: [b.__setitem__(
+                 at_ + 7, b[at_ + 7] | 0x80) for at_ in (12, 28)])),
+        fail("ransseg_segment_n", "segment 1's codec-4 stream declares n = 3001 for its 3000 "
+             "symbols", ["rans.md#6", *RANS_SEG_RULES], "CodecError",
+             payload_edited(base.data, PLANE, lambda b: b.__setitem__(at + 4, b[at + 4] + 1))),
+        fail("ransseg_segment_table_sum", "segment 1's rANS frequency table with its first "
+             "frequency one higher (sum 4097)", ["rans.md#3", *RANS_SEG_RULES], "CodecError",
+             payload_edited(base.data, PLANE, lambda b: b.__setitem__(at + 44, b[at + 44] + 1))),
+        fail("ransseg_segment_final_state", "segment 1's block 0 lane 0 final state 2^15 - 1",
+             ["rans.md#6", *RANS_SEG_RULES], "CodecError", set_u32(states_at, 0x7FFF)),
+    ]
+
+
+def ransseg_bound_vectors() -> list[Vector]:
+    """Codec 9's expansion bound (P4), met and exceeded, and the one payload under 4 bytes
+    that the bound lets through: that of an empty plane."""
+    rules = ["validation.md#P4", *RANS_SEG_RULES]
+    c = np.full(1 << 20, 0x3C, np.uint8)
+    at_bound = valid("ransseg_at_bound", "2^20 bytes of one value in one CONST segment of one "
+                     "2^20-symbol block: 33 stored bytes, decoded_len exactly max_decoded_len",
+                     rules, [TensorSpec("c", "uint8", (c.size,), c, force(
+                         c, "uint8", layouts.RAW, [rans_seg([], [MODE_CONST])]))],
+                     policy="auto", minor=MINOR_1_3)
+    assert craft.parse(at_bound.data).tensors[0]["planes"][0]["stored_len"] == 33
+    no_block_byte = struct.pack("<BBHQ", MODE_CONST, 20, 0, c.size)
+    empty = np.zeros(0, np.uint8)
+    short = force(empty, "uint8", layouts.RAW,
+                  [lambda _plane: (b"\x01\x00\x00", b"", codecs.RANS_SEG)])
+    return [
+        at_bound,
+        fail("ransseg_over_bound", "ransseg_at_bound's CONST stream without its block byte: "
+             "32 stored bytes, decoded_len 2^20 exceeds max_decoded_len(32) = 0 (checked "
+             "before decoding)", rules, "LimitError",
+             replaced(at_bound.data, (0, 0), rans_seg_payload([(c.size, no_block_byte)]))),
+        fail("ransseg_payload_3_empty_plane", "an empty plane stored as rans-seg in 3 bytes, "
+             "shorter than the segment count (within the bound: max_decoded_len(3) = 0)",
+             RANS_SEG_RULES, "CodecError",
+             write_file([TensorSpec("e", "uint8", (0,), empty, short)], {"e": TensorRef(0)},
+                        policy="auto", minor=MINOR_1_3)),
+    ]
+
+
+def all_vectors_1_3() -> list[Vector]:
+    return ransseg_vectors() + ransseg_read_vectors() + ransseg_bound_vectors()
+
+
 # -- writing the suite ------------------------------------------------------------------------
 
 def all_vectors_1_2() -> list[Vector]:
@@ -1361,7 +1612,8 @@ def all_vectors_1_2() -> list[Vector]:
 
 # suite folder -> (the format version it tests, its vectors)
 SUITES: dict[str, tuple[str, Callable[[], list[Vector]]]] = {
-    "v1": ("1.0", all_vectors), "v1.1": ("1.1", all_vectors_1_1), "v1.2": ("1.2", all_vectors_1_2)}
+    "v1": ("1.0", all_vectors), "v1.1": ("1.1", all_vectors_1_1), "v1.2": ("1.2", all_vectors_1_2),
+    "v1.3": ("1.3", all_vectors_1_3)}
 
 
 def render(vectors: list[Vector], suite: str = "v1") -> dict[str, bytes]:

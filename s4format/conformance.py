@@ -1,5 +1,5 @@
 """The conformance runner: every vector of the suites (``conformance/v1``, format 1.0, and
-``v1.1`` and ``v1.2``, what 1.1 and 1.2 add) against our reader in-process, or against an
+``v1.1`` to ``v1.3``, what each later minor adds) against our reader in-process, or against an
 external reader through the protocol of ``spec/conformance.md``; ``--device cuda`` adds GPU
 round trips (the AMI-build gate).
 
@@ -40,8 +40,8 @@ from s4format.reader import Reader
 from s4format.verify import verify
 
 DEFAULT_SUITE = Path(__file__).resolve().parent.parent / "conformance" / "v1"
-# What a reader of format 1.1 passes: format 1.0's frozen suite and the one 1.1 added.
-DEFAULT_SUITES = (DEFAULT_SUITE, DEFAULT_SUITE.parent / "v1.1", DEFAULT_SUITE.parent / "v1.2")
+# What a reader of format 1.3 passes: format 1.0's frozen suite and those each minor added.
+DEFAULT_SUITES = (DEFAULT_SUITE, *(DEFAULT_SUITE.parent / v for v in ("v1.1", "v1.2", "v1.3")))
 DEFAULT_TIMEOUT = 60.0
 # The error classes of spec/validation.md's table, the only names a rejection may give; the
 # library may have more (for its torch layer), which no reader of files raises.

@@ -72,6 +72,19 @@ def test_v1_is_format_1_0_and_v1_1_adds_codec_8(rendered) -> None:
     assert all("bitpack-w" in v["codecs"] for v in v11)
 
 
+def test_v1_3_adds_codec_9(rendered) -> None:
+    """Only v1.3 uses rans-seg, every vector of it does, and its files declare minor 3 but the
+    one that tests an earlier minor."""
+    earlier = [v["id"] for name in ("v1", "v1.1", "v1.2")
+               for v in json.loads(rendered[name]["manifest.json"])["vectors"]
+               if "rans-seg" in v["codecs"]]
+    assert earlier == []
+    v13 = json.loads(rendered["v1.3"]["manifest.json"])["vectors"]
+    assert all("rans-seg" in v["codecs"] for v in v13)
+    minors = {v["id"]: rendered["v1.3"][v["file"]][10] for v in v13}
+    assert {k: m for k, m in minors.items() if m != 3} == {"ransseg_in_minor_1": 1}
+
+
 def test_refuses_to_overwrite_changed_vectors(tmp_path, rendered) -> None:
     generate.write_suite(tmp_path)
     (tmp_path / "appendix_a.s4w").write_bytes(b"changed")
