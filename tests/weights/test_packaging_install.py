@@ -94,7 +94,7 @@ def test_the_wheel_carries_vectors_kernels_and_scripts(tmp_path: Path) -> None:
     assert res.returncode == 0, res.stderr[-2000:]
     [wheel] = tmp_path.glob("s4weights-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    for suite in ("v1", "v1.1", "v1.2"):
+    for suite in ("v1", "v1.1", "v1.2", "v1.3"):
         want = {f"s4format/vectors/{suite}/{p.name}" for p in (ROOT / "conformance" / suite)
                 .iterdir()}
         assert want <= names, sorted(want - names)[:5]
