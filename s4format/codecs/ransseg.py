@@ -11,6 +11,7 @@ ordinary codec-4 stream, so the decoder is codec 4's run per segment.
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import math
 import struct
@@ -18,7 +19,7 @@ import struct
 import numpy as np
 
 from s4format import threads
-from s4format.codecs.abc import Codec, Encoded
+from s4format.codecs.abc import Codec, Encoded, Slicer
 from s4format.codecs.rans import HEADER_SIZE as RANS_HEADER
 from s4format.codecs.rans import LOG2_BLOCK_MAX, RansCodec
 from s4format.codecs.registry import RANS_SEG, register
@@ -103,6 +104,47 @@ class RansSegCodec(Codec):
         else:
             one(segs[0])
         return out
+
+    def slicer(self, payload: np.ndarray, decoded_len: int, params: bytes) -> Slicer | None:
+        """Slices from the segments' codec-4 slicers, so a reader merges a flat buffer piece by
+        piece as it does one table's plane (a segment without one, or with blocks larger than
+        the segment unit, is decoded whole first); None where the table or such a segment is
+        corrupt."""
+        buf = np.ascontiguousarray(payload, dtype=np.uint8).reshape(-1)
+        if params:
+            return None
+        try:
+            table = _segment_table(buf, decoded_len)
+        except CodecError:
+            return None
+        subs, starts = [], []
+        at, lo = COUNT.size + SEGMENT.size * len(table), 0
+        for n, stored in table:
+            sub = _RANS.slicer(buf[at:at + stored], n, b"")
+            if sub is None or sub.align > SEGMENT_UNIT:
+                # a CONST segment of 2^20-symbol blocks, say: decoded whole, it slices anywhere
+                try:
+                    whole = _RANS.decode(buf[at:at + stored], n, b"")
+                except CodecError:
+                    return None
+                sub = Slicer(1, lambda a, b, w=whole: w[a:b])
+            subs.append(sub)
+            starts.append(lo)
+            at, lo = at + stored, lo + n
+
+        def get(lo: int, hi: int) -> np.ndarray | None:
+            parts = []
+            i = bisect.bisect_right(starts, lo) - 1
+            while lo < hi:
+                end = min(hi, starts[i] + table[i][0])
+                part = subs[i].get(lo - starts[i], end - starts[i])
+                if part is None:
+                    return None
+                parts.append(part)
+                lo, i = end, i + 1
+            return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+        return Slicer(max(s.align for s in subs), get)
 
     def max_decoded_len(self, stored_len: int) -> int:
         # Densest: one segment holding a CONST stream, one stored byte per 2**20 symbols.

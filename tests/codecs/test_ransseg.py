@@ -493,3 +493,43 @@ def test_coded_bytes_do_not_depend_on_the_thread_count(monkeypatch) -> None:
     assert codecs.RANS_SEG in {cid for cid, _ in out[0][0]}
     with Reader(out[0][1]) as r:   # decoded on two threads, segments in parallel
         assert r.read_raw(0).tobytes() == flat_buffer("bfloat16").tobytes()
+
+
+# ---------------------------------------------------------------------------------------------
+# Slices (the reader merges a plane a piece at a time)
+
+
+@pytest.mark.parametrize("name", FLAT)
+def test_slices_of_every_piece_size_are_the_plane(name: str) -> None:
+    plane = flat(name)
+    payload = as_array(CODEC.encode(plane).payload)
+    s = CODEC.slicer(payload, plane.size, b"")
+    assert s is not None and s.align == UNIT
+    for piece in (UNIT, 3 * UNIT, 1 << 20):
+        got = [s.get(lo, min(plane.size, lo + piece)) for lo in range(0, plane.size, piece)]
+        assert np.concatenate(got).tobytes() == plane.tobytes()
+
+
+def test_a_corrupt_segment_spoils_only_its_slices() -> None:
+    plane = flat("unit_aligned")
+    payload = as_array(CODEC.encode(plane).payload).copy()
+    payload[-3] ^= 0x10  # inside the last segment's words
+    s = CODEC.slicer(payload, plane.size, b"")
+    got = [s.get(lo, min(plane.size, lo + UNIT)) for lo in range(0, plane.size, UNIT)]
+    # the last segment holds pieces 4 and 5: only its slices may fail
+    assert [g is None for g in got[:4]] == [False] * 4 and any(g is None for g in got[4:])
+    assert got[0].tobytes() == plane[:UNIT].tobytes()
+
+
+def test_no_slicer_for_a_broken_table_and_wide_blocks_decoded_whole() -> None:
+    plane = flat("unit_aligned")
+    payload = as_array(CODEC.encode(plane).payload)
+    assert CODEC.slicer(payload, plane.size + 1, b"") is None
+    assert CODEC.slicer(payload, plane.size, b"\x00") is None
+    wide = RansCodec(log2_block=17)  # blocks of 2^17 do not start on every segment start
+    payload = assemble([(UNIT, stream_of(plane[:UNIT], wide)),
+                        (plane.size - UNIT, stream_of(plane[UNIT:], wide))])
+    s = CODEC.slicer(np.frombuffer(payload, np.uint8), plane.size, b"")
+    assert s is not None and s.align == 1
+    got = [s.get(lo, min(plane.size, lo + 1000)) for lo in range(0, plane.size, 1000)]
+    assert np.concatenate(got).tobytes() == plane.tobytes() == decode(payload, plane.size)

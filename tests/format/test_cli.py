@@ -80,7 +80,7 @@ def test_inspect_json(files) -> None:
             assert got["stored_bytes"] == t.stored_nbytes == \
                 sum(p["stored_bytes"] for p in got["planes"])
             assert [p["offset"] for p in got["planes"]] == [p.offset for p in t.planes]
-    assert d["version"] == "1.1" and d["metadata"] == {"framework": "test"}
+    assert d["version"] == "1.3" and d["metadata"] == {"framework": "test"}
     assert d["totals"]["tensors"] == 4 and d["totals"]["raw_bytes"] == 4645
 
 
