@@ -20,7 +20,7 @@ import torch
 from s4format import layouts, policy
 from s4format.codecs import rans
 from s4format.writer import SPLIT_MIN
-from s4weights.gpu import encode_group, encode_large, gdeflate, histograms, plan
+from s4weights.gpu import encode_group, encode_large, gdeflate, histograms, plan, segments
 from s4weights.gpu.choose import candidates
 from s4weights.gpu.encode_group import DeviceGroup, Prepared
 from s4weights.gpu.items import Coded, Item
@@ -192,7 +192,26 @@ class Encoder:
     def code(self, items: list[Item]) -> Iterator[Coded]:
         """Coded tensors with payloads in pinned host memory, in order; one group's D2H is in
         flight while the next group runs on the device. A tensor too large for the workspace
-        is coded alone, in chunks (``encode_large``), once the group before it is done."""
+        is coded alone, in chunks (``encode_large``), once the group before it is done. A
+        large tensor whose values change distribution along it is coded as segments and
+        stored with codec 9 (``segments``)."""
+        cut = [segments.cuts(it) if self.mantissa == "auto" and not self.gd
+               and segments.eligible(it, self.policy) else None for it in items]
+        if all(c is None for c in cut):
+            yield from self._code(items)
+            return
+        parts = [[it] if c is None else segments.split(it, c) for it, c in zip(items, cut)]
+        whole = [it for it, c in zip(items, cut) if c is not None]
+        hashes = iter(segments.content_hashes(whole))
+        results = self._code([p for ps in parts for p in ps])
+        for it, c, ps in zip(items, cut, parts):
+            if c is None:
+                yield next(results)
+            else:
+                coded = [next(results) for _ in ps]
+                yield segments.stitch(it, coded, next(hashes), self.policy)
+
+    def _code(self, items: list[Item]) -> Iterator[Coded]:
         pending: DeviceGroup | None = None
         ready: Prepared | None = None  # the next group's tables, made while this one ran
         _cap, budget = self._budgets(items)

@@ -1,0 +1,203 @@
+"""Flat buffers on the GPU path: a large tensor whose values change distribution along it (many
+parameters end to end: FSDP1's FlatParameter, a flat optimizer partition) is coded as segments
+and stored with codec 9, ``rans-seg`` (a rANS table per segment, format 1.3).
+
+Where to cut is decided as the CPU writer decides it (``s4format.codecs.ransseg``): from each
+field's histogram per 65,536 elements, counted on the device, a unit starts a segment where a
+table of its own pays. The segments are then coded as tensors of their own by the encoder's
+usual groups, and their planes are stitched back: rANS and raw segments into one codec-9 plane,
+planes that every segment stored alike (raw, bitpack, bitpack-w of one width) by concatenation,
+which segments of whole 65,536 elements keep exact. Anything else is recoded on the host.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+
+import numpy as np
+import torch
+
+from s4format import codecs, layouts, policy
+from s4format.codecs import bitpackw, rans, ransseg
+from s4format.codecs.view import UNIT, PlaneView
+from s4format.writer import CodedPlane, CodedTensor
+from s4weights.gpu import plan, runtime
+from s4weights.gpu.items import Coded, Item
+
+# Off unless S4_GPU_SEGMENTS=1: the GPU decoder does not decode codec 9 yet, so a tensor stored
+# with it loads onto the GPU at the host decoder's speed (bench/RESULTS.md, "Flat buffers").
+ENABLED = os.environ.get("S4_GPU_SEGMENTS", "") == "1"
+# Tensors of at least this many bytes are examined (a layer's weight rarely needs two tables;
+# flat buffers are hundreds of megabytes).
+MIN_BYTES = 16 << 20
+# Segments are coded only where their estimate saves this share of the tensor's raw bytes.
+MIN_GAIN = 1 / 256
+# A mantissa plane whose segments are bit-packed but for a few (runs of ones, zeros) is packed
+# whole where that stores at most this share more; otherwise it is coded on the host.
+REPACK_LOSS = 1 / 100
+# Units whose fields are counted per device pass (4M elements).
+UNITS_PER_PASS = 64
+
+_WORDS = {2: torch.int16, 4: torch.int32}
+
+
+def eligible(it: Item, policy_name: str) -> bool:
+    """Whether ``it`` may be cut: ``auto``'s codecs include codec 9, and it is a large tensor
+    the GPU splits, coded alone (no parent XORed chunk by chunk)."""
+    if not ENABLED or policy_name != "auto" or it.parent is not None or it.nbytes < MIN_BYTES:
+        return False
+    lay = plan.gpu_layout(it.dtype.name, it.nbytes)
+    return lay is not None and lay.word_size(it.dtype.itemsize) in _WORDS
+
+
+def cuts(it: Item) -> np.ndarray | None:
+    """Element offsets where segments start (0 first), or None where one segment is best."""
+    lay = plan.gpu_layout(it.dtype.name, it.nbytes)
+    w = lay.word_size(it.dtype.itemsize)
+    fields = lay.planes(it.dtype.itemsize)
+    n = it.nbytes // w
+    if n < 4 * UNIT:
+        return None
+    units = unit_histograms(it.data[:n * w].view(_WORDS[w]), fields)
+    starts = np.unique(np.concatenate(
+        [ransseg._cut(np.ascontiguousarray(units[:, f])) for f in range(len(fields))]))
+    if starts.size < 2 or _gain(units, starts) < MIN_GAIN * it.nbytes:
+        return None
+    return starts * UNIT
+
+
+def unit_histograms(words: torch.Tensor, fields) -> np.ndarray:
+    """Per UNIT words and per field, the field's histogram (units x fields x 256, int64)."""
+    n = words.numel()
+    m = -(-n // UNIT)
+    out = torch.zeros((m, len(fields), 256), dtype=torch.int64, device=words.device)
+    step = UNITS_PER_PASS * UNIT
+    base = torch.arange(step, device=words.device, dtype=torch.int64) // UNIT * 256
+    mask = (1 << (8 * words.element_size())) - 1
+    for lo in range(0, n, step):
+        hi = min(n, lo + step)
+        x = words[lo:hi].to(torch.int64) & mask
+        u0, u1 = lo // UNIT, -(-hi // UNIT)
+        for f, field in enumerate(fields):
+            v = (x >> field.shift) & ((1 << field.bits) - 1)
+            counts = torch.bincount(base[:hi - lo] + v, minlength=(u1 - u0) * 256)
+            out[u0:u1, f] = counts.view(u1 - u0, 256)
+    return out.cpu().numpy()
+
+
+def _gain(units: np.ndarray, starts: np.ndarray) -> float:
+    """Bytes the segments starting at ``starts`` (unit indices) are estimated to save over
+    one table per field, their tables and segment entries paid."""
+    whole = units.sum(axis=0)
+    segs = np.add.reduceat(units, starts, axis=0)
+    overhead = starts.size * (ransseg.SEGMENT.size + rans.HEADER_SIZE + 36) + \
+        2 * np.count_nonzero(segs)
+    return (_bits(whole) - _bits(segs)) / 8 - overhead
+
+
+def _bits(h: np.ndarray) -> float:
+    """Order-0 bits of histograms (the last axis), summed."""
+    h = h.astype(np.float64)
+    n = h.sum(axis=-1, keepdims=True)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        terms = np.where(h > 0, h * np.log2(np.where(h > 0, n / h, 1.0)), 0.0)
+    return float(terms.sum())
+
+
+def split(it: Item, starts: np.ndarray) -> list[Item]:
+    """The segments of ``it`` as items of their own (views of its bytes)."""
+    w = plan.gpu_layout(it.dtype.name, it.nbytes).word_size(it.dtype.itemsize)
+    bounds = np.append(starts, it.nbytes // w).tolist()
+    return [Item(it.dtype, (b - a,), it.data[a * w:b * w])
+            for a, b in itertools.pairwise(bounds)]
+
+
+def content_hashes(items: list[Item]) -> list[bytes]:
+    return runtime.content_hashes_now([i.data.data_ptr() for i in items],
+                                      [i.nbytes for i in items])
+
+
+def stitch(it: Item, parts: list[Coded], content_hash: bytes, policy_name: str) -> Coded:
+    """One coded tensor of ``it`` from its segments' coded tensors."""
+    lay = parts[0].coded.layout
+    shapes = {tuple((p.kind, p.index) for p in c.coded.planes) for c in parts}
+    if lay is layouts.RAW or len(shapes) != 1 or \
+            any(c.coded.layout is not lay for c in parts):
+        return Coded(_host_code(it, policy_name), content_hash)
+    planes = tuple(_stitch_plane([c.coded.planes[q] for c in parts], policy_name)
+                   for q in range(len(parts[0].coded.planes)))
+    coded = CodedTensor(lay, planes)
+    if coded.stored > it.nbytes:
+        return Coded(_host_code(it, policy_name), content_hash)
+    return Coded(coded, content_hash)
+
+
+def _stitch_plane(parts: list[CodedPlane], policy_name: str) -> CodedPlane:
+    first = parts[0]
+    n = sum(p.decoded_len for p in parts)
+    used = {p.codec for p in parts}
+    same_params = len({p.params for p in parts}) == 1
+    if len(used) == 1 and same_params and first.codec in (codecs.RAW, codecs.BITPACK,
+                                                          codecs.BITPACK_W):
+        payload = np.concatenate([_bytes(p.payload) for p in parts])
+        return CodedPlane(first.kind, first.index, first.codec, n, payload, first.params)
+    if used <= {codecs.RANS, codecs.RAW}:
+        streams = [_bytes(p.payload) if p.codec == codecs.RANS else _raw_stream(p)
+                   for p in parts]
+        head = [ransseg.COUNT.pack(len(parts))]
+        head += [ransseg.SEGMENT.pack(p.decoded_len, s.size) for p, s in zip(parts, streams)]
+        payload = np.concatenate([np.frombuffer(b"".join(head), np.uint8), *streams])
+        return CodedPlane(first.kind, first.index, codecs.RANS_SEG, n, payload)
+    if codecs.BITPACK_W in used:
+        packed = _repacked(parts)
+        if packed is not None:
+            return packed
+    plane = np.concatenate([_decoded(p) for p in parts])
+    cid, enc = policy.encode_plane(plane, first.kind, policy_name)
+    return CodedPlane(first.kind, first.index, cid, n, enc.payload, enc.params)
+
+
+def _repacked(parts: list[CodedPlane]) -> CodedPlane | None:
+    """Segments of a mostly bit-packed plane (mantissas) with some rANS or raw ones (a run of
+    ones or zeros) as one bitpack-w plane at the widest width, the others decoded and packed
+    on the host; None where a byte needs all 8 bits or packing would lose over
+    :data:`REPACK_LOSS` of the plane's stored bytes."""
+    widths = [p.params[0] for p in parts if p.codec == codecs.BITPACK_W]
+    others = {i: _decoded(p) for i, p in enumerate(parts)
+              if p.codec != codecs.BITPACK_W or p.params[0] != max(widths)}
+    w = max([*widths, *(bitpackw.width_of(b) for b in others.values())])
+    # packing the others gives up what they stored below w bits (a run of ones coded in a
+    # few bytes): worth it only where that is a small share of the plane
+    lost = sum(bitpackw.stored_len(b.size, w) - parts[i].stored_len for i, b in others.items())
+    if w >= 8 or lost > REPACK_LOSS * sum(p.stored_len for p in parts):
+        return None
+    payload = np.concatenate([
+        _bytes(p.payload) if i not in others
+        else bitpackw.pack_view(PlaneView.of(others[i]), w) for i, p in enumerate(parts)])
+    first = parts[0]
+    return CodedPlane(first.kind, first.index, codecs.BITPACK_W,
+                      sum(p.decoded_len for p in parts), payload, bytes([w]))
+
+
+def _decoded(p: CodedPlane) -> np.ndarray:
+    return codecs.get(p.codec).decode(_bytes(p.payload), p.decoded_len, p.params)
+
+
+def _raw_stream(p: CodedPlane) -> np.ndarray:
+    """A raw plane as a codec-4 stream in RAW mode (its 12-byte header, then the bytes)."""
+    head = rans.HEADER.pack(rans.MODE_RAW, rans.LOG2_BLOCK_DEFAULT, 0, p.decoded_len)
+    return np.concatenate([np.frombuffer(head, np.uint8), _bytes(p.payload)])
+
+
+def _bytes(payload) -> np.ndarray:
+    if isinstance(payload, bytes | bytearray):
+        return np.frombuffer(payload, np.uint8)
+    return np.asarray(payload).reshape(-1).view(np.uint8)
+
+
+def _host_code(it: Item, policy_name: str) -> CodedTensor:
+    """The CPU coder's coding of ``it`` (segments that did not stitch: a rare case)."""
+    from s4format.writer import code_tensor
+
+    return code_tensor(it.data.cpu().numpy(), it.dtype, policy_name)

@@ -1,0 +1,89 @@
+"""Flat buffers saved from CUDA tensors with S4_GPU_SEGMENTS on: cut where the distribution
+changes, coded as segments on the GPU and stored with codec 9, within 1% of the CPU path's
+file, bit-exact on both decoders; a tensor of one distribution stays codec 4. Skipped without
+CUDA."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+
+cupy = pytest.importorskip("cupy")
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA device", allow_module_level=True)
+
+import s4format  # noqa: E402
+import s4weights  # noqa: E402
+from s4format import codecs  # noqa: E402
+from s4weights.gpu import segments  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(autouse=True)
+def _segments_on(monkeypatch):
+    monkeypatch.setattr(segments, "ENABLED", True)
+
+
+def _flat(dtype: torch.dtype, n: int) -> torch.Tensor:
+    """Parameters of different scales end to end, their lengths not multiples of 65,536."""
+    g = torch.Generator(device="cuda").manual_seed(1)
+    parts = [torch.randn(n // 3 + 1234, device="cuda", generator=g) * 0.02,
+             torch.ones(n // 7, device="cuda"),
+             torch.randn(n // 5 + 77, device="cuda", generator=g) * 1e-4,
+             torch.zeros(n // 9, device="cuda")]
+    rest = n - sum(p.numel() for p in parts)
+    parts.append(torch.randn(rest, device="cuda", generator=g))
+    return torch.cat(parts).to(dtype)
+
+
+def _codecs(blob: bytes) -> dict[str, int]:
+    with s4format.Reader(blob) as r:
+        return {p.label: p.codec for p in r.tensors[0].planes}
+
+
+def _saved(state, device: str) -> bytes:
+    buf = io.BytesIO()
+    s4weights.save(state, buf, device=device)
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize(("dtype", "n"), [(torch.bfloat16, 12 << 20), (torch.float32, 6 << 20)])
+def test_a_flat_buffer_codes_as_segments_on_the_gpu(dtype, n) -> None:
+    t = _flat(dtype, n)
+    blob = _saved({"flat": t}, "cuda")
+    assert _codecs(blob)["exponent"] == codecs.RANS_SEG
+    host = _saved({"flat": t.cpu()}, "cpu")
+    assert len(blob) <= 1.01 * len(host)
+    on_gpu = s4weights.load(blob, map_location="cuda")["flat"]
+    on_cpu = s4weights.load(blob, map_location="cpu", device="cpu")["flat"]
+    raw = t.view(torch.int32 if dtype == torch.float32 else torch.int16)
+    assert torch.equal(on_gpu.view(raw.dtype), raw)
+    assert torch.equal(on_cpu.view(raw.dtype), raw.cpu())
+
+
+def test_segments_store_less_than_one_table(monkeypatch) -> None:
+    t = _flat(torch.bfloat16, 12 << 20)
+    segmented = _saved({"flat": t}, "cuda")
+    monkeypatch.setattr(segments, "ENABLED", False)
+    one_table = _saved({"flat": t}, "cuda")
+    assert codecs.RANS_SEG not in _codecs(one_table).values()
+    assert len(segmented) < 0.97 * len(one_table)
+
+
+def test_one_distribution_keeps_one_table() -> None:
+    g = torch.Generator(device="cuda").manual_seed(2)
+    t = (torch.randn(12 << 20, device="cuda", generator=g) * 0.02).to(torch.bfloat16)
+    assert codecs.RANS_SEG not in _codecs(_saved({"w": t}, "cuda")).values()
+
+
+def test_a_delta_of_a_flat_buffer_round_trips(tmp_path) -> None:
+    t = _flat(torch.bfloat16, 12 << 20)
+    s4weights.save_checkpoint({"flat": t}, tmp_path, 0)
+    t2 = t.clone()
+    t2[: 1 << 20] += 0.001
+    s4weights.save_checkpoint({"flat": t2}, tmp_path, 1)
+    got = s4weights.load_checkpoint(tmp_path, 1, map_location="cuda")["flat"]
+    assert torch.equal(got.view(torch.int16), t2.view(torch.int16))

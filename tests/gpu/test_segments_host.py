@@ -1,0 +1,135 @@
+"""The host side of flat buffers on the GPU path (``s4weights.gpu.segments``), without CUDA:
+where it cuts, and how segments' coded planes stitch into one plane that decodes to their
+concatenation (codec 9 from rANS and raw segments, bitpack-w repacked at the widest width, a
+host recoding otherwise)."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import s4format  # noqa: E402
+from s4format import codecs, dtypes, hashing, layouts  # noqa: E402
+from s4format.codecs.view import UNIT  # noqa: E402
+from s4format.writer import CodedPlane, CodedTensor, Writer, code_tensor  # noqa: E402
+from s4weights.gpu import segments  # noqa: E402
+from s4weights.gpu.items import Coded, Item  # noqa: E402
+
+BF16 = dtypes.by_name("bfloat16")
+
+
+def _flat() -> torch.Tensor:
+    """Runs of whole units (a run that straddles a cut takes zstd on the CPU coder, which the
+    GPU coder never makes; aligned, the CPU's segments code as the GPU's would)."""
+    g = torch.Generator().manual_seed(3)
+    parts = [torch.randn(5 * UNIT, generator=g) * 0.02, torch.ones(2 * UNIT),
+             torch.randn(4 * UNIT, generator=g) * 1e-4, torch.randn(3 * UNIT + 123, generator=g)]
+    return torch.cat(parts).to(torch.bfloat16)
+
+
+def _round_trip(coded: CodedTensor, raw: np.ndarray, shape: tuple[int, ...]) -> None:
+    buf = io.BytesIO()
+    with Writer(buf) as w:
+        w.set_tree({"x": w.add_coded("x", BF16, shape, coded, hashing.content_hash(raw))})
+    with s4format.Reader(buf.getvalue()) as r:
+        assert r.read_raw(0).tobytes() == raw.tobytes()
+
+
+def test_off_unless_asked(monkeypatch) -> None:
+    it = Item.of(_flat())
+    monkeypatch.setattr(segments, "MIN_BYTES", 0)
+    monkeypatch.setattr(segments, "ENABLED", False)
+    assert not segments.eligible(it, "auto")
+    monkeypatch.setattr(segments, "ENABLED", True)
+    assert segments.eligible(it, "auto")
+    assert not segments.eligible(it, "auto-1.0") and not segments.eligible(it, "seed")
+
+
+def test_cut_segments_stitch_to_the_cpu_coders_file(monkeypatch) -> None:
+    t = _flat()
+    it = Item.of(t)
+    starts = segments.cuts(it)
+    assert starts is not None and starts[0] == 0 and (starts % UNIT == 0).all()
+    assert 3 <= starts.size <= 12
+    raw = it.data.numpy()
+    parts = [Coded(code_tensor(p.data.numpy(), p.dtype), b"") for p in segments.split(it, starts)]
+    got = segments.stitch(it, parts, hashing.content_hash(raw), "auto")
+    whole = code_tensor(raw, BF16)
+    assert got.coded.planes[1].codec == whole.planes[1].codec == codecs.RANS_SEG  # exponents
+    assert got.coded.stored <= 1.01 * whole.stored
+    _round_trip(got.coded, raw, tuple(t.shape))
+
+
+def test_one_distribution_is_not_cut() -> None:
+    t = (torch.randn(900_000, generator=torch.Generator().manual_seed(4)) * 0.02)
+    assert segments.cuts(Item.of(t.to(torch.bfloat16))) is None
+
+
+def _plane(codec: int, plane: np.ndarray, kind: int = layouts.KIND_MANTISSA) -> CodedPlane:
+    enc = codecs.get(codec).encode(plane)
+    return CodedPlane(kind, 0, codec, plane.size, np.asarray(enc.payload, np.uint8)
+                      if not isinstance(enc.payload, bytes) else enc.payload, enc.params)
+
+
+def _stitched(parts: list[CodedPlane]) -> tuple[CodedPlane, np.ndarray]:
+    got = segments._stitch_plane(parts, "auto")
+    out = codecs.get(got.codec).decode(segments._bytes(got.payload), got.decoded_len,
+                                       got.params)
+    return got, out
+
+
+def test_rans_and_raw_segments_make_codec_9() -> None:
+    rng = np.random.default_rng(5)
+    a = rng.integers(100, 104, UNIT, dtype=np.uint8)
+    b = rng.integers(0, 256, 2 * UNIT, dtype=np.uint8)
+    got, out = _stitched([_plane(codecs.RANS, a), _plane(codecs.RAW, b)])
+    assert got.codec == codecs.RANS_SEG
+    assert out.tobytes() == a.tobytes() + b.tobytes()
+
+
+@pytest.mark.parametrize("last", ["narrower", "const"])
+def test_a_small_segment_unlike_the_packed_ones_is_packed_at_their_width(last: str) -> None:
+    rng = np.random.default_rng(6)
+    a = rng.integers(0, 128, 8 * UNIT, dtype=np.uint8)
+    b = rng.integers(0, 32, 800, dtype=np.uint8) if last == "narrower" \
+        else np.full(1000, 5, np.uint8)
+    got, out = _stitched([_plane(codecs.BITPACK_W, a),
+                          _plane(codecs.BITPACK_W if last == "narrower" else codecs.RANS, b)])
+    assert (got.codec, got.params) == (codecs.BITPACK_W, b"\x07")
+    assert out.tobytes() == a.tobytes() + b.tobytes()
+
+
+def test_a_large_const_segment_is_not_packed_away() -> None:
+    rng = np.random.default_rng(8)
+    a = rng.integers(0, 128, 2 * UNIT, dtype=np.uint8)
+    b = np.full(UNIT, 5, np.uint8)
+    got, out = _stitched([_plane(codecs.BITPACK_W, a), _plane(codecs.RANS, b)])
+    assert got.codec != codecs.BITPACK_W
+    assert got.stored_len < 2 * UNIT * 7 // 8 + 1000
+    assert out.tobytes() == a.tobytes() + b.tobytes()
+
+
+def test_a_wide_byte_among_packed_segments_is_recoded_on_the_host() -> None:
+    rng = np.random.default_rng(7)
+    a = rng.integers(0, 128, UNIT, dtype=np.uint8)
+    b = rng.integers(100, 256, UNIT, dtype=np.uint8)
+    got, out = _stitched([_plane(codecs.BITPACK_W, a), _plane(codecs.RANS, b)])
+    assert got.codec != codecs.BITPACK_W
+    assert out.tobytes() == a.tobytes() + b.tobytes()
+
+
+def test_segments_of_other_layouts_are_coded_on_the_host() -> None:
+    t = _flat()
+    it = Item.of(t)
+    raw = it.data.numpy()
+    half = 6 * UNIT * 2  # bytes: six units of bf16
+    split = code_tensor(raw[:half], BF16)
+    one = CodedTensor(layouts.RAW, (CodedPlane(layouts.KIND_RAW, 0, codecs.RAW, raw.size - half,
+                                               raw[half:].copy()),))
+    got = segments.stitch(it, [Coded(split, b""), Coded(one, b"")], b"h" * 16, "auto")
+    assert got.coded.stored == code_tensor(raw, BF16).stored
+    _round_trip(got.coded, raw, tuple(t.shape))
