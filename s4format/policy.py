@@ -84,10 +84,13 @@ SPARSE_SLACK = 1 / 256
 SAMPLE_MARGIN = 1 / 1024
 
 # Under ``auto``, a counted plane of at least view.UNITS_MIN bytes whose histogram changes along
-# it (a flat buffer of many parameters) takes rans-seg, a table per segment (codec 9), where
-# that is estimated to store less than one table by more than this share of rANS's estimate.
-# Below it the plane keeps codec 4: the GPU decodes codec 4 itself, codec 9 on the host.
-SEGMENTS_GAIN = 1 / 64
+# it (a flat buffer of many parameters) takes rans-seg (codec 9: segments, each raw, packed or
+# rANS with a table of its own) where that is estimated to store less than the best codec of
+# the whole plane by more than this share. Below it the plane keeps that codec: the GPU
+# decodes codecs 1-8 itself, codec 9 on the host.
+SEGMENTS_GAIN = 1 / 128
+# ... and is preferred to an LZ coder that stores at most this share of the plane less.
+SEGMENTS_SLACK = 1 / 128
 
 # Below this a plane is stored raw: coding cannot win back its own bookkeeping.
 MIN_CODED = 64
@@ -187,19 +190,24 @@ def rank(view: PlaneView, kind: int, policy: str, available: dict[int, codecs.Co
     ranked.sort()
     if policy == "auto" and sparse(view):
         ranked = prefer_fast(ranked, view.size)
+    if policy == "auto":
+        ranked = prefer_segments(ranked, view.size)
     return prefer_packed(ranked) if policy == "auto" else ranked
 
 
 def _add_segments(view: PlaneView, ranked: list[tuple[int, int]],
                   available: dict[int, codecs.Codec]) -> None:
     """rans-seg's estimate added to ``ranked`` where rANS was estimated on the counted plane
-    and a table per segment stores less by over :data:`SEGMENTS_GAIN`."""
+    and segments store less than the best codec but the LZ ones by over
+    :data:`SEGMENTS_GAIN` (against those, :func:`prefer_segments` decides)."""
     seg = available.get(codecs.RANS_SEG)
-    rans = next((e for e, c in ranked if c == codecs.RANS), None)
-    if seg is None or rans is None or not view.counted or view.units is None:
+    rans = any(c == codecs.RANS for _e, c in ranked)
+    if seg is None or not rans or not view.counted or view.units is None:
         return
     est = seg.estimate_view(view)
-    if est is not None and est < rans * (1 - SEGMENTS_GAIN):
+    fast = min((e for e, c in ranked if c not in (codecs.ZSTD, codecs.GDEFLATE)),
+               default=view.size)
+    if est is not None and est < fast * (1 - SEGMENTS_GAIN):
         ranked.append((est, codecs.RANS_SEG))
 
 
@@ -229,6 +237,19 @@ def prefer_fast(ranked: list[tuple[int, int]], n: int) -> list[tuple[int, int]]:
     if z is None or r is None or z < r or ranked[z][0] > ranked[r][0] + n * SPARSE_SLACK:
         return ranked
     return [*ranked[:r], ranked[z], *ranked[r:z], *ranked[z + 1:]]
+
+
+def prefer_segments(ranked: list[tuple[int, int]], n: int) -> list[tuple[int, int]]:
+    """``ranked`` with rans-seg moved to the front where an LZ coder ranks first and stores
+    at most :data:`SEGMENTS_SLACK` of the plane's ``n`` bytes less: one zstd frame (or
+    GDeflate stream) of a large plane codes and decodes on one core, segments on all of
+    them, at memory speed where they are raw or packed."""
+    at = {c: i for i, (_e, c) in enumerate(ranked)}
+    s = at.get(codecs.RANS_SEG)
+    if s is None or s == 0 or ranked[0][1] not in (codecs.ZSTD, codecs.GDEFLATE) \
+            or ranked[s][0] > ranked[0][0] + n * SEGMENTS_SLACK:
+        return ranked
+    return [ranked[s], *ranked[:s], *ranked[s + 1:]]
 
 
 def lz_may_pay(view: PlaneView, kind: int) -> bool:

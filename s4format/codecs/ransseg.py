@@ -1,12 +1,15 @@
-"""Codec 9, ``rans-seg``: a plane cut into segments, each an S4 rANS stream with its own
-frequency table (``spec/codecs.md``, "9 — rans-seg"; format 1.3).
+"""Codec 9, ``rans-seg``: a plane cut into segments, each stored by a codec of its own among
+raw, bitpack, rANS (with its own frequency table) and bitpack-w (``spec/codecs.md``,
+"9 — rans-seg"; format 1.3).
 
 One table per plane (codec 4) fits a plane whose bytes follow one distribution. A flat buffer
 holding many parameters (FSDP1's FlatParameter, a flat optimizer partition) is many
-distributions end to end, and one table for all of them costs several percent. The writer cuts
-such a plane where a new table pays for itself, at multiples of 65,536 symbols, from the
-per-unit histograms counted in the writer's one pass over the words; each segment is then an
-ordinary codec-4 stream, so the decoder is codec 4's run per segment.
+distributions end to end: one table for all of them costs several percent, and one codec for
+all of them trades the packed codecs' speed for rANS's ratio on the whole plane. The writer
+cuts such a plane where a new table pays for itself, at multiples of 65,536 symbols, from the
+per-unit histograms counted in the writer's one pass over the words, and codes each segment as
+a plane of its own would be (bitpack-w unless rANS saves over 1/65 of it); the decoder runs
+the segments' codecs, each on its own range.
 """
 
 from __future__ import annotations
@@ -22,19 +25,24 @@ from s4format import threads
 from s4format.codecs.abc import Codec, Encoded, Slicer
 from s4format.codecs.rans import HEADER_SIZE as RANS_HEADER
 from s4format.codecs.rans import LOG2_BLOCK_MAX, RansCodec
-from s4format.codecs.registry import RANS_SEG, register
+from s4format.codecs.registry import BITPACK, BITPACK_W, RANS, RANS_SEG, RAW, register
 from s4format.codecs.view import UNIT, PlaneView
 from s4format.errors import CodecError
 from s4format.jit import kernel
 
 COUNT = struct.Struct("<I")        # segment count k
-SEGMENT = struct.Struct("<QQ")     # per segment: symbols, stored bytes of its codec-4 stream
+# per segment: symbols, stored bytes, codec ID, bitpack-w's width (else 0), reserved (0)
+SEGMENT = struct.Struct("<QQHBBI")
+# The codecs a segment may take: each decodes from its bytes alone, at memory speed or rANS's.
+SEGMENT_CODECS = (RAW, BITPACK, RANS, BITPACK_W)
 # A segment other than the last holds a multiple of UNIT symbols (the writer's histogram
 # unit): it bounds the segment count by the plane's length, so no payload makes the decoder
 # loop over more segments than 65,536ths of the plane.
 SEGMENT_UNIT = UNIT
 
 _RANS = RansCodec()
+# bitpack-w wins unless rANS saves more than 1/65 of its size (s4format.policy.PACKED_SLACK)
+_PACKED_SLACK = (64, 65)
 
 
 class RansSegCodec(Codec):
@@ -46,35 +54,23 @@ class RansSegCodec(Codec):
         return self.encode_view(PlaneView.of(plane))
 
     def encode_view(self, view: PlaneView) -> Encoded | None:
-        """The plane in the segments :func:`segments` chooses; None where that is one segment
-        (codec 4 stores the same with less)."""
-        bounds = segments(view)
-        if bounds is None:
+        """The plane in the segments :func:`segments` chooses, each coded as
+        :func:`_segment_choice` picks; None where that is one segment."""
+        parts = _parts(view)
+        if parts is None:
             return None
-        units = view.units
-        parts = [_sub_view(view, units, a, b) for a, b in itertools.pairwise(bounds.tolist())]
-        streams = threads.pool().map(_RANS.encode_view, parts) if len(parts) > 1 else \
-            [_RANS.encode_view(parts[0])]
-        head = [COUNT.pack(len(parts))]
-        head += [SEGMENT.pack(p.size, s.nbytes) for p, s in zip(parts, streams)]
-        return Encoded(np.concatenate([np.frombuffer(b"".join(head), np.uint8)]
-                                      + [np.asarray(s.payload, np.uint8).reshape(-1)
-                                         if not isinstance(s.payload, bytes)
-                                         else np.frombuffer(s.payload, np.uint8)
-                                         for s in streams]))
+        coded = threads.pool().map(_code_segment, parts) if len(parts) > 1 else \
+            [_code_segment(parts[0])]
+        return Encoded(assemble([(p.size, c, w, payload) for p, (c, w, payload)
+                                 in zip(parts, coded)]))
 
     def estimate_view(self, view: PlaneView) -> int | None:
-        """Stored size predicted from the segments' histograms (codec 4's estimate of each,
-        plus the segment table); None where the plane stays one segment."""
-        bounds = segments(view)
-        if bounds is None:
+        """Stored size predicted from the segments' histograms (each segment's choice at its
+        estimate, plus the segment table); None where the plane stays one segment."""
+        parts = _parts(view)
+        if parts is None:
             return None
-        units = view.units
-        total = COUNT.size + SEGMENT.size * (bounds.size - 1)
-        for a, b in itertools.pairwise(bounds.tolist()):
-            counts = units[a // UNIT:-(-b // UNIT)].sum(axis=0, dtype=np.int64)
-            total += _RANS.estimate_counts(counts, b - a)
-        return total
+        return COUNT.size + sum(SEGMENT.size + _segment_choice(p)[1] for p in parts)
 
     def estimate(self, plane: np.ndarray) -> int | None:
         return self.estimate_view(PlaneView.of(plane))
@@ -82,55 +78,48 @@ class RansSegCodec(Codec):
     def decode(self, payload: np.ndarray, decoded_len: int, params: bytes) -> np.ndarray:
         if params:
             raise CodecError(f"rans-seg takes no parameters, got {len(params)} bytes")
-        buf = np.frombuffer(payload, np.uint8) if isinstance(payload, bytes | bytearray) \
-            else np.ascontiguousarray(payload, dtype=np.uint8).reshape(-1)
+        buf = _as_bytes(payload)
         table = _segment_table(buf, decoded_len)
         out = np.empty(decoded_len, np.uint8)
 
-        def one(seg: tuple[int, int, int, int]) -> None:
-            i, at, lo, n = seg
-            stored = table[i][1]
+        def one(i: int) -> None:
+            n, at, lo, codec, sp, stored = table[i]
             try:
-                out[lo:lo + n] = _RANS.decode(buf[at:at + stored], n, b"")
+                out[lo:lo + n] = codec.decode(buf[at:at + stored], n, sp)
             except CodecError as exc:
-                raise CodecError(f"rans-seg segment {i} of {len(table)}: {exc}") from None
+                raise CodecError(f"rans-seg segment {i} of {len(table)} ({codec.name}): "
+                                 f"{exc}") from None
 
-        segs, at, lo = [], COUNT.size + SEGMENT.size * len(table), 0
-        for i, (n, stored) in enumerate(table):
-            segs.append((i, at, lo, n))
-            at, lo = at + stored, lo + n
-        if len(segs) > 1:
-            threads.pool().map(one, segs)
+        if len(table) > 1:
+            threads.pool().map(one, range(len(table)))
         else:
-            one(segs[0])
+            one(0)
         return out
 
     def slicer(self, payload: np.ndarray, decoded_len: int, params: bytes) -> Slicer | None:
-        """Slices from the segments' codec-4 slicers, so a reader merges a flat buffer piece by
-        piece as it does one table's plane (a segment without one, or with blocks larger than
-        the segment unit, is decoded whole first); None where the table or such a segment is
+        """Slices from the segments' slicers, so a reader merges a flat buffer piece by piece
+        as it does a plane of one codec (a segment without one, or aligned wider than the
+        segment unit, is decoded whole first); None where the table or such a segment is
         corrupt."""
-        buf = np.ascontiguousarray(payload, dtype=np.uint8).reshape(-1)
+        buf = _as_bytes(payload)
         if params:
             return None
         try:
             table = _segment_table(buf, decoded_len)
         except CodecError:
             return None
-        subs, starts = [], []
-        at, lo = COUNT.size + SEGMENT.size * len(table), 0
-        for n, stored in table:
-            sub = _RANS.slicer(buf[at:at + stored], n, b"")
+        subs = []
+        for n, at, _lo, codec, sp, size in table:
+            stored = buf[at:at + size]
+            sub = codec.slicer(stored, n, sp)
             if sub is None or sub.align > SEGMENT_UNIT:
-                # a CONST segment of 2^20-symbol blocks, say: decoded whole, it slices anywhere
                 try:
-                    whole = _RANS.decode(buf[at:at + stored], n, b"")
+                    whole = codec.decode(stored, n, sp)
                 except CodecError:
                     return None
                 sub = Slicer(1, lambda a, b, w=whole: w[a:b])
             subs.append(sub)
-            starts.append(lo)
-            at, lo = at + stored, lo + n
+        starts = [row[2] for row in table]
 
         def get(lo: int, hi: int) -> np.ndarray | None:
             parts = []
@@ -147,12 +136,71 @@ class RansSegCodec(Codec):
         return Slicer(max(s.align for s in subs), get)
 
     def max_decoded_len(self, stored_len: int) -> int:
-        # Densest: one segment holding a CONST stream, one stored byte per 2**20 symbols.
+        # Densest: one segment holding a CONST rANS stream, one stored byte per 2**20 symbols.
         return max(0, stored_len - COUNT.size - SEGMENT.size - RANS_HEADER) << LOG2_BLOCK_MAX
 
 
-def _segment_table(buf: np.ndarray, decoded_len: int) -> list[tuple[int, int]]:
-    """(symbols, stored bytes) per segment, checked against the payload and the plane."""
+def assemble(segments: list[tuple[int, int, int, np.ndarray | bytes]]) -> np.ndarray:
+    """The payload of ``(symbols, codec ID, bitpack-w width or 0, stored bytes)`` segments."""
+    head = [COUNT.pack(len(segments))]
+    head += [SEGMENT.pack(n, len(b) if isinstance(b, bytes) else b.nbytes, c, w, 0, 0)
+             for n, c, w, b in segments]
+    return np.concatenate([np.frombuffer(b"".join(head), np.uint8)]
+                          + [np.frombuffer(b, np.uint8) if isinstance(b, bytes)
+                             else np.asarray(b, np.uint8).reshape(-1) for *_x, b in segments])
+
+
+def _as_bytes(payload) -> np.ndarray:
+    if isinstance(payload, bytes | bytearray):
+        return np.frombuffer(payload, np.uint8)
+    return np.ascontiguousarray(payload, dtype=np.uint8).reshape(-1)
+
+
+def _parts(view: PlaneView) -> list[PlaneView] | None:
+    bounds = segments(view)
+    if bounds is None:
+        return None
+    units = view.units
+    return [_sub_view(view, units, a, b) for a, b in itertools.pairwise(bounds.tolist())]
+
+
+def _segment_choice(view: PlaneView) -> tuple[int, int]:
+    """(codec ID, estimated stored bytes) of a segment, as the writer's ``auto`` policy picks
+    for a plane: bitpack or bitpack-w where the bytes fit fewer bits, unless rANS saves over
+    1/65 of that; else rANS where it stores less than the bytes; else raw."""
+    n = view.size
+    rans = _RANS.estimate_counts(view.counts, n)
+    w = view.width
+    if w < 8:
+        packed = (n * w + 7) // 8
+        if _PACKED_SLACK[0] * packed <= _PACKED_SLACK[1] * rans:
+            return (BITPACK if w == 1 else BITPACK_W), packed
+    if rans < n:
+        return RANS, rans
+    return RAW, n
+
+
+def _code_segment(view: PlaneView) -> tuple[int, int, np.ndarray | bytes]:
+    """(codec ID, bitpack-w's width or 0, stored bytes) of a segment."""
+    from s4format import codecs
+
+    cid, _est = _segment_choice(view)
+    if cid == RANS:
+        enc = _RANS.encode_view(view)
+        if enc.nbytes < view.size:
+            return RANS, 0, enc.payload
+        cid = RAW
+    if cid == RAW:
+        return RAW, 0, view.bytes()
+    enc = codecs.get(cid).encode_view(view)
+    return cid, (enc.params[0] if cid == BITPACK_W else 0), enc.payload
+
+
+def _segment_table(buf: np.ndarray, decoded_len: int) -> list[tuple]:
+    """Per segment (symbols, offset in the payload, offset in the plane, codec, its params,
+    stored bytes), checked against the payload and the plane."""
+    from s4format import codecs
+
     if buf.size < COUNT.size:
         raise CodecError(f"rans-seg payload of {buf.size} bytes is shorter than its count")
     (k,) = COUNT.unpack_from(buf[:COUNT.size].tobytes())
@@ -162,26 +210,46 @@ def _segment_table(buf: np.ndarray, decoded_len: int) -> list[tuple[int, int]]:
     if body > buf.size:
         raise CodecError(f"rans-seg segment table of {k} segments needs {body} bytes, the "
                          f"payload has {buf.size}")
-    fields = np.frombuffer(buf[COUNT.size:body].tobytes(), "<u8").reshape(k, 2)
-    zero = np.flatnonzero(fields[:, 0] == 0)
-    if zero.size:
-        raise CodecError(f"rans-seg segment {int(zero[0])} holds 0 symbols")
-    odd = np.flatnonzero(fields[:-1, 0] % SEGMENT_UNIT)
-    if odd.size:
-        i = int(odd[0])
-        raise CodecError(f"rans-seg segment {i} holds {int(fields[i, 0])} symbols, not a "
-                         f"multiple of {SEGMENT_UNIT} (only the last segment may)")
-    # summed as Python ints: u64 sums may wrap
-    symbols = sum(int(n) for n in fields[:, 0].tolist())
-    stored = sum(int(n) for n in fields[:, 1].tolist())
+    rec = np.frombuffer(buf[COUNT.size:body].tobytes(), np.dtype([
+        ("symbols", "<u8"), ("stored", "<u8"), ("codec", "<u2"), ("w", "u1"), ("r1", "u1"),
+        ("r2", "<u4")]))
+    _check_records(rec)
+    symbols = sum(int(n) for n in rec["symbols"].tolist())  # Python ints: u64 sums may wrap
+    stored = sum(int(n) for n in rec["stored"].tolist())
     if symbols != decoded_len:
         raise CodecError(f"rans-seg segments hold {symbols} symbols, plane declares "
                          f"{decoded_len}")
     if body + stored != buf.size:
         raise CodecError(f"rans-seg segments store {stored} bytes after a {body}-byte table, "
                          f"the payload has {buf.size}")
-    table = [(int(n), int(m)) for n, m in fields.tolist()]
+    table, at, lo = [], body, 0
+    for n, s, c, w in zip(rec["symbols"].tolist(), rec["stored"].tolist(),
+                          rec["codec"].tolist(), rec["w"].tolist()):
+        table.append((n, at, lo, codecs.get(c), bytes([w]) if c == BITPACK_W else b"", s))
+        at, lo = at + s, lo + n
     return table
+
+
+def _check_records(rec: np.ndarray) -> None:
+    """The segment records' own rules (spec/codecs.md, "9 — rans-seg"), first broken first."""
+    checks = (
+        (rec["symbols"] == 0, lambda i: "holds 0 symbols"),
+        (np.append(rec["symbols"][:-1] % SEGMENT_UNIT != 0, False),
+         lambda i: f"holds {int(rec['symbols'][i])} symbols, not a multiple of {SEGMENT_UNIT} "
+                   "(only the last segment may)"),
+        (~np.isin(rec["codec"], SEGMENT_CODECS),
+         lambda i: f"names codec {int(rec['codec'][i])}; a segment takes raw (1), bitpack (2), "
+                   "rans (4) or bitpack-w (8)"),
+        ((rec["codec"] == BITPACK_W) & ((rec["w"] < 1) | (rec["w"] > 7)),
+         lambda i: f"is bitpack-w of width {int(rec['w'][i])}, not 1 to 7"),
+        ((rec["codec"] != BITPACK_W) & (rec["w"] != 0),
+         lambda i: f"sets a width ({int(rec['w'][i])}) for a codec that takes none"),
+        ((rec["r1"] != 0) | (rec["r2"] != 0), lambda i: "has reserved bytes that are not zero"),
+    )
+    bad = [(int(np.flatnonzero(mask)[0]), say) for mask, say in checks if mask.any()]
+    if bad:
+        i, say = min(bad, key=lambda b: b[0])
+        raise CodecError(f"rans-seg segment {i} {say(i)}")
 
 
 def segments(view: PlaneView) -> np.ndarray | None:
