@@ -5,9 +5,10 @@ and stored with codec 9, ``rans-seg`` (a rANS table per segment, format 1.3).
 Where to cut is decided as the CPU writer decides it (``s4format.codecs.ransseg``): from each
 field's histogram per 65,536 elements, counted on the device, a unit starts a segment where a
 table of its own pays. The segments are then coded as tensors of their own by the encoder's
-usual groups, and their planes are stitched back: rANS and raw segments into one codec-9 plane,
-planes that every segment stored alike (raw, bitpack, bitpack-w of one width) by concatenation,
-which segments of whole 65,536 elements keep exact. Anything else is recoded on the host.
+usual groups, and their planes are stitched back: planes that every segment stored alike (raw,
+bitpack, bitpack-w of one width) by concatenation, which segments of whole 65,536 elements
+keep exact; others into one codec-9 plane whose segments keep their codecs. A plane with a
+segment in another codec (the CPU coder's zstd) is recoded on the host.
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ import numpy as np
 import torch
 
 from s4format import codecs, layouts, policy
-from s4format.codecs import bitpackw, rans, ransseg
-from s4format.codecs.view import UNIT, PlaneView
+from s4format.codecs import rans, ransseg
+from s4format.codecs.view import UNIT
 from s4format.writer import CodedPlane, CodedTensor
 from s4weights.gpu import plan, runtime
 from s4weights.gpu.items import Coded, Item
@@ -33,9 +34,6 @@ ENABLED = os.environ.get("S4_GPU_SEGMENTS", "") == "1"
 MIN_BYTES = 16 << 20
 # Segments are coded only where their estimate saves this share of the tensor's raw bytes.
 MIN_GAIN = 1 / 256
-# A mantissa plane whose segments are bit-packed but for a few (runs of ones, zeros) is packed
-# whole where that stores at most this share more; otherwise it is coded on the host.
-REPACK_LOSS = 1 / 100
 # Units whose fields are counted per device pass (4M elements).
 UNITS_PER_PASS = 64
 
@@ -137,57 +135,22 @@ def _stitch_plane(parts: list[CodedPlane], policy_name: str) -> CodedPlane:
     first = parts[0]
     n = sum(p.decoded_len for p in parts)
     used = {p.codec for p in parts}
-    same_params = len({p.params for p in parts}) == 1
-    if len(used) == 1 and same_params and first.codec in (codecs.RAW, codecs.BITPACK,
-                                                          codecs.BITPACK_W):
+    if len(used) == 1 and len({p.params for p in parts}) == 1 and \
+            first.codec in (codecs.RAW, codecs.BITPACK, codecs.BITPACK_W):
+        # the whole plane's own stored form: the GPU decodes it
         payload = np.concatenate([_bytes(p.payload) for p in parts])
         return CodedPlane(first.kind, first.index, first.codec, n, payload, first.params)
-    if used <= {codecs.RANS, codecs.RAW}:
-        streams = [_bytes(p.payload) if p.codec == codecs.RANS else _raw_stream(p)
-                   for p in parts]
-        head = [ransseg.COUNT.pack(len(parts))]
-        head += [ransseg.SEGMENT.pack(p.decoded_len, s.size) for p, s in zip(parts, streams)]
-        payload = np.concatenate([np.frombuffer(b"".join(head), np.uint8), *streams])
+    if used <= set(ransseg.SEGMENT_CODECS):
+        payload = ransseg.assemble([(p.decoded_len, p.codec, p.params[0] if p.codec ==
+                                     codecs.BITPACK_W else 0, _bytes(p.payload)) for p in parts])
         return CodedPlane(first.kind, first.index, codecs.RANS_SEG, n, payload)
-    if codecs.BITPACK_W in used:
-        packed = _repacked(parts)
-        if packed is not None:
-            return packed
     plane = np.concatenate([_decoded(p) for p in parts])
     cid, enc = policy.encode_plane(plane, first.kind, policy_name)
     return CodedPlane(first.kind, first.index, cid, n, enc.payload, enc.params)
 
 
-def _repacked(parts: list[CodedPlane]) -> CodedPlane | None:
-    """Segments of a mostly bit-packed plane (mantissas) with some rANS or raw ones (a run of
-    ones or zeros) as one bitpack-w plane at the widest width, the others decoded and packed
-    on the host; None where a byte needs all 8 bits or packing would lose over
-    :data:`REPACK_LOSS` of the plane's stored bytes."""
-    widths = [p.params[0] for p in parts if p.codec == codecs.BITPACK_W]
-    others = {i: _decoded(p) for i, p in enumerate(parts)
-              if p.codec != codecs.BITPACK_W or p.params[0] != max(widths)}
-    w = max([*widths, *(bitpackw.width_of(b) for b in others.values())])
-    # packing the others gives up what they stored below w bits (a run of ones coded in a
-    # few bytes): worth it only where that is a small share of the plane
-    lost = sum(bitpackw.stored_len(b.size, w) - parts[i].stored_len for i, b in others.items())
-    if w >= 8 or lost > REPACK_LOSS * sum(p.stored_len for p in parts):
-        return None
-    payload = np.concatenate([
-        _bytes(p.payload) if i not in others
-        else bitpackw.pack_view(PlaneView.of(others[i]), w) for i, p in enumerate(parts)])
-    first = parts[0]
-    return CodedPlane(first.kind, first.index, codecs.BITPACK_W,
-                      sum(p.decoded_len for p in parts), payload, bytes([w]))
-
-
 def _decoded(p: CodedPlane) -> np.ndarray:
     return codecs.get(p.codec).decode(_bytes(p.payload), p.decoded_len, p.params)
-
-
-def _raw_stream(p: CodedPlane) -> np.ndarray:
-    """A raw plane as a codec-4 stream in RAW mode (its 12-byte header, then the bytes)."""
-    head = rans.HEADER.pack(rans.MODE_RAW, rans.LOG2_BLOCK_DEFAULT, 0, p.decoded_len)
-    return np.concatenate([np.frombuffer(head, np.uint8), _bytes(p.payload)])
 
 
 def _bytes(payload) -> np.ndarray:

@@ -13,7 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import s4format  # noqa: E402
-from s4format import codecs, dtypes, hashing, layouts  # noqa: E402
+from s4format import codecs, dtypes, hashing, layouts, policy  # noqa: E402
 from s4format.codecs.view import UNIT  # noqa: E402
 from s4format.writer import CodedPlane, CodedTensor, Writer, code_tensor  # noqa: E402
 from s4weights.gpu import segments  # noqa: E402
@@ -82,44 +82,54 @@ def _stitched(parts: list[CodedPlane]) -> tuple[CodedPlane, np.ndarray]:
     return got, out
 
 
-def test_rans_and_raw_segments_make_codec_9() -> None:
+def test_segments_of_different_codecs_make_codec_9_keeping_theirs() -> None:
     rng = np.random.default_rng(5)
     a = rng.integers(100, 104, UNIT, dtype=np.uint8)
     b = rng.integers(0, 256, 2 * UNIT, dtype=np.uint8)
-    got, out = _stitched([_plane(codecs.RANS, a), _plane(codecs.RAW, b)])
+    c = rng.integers(0, 128, UNIT, dtype=np.uint8)
+    d = np.full(1000, 5, np.uint8)
+    parts = [_plane(codecs.RANS, a), _plane(codecs.RAW, b), _plane(codecs.BITPACK_W, c),
+             _plane(codecs.RANS, d)]
+    got, out = _stitched(parts)
+    assert got.codec == codecs.RANS_SEG
+    assert got.stored_len == 4 + 24 * 4 + sum(p.stored_len for p in parts)
+    assert out.tobytes() == a.tobytes() + b.tobytes() + c.tobytes() + d.tobytes()
+
+
+@pytest.mark.parametrize("codec", [codecs.RAW, codecs.BITPACK_W])
+def test_segments_alike_concatenate_into_the_planes_own_codec(codec: int) -> None:
+    rng = np.random.default_rng(6)
+    a = rng.integers(0, 128, 2 * UNIT, dtype=np.uint8)
+    b = rng.integers(0, 128, 777, dtype=np.uint8)
+    got, out = _stitched([_plane(codec, a), _plane(codec, b)])
+    whole = np.concatenate([a, b])
+    assert (got.codec, got.params) == (codec, codecs.get(codec).encode(whole).params)
+    assert segments._bytes(got.payload).tobytes() == \
+        as_bytes(codecs.get(codec).encode(whole).payload)
+    assert out.tobytes() == whole.tobytes()
+
+
+def test_bitpack_w_of_two_widths_stays_in_segments() -> None:
+    rng = np.random.default_rng(7)
+    a = rng.integers(0, 128, UNIT, dtype=np.uint8)
+    b = rng.integers(0, 32, 900, dtype=np.uint8)
+    got, out = _stitched([_plane(codecs.BITPACK_W, a), _plane(codecs.BITPACK_W, b)])
     assert got.codec == codecs.RANS_SEG
     assert out.tobytes() == a.tobytes() + b.tobytes()
 
 
-@pytest.mark.parametrize("last", ["narrower", "const"])
-def test_a_small_segment_unlike_the_packed_ones_is_packed_at_their_width(last: str) -> None:
-    rng = np.random.default_rng(6)
-    a = rng.integers(0, 128, 8 * UNIT, dtype=np.uint8)
-    b = rng.integers(0, 32, 800, dtype=np.uint8) if last == "narrower" \
-        else np.full(1000, 5, np.uint8)
-    got, out = _stitched([_plane(codecs.BITPACK_W, a),
-                          _plane(codecs.BITPACK_W if last == "narrower" else codecs.RANS, b)])
-    assert (got.codec, got.params) == (codecs.BITPACK_W, b"\x07")
-    assert out.tobytes() == a.tobytes() + b.tobytes()
-
-
-def test_a_large_const_segment_is_not_packed_away() -> None:
+def test_a_segment_in_another_codec_is_recoded_on_the_host() -> None:
     rng = np.random.default_rng(8)
-    a = rng.integers(0, 128, 2 * UNIT, dtype=np.uint8)
-    b = np.full(UNIT, 5, np.uint8)
-    got, out = _stitched([_plane(codecs.BITPACK_W, a), _plane(codecs.RANS, b)])
-    assert got.codec != codecs.BITPACK_W
-    assert got.stored_len < 2 * UNIT * 7 // 8 + 1000
-    assert out.tobytes() == a.tobytes() + b.tobytes()
-
-
-def test_a_wide_byte_among_packed_segments_is_recoded_on_the_host() -> None:
-    rng = np.random.default_rng(7)
     a = rng.integers(0, 128, UNIT, dtype=np.uint8)
-    b = rng.integers(100, 256, UNIT, dtype=np.uint8)
-    got, out = _stitched([_plane(codecs.BITPACK_W, a), _plane(codecs.RANS, b)])
-    assert got.codec != codecs.BITPACK_W
+    b = np.tile(np.arange(200, dtype=np.uint8), 500)
+    got, out = _stitched([_plane(codecs.BITPACK_W, a), _plane(codecs.ZSTD, b)])
+    whole = np.concatenate([a, b])
+    assert got.codec == policy.encode_plane(whole, layouts.KIND_MANTISSA)[0]
     assert out.tobytes() == a.tobytes() + b.tobytes()
+
+
+def as_bytes(payload) -> bytes:
+    return segments._bytes(payload).tobytes()
 
 
 def test_segments_of_other_layouts_are_coded_on_the_host() -> None:
