@@ -21,7 +21,7 @@ import struct
 import sys
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,7 @@ import zstandard
 from conformance import craft
 from s4format import codecs, dtypes, hashing, layouts
 from s4format.codecs.rans import MODE_CONST, MODE_RANS, MODE_RAW, RansCodec
+from s4format.codecs.ransseg import assemble
 from s4format.conformance import OPTIONAL_CODECS, tree_to_json
 from s4format.layouts import Layout
 from s4format.objtree import TensorRef, Typed
@@ -1360,13 +1361,33 @@ MINOR_1_3 = 3
 RANS_SEG_RULES = ["codecs.md#9--rans-seg"]
 SEG_UNIT = 1 << 16  # every segment but the last holds a multiple of this many symbols
 U64_WRAP = 1 << 64
+RECORD = struct.Struct("<QQHBBI")  # symbols, stored, codec, w, r1, r2
+RANS_MODES = {MODE_RAW: "RAW", MODE_CONST: "CONST", MODE_RANS: "RANS"}
 
 
-def rans_seg_payload(segments: list[tuple[int, bytes]]) -> bytes:
-    """A codec-9 payload laid out by codecs.md from (symbols_i, codec-4 stream_i) pairs: k, the
-    table of (symbols_i, stored_i), the streams back to back."""
-    table = b"".join(struct.pack("<QQ", n, len(s)) for n, s in segments)
-    return struct.pack("<I", len(segments)) + table + b"".join(s for _, s in segments)
+@dataclass(frozen=True)
+class Segment:
+    """A codec-9 segment: its record's fields and stored bytes; ``stored_len`` overrides the
+    record's stored length where a vector makes the two disagree."""
+    symbols: int
+    codec: int
+    stored: bytes
+    w: int = 0
+    r1: int = 0
+    r2: int = 0
+    stored_len: int | None = None
+
+
+SegmentCoder = Callable[[np.ndarray], Segment]
+
+
+def rans_seg_payload(segments: list[Segment]) -> bytes:
+    """A codec-9 payload laid out by codecs.md: k, the k 24-byte records, the segments' stored
+    bytes back to back."""
+    records = b"".join(RECORD.pack(s.symbols, len(s.stored) if s.stored_len is None
+                                   else s.stored_len, s.codec, s.w, s.r1, s.r2)
+                       for s in segments)
+    return struct.pack("<I", len(segments)) + records + b"".join(s.stored for s in segments)
 
 
 def rans_stream(plane: np.ndarray, mode: int, codec: RansCodec) -> bytes:
@@ -1377,15 +1398,31 @@ def rans_stream(plane: np.ndarray, mode: int, codec: RansCodec) -> bytes:
     return stream
 
 
-def rans_seg(cuts: list[int], modes: list[int], coders: list[RansCodec] | None = None
+def raw_segment(part: np.ndarray) -> Segment:
+    return Segment(part.size, codecs.RAW, part.tobytes())
+
+
+def bitpack_segment(part: np.ndarray) -> Segment:
+    """Codec 2's bit layout is bitpack-w's at width 1 (codecs.md)."""
+    return Segment(part.size, codecs.BITPACK, bitpack_w(1)(part)[0])
+
+
+def rans_segment(mode: int, coder: RansCodec | None = None) -> SegmentCoder:
+    return lambda part: Segment(part.size, codecs.RANS,
+                                rans_stream(part, mode, coder or RansCodec()))
+
+
+def bitpackw_segment(w: int) -> SegmentCoder:
+    return lambda part: Segment(part.size, codecs.BITPACK_W, bitpack_w(w)(part)[0], w=w)
+
+
+def rans_seg(cuts: list[int], coders: list[SegmentCoder]
              ) -> Callable[[np.ndarray], tuple[bytes, bytes, int]]:
-    """Code a plane as rans-seg cut at symbol offsets ``cuts``, segment ``i`` a codec-4
-    stream of ``coders[i]`` (default: codec 4's default block size) in mode ``modes[i]``."""
+    """Code a plane as rans-seg cut at symbol offsets ``cuts``, segment ``i`` by
+    ``coders[i]``."""
     def code(plane: np.ndarray) -> tuple[bytes, bytes, int]:
         edges = [0, *cuts, plane.size]
-        rans = coders or [RansCodec()] * len(modes)
-        segments = [(b - a, rans_stream(plane[a:b], m, c)) for a, b, m, c
-                    in zip(edges[:-1], edges[1:], modes, rans, strict=True)]
+        segments = [c(plane[a:b]) for a, b, c in zip(edges[:-1], edges[1:], coders, strict=True)]
         return rans_seg_payload(segments), b"", codecs.RANS_SEG
     return code
 
@@ -1423,148 +1460,210 @@ def flat_buffer() -> np.ndarray:
                            np.ones(SEG_UNIT, np.float32), np.zeros(SEG_UNIT, np.float32)])
 
 
-def segmented_planes(blob: bytes) -> list[tuple[str, int]]:
-    """(tensor name, plane number) of every codec-9 plane in a file."""
-    return [(t["name"], k) for t in craft.parse(blob).tensors
-            for k, p in enumerate(t["planes"]) if p["codec"] == codecs.RANS_SEG]
+def segment_codecs(blob: bytes) -> dict[tuple[str, int], list[tuple[int, str]]]:
+    """(tensor name, plane number) of every codec-9 plane in a file -> its segments' symbols and
+    codec, read from the records as codecs.md lays them out (rANS's with its mode, bitpack-w's
+    with its width)."""
+    parts = craft.parse(blob)
+    out = {}
+    for t, tensor in enumerate(parts.tensors):
+        for k, plane in enumerate(tensor["planes"]):
+            if plane["codec"] != codecs.RANS_SEG:
+                continue
+            payload = craft.plane_bytes(parts, t, k)
+            (count,) = struct.unpack_from("<I", payload)
+            at, segs = 4 + RECORD.size * count, []
+            for i in range(count):
+                n, stored, cid, w, _r1, _r2 = RECORD.unpack_from(payload, 4 + RECORD.size * i)
+                name = codecs.name_of(cid)
+                if cid == codecs.RANS:
+                    name += "/" + RANS_MODES[payload[at]]
+                elif cid == codecs.BITPACK_W:
+                    name += f"/{w}"
+                segs.append((n, name))
+                at += stored
+            out[(tensor["name"], k)] = segs
+    return out
 
 
 def ransseg_vectors() -> list[Vector]:
-    n_last = 1234
-    plane = np.concatenate([
-        skewed(600, SEG_UNIT, 100),
-        np.repeat(np.array([0x7F, 0x80, 0x7F, 0x00], np.uint8), SEG_UNIT // 4),
-        rand_bytes(601, SEG_UNIT), skewed(602, n_last, 30)])
-    modes = [MODE_RANS, MODE_CONST, MODE_RAW, MODE_RANS]
-    coders = [RansCodec(12), RansCodec(14), RansCodec(), RansCodec(8)]
-    cuts = [SEG_UNIT, 2 * SEG_UNIT, 3 * SEG_UNIT]
-    every_mode = valid(
-        "ransseg_modes", "rans-seg in 4 segments, one per codec-4 mode: RANS (16 blocks), CONST "
-        "(4 blocks of their own bytes), RAW (uniform bytes), then a partial last segment of "
-        f"{n_last} symbols in RANS (5 blocks of 256, the last partial)", RANS_SEG_RULES,
+    n_last = 1234  # 7·n_last % 8 = 6: the last stored byte has 2 padding bits
+    parts = [rand_bytes(601, SEG_UNIT), rand_bytes(603, SEG_UNIT) & np.uint8(1),
+             skewed(600, SEG_UNIT, 100),
+             np.repeat(np.array([0x7F, 0x80, 0x7F, 0x00], np.uint8), SEG_UNIT // 4),
+             rand_bytes(604, SEG_UNIT), rand_bytes(605, SEG_UNIT) & np.uint8(7),
+             rand_bytes(606, n_last) & np.uint8(0x7F)]
+    parts[5][0], parts[6][0] = 7, 0x7F  # the widths are exactly 3 and 7
+    plane = np.concatenate(parts)
+    coders = [raw_segment, bitpack_segment, rans_segment(MODE_RANS, RansCodec(12)),
+              rans_segment(MODE_CONST, RansCodec(14)), rans_segment(MODE_RAW),
+              bitpackw_segment(3), bitpackw_segment(7)]
+    cuts = [SEG_UNIT * i for i in range(1, len(parts))]
+    every_codec = valid(
+        "ransseg_every_codec", "rans-seg in 7 segments, one per codec a segment may take, "
+        "65,536 symbols each but the last: raw (uniform bytes), bitpack (0/1 bytes), rans in "
+        "RANS mode (16 blocks), in CONST (4 blocks of their own bytes) and in RAW (uniform "
+        "bytes), bitpack-w at width 3, then a partial last segment of 1234 symbols in "
+        "bitpack-w at width 7 (2 padding bits)", RANS_SEG_RULES,
         [TensorSpec("flat", "uint8", (plane.size,), plane,
-                    force(plane, "uint8", layouts.RAW, [rans_seg(cuts, modes, coders)]))],
+                    force(plane, "uint8", layouts.RAW, [rans_seg(cuts, coders)]))],
         policy="auto", minor=MINOR_1_3)
+    assert [c for _n, c in segment_codecs(every_codec.data)[("flat", 0)]] == [
+        "raw", "bitpack", "rans/RANS", "rans/CONST", "rans/RAW", "bitpack-w/3", "bitpack-w/7"]
     w = weights_bf16(610, 4000).view(np.uint8).copy()
     one = valid("ransseg_one_segment", "a bf16 exponent plane as rans-seg of one segment "
-                "(k = 1, a RANS stream): valid, though our writer codes such a plane as codec 4",
-                RANS_SEG_RULES, [TensorSpec("w", "bfloat16", (4000,), w, force(
+                "(k = 1, rans in RANS mode): valid, though our writer codes such a plane as "
+                "codec 4", RANS_SEG_RULES, [TensorSpec("w", "bfloat16", (4000,), w, force(
                     w, "bfloat16", layouts.BF16,
-                    [codecs.BITPACK, rans_seg([], [MODE_RANS]), codecs.RAW]))],
+                    [codecs.BITPACK, rans_seg([], [rans_segment(MODE_RANS)]), codecs.RAW]))],
                 policy="auto", minor=MINOR_1_3)
+    in_minor_1 = Vector("ransseg_in_minor_1", "ransseg_every_codec in a file whose header says "
+                        "minor 1: readers decode what the records name, whatever minor the "
+                        "header declares", ["README.md#versioning", "validation.md#H3",
+                                            "validation.md#P3", *RANS_SEG_RULES],
+                        edited(every_codec.data, lambda p: p.header.update(minor=1)),
+                        tensors=every_codec.tensors, tree=every_codec.tree)
+    return [every_codec, one, flat_weights_vector(), in_minor_1]
+
+
+def flat_weights_vector() -> Vector:
     flat = flat_buffer()
     weights = valid("ransseg_flat_weights", "the writer's choice (policy auto) on a flat buffer "
-                    "of bf16 and of fp32 parameters, N(0, 0.02), N(0, 1e-4), ones and zeros "
-                    "end to end: both exponent planes are rans-seg, and the sign planes and "
-                    "fp32's mantissa1 and mantissa2 (mantissa0 is zstd)",
+                    "of bf16 and of fp32 parameters, N(0, 0.02), N(0, 1e-4), ones and zeros, "
+                    "65,536 each, end to end: every plane is rans-seg; the sign and mantissa0 "
+                    "planes in two segments (bitpack, bitpack-w at width 7, then rans in CONST "
+                    "mode over the ones and zeros), the exponent planes in four of rans "
+                    "(RANS, RANS, CONST, CONST), fp32's mantissa1 and mantissa2 in three (rans "
+                    "in RANS mode, raw, rans in CONST mode)",
                     [*RANS_SEG_RULES, "codecs.md#choosing-codecs-informative", "planes.md"],
                     [TensorSpec("bf16", "bfloat16", (flat.size,), bf16_of(flat).view(np.uint8)),
                      TensorSpec("f32", "float32", (flat.size,), flat.view(np.uint8))],
                     policy="auto", minor=MINOR_1_3)
-    chosen = segmented_planes(weights.data)
-    assert chosen == [("bf16", 0), ("bf16", 1), ("f32", 0), ("f32", 1), ("f32", 3),
-                      ("f32", 4)], chosen
-    in_minor_1 = Vector("ransseg_in_minor_1", "ransseg_modes in a file whose header says minor "
-                        "1: readers decode what the records name, whatever minor the header "
-                        "declares", ["README.md#versioning", "validation.md#H3",
-                                     "validation.md#P3", *RANS_SEG_RULES],
-                        edited(every_mode.data, lambda p: p.header.update(minor=1)),
-                        tensors=every_mode.tensors, tree=every_mode.tree)
-    return [every_mode, one, weights, in_minor_1]
+    half, unit = 2 * SEG_UNIT, SEG_UNIT
+    sign = [(half, "bitpack"), (half, "rans/CONST")]
+    exponent = [(unit, "rans/RANS")] * 2 + [(unit, "rans/CONST")] * 2
+    mantissa0 = [(half, "bitpack-w/7"), (half, "rans/CONST")]
+    low = [(unit, "rans/RANS"), (unit, "raw"), (half, "rans/CONST")]
+    chosen = segment_codecs(weights.data)
+    assert chosen == {("bf16", 0): sign, ("bf16", 1): exponent, ("bf16", 2): mantissa0,
+                      ("f32", 0): sign, ("f32", 1): exponent, ("f32", 2): mantissa0,
+                      ("f32", 3): low, ("f32", 4): low}, chosen
+    return weights
 
 
 def ransseg_read_vectors() -> list[Vector]:
     """The rules of codec 9 (R2), one each, made from a valid plane of two segments: 65,536
-    symbols in CONST, then 3000 in RANS (12 blocks of 256)."""
-    body = skewed(620, 3000, 10)
-    plane = np.concatenate([np.full(SEG_UNIT, 0x55, np.uint8), body])
-    r8 = RansCodec(8)
-    const = rans_stream(plane[:SEG_UNIT], MODE_CONST, RansCodec())
-    stream = rans_stream(body, MODE_RANS, r8)
+    symbols in rans (RANS mode, one block), then 3001 in bitpack-w at width 3."""
+    low = np.where(rand_bytes(620, SEG_UNIT) < 16, 11, 10).astype(np.uint8)
+    packed = rand_bytes(621, 3001) & np.uint8(7)
+    packed[0] = 7
+    plane = np.concatenate([low, packed])
+    coders = [rans_segment(MODE_RANS), bitpackw_segment(3)]
     base = valid("ransseg_base", "the valid file the rans-seg must-fail vectors are made from: "
-                 "a uint8 plane in two segments, 65,536 symbols in CONST and 3000 in RANS",
-                 RANS_SEG_RULES, [TensorSpec("p", "uint8", (plane.size,), plane, force(
-                     plane, "uint8", layouts.RAW,
-                     [rans_seg([SEG_UNIT], [MODE_CONST, MODE_RANS], [RansCodec(), r8])]))],
+                 "a uint8 plane in two segments, 65,536 symbols in rans (RANS mode) and 3001 in "
+                 "bitpack-w at width 3", RANS_SEG_RULES,
+                 [TensorSpec("p", "uint8", (plane.size,), plane, force(
+                     plane, "uint8", layouts.RAW, [rans_seg([SEG_UNIT], coders)]))],
                  policy="auto", minor=MINOR_1_3)
     PLANE = (0, 0)
     payload = craft.plane_bytes(craft.parse(base.data), *PLANE)
-    assert payload == rans_seg_payload([(SEG_UNIT, const), (3000, stream)])
-    at = 4 + 2 * 16 + len(const)  # segment 1's stream in the payload
-    table_len = _rans_table_len(stream)
-    states_at = at + 12 + table_len + 4 * -(-3000 // 256)
+    segs = [coders[0](low), coders[1](packed)]
+    assert payload == rans_seg_payload(segs) == assemble(
+        [(s.symbols, s.codec, s.w, s.stored) for s in segs]).tobytes()
+    assert len(segs[1].stored) == -(-3 * 3001 // 8) == 1126
+    at = 4 + 2 * RECORD.size  # segment 0's rANS stream in the payload
+    states_at = at + 12 + _rans_table_len(segs[0].stored) + 4  # one block's word count
 
-    def rebuilt(segments: list[tuple[int, bytes]]) -> bytes:
-        return replaced(base.data, PLANE, rans_seg_payload(segments))
+    def rebuilt(*segments: Segment) -> bytes:
+        return replaced(base.data, PLANE, rans_seg_payload(list(segments)))
 
     def set_u32(offset: int, value: int) -> bytes:
         return payload_edited(base.data, PLANE, lambda b: b.__setitem__(
             slice(offset, offset + 4), struct.pack("<I", value)))
 
-    assert payload[at + 44] < 0xFF and payload[28] < 0xFF  # the +1 edits below carry no bit
-    assert payload[19] == payload[35] == 0  # nor do the 2^63 ones
-    empty = np.zeros(0, np.uint8)
+    def last(part: np.ndarray) -> Segment:
+        return bitpackw_segment(3)(part)
+
+    assert payload[at + 44] < 0xFF  # the +1 edit below carries no bit
+    cut = SEG_UNIT + 1
     return [
         base,
         fail("ransseg_params_1", "rans-seg with a parameter byte", RANS_SEG_RULES, "CodecError",
              edited(base.data, lambda p: p.tensors[0]["planes"][0].update(params=b"\x00"))),
         fail("ransseg_k_0", "rans-seg segment count k = 0, the rest of the payload kept",
              RANS_SEG_RULES, "CodecError", set_u32(0, 0)),
-        fail("ransseg_table_past_payload", f"rans-seg k = {(len(payload) - 4) // 16 + 1}: its "
-             f"segment table needs more than the payload's {len(payload)} bytes",
-             RANS_SEG_RULES, "CodecError", set_u32(0, (len(payload) - 4) // 16 + 1)),
-        fail("ransseg_k_max", "rans-seg k = 2^32 - 1: a table of 4 + 16 k bytes, past the "
+        fail("ransseg_table_past_payload", f"rans-seg k = {(len(payload) - 4) // 24 + 1}: its "
+             f"records need more than the payload's {len(payload)} bytes", RANS_SEG_RULES,
+             "CodecError", set_u32(0, (len(payload) - 4) // 24 + 1)),
+        fail("ransseg_k_max", "rans-seg k = 2^32 - 1: records of 4 + 24 k bytes, past the "
              "payload (and past 2^32: a size computed in 32 bits wraps)", RANS_SEG_RULES,
              "CodecError", set_u32(0, 0xFFFFFFFF)),
         fail("ransseg_payload_3", "the plane stored in 3 bytes: decoded_len exceeds "
              "max_decoded_len(3) = 0 (checked before decoding)",
              ["validation.md#P4", *RANS_SEG_RULES], "LimitError",
              replaced(base.data, PLANE, b"\x01\x00\x00")),
-        fail("ransseg_symbols_0", "a first segment of 0 symbols (an empty RAW codec-4 stream) "
-             "before the two valid ones", RANS_SEG_RULES, "CodecError",
-             rebuilt([(0, rans_stream(empty, MODE_RAW, RansCodec())), (SEG_UNIT, const),
-                      (3000, stream)])),
-        fail("ransseg_not_multiple", "the plane cut after 65,535 symbols: a segment other than "
-             "the last that is not a multiple of 65,536 (both streams valid)", RANS_SEG_RULES,
-             "CodecError",
-             rebuilt([(SEG_UNIT - 1, rans_stream(plane[:SEG_UNIT - 1], MODE_CONST,
-                                                 RansCodec())),
-                      (3001, rans_stream(plane[SEG_UNIT - 1:], MODE_RANS, r8))])),
-        fail("ransseg_symbols_over", "the last segment codes one symbol more (3001): the "
+        fail("ransseg_symbols_0", "a first segment of 0 symbols (raw, 0 stored bytes) before "
+             "the two valid ones", RANS_SEG_RULES, "CodecError",
+             rebuilt(Segment(0, codecs.RAW, b""), *segs)),
+        fail("ransseg_not_multiple", f"the plane cut after {cut:,} symbols: a segment other "
+             "than the last that is not a multiple of 65,536 (both segments valid)",
+             RANS_SEG_RULES, "CodecError",
+             rebuilt(coders[0](plane[:cut]), last(plane[cut:]))),
+        fail("ransseg_codec_3", "segment 0's record names codec 3 (zstd), not one a segment "
+             "may take", RANS_SEG_RULES, "CodecError",
+             rebuilt(replace(segs[0], codec=codecs.ZSTD), segs[1])),
+        fail("ransseg_codec_9", "segment 0's record names codec 9 (rans-seg itself)",
+             RANS_SEG_RULES, "CodecError",
+             rebuilt(replace(segs[0], codec=codecs.RANS_SEG), segs[1])),
+        fail("ransseg_bitpackw_w_0", "segment 1, bitpack-w, of width 0 (its stored bytes of "
+             "width 3 kept)", RANS_SEG_RULES, "CodecError",
+             rebuilt(segs[0], replace(segs[1], w=0))),
+        fail("ransseg_bitpackw_w_8", "segment 1, bitpack-w, of width 8, its stored bytes the "
+             "3001 plane bytes themselves (width 8 is not allowed: that is raw)",
+             RANS_SEG_RULES, "CodecError",
+             rebuilt(segs[0], replace(segs[1], w=8, stored=packed.tobytes()))),
+        fail("ransseg_width_on_rans", "segment 0, rans, with w = 3 (a width belongs to "
+             "bitpack-w only)", RANS_SEG_RULES, "CodecError",
+             rebuilt(replace(segs[0], w=3), segs[1])),
+        fail("ransseg_reserved_r1", "segment 1's first reserved byte (r1) is 1",
+             RANS_SEG_RULES, "CodecError", rebuilt(segs[0], replace(segs[1], r1=1))),
+        fail("ransseg_reserved_r2", "segment 0's reserved u32 (r2) is 2^31", RANS_SEG_RULES,
+             "CodecError", rebuilt(replace(segs[0], r2=1 << 31), segs[1])),
+        fail("ransseg_symbols_over", "the last segment codes one symbol more (3002): the "
              "segments hold decoded_len + 1 symbols", RANS_SEG_RULES, "CodecError",
-             rebuilt([(SEG_UNIT, const), (3001, rans_stream(np.append(body, body[:1]),
-                                                            MODE_RANS, r8))])),
-        fail("ransseg_symbols_under", "the last segment codes one symbol less (2999): the "
+             rebuilt(segs[0], last(np.append(packed, packed[:1])))),
+        fail("ransseg_symbols_under", "the last segment codes one symbol less (3000): the "
              "segments hold decoded_len - 1 symbols", RANS_SEG_RULES, "CodecError",
-             rebuilt([(SEG_UNIT, const), (2999, rans_stream(body[:-1], MODE_RANS, r8))])),
-        fail("ransseg_stored_short", "a byte after the last stream: the stored lengths sum to "
+             rebuilt(segs[0], last(packed[:-1]))),
+        fail("ransseg_stored_short", "a byte after the last segment: the stored lengths sum to "
              "one short of the payload", RANS_SEG_RULES, "CodecError",
              replaced(base.data, PLANE, payload + b"\x00")),
         fail("ransseg_stored_long", "the last segment's stored length one more than its "
-             "stream: the stored lengths sum to one past the payload", RANS_SEG_RULES,
-             "CodecError", payload_edited(base.data, PLANE, lambda b: b.__setitem__(
-                 28, b[28] + 1))),
-        fail("ransseg_symbols_wrap", "segments of 131,072, 2^64 - 65,536 (a CONST stream of "
-             "one block byte) and 3000 symbols: their sum is decoded_len only modulo 2^64 (a "
-             "reader summing in u64 would write 131,072 bytes into a 68,536-byte plane)",
-             RANS_SEG_RULES, "CodecError",
-             rebuilt([(2 * SEG_UNIT, rans_stream(np.full(2 * SEG_UNIT, 0x55, np.uint8),
-                                                 MODE_CONST, RansCodec())),
-                      (U64_WRAP - SEG_UNIT,
-                       struct.pack("<BBHQ", MODE_CONST, 20, 0, U64_WRAP - SEG_UNIT) + b"\x55"),
-                      (3000, stream)])),
-        fail("ransseg_stored_wrap", "both stored lengths 2^63 more than their streams: their "
+             "bytes: the stored lengths sum to one past the payload", RANS_SEG_RULES,
+             "CodecError", rebuilt(segs[0], replace(segs[1], stored_len=1127))),
+        fail("ransseg_symbols_wrap", "segments of 131,072 (rans, CONST), 2^64 - 65,536 (a "
+             "CONST stream of one block byte) and 3001 symbols: their sum is decoded_len only "
+             "modulo 2^64 (a reader summing in u64 would write 131,072 bytes into a "
+             "68,537-byte plane)", RANS_SEG_RULES, "CodecError",
+             rebuilt(rans_segment(MODE_CONST)(np.full(2 * SEG_UNIT, 0x55, np.uint8)),
+                     Segment(U64_WRAP - SEG_UNIT, codecs.RANS, struct.pack(
+                         "<BBHQ", MODE_CONST, 20, 0, U64_WRAP - SEG_UNIT) + b"\x55"),
+                     segs[1])),
+        fail("ransseg_stored_wrap", "both stored lengths 2^63 more than their bytes: their "
              "sum matches the payload only modulo 2^64", RANS_SEG_RULES, "CodecError",
-             payload_edited(base.data, PLANE, lambda b: [b.__setitem__(
-                 at_ + 7, b[at_ + 7] | 0x80) for at_ in (12, 28)])),
-        fail("ransseg_segment_n", "segment 1's codec-4 stream declares n = 3001 for its 3000 "
+             rebuilt(*(replace(s, stored_len=len(s.stored) + (1 << 63)) for s in segs))),
+        fail("ransseg_segment_n", "segment 0's rANS stream declares n = 65,537 for its 65,536 "
              "symbols", ["rans.md#6", *RANS_SEG_RULES], "CodecError",
              payload_edited(base.data, PLANE, lambda b: b.__setitem__(at + 4, b[at + 4] + 1))),
-        fail("ransseg_segment_table_sum", "segment 1's rANS frequency table with its first "
+        fail("ransseg_segment_table_sum", "segment 0's rANS frequency table with its first "
              "frequency one higher (sum 4097)", ["rans.md#3", *RANS_SEG_RULES], "CodecError",
              payload_edited(base.data, PLANE, lambda b: b.__setitem__(at + 44, b[at + 44] + 1))),
-        fail("ransseg_segment_final_state", "segment 1's block 0 lane 0 final state 2^15 - 1",
+        fail("ransseg_segment_final_state", "segment 0's block 0 lane 0 final state 2^15 - 1",
              ["rans.md#6", *RANS_SEG_RULES], "CodecError", set_u32(states_at, 0x7FFF)),
+        fail("ransseg_bitpackw_width_mismatch", "segment 1, bitpack-w, of width 2 with the "
+             "1126 stored bytes of width 3 (width 2 needs 751)",
+             [*BITPACK_W_RULES, *RANS_SEG_RULES], "CodecError",
+             rebuilt(segs[0], replace(segs[1], w=2))),
     ]
 
 
@@ -1573,12 +1672,14 @@ def ransseg_bound_vectors() -> list[Vector]:
     that the bound lets through: that of an empty plane."""
     rules = ["validation.md#P4", *RANS_SEG_RULES]
     c = np.full(1 << 20, 0x3C, np.uint8)
-    at_bound = valid("ransseg_at_bound", "2^20 bytes of one value in one CONST segment of one "
-                     "2^20-symbol block: 33 stored bytes, decoded_len exactly max_decoded_len",
+    at_bound = valid("ransseg_at_bound", "2^20 bytes of one value in one segment, rans in "
+                     "CONST mode of one 2^20-symbol block: 41 stored bytes, decoded_len exactly "
+                     "max_decoded_len(41) = (41 - 40) · 2^20",
                      rules, [TensorSpec("c", "uint8", (c.size,), c, force(
-                         c, "uint8", layouts.RAW, [rans_seg([], [MODE_CONST])]))],
+                         c, "uint8", layouts.RAW, [rans_seg([], [rans_segment(MODE_CONST)])]))],
                      policy="auto", minor=MINOR_1_3)
-    assert craft.parse(at_bound.data).tensors[0]["planes"][0]["stored_len"] == 33
+    stored = craft.parse(at_bound.data).tensors[0]["planes"][0]["stored_len"]
+    assert stored == 41 and (stored - 40) << 20 == c.size
     no_block_byte = struct.pack("<BBHQ", MODE_CONST, 20, 0, c.size)
     empty = np.zeros(0, np.uint8)
     short = force(empty, "uint8", layouts.RAW,
@@ -1586,9 +1687,10 @@ def ransseg_bound_vectors() -> list[Vector]:
     return [
         at_bound,
         fail("ransseg_over_bound", "ransseg_at_bound's CONST stream without its block byte: "
-             "32 stored bytes, decoded_len 2^20 exceeds max_decoded_len(32) = 0 (checked "
+             "40 stored bytes, decoded_len 2^20 exceeds max_decoded_len(40) = 0 (checked "
              "before decoding)", rules, "LimitError",
-             replaced(at_bound.data, (0, 0), rans_seg_payload([(c.size, no_block_byte)]))),
+             replaced(at_bound.data, (0, 0),
+                      rans_seg_payload([Segment(c.size, codecs.RANS, no_block_byte)]))),
         fail("ransseg_payload_3_empty_plane", "an empty plane stored as rans-seg in 3 bytes, "
              "shorter than the segment count (within the bound: max_decoded_len(3) = 0)",
              RANS_SEG_RULES, "CodecError",

@@ -85,6 +85,18 @@ def test_v1_3_adds_codec_9(rendered) -> None:
     assert {k: m for k, m in minors.items() if m != 3} == {"ransseg_in_minor_1": 1}
 
 
+def test_v1_3_valid_segments_take_every_segment_codec(rendered) -> None:
+    """The valid vectors' records name every codec a segment may take: raw, bitpack, rans in
+    each mode and bitpack-w at two widths, and some plane ends in a partial segment."""
+    v13 = json.loads(rendered["v1.3"]["manifest.json"])["vectors"]
+    planes = [segs for v in v13 if v["expect"] == "valid"
+              for segs in generate.segment_codecs(rendered["v1.3"][v["file"]]).values()]
+    taken = {codec for segs in planes for _n, codec in segs}
+    assert taken == {"raw", "bitpack", "rans/RANS", "rans/CONST", "rans/RAW", "bitpack-w/3",
+                     "bitpack-w/7"}
+    assert any(len(segs) > 1 and segs[-1][0] % generate.SEG_UNIT for segs in planes)
+
+
 def test_refuses_to_overwrite_changed_vectors(tmp_path, rendered) -> None:
     generate.write_suite(tmp_path)
     (tmp_path / "appendix_a.s4w").write_bytes(b"changed")
