@@ -136,8 +136,12 @@ class RansSegCodec(Codec):
         return Slicer(max(s.align for s in subs), get)
 
     def max_decoded_len(self, stored_len: int) -> int:
-        # Densest: one segment holding a CONST rANS stream, one stored byte per 2**20 symbols.
-        return max(0, stored_len - COUNT.size - SEGMENT.size - RANS_HEADER) << LOG2_BLOCK_MAX
+        # Densest: one segment, bitpack's 8 symbols per byte where a rANS header does not fit,
+        # above that a CONST rANS stream's one stored byte per 2**20 symbols.
+        body = stored_len - COUNT.size - SEGMENT.size
+        if body <= 0:
+            return 0
+        return max(8 * body, max(0, body - RANS_HEADER) << LOG2_BLOCK_MAX)
 
 
 def assemble(segments: list[tuple[int, int, int, np.ndarray | bytes]]) -> np.ndarray:
