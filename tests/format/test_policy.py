@@ -159,3 +159,24 @@ def test_reader_reads_1_0_and_1_1_files_alike() -> None:
             got = r.load()
             assert s4format.verify(r) == []
         assert all(got[k].data.tobytes() == v.tobytes() for k, v in tree.items())
+
+
+def test_segments_go_before_one_lz_frame_within_1_128_of_the_plane() -> None:
+    n = 1 << 20
+    near = [(1000_000, ZSTD), (1000_000 + n // 128, RANS_SEG), (1050_000, RANS)]
+    assert policy.prefer_segments(near, n) == [near[1], near[0], near[2]]
+    far = [(1000_000, ZSTD), (1000_001 + n // 128, RANS_SEG)]
+    assert policy.prefer_segments(far, n) == far
+    not_lz = [(1000_000, RANS), (1000_100, RANS_SEG)]
+    assert policy.prefer_segments(not_lz, n) == not_lz
+
+
+def test_a_flat_plane_takes_segments_over_one_table() -> None:
+    rng = np.random.default_rng(3)
+    plane = np.concatenate([rng.integers(100, 104, 3 << 16), rng.integers(0, 256, 2 << 16),
+                            np.full(3 << 16, 7)]).astype(np.uint8)
+    cid, enc = encode_plane(plane, layouts.KIND_EXPONENT, "auto")
+    assert cid == RANS_SEG
+    assert encode_plane(plane, layouts.KIND_EXPONENT, "auto-1.0")[0] != RANS_SEG
+    assert codecs.get(cid).decode(np.asarray(enc.payload), plane.size, b"").tobytes() == \
+        plane.tobytes()
