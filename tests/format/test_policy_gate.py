@@ -32,8 +32,12 @@ def test_runs_open_the_trial_and_zstd_wins_there() -> None:
     x[N // 4:N // 2] = 0.25  # a quarter of the values: one run
     m1 = fp32_fields(x)[3]
     assert policy.lz_may_pay(m1, M)
-    cid, enc = policy.encode_view(m1, M)
+    cid, enc = policy.encode_view(m1, M, "auto-1.0")
     assert cid == codecs.ZSTD and enc.nbytes < 0.8 * m1.size
+    # under auto, segments hold the run as a CONST one within 1/128 of zstd, and go first
+    m1 = fp32_fields(x)[3]
+    cid, seg = policy.encode_view(m1, M)
+    assert cid == codecs.RANS_SEG and seg.nbytes <= enc.nbytes + m1.size // 128
 
 
 def test_counters_open_the_trial() -> None:
