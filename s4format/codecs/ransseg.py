@@ -41,8 +41,6 @@ SEGMENT_CODECS = (RAW, BITPACK, RANS, BITPACK_W)
 SEGMENT_UNIT = UNIT
 
 _RANS = RansCodec()
-# bitpack-w wins unless rANS saves more than 1/65 of its size (s4format.policy.PACKED_SLACK)
-_PACKED_SLACK = (64, 65)
 
 
 class RansSegCodec(Codec):
@@ -78,7 +76,7 @@ class RansSegCodec(Codec):
     def decode(self, payload: np.ndarray, decoded_len: int, params: bytes) -> np.ndarray:
         if params:
             raise CodecError(f"rans-seg takes no parameters, got {len(params)} bytes")
-        buf = _as_bytes(payload)
+        buf = as_bytes(payload)
         table = _segment_table(buf, decoded_len)
         out = np.empty(decoded_len, np.uint8)
 
@@ -101,7 +99,7 @@ class RansSegCodec(Codec):
         as it does a plane of one codec (a segment without one, or aligned wider than the
         segment unit, is decoded whole first); None where the table or such a segment is
         corrupt."""
-        buf = _as_bytes(payload)
+        buf = as_bytes(payload)
         if params:
             return None
         try:
@@ -154,7 +152,7 @@ def assemble(segments: list[tuple[int, int, int, np.ndarray | bytes]]) -> np.nda
                              else np.asarray(b, np.uint8).reshape(-1) for *_x, b in segments])
 
 
-def _as_bytes(payload) -> np.ndarray:
+def as_bytes(payload) -> np.ndarray:
     if isinstance(payload, bytes | bytearray):
         return np.frombuffer(payload, np.uint8)
     return np.ascontiguousarray(payload, dtype=np.uint8).reshape(-1)
@@ -172,12 +170,14 @@ def _segment_choice(view: PlaneView) -> tuple[int, int]:
     """(codec ID, estimated stored bytes) of a segment, as the writer's ``auto`` policy picks
     for a plane: bitpack or bitpack-w where the bytes fit fewer bits, unless rANS saves over
     1/65 of that; else rANS where it stores less than the bytes; else raw."""
+    from s4format.policy import packed_wins  # (the policy imports the codecs)
+
     n = view.size
     rans = _RANS.estimate_counts(view.counts, n)
     w = view.width
     if w < 8:
         packed = (n * w + 7) // 8
-        if _PACKED_SLACK[0] * packed <= _PACKED_SLACK[1] * rans:
+        if packed_wins(packed, rans):
             return (BITPACK if w == 1 else BITPACK_W), packed
     if rans < n:
         return RANS, rans

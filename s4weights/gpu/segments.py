@@ -138,11 +138,11 @@ def _stitch_plane(parts: list[CodedPlane], policy_name: str) -> CodedPlane:
     if len(used) == 1 and len({p.params for p in parts}) == 1 and \
             first.codec in (codecs.RAW, codecs.BITPACK, codecs.BITPACK_W):
         # the whole plane's own stored form: the GPU decodes it
-        payload = np.concatenate([_bytes(p.payload) for p in parts])
+        payload = np.concatenate([ransseg.as_bytes(p.payload) for p in parts])
         return CodedPlane(first.kind, first.index, first.codec, n, payload, first.params)
     if used <= set(ransseg.SEGMENT_CODECS):
         payload = ransseg.assemble([(p.decoded_len, p.codec, p.params[0] if p.codec ==
-                                     codecs.BITPACK_W else 0, _bytes(p.payload)) for p in parts])
+                                     codecs.BITPACK_W else 0, p.payload) for p in parts])
         return CodedPlane(first.kind, first.index, codecs.RANS_SEG, n, payload)
     plane = np.concatenate([_decoded(p) for p in parts])
     cid, enc = policy.encode_plane(plane, first.kind, policy_name)
@@ -150,13 +150,7 @@ def _stitch_plane(parts: list[CodedPlane], policy_name: str) -> CodedPlane:
 
 
 def _decoded(p: CodedPlane) -> np.ndarray:
-    return codecs.get(p.codec).decode(_bytes(p.payload), p.decoded_len, p.params)
-
-
-def _bytes(payload) -> np.ndarray:
-    if isinstance(payload, bytes | bytearray):
-        return np.frombuffer(payload, np.uint8)
-    return np.asarray(payload).reshape(-1).view(np.uint8)
+    return codecs.get(p.codec).decode(ransseg.as_bytes(p.payload), p.decoded_len, p.params)
 
 
 def _host_code(it: Item, policy_name: str) -> CodedTensor:

@@ -14,6 +14,7 @@ torch = pytest.importorskip("torch")
 
 import s4format  # noqa: E402
 from s4format import codecs, dtypes, hashing, layouts, policy  # noqa: E402
+from s4format.codecs import ransseg  # noqa: E402
 from s4format.codecs.view import UNIT  # noqa: E402
 from s4format.writer import CodedPlane, CodedTensor, Writer, code_tensor  # noqa: E402
 from s4weights.gpu import segments  # noqa: E402
@@ -77,7 +78,7 @@ def _plane(codec: int, plane: np.ndarray, kind: int = layouts.KIND_MANTISSA) -> 
 
 def _stitched(parts: list[CodedPlane]) -> tuple[CodedPlane, np.ndarray]:
     got = segments._stitch_plane(parts, "auto")
-    out = codecs.get(got.codec).decode(segments._bytes(got.payload), got.decoded_len,
+    out = codecs.get(got.codec).decode(ransseg.as_bytes(got.payload), got.decoded_len,
                                        got.params)
     return got, out
 
@@ -104,7 +105,7 @@ def test_segments_alike_concatenate_into_the_planes_own_codec(codec: int) -> Non
     got, out = _stitched([_plane(codec, a), _plane(codec, b)])
     whole = np.concatenate([a, b])
     assert (got.codec, got.params) == (codec, codecs.get(codec).encode(whole).params)
-    assert segments._bytes(got.payload).tobytes() == \
+    assert ransseg.as_bytes(got.payload).tobytes() == \
         as_bytes(codecs.get(codec).encode(whole).payload)
     assert out.tobytes() == whole.tobytes()
 
@@ -129,7 +130,7 @@ def test_a_segment_in_another_codec_is_recoded_on_the_host() -> None:
 
 
 def as_bytes(payload) -> bytes:
-    return segments._bytes(payload).tobytes()
+    return ransseg.as_bytes(payload).tobytes()
 
 
 def test_segments_of_other_layouts_are_coded_on_the_host() -> None:
