@@ -125,8 +125,9 @@ def save(obj: Any, f: FileLike, *, policy: str = "auto", metadata: dict[str, str
     ``f`` is a path or ``s3://bucket/key`` URL (written atomically: a failed save leaves any
     previous file intact; a path to a device, FIFO or socket, such as ``os.devnull``, is
     written into as it is) or a binary file object open for writing. ``policy`` is the codec
-    choice: ``"auto"`` (smallest, bit-packing planes where entropy coding saves under 1/65;
-    format 1.1), ``"auto-1.0"`` (the same without codec 8: files format-1.0 readers open),
+    choice: ``"auto"`` (smallest, bit-packing planes where entropy coding saves under 1/65,
+    planes whose values change along them, such as flat buffers, in segments; format 1.3),
+    ``"auto-1.0"`` (the same without codecs 8 and 9: files format-1.0 readers open),
     ``"seed"`` (the fixed assignment of the design) or ``"nvcomp-ans"`` (GPU-only files). Raises
     :class:`s4format.UnsupportedObjectError` naming the key path of any object that cannot be
     stored. ``device`` picks where CUDA tensors are coded (``"auto"``, ``"cuda"``, ``"cpu"``).
