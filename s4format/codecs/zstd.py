@@ -47,34 +47,41 @@ class ZstdCodec(Codec):
         payload = self._compressor.compress(np.ascontiguousarray(plane).data)
         return Encoded(payload, bytes([self.level & 0xFF]))
 
+    @property
+    def _decompressor(self) -> zstandard.ZstdDecompressor:
+        d = getattr(self._local, "decompressor", None)
+        if d is None:
+            d = self._local.decompressor = zstandard.ZstdDecompressor()
+        return d
+
     def decode(self, payload: np.ndarray, decoded_len: int, params: bytes) -> np.ndarray:
         if len(params) > 1:
             raise CodecError(f"zstd parameters are at most 1 byte, got {len(params)}")
-        buf = payload.tobytes() if isinstance(payload, np.ndarray) else bytes(payload)
-        if buf[:4] != _FRAME_MAGIC:
+        buf = payload if isinstance(payload, np.ndarray) else np.frombuffer(payload, np.uint8)
+        if bytes(buf[:4]) != _FRAME_MAGIC:
             raise CodecError("zstd plane does not start with a Zstandard frame")
         try:
             declared = zstandard.frame_content_size(buf)
+            window = zstandard.get_frame_parameters(buf).window_size
         except zstandard.ZstdError as exc:
             raise CodecError(f"zstd frame header is invalid: {exc}") from None
         if declared != decoded_len:
             raise CodecError(f"zstd frame declares {declared} content bytes, plane declares "
                              f"{decoded_len} (-1 means the frame omits its size)")
-        window = zstandard.get_frame_parameters(buf).window_size
         if window > MAX_WINDOW:
             raise CodecError(f"zstd frame declares a window of {window} bytes, over the "
                              f"format's {MAX_WINDOW}")
-        # decompressobj, not decompress: it reports bytes after the frame, which the spec
-        # forbids. The frame's declared size (checked above) bounds what it allocates.
-        dec = zstandard.ZstdDecompressor().decompressobj()
+        if declared == 0:  # (decompress() returns at once for these, reading no block)
+            if _stream(buf):
+                raise CodecError("zstd frame declares 0 content bytes but its blocks hold more")
+            return np.zeros(0, np.uint8)
+        # One call into an output of the declared size (checked above), refusing bytes after
+        # the frame; streaming it through decompressobj took 10-30x longer on sparse planes.
         try:
-            out = dec.decompress(buf)
-        except zstandard.ZstdError as exc:
-            raise CodecError(f"zstd stream is corrupt: {exc}") from None
-        if not dec.eof:
-            raise CodecError("zstd frame is truncated")
-        if dec.unused_data:
-            raise CodecError(f"{len(dec.unused_data)} bytes follow the zstd frame")
+            out = self._decompressor.decompress(buf, allow_extra_data=False)
+        except zstandard.ZstdError:
+            _stream(buf)
+            raise CodecError("zstd stream is corrupt") from None
         if len(out) != decoded_len:
             raise CodecError(f"zstd produced {len(out)} bytes, expected {decoded_len}")
         return np.frombuffer(out, dtype=np.uint8)
@@ -103,6 +110,21 @@ class ZstdCodec(Codec):
         starts = np.linspace(0, n - _SAMPLE, _SAMPLES).astype(np.int64)
         stored = sum(len(self._compressor.compress(plane[s:s + _SAMPLE].data)) for s in starts)
         return n * stored // (_SAMPLES * _SAMPLE)
+
+
+def _stream(buf: np.ndarray) -> bytes:
+    """The frame decoded by streaming it, which tells a truncated frame and bytes after it
+    apart from corruption (and reads the blocks of a frame that declares no content)."""
+    dec = zstandard.ZstdDecompressor().decompressobj()
+    try:
+        out = dec.decompress(buf)
+    except zstandard.ZstdError as exc:
+        raise CodecError(f"zstd stream is corrupt: {exc}") from None
+    if not dec.eof:
+        raise CodecError("zstd frame is truncated")
+    if dec.unused_data:
+        raise CodecError(f"{len(dec.unused_data)} bytes follow the zstd frame")
+    return out
 
 
 register(ZstdCodec())

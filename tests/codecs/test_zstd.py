@@ -1,0 +1,65 @@
+"""Codec 3 (zstd): what one-call decoding returns and how it names a bad frame."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+import zstandard
+
+from s4format import codecs
+from s4format.errors import CodecError
+
+ZSTD = codecs.get(3)
+
+
+def frame(plane: np.ndarray) -> np.ndarray:
+    out = zstandard.ZstdCompressor(level=3, write_content_size=True).compress(plane.data)
+    return np.frombuffer(out, np.uint8)
+
+
+def planes() -> list[np.ndarray]:
+    rng = np.random.default_rng(7)
+    sparse = np.zeros(3 << 20, np.uint8)
+    sparse[rng.integers(0, sparse.size, 5000)] = rng.integers(1, 256, 5000)
+    return [sparse, rng.integers(0, 256, 1 << 20, dtype=np.uint8),
+            np.full(300_000, 9, np.uint8), np.arange(1, dtype=np.uint8)]
+
+
+@pytest.mark.parametrize("plane", planes(), ids=["sparse", "random", "constant", "one"])
+def test_round_trip(plane: np.ndarray) -> None:
+    assert np.array_equal(ZSTD.decode(frame(plane), plane.size, b"\x03"), plane)
+
+
+def test_empty_plane() -> None:
+    assert ZSTD.decode(frame(np.zeros(0, np.uint8)), 0, b"").size == 0
+
+
+def test_threads_share_the_codec() -> None:
+    ps = planes()
+    frames = [frame(p) for p in ps]
+    with ThreadPoolExecutor(4) as ex:
+        outs = list(ex.map(lambda i: ZSTD.decode(frames[i % 4], ps[i % 4].size, b""),
+                           range(64)))
+    assert all(np.array_equal(o, ps[i % 4]) for i, o in enumerate(outs))
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda f: np.concatenate([f, np.zeros(3, np.uint8)]), "3 bytes follow the zstd frame"),
+    (lambda f: f[:-5], "zstd frame is truncated"),
+    (lambda f: np.concatenate([f[:12], np.full(64, 0xFF, np.uint8), f[76:]]),
+     "zstd stream is corrupt"),
+    (lambda f: np.concatenate([np.frombuffer(b"\x50\x2a\x4d\x18", np.uint8), f]),
+     "does not start with a Zstandard frame"),
+])
+def test_bad_frames_are_named(damage, message: str) -> None:
+    plane = planes()[0]
+    with pytest.raises(CodecError, match=message):
+        ZSTD.decode(damage(frame(plane)), plane.size, b"")
+
+
+def test_declared_size_must_match() -> None:
+    plane = planes()[2]
+    with pytest.raises(CodecError, match="declares 300000 content bytes, plane declares 5"):
+        ZSTD.decode(frame(plane), 5, b"")
