@@ -71,13 +71,13 @@ LZ_RUNS_EXPONENT = 0.2
 
 # A plane whose most common byte fills this share of it, but not all of it, is sparse (a
 # delta's sign and exponent planes: most elements keep theirs). There zstd codes the long runs
-# below the order-0 bound that rANS is held to, and codes and decodes them 3-6 times faster
-# than rANS decodes one symbol per byte (bench/RESULTS.md), so it is tried on every sparse
-# plane and preferred to rANS unless it stores more by over SPARSE_SLACK of the plane's
-# length. (Under ``auto`` only: ``auto-1.0`` keeps the choices format 1.0 files were written
-# with.)
+# below the order-0 bound that rANS is held to, and decodes them 5-10 times faster than rANS
+# decodes one symbol per byte (a fine-tuning delta's planes, bench/RESULTS.md), so it is tried
+# on every sparse plane and preferred to rANS unless it stores more by over SPARSE_SLACK of
+# the plane's length. (Under ``auto`` only: ``auto-1.0`` keeps the choices format 1.0 files
+# were written with.)
 SPARSE = 0.9
-SPARSE_SLACK = 1 / 256
+SPARSE_SLACK = 1 / 64
 
 # rANS is ruled out on a plane's sample alone (the plane not counted) when the sample's
 # estimate exceeds what it must beat by this share: it is off by a few in ten thousand.

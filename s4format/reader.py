@@ -325,7 +325,38 @@ class Reader:
         return out
 
     def read_raw(self, i: int) -> np.ndarray:
-        """The tensor's raw bytes (uint8), checked against its content hash when verifying."""
+        """The tensor's raw bytes (uint8), checked against its content hash when verifying
+        (a delta's always). A delta's chain is applied in one buffer: its own bytes decoded,
+        then each parent's XORed in as it is merged; the result's hash proves every level,
+        and where it fails the chain is read again level by level to name the file at
+        fault."""
+        t = self._tensor(i)
+        if not t.is_delta:
+            raw, _fresh = self._own(t)
+            if not raw.flags.writeable or (raw.base is not None
+                                           and raw.nbytes != raw.base.nbytes):
+                raw = raw.copy()  # read-only, or a view that would keep a larger buffer alive
+            if self.verify_hashes:
+                self._check_hash(t, raw)
+            return raw
+        # Top level first, then each parent in turn (R5's order: a tensor's own planes are
+        # checked and decoded before its parent's), each XORed in as it is merged.
+        reader, k = self.parent, self._parent_index(t)  # (R5 before any plane is read)
+        acc, fresh = self._own(t)
+        if not fresh or not acc.flags.writeable:
+            acc = acc.copy()
+        while True:
+            pt = reader._tensor(k)  # type: ignore[union-attr]
+            below = reader._parent_index(pt) if pt.is_delta else None  # type: ignore[union-attr]
+            ok = reader._xor_own(pt, acc)  # type: ignore[union-attr]
+            if not ok or below is None:
+                break
+            reader, k = reader.parent, below  # type: ignore[union-attr]
+        if ok and hashing.content_hash(acc) == t.content_hash:
+            return acc
+        return self._read_level_by_level(i)  # each level's hash: names the file at fault
+
+    def _tensor(self, i: int) -> TensorInfo:
         if not 0 <= i < len(self.tensors):
             raise IndexError(f"{self.name} has {len(self.tensors)} tensors, no tensor {i}")
         t = self.tensors[i]
@@ -333,30 +364,65 @@ class Reader:
             raise LimitError(f"{self.name}: tensor {t.name!r} declares {t.raw_nbytes} raw bytes, "
                              f"more than this reader's limit of {self.max_tensor_bytes} "
                              "(max_tensor_bytes)")
-        parent = self._parent_index(t) if t.is_delta else None
-        span = self.compact_span(t)
-        # Every plane's checksum (R1) before any decoding (R2), as the GPU decoder does: a
-        # damaged plane is reported as such even when an earlier plane fails to decode.
-        stored = threads.map_sized(lambda k: self.read_stored(t, k, span),
-                                   range(len(t.planes)), t.raw_nbytes)
-        raw = layouts.merge_stored(t.layout, t.dtype.itemsize, t.raw_nbytes, [
-            (p.codec, s, p.decoded_len, p.params) for p, s in zip(t.planes, stored)])
-        if raw is None:  # plane by plane, which names what is wrong
-            planes = threads.map_sized(lambda k: self._decode_plane(t, k, stored[k]),
-                                       range(len(t.planes)), t.raw_nbytes)
-            try:
-                raw = t.layout.merge(planes, t.raw_nbytes, t.dtype.itemsize)
-            except FormatError as exc:
-                raise FormatError(f"{self.name}: tensor {t.name!r}: {exc}") from None
-        if parent is not None:
-            raw = np.bitwise_xor(raw, self.parent.read_raw(parent))
-        elif not raw.flags.writeable or (raw.base is not None
-                                         and raw.nbytes != raw.base.nbytes):
-            raw = raw.copy()  # read-only, or a view that would keep a larger buffer alive
-        # A delta's result is always checked: it is the only proof that the parent was right.
-        if (self.verify_hashes or t.is_delta) and hashing.content_hash(raw) != t.content_hash:
+        return t
+
+    def _check_hash(self, t: TensorInfo, raw: np.ndarray) -> None:
+        if hashing.content_hash(raw) != t.content_hash:
             raise ContentHashError(f"{self.name}: tensor {t.name!r} content hash mismatch after "
                                    "decoding: the file is corrupt or its parent is wrong")
+
+    def _stored_planes(self, t: TensorInfo) -> list[np.ndarray]:
+        # Every plane's checksum (R1) before any decoding (R2), as the GPU decoder does: a
+        # damaged plane is reported as such even when an earlier plane fails to decode.
+        span = self.compact_span(t)
+        return threads.map_sized(lambda k: self.read_stored(t, k, span),
+                                 range(len(t.planes)), t.raw_nbytes)
+
+    def _merged(self, t: TensorInfo, stored: list[np.ndarray],
+                xor_into: np.ndarray | None = None) -> np.ndarray | None:
+        return layouts.merge_stored(t.layout, t.dtype.itemsize, t.raw_nbytes, [
+            (p.codec, s, p.decoded_len, p.params) for p, s in zip(t.planes, stored)], xor_into)
+
+    def _plane_by_plane(self, t: TensorInfo, stored: list[np.ndarray]) -> np.ndarray:
+        """The tensor's own raw bytes from whole decoded planes, which names what is wrong."""
+        planes = threads.map_sized(lambda k: self._decode_plane(t, k, stored[k]),
+                                   range(len(t.planes)), t.raw_nbytes)
+        try:
+            return t.layout.merge(planes, t.raw_nbytes, t.dtype.itemsize)
+        except FormatError as exc:
+            raise FormatError(f"{self.name}: tensor {t.name!r}: {exc}") from None
+
+    def _own(self, t: TensorInfo) -> tuple[np.ndarray, bool]:
+        """The bytes ``t``'s own planes decode to (a delta's XOR against its parent), and
+        whether they are a new buffer (else a plane as decoded or read, maybe shared)."""
+        stored = self._stored_planes(t)
+        raw = self._merged(t, stored)
+        if raw is not None:
+            return raw, True
+        return self._plane_by_plane(t, stored), False
+
+    def _xor_own(self, t: TensorInfo, acc: np.ndarray) -> bool:
+        """XOR ``t``'s own decoded bytes into ``acc``, merged straight into it where its
+        layout allows; False where that merge stopped part way (``acc`` is then spoiled)
+        although the planes decode whole."""
+        stored = self._stored_planes(t)
+        if t.layout.layout_id != layouts.RAW.layout_id \
+                and t.layout.word_size(t.dtype.itemsize) in (1, 2, 4, 8):
+            if self._merged(t, stored, xor_into=acc) is not None:
+                return True
+            self._plane_by_plane(t, stored)  # raises, naming what is wrong
+            return False
+        np.bitwise_xor(acc, self._plane_by_plane(t, stored), out=acc)
+        return True
+
+    def _read_level_by_level(self, i: int) -> np.ndarray:
+        """:meth:`read_raw` checking the content hash at every level of a delta's chain."""
+        t = self._tensor(i)
+        raw, _fresh = self._own(t)
+        if t.is_delta:
+            assert self.parent is not None
+            raw = np.bitwise_xor(raw, self.parent._read_level_by_level(self._parent_index(t)))
+        self._check_hash(t, raw)
         return raw
 
     def read(self, key: int | str) -> Tensor:
