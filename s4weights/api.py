@@ -230,9 +230,11 @@ def _source(f: FileLike | bytes | ByteSource) -> ByteSource | str | os.PathLike[
         return BufferSource(f)
     if isinstance(f, io.BytesIO):
         # from the current position, as torch.load reads (a file saved after other bytes);
-        # the object runs to the end, where the position is left
+        # the object runs to the end, where the position is left. getvalue() shares the
+        # object's bytes (getbuffer() copied all of them when they were given to BytesIO, and
+        # its export would stop later writes from resizing the object).
         pos = f.tell()
-        view = f.getbuffer()[pos:]
+        view = memoryview(f.getvalue())[pos:]
         f.seek(0, io.SEEK_END)
         return BufferSource(view)
     return BufferSource(f.read(), name=getattr(f, "name", "<file object>"))

@@ -171,7 +171,7 @@ def flatten_items(plan: SavePlan, planner: SavePlanner
             raise ValueError(f"two write items of this rank are both stored as {key!r}")
         data = planner.resolve_data(item)
         if item.type == WriteItemType.BYTE_IO:
-            tree[key] = bytes(data.getbuffer())
+            tree[key] = data.getvalue()
             sizes.append(len(tree[key]))
         else:
             stored = stored_tensor(data, key)
