@@ -219,8 +219,9 @@ def loader_for(reader, device: str, update=None, direct: dict | None = None,
     """The load hook: ``f(i, cuda_device)`` decoding stored tensor i on that device as a typed,
     shaped torch tensor, or None when the GPU path is off. Tensors must be asked for in
     stored order: the first request decodes a batch of the following tensors too, within a
-    workspace of extra device memory (default ``plan.default_workspace`` of the file's raw
-    bytes; a tensor alone over it is decoded in chunks where its codecs allow). When the
+    workspace of extra device memory (default ``plan.default_load_workspace``: that of a save
+    of the file's raw bytes, raised to an eighth of the current device's free memory, at most
+    1 GiB; a tensor alone over it is decoded in chunks where its codecs allow). When the
     device runs out of memory, the workspace is halved down to ``FALLBACK_MIN_WORKSPACE``,
     then the CPU decodes and the bytes are copied in. ``direct``: stored tensor index ->
     caller-owned flat uint8 CUDA bytes to decode into (``load(into=...)``). ``count_outputs``:
@@ -230,6 +231,16 @@ def loader_for(reader, device: str, update=None, direct: dict | None = None,
     if not use_gpu(device, True):
         return None
     return _Loader(reader, update, direct or {}, workspace, count_outputs, on_decoded).load
+
+
+def _free_bytes() -> int:
+    """The current device's free memory, or 0 where no device answers."""
+    import torch
+
+    try:
+        return int(torch.cuda.mem_get_info()[0])
+    except (RuntimeError, AssertionError):
+        return 0
 
 
 class _Loader:
@@ -245,7 +256,7 @@ class _Loader:
         self.count_outputs, self.on_decoded = count_outputs, on_decoded
         self.ready: dict[tuple[int, str], object] = {}
         self.sizes = [t.raw_nbytes for t in reader.tensors]
-        self.budget = workspace or plan.default_workspace(sum(self.sizes))
+        self.budget = workspace or plan.default_load_workspace(sum(self.sizes), _free_bytes())
         self.extra: dict[int, int] = {}
         self.budgets: dict[str, int] = {}
         # the last attempt: in chunks, or a batch of ``size`` tensors needing ``need`` bytes

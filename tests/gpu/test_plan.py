@@ -20,6 +20,15 @@ def test_workspace_is_a_tenth_of_the_state_between_4_mib_and_1_gib() -> None:
     assert plan.default_workspace(100 << 30) == 1 << 30
 
 
+def test_a_load_takes_an_eighth_of_the_free_memory_up_to_1_gib() -> None:
+    assert plan.default_load_workspace(300 << 20, 0) == 30 << 20
+    assert plan.default_load_workspace(300 << 20, 80 << 20) == 30 << 20
+    assert plan.default_load_workspace(300 << 20, 800 << 20) == 100 << 20
+    assert plan.default_load_workspace(300 << 20, 100 << 30) == 1 << 30
+    assert plan.default_load_workspace(20 << 30, 100 << 30) == 1 << 30
+    assert plan.default_load_workspace(0, -1) == 4 << 20
+
+
 def test_groups_keep_order_cover_everything_and_respect_the_bound() -> None:
     need = [10, 10, 10, 100, 5, 5, 1000, 1]
     got = plan.groups_by_need(need, [1] * len(need), workspace=30)
