@@ -215,6 +215,9 @@ def _check_key(key: Any, path: str) -> None:
             f"dict key of type {type(key).__name__} at {path} is not stored")
 
 
+_U16, _U32, _I64, _F64 = (struct.Struct(f) for f in ("<H", "<I", "<q", "<d"))
+
+
 class _Decoder:
     def __init__(self, data: bytes, tensor_count: int,
                  check_typed: Callable[[str, Any], None] | None,
@@ -227,15 +230,25 @@ class _Decoder:
         self.path = KeyPath()  # for error messages
 
     def take(self, n: int) -> memoryview:
-        if n > len(self.data) - self.pos:
-            raise FormatError(f"object tree truncated: needs {n} bytes at tree offset {self.pos}, "
-                              f"{len(self.data) - self.pos} left")
-        chunk = self.data[self.pos:self.pos + n]
-        self.pos += n
-        return chunk
+        pos = self._need(n)
+        self.pos = pos + n
+        return self.data[pos:pos + n]
+
+    def _need(self, n: int) -> int:
+        """The current offset, after checking that ``n`` bytes follow it."""
+        pos = self.pos
+        if n > len(self.data) - pos:
+            raise FormatError(f"object tree truncated: needs {n} bytes at tree offset {pos}, "
+                              f"{len(self.data) - pos} left")
+        return pos
+
+    def _unpack(self, fmt: struct.Struct) -> Any:
+        pos = self._need(fmt.size)
+        self.pos = pos + fmt.size
+        return fmt.unpack_from(self.data, pos)[0]
 
     def u32(self) -> int:
-        return struct.unpack("<I", self.take(4))[0]
+        return self._unpack(_U32)
 
     def count(self, min_item: int) -> int:
         n = self.u32()
@@ -250,8 +263,9 @@ class _Decoder:
         """The node at ``pos``; ``key``: it is a dict key or inside one."""
         if depth > MAX_DEPTH:
             raise LimitError(f"object tree nested deeper than {MAX_DEPTH}")
-        at = self.pos
-        tag = self.take(1)[0]
+        at = self._need(1)
+        tag = self.data[at]
+        self.pos = at + 1
         if key and tag not in _KEY_TAGS:
             raise FormatError(f"{_NOT_KEYS.get(tag, f'a node of tag {tag:#04x}')} at tree "
                               f"offset {at} in a dict key: keys are None, bool, int, float, "
@@ -261,7 +275,7 @@ class _Decoder:
         if tag in (T_FALSE, T_TRUE):
             return tag == T_TRUE
         if tag == T_INT:
-            return struct.unpack("<q", self.take(8))[0]
+            return self._unpack(_I64)
         if tag == T_BIGINT:
             raw = self.take(self.u32())
             value = int.from_bytes(raw, "little", signed=True)
@@ -269,7 +283,7 @@ class _Decoder:
                 raise FormatError(f"non-canonical big integer at tree offset {at}")
             return value
         if tag == T_FLOAT:
-            return struct.unpack("<d", self.take(8))[0]
+            return self._unpack(_F64)
         if tag == T_STR:
             try:
                 return str(self.take(self.u32()), "utf-8")
@@ -317,7 +331,7 @@ class _Decoder:
         return result
 
     def typed(self, depth: int, at: int) -> Typed:
-        (n,) = struct.unpack("<H", self.take(2))
+        n = self._unpack(_U16)
         try:
             name = str(self.take(n), "utf-8")
         except UnicodeDecodeError:
