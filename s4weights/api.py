@@ -362,7 +362,7 @@ def load(f: FileLike | bytes, map_location: Any = None, pickle_module: Any = Non
 
     ``workspace`` bounds the extra GPU memory of the GPU decoder beyond the returned tensors,
     in bytes (default: 10% of the file's raw bytes, at least 4 MiB, raised to an eighth of
-    the device memory free when the load starts; at most 1 GiB); a
+    the device memory free besides the file's raw bytes; at most 1 GiB); a
     tensor too large for it is decoded in chunks (not one with GDeflate or nvcomp-ans planes,
     which decodes whole). A chunk holds whole rANS blocks: a file whose blocks are longer than
     S4's writers make them (2^16 symbols; the spec allows 2^20) can need a few MiB past a

@@ -57,7 +57,8 @@ class ZstdCodec(Codec):
     def decode(self, payload: np.ndarray, decoded_len: int, params: bytes) -> np.ndarray:
         if len(params) > 1:
             raise CodecError(f"zstd parameters are at most 1 byte, got {len(params)}")
-        buf = payload if isinstance(payload, np.ndarray) else np.frombuffer(payload, np.uint8)
+        buf = np.ascontiguousarray(payload if isinstance(payload, np.ndarray)
+                                   else np.frombuffer(payload, np.uint8), np.uint8)
         if bytes(buf[:4]) != _FRAME_MAGIC:
             raise CodecError("zstd plane does not start with a Zstandard frame")
         try:

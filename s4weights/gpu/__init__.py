@@ -220,8 +220,9 @@ def loader_for(reader, device: str, update=None, direct: dict | None = None,
     shaped torch tensor, or None when the GPU path is off. Tensors must be asked for in
     stored order: the first request decodes a batch of the following tensors too, within a
     workspace of extra device memory (default ``plan.default_load_workspace``: that of a save
-    of the file's raw bytes, raised to an eighth of the current device's free memory, at most
-    1 GiB; a tensor alone over it is decoded in chunks where its codecs allow). When the
+    of the file's raw bytes, raised to an eighth of the memory the device has free besides
+    them when it is first used, at most 1 GiB; a tensor alone over it is decoded in chunks
+    where its codecs allow). When the
     device runs out of memory, the workspace is halved down to ``FALLBACK_MIN_WORKSPACE``,
     then the CPU decodes and the bytes are copied in. ``direct``: stored tensor index ->
     caller-owned flat uint8 CUDA bytes to decode into (``load(into=...)``). ``count_outputs``:
@@ -233,12 +234,12 @@ def loader_for(reader, device: str, update=None, direct: dict | None = None,
     return _Loader(reader, update, direct or {}, workspace, count_outputs, on_decoded).load
 
 
-def _free_bytes() -> int:
-    """The current device's free memory, or 0 where no device answers."""
+def _free_bytes(dev) -> int:
+    """Device ``dev``'s free memory, or 0 where it does not answer."""
     import torch
 
     try:
-        return int(torch.cuda.mem_get_info()[0])
+        return int(torch.cuda.mem_get_info(dev)[0])
     except (RuntimeError, AssertionError):
         return 0
 
@@ -250,13 +251,11 @@ class _Loader:
 
     def __init__(self, reader, update, direct: dict, workspace: int | None,
                  count_outputs: bool, on_decoded) -> None:
-        from s4weights.gpu import plan
-
         self.reader, self.update, self.direct = reader, update, direct
         self.count_outputs, self.on_decoded = count_outputs, on_decoded
         self.ready: dict[tuple[int, str], object] = {}
         self.sizes = [t.raw_nbytes for t in reader.tensors]
-        self.budget = workspace or plan.default_load_workspace(sum(self.sizes), _free_bytes())
+        self.workspace = workspace
         self.extra: dict[int, int] = {}
         self.budgets: dict[str, int] = {}
         # the last attempt: in chunks, or a batch of ``size`` tensors needing ``need`` bytes
@@ -282,7 +281,7 @@ class _Loader:
         key = str(dev)
         raw = self.ready.pop((i, key), None)
         while raw is None:
-            ws = self.budgets.get(key, self.budget)
+            ws = self._budget(key, dev)
             if ws:
                 try:
                     raw = self._decoded(i, dev, ws)
@@ -297,6 +296,18 @@ class _Loader:
         if self.update is not None:
             self.update(t.raw_nbytes)
         return raw.view(getattr(torch, t.dtype.name)).reshape(t.shape)
+
+    def _budget(self, key: str, dev) -> int:
+        """Device ``dev``'s workspace: the caller's, else asked of that device when it is first
+        used (a load onto the CPU asks no device), an eighth of what the state would leave
+        free (``plan.default_load_workspace``)."""
+        from s4weights.gpu import plan
+
+        if key not in self.budgets:
+            total = sum(self.sizes)
+            self.budgets[key] = self.workspace or plan.default_load_workspace(
+                total, _free_bytes(dev) - total)
+        return self.budgets[key]
 
     def _smaller(self, i: int, key: str, ws: int, what: str) -> bool:
         """After device ``key`` ran out of memory with workspace ``ws``: whether to decode
@@ -319,7 +330,7 @@ class _Loader:
             return True
         if (ws if tried["chunks"] else tried["need"]) <= FULL_BELOW:
             self.budgets[key] = 0
-        log.warning("%s: the CPU decodes it%s", what, "" if self.budgets.get(key, self.budget)
+        log.warning("%s: the CPU decodes it%s", what, "" if self.budgets[key]
                     else " and the later tensors on that device")
         return False
 

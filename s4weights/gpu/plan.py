@@ -37,11 +37,11 @@ def default_workspace(total_bytes: int) -> int:
 
 
 def default_load_workspace(total_bytes: int, free_bytes: int) -> int:
-    """A load's default: :func:`default_workspace`, raised to an eighth of the device memory
-    free when the load starts, up to 1 GiB. A load's batches and chain levels each cost a
-    fixed ~1-2 ms on the H200, so a small state decoded in 4-30 MiB batches took twice the
-    time of 1 GiB ones (bench/RESULTS.md, 2026-12-02); memory a training run holds later is
-    not free yet when it resumes."""
+    """A load's default: :func:`default_workspace`, raised to an eighth of ``free_bytes`` (the
+    device memory free besides the state's when the load starts using it), up to 1 GiB. A
+    load's batches and chain levels each cost a fixed ~1-2 ms on the H200, so a small state
+    decoded in 4-30 MiB batches took twice the time of 1 GiB ones (bench/RESULTS.md,
+    2026-12-02); memory a training run holds later is not free yet when it resumes."""
     return max(default_workspace(total_bytes), min(GIB, max(0, free_bytes) // 8))
 
 

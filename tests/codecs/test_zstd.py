@@ -63,3 +63,19 @@ def test_declared_size_must_match() -> None:
     plane = planes()[2]
     with pytest.raises(CodecError, match="declares 300000 content bytes, plane declares 5"):
         ZSTD.decode(frame(plane), 5, b"")
+
+
+def test_a_frame_declaring_no_content_but_holding_a_block() -> None:
+    # frame header: magic, descriptor 0x20 (single segment, 1-byte content size), size 0; then
+    # one last RLE block of one byte (block header: last=1, type=RLE, size=1)
+    frame = np.frombuffer(b"\x28\xb5\x2f\xfd\x20\x00" + bytes([0x0B, 0x00, 0x00]) + b"\x07",
+                          np.uint8)
+    with pytest.raises(CodecError, match="zstd"):
+        ZSTD.decode(frame, 0, b"")
+
+
+def test_a_strided_payload_decodes() -> None:
+    plane = planes()[0]
+    spread = np.zeros(2 * frame(plane).size, np.uint8)
+    spread[::2] = frame(plane)
+    assert np.array_equal(ZSTD.decode(spread[::2], plane.size, b""), plane)

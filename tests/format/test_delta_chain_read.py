@@ -11,6 +11,7 @@ import pytest
 
 from conformance import craft
 from s4format import ContentHashError, Reader, Tensor, Writer, codecs
+from s4format.source import BufferSource
 
 DEPTH = 3
 
@@ -130,3 +131,31 @@ def test_a_wrong_level_in_the_middle_is_named(chain, tmp_path) -> None:
         with pytest.raises(ContentHashError, match=r"step2-bad\.s4w: tensor 'fp32' content hash"):
             r.read("fp32")
         assert r.read("bf16").data.tobytes() == _states[3]["bf16"].data.tobytes()
+
+
+def _raw_plane(parts, name: str, xor: np.ndarray) -> None:
+    """Store tensor ``name`` of ``parts`` as one raw plane holding ``xor`` (layout raw)."""
+    i = next(i for i, t in enumerate(parts.tensors) if t["name"] == name)
+    rec = parts.tensors[i]
+    parts.data += bytes(-(32 + len(parts.data)) % 64) + xor.tobytes()
+    rec["layout"] = 0
+    rec["planes"] = [dict(kind=0, index=0, codec=codecs.RAW, params=b"",
+                          offset=32 + len(parts.data) - xor.size, stored_len=xor.size,
+                          decoded_len=xor.size, checksum=0)]
+    craft.set_plane_bytes(parts, i, 0, xor.tobytes())
+
+
+def test_a_writable_source_is_not_written_through(chain) -> None:
+    """A delta stored raw, read from a caller's writable buffer: its plane is the caller's
+    bytes, so the parents must be XORed into a copy, never into them."""
+    paths, states = chain
+    parts = craft.parse(paths[2].read_bytes())
+    _raw_plane(parts, "u8", states[2]["u8"].data ^ states[1]["u8"].data)
+    top = bytearray(craft.build(parts))
+    before = bytes(top)
+    with Reader(paths[0]) as base, Reader(paths[1], parent=base) as mid, \
+            Reader(BufferSource(memoryview(top)), parent=mid) as r:
+        got = r.read("u8").data
+        assert got.tobytes() == states[2]["u8"].data.tobytes()
+        assert bytes(top) == before
+        assert not np.shares_memory(got, np.frombuffer(top, np.uint8))

@@ -269,3 +269,23 @@ def test_a_large_chunkable_tensor_alone_is_retried_in_chunks(monkeypatch) -> Non
                         lambda dev, size, ws: size == 1 and ws is None)
     assert int(load(0, "cuda:0")[0]) == 0
     assert ran == [("cuda:0", "batch", 1), ("cuda:0", "chunks", 32 * MIB)]
+
+
+def test_a_load_asks_each_device_for_its_free_memory_when_it_first_decodes_there(monkeypatch
+                                                                                ) -> None:
+    # a loader built for a load that stays on the CPU asks no device (that would start CUDA
+    # there); each device used gets an eighth of what it has free besides the state's bytes
+    asked: list = []
+    free = {"cuda:0": 16 << 30, "cuda:1": 128 * MIB}
+    monkeypatch.setattr(torch.cuda, "mem_get_info",
+                        lambda dev=None: (asked.append(str(dev)) or free[str(dev)], 0))
+    monkeypatch.setattr(gpu, "use_gpu", lambda device, wanted: True)
+    loader = gpu._Loader(_Reader(4), None, {}, None, False, None)
+    assert asked == []
+    total = 4 * _Tensor(0).raw_nbytes
+    assert loader._budget("cuda:0", "cuda:0") == 1 << 30
+    assert loader._budget("cuda:1", "cuda:1") == max(4 * MIB, (128 * MIB - total) // 8)
+    assert loader._budget("cuda:0", "cuda:0") == 1 << 30
+    assert asked == ["cuda:0", "cuda:1"]
+    assert gpu._Loader(_Reader(4), None, {}, 64 * MIB, False, None)._budget("cuda:0", 0) \
+        == 64 * MIB
