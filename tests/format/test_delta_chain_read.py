@@ -114,17 +114,11 @@ def test_a_wrong_level_in_the_middle_is_named(chain, tmp_path) -> None:
     checksum: the top file's hash fails, and reading level by level names the middle file."""
     paths, _states = chain
     parts = craft.parse(paths[2].read_bytes())
-    i = next(i for i, t in enumerate(parts.tensors) if t["name"] == "fp32")
-    rec = parts.tensors[i]
     with _open(paths[:3]) as good:
-        xor = good.read_raw(i) ^ good.parent.read_raw(good.parent.index_of("fp32"))
+        xor = good.read_raw(good.index_of("fp32")) \
+            ^ good.parent.read_raw(good.parent.index_of("fp32"))
     xor[7] ^= 1
-    parts.data += bytes(-(32 + len(parts.data)) % 64) + xor.tobytes()
-    rec["layout"] = 0
-    rec["planes"] = [dict(kind=0, index=0, codec=codecs.RAW, params=b"",
-                          offset=32 + len(parts.data) - xor.size, stored_len=xor.size,
-                          decoded_len=xor.size, checksum=0)]
-    craft.set_plane_bytes(parts, i, 0, xor.tobytes())
+    _raw_plane(parts, "fp32", xor)
     bad = tmp_path / "step2-bad.s4w"
     bad.write_bytes(craft.build(parts))
     with _open([paths[0], paths[1], bad, paths[3]], verify=False) as r:
