@@ -138,6 +138,11 @@ class Layout:
                                       f"{f.bits} bits")
         return words.view(np.uint8)
 
+    def merges_in_pieces(self, itemsize: int) -> bool:
+        """Whether :meth:`merge_slices` merges this layout's planes (else it returns None at
+        once): not the raw layout, and words of 1, 2, 4 or 8 bytes."""
+        return self.layout_id != RAW.layout_id and self.word_size(itemsize) in _UINT
+
     def merge_slices(self, slicers: list[Slicer], raw_nbytes: int, itemsize: int,
                      xor_into: np.ndarray | None = None) -> np.ndarray | None:
         """:meth:`merge` of planes given as slicers, a piece of every plane at a time, so that
@@ -149,7 +154,7 @@ class Layout:
         returned."""
         w = self.word_size(itemsize)
         n = self.check_applies(raw_nbytes, itemsize)
-        if self.layout_id == RAW.layout_id or w not in _UINT:
+        if not self.merges_in_pieces(itemsize):
             return None
         if xor_into is not None and (xor_into.nbytes != raw_nbytes
                                      or not xor_into.flags.writeable):

@@ -349,7 +349,7 @@ class Reader:
                 levels.append((r.parent, r.parent._tensor(k)))  # type: ignore[union-attr]
             reader, base = levels.pop()
             acc, fresh = reader._own(base)
-            if not fresh or not acc.flags.writeable:
+            if not fresh:  # (a plane as read or decoded: the caller's buffer, maybe)
                 acc = acc.copy()
             if reader.verify_hashes:
                 reader._check_hash(base, acc)
@@ -413,8 +413,7 @@ class Reader:
         layout allows; False where that merge stopped part way (``acc`` is then spoiled)
         although the planes decode whole."""
         stored = self._stored_planes(t)
-        if t.layout.layout_id != layouts.RAW.layout_id \
-                and t.layout.word_size(t.dtype.itemsize) in (1, 2, 4, 8):
+        if t.layout.merges_in_pieces(t.dtype.itemsize):
             if self._merged(t, stored, xor_into=acc) is not None:
                 return True
             self._plane_by_plane(t, stored)  # raises, naming what is wrong

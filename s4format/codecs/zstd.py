@@ -34,14 +34,18 @@ class ZstdCodec(Codec):
         self.level = level
         self._local = threading.local()
 
+    def _per_thread(self, name: str, make):
+        # one per thread: zstandard's (de)compressors may not be used by two threads at once
+        obj = getattr(self._local, name, None)
+        if obj is None:
+            obj = make()
+            setattr(self._local, name, obj)
+        return obj
+
     @property
     def _compressor(self) -> zstandard.ZstdCompressor:
-        # one per thread: a ZstdCompressor may not be used by two threads at once
-        c = getattr(self._local, "compressor", None)
-        if c is None:
-            c = self._local.compressor = zstandard.ZstdCompressor(
-                level=self.level, write_content_size=True, write_checksum=False)
-        return c
+        return self._per_thread("compressor", lambda: zstandard.ZstdCompressor(
+            level=self.level, write_content_size=True, write_checksum=False))
 
     def encode(self, plane: np.ndarray) -> Encoded:
         payload = self._compressor.compress(np.ascontiguousarray(plane).data)
@@ -49,10 +53,7 @@ class ZstdCodec(Codec):
 
     @property
     def _decompressor(self) -> zstandard.ZstdDecompressor:
-        d = getattr(self._local, "decompressor", None)
-        if d is None:
-            d = self._local.decompressor = zstandard.ZstdDecompressor()
-        return d
+        return self._per_thread("decompressor", zstandard.ZstdDecompressor)
 
     def decode(self, payload: np.ndarray, decoded_len: int, params: bytes) -> np.ndarray:
         if len(params) > 1:

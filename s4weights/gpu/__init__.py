@@ -222,13 +222,12 @@ def loader_for(reader, device: str, update=None, direct: dict | None = None,
     workspace of extra device memory (default ``plan.default_load_workspace``: that of a save
     of the file's raw bytes, raised to an eighth of the memory the device has free besides
     them when it is first used, at most 1 GiB; a tensor alone over it is decoded in chunks
-    where its codecs allow). When the
-    device runs out of memory, the workspace is halved down to ``FALLBACK_MIN_WORKSPACE``,
-    then the CPU decodes and the bytes are copied in. ``direct``: stored tensor index ->
-    caller-owned flat uint8 CUDA bytes to decode into (``load(into=...)``). ``count_outputs``:
-    decoded tensors count against the workspace too. ``on_decoded(i, raw)``: called with each
-    tensor's checked bytes on the device as soon as they are decoded. ``update(nbytes)``:
-    progress, per tensor returned."""
+    where its codecs allow). When the device runs out of memory, the workspace is halved down
+    to ``FALLBACK_MIN_WORKSPACE``, then the CPU decodes and the bytes are copied in.
+    ``direct``: stored tensor index -> caller-owned flat uint8 CUDA bytes to decode into
+    (``load(into=...)``). ``count_outputs``: decoded tensors count against the workspace too.
+    ``on_decoded(i, raw)``: called with each tensor's checked bytes on the device as soon as
+    they are decoded. ``update(nbytes)``: progress, per tensor returned."""
     if not use_gpu(device, True):
         return None
     return _Loader(reader, update, direct or {}, workspace, count_outputs, on_decoded).load
