@@ -9,17 +9,24 @@ coordinator's put of ``.metadata``, its removal of replaced files) or after a ra
 then the other one. Saves go into one path again and again (a retry into a committed
 checkpoint), or into a fresh one. After each trial this process loads what the path holds
 and records whether it is the previous checkpoint, the new one or nothing (``report.json``).
+
+Nothing here waits without a deadline: a rank still running :data:`TRIAL_S` seconds into its
+trial has its threads' stacks written to stderr (``SIGUSR1``, faulthandler) and is killed,
+and the trial fails naming it; this process dumps its own stacks and fails if one trial and
+its load take longer than :data:`STEP_S`.
 """
 
 from __future__ import annotations
 
 import datetime
+import faulthandler
 import importlib
 import io
 import itertools
 import json
 import os
 import random
+import select
 import signal
 import sys
 import time
@@ -37,6 +44,9 @@ from s4weights.store.base import ObjectWriter, Store
 from tests.dcp.compat import NO_DIST
 
 WORLD = 2
+# A trial's save takes well under a second, a survivor's collective gives up after 60 s.
+TRIAL_S = 150.0
+STEP_S = 300
 POINTS = {"write": (0, 1), "commit": (0, 1), "committed": (0, 1), "put": (0,),
           "put-done": (0,), "delete": (0,)}
 
@@ -112,6 +122,7 @@ def _rank(rank: int, trial: dict, pg_file: str, ready: int) -> None:
 def _fork_rank(rank: int, trial: dict, pg_file: str, ready: int) -> int:
     pid = os.fork()
     if pid == 0:
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
         code = 1
         try:
             _rank(rank, trial, pg_file, ready)
@@ -127,13 +138,18 @@ def _fork_rank(rank: int, trial: dict, pg_file: str, ready: int) -> int:
 def run_trial(trial: dict, pg_file: str) -> dict:
     """Both ranks of one save; kill as the trial says. Returns the trial with each rank's
     exit status and how long the save ran."""
+    deadline = time.monotonic() + TRIAL_S
     r, w = os.pipe()
     pids = [_fork_rank(rank, trial, pg_file, w) for rank in range(WORLD)]
     os.close(w)
     got = b""
-    while len(got) < WORLD and (chunk := os.read(r, WORLD)):
-        got += chunk
-    os.close(r)
+    try:
+        while len(got) < WORLD and select.select([r], [], [], _left(deadline))[0]:
+            if not (chunk := os.read(r, WORLD)):
+                break
+            got += chunk
+    finally:
+        os.close(r)
     start = time.monotonic()
     codes: dict[int, int] = {}
     if len(got) == WORLD and "victim" in trial:
@@ -141,17 +157,48 @@ def run_trial(trial: dict, pg_file: str) -> dict:
         if trial.get("delay") is not None:
             time.sleep(trial["delay"])
             _kill(victim)
-        codes[victim] = os.waitstatus_to_exitcode(os.waitpid(victim, 0)[1])
+        codes[victim] = _wait(victim, deadline, trial, pids)
         time.sleep(random.uniform(0, 0.05))
         for pid in pids:
             _kill(pid)
+    elif len(got) < WORLD and time.monotonic() >= deadline:
+        _hung(trial, pids, "not ready to save")
     for pid in pids:
         if pid not in codes:
-            codes[pid] = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+            codes[pid] = _wait(pid, deadline, trial, pids)
     if len(got) < WORLD:
         raise RuntimeError(f"a rank failed before saving: exits {list(codes.values())}")
     return {**trial, "exit": [codes[p] for p in pids],
             "seconds": round(time.monotonic() - start, 3)}
+
+
+def _left(deadline: float) -> float:
+    return max(0.0, deadline - time.monotonic())
+
+
+def _wait(pid: int, deadline: float, trial: dict, pids: list[int]) -> int:
+    """``pid``'s exit code, once it has exited; a rank running past ``deadline`` fails the
+    trial (``_hung``)."""
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        if time.monotonic() >= deadline:
+            _hung(trial, pids, "still saving")
+        time.sleep(0.005)
+
+
+def _hung(trial: dict, pids: list[int], when: str) -> None:
+    """Have each rank still running write its stacks to stderr, kill it, and fail."""
+    live = [rank for rank, pid in enumerate(pids) if not os.waitpid(pid, os.WNOHANG)[0]]
+    for rank in live:
+        os.kill(pids[rank], signal.SIGUSR1)
+    time.sleep(1.0)
+    for rank in live:
+        _kill(pids[rank])
+        os.waitpid(pids[rank], 0)
+    raise RuntimeError(f"seed {trial['seed']}: rank(s) {live} {when} after {TRIAL_S:.0f} s, "
+                       "killed (their stacks are above)")
 
 
 def _kill(pid: int | None) -> None:
@@ -199,8 +246,16 @@ def _trials(work: str, count: int, rng: random.Random, save_s: float, url: str) 
     return out
 
 
+def _step_too_long(signum: int, frame: Any) -> None:
+    raise TimeoutError(f"a trial and its load ran past {STEP_S} s (stacks above)")
+
+
 def main(work: str, count: int, seed: int, s3_url: str | None) -> None:
     warnings.simplefilter("ignore")
+    # (an alarm, not a watchdog thread: this process forks, and forks best without threads;
+    # faulthandler dumps the stacks even if the main thread is stuck in C, then chains)
+    signal.signal(signal.SIGALRM, _step_too_long)
+    faulthandler.register(signal.SIGALRM, all_threads=True, chain=True)
     # forked ranks must not inherit a thread pool: torch's stays unused (one thread) and
     # numba's is the fork-safe workqueue (set by the test); one save loads the codecs
     torch.set_num_threads(1)
@@ -212,11 +267,13 @@ def main(work: str, count: int, seed: int, s3_url: str | None) -> None:
     for label, url in (("local", os.path.join(work, "ck")), ("s3", s3_url)):
         if url is None:
             continue
+        signal.alarm(STEP_S)
         first = run_trial({"seed": 1, "path": url}, os.path.join(work, f"pg-{label}-first"))
         assert first["exit"] == [0] * WORLD and holds(url) == 1, first
         current = 1
         n = count if label == "local" else max(2, count // 4)
         for k, trial in enumerate(_trials(work, n, rng, first["seconds"], url)):
+            signal.alarm(STEP_S)
             done = run_trial(trial, os.path.join(work, f"pg-{label}-{k}"))
             got = holds(trial["path"])
             allowed = {current, trial["seed"]} if trial["path"] == url else {None, trial["seed"]}
@@ -225,6 +282,7 @@ def main(work: str, count: int, seed: int, s3_url: str | None) -> None:
                 current = got
             report.append({**done, "where": label, "holds": got})
         report.append({"where": label, "final": url, "holds": current})
+    signal.alarm(0)
     with open(os.path.join(work, "report.json"), "w") as f:
         json.dump(report, f, indent=1)
 

@@ -35,7 +35,7 @@ def test_killed_ranks_leave_whole_checkpoints_or_none(tmp_path: Path, request,
         args.append(f"s3://{new_bucket(request.getfixturevalue('s3_server'))}/crash/ck")
     proc = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=900)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-20000:]
     report = json.loads((tmp_path / "report.json").read_text())
     trials = [t for t in report if "final" not in t]
     assert len([t for t in trials if t["where"] == "local"]) == TRIALS
