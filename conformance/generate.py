@@ -14,13 +14,15 @@ different bytes unless ``--force`` is given (see ``README.md``).
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import hashlib
 import io
 import json
 import struct
 import sys
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -1712,10 +1714,33 @@ def all_vectors_1_2() -> list[Vector]:
     return gen_objects.vectors()
 
 
+# The writer's zstd level when the vectors were frozen (it codes at level 1 since 2026-12-02):
+# every suite is built at it, so that the vectors come out byte for byte.
+ZSTD_LEVEL = 3
+
+
+@contextlib.contextmanager
+def _zstd_level(level: int) -> Iterator[None]:
+    codec = codecs.get(codecs.ZSTD)
+    before, codec.level = codec.level, level
+    try:
+        yield
+    finally:
+        codec.level = before
+
+
+def _frozen(build: Callable[[], list[Vector]]) -> Callable[[], list[Vector]]:
+    @functools.wraps(build)
+    def at_frozen_level() -> list[Vector]:
+        with _zstd_level(ZSTD_LEVEL):
+            return build()
+    return at_frozen_level
+
+
 # suite folder -> (the format version it tests, its vectors)
 SUITES: dict[str, tuple[str, Callable[[], list[Vector]]]] = {
-    "v1": ("1.0", all_vectors), "v1.1": ("1.1", all_vectors_1_1), "v1.2": ("1.2", all_vectors_1_2),
-    "v1.3": ("1.3", all_vectors_1_3)}
+    "v1": ("1.0", _frozen(all_vectors)), "v1.1": ("1.1", _frozen(all_vectors_1_1)),
+    "v1.2": ("1.2", _frozen(all_vectors_1_2)), "v1.3": ("1.3", _frozen(all_vectors_1_3))}
 
 
 def render(vectors: list[Vector], suite: str = "v1") -> dict[str, bytes]:

@@ -30,7 +30,7 @@ class ZstdCodec(Codec):
     codec_id = ZSTD
     name = "zstd"
 
-    def __init__(self, level: int = 3) -> None:
+    def __init__(self, level: int = 1) -> None:
         self.level = level
         self._local = threading.local()
 
@@ -44,8 +44,10 @@ class ZstdCodec(Codec):
 
     @property
     def _compressor(self) -> zstandard.ZstdCompressor:
-        return self._per_thread("compressor", lambda: zstandard.ZstdCompressor(
-            level=self.level, write_content_size=True, write_checksum=False))
+        # (by level: the conformance generator writes its frozen vectors at the level they had)
+        level = self.level
+        return self._per_thread(f"compressor_{level}", lambda: zstandard.ZstdCompressor(
+            level=level, write_content_size=True, write_checksum=False))
 
     def encode(self, plane: np.ndarray) -> Encoded:
         payload = self._compressor.compress(np.ascontiguousarray(plane).data)

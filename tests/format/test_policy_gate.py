@@ -55,7 +55,7 @@ def test_byte_planes_and_small_planes_are_always_tried(kind: int, size: int) -> 
 
 def test_the_gate_changes_no_choice_where_it_opens(monkeypatch) -> None:
     x = weights()
-    x[N // 3:N // 2] = np.round(x[N // 3:N // 2], 2)  # a stretch of coarse values
+    x[N // 3:N // 2] = np.round(x[N // 3:N // 2], 1)  # a stretch of coarse values
     views = fp32_fields(x)
     gated = [policy.encode_view(v, f.kind) for v, f in zip(views, layouts.FP32.fields)]
     monkeypatch.setattr(policy, "lz_may_pay", lambda view, kind: True)

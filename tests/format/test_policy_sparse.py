@@ -70,7 +70,7 @@ def test_prefer_fast(ranked, n, want) -> None:
 
 def test_zstd_is_preferred_on_a_sparse_exponent_plane_within_the_slack() -> None:
     # scattered changes: zstd stores a little more than rANS, within 1/64 of the plane
-    plane = sparse_plane(0.004, values=4, seed=2, clustered=False)
+    plane = sparse_plane(0.006, values=4, seed=2, clustered=False)
     view = PlaneView.of(plane)
     z, r = codecs.get(ZSTD).estimate(plane), codecs.get(RANS).estimate(plane)
     assert r < z <= r + N * policy.SPARSE_SLACK
