@@ -85,10 +85,11 @@ class Layout:
         run_pieces(lambda lo, hi: _split_fields(words, shifts, masks, out, lo, hi), n, PIECE)
         return list(out)
 
-    def views(self, raw: np.ndarray, itemsize: int) -> list[PlaneView]:
+    def views(self, raw: np.ndarray, itemsize: int, count: bool = True) -> list[PlaneView]:
         """The planes of :meth:`split` as views of the raw words. Sign and exponent planes are
         counted in one pass over the words (they are nearly always entropy coded); the others
-        are sampled and ORed in another, and counted only if their coder needs it."""
+        are sampled and ORed in another, and counted only if their coder needs it. With
+        ``count=False`` every plane is sampled."""
         self.check_applies(raw.size, itemsize)
         one = (np.zeros(1, np.int64), np.full(1, 0xFF, np.int64))
         if self.layout_id == RAW.layout_id:
@@ -99,7 +100,7 @@ class Layout:
             return [sampled(p, *one)[0] for p in self.split(raw, itemsize)]
         words = raw.view(_UINT[w])
         views: list[PlaneView | None] = [None] * len(fields)
-        exact = [f.kind in (KIND_SIGN, KIND_EXPONENT) for f in fields]
+        exact = [count and f.kind in (KIND_SIGN, KIND_EXPONENT) for f in fields]
         for pick, make in ((True, counted), (False, sampled)):
             ks = [k for k in range(len(fields)) if exact[k] == pick]
             if ks:

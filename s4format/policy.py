@@ -160,6 +160,19 @@ def estimate_view(view: PlaneView, kind: int, policy: str = "auto") -> int:
     return min(ranked[0][0], view.size) if ranked else view.size
 
 
+def rough_estimate(view: PlaneView, kind: int) -> int | None:
+    """What the order-0 coders would store for the plane, judged from its sample's histogram
+    (rANS) and its width (the packers) without counting it: a quick figure to compare with,
+    not a codec choice. None where :func:`lz_may_pay`: the LZ coders may then store far less
+    than the sample says."""
+    if lz_may_pay(view, kind):
+        return None
+    counts, _m, _runs = view.share()
+    rans = codecs.get(codecs.RANS).estimate_counts(counts, view.size)
+    packed = (view.size * view.width + 7) // 8
+    return min(rans, packed, view.size)
+
+
 def rank(view: PlaneView, kind: int, policy: str, available: dict[int, codecs.Codec]
          ) -> list[tuple[int, int]]:
     """The candidates that would store less than the plane, as ``(estimate, codec ID)`` in the

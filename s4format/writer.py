@@ -49,6 +49,10 @@ SPLIT_MIN = 4096
 MAX_NAME_BYTES = 0xFFFF
 # Raw bytes of tensors Writer.code_ahead codes ahead of the one being written.
 AHEAD = 64 << 20
+# A delta estimated at most this share of the tensor alone, as a sample of it estimates that
+# (estimate_rough), is kept without estimating the tensor alone exactly: counting a tensor's
+# planes cost as much as coding its delta.
+CLEAR_DELTA = 0.5
 
 
 @dataclass(frozen=True)
@@ -61,7 +65,8 @@ class WriteResult:
     parent_id: bytes | None  # None when no tensor ended up as a delta
     delta_count: int
     # What the payload would have been with every tensor coded alone (equal to stored_nbytes
-    # when no parent was given): the measure of what deltas saved.
+    # when no parent was given): the measure of what deltas saved. A delta's tensor counts
+    # as estimated alone, from a sample of it where the delta is under CLEAR_DELTA of that.
     full_stored_nbytes: int
     # Each tensor's content hash (XXH3-128 of its raw bytes), by name, in the file's order.
     content_hashes: dict[str, bytes] = field(default_factory=dict, compare=False, repr=False)
@@ -136,6 +141,19 @@ def estimate_tensor(raw: np.ndarray, dtype: DType, policy_name: str = "auto"
     views = layout.views(raw, dtype.itemsize)
     total = sum(policy.estimate_view(v, f.kind, policy_name) for v, f in zip(views, fields))
     return min(total, raw.size), views
+
+
+def estimate_rough(raw: np.ndarray, dtype: DType) -> int | None:
+    """A quick estimate of what :func:`code_tensor` would store for ``raw``, its planes judged
+    from samples (:func:`policy.rough_estimate`); None where that cannot tell (a tensor stored
+    whole, a plane the LZ coders may shrink)."""
+    layout = layouts.preferred(dtype.name, dtype.itemsize)
+    if not _splits(raw, dtype, layout):
+        return None
+    fields = layout.planes(dtype.itemsize)
+    views = layout.views(raw, dtype.itemsize, count=False)
+    planes = [policy.rough_estimate(v, f.kind) for v, f in zip(views, fields)]
+    return None if None in planes else min(raw.size, sum(planes))
 
 
 def _xor(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -237,7 +255,9 @@ class Writer:
             # compared by their estimates (from their counted planes), not by coding both.
             xor = _xor(t.data, p.data)
             est, delta_views = estimate_tensor(xor, t.dtype, self.policy)
-            full, full_views = estimate_tensor(t.data, t.dtype, self.policy)
+            full, full_views = estimate_rough(t.data, t.dtype), None
+            if full is None or est > CLEAR_DELTA * full:
+                full, full_views = estimate_tensor(t.data, t.dtype, self.policy)
             if est < full:
                 coded = code_tensor(xor, t.dtype, self.policy, delta_views)
                 parent_hash = hashing.content_hash(p.data)

@@ -1,0 +1,102 @@
+"""A delta far smaller than a sample of its tensor says the tensor alone would store is kept
+without estimating the tensor alone exactly; anything closer, or a tensor the LZ coders may
+shrink, is judged by the exact estimate, as before."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+
+from s4format import Reader, Tensor, Writer, layouts, policy, writer
+from s4format.dtypes import BY_NAME
+from s4format.writer import WriteResult
+
+N = 1 << 20
+
+
+def _bf16(x: np.ndarray) -> np.ndarray:
+    return (x.astype("<f4").view("<u4") >> 16).astype("<u2").view(np.uint8)
+
+
+def _weights(seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).normal(0, 0.02, N)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_the_rough_estimate_is_close_to_the_exact_one_on_weights(dtype: str) -> None:
+    w = _weights(1)
+    raw = _bf16(w) if dtype == "bfloat16" else w.astype("<f4").view(np.uint8)
+    rough = writer.estimate_rough(raw, BY_NAME[dtype])
+    exact = writer.estimate_tensor(raw, BY_NAME[dtype])[0]
+    assert rough is not None and abs(rough - exact) <= 0.03 * exact
+
+
+def test_a_plane_the_lz_coders_may_shrink_gives_no_rough_estimate() -> None:
+    rows = np.tile(_bf16(_weights(2)[:4096]), N // 4096)  # one row repeated: zstd's case
+    assert writer.estimate_rough(rows, BY_NAME["bfloat16"]) is None
+    assert writer.estimate_rough(np.zeros(100, np.uint8), BY_NAME["uint8"]) is None
+
+
+def _tensor(raw: np.ndarray) -> Tensor:
+    return Tensor(BY_NAME["bfloat16"], (raw.size // 2,), raw)
+
+
+def _save(tensors: dict[str, np.ndarray], parents: dict[str, np.ndarray] | None = None,
+          parent_id: bytes | None = None) -> tuple[bytes, WriteResult]:
+    buf = io.BytesIO()
+    with Writer(buf, parent_id=parent_id) as w:
+        for name, raw in tensors.items():
+            w.add(name, _tensor(raw), parent=None if parents is None else _tensor(parents[name]))
+        result = w.close()
+    return buf.getvalue(), result
+
+
+def _exact_estimates_of(monkeypatch) -> list[int]:
+    """The sizes of the tensors that the writer estimates exactly, recorded as it goes."""
+    seen: list[int] = []
+    exact = writer.estimate_tensor
+
+    def spy(raw, dtype, policy_name="auto"):
+        seen.append(raw.size)
+        return exact(raw, dtype, policy_name)
+
+    monkeypatch.setattr(writer, "estimate_tensor", spy)
+    return seen
+
+
+def test_a_small_delta_is_kept_without_the_exact_estimate_of_the_tensor_alone(
+        monkeypatch) -> None:
+    base = _weights(3)
+    child = base.copy()
+    child[np.random.default_rng(4).choice(N, N // 100, replace=False)] *= 1.001
+    parent_blob, parent_result = _save({"w": _bf16(base)})
+    seen = _exact_estimates_of(monkeypatch)
+    blob, result = _save({"w": _bf16(child)}, {"w": _bf16(base)}, parent_result.checkpoint_id)
+    assert seen == [2 * N]  # the delta's, not the tensor's alone
+    assert result.delta_count == 1
+    # the tensor alone, as the sample estimates it
+    rough = writer.estimate_rough(_bf16(child), BY_NAME["bfloat16"])
+    assert result.full_stored_nbytes == rough
+    with Reader(blob, parent=Reader(parent_blob)) as r:
+        assert r.read_raw(0).tobytes() == _bf16(child).tobytes()
+
+
+def test_a_delta_not_clearly_smaller_is_judged_by_the_exact_estimate(monkeypatch) -> None:
+    base, child = _weights(5), _weights(6)  # unrelated: the delta is no smaller
+    _blob, parent_result = _save({"w": _bf16(base)})
+    seen = _exact_estimates_of(monkeypatch)
+    _blob, result = _save({"w": _bf16(child)}, {"w": _bf16(base)}, parent_result.checkpoint_id)
+    assert seen == [2 * N, 2 * N]
+    assert result.delta_count == 0
+    alone, _ = _save({"w": _bf16(child)})
+    assert result.stored_nbytes == result.full_stored_nbytes
+    with Reader(alone) as r:
+        assert r.tensors[0].stored_nbytes == result.stored_nbytes
+
+
+def test_the_rough_estimate_counts_no_plane() -> None:
+    view = layouts.BF16.views(_bf16(_weights(7)), 2, count=False)[1]
+    assert policy.rough_estimate(view, layouts.KIND_EXPONENT) > 0
+    assert not view.counted  # judged from the sample alone
