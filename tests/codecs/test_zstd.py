@@ -79,3 +79,26 @@ def test_a_strided_payload_decodes() -> None:
     spread = np.zeros(2 * frame(plane).size, np.uint8)
     spread[::2] = frame(plane)
     assert np.array_equal(ZSTD.decode(spread[::2], plane.size, b""), plane)
+
+
+def test_large_planes_are_coded_at_level_1_small_ones_at_level_3() -> None:
+    from s4format.codecs.zstd import SMALL
+
+    rng = np.random.default_rng(8)
+    for n, level in ((SMALL, 1), (SMALL - 1, 3), (100, 3)):
+        plane = rng.integers(0, 4, n, dtype=np.uint8)
+        enc = ZSTD.encode(plane)
+        assert enc.params == bytes([level]), n
+        assert enc.nbytes == len(zstandard.ZstdCompressor(
+            level=level, write_content_size=True).compress(plane.data))
+        assert ZSTD.decode(np.frombuffer(enc.payload, np.uint8), n, enc.params).tobytes() == plane.tobytes()
+
+
+def test_a_tiny_exponent_plane_stays_with_rans() -> None:
+    # at level 1 zstd would store 2 KiB of bf16 exponents in less than rANS does, and the
+    # GPU decoder reads rANS, not zstd
+    from s4format import layouts, policy
+
+    w = (np.random.default_rng(0).normal(0, 0.02, 2048).astype("<f4").view("<u4") >> 16)
+    view = layouts.BF16.views(w.astype("<u2").view(np.uint8), 2)[1]
+    assert policy.encode_view(view, layouts.KIND_EXPONENT)[0] == codecs.RANS

@@ -28,14 +28,21 @@ def test_killed_ranks_leave_whole_checkpoints_or_none(tmp_path: Path, request,
                                                       monkeypatch) -> None:
     env = {**os.environ, "NUMBA_THREADING_LAYER": "workqueue", "OMP_NUM_THREADS": "1"}
     args = [sys.executable, "-m", "tests.dcp.crash_driver", str(tmp_path), str(TRIALS), "7"]
+    server = None
     if weed_available():
         for k, v in request.getfixturevalue("s3_env").items():
             monkeypatch.setenv(k, v)
             env[k] = v
-        args.append(f"s3://{new_bucket(request.getfixturevalue('s3_server'))}/crash/ck")
-    proc = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=900)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-20000:]
+        server = request.getfixturevalue("s3_server")
+        args.append(f"s3://{new_bucket(server)}/crash/ck")
+    # (the driver's own deadlines fail a stuck trial long before this one, with its stacks)
+    try:
+        proc = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True,
+                              timeout=900)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"the crash driver ran past 900 s\n{_text(exc.stderr)[-20000:]}"
+                    f"{_server_log(server)}")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-20000:] + _server_log(server)
     report = json.loads((tmp_path / "report.json").read_text())
     trials = [t for t in report if "final" not in t]
     assert len([t for t in trials if t["where"] == "local"]) == TRIALS
@@ -49,3 +56,11 @@ def test_killed_ranks_leave_whole_checkpoints_or_none(tmp_path: Path, request,
             assert crash_driver.holds(t["path"]) == t["holds"], t
     for f in (f for f in report if "final" in f):
         assert crash_driver.holds(f["final"]) == f["holds"]
+
+
+def _text(out: str | bytes | None) -> str:
+    return out.decode(errors="replace") if isinstance(out, bytes) else out or ""
+
+
+def _server_log(server) -> str:
+    return "" if server is None else f"\nSeaweedFS log (end):\n{server.log_tail(6000)}"
