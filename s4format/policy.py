@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from s4format import codecs, layouts
+from s4format.codecs import bitpackw
 from s4format.codecs.abc import Encoded
 from s4format.codecs.view import PlaneView
 from s4format.schema import MINOR
@@ -169,7 +170,7 @@ def rough_estimate(view: PlaneView, kind: int) -> int | None:
         return None
     counts, _m, _runs = view.share()
     rans = codecs.get(codecs.RANS).estimate_counts(counts, view.size)
-    packed = (view.size * view.width + 7) // 8
+    packed = bitpackw.stored_len(view.size, view.width)
     return min(rans, packed, view.size)
 
 

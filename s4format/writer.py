@@ -253,7 +253,8 @@ class Writer:
             if p.nbytes != t.nbytes:
                 raise ValueError(f"parent of {name!r} has {p.nbytes} bytes, tensor {t.nbytes}")
             # Only the one that will be kept is coded: the tensor alone and its delta are
-            # compared by their estimates (from their counted planes), not by coding both.
+            # compared by their estimates, not by coding both; the tensor alone by a sample of
+            # it where the delta is clearly smaller (CLEAR_DELTA).
             xor = _xor(t.data, p.data)
             est, delta_views = estimate_tensor(xor, t.dtype, self.policy)
             full, full_views = estimate_rough(t.data, t.dtype), None
