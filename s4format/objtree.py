@@ -6,8 +6,9 @@ plus a value — which the torch layer uses for ``torch.Size``, dtypes, devices,
 values such as ``argparse.Namespace`` (forms: :mod:`s4format.typedvalues`). Anything else is
 refused with the key path of the offending object. Decoding never constructs anything but
 these types; every typed value comes back as a :class:`Typed`. Decoding is
-linear in the tree's bytes: key paths are kept as their keys (:class:`KeyPath`) and built only
-for messages, and a dict holds at most ``MAX_KEYS_PER_HASH`` keys of one hash.
+linear in the tree's bytes: the decoder keeps no key path (an error collects its keys as it
+unwinds, and :class:`KeyPath` builds the message), and a dict holds at most
+``MAX_KEYS_PER_HASH`` keys of one hash.
 """
 
 from __future__ import annotations
@@ -216,18 +217,30 @@ def _check_key(key: Any, path: str) -> None:
 
 
 _U16, _U32, _I64, _F64 = (struct.Struct(f) for f in ("<H", "<I", "<q", "<d"))
+_u32_at, _i64_at, _f64_at = _U32.unpack_from, _I64.unpack_from, _F64.unpack_from
+
+
+def _below(exc: FormatError, key: Any) -> None:
+    """Record on ``exc``, unwinding, that it was raised under ``key``: the decoder keeps no
+    key path while it works (it is a message's only use), the error collects it."""
+    keys = getattr(exc, "tree_keys", None)
+    if keys is None:
+        keys = exc.tree_keys = []  # type: ignore[attr-defined]
+    keys.append(key)
 
 
 class _Decoder:
+    # The hot paths read their fixed-size fields inline (a bounds check, then unpack_from):
+    # trees of views decode in tens of thousands of nodes on every load.
     def __init__(self, data: bytes, tensor_count: int,
                  check_typed: Callable[[str, Any], None] | None,
                  uses: list[int] | None) -> None:
         self.data = memoryview(data)
+        self.end = len(self.data)
         self.pos = 0
         self.tensor_count = tensor_count
         self.check_typed = check_typed
         self.uses = uses
-        self.path = KeyPath()  # for error messages
 
     def take(self, n: int) -> memoryview:
         pos = self._need(n)
@@ -237,9 +250,9 @@ class _Decoder:
     def _need(self, n: int) -> int:
         """The current offset, after checking that ``n`` bytes follow it."""
         pos = self.pos
-        if n > len(self.data) - pos:
+        if n > self.end - pos:
             raise FormatError(f"object tree truncated: needs {n} bytes at tree offset {pos}, "
-                              f"{len(self.data) - pos} left")
+                              f"{self.end - pos} left")
         return pos
 
     def _unpack(self, fmt: struct.Struct) -> Any:
@@ -248,13 +261,15 @@ class _Decoder:
         return fmt.unpack_from(self.data, pos)[0]
 
     def u32(self) -> int:
-        return self._unpack(_U32)
+        pos = self._need(4)
+        self.pos = pos + 4
+        return _u32_at(self.data, pos)[0]
 
     def count(self, min_item: int) -> int:
         n = self.u32()
         # Every item takes at least min_item bytes: refuse counts the remaining bytes cannot hold
         # before building anything of that size.
-        if n * min_item > len(self.data) - self.pos:
+        if n * min_item > self.end - self.pos:
             raise FormatError(f"object tree declares {n} items at tree offset {self.pos - 4}, "
                               "more than its remaining bytes can hold")
         return n
@@ -270,28 +285,20 @@ class _Decoder:
             raise FormatError(f"{_NOT_KEYS.get(tag, f'a node of tag {tag:#04x}')} at tree "
                               f"offset {at} in a dict key: keys are None, bool, int, float, "
                               "str, bytes, tensor references and tuples of these (rule O7)")
-        if tag == T_NONE:
-            return None
-        if tag in (T_FALSE, T_TRUE):
-            return tag == T_TRUE
-        if tag == T_INT:
-            return self._unpack(_I64)
-        if tag == T_BIGINT:
-            raw = self.take(self.u32())
-            value = int.from_bytes(raw, "little", signed=True)
-            if _I64_MIN <= value <= _I64_MAX or len(raw) != (value.bit_length() + 8) // 8:
-                raise FormatError(f"non-canonical big integer at tree offset {at}")
-            return value
-        if tag == T_FLOAT:
-            return self._unpack(_F64)
         if tag == T_STR:
             try:
                 return str(self.take(self.u32()), "utf-8")
             except UnicodeDecodeError:
                 raise FormatError(f"string at tree offset {at} is not valid UTF-8") from None
-        if tag == T_BYTES:
-            return bytes(self.take(self.u32()))
-        if tag in (T_LIST, T_TUPLE):
+        if tag == T_INT:
+            pos = self._need(8)
+            self.pos = pos + 8
+            return _i64_at(self.data, pos)[0]
+        if tag == T_NONE:
+            return None
+        if tag in (T_FALSE, T_TRUE):
+            return tag == T_TRUE
+        if tag in (T_TUPLE, T_LIST):
             items = self.items(depth, key)
             return items if tag == T_LIST else tuple(items)
         if tag in (T_DICT, T_ODICT):
@@ -306,28 +313,48 @@ class _Decoder:
             return TensorRef(index)
         if tag == T_TYPED:
             return self.typed(depth, at)
+        if tag == T_FLOAT:
+            pos = self._need(8)
+            self.pos = pos + 8
+            return _f64_at(self.data, pos)[0]
+        if tag == T_BIGINT:
+            raw = self.take(self.u32())
+            value = int.from_bytes(raw, "little", signed=True)
+            if _I64_MIN <= value <= _I64_MAX or len(raw) != (value.bit_length() + 8) // 8:
+                raise FormatError(f"non-canonical big integer at tree offset {at}")
+            return value
+        if tag == T_BYTES:
+            return bytes(self.take(self.u32()))
         raise FormatError(f"unknown object tag {tag} at tree offset {at}")
 
     def items(self, depth: int, key: bool) -> list[Any]:
         items = []
+        node, depth = self.node, depth + 1
         for i in range(self.count(1)):
-            self.path.push(i)
-            items.append(self.node(depth + 1, key))
-            self.path.pop()
+            try:
+                items.append(node(depth, key))
+            except FormatError as exc:
+                _below(exc, i)
+                raise
         return items
 
     def pairs(self, depth: int, result: dict, at: int) -> dict:
-        hashes = KeyHashes()
-        for _ in range(self.count(2)):
-            key = self.node(depth + 1, key=True)
-            if not hashes.add(key):
+        n = self.count(2)
+        # (a dict of at most MAX_KEYS_PER_HASH keys cannot hold more of one hash)
+        hashes = KeyHashes() if n > MAX_KEYS_PER_HASH else None
+        node, depth = self.node, depth + 1
+        for _ in range(n):
+            key = node(depth, True)
+            if hashes is not None and not hashes.add(key):
                 raise LimitError(f"dict at tree offset {at} has more than {MAX_KEYS_PER_HASH} "
                                  "keys of one hash (rule O13)")
             if key in result:
                 raise FormatError(f"duplicate dict key {_shown(key)} at tree offset {at}")
-            self.path.push(key)
-            result[key] = self.node(depth + 1)
-            self.path.pop()
+            try:
+                result[key] = node(depth)
+            except FormatError as exc:
+                _below(exc, key)
+                raise
         return result
 
     def typed(self, depth: int, at: int) -> Typed:
@@ -356,7 +383,10 @@ def decode(data: bytes, tensor_count: int, *,
     try:
         obj = dec.node(0)
     except FormatError as exc:
-        raise type(exc)(f"{dec.path.shown()}: {exc}") from None
-    if dec.pos != len(dec.data):
-        raise FormatError(f"object tree has {len(dec.data) - dec.pos} trailing bytes")
+        path = KeyPath()
+        for key in reversed(getattr(exc, "tree_keys", ())):
+            path.push(key)
+        raise type(exc)(f"{path.shown()}: {exc}") from None
+    if dec.pos != dec.end:
+        raise FormatError(f"object tree has {dec.end - dec.pos} trailing bytes")
     return obj

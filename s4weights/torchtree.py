@@ -629,6 +629,11 @@ def _target_device(saved: str, map_location: MapLocation) -> torch.device:
     return torch.device(map_location)
 
 
+def _on(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``t`` on ``device``: ``t`` itself when it is there already (no torch call)."""
+    return t if t.device == device else t.to(device)
+
+
 def _usable(device: torch.device, path: objtree.KeyPath | None = None) -> torch.device:
     """``device``, or UnsupportedDeviceError naming it where this machine or this torch cannot
     load onto it (CUDA without a GPU, ``mps`` off a Mac, ``xla`` without torch_xla)."""
@@ -710,8 +715,12 @@ class Unflattener:
         dt = getattr(torch, t.dtype.name, None)
         if not isinstance(dt, torch.dtype):
             raise UnsupportedObjectError(f"this torch has no dtype {t.dtype.name}")
-        data = torch.from_numpy(t.data) if t.data.size else torch.empty(0, dtype=torch.uint8)
-        return data.view(dt).reshape(t.shape)
+        if not t.data.size:
+            return torch.empty(t.shape, dtype=dt)
+        # Shaped and typed in numpy where it can: each torch call releases and retakes the GIL,
+        # which costs a wait whenever the decoding threads hold it.
+        data = torch.from_numpy(t.to_numpy())
+        return data if data.dtype == dt else data.view(dt)
 
     def _dest(self) -> torch.Tensor | None:
         """The caller's ``into=`` tensor at the current key path, if any."""
@@ -737,7 +746,7 @@ class Unflattener:
                 return self._fill(dest, lambda dev: self._stored(ref.index, dev).to(dev))
             if ref.index not in self._plain:
                 dev = _usable(_target_device("cpu", self._map_location), self._path)
-                self._plain[ref.index] = self._stored(ref.index, dev).to(dev)
+                self._plain[ref.index] = _on(self._stored(ref.index, dev), dev)
             return self._plain[ref.index]
         finally:
             self._used(ref.index)
@@ -778,10 +787,9 @@ class Unflattener:
         if key not in self._storages:
             # Tensor.to, not UntypedStorage.to: the latter fails for devices without a
             # storage module (e.g. "meta").
-            self._storages[key] = self._stored(ref.index, device).reshape(-1).to(device) \
-                .untyped_storage()
+            self._storages[key] = _on(self._stored(ref.index, device), device).untyped_storage()
         storage = self._storages[key]
-        itemsize = torch.empty(0, dtype=dt).element_size()
+        itemsize = dt.itemsize
         try:
             typedvalues.check_view_bounds(offset, shape, stride, itemsize, storage.nbytes())
         except FormatError as exc:

@@ -251,3 +251,17 @@ def test_typed_values_naming_callables_come_back_inert(tmp_path, name: str) -> N
     assert loaded.name == name
     assert_same_tree(loaded.value, argument)
     assert not marker.exists()
+
+
+@pytest.mark.parametrize(("old", "path"), [
+    (b"xy", "a.1.b: string at tree offset 36"),
+    (b"zz", "a.1.('k', 2): string at tree offset 63"),
+    (b"\x06\x01\x00\x00\x00k", "a.1.0: string at tree offset 48"),  # inside a tuple key
+])
+def test_decode_errors_name_the_key_path(old: bytes, path: str) -> None:
+    """The decoder keeps no path while it works; an error collects it as it unwinds."""
+    data = encode({"a": [1, {"b": "xy", ("k", 2): "zz"}]})
+    bad = data.replace(old, old[:-2] + b"\xc3\x28" if len(old) == 2 else old[:-1] + b"\xff")
+    with pytest.raises(FormatError) as info:
+        decode(bad, 4)
+    assert str(info.value).startswith(path + " is not valid UTF-8")
