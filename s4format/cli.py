@@ -7,13 +7,15 @@ import contextlib
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from s4format import __version__, codecs, conformance
+from s4format import __version__, conformance
 from s4format.errors import S4Error, StorageError
-from s4format.reader import Reader
 from s4format.schema import MAJOR, MINOR
 from s4format.verify import report, verify
+
+if TYPE_CHECKING:  # the reader (numpy and the codecs) is imported by the commands that open files
+    from s4format.reader import Reader
 
 
 def _ratio(stored: int, raw: int) -> float | None:
@@ -21,6 +23,8 @@ def _ratio(stored: int, raw: int) -> float | None:
 
 
 def describe(reader: Reader) -> dict[str, Any]:
+    from s4format import codecs
+
     tensors = []
     for t in reader.tensors:
         tensors.append(dict(
@@ -91,6 +95,8 @@ def _source(path: str) -> Any:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
+    from s4format.reader import Reader
+
     with Reader(_source(args.file), verify=False) as r:
         d = describe(r)
     if args.json:
@@ -102,6 +108,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
+    from s4format.reader import Reader
+
     with contextlib.ExitStack() as opened:
         # --parent P1 [--parent P2 ...]: the file's parent, then that one's parent, ...; each
         # opened after the file that names it (validation.md, rules A), closed with it

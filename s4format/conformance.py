@@ -36,8 +36,6 @@ from typing import Any, TextIO
 
 from s4format.errors import FormatError, S4Error, StorageError
 from s4format.objtree import TensorRef, Typed
-from s4format.reader import Reader
-from s4format.verify import verify
 
 DEFAULT_SUITE = Path(__file__).resolve().parent.parent / "conformance" / "v1"
 # What a reader of format 1.3 passes: format 1.0's frozen suite and those each minor added.
@@ -110,6 +108,9 @@ _NOT_REPORTED = object()
 
 def decode_in_process(file: Path, parent: Path | None) -> Outcome:
     """Our reader, CPU path: open (then the parent), read every tensor, and run ``verify``."""
+    from s4format.reader import Reader
+    from s4format.verify import verify
+
     try:
         with Reader(file, parent=file.parent / parent if parent else None) as r:
             tensors = []
@@ -430,6 +431,8 @@ def _gpu_check(name: str, expect: str, fn) -> Result:
 
 
 def _gpu_decode(suite: Path, v: dict[str, Any], gdecode) -> str | None:
+    from s4format.reader import Reader
+
     want = {t["name"]: t["sha256"] for t in v["tensors"]}
     parent = Reader(suite / v["parent"]) if v.get("parent") else None
     with Reader(suite / v["file"], parent=parent) as r:
@@ -443,6 +446,8 @@ def _gpu_decode(suite: Path, v: dict[str, Any], gdecode) -> str | None:
 def _gpu_roundtrip(suite: Path, v: dict[str, Any], torch, gencode, gdecode) -> str | None:
     import io
 
+    from s4format.reader import Reader
+    from s4format.verify import verify
     from s4format.writer import Writer
 
     with Reader(suite / v["file"]) as r:

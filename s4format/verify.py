@@ -11,12 +11,14 @@ import os
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from s4format import hashing
 from s4format.errors import S4Error
-from s4format.reader import Reader
-from s4format.records import TensorInfo
 from s4format.schema import HEADER_SIZE
+
+if TYPE_CHECKING:  # (report and say serve the CLIs, which start without numpy)
+    from s4format.reader import Reader
+    from s4format.records import TensorInfo
 
 
 @dataclass(frozen=True)
@@ -32,6 +34,8 @@ class Problem:
 
 def verify(reader: Reader) -> list[Problem]:
     """Decode every tensor and check the padding; returns the problems found (empty: valid)."""
+    from s4format.hashing import content_hash
+
     problems: list[Problem] = []
     for i, t in enumerate(reader.tensors):
         if t.is_delta and reader.parent is None:
@@ -47,7 +51,7 @@ def verify(reader: Reader) -> list[Problem]:
             problems.extend(_check_planes(reader, t) or [Problem(t.name, None, str(exc))])
             continue
         # verify always checks content hashes, also on a reader opened with verify=False.
-        if not reader.verify_hashes and hashing.content_hash(raw) != t.content_hash:
+        if not reader.verify_hashes and content_hash(raw) != t.content_hash:
             problems.append(Problem(t.name, None, f"{reader.name}: tensor {t.name!r} content "
                                     "hash mismatch after decoding: the file is corrupt"))
     problems.extend(_check_gaps(reader))

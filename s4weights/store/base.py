@@ -10,9 +10,10 @@ any point leaves no half checkpoint visible and never touches earlier ones.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
-from s4format.source import ByteSource
+if TYPE_CHECKING:  # (the CLIs list stores without importing numpy)
+    from s4format.source import ByteSource
 
 
 class ObjectWriter(ABC):

@@ -16,10 +16,13 @@ import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from s4format.errors import StorageError
-from s4format.source import ByteSource, FileSource
 from s4weights.store.base import ObjectWriter, Store
+
+if TYPE_CHECKING:
+    from s4format.source import ByteSource
 
 TMP_PREFIX = ".tmp-"
 
@@ -186,6 +189,8 @@ class LocalStore(Store):
             raise StorageError(f"cannot read {self._path(name)}: {exc.strerror}") from exc
 
     def source(self, name: str) -> ByteSource:
+        from s4format.source import FileSource  # (numpy: not needed to list or write)
+
         return FileSource(self._path(name))
 
     def modified(self, prefix: str = "") -> dict[str, float]:
