@@ -217,7 +217,7 @@ def _check_key(key: Any, path: str) -> None:
 
 
 _U16, _U32, _I64, _F64 = (struct.Struct(f) for f in ("<H", "<I", "<q", "<d"))
-_u32_at, _i64_at, _f64_at = _U32.unpack_from, _I64.unpack_from, _F64.unpack_from
+_u32_at, _i64_at = _U32.unpack_from, _I64.unpack_from
 
 
 def _below(exc: FormatError, key: Any) -> None:
@@ -314,9 +314,7 @@ class _Decoder:
         if tag == T_TYPED:
             return self.typed(depth, at)
         if tag == T_FLOAT:
-            pos = self._need(8)
-            self.pos = pos + 8
-            return _f64_at(self.data, pos)[0]
+            return self._unpack(_F64)
         if tag == T_BIGINT:
             raw = self.take(self.u32())
             value = int.from_bytes(raw, "little", signed=True)

@@ -743,7 +743,7 @@ class Unflattener:
         try:
             dest = self._dest()
             if dest is not None:
-                return self._fill(dest, lambda dev: self._stored(ref.index, dev).to(dev))
+                return self._fill(dest, lambda dev: _on(self._stored(ref.index, dev), dev))
             if ref.index not in self._plain:
                 dev = _usable(_target_device("cpu", self._map_location), self._path)
                 self._plain[ref.index] = _on(self._stored(ref.index, dev), dev)
