@@ -1,5 +1,5 @@
 """Generate the .s4w v1 conformance vectors: format 1.0's into ``conformance/v1/``, what each
-later minor adds into its own folder (``v1.1/``, ``v1.2/``, ``v1.3/``), or one suite into
+later minor adds into its own folder (``v1.1/`` to ``v1.4/``), or one suite into
 ``--out DIR``.
 
 Deterministic: fixed seeds (PCG64's raw bit stream, which numpy keeps stable), no timestamps,
@@ -8,7 +8,7 @@ trees are converted from the Python objects given to the writer: nothing expecte
 reader. Vectors of a released version are frozen: an existing file is never overwritten with
 different bytes unless ``--force`` is given (see ``README.md``).
 
-    python -m conformance.generate [--suite v1|v1.1|v1.2|v1.3 [--out DIR]] [--force]
+    python -m conformance.generate [--suite v1|v1.1|v1.2|v1.3|v1.4 [--out DIR]] [--force]
 """
 
 from __future__ import annotations
@@ -1705,6 +1705,192 @@ def all_vectors_1_3() -> list[Vector]:
     return ransseg_vectors() + ransseg_read_vectors() + ransseg_bound_vectors()
 
 
+# -- format 1.4 (v1.4/): masked tensors ---------------------------------------------------------
+#
+# A 1.4 reader passes v1/ to v1.4/; an older one refuses every masked tensor's record at open
+# (rule T1: flag 0x02 is a reserved bit to it), and so every vector here but the bases.
+
+MINOR_1_4 = 4
+MASKED = 0x02
+MASKED_RULES = ["planes.md#masked-tensors-14", "format.md#41-tensorrecord"]
+
+
+def force_masked(raw: np.ndarray, dtype: str, layout: Layout, mask_codec: int,
+                 plane_codecs: list[int], *, mask: np.ndarray | None = None,
+                 kept: np.ndarray | None = None) -> CodedTensor:
+    """``raw``'s masked form, built from the spec (planes.md, "Masked tensors"): the mask of
+    its non-zero words, least significant bit first, then the layout's planes of those words,
+    each coded with the codec given. ``mask`` and ``kept`` (the kept words' bytes) replace
+    what ``raw`` gives, for vectors that break a rule."""
+    dt = dtypes.by_name(dtype)
+    word = layout.word_size(dt.itemsize)
+    rows = raw.reshape(-1, word)
+    nonzero = rows.any(axis=1)
+    mask = np.packbits(nonzero, bitorder="little") if mask is None else mask
+    kept = rows[nonzero].reshape(-1) if kept is None else kept
+    planes = [CodedPlane(layouts.KIND_MASK, 0, mask_codec, mask.size,
+                         *_coded(codecs.get(mask_codec), mask))]
+    if kept.size:
+        inner = force(kept, dtype, layout, plane_codecs)
+        planes += inner.planes
+    else:
+        planes += [CodedPlane(f.kind, f.index, codecs.RAW, 0, b"")
+                   for f in layout.planes(dt.itemsize)]
+    return CodedTensor(layout, tuple(planes), masked=True)
+
+
+def _coded(codec: Any, plane: np.ndarray) -> tuple[bytes, bytes]:
+    """A plane's stored bytes and params."""
+    enc = codec.encode(plane)
+    if enc is None:
+        raise ValueError(f"codec {codec.name} declined a mask plane")
+    payload = enc.payload if isinstance(enc.payload, bytes) else \
+        np.asarray(enc.payload, np.uint8).tobytes()
+    return payload, enc.params
+
+
+def sparse_words(seed: int, words: np.ndarray, share: float) -> np.ndarray:
+    """``words`` with all but about ``share`` of them zeroed (PCG64 picks which)."""
+    keep = (bits(seed, words.size) >> np.uint64(11)).astype(np.float64) / (1 << 53) < share
+    return np.where(keep, words, 0).astype(words.dtype)
+
+
+def masked_vectors() -> list[Vector]:
+    """Valid masked tensors of every layout and edge: the writer's masked deltas, and forced
+    forms (not deltas, the raw layout, nothing kept, every word kept, a partial mask byte)."""
+    w = weights_bf16(60, 8192)
+    w2 = w.copy()
+    w2[sparse_words(61, np.ones(8192, np.uint16), 0.2).astype(bool)] ^= np.uint16(3)
+    f = weights_f32(62, 4096)
+    f2 = f ^ sparse_words(63, bits(64, 4096).astype(np.uint32) & np.uint32(0x00FF_FFFF), 0.1)
+    h = (weights_bf16(65, 4096) >> np.uint16(2)).astype(np.uint16)  # fp16 patterns
+    h2 = h ^ sparse_words(66, np.full(4096, 0x0101, np.uint16), 0.3)
+    q = bits(67, 2048).view(np.int64).copy()
+    q2 = q ^ sparse_words(68, bits(69, 2048), 0.05).view(np.int64)
+    base_t = [TensorSpec("w", "bfloat16", (8192,), w.view(np.uint8)),
+              TensorSpec("f", "float32", (4096,), f.view(np.uint8)),
+              TensorSpec("h", "float16", (4096,), h.view(np.uint8)),
+              TensorSpec("q", "int64", (2048,), q.view(np.uint8))]
+    base = valid("masked_delta_base", "a base checkpoint (parent of masked_delta)",
+                 ["format.md#10"], base_t, policy="auto")
+    child_t = [TensorSpec(t.name, t.dtype, t.shape, new.view(np.uint8), parent=t.raw)
+               for t, new in zip(base_t, (w2, f2, h2, q2))]
+    child = valid("masked_delta", "masked XOR deltas against masked_delta_base: bf16, fp32, "
+                  "fp16 and bytes layouts, a fifth to a twentieth of the words changed",
+                  [*MASKED_RULES, "format.md#10", "validation.md#R4", "validation.md#R6"],
+                  child_t, parent_id=checkpoint_id(base_t), policy="auto")
+    child.parent = "masked_delta_base.s4w"
+    recs = craft.parse(child.data).tensors
+    assert [(r["transform"], r["flags"]) for r in recs] == [(1, MASKED)] * 4, recs
+
+    sparse = sparse_words(70, weights_bf16(71, 3001), 0.25)  # 3001 words: a partial byte
+    mixed = np.concatenate([np.zeros(64, np.uint16), weights_bf16(72, 37)])
+    f32s = sparse_words(73, f32_specials(), 0.5)
+    raw8 = sparse_words(74, rand_bytes(75, 1000), 0.1)
+    full = weights_bf16(76, 1000)
+    full[full == 0] = 1
+    forced = [
+        ("bf16", "bfloat16", sparse, layouts.BF16, codecs.ZSTD,
+         [codecs.BITPACK, codecs.RANS, codecs.RAW]),
+        ("bf16_zero_block", "bfloat16", mixed, layouts.BF16, codecs.RAW,
+         [codecs.RAW, codecs.RAW, codecs.RAW]),
+        ("f32_specials", "float32", f32s, layouts.FP32, codecs.RANS,
+         [codecs.RAW, codecs.RANS, codecs.RAW, codecs.ZSTD, codecs.RAW]),
+        ("raw_layout", "uint8", raw8, layouts.RAW, codecs.RANS, [codecs.ZSTD]),
+        ("all_zero", "bfloat16", np.zeros(777, np.uint16), layouts.BF16, codecs.RANS, []),
+        ("all_kept", "bfloat16", full, layouts.BF16, codecs.RAW,
+         [codecs.BITPACK, codecs.RANS, codecs.BITPACK_W]),
+    ]
+    tensors = [TensorSpec(name, dtype, (raw.size,), raw.view(np.uint8),
+                          coded=force_masked(raw.view(np.uint8), dtype, layout, mc, pcs))
+               for name, dtype, raw, layout, mc, pcs in forced]
+    forms = valid("masked_forms", "masked tensors that are not deltas: bf16 words whose count "
+                  "leaves a partial mask byte, a block of zero words, fp32 special values, "
+                  "the raw layout (words of one byte), nothing kept (empty planes), every "
+                  "word kept", [*MASKED_RULES, "validation.md#P2", "validation.md#R4"],
+                  tensors, policy="auto")
+    return [base, child, forms]
+
+
+def masked_fail_vectors(forms: bytes, child: bytes) -> list[Vector]:
+    """Masked tensors that break a rule: at open (T1, T9, P1, P2) or when merged (R4)."""
+    at = 0  # tensor 0 of masked_forms: bf16, 3001 words (mask 376 bytes, the last 1 bit used)
+    n = 3001
+
+    def rec(**kw: Any) -> bytes:
+        return edited(forms, lambda p: p.tensors[at].update(**kw))
+
+    def plane(k: int, **kw: Any) -> bytes:
+        return edited(forms, lambda p: p.tensors[at]["planes"][k].update(**kw))
+
+    def mask_edit(change: Callable[[np.ndarray], None]) -> bytes:
+        raw = sparse_words(70, weights_bf16(71, n), 0.25).view(np.uint8)
+        mask = np.packbits(raw.reshape(-1, 2).any(axis=1), bitorder="little")
+        change(mask)
+        coded = force_masked(raw, "bfloat16", layouts.BF16, codecs.RAW,
+                             [codecs.RAW, codecs.RAW, codecs.RAW], mask=mask)
+        return write_file([TensorSpec("t", "bfloat16", (n,), raw, coded=coded)],
+                          {"t": TensorRef(0)}, policy="auto")
+
+    def kept_zero() -> bytes:
+        raw = sparse_words(70, weights_bf16(71, n), 0.25).view(np.uint8)
+        rows = raw.reshape(-1, 2)
+        nonzero = rows.any(axis=1)
+        nonzero[np.flatnonzero(~nonzero)[0]] = True  # a zero word kept, its bit set
+        coded = force_masked(raw, "bfloat16", layouts.BF16, codecs.RAW,
+                             [codecs.RAW, codecs.RAW, codecs.RAW],
+                             mask=np.packbits(nonzero, bitorder="little"),
+                             kept=rows[nonzero].reshape(-1))
+        return write_file([TensorSpec("t", "bfloat16", (n,), raw, coded=coded)],
+                          {"t": TensorRef(0)}, policy="auto")
+
+    def one_more_bit(mask: np.ndarray) -> None:
+        mask[-1] |= 0x80  # bit 3007: past word 3000, the last
+
+    def one_bit_less(mask: np.ndarray) -> None:
+        first = int(np.flatnonzero(mask)[0])
+        mask[first] &= mask[first] - 1
+
+    def cleared_planes(p: craft.Parts) -> None:
+        p.tensors[at]["planes"] = p.tensors[at]["planes"][1:]
+    kept = craft.parse(forms).tensors[at]["planes"][1]["decoded_len"]
+    return [
+        fail("masked_flag_4", "tensor record flags = 0x06: masked and the reserved bit 0x04",
+             ["validation.md#T1"], "UnsupportedFeatureError", rec(flags=0x06)),
+        fail("masked_no_mask_plane", "a masked tensor with only its layout's planes",
+             ["validation.md#T9"], "FormatError", edited(forms, cleared_planes)),
+        fail("masked_flag_cleared", "a masked tensor's record without flag 0x02: one plane "
+             "more than its layout has", ["validation.md#T9"], "FormatError", rec(flags=0)),
+        fail("masked_mask_kind", "a masked tensor whose first plane is of kind raw, not mask",
+             ["validation.md#P1"], "FormatError", plane(0, kind=0)),
+        fail("masked_mask_len", "a mask plane declaring one byte more than ceil(n / 8)",
+             ["validation.md#P2"], "FormatError", plane(0, decoded_len=(n + 7) // 8 + 1)),
+        fail("masked_kept_lengths_differ", "a masked tensor's value planes of two lengths",
+             ["validation.md#P2"], "FormatError", plane(3, decoded_len=kept - 1)),
+        fail("masked_kept_over_n", "value planes declaring n + 1 kept words",
+             ["validation.md#P2"], "FormatError",
+             edited(forms, lambda p: [q.update(decoded_len=n + 1)
+                                      for q in p.tensors[at]["planes"][1:]])),
+        fail("masked_bit_past_end", "a mask bit set past the last word (3001 words)",
+             [*MASKED_RULES, "validation.md#R4"], "FormatError", mask_edit(one_more_bit)),
+        fail("masked_count_short", "a mask with one set bit fewer than the kept words",
+             [*MASKED_RULES, "validation.md#R4"], "FormatError", mask_edit(one_bit_less)),
+        fail("masked_zero_kept", "a kept word that is zero",
+             [*MASKED_RULES, "validation.md#R4"], "FormatError", kept_zero()),
+        fail("masked_delta_without_parent", "masked_delta read without its parent",
+             ["validation.md#R5"], "ParentMismatchError", child, file="masked_delta.s4w"),
+        fail("masked_delta_content_hash", "a masked delta with a wrong content hash",
+             ["validation.md#R6"], "ContentHashError",
+             edited(child, lambda p: p.tensors[0].update(content_hash=bytes(16))),
+             parent="masked_delta_base.s4w"),
+    ]
+
+
+def all_vectors_1_4() -> list[Vector]:
+    good = masked_vectors()
+    return [*good, *masked_fail_vectors(good[2].data, good[1].data)]
+
+
 # -- writing the suite ------------------------------------------------------------------------
 
 def all_vectors_1_2() -> list[Vector]:
@@ -1740,7 +1926,8 @@ def _frozen(build: Callable[[], list[Vector]]) -> Callable[[], list[Vector]]:
 # suite folder -> (the format version it tests, its vectors)
 SUITES: dict[str, tuple[str, Callable[[], list[Vector]]]] = {
     "v1": ("1.0", _frozen(all_vectors)), "v1.1": ("1.1", _frozen(all_vectors_1_1)),
-    "v1.2": ("1.2", _frozen(all_vectors_1_2)), "v1.3": ("1.3", _frozen(all_vectors_1_3))}
+    "v1.2": ("1.2", _frozen(all_vectors_1_2)), "v1.3": ("1.3", _frozen(all_vectors_1_3)),
+    "v1.4": ("1.4", _frozen(all_vectors_1_4))}
 
 
 def render(vectors: list[Vector], suite: str = "v1") -> dict[str, bytes]:

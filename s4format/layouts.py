@@ -26,8 +26,9 @@ KIND_SIGN = 1
 KIND_EXPONENT = 2
 KIND_MANTISSA = 3
 KIND_BYTE = 4
+KIND_MASK = 5  # a masked tensor's first plane (s4format.masked)
 KIND_NAMES = {KIND_RAW: "raw", KIND_SIGN: "sign", KIND_EXPONENT: "exponent",
-              KIND_MANTISSA: "mantissa", KIND_BYTE: "byte"}
+              KIND_MANTISSA: "mantissa", KIND_BYTE: "byte", KIND_MASK: "mask"}
 
 
 def plane_label(kind: int, index: int) -> str:

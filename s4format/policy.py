@@ -31,6 +31,7 @@ _AUTO = {
                         codecs.GDEFLATE),
     layouts.KIND_RAW: (codecs.BITPACK, codecs.BITPACK_W, codecs.RANS, codecs.ZSTD,
                        codecs.GDEFLATE),
+    layouts.KIND_MASK: (codecs.RANS, codecs.ZSTD),
 }
 # The entropy coders (rANS, zstd, GDeflate) must beat bitpack-w by more than this share of its
 # size to be chosen over it: bitpack-w codes and decodes at memory speed, and rANS stores the
@@ -56,6 +57,7 @@ _SEED = {
     layouts.KIND_MANTISSA: (codecs.GDEFLATE,),
     layouts.KIND_BYTE: (codecs.ZSTD,),
     layouts.KIND_RAW: (codecs.ZSTD,),
+    layouts.KIND_MASK: (codecs.ZSTD,),
 }
 
 _TABLES = {"auto": _AUTO, "seed": _SEED, "auto-1.0": _AUTO_1_0}
@@ -102,11 +104,14 @@ MIN_CODED = 64
 # (1.2 added typed names of Python values, no codec.)
 CODECS_OF_MINOR = {0: frozenset(range(1, 7)), 1: frozenset((*range(1, 7), codecs.BITPACK_W)),
                    3: frozenset((*range(1, 7), codecs.BITPACK_W, codecs.RANS_SEG))}
+CODECS_OF_MINOR[4] = CODECS_OF_MINOR[3]
+# The first minor version with masked tensors (TensorRecord flag 0x02).
+MASKED_MINOR = 4
 
 
 def format_minor(policy: str) -> int:
     """The minor version a file written under ``policy`` declares: 0 for ``auto-1.0``, 1 for
-    ``seed`` (whose codecs 1.1 has), 3 for ``auto`` (codec 9)."""
+    ``seed`` (whose codecs 1.1 has), 4 for ``auto`` (codec 9, masked deltas)."""
     return {"auto-1.0": 0, "seed": 1}.get(policy, MINOR)
 
 

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 from construct import ConstructError
 
-from s4format import budget, codecs, hashing, layouts, objtree, threads, typedvalues
+from s4format import budget, codecs, hashing, layouts, masked, objtree, threads, typedvalues
 from s4format.errors import (
     BadMagicError,
     ChecksumError,
@@ -387,15 +387,45 @@ class Reader:
 
     def _merged(self, t: TensorInfo, stored: list[np.ndarray],
                 xor_into: np.ndarray | None = None) -> np.ndarray | None:
+        if t.masked:
+            return self._unmasked(t, stored, xor_into)
         return layouts.merge_stored(t.layout, t.dtype.itemsize, t.raw_nbytes, [
             (p.codec, s, p.decoded_len, p.params) for p, s in zip(t.planes, stored)], xor_into)
+
+    def _unmasked(self, t: TensorInfo, stored: list[np.ndarray],
+                  xor_into: np.ndarray | None = None) -> np.ndarray | None:
+        """A masked tensor's raw bytes (XORed into ``xor_into`` instead, where given): its
+        kept words merged a piece at a time, then put in place by the mask; None where
+        anything is wrong (``xor_into`` may then be spoiled)."""
+        word = t.layout.word_size(t.dtype.itemsize)
+        values = [(p.codec, s, p.decoded_len, p.params)
+                  for p, s in zip(t.layout_planes, stored[1:])]
+        kept_nbytes = t.layout_planes[0].decoded_len * word
+        try:
+            mask = self._decode_plane(t, 0, stored[0])
+            kept = layouts.merge_stored(t.layout, t.dtype.itemsize, kept_nbytes, values)
+            if kept is None and t.layout is layouts.RAW:
+                kept = self._decode_plane(t, 1, stored[1])
+            if kept is None:
+                return None
+            out = np.zeros(t.raw_nbytes, np.uint8) if xor_into is None else xor_into
+            masked.expand(mask, kept, out, word, xor_into is not None)
+        except S4Error:
+            return None
+        return out
 
     def _plane_by_plane(self, t: TensorInfo, stored: list[np.ndarray]) -> np.ndarray:
         """The tensor's own raw bytes from whole decoded planes, which names what is wrong."""
         planes = threads.map_sized(lambda k: self._decode_plane(t, k, stored[k]),
                                    range(len(t.planes)), t.raw_nbytes)
         try:
-            return t.layout.merge(planes, t.raw_nbytes, t.dtype.itemsize)
+            if not t.masked:
+                return t.layout.merge(planes, t.raw_nbytes, t.dtype.itemsize)
+            word = t.layout.word_size(t.dtype.itemsize)
+            kept = t.layout.merge(planes[1:], planes[1].size * word, t.dtype.itemsize)
+            out = np.zeros(t.raw_nbytes, np.uint8)
+            masked.expand(planes[0], kept, out, word, False)
+            return out
         except FormatError as exc:
             raise FormatError(f"{self.name}: tensor {t.name!r}: {exc}") from None
 

@@ -10,12 +10,12 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from s4format import codecs, dtypes, layouts
+from s4format import codecs, dtypes, layouts, masked
 from s4format.codecs import Codec
 from s4format.dtypes import DType
 from s4format.errors import FormatError, LimitError, S4Error, UnsupportedFeatureError
 from s4format.layouts import Layout
-from s4format.schema import HEADER_SIZE, TRANSFORM_NONE, TRANSFORM_XOR
+from s4format.schema import HEADER_SIZE, TENSOR_FLAGS, TENSOR_MASKED, TRANSFORM_NONE, TRANSFORM_XOR
 
 MAX_NDIM = 64
 MAX_RAW_NBYTES = 1 << 62
@@ -47,7 +47,8 @@ class TensorInfo:
     raw_nbytes: int
     content_hash: bytes
     parent_hash: bytes | None
-    planes: tuple[PlaneInfo, ...]
+    planes: tuple[PlaneInfo, ...]  # in record order: a masked tensor's mask plane first
+    flags: int = 0
 
     @property
     def stored_nbytes(self) -> int:
@@ -57,13 +58,24 @@ class TensorInfo:
     def is_delta(self) -> bool:
         return self.transform == TRANSFORM_XOR
 
+    @property
+    def masked(self) -> bool:
+        return bool(self.flags & TENSOR_MASKED)
+
+    @property
+    def layout_planes(self) -> tuple[PlaneInfo, ...]:
+        """The planes of the layout's fields (all but a masked tensor's mask plane)."""
+        return self.planes[1:] if self.masked else self.planes
+
 
 def tensor_info(rec, where: str, data_end: int, alignment: int) -> TensorInfo:
     """Check one parsed tensor record against the spec's rules and the file's data section.
     (The record's fields are read as items: a construct Container's attribute access costs
     about 16 times as much, most of opening a file of many tensors.)"""
-    if rec["flags"]:
-        raise UnsupportedFeatureError(f"{where}: reserved tensor flags {rec['flags']:#x} are set")
+    flags = rec["flags"]
+    if flags & ~TENSOR_FLAGS:
+        raise UnsupportedFeatureError(f"{where}: reserved tensor flags {flags & ~TENSOR_FLAGS:#x}"
+                                      " are set")
     dtype = _located(where, dtypes.by_code, rec["dtype"])
     if rec["ndim"] > MAX_NDIM:
         raise LimitError(f"{where}: {rec['ndim']} dimensions, the limit is {MAX_NDIM}")
@@ -83,14 +95,15 @@ def tensor_info(rec, where: str, data_end: int, alignment: int) -> TensorInfo:
         raise UnsupportedFeatureError(f"{where}: unknown transform {transform}")
     layout = _located(where, layouts.by_id, rec["layout"])
     words = _located(where, lambda n: layout.check_applies(n, dtype.itemsize), raw_nbytes)
-    fields = layout.planes(dtype.itemsize)
+    fields = plane_fields(layout, dtype.itemsize, bool(flags & TENSOR_MASKED))
     recs = rec["planes"]
     if len(recs) != len(fields):
-        raise FormatError(f"{where}: layout {layout.name} has {len(fields)} planes, "
-                          f"record lists {len(recs)}")
-    want = raw_nbytes if layout is layouts.RAW else words
+        raise FormatError(f"{where}: layout {layout.name}{' (masked)' if flags else ''} has "
+                          f"{len(fields)} planes, record lists {len(recs)}")
+    wants = plane_lengths(layout, raw_nbytes, words, bool(flags & TENSOR_MASKED),
+                          [p["decoded_len"] for p in recs])
     planes = []
-    for field, p in zip(fields, recs):
+    for field, p, want in zip(fields, recs, wants):
         info = PlaneInfo(p["kind"], p["index"], p["codec"], bytes(p["params"]), p["offset"],
                          p["stored_len"], p["decoded_len"], p["checksum"])
         if not plane_fits(field, info, want, decodable_codec) \
@@ -103,7 +116,29 @@ def tensor_info(rec, where: str, data_end: int, alignment: int) -> TensorInfo:
     return TensorInfo(rec["name"], dtype, shape, layout, transform, raw_nbytes,
                       bytes(rec["content_hash"]),
                       bytes(parent_hash) if parent_hash is not None else None,
-                      tuple(planes))
+                      tuple(planes), flags)
+
+
+MASK_FIELD = layouts.Field(layouts.KIND_MASK, 0, 0, 8)
+
+
+def plane_fields(layout: Layout, itemsize: int, is_masked: bool) -> tuple[layouts.Field, ...]:
+    """The fields a tensor's plane records follow, in order: a masked tensor's mask first."""
+    fields = layout.planes(itemsize)
+    return (MASK_FIELD, *fields) if is_masked else fields
+
+
+def plane_lengths(layout: Layout, raw_nbytes: int, words: int, is_masked: bool,
+                  declared: list[int]) -> list[int]:
+    """The decoded length each plane must declare (rule P2): ``raw_nbytes`` for the raw layout,
+    else the ``words``; for a masked tensor, its mask's bytes and then the kept words,
+    which its first value plane declares (at most the words; ``declared``: the planes'
+    declared lengths)."""
+    n = raw_nbytes if layout is layouts.RAW else words
+    if not is_masked:
+        return [n] * len(declared)
+    kept = declared[1] if len(declared) > 1 and declared[1] <= n else n
+    return [masked.mask_len(n)] + [kept] * (len(declared) - 1)
 
 
 def extent_nbytes(shape: tuple[int, ...], itemsize: int) -> int:
@@ -122,12 +157,13 @@ def plane_fits(field, p: PlaneInfo, want: int, lookup: Callable[[int], Codec] = 
         and p.decoded_len == want and p.decoded_len <= codec.max_decoded_len(p.stored_len)
 
 
-def check_planes(where: str, layout: Layout, itemsize: int, raw_nbytes: int, planes) -> None:
+def check_planes(where: str, layout: Layout, itemsize: int, raw_nbytes: int, planes,
+                 is_masked: bool = False) -> None:
     """:func:`plane_fits` for every plane a writer is about to write (``planes``: objects with
     kind, index, codec, params, stored_len and decoded_len), raising the reader's error."""
     words = layout.check_applies(raw_nbytes, itemsize)
-    want = raw_nbytes if layout is layouts.RAW else words
-    for field, p in zip(layout.planes(itemsize), planes):
+    wants = plane_lengths(layout, raw_nbytes, words, is_masked, [p.decoded_len for p in planes])
+    for field, p, want in zip(plane_fields(layout, itemsize, is_masked), planes, wants):
         info = PlaneInfo(p.kind, p.index, p.codec, bytes(p.params), HEADER_SIZE, p.stored_len,
                          p.decoded_len, 0)
         # the optional GPU-only codec (codecs.md) is written where nvCOMP coded it, whether or

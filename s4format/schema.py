@@ -31,7 +31,9 @@ from construct import (
 MAGIC = b"\x89S4W\r\n\x1a\n"
 END_MAGIC = b"\n\x1aS4WEND"
 MAJOR = 1
-MINOR = 3  # 1.1 added codec 8, bitpack-w; 1.3 codec 9, rans-seg (spec/README.md, Versioning)
+# 1.1 added codec 8, bitpack-w; 1.3 codec 9, rans-seg; 1.4 masked tensors (spec/README.md,
+# Versioning)
+MINOR = 4
 
 HEADER_SIZE = 32
 FOOTER_SIZE = 40
@@ -42,6 +44,11 @@ KNOWN_REQUIRED_FLAGS = 0
 
 TRANSFORM_NONE = 0
 TRANSFORM_XOR = 1
+
+# TensorRecord flags (spec/format.md, 4.1). Bit 0 stays unassigned: the frozen conformance
+# suite v1 uses it as its unknown flag (tensor_flags).
+TENSOR_MASKED = 0x02
+TENSOR_FLAGS = TENSOR_MASKED
 
 Header = Struct(
     "magic" / Bytes(8),

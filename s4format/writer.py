@@ -21,12 +21,12 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from s4format import hashing, layouts, objtree, policy, threads
+from s4format import codecs, hashing, layouts, masked, objtree, policy, threads
 from s4format.codecs.view import PlaneView, run_pieces
 from s4format.dtypes import DType
 from s4format.errors import FormatError, LimitError, StorageError, UnsupportedObjectError
 from s4format.layouts import Layout
-from s4format.policy import CODECS_OF_MINOR, format_minor
+from s4format.policy import CODECS_OF_MINOR, MASKED_MINOR, format_minor
 from s4format.policy import check_policy as policy_check
 from s4format.reader import MAX_INDEX_SIZE, MAX_TENSORS, checkpoint_id
 from s4format.records import MAX_NDIM, MAX_RAW_NBYTES, check_planes, extent_nbytes
@@ -34,6 +34,7 @@ from s4format.schema import (
     MAGIC,
     MAJOR,
     NO_PARENT,
+    TENSOR_MASKED,
     TRANSFORM_NONE,
     TRANSFORM_XOR,
     Footer,
@@ -54,6 +55,9 @@ AHEAD = 64 << 20
 # planes cost as much as coding its delta. (The sample's figure came within 2% of the exact
 # one on bench/checkpoints.py's weights and AdamW states, whose deltas were 0.84-1.02 of them.)
 CLEAR_DELTA = 0.9
+# A delta in which at most this share of the words changed is stored masked (s4format.masked):
+# it stores and decodes only those. Past it the mask's bit per word buys little.
+MASKED_MAX = 0.5
 
 
 @dataclass(frozen=True)
@@ -93,7 +97,8 @@ class CodedPlane:
 @dataclass(frozen=True)
 class CodedTensor:
     layout: Layout
-    planes: tuple[CodedPlane, ...]
+    planes: tuple[CodedPlane, ...]  # a masked tensor's mask plane first
+    masked: bool = False
 
     @property
     def stored(self) -> int:
@@ -155,6 +160,54 @@ def estimate_rough(raw: np.ndarray, dtype: DType) -> int | None:
     views = layout.views(raw, dtype.itemsize, count=False)
     planes = [policy.rough_estimate(v, f.kind) for v, f in zip(views, fields)]
     return None if None in planes else min(raw.size, sum(planes))
+
+
+@dataclass(frozen=True)
+class MaskedForm:
+    """A tensor's masked form (:func:`masked_form`), estimated and ready to code."""
+    layout: Layout
+    mask: PlaneView
+    kept: list[PlaneView]  # the layout's planes of the kept words (none when none is kept)
+    estimate: int
+
+
+def masked_form(raw: np.ndarray, dtype: DType, policy_name: str = "auto") -> MaskedForm | None:
+    """The masked form of ``raw`` (a delta's XOR bytes) where at most :data:`MASKED_MAX` of
+    its words are non-zero under the dtype's split layout, with what it is estimated to
+    store; else None."""
+    layout = layouts.preferred(dtype.name, dtype.itemsize)
+    word = layout.word_size(dtype.itemsize)
+    if policy_name != "auto" or not _splits(raw, dtype, layout) or not masked.supported(word):
+        return None
+    words = raw.view(masked.word_dtype(word))
+    starts = masked.count(words)
+    if starts[-1] > MASKED_MAX * words.size:
+        return None
+    mask, kept = masked.gather(words, starts)
+    mask_view = PlaneView.of(mask)
+    fields = layout.planes(dtype.itemsize)
+    views = layout.views(kept.view(np.uint8), dtype.itemsize) if kept.size else []
+    estimate = policy.estimate_view(mask_view, layouts.KIND_MASK, policy_name) + sum(
+        policy.estimate_view(v, f.kind, policy_name) for v, f in zip(views, fields))
+    return MaskedForm(layout, mask_view, views, estimate)
+
+
+def code_masked(form: MaskedForm, dtype: DType, policy_name: str = "auto") -> CodedTensor:
+    """Code a tensor's masked form: its mask plane, then the layout's planes of its kept
+    words."""
+    fields = form.layout.planes(dtype.itemsize)
+    items = [(form.mask, layouts.KIND_MASK, 0)] + [
+        (v, f.kind, f.index) for v, f in zip(form.kept, fields)]
+
+    def code(item: tuple[PlaneView, int, int]) -> CodedPlane:
+        view, kind, index = item
+        cid, enc = policy.encode_view(view, kind, policy_name)
+        return CodedPlane(kind, index, cid, view.size, enc.payload, enc.params)
+
+    planes = threads.map_sized(code, items, sum(v.size for v, _k, _i in items))
+    if not form.kept:  # no word kept: the layout's planes are empty
+        planes += [CodedPlane(f.kind, f.index, codecs.RAW, 0, b"") for f in fields]
+    return CodedTensor(form.layout, tuple(planes), masked=True)
 
 
 def _xor(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -256,12 +309,19 @@ class Writer:
             # compared by their estimates, not by coding both; the tensor alone by a sample of
             # it where the delta is clearly smaller (CLEAR_DELTA).
             xor = _xor(t.data, p.data)
-            est, delta_views = estimate_tensor(xor, t.dtype, self.policy)
+            form = masked_form(xor, t.dtype, self.policy) if self.minor >= MASKED_MINOR \
+                else None
+            if form is not None:
+                est, delta_views = form.estimate, None
+            else:
+                est, delta_views = estimate_tensor(xor, t.dtype, self.policy)
             full, full_views = estimate_rough(t.data, t.dtype), None
             if full is None or est > CLEAR_DELTA * full:
                 full, full_views = estimate_tensor(t.data, t.dtype, self.policy)
             if est < full:
-                coded = code_tensor(xor, t.dtype, self.policy, delta_views)
+                coded = code_masked(form, t.dtype, self.policy) if form is not None else None
+                if coded is None or coded.stored > t.nbytes:
+                    coded = code_tensor(xor, t.dtype, self.policy, delta_views)
                 parent_hash = hashing.content_hash(p.data)
             else:
                 coded = code_tensor(t.data, t.dtype, self.policy, full_views)
@@ -301,6 +361,9 @@ class Writer:
         if newer:
             raise ValueError(f"tensor {name!r} uses codec IDs {sorted(newer)}, which format "
                              f"{MAJOR}.{self.minor} (policy {self.policy!r}) does not define")
+        if coded.masked and self.minor < MASKED_MINOR:
+            raise ValueError(f"tensor {name!r} is masked, which format {MAJOR}.{self.minor} "
+                             f"(policy {self.policy!r}) does not define")
         planes = []
         for p in coded.planes:
             self._pad()
@@ -314,7 +377,8 @@ class Writer:
         raw_nbytes = math.prod(shape) * dtype.itemsize
         self._records.append(dict(
             name=name, dtype=dtype.code, layout=coded.layout.layout_id,
-            transform=TRANSFORM_NONE if parent_hash is None else TRANSFORM_XOR, flags=0,
+            transform=TRANSFORM_NONE if parent_hash is None else TRANSFORM_XOR,
+            flags=TENSOR_MASKED if coded.masked else 0,
             ndim=len(shape), shape=list(shape), raw_nbytes=raw_nbytes,
             content_hash=content_hash, parent_hash=parent_hash, planes=planes))
         self._names.add(name)
@@ -396,13 +460,14 @@ def _check_limits(name: str, shape: tuple[int, ...], dtype: DType, coded: CodedT
         raise LimitError(f"tensor {name!r}: coded planes store {coded.stored} bytes, more than "
                          f"its {raw_nbytes} raw bytes; store it with the raw layout")
     coded.layout.check_applies(raw_nbytes, dtype.itemsize)
-    want = len(coded.layout.planes(dtype.itemsize))
+    want = len(coded.layout.planes(dtype.itemsize)) + coded.masked
     if len(coded.planes) != want:
         raise FormatError(f"tensor {name!r}: layout {coded.layout.name} needs {want} planes, "
                           f"got {len(coded.planes)}")
     # P1-P4, as a reader checks them: a plane in the wrong place, of the wrong length, of an
     # unknown codec, or declaring more than its codec can produce is refused before writing
-    check_planes(f"tensor {name!r}", coded.layout, dtype.itemsize, raw_nbytes, coded.planes)
+    check_planes(f"tensor {name!r}", coded.layout, dtype.itemsize, raw_nbytes, coded.planes,
+                 coded.masked)
 
 
 def _sealed(struct_, fields: dict[str, Any]) -> bytes:

@@ -40,6 +40,8 @@ def decodable(reader: Reader, i: int) -> bool:
     XOR delta decodes on the GPU when its planes do and its parent is attached; the parent's
     bytes are then decoded (or copied up) to the device too and XORed there."""
     t = reader.tensors[i]
+    if t.masked:  # (masked tensors decode on the host: their kept words are few)
+        return False
     # The merge kernels read bitpack only on the sign plane (plane 0) and bitpack-w only on
     # the others; the spec allows either on any plane, and such tensors decode on the CPU.
     if t.layout.layout_id == layouts.RAW.layout_id:  # one plane: copied or decoded into place

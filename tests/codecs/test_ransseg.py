@@ -733,11 +733,11 @@ def flat_state() -> dict[str, Tensor]:
     return state
 
 
-def test_a_file_of_flat_buffers_round_trips_and_declares_format_1_3(monkeypatch) -> None:
+def test_a_file_of_flat_buffers_round_trips_and_declares_format_1_4(monkeypatch) -> None:
     state = flat_state()
     blob = s4format.dumps(state)
     with Reader(blob) as r:
-        assert r.version == (1, 3)
+        assert r.version == (1, 4)
         for t in r.tensors:
             assert codecs.RANS_SEG in {p.codec for p in t.planes}, t.name
         got = r.load()

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from conformance import generate
+from conformance import craft, generate
 from s4format import codecs, errors
 
 pytestmark = pytest.mark.skipif(
@@ -83,6 +83,30 @@ def test_v1_3_adds_codec_9(rendered) -> None:
     assert all("rans-seg" in v["codecs"] for v in v13)
     minors = {v["id"]: rendered["v1.3"][v["file"]][10] for v in v13}
     assert {k: m for k, m in minors.items() if m != 3} == {"ransseg_in_minor_1": 1}
+
+
+def _masked_records(blob: bytes) -> list[bool]:
+    try:
+        tensors = craft.parse(blob).tensors
+    except Exception:  # (vectors that break the index on purpose)
+        return []
+    return [bool(t["flags"] & 0x02) for t in tensors]
+
+
+def test_v1_4_adds_masked_tensors(rendered) -> None:
+    """Only v1.4 has masked tensor records (flag 0x02); its files declare minor 4, and its
+    valid masked files hold masked deltas of four layouts and masked tensors that are not
+    deltas, six of them."""
+    earlier = [v["id"] for name in ("v1", "v1.1", "v1.2", "v1.3")
+               for v in json.loads(rendered[name]["manifest.json"])["vectors"]
+               if any(_masked_records(rendered[name][v["file"]]))]
+    assert earlier == []
+    v14 = json.loads(rendered["v1.4"]["manifest.json"])["vectors"]
+    assert {rendered["v1.4"][v["file"]][10] for v in v14} == {4}
+    masked = {v["id"]: _masked_records(rendered["v1.4"][v["file"]]) for v in v14
+              if v["expect"] == "valid"}
+    assert masked == {"masked_delta_base": [False] * 4, "masked_delta": [True] * 4,
+                      "masked_forms": [True] * 6}
 
 
 def test_v1_3_valid_segments_take_every_segment_codec(rendered) -> None:

@@ -14,6 +14,7 @@ from s4format import conformance
 SUITE = conformance.DEFAULT_SUITE
 SUITE_1_1 = SUITE.parent / "v1.1"
 SUITE_1_3 = SUITE.parent / "v1.3"
+SUITE_1_4 = SUITE.parent / "v1.4"
 REFERENCE = f"{sys.executable} {SUITE.parent / 'reference_reader.py'}"
 
 
@@ -29,7 +30,8 @@ def _manifest_subset(tmp_path: Path, ids: list[str], suite: Path = SUITE) -> Pat
     return tmp_path
 
 
-@pytest.mark.parametrize(("suite", "least"), [(SUITE, 150), (SUITE_1_1, 15), (SUITE_1_3, 20)])
+@pytest.mark.parametrize(("suite", "least"), [(SUITE, 150), (SUITE_1_1, 15), (SUITE_1_3, 20),
+                                              (SUITE_1_4, 12)])
 def test_every_vector_passes_on_the_cpu_reader(suite: Path, least: int) -> None:
     results = conformance.run_suite(suite)
     failed = [f"{r.id}: {r.got} ({r.detail})" for r in results if not r.passed]
@@ -37,14 +39,14 @@ def test_every_vector_passes_on_the_cpu_reader(suite: Path, least: int) -> None:
     assert len(results) == len(conformance.load_manifest(suite)["vectors"]) > least
 
 
-def test_default_suites_are_v1_to_v1_3(monkeypatch) -> None:
+def test_default_suites_are_v1_to_v1_4(monkeypatch) -> None:
     ran = []
     monkeypatch.setattr(conformance, "run_suite", lambda suite, *_a, **_k: ran.append(suite) or [])
     monkeypatch.setattr(conformance, "print_table", lambda *_args: None)
     args = argparse.Namespace(reader=None, error_map=None, require=[], device="cpu", suite=None,
                               timeout=10.0, json=False, jobs=1)
     assert conformance.main(args) == 0
-    assert ran == [SUITE, SUITE_1_1, SUITE.parent / "v1.2", SUITE_1_3]
+    assert ran == [SUITE, SUITE_1_1, SUITE.parent / "v1.2", SUITE_1_3, SUITE_1_4]
 
 
 def test_reference_reader_through_the_protocol(tmp_path: Path) -> None:
@@ -64,6 +66,15 @@ def test_reference_reader_decodes_codec_8(tmp_path: Path) -> None:
     assert [(r.id, r.passed, r.got) for r in results] == [
         ("bitpackw_spec_examples", True, "valid"),
         ("bitpackw_padding_low", True, "rejected CodecError")]
+
+
+def test_reference_reader_decodes_masked_tensors(tmp_path: Path) -> None:
+    suite = _manifest_subset(tmp_path, ["masked_forms", "masked_delta", "masked_count_short"],
+                             SUITE_1_4)
+    results = conformance.run_suite(suite, REFERENCE, timeout=120)
+    assert [(r.id, r.passed, r.got) for r in results] == [
+        ("masked_delta", True, "valid"), ("masked_forms", True, "valid"),
+        ("masked_count_short", True, "rejected FormatError")]
 
 
 def test_runner_catches_bad_external_readers(tmp_path: Path) -> None:

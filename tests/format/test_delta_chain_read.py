@@ -132,7 +132,7 @@ def _raw_plane(parts, name: str, xor: np.ndarray) -> None:
     i = next(i for i, t in enumerate(parts.tensors) if t["name"] == name)
     rec = parts.tensors[i]
     parts.data += bytes(-(32 + len(parts.data)) % 64) + xor.tobytes()
-    rec["layout"] = 0
+    rec["layout"], rec["flags"] = 0, 0  # (not masked, whatever the writer chose)
     rec["planes"] = [dict(kind=0, index=0, codec=codecs.RAW, params=b"",
                           offset=32 + len(parts.data) - xor.size, stored_len=xor.size,
                           decoded_len=xor.size, checksum=0)]

@@ -85,7 +85,7 @@ def test_unknown_major_version(major: int) -> None:
     def change(p: craft.Parts) -> None:
         p.header["major"] = major
     with pytest.raises(UnsupportedVersionError,
-                       match=f"format version {major}.3; this reader understands major version 1 "
+                       match=f"format version {major}.4; this reader understands major version 1 "
                              "only — upgrade"):
         Reader(edited(change))
 

@@ -412,3 +412,38 @@ def test_a_parent_read_fails_as_the_cpu_reader_reads_it(read_on_gpu, case: str) 
     with pytest.raises(s4format.S4Error) as got:
         read_on_gpu(s4format.Reader(blob, verify=True), 4 << 20)
     assert type(got.value) is type(cpu) and str(got.value) == str(cpu), (cpu, got.value)
+
+
+def test_masked_levels_decode_on_the_host_within_a_gpu_chain() -> None:
+    """Levels written by the CPU coder, whose sparse deltas are masked (format 1.4), between
+    levels the GPU coded: the GPU decoder leaves masked tensors to the CPU reader (parents
+    and all) and applies its own levels on top, byte for byte as the CPU reader reads them."""
+    levels = _levels(4, seed=2)
+    blobs, parent_id = [], None
+    for level, state in enumerate(levels):
+        buf = io.BytesIO()
+        with Writer(buf, parent_id=parent_id) as w:
+            for name, (d, x) in state.items():
+                dt, n = dtypes.BY_NAME[d], x.size // dtypes.BY_NAME[d].itemsize
+                base = levels[level - 1][name][1] if level else None
+                if level in (1, 2):  # the CPU coder, masking where few words changed
+                    w.add(name, s4format.Tensor(dt, (n,), x),
+                          parent=None if base is None else s4format.Tensor(dt, (n,), base))
+                    continue
+                it, c = _coded(x if base is None else np.bitwise_xor(x, base), d, n)
+                w.add_coded(name, it.dtype, (n,), c.coded, hashing.content_hash(x.tobytes()),
+                            parent_hash=None if base is None
+                            else hashing.content_hash(base.tobytes()))
+            w.set_tree({k: objtree.TensorRef(i) for i, k in enumerate(state)})
+        blobs.append(buf.getvalue())
+        parent_id = s4format.Reader(blobs[-1]).checkpoint_id
+    r = _open(blobs)
+    masked = [t.name for t in r.parent.parent.tensors if t.masked]
+    assert "w" in masked and "m" in masked
+    idx = list(range(len(r.tensors)))
+    assert not any(decode.decodable(r.parent.parent, i) for i, t in
+                   enumerate(r.parent.parent.tensors) if t.masked)
+    for i, o in zip(idx, decode.read_tensors(r, idx)):
+        want = levels[-1][r.tensors[i].name][1]
+        assert np.array_equal(o.numpy(), want), r.tensors[i].name
+        assert np.array_equal(r.read_raw(i), want), r.tensors[i].name

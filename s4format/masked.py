@@ -1,0 +1,193 @@
+"""Masked tensors (``spec/planes.md``, "Masked tensors"; format 1.4): a mask plane of one bit
+per word of the layout, and the layout's planes coded over the words whose bit is set, in
+order. Every other word is zero. An XOR delta in which few words changed stores and decodes
+only those (a fine-tuning step changes a fifth of bf16 weights): its decoding then costs about
+what it changed, not what the tensor holds.
+
+Bit ``i`` of the mask is bit ``i % 8`` (least significant first) of byte ``i // 8``; the bits
+past the last word are zero, the set bits count the stored words, and no stored word is zero,
+so that every tensor has one masked form.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from s4format.codecs.view import run_pieces
+from s4format.errors import FormatError
+from s4format.jit import kernel
+
+# Words per piece of work: a multiple of 64, so that pieces split the mask at whole u64s.
+PIECE = 1 << 18
+_UINT = {1: np.dtype("u1"), 2: np.dtype("<u2"), 4: np.dtype("<u4"), 8: np.dtype("<u8")}
+_POPCOUNT = np.array([bin(b).count("1") for b in range(256)], dtype=np.int64)
+# x & -x times this de Bruijn constant, shifted right by 58, indexes _LOWEST_BIT: the position
+# of x's lowest set bit, without a loop over the bits.
+_DE_BRUIJN = 0x03F79D71B4CB0A89
+_LOWEST_BIT = np.zeros(64, dtype=np.int64)
+for _b in range(64):
+    _LOWEST_BIT[(((1 << _b) * _DE_BRUIJN) & ((1 << 64) - 1)) >> 58] = _b
+
+
+def mask_len(n: int) -> int:
+    """Bytes of the mask plane of ``n`` words."""
+    return (n + 7) // 8
+
+
+def supported(word: int) -> bool:
+    """Whether the kernels here take words of ``word`` bytes (else :func:`expand` works on
+    rows of bytes with numpy)."""
+    return word in _UINT
+
+
+def word_dtype(word: int) -> np.dtype:
+    """The little-endian unsigned integer of ``word`` bytes (one :func:`supported`)."""
+    return _UINT[word]
+
+
+def count(words: np.ndarray) -> np.ndarray:
+    """Where each piece's non-zero words start among all of ``words``' (uint8/16/32/64), and
+    their total last: what :func:`gather` takes."""
+    return _piece_starts(lambda lo, hi: _count_nonzero(words, lo, hi), words.size)
+
+
+def gather(words: np.ndarray, starts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The mask of ``words`` and their non-zero words in order (``starts`` from
+    :func:`count`)."""
+    n, m = words.size, int(starts[-1])
+    mask = np.empty(mask_len(n), dtype=np.uint8)
+    kept = np.empty(m + 1, dtype=words.dtype)  # (one past the end: the kernel's spare slot)
+    run_pieces(lambda lo, hi: _gather(words, lo, hi, mask, kept, starts[lo // PIECE],
+                                      starts[lo // PIECE + 1]), n, PIECE)
+    return mask, kept[:m]
+
+
+def expand(mask: np.ndarray, kept: np.ndarray, out: np.ndarray, word: int,
+           xor: bool) -> None:
+    """Write (``xor``: XOR) the ``kept`` words (given as bytes) where ``mask`` has its bits
+    into ``out``, the tensor's raw bytes of words of ``word`` bytes; with ``xor`` False,
+    ``out`` must be zero (a new buffer). FormatError where the mask breaks a rule: its bits
+    past the last word or its count of set bits (found before ``out`` is touched), or a zero
+    word kept (found as the words are written: ``out`` is then spoiled)."""
+    n = out.size // word
+    if mask.size != mask_len(n) or kept.size % word:
+        raise FormatError(f"mask of {mask.size} bytes for {n} words, or kept words of "
+                          f"{kept.size} bytes")
+    m = kept.size // word
+    if n % 8 and int(mask[-1]) >> (n % 8):
+        raise FormatError(f"the mask sets bits past its last word ({n} words)")
+    starts = _piece_starts(lambda lo, hi: _popcount(mask, lo, hi, _POPCOUNT), n)
+    have = int(starts[-1])
+    if have != m:
+        raise FormatError(f"the mask sets {have} bits, its planes hold {m} words")
+    if supported(word):
+        vals, dest = kept.view(_UINT[word]), out.view(_UINT[word])
+        zero = np.zeros(max(1, -(-n // PIECE)), dtype=np.bool_)
+
+        def piece(lo: int, hi: int) -> None:
+            zero[lo // PIECE] = _scatter(mask, lo, hi, vals, int(starts[lo // PIECE]), dest, xor,
+                                         _LOWEST_BIT)
+
+        run_pieces(piece, n, PIECE)
+        bad = bool(zero.any())
+    else:
+        rows = kept.reshape(m, word)
+        bad = bool(m) and not rows.any(axis=1).all()
+        if not bad:
+            at = np.flatnonzero(np.unpackbits(mask, count=n, bitorder="little"))
+            if xor:
+                out.reshape(n, word)[at] ^= rows
+            else:
+                out.reshape(n, word)[at] = rows
+    if bad:
+        raise FormatError("a word the mask keeps is zero (its bit must be clear)")
+
+
+def _piece_starts(counter, n: int) -> np.ndarray:
+    """Each piece's first index among the kept words, and their total last (``counter(lo,
+    hi)``: the kept words of words lo..hi)."""
+    counts = np.zeros(max(1, -(-n // PIECE)) + 1, dtype=np.int64)
+
+    def piece(lo: int, hi: int) -> None:
+        counts[lo // PIECE + 1] = counter(lo, hi)
+
+    run_pieces(piece, n, PIECE)
+    return np.cumsum(counts)
+
+
+@kernel()
+def _count_nonzero(words, lo, hi):  # pragma: no cover - compiled
+    c = 0
+    for i in range(lo, hi):
+        c += words[i] != 0
+    return c
+
+
+@kernel()
+def _popcount(mask, lo, hi, table):  # pragma: no cover - compiled
+    """Set bits of words lo..hi (lo a multiple of 8; the mask's bits past its words are 0)."""
+    c = 0
+    for b in range(lo >> 3, (hi + 7) >> 3):
+        c += table[mask[b]]
+    return c
+
+
+@kernel()
+def _gather(words, lo, hi, mask, kept, j, end):  # pragma: no cover - compiled
+    """Mask bytes and kept words of words lo..hi (lo a multiple of 8), without branches on
+    the words: each is written to slot j, which moves on only past a non-zero one; zeros
+    after the piece's last kept word go to the spare slot past every piece's."""
+    spare = kept.size - 1
+    whole = lo + (hi - lo) // 8 * 8
+    for b in range(lo >> 3, whole >> 3):
+        byte = 0
+        for k in range(8):
+            w = words[8 * b + k]
+            nz = np.int64(w != 0)
+            kept[j if j < end else spare] = w
+            j += nz
+            byte |= nz << k
+        mask[b] = byte
+    if whole < hi:
+        byte = 0
+        for i in range(whole, hi):
+            w = words[i]
+            nz = np.int64(w != 0)
+            kept[j if j < end else spare] = w
+            j += nz
+            byte |= nz << (i - whole)
+        mask[whole >> 3] = byte
+
+
+@kernel()
+def _scatter(mask, lo, hi, vals, j, out, xor, lowest):  # pragma: no cover - compiled
+    """Words lo..hi of ``out`` from the mask, ``vals[j:]`` in order; a u64 of mask bits at a
+    time where whole, one lowest set bit per step (lo is a multiple of 64). Returns whether
+    a kept word was zero."""
+    zero = False
+    whole = (hi - lo) >> 6
+    m64 = mask[lo >> 3:(lo >> 3) + 8 * whole].view(np.uint64)
+    for q in range(whole):
+        bits = m64[q]
+        base = lo + 64 * q
+        while bits:
+            low = bits & (~bits + np.uint64(1))
+            i = base + lowest[(low * np.uint64(0x03F79D71B4CB0A89)) >> np.uint64(58)]
+            v = vals[j]
+            zero |= v == 0
+            if xor:
+                out[i] ^= v
+            else:
+                out[i] = v
+            j += 1
+            bits ^= low
+    for i in range(lo + 64 * whole, hi):
+        if (mask[i >> 3] >> (i & 7)) & 1:
+            v = vals[j]
+            zero |= v == 0
+            if xor:
+                out[i] ^= v
+            else:
+                out[i] = v
+            j += 1
+    return zero

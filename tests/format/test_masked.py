@@ -1,0 +1,263 @@
+"""Masked tensors (format 1.4, spec/planes.md "Masked tensors"): the kernels against a plain
+numpy rendering of the spec, the writer's choice, exact round trips of every 16-bit pattern,
+and files that break the mask's rules."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from conformance import craft, generate
+from s4format import FormatError, Reader, Tensor, Writer, dtypes, layouts, masked, verify
+from s4format.errors import ChecksumError
+from s4format.writer import CodedPlane, CodedTensor
+
+UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+
+
+def spec_mask(words: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The mask and kept words as planes.md defines them, in plain numpy."""
+    nonzero = words != 0
+    return np.packbits(nonzero, bitorder="little"), words[nonzero]
+
+
+@settings(max_examples=150, deadline=None)
+@given(word=st.sampled_from([1, 2, 4, 8]), n=st.integers(0, 3000),
+       share=st.floats(0.0, 1.0), seed=st.integers(0, 2**32 - 1), xor=st.booleans())
+def test_gather_and_expand_follow_the_spec(word: int, n: int, share: float, seed: int,
+                                           xor: bool) -> None:
+    rng = np.random.default_rng(seed)
+    words = rng.integers(1, 1 << (8 * word) - 1, n, dtype=np.uint64, endpoint=True) \
+        .astype(UINT[word])
+    words[rng.random(n) >= share] = 0
+    starts = masked.count(words)
+    mask, kept = masked.gather(words, starts)
+    want_mask, want_kept = spec_mask(words)
+    assert int(starts[-1]) == want_kept.size
+    assert mask.tobytes() == want_mask.tobytes() and kept.tobytes() == want_kept.tobytes()
+    base = rng.integers(0, 256, n * word, dtype=np.uint8) if xor else np.zeros(n * word,
+                                                                                 np.uint8)
+    out = base.copy()
+    masked.expand(mask, kept.view(np.uint8), out, word, xor)
+    assert out.tobytes() == (base ^ words.view(np.uint8)).tobytes()
+
+
+def test_pieces_cut_the_mask_at_whole_words() -> None:
+    """Over several pieces of work (a spare slot per piece in gather, a start per piece in
+    expand), at a partial last mask byte."""
+    n = 3 * masked.PIECE + 13
+    rng = np.random.default_rng(1)
+    words = np.where(rng.random(n) < 0.3, rng.integers(1, 2**16, n), 0).astype(np.uint16)
+    words[-1] = 7  # the last word kept: the last mask byte's bit 4
+    mask, kept = masked.gather(words, masked.count(words))
+    assert (mask.tobytes(), kept.tobytes()) == tuple(a.tobytes() for a in spec_mask(words))
+    out = np.zeros(n * 2, np.uint8)
+    masked.expand(mask, kept.view(np.uint8), out, 2, False)
+    assert out.tobytes() == words.tobytes()
+
+
+def test_words_of_sixteen_bytes_take_the_numpy_path() -> None:
+    rng = np.random.default_rng(2)
+    rows = rng.integers(0, 256, (501, 16), dtype=np.uint8)
+    rows[rng.random(501) < 0.6] = 0
+    keep = rows.any(axis=1)
+    mask = np.packbits(keep, bitorder="little")
+    out = np.zeros(rows.size, np.uint8)
+    masked.expand(mask, rows[keep].reshape(-1), out, 16, False)
+    assert out.tobytes() == rows.tobytes()
+    bad = rows[keep].copy()
+    bad[0] = 0
+    with pytest.raises(FormatError, match="keeps is zero"):
+        masked.expand(mask, bad.reshape(-1), np.zeros(rows.size, np.uint8), 16, False)
+
+
+@pytest.mark.parametrize(("change", "match"), [
+    (lambda m, k: (np.concatenate([m[:-1], [m[-1] | 0x80]]), k), "past its last word"),
+    (lambda m, k: (m, k[1:]), "sets .* bits, its planes hold"),
+    (lambda m, k: (m, np.concatenate([[0], k[1:]]).astype(k.dtype)), "keeps is zero"),
+])
+def test_expand_refuses_a_mask_that_breaks_a_rule(change, match: str) -> None:
+    words = np.array([0, 5, 0, 0, 9, 1, 0, 0, 0, 4, 0], np.uint16)  # 11 words
+    mask, kept = change(*spec_mask(words))
+    with pytest.raises(FormatError, match=match):
+        masked.expand(mask, kept.view(np.uint8), np.zeros(22, np.uint8), 2, False)
+
+
+# -- the writer --------------------------------------------------------------------------------
+
+def _bf16(x: np.ndarray) -> np.ndarray:
+    return (x.astype("<f4").view("<u4") >> 16).astype("<u2")
+
+
+def _save(tensors: dict[str, Tensor], parents: dict[str, Tensor] | None = None,
+          parent_id: bytes | None = None, policy: str = "auto"):
+    buf = io.BytesIO()
+    with Writer(buf, parent_id=parent_id, policy=policy) as w:
+        for name, t in tensors.items():
+            w.add(name, t, parent=None if parents is None else parents[name])
+        result = w.close()
+    return buf.getvalue(), result
+
+
+def _chain(changed: float, policy: str = "auto", n: int = 40000):
+    rng = np.random.default_rng(3)
+    base = {"w": Tensor.from_numpy(_bf16(rng.standard_normal(n)), "bfloat16"),
+            "f": Tensor.from_numpy(rng.standard_normal(n).astype("<f4")),
+            "h": Tensor.from_numpy(rng.standard_normal(n).astype("<f2")),
+            "q": Tensor.from_numpy(rng.integers(-1000, 1000, n).astype("<i8"))}
+    child = {}
+    for name, t in base.items():
+        raw = np.array(t.data, copy=True).view(UINT[t.dtype.itemsize])
+        at = rng.random(raw.size) < changed
+        raw[at] ^= rng.integers(1, 128, int(at.sum())).astype(raw.dtype)  # low bits move
+        child[name] = Tensor(t.dtype, t.shape, raw.view(np.uint8))
+    parent_blob, parent = _save(base, policy=policy)
+    blob, result = _save(child, base, parent.checkpoint_id, policy)
+    return parent_blob, blob, result, child
+
+
+@pytest.mark.parametrize("changed", [0.0, 0.01, 0.2, 0.45])
+def test_sparse_deltas_are_masked_and_read_back_exactly(changed: float) -> None:
+    parent_blob, blob, result, child = _chain(changed)
+    assert result.delta_count == 4
+    with Reader(blob, parent=parent_blob) as r:
+        assert [(t.name, t.masked, t.planes[0].label) for t in r.tensors] == [
+            (name, True, "mask") for name in child]
+        for i, t in enumerate(r.tensors):
+            assert r.read_raw(i).tobytes() == child[t.name].data.tobytes(), t.name
+        assert verify(r) == []
+        assert r.version == (1, 4)
+
+
+def test_a_delta_that_changed_most_words_is_not_masked() -> None:
+    parent_blob, blob, _result, child = _chain(0.7)
+    with Reader(blob, parent=parent_blob) as r:
+        assert not any(t.masked for t in r.tensors)
+        assert all(r.read_raw(i).tobytes() == child[t.name].data.tobytes()
+                   for i, t in enumerate(r.tensors))
+
+
+@pytest.mark.parametrize("policy", ["auto-1.0", "seed"])
+def test_policies_of_earlier_minors_never_mask(policy: str) -> None:
+    parent_blob, blob, _result, child = _chain(0.05, policy)
+    with Reader(blob, parent=parent_blob) as r:
+        assert r.version < (1, 4)
+        assert not any(t.masked for t in r.tensors)
+        assert all(r.read_raw(i).tobytes() == child[t.name].data.tobytes()
+                   for i, t in enumerate(r.tensors))
+
+
+def test_an_unchanged_tensor_is_a_mask_and_empty_planes() -> None:
+    parent_blob, blob, _result, child = _chain(0.0)
+    with Reader(blob, parent=parent_blob) as r:
+        t = r.tensors[0]
+        assert [p.decoded_len for p in t.planes] == [5000, 0, 0, 0]
+        assert t.stored_nbytes < 64
+        assert r.read_raw(0).tobytes() == child["w"].data.tobytes()
+
+
+def test_masking_stores_less_than_the_plain_delta() -> None:
+    """On deltas like a fine-tuning step's (a fifth of the words changed in their low bits)
+    the masked form stores less than the unmasked XOR under ``auto``."""
+    _p, _blob, masked_result, _c = _chain(0.2)
+    from s4format import writer
+
+    before = writer.MASKED_MAX
+    try:
+        writer.MASKED_MAX = -1.0  # nothing masked
+        _p, _blob, plain, _c = _chain(0.2)
+    finally:
+        writer.MASKED_MAX = before
+    assert masked_result.stored_nbytes < plain.stored_nbytes
+
+
+def test_every_16_bit_pattern_round_trips_as_a_masked_delta() -> None:
+    """All 65,536 bf16 and fp16 patterns, NaN payloads and -0.0 included, as parent and as
+    child (every third pattern changed in two bits)."""
+    every = np.arange(1 << 16, dtype=np.uint16)
+    other = every.copy()
+    other[::3] ^= 0x0101  # a mantissa bit and an exponent bit of every third pattern
+    for name in ("bfloat16", "float16"):
+        dt = dtypes.by_name(name)
+        a, b = Tensor(dt, (every.size,), every.view(np.uint8)), \
+            Tensor(dt, (every.size,), other.view(np.uint8))
+        parent_blob, parent = _save({"x": a})
+        blob, _ = _save({"x": b}, {"x": a}, parent.checkpoint_id)
+        with Reader(blob, parent=parent_blob) as r:
+            assert r.tensors[0].masked
+            assert r.read_raw(0).tobytes() == other.tobytes()
+        # and the other way round: the parent is the changed one
+        parent_blob, parent = _save({"x": b})
+        blob, _ = _save({"x": a}, {"x": b}, parent.checkpoint_id)
+        with Reader(blob, parent=parent_blob) as r:
+            assert r.read_raw(0).tobytes() == every.tobytes()
+
+
+def test_a_writer_of_an_earlier_minor_refuses_a_masked_tensor() -> None:
+    raw = np.zeros(64, np.uint8)
+    coded = CodedTensor(layouts.RAW, (
+        CodedPlane(layouts.KIND_MASK, 0, 1, 8, bytes(8)),
+        CodedPlane(layouts.KIND_RAW, 0, 1, 0, b"")), masked=True)
+    with Writer(io.BytesIO(), policy="seed") as w, pytest.raises(ValueError, match="masked"):
+        w.add_coded("t", dtypes.by_name("uint8"), (64,), coded, b"\0" * 16)
+    with Writer(io.BytesIO()) as w:  # auto: 1.4
+        from s4format import hashing
+        w.add_coded("t", dtypes.by_name("uint8"), (64,), coded, hashing.content_hash(raw))
+
+
+# -- files that break the rules, read through a chain ------------------------------------------
+
+def test_a_damaged_mask_plane_is_named() -> None:
+    parent_blob, blob, _result, _child = _chain(0.1)
+
+    def damage(p: craft.Parts) -> None:
+        rec = p.tensors[0]["planes"][0]
+        at = rec["offset"] - 32
+        p.data = p.data[:at] + bytes([p.data[at] ^ 1]) + p.data[at + 1:]
+    bad = craft.build(_edited(blob, damage))
+    with Reader(bad, parent=parent_blob) as r:
+        with pytest.raises(ChecksumError, match="tensor 'w' plane mask: checksum"):
+            r.read_raw(0)
+        assert [p.plane for p in verify(r)] == ["mask"]
+
+
+def _edited(blob: bytes, edit) -> craft.Parts:
+    parts = craft.parse(blob)
+    edit(parts)
+    return parts
+
+
+def test_a_bad_mask_in_the_middle_of_a_chain_is_named() -> None:
+    """Base, a masked delta whose mask sets a bit past its words (checksum recomputed), and a
+    delta on top: reading the top names the middle file's rule (R4), found level by level."""
+    n = 3001
+    rng = np.random.default_rng(5)
+    dt = dtypes.by_name("bfloat16")
+    a = _bf16(rng.standard_normal(n))
+    b, c = a.copy(), a.copy()
+    b[::5] ^= 1
+    c[::5] ^= 1
+    c[::7] ^= 2
+    ta, tb, tc = (Tensor(dt, (n,), x.view(np.uint8)) for x in (a, b, c))
+    blob_a, ra = _save({"x": ta})
+    blob_b, rb = _save({"x": tb}, {"x": ta}, ra.checkpoint_id)
+    blob_c, _rc = _save({"x": tc}, {"x": tb}, rb.checkpoint_id)
+    xor = (a ^ b).view(np.uint8)
+    mask, _kept = spec_mask(a ^ b)
+    mask[-1] |= 0x80  # bit 3007, past word 3000
+    coded = generate.force_masked(xor, "bfloat16", layouts.BF16, 1, [1, 1, 1], mask=mask)
+    bad = io.BytesIO()
+    with Writer(bad, parent_id=ra.checkpoint_id) as w:
+        from s4format import hashing
+        w.add_coded("x", dt, (n,), coded, hashing.content_hash(b.view(np.uint8)),
+                    parent_hash=hashing.content_hash(a.view(np.uint8)))
+        assert w.close().checkpoint_id == rb.checkpoint_id
+    with Reader(blob_c, parent=Reader(bad.getvalue(), parent=blob_a)) as r, \
+            pytest.raises(FormatError, match="tensor 'x': the mask sets bits past its last"):
+        r.read_raw(0)
+    with Reader(blob_c, parent=Reader(blob_b, parent=blob_a)) as r:
+        assert r.read_raw(0).tobytes() == c.tobytes()
