@@ -45,21 +45,21 @@ def word_dtype(word: int) -> np.dtype:
     return _UINT[word]
 
 
-def count(words: np.ndarray) -> np.ndarray:
-    """Where each piece's non-zero words start among all of ``words``' (uint8/16/32/64), and
-    their total last: what :func:`gather` takes."""
-    return _piece_starts(lambda lo, hi: _count_nonzero(words, lo, hi), words.size)
-
-
-def gather(words: np.ndarray, starts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The mask of ``words`` and their non-zero words in order (``starts`` from
-    :func:`count`)."""
-    n, m = words.size, int(starts[-1])
+def mask_of(words: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The mask of ``words`` (uint8/16/32/64), and where each piece's non-zero words start
+    among all of them, their total last (what :func:`kept_words` takes)."""
+    n = words.size
     mask = np.empty(mask_len(n), dtype=np.uint8)
-    kept = np.empty(m + 1, dtype=words.dtype)  # (one past the end: the kernel's spare slot)
-    run_pieces(lambda lo, hi: _gather(words, lo, hi, mask, kept, starts[lo // PIECE],
-                                      starts[lo // PIECE + 1]), n, PIECE)
-    return mask, kept[:m]
+    return mask, _piece_starts(lambda lo, hi: _mask_bytes(words, lo, hi, mask, _POPCOUNT), n)
+
+
+def kept_words(words: np.ndarray, mask: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """The non-zero words of ``words``, in order (``mask`` and ``starts`` from
+    :func:`mask_of`)."""
+    kept = np.empty(int(starts[-1]), dtype=words.dtype)
+    run_pieces(lambda lo, hi: _compact(mask, lo, hi, words, kept, int(starts[lo // PIECE]),
+                                       _LOWEST_BIT), words.size, PIECE)
+    return kept
 
 
 def expand(mask: np.ndarray, kept: np.ndarray, out: np.ndarray, word: int,
@@ -116,10 +116,23 @@ def _piece_starts(counter, n: int) -> np.ndarray:
 
 
 @kernel()
-def _count_nonzero(words, lo, hi):  # pragma: no cover - compiled
+def _mask_bytes(words, lo, hi, mask, table):  # pragma: no cover - compiled
+    """Mask bytes of words lo..hi (lo a multiple of 8), eight compares each without a
+    branch; returns the bits set."""
     c = 0
-    for i in range(lo, hi):
-        c += words[i] != 0
+    whole = lo + (hi - lo) // 8 * 8
+    for b in range(lo >> 3, whole >> 3):
+        byte = 0
+        for k in range(8):
+            byte |= np.int64(words[8 * b + k] != 0) << k
+        mask[b] = byte
+        c += table[byte]
+    if whole < hi:
+        byte = 0
+        for i in range(whole, hi):
+            byte |= np.int64(words[i] != 0) << (i - whole)
+        mask[whole >> 3] = byte
+        c += table[byte]
     return c
 
 
@@ -133,30 +146,23 @@ def _popcount(mask, lo, hi, table):  # pragma: no cover - compiled
 
 
 @kernel()
-def _gather(words, lo, hi, mask, kept, j, end):  # pragma: no cover - compiled
-    """Mask bytes and kept words of words lo..hi (lo a multiple of 8), without branches on
-    the words: each is written to slot j, which moves on only past a non-zero one; zeros
-    after the piece's last kept word go to the spare slot past every piece's."""
-    spare = kept.size - 1
-    whole = lo + (hi - lo) // 8 * 8
-    for b in range(lo >> 3, whole >> 3):
-        byte = 0
-        for k in range(8):
-            w = words[8 * b + k]
-            nz = np.int64(w != 0)
-            kept[j if j < end else spare] = w
-            j += nz
-            byte |= nz << k
-        mask[b] = byte
-    if whole < hi:
-        byte = 0
-        for i in range(whole, hi):
-            w = words[i]
-            nz = np.int64(w != 0)
-            kept[j if j < end else spare] = w
-            j += nz
-            byte |= nz << (i - whole)
-        mask[whole >> 3] = byte
+def _compact(mask, lo, hi, words, kept, j, lowest):  # pragma: no cover - compiled
+    """The words of lo..hi whose mask bit is set into ``kept[j:]``, a u64 of mask bits at a
+    time where whole (lo is a multiple of 64)."""
+    whole = (hi - lo) >> 6
+    m64 = mask[lo >> 3:(lo >> 3) + 8 * whole].view(np.uint64)
+    for q in range(whole):
+        bits = m64[q]
+        base = lo + 64 * q
+        while bits:
+            low = bits & (~bits + np.uint64(1))
+            kept[j] = words[base + lowest[(low * np.uint64(0x03F79D71B4CB0A89)) >> np.uint64(58)]]
+            j += 1
+            bits ^= low
+    for i in range(lo + 64 * whole, hi):
+        if (mask[i >> 3] >> (i & 7)) & 1:
+            kept[j] = words[i]
+            j += 1
 
 
 @kernel()

@@ -182,7 +182,17 @@ def rough_estimate(view: PlaneView, kind: int) -> int | None:
 def rank(view: PlaneView, kind: int, policy: str, available: dict[int, codecs.Codec]
          ) -> list[tuple[int, int]]:
     """The candidates that would store less than the plane, as ``(estimate, codec ID)`` in the
-    order to try them."""
+    order to try them. Kept with the view: a writer that estimates a plane and then codes it
+    (a delta against the tensor alone) ranks it once."""
+    key = ("rank", kind, policy, frozenset(available))
+    ranked = view.memo.get(key)
+    if ranked is None:
+        ranked = view.memo[key] = _rank(view, kind, policy, available)
+    return ranked
+
+
+def _rank(view: PlaneView, kind: int, policy: str, available: dict[int, codecs.Codec]
+          ) -> list[tuple[int, int]]:
     n = view.size
     ranked: list[tuple[int, int]] = []
     zstd_est = None

@@ -180,10 +180,10 @@ def masked_form(raw: np.ndarray, dtype: DType, policy_name: str = "auto") -> Mas
     if policy_name != "auto" or not _splits(raw, dtype, layout) or not masked.supported(word):
         return None
     words = raw.view(masked.word_dtype(word))
-    starts = masked.count(words)
+    mask, starts = masked.mask_of(words)
     if starts[-1] > MASKED_MAX * words.size:
         return None
-    mask, kept = masked.gather(words, starts)
+    kept = masked.kept_words(words, mask, starts)
     mask_view = PlaneView.of(mask)
     fields = layout.planes(dtype.itemsize)
     views = layout.views(kept.view(np.uint8), dtype.itemsize) if kept.size else []

@@ -34,8 +34,8 @@ def test_gather_and_expand_follow_the_spec(word: int, n: int, share: float, seed
     words = rng.integers(1, 1 << (8 * word) - 1, n, dtype=np.uint64, endpoint=True) \
         .astype(UINT[word])
     words[rng.random(n) >= share] = 0
-    starts = masked.count(words)
-    mask, kept = masked.gather(words, starts)
+    mask, starts = masked.mask_of(words)
+    kept = masked.kept_words(words, mask, starts)
     want_mask, want_kept = spec_mask(words)
     assert int(starts[-1]) == want_kept.size
     assert mask.tobytes() == want_mask.tobytes() and kept.tobytes() == want_kept.tobytes()
@@ -47,13 +47,14 @@ def test_gather_and_expand_follow_the_spec(word: int, n: int, share: float, seed
 
 
 def test_pieces_cut_the_mask_at_whole_words() -> None:
-    """Over several pieces of work (a spare slot per piece in gather, a start per piece in
-    expand), at a partial last mask byte."""
+    """Over several pieces of work (each with its start among the kept words), at a partial
+    last mask byte."""
     n = 3 * masked.PIECE + 13
     rng = np.random.default_rng(1)
     words = np.where(rng.random(n) < 0.3, rng.integers(1, 2**16, n), 0).astype(np.uint16)
     words[-1] = 7  # the last word kept: the last mask byte's bit 4
-    mask, kept = masked.gather(words, masked.count(words))
+    mask, starts = masked.mask_of(words)
+    kept = masked.kept_words(words, mask, starts)
     assert (mask.tobytes(), kept.tobytes()) == tuple(a.tobytes() for a in spec_mask(words))
     out = np.zeros(n * 2, np.uint8)
     masked.expand(mask, kept.view(np.uint8), out, 2, False)
