@@ -66,12 +66,13 @@ def _readers() -> ThreadPoolExecutor:
         return _READERS
 
 
-def _in_pieces(n: int) -> list[tuple[int, int]]:
+def _in_pieces(n: int, whole: int | None = None) -> list[tuple[int, int]]:
     """[a, b) ranges of ``n`` bytes for the pool: one below two pieces' size, else at least
-    ``READ_PIECE`` each, about eight in all (4 KiB multiples)."""
+    ``READ_PIECE`` each, about eight in all of ``whole`` bytes read at once (default ``n``;
+    4 KiB multiples)."""
     if n < 2 * READ_PIECE:
         return [(0, n)]
-    step = max(READ_PIECE, -(-n // 8) // 4096 * 4096)
+    step = max(READ_PIECE, -(-(whole or n) // 8) // 4096 * 4096)
     return [(a, min(n, a + step)) for a in range(0, n, step)]
 
 
@@ -87,12 +88,35 @@ def read_into(reader: Reader, offset: int, dst: np.ndarray) -> None:
     pinned memory runs at a fraction of the memory bandwidth, and the copies release the GIL.
     The source's ``read_at`` must therefore be safe to call from several threads (positional
     reads, as every source here; not a shared seek-and-read file object)."""
-    parts = _in_pieces(dst.size)
-    if len(parts) == 1:
-        _read_piece(reader, offset, dst)
+    read_all(reader, [(offset, dst)])
+
+
+def read_all(reader: Reader, reads: list[tuple[int, np.ndarray]]) -> None:
+    """:func:`read_into` of every ``(offset, dst)`` of ``reads``, all on the reading threads
+    at once where they add up to a large read (planes read one by one, small as each may be,
+    would each be read by the calling thread in turn)."""
+    total = sum(dst.size for _o, dst in reads)
+    if total < 2 * READ_PIECE:
+        for offset, dst in reads:
+            _read_piece(reader, offset, dst)
         return
+    pieces = [(offset + a, dst[a:b]) for offset, dst in reads
+              for a, b in _in_pieces(dst.size, total)]
+    # about eight jobs of consecutive pieces (a job per small plane costs its submission)
+    share, jobs, size = max(READ_PIECE, total // 8), [[]], 0
+    for o, d in pieces:
+        if size >= share:
+            jobs.append([])
+            size = 0
+        jobs[-1].append((o, d))
+        size += d.size
+
+    def job(part: list[tuple[int, np.ndarray]]) -> None:
+        for o, d in part:
+            _read_piece(reader, o, d)
+
     pool = _readers()
-    _run_all([pool.submit(_read_piece, reader, offset + a, dst[a:b]) for a, b in parts])
+    _run_all([pool.submit(job, part) for part in jobs])
 
 
 def copy_into(dst: np.ndarray, copies: list[tuple[int, np.ndarray]]) -> None:
@@ -158,8 +182,8 @@ def stage_planes(reader: Reader, idx: list[int]) -> Staged:
     if contiguous:
         read_into(reader, span0, host[:span])
     else:
-        for a, o, n in zip(at.tolist(), off.tolist(), ln.tolist()):
-            read_into(reader, o, host[a:a + n])
+        read_all(reader, [(o, host[a:a + n])
+                          for a, o, n in zip(at.tolist(), off.tolist(), ln.tolist())])
     dev = runtime.device_empty(total)
     if total:
         dev[:total].copy_(host_t[:total], non_blocking=True)
