@@ -29,7 +29,7 @@ def describe(reader: Reader) -> dict[str, Any]:
     for t in reader.tensors:
         tensors.append(dict(
             name=t.name, dtype=t.dtype.name, shape=list(t.shape), layout=t.layout.name,
-            raw_bytes=t.raw_nbytes, stored_bytes=t.stored_nbytes,
+            masked=t.masked, raw_bytes=t.raw_nbytes, stored_bytes=t.stored_nbytes,
             ratio=_ratio(t.stored_nbytes, t.raw_nbytes),
             delta_parent=t.parent_hash.hex() if t.parent_hash else None,
             content_hash=t.content_hash.hex(),
@@ -69,7 +69,8 @@ def print_inspect(d: dict[str, Any], out=sys.stdout) -> None:
         w(f"  {_printable(k)}: {_printable(v)}\n")
     for t in d["tensors"]:
         delta = f"  delta of {t['delta_parent'][:16]}" if t["delta_parent"] else ""
-        w(f"{_printable(t['name'])}  {t['dtype']}{t['shape']}  {t['layout']}  "
+        layout = t["layout"] + (" masked" if t["masked"] else "")
+        w(f"{_printable(t['name'])}  {t['dtype']}{t['shape']}  {layout}  "
           f"raw {t['raw_bytes']}  stored {t['stored_bytes']}  "
           f"ratio {_fmt_ratio(t['ratio'])}{delta}\n")
         for p in t["planes"]:

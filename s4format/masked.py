@@ -57,8 +57,9 @@ def kept_words(words: np.ndarray, mask: np.ndarray, starts: np.ndarray) -> np.nd
     """The non-zero words of ``words``, in order (``mask`` and ``starts`` from
     :func:`mask_of`)."""
     kept = np.empty(int(starts[-1]), dtype=words.dtype)
-    run_pieces(lambda lo, hi: _compact(mask, lo, hi, words, kept, int(starts[lo // PIECE]),
-                                       _LOWEST_BIT), words.size, PIECE)
+    words = _writable(words)
+    run_pieces(lambda lo, hi: _by_mask(mask, lo, hi, words, kept, int(starts[lo // PIECE]),
+                                       _COMPACT, _LOWEST_BIT), words.size, PIECE)
     return kept
 
 
@@ -81,12 +82,12 @@ def expand(mask: np.ndarray, kept: np.ndarray, out: np.ndarray, word: int,
     if have != m:
         raise FormatError(f"the mask sets {have} bits, its planes hold {m} words")
     if supported(word):
-        vals, dest = kept.view(_UINT[word]), out.view(_UINT[word])
+        vals, dest = _writable(kept).view(_UINT[word]), out.view(_UINT[word])
         zero = np.zeros(max(1, -(-n // PIECE)), dtype=np.bool_)
 
         def piece(lo: int, hi: int) -> None:
-            zero[lo // PIECE] = _scatter(mask, lo, hi, vals, int(starts[lo // PIECE]), dest, xor,
-                                         _LOWEST_BIT)
+            zero[lo // PIECE] = _by_mask(mask, lo, hi, dest, vals, int(starts[lo // PIECE]),
+                                         _XOR if xor else _PLACE, _LOWEST_BIT)
 
         run_pieces(piece, n, PIECE)
         bad = bool(zero.any())
@@ -101,6 +102,12 @@ def expand(mask: np.ndarray, kept: np.ndarray, out: np.ndarray, word: int,
                 out.reshape(n, word)[at] = rows
     if bad:
         raise FormatError("a word the mask keeps is zero (its bit must be clear)")
+
+
+def _writable(a: np.ndarray) -> np.ndarray:
+    """``a``, or a copy where it is read-only (a plane as read from a file): _by_mask writes to
+    either array in one of its modes, and numba will not compile a write to a read-only one."""
+    return a if a.flags.writeable else a.copy()
 
 
 def _piece_starts(counter, n: int) -> np.ndarray:
@@ -145,31 +152,16 @@ def _popcount(mask, lo, hi, table):  # pragma: no cover - compiled
     return c
 
 
-@kernel()
-def _compact(mask, lo, hi, words, kept, j, lowest):  # pragma: no cover - compiled
-    """The words of lo..hi whose mask bit is set into ``kept[j:]``, a u64 of mask bits at a
-    time where whole (lo is a multiple of 64)."""
-    whole = (hi - lo) >> 6
-    m64 = mask[lo >> 3:(lo >> 3) + 8 * whole].view(np.uint64)
-    for q in range(whole):
-        bits = m64[q]
-        base = lo + 64 * q
-        while bits:
-            low = bits & (~bits + np.uint64(1))
-            kept[j] = words[base + lowest[(low * np.uint64(0x03F79D71B4CB0A89)) >> np.uint64(58)]]
-            j += 1
-            bits ^= low
-    for i in range(lo + 64 * whole, hi):
-        if (mask[i >> 3] >> (i & 7)) & 1:
-            kept[j] = words[i]
-            j += 1
+# What _by_mask does with each word whose mask bit is set.
+_COMPACT, _PLACE, _XOR = 0, 1, 2
 
 
 @kernel()
-def _scatter(mask, lo, hi, vals, j, out, xor, lowest):  # pragma: no cover - compiled
-    """Words lo..hi of ``out`` from the mask, ``vals[j:]`` in order; a u64 of mask bits at a
-    time where whole, one lowest set bit per step (lo is a multiple of 64). Returns whether
-    a kept word was zero."""
+def _by_mask(mask, lo, hi, dense, packed, j, mode, lowest):  # pragma: no cover - compiled
+    """For words lo..hi of ``dense`` whose mask bit is set, in order, with ``packed[j:]``:
+    _COMPACT copies them into ``packed``, _PLACE writes ``packed``'s into them, _XOR XORs
+    them in. A u64 of mask bits at a time where whole, one lowest set bit per step (lo is a
+    multiple of 64). Returns whether a word taken from ``packed`` was zero."""
     zero = False
     whole = (hi - lo) >> 6
     m64 = mask[lo >> 3:(lo >> 3) + 8 * whole].view(np.uint64)
@@ -179,21 +171,24 @@ def _scatter(mask, lo, hi, vals, j, out, xor, lowest):  # pragma: no cover - com
         while bits:
             low = bits & (~bits + np.uint64(1))
             i = base + lowest[(low * np.uint64(0x03F79D71B4CB0A89)) >> np.uint64(58)]
-            v = vals[j]
-            zero |= v == 0
-            if xor:
-                out[i] ^= v
-            else:
-                out[i] = v
+            zero |= _one(dense, packed, i, j, mode)
             j += 1
             bits ^= low
     for i in range(lo + 64 * whole, hi):
         if (mask[i >> 3] >> (i & 7)) & 1:
-            v = vals[j]
-            zero |= v == 0
-            if xor:
-                out[i] ^= v
-            else:
-                out[i] = v
+            zero |= _one(dense, packed, i, j, mode)
             j += 1
     return zero
+
+
+@kernel(inline="always")
+def _one(dense, packed, i, j, mode):  # pragma: no cover - compiled
+    if mode == 0:
+        packed[j] = dense[i]
+        return False
+    v = packed[j]
+    if mode == 2:
+        dense[i] ^= v
+    else:
+        dense[i] = v
+    return v == 0

@@ -94,6 +94,13 @@ def test_inspect_empty_tensor_and_delta(files) -> None:
     d = json.loads(res.stdout)
     assert d["delta_parent"] == Reader(files["base"]).checkpoint_id.hex()
     assert d["tensors"][0]["delta_parent"] is not None
+    # three of its 5000 words changed: a masked delta (format 1.4), its mask plane first
+    assert d["tensors"][0]["masked"] is True and not empty["masked"]
+    assert [p["plane"] for p in d["tensors"][0]["planes"]][:2] == ["mask", "sign"]
+    text = run("inspect", files["delta"]).stdout.splitlines()
+    assert text[2].startswith("w  float32[5000]  fp32 masked  raw 20000  stored ")
+    mask_line = text[3].split()
+    assert (mask_line[0], mask_line[2]) == ("mask", "625")  # one bit for each of 5000 words
 
 
 def test_verify_valid(files) -> None:
