@@ -1708,9 +1708,9 @@ def all_vectors_1_3() -> list[Vector]:
 # -- format 1.4 (v1.4/): masked tensors ---------------------------------------------------------
 #
 # A 1.4 reader passes v1/ to v1.4/; an older one refuses every masked tensor's record at open
-# (rule T1: flag 0x02 is a reserved bit to it), and so every vector here but the bases.
+# (rule T1: flag 0x02 is a reserved bit to it), and so every vector here but the base and
+# masked_flag_cleared (flags 0, refused by T9 for its extra plane).
 
-MINOR_1_4 = 4
 MASKED = 0x02
 MASKED_RULES = ["planes.md#masked-tensors-14", "format.md#41-tensorrecord"]
 
@@ -1789,6 +1789,8 @@ def masked_vectors() -> list[Vector]:
     raw8 = sparse_words(74, rand_bytes(75, 1000), 0.1)
     full = weights_bf16(76, 1000)
     full[full == 0] = 1
+    c128 = rand_bytes(77, 16 * 300).reshape(300, 16)
+    c128[(bits(78, 300) & np.uint64(3)) != 0] = 0  # a quarter of the 16-byte words kept
     forced = [
         ("bf16", "bfloat16", sparse, layouts.BF16, codecs.ZSTD,
          [codecs.BITPACK, codecs.RANS, codecs.RAW]),
@@ -1800,6 +1802,8 @@ def masked_vectors() -> list[Vector]:
         ("all_zero", "bfloat16", np.zeros(777, np.uint16), layouts.BF16, codecs.RANS, []),
         ("all_kept", "bfloat16", full, layouts.BF16, codecs.RAW,
          [codecs.BITPACK, codecs.RANS, codecs.BITPACK_W]),
+        ("c128_words", "complex128", c128.reshape(-1).view("<c16"), layouts.BYTES,
+         codecs.RAW, [codecs.ZSTD] + [codecs.RAW] * 15),
     ]
     tensors = [TensorSpec(name, dtype, (raw.size,), raw.view(np.uint8),
                           coded=force_masked(raw.view(np.uint8), dtype, layout, mc, pcs))
@@ -1807,8 +1811,9 @@ def masked_vectors() -> list[Vector]:
     forms = valid("masked_forms", "masked tensors that are not deltas: bf16 words whose count "
                   "leaves a partial mask byte, a block of zero words, fp32 special values, "
                   "the raw layout (words of one byte), nothing kept (empty planes), every "
-                  "word kept", [*MASKED_RULES, "validation.md#P2", "validation.md#R4"],
-                  tensors, policy="auto")
+                  "word kept, complex128 under the bytes layout (words of 16 bytes)",
+                  [*MASKED_RULES, "validation.md#P2", "validation.md#R4"], tensors,
+                  policy="auto")
     return [base, child, forms]
 
 
@@ -1844,8 +1849,9 @@ def masked_fail_vectors(forms: bytes, child: bytes) -> list[Vector]:
         return write_file([TensorSpec("t", "bfloat16", (n,), raw, coded=coded)],
                           {"t": TensorRef(0)}, policy="auto")
 
-    def one_more_bit(mask: np.ndarray) -> None:
+    def bit_past_end(mask: np.ndarray) -> None:
         mask[-1] |= 0x80  # bit 3007: past word 3000, the last
+        one_bit_less(mask)  # (a real bit cleared: the count still matches the kept words)
 
     def one_bit_less(mask: np.ndarray) -> None:
         first = int(np.flatnonzero(mask)[0])
@@ -1871,8 +1877,9 @@ def masked_fail_vectors(forms: bytes, child: bytes) -> list[Vector]:
              ["validation.md#P2"], "FormatError",
              edited(forms, lambda p: [q.update(decoded_len=n + 1)
                                       for q in p.tensors[at]["planes"][1:]])),
-        fail("masked_bit_past_end", "a mask bit set past the last word (3001 words)",
-             [*MASKED_RULES, "validation.md#R4"], "FormatError", mask_edit(one_more_bit)),
+        fail("masked_bit_past_end", "a mask bit set past the last word (3001 words), its "
+             "count of set bits still that of the kept words (one real bit cleared)",
+             [*MASKED_RULES, "validation.md#R4"], "FormatError", mask_edit(bit_past_end)),
         fail("masked_count_short", "a mask with one set bit fewer than the kept words",
              [*MASKED_RULES, "validation.md#R4"], "FormatError", mask_edit(one_bit_less)),
         fail("masked_zero_kept", "a kept word that is zero",

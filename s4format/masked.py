@@ -13,16 +13,17 @@ from __future__ import annotations
 
 import numpy as np
 
-from s4format.codecs.view import run_pieces
+from s4format.codecs.view import PIECE, run_pieces
 from s4format.errors import FormatError
 from s4format.jit import kernel
+from s4format.layouts import _UINT
 
-# Words per piece of work: a multiple of 64, so that pieces split the mask at whole u64s.
-PIECE = 1 << 18
-_UINT = {1: np.dtype("u1"), 2: np.dtype("<u2"), 4: np.dtype("<u4"), 8: np.dtype("<u8")}
+# Pieces of work are PIECE words, a multiple of 64: they split the mask at whole u64s, which
+# the kernels read 64 words' bits at a time.
 _POPCOUNT = np.array([bin(b).count("1") for b in range(256)], dtype=np.int64)
 # x & -x times this de Bruijn constant, shifted right by 58, indexes _LOWEST_BIT: the position
-# of x's lowest set bit, without a loop over the bits.
+# of x's lowest set bit in a few operations, where testing each bit of sparse masks would
+# cost a branch per word.
 _DE_BRUIJN = 0x03F79D71B4CB0A89
 _LOWEST_BIT = np.zeros(64, dtype=np.int64)
 for _b in range(64):
@@ -124,8 +125,8 @@ def _piece_starts(counter, n: int) -> np.ndarray:
 
 @kernel()
 def _mask_bytes(words, lo, hi, mask, table):  # pragma: no cover - compiled
-    """Mask bytes of words lo..hi (lo a multiple of 8), eight compares each without a
-    branch; returns the bits set."""
+    """Mask bytes of words lo..hi (lo a multiple of 8); returns the bits set. Each bit is
+    computed, not branched on: a branch on which words changed mispredicts at random."""
     c = 0
     whole = lo + (hi - lo) // 8 * 8
     for b in range(lo >> 3, whole >> 3):
@@ -160,8 +161,8 @@ _COMPACT, _PLACE, _XOR = 0, 1, 2
 def _by_mask(mask, lo, hi, dense, packed, j, mode, lowest):  # pragma: no cover - compiled
     """For words lo..hi of ``dense`` whose mask bit is set, in order, with ``packed[j:]``:
     _COMPACT copies them into ``packed``, _PLACE writes ``packed``'s into them, _XOR XORs
-    them in. A u64 of mask bits at a time where whole, one lowest set bit per step (lo is a
-    multiple of 64). Returns whether a word taken from ``packed`` was zero."""
+    them in (lo is a multiple of 64). Returns whether a word taken from ``packed`` was zero.
+    Its cost follows the set bits, not the words: a fine-tuning delta keeps a fifth."""
     zero = False
     whole = (hi - lo) >> 6
     m64 = mask[lo >> 3:(lo >> 3) + 8 * whole].view(np.uint64)
@@ -170,7 +171,7 @@ def _by_mask(mask, lo, hi, dense, packed, j, mode, lowest):  # pragma: no cover 
         base = lo + 64 * q
         while bits:
             low = bits & (~bits + np.uint64(1))
-            i = base + lowest[(low * np.uint64(0x03F79D71B4CB0A89)) >> np.uint64(58)]
+            i = base + lowest[(low * np.uint64(_DE_BRUIJN)) >> np.uint64(58)]
             zero |= _one(dense, packed, i, j, mode)
             j += 1
             bits ^= low
@@ -183,11 +184,11 @@ def _by_mask(mask, lo, hi, dense, packed, j, mode, lowest):  # pragma: no cover 
 
 @kernel(inline="always")
 def _one(dense, packed, i, j, mode):  # pragma: no cover - compiled
-    if mode == 0:
+    if mode == _COMPACT:
         packed[j] = dense[i]
         return False
     v = packed[j]
-    if mode == 2:
+    if mode == _XOR:
         dense[i] ^= v
     else:
         dense[i] = v

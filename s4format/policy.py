@@ -57,7 +57,6 @@ _SEED = {
     layouts.KIND_MANTISSA: (codecs.GDEFLATE,),
     layouts.KIND_BYTE: (codecs.ZSTD,),
     layouts.KIND_RAW: (codecs.ZSTD,),
-    layouts.KIND_MASK: (codecs.ZSTD,),
 }
 
 _TABLES = {"auto": _AUTO, "seed": _SEED, "auto-1.0": _AUTO_1_0}

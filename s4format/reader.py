@@ -388,31 +388,32 @@ class Reader:
     def _merged(self, t: TensorInfo, stored: list[np.ndarray],
                 xor_into: np.ndarray | None = None) -> np.ndarray | None:
         if t.masked:
-            return self._unmasked(t, stored, xor_into)
+            return self._expanded(t, stored, xor_into)
         return layouts.merge_stored(t.layout, t.dtype.itemsize, t.raw_nbytes, [
             (p.codec, s, p.decoded_len, p.params) for p, s in zip(t.planes, stored)], xor_into)
 
-    def _unmasked(self, t: TensorInfo, stored: list[np.ndarray],
+    def _expanded(self, t: TensorInfo, stored: list[np.ndarray],
                   xor_into: np.ndarray | None = None) -> np.ndarray | None:
         """A masked tensor's raw bytes (XORed into ``xor_into`` instead, where given): its
         kept words merged a piece at a time, then put in place by the mask; None where
-        anything is wrong (``xor_into`` may then be spoiled)."""
+        anything is wrong (``xor_into`` may then be spoiled), or where its layout merges only
+        whole planes (:meth:`_plane_by_plane` then decodes them)."""
         word = t.layout.word_size(t.dtype.itemsize)
-        values = [(p.codec, s, p.decoded_len, p.params)
-                  for p, s in zip(t.layout_planes, stored[1:])]
-        kept_nbytes = t.layout_planes[0].decoded_len * word
+        raw_layout = t.layout is layouts.RAW
+        if not (raw_layout or t.layout.merges_in_pieces(t.dtype.itemsize)):
+            return None
         try:
             mask = self._decode_plane(t, 0, stored[0])
-            kept = layouts.merge_stored(t.layout, t.dtype.itemsize, kept_nbytes, values)
-            if kept is None and t.layout is layouts.RAW:
+            if raw_layout:
                 kept = self._decode_plane(t, 1, stored[1])
-            if kept is None:
-                return None
-            out = np.zeros(t.raw_nbytes, np.uint8) if xor_into is None else xor_into
-            masked.expand(mask, kept, out, word, xor_into is not None)
+            else:
+                kept = layouts.merge_stored(
+                    t.layout, t.dtype.itemsize, t.layout_planes[0].decoded_len * word,
+                    [(p.codec, s, p.decoded_len, p.params)
+                     for p, s in zip(t.layout_planes, stored[1:])])
+            return None if kept is None else _placed(t, mask, kept, xor_into)
         except S4Error:
             return None
-        return out
 
     def _plane_by_plane(self, t: TensorInfo, stored: list[np.ndarray]) -> np.ndarray:
         """The tensor's own raw bytes from whole decoded planes, which names what is wrong."""
@@ -423,9 +424,7 @@ class Reader:
                 return t.layout.merge(planes, t.raw_nbytes, t.dtype.itemsize)
             word = t.layout.word_size(t.dtype.itemsize)
             kept = t.layout.merge(planes[1:], planes[1].size * word, t.dtype.itemsize)
-            out = np.zeros(t.raw_nbytes, np.uint8)
-            masked.expand(planes[0], kept, out, word, False)
-            return out
+            return _placed(t, planes[0], kept, None)
         except FormatError as exc:
             raise FormatError(f"{self.name}: tensor {t.name!r}: {exc}") from None
 
@@ -503,6 +502,15 @@ class Reader:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _placed(t: TensorInfo, mask: np.ndarray, kept: np.ndarray,
+            xor_into: np.ndarray | None) -> np.ndarray:
+    """Masked tensor ``t``'s kept words put in place by its decoded mask: into new zero bytes,
+    or XORed into ``xor_into``."""
+    out = np.zeros(t.raw_nbytes, np.uint8) if xor_into is None else xor_into
+    masked.expand(mask, kept, out, t.layout.word_size(t.dtype.itemsize), xor_into is not None)
+    return out
 
 
 def _bounds(t: TensorInfo) -> tuple[int, int]:

@@ -19,6 +19,8 @@ from s4format.schema import HEADER_SIZE, TENSOR_FLAGS, TENSOR_MASKED, TRANSFORM_
 
 MAX_NDIM = 64
 MAX_RAW_NBYTES = 1 << 62
+# A masked tensor's first plane (spec/planes.md, "Masked tensors"): a byte of 8 bits per 8 words.
+MASK_FIELD = layouts.Field(layouts.KIND_MASK, 0, 0, 8)
 
 
 @dataclass(frozen=True)
@@ -98,7 +100,8 @@ def tensor_info(rec, where: str, data_end: int, alignment: int) -> TensorInfo:
     fields = plane_fields(layout, dtype.itemsize, bool(flags & TENSOR_MASKED))
     recs = rec["planes"]
     if len(recs) != len(fields):
-        raise FormatError(f"{where}: layout {layout.name}{' (masked)' if flags else ''} has "
+        raise FormatError(f"{where}: layout {layout.name}"
+                          f"{' (masked)' if flags & TENSOR_MASKED else ''} has "
                           f"{len(fields)} planes, record lists {len(recs)}")
     wants = plane_lengths(layout, raw_nbytes, words, bool(flags & TENSOR_MASKED),
                           [p["decoded_len"] for p in recs])
@@ -117,9 +120,6 @@ def tensor_info(rec, where: str, data_end: int, alignment: int) -> TensorInfo:
                       bytes(rec["content_hash"]),
                       bytes(parent_hash) if parent_hash is not None else None,
                       tuple(planes), flags)
-
-
-MASK_FIELD = layouts.Field(layouts.KIND_MASK, 0, 0, 8)
 
 
 def plane_fields(layout: Layout, itemsize: int, is_masked: bool) -> tuple[layouts.Field, ...]:

@@ -174,7 +174,8 @@ class MaskedForm:
 def masked_form(raw: np.ndarray, dtype: DType, policy_name: str = "auto") -> MaskedForm | None:
     """The masked form of ``raw`` (a delta's XOR bytes) where at most :data:`MASKED_MAX` of
     its words are non-zero under the dtype's split layout, with what it is estimated to
-    store; else None."""
+    store; else None. Only ``auto`` masks (format 1.4), and only words of 1, 2, 4 or 8
+    bytes (complex128's 16-byte words stay unmasked)."""
     layout = layouts.preferred(dtype.name, dtype.itemsize)
     word = layout.word_size(dtype.itemsize)
     if policy_name != "auto" or not _splits(raw, dtype, layout) or not masked.supported(word):
@@ -309,8 +310,7 @@ class Writer:
             # compared by their estimates, not by coding both; the tensor alone by a sample of
             # it where the delta is clearly smaller (CLEAR_DELTA).
             xor = _xor(t.data, p.data)
-            form = masked_form(xor, t.dtype, self.policy) if self.minor >= MASKED_MINOR \
-                else None
+            form = masked_form(xor, t.dtype, self.policy)
             if form is not None:
                 est, delta_views = form.estimate, None
             else:
@@ -460,7 +460,7 @@ def _check_limits(name: str, shape: tuple[int, ...], dtype: DType, coded: CodedT
         raise LimitError(f"tensor {name!r}: coded planes store {coded.stored} bytes, more than "
                          f"its {raw_nbytes} raw bytes; store it with the raw layout")
     coded.layout.check_applies(raw_nbytes, dtype.itemsize)
-    want = len(coded.layout.planes(dtype.itemsize)) + coded.masked
+    want = len(coded.layout.planes(dtype.itemsize)) + (1 if coded.masked else 0)
     if len(coded.planes) != want:
         raise FormatError(f"tensor {name!r}: layout {coded.layout.name} needs {want} planes, "
                           f"got {len(coded.planes)}")
