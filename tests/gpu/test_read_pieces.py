@@ -29,6 +29,30 @@ def test_pieces_read_exactly_the_source(tmp_path, monkeypatch, kind: str, size: 
     assert np.array_equal(dst, data[300:])
 
 
+@pytest.mark.parametrize("kind", ["file", "memory"])
+def test_scattered_reads_go_in_jobs_and_read_exactly_the_source(tmp_path, monkeypatch,
+                                                                  kind: str) -> None:
+    """Many small reads at scattered offsets (a chain level's planes, which are not one span):
+    gathered into about eight jobs on the reading threads, each byte where it belongs."""
+    monkeypatch.setattr(staging, "READ_PIECE", 4096)
+    data = np.random.default_rng(7).integers(0, 256, 200_000, dtype=np.uint8)
+    path = tmp_path / "f"
+    path.write_bytes(data.tobytes())
+    src = FileSource(path) if kind == "file" else BufferSource(data.tobytes())
+    rng = np.random.default_rng(8)
+    offsets = sorted(rng.choice(190_000, 120, replace=False).tolist())
+    sizes = rng.integers(0, 3 * 4096, len(offsets)).tolist()  # some empty, some in pieces
+    reads = [(o, np.full(min(n, data.size - o), 0xAB, np.uint8)) for o, n in zip(offsets, sizes)]
+    submitted = []
+    pool = staging._readers()
+    real_submit = pool.submit
+    monkeypatch.setattr(pool, "submit", lambda fn, *a: submitted.append(a) or real_submit(fn, *a))
+    staging.read_all(SimpleNamespace(source=src), reads)
+    assert 1 < len(submitted) <= 9  # jobs, not a submission per plane
+    for o, dst in reads:
+        assert np.array_equal(dst, data[o:o + dst.size]), o
+
+
 def test_a_short_file_raises(tmp_path, monkeypatch) -> None:
     monkeypatch.setattr(staging, "READ_PIECE", 4096)
     path = tmp_path / "f"
