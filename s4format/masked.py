@@ -18,8 +18,6 @@ from s4format.errors import FormatError
 from s4format.jit import kernel
 from s4format.layouts import _UINT
 
-# Pieces of work are PIECE words, a multiple of 64: they split the mask at whole u64s, which
-# the kernels read 64 words' bits at a time.
 _POPCOUNT = np.array([bin(b).count("1") for b in range(256)], dtype=np.int64)
 # x & -x times this de Bruijn constant, shifted right by 58, indexes _LOWEST_BIT: the position
 # of x's lowest set bit in a few operations, where testing each bit of sparse masks would
@@ -113,7 +111,8 @@ def _writable(a: np.ndarray) -> np.ndarray:
 
 def _piece_starts(counter, n: int) -> np.ndarray:
     """Each piece's first index among the kept words, and their total last (``counter(lo,
-    hi)``: the kept words of words lo..hi)."""
+    hi)``: the kept words of words lo..hi). Pieces are PIECE words, a multiple of 64, so they
+    split the mask at whole u64s, which the kernels read 64 words' bits at a time."""
     counts = np.zeros(max(1, -(-n // PIECE)) + 1, dtype=np.int64)
 
     def piece(lo: int, hi: int) -> None:
