@@ -279,21 +279,19 @@ class _Decoder:
         if depth > MAX_DEPTH:
             raise LimitError(f"object tree nested deeper than {MAX_DEPTH}")
         at = self._need(1)
-        tag = self.data[at]
+        data = self.data
+        tag = data[at]
         self.pos = at + 1
         if key and tag not in _KEY_TAGS:
             raise FormatError(f"{_NOT_KEYS.get(tag, f'a node of tag {tag:#04x}')} at tree "
                               f"offset {at} in a dict key: keys are None, bool, int, float, "
                               "str, bytes, tensor references and tuples of these (rule O7)")
         if tag == T_STR:
-            try:
-                return str(self.take(self.u32()), "utf-8")
-            except UnicodeDecodeError:
-                raise FormatError(f"string at tree offset {at} is not valid UTF-8") from None
+            return self._text(at)
         if tag == T_INT:
             pos = self._need(8)
             self.pos = pos + 8
-            return _i64_at(self.data, pos)[0]
+            return _i64_at(data, pos)[0]
         if tag == T_NONE:
             return None
         if tag in (T_FALSE, T_TRUE):
@@ -325,10 +323,24 @@ class _Decoder:
             return bytes(self.take(self.u32()))
         raise FormatError(f"unknown object tag {tag} at tree offset {at}")
 
+    def _text(self, at: int) -> str:
+        """The str whose tag is at ``at``."""
+        self.pos = at + 1
+        try:
+            return str(self.take(self.u32()), "utf-8")
+        except UnicodeDecodeError:
+            raise FormatError(f"string at tree offset {at} is not valid UTF-8") from None
+
     def items(self, depth: int, key: bool) -> list[Any]:
         items = []
         node, depth = self.node, depth + 1
+        data, end, inline = self.data, self.end, depth <= MAX_DEPTH
         for i in range(self.count(1)):
+            pos = self.pos
+            if inline and end - pos >= 9 and data[pos] == T_INT:  # (sizes and strides)
+                self.pos = pos + 9
+                items.append(_i64_at(data, pos + 1)[0])
+                continue
             try:
                 items.append(node(depth, key))
             except FormatError as exc:
@@ -341,15 +353,31 @@ class _Decoder:
         # (a dict of at most MAX_KEYS_PER_HASH keys cannot hold more of one hash)
         hashes = KeyHashes() if n > MAX_KEYS_PER_HASH else None
         node, depth = self.node, depth + 1
+        # str keys and scalar values are read here rather than by node(): the dicts of views
+        # hold most of a tree's nodes
+        data, end, inline = self.data, self.end, depth <= MAX_DEPTH
         for _ in range(n):
-            key = node(depth, True)
+            pos = self.pos
+            key = self._text(pos) if inline and pos < end and data[pos] == T_STR \
+                else node(depth, True)
             if hashes is not None and not hashes.add(key):
                 raise LimitError(f"dict at tree offset {at} has more than {MAX_KEYS_PER_HASH} "
                                  "keys of one hash (rule O13)")
             if key in result:
                 raise FormatError(f"duplicate dict key {_shown(key)} at tree offset {at}")
+            pos = self.pos
+            tag = data[pos] if inline and pos < end else None
             try:
-                result[key] = node(depth)
+                if tag == T_INT and end - pos >= 9:
+                    self.pos = pos + 9
+                    result[key] = _i64_at(data, pos + 1)[0]
+                elif tag in (T_TRUE, T_FALSE):
+                    self.pos = pos + 1
+                    result[key] = tag == T_TRUE
+                elif tag == T_STR:
+                    result[key] = self._text(pos)
+                else:
+                    result[key] = node(depth)
             except FormatError as exc:
                 _below(exc, key)
                 raise

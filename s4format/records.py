@@ -8,7 +8,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from s4format import codecs, dtypes, layouts, masked
 from s4format.codecs import Codec
@@ -23,8 +23,9 @@ MAX_RAW_NBYTES = 1 << 62
 MASK_FIELD = layouts.Field(layouts.KIND_MASK, 0, 0, 8)
 
 
-@dataclass(frozen=True)
-class PlaneInfo:
+class PlaneInfo(NamedTuple):
+    # (named tuples, not frozen dataclasses: built about 3x faster, and an index of thousands
+    # of tensors builds one per plane when a file is opened)
     kind: int
     index: int
     codec: int
@@ -39,8 +40,7 @@ class PlaneInfo:
         return layouts.plane_label(self.kind, self.index)
 
 
-@dataclass(frozen=True)
-class TensorInfo:
+class TensorInfo(NamedTuple):
     name: str
     dtype: DType
     shape: tuple[int, ...]

@@ -24,6 +24,8 @@ VIEW = "s4.view"
 ATTRS = "s4.attrs"
 VIEW_KEYS = ("storage", "dtype", "offset", "shape", "stride", "device", "requires_grad",
              "parameter")
+_VIEW_KEY_SET = frozenset(VIEW_KEYS)  # (equal keys are all str: no other type equals a str)
+_VIEW_OFFSET, _VIEW_SHAPE, _VIEW_STRIDE = (f"{VIEW} {k}" for k in ("offset", "shape", "stride"))
 # Names under these prefixes are the registry's (format 1.2 added the Python ones): a name a user
 # registers must not take one, so that every file means the same by it.
 RESERVED_PREFIXES = ("torch.", "numpy.", "s4.", "argparse.", "enum.", "pathlib.", "datetime.",
@@ -75,7 +77,8 @@ def _sizes(value: Any, what: str) -> tuple[int, ...]:
     if type(value) is not tuple:
         raise FormatError(f"{what} must be a tuple of ints, not {shown(value)}")
     for x in value:
-        _int_in_range(x, f"{what} entry")
+        if type(x) is not int or not 0 <= x <= MAX_INT64:  # (the message only when refused)
+            _int_in_range(x, f"{what} entry")
     return value
 
 
@@ -101,8 +104,7 @@ def _array(name: str, zero_d: bool) -> Callable[[Any, Any], None]:
 
 
 def _view(value: Any, tensors: Sequence[StoredTensor] | None) -> None:
-    if type(value) is not dict or len(value) != len(VIEW_KEYS) \
-            or any(type(k) is not str for k in value) or set(value) != set(VIEW_KEYS):
+    if type(value) is not dict or value.keys() != _VIEW_KEY_SET:
         keys = list(value) if type(value) is dict else shown(value)
         raise FormatError(f"{VIEW} value must be a dict of the keys {', '.join(VIEW_KEYS)}; "
                           f"it has {shown(keys)}")
@@ -117,8 +119,8 @@ def _view(value: Any, tensors: Sequence[StoredTensor] | None) -> None:
     for key in ("requires_grad", "parameter"):
         if type(v[key]) is not bool:
             raise FormatError(f"{VIEW} {key} must be a bool, not {shown(v[key])}")
-    _int_in_range(v["offset"], f"{VIEW} offset")
-    shape, stride = _sizes(v["shape"], f"{VIEW} shape"), _sizes(v["stride"], f"{VIEW} stride")
+    _int_in_range(v["offset"], _VIEW_OFFSET)
+    shape, stride = _sizes(v["shape"], _VIEW_SHAPE), _sizes(v["stride"], _VIEW_STRIDE)
     if len(shape) != len(stride) or len(shape) > MAX_NDIM:
         raise FormatError(f"{VIEW} shape and stride must have one length, at most "
                           f"{MAX_NDIM}: {len(shape)} and {len(stride)}")
