@@ -30,6 +30,7 @@ from s4format.errors import (
     UnsupportedFeatureError,
     UnsupportedVersionError,
 )
+from s4format.indexread import read_index
 from s4format.records import TensorInfo, check_no_overlap, tensor_info
 from s4format.schema import (
     END_MAGIC,
@@ -63,10 +64,11 @@ def checkpoint_id(content_hashes: list[bytes]) -> bytes:
 
 
 def _parse_index(raw: bytes, name: str, max_tensors: int = MAX_TENSORS):
-    """The index's records. Construct's compiled parser reads a well-formed index (several
-    times faster than the interpreted one, with the same result); anything it fails on is
-    parsed again by the interpreted parser, which names what is malformed exactly as it
-    always has (the compiled code raises bare struct, codec and index errors instead).
+    """The index's records. :func:`~s4format.indexread.read_index` reads a well-formed index
+    without extensions; construct's compiled parser what it gives up on (several times faster
+    than the interpreted one, with the same result); anything that fails on is parsed again
+    by the interpreted parser, which names what is malformed exactly as it always has (the
+    compiled code raises bare struct, codec and index errors instead).
 
     The compiled code does not check that a length-prefixed field's bytes are all there: a
     short read is caught by the fixed-size field after it, except for the last extension's
@@ -84,6 +86,9 @@ def _parse_index(raw: bytes, name: str, max_tensors: int = MAX_TENSORS):
     if count > max_tensors:
         raise LimitError(f"{name}: the index declares {count} tensors, more than this reader's "
                          f"limit of {max_tensors} (max_tensors)")
+    idx = read_index(raw)
+    if idx is not None:
+        return idx
     try:
         idx = compiled_index().parse(raw)
         if not idx.extensions:
@@ -197,7 +202,7 @@ class Reader:
             if ext.required:
                 raise UnsupportedFeatureError(
                     f"{self.name}: must-understand index extension {ext.tag!r} is unknown")
-        tensors = [tensor_info(rec, f"{self.name}: tensor {i} {rec.name!r}", self.data_end,
+        tensors = [tensor_info(rec, f"{self.name}: tensor {i} {rec['name']!r}", self.data_end,
                                self.alignment) for i, rec in enumerate(idx.tensors)]
         names = set()
         for t in tensors:
