@@ -325,9 +325,14 @@ class _Decoder:
 
     def _text(self, at: int) -> str:
         """The str whose tag is at ``at``."""
-        self.pos = at + 1
+        data, left = self.data, self.end - at - 5
+        size = _u32_at(data, at + 1)[0] if left >= 0 else left + 1
         try:
-            return str(self.take(self.u32()), "utf-8")
+            if 0 <= size <= left:
+                self.pos = at + 5 + size
+                return str(data[at + 5:at + 5 + size], "utf-8")
+            self.pos = at + 1
+            return str(self.take(self.u32()), "utf-8")  # (raises: too short)
         except UnicodeDecodeError:
             raise FormatError(f"string at tree offset {at} is not valid UTF-8") from None
 
