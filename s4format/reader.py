@@ -9,6 +9,7 @@ the tree references fit its decode budget. Deltas need their parent: pass it as 
 
 from __future__ import annotations
 
+import functools
 import os
 import struct
 from typing import Any
@@ -31,7 +32,7 @@ from s4format.errors import (
     UnsupportedVersionError,
 )
 from s4format.indexread import read_index
-from s4format.records import TensorInfo, check_no_overlap, tensor_info
+from s4format.records import TensorInfo, check_no_overlap, decodable_codec, tensor_info
 from s4format.schema import (
     END_MAGIC,
     FOOTER_SIZE,
@@ -202,8 +203,9 @@ class Reader:
             if ext.required:
                 raise UnsupportedFeatureError(
                     f"{self.name}: must-understand index extension {ext.tag!r} is unknown")
+        codec_of = functools.cache(decodable_codec)  # (the few codec IDs of many planes)
         tensors = [tensor_info(rec, f"{self.name}: tensor {i} {rec['name']!r}", self.data_end,
-                               self.alignment) for i, rec in enumerate(idx.tensors)]
+                               self.alignment, codec_of) for i, rec in enumerate(idx.tensors)]
         names = set()
         for t in tensors:
             if t.name in names:

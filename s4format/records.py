@@ -70,23 +70,27 @@ class TensorInfo(NamedTuple):
         return self.planes[1:] if self.masked else self.planes
 
 
-def tensor_info(rec, where: str, data_end: int, alignment: int) -> TensorInfo:
+def tensor_info(rec, where: str, data_end: int, alignment: int,
+                codec_of: Callable[[int], Codec] | None = None) -> TensorInfo:
     """Check one parsed tensor record against the spec's rules and the file's data section.
     (The record's fields are read as items: a construct Container's attribute access costs
-    about 16 times as much, most of opening a file of many tensors.)"""
+    about 16 times as much, most of opening a file of many tensors.) ``codec_of``:
+    :func:`decodable_codec`, or a cache of it for the records of one index."""
+    codec_of = codec_of or decodable_codec
     flags = rec["flags"]
     if flags & ~TENSOR_FLAGS:
         raise UnsupportedFeatureError(f"{where}: reserved tensor flags {flags & ~TENSOR_FLAGS:#x}"
                                       " are set")
-    dtype = _located(where, dtypes.by_code, rec["dtype"])
+    dtype = dtypes.BY_CODE.get(rec["dtype"]) or _located(where, dtypes.by_code, rec["dtype"])
     if rec["ndim"] > MAX_NDIM:
         raise LimitError(f"{where}: {rec['ndim']} dimensions, the limit is {MAX_NDIM}")
-    shape = tuple(int(s) for s in rec["shape"])
+    shape = tuple(rec["shape"])
     raw_nbytes = rec["raw_nbytes"]
     expected = math.prod(shape) * dtype.itemsize
     if expected > MAX_RAW_NBYTES or raw_nbytes > MAX_RAW_NBYTES:
         raise LimitError(f"{where}: raw size {max(expected, raw_nbytes)} exceeds 2^62 bytes")
-    if extent_nbytes(shape, dtype.itemsize) > MAX_RAW_NBYTES:
+    # (without a zero dimension the extent is ``expected``, checked above)
+    if 0 in shape and extent_nbytes(shape, dtype.itemsize) > MAX_RAW_NBYTES:
         raise LimitError(f"{where}: empty tensor of shape {list(shape)} of {dtype.name}: its "
                          "sizes, zeros counted as 1, multiply to over 2^62 bytes")
     if raw_nbytes != expected:
@@ -109,11 +113,10 @@ def tensor_info(rec, where: str, data_end: int, alignment: int) -> TensorInfo:
     for field, p, want in zip(fields, recs, wants):
         info = PlaneInfo(p["kind"], p["index"], p["codec"], bytes(p["params"]), p["offset"],
                          p["stored_len"], p["decoded_len"], p["checksum"])
-        if not plane_fits(field, info, want, decodable_codec) \
+        if not plane_fits(field, info, want, codec_of) \
                 or info.offset < HEADER_SIZE or info.offset % alignment \
                 or info.offset + info.stored_len > data_end:
-            _refuse_plane(where, layout, field, info, want, data_end, alignment,
-                          decodable_codec)
+            _refuse_plane(where, layout, field, info, want, data_end, alignment, codec_of)
         planes.append(info)
     parent_hash = rec["parent_hash"]
     return TensorInfo(rec["name"], dtype, shape, layout, transform, raw_nbytes,
