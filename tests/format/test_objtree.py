@@ -111,10 +111,26 @@ def test_writer_refuses_nesting_beyond_the_limit() -> None:
 
 
 @pytest.mark.parametrize("depth", [MAX_DEPTH + 1, 10_000, 1_000_000])
-def test_reader_refuses_nesting_beyond_the_limit(depth: int) -> None:
-    data = b"\x08\x01\x00\x00\x00" * depth + b"\x00"
+@pytest.mark.parametrize(("level", "leaf"), [
+    (b"\x08\x01\x00\x00\x00", b"\x00"),  # lists
+    (b"\x0a\x01\x00\x00\x00\x06\x01\x00\x00\x00k", b"\x02"),  # dicts of a str key
+    (b"\x08\x01\x00\x00\x00", b"\x03" + bytes(8)),  # lists, an int at the bottom
+])
+def test_reader_refuses_nesting_beyond_the_limit(depth: int, level: bytes, leaf: bytes) -> None:
     with pytest.raises(LimitError, match="object tree nested deeper than 256"):
-        decode(data, 0)
+        decode(level * depth + leaf, 0)
+
+
+@pytest.mark.parametrize("leaf", [b"\x02", b"\x03" + bytes(8), b"\x06\x01\x00\x00\x00v"])
+def test_dicts_of_scalars_decode_at_the_depth_limit(leaf: bytes) -> None:
+    level = b"\x0a\x01\x00\x00\x00\x06\x01\x00\x00\x00k"
+    # the root is depth 0: MAX_DEPTH dicts put the deepest one's key and value at the limit
+    tree = decode(level * MAX_DEPTH + leaf, 0)
+    for _ in range(MAX_DEPTH):
+        tree = tree["k"]
+    assert tree == decode(leaf, 0)
+    with pytest.raises(LimitError):
+        decode(level * (MAX_DEPTH + 1) + leaf, 0)
 
 
 @pytest.mark.parametrize(("data", "message"), [
@@ -145,6 +161,22 @@ def test_reader_refuses_nesting_beyond_the_limit(depth: int) -> None:
     (b"\x0a\x01\x00\x00\x00\x09\x01\x00\x00\x00\x0a\x00\x00\x00\x00\x00",
      "a dict at tree offset 10 in a dict key"),
     (b"\x0b\x04\x00\x00\x00", "tensor reference 4 at tree offset 0 is out of range (4 tensors)"),
+    # str keys and scalar values of dicts, and ints of lists, are read without node()
+    (b"\x0a\x01\x00\x00\x00\x06\xff\xff\xff\xff",
+     "<root>: object tree truncated: needs 4294967295 bytes at tree offset 10"),
+    (b"\x0a\x01\x00\x00\x00\x06\x01\x00", "object tree truncated: needs 4 bytes at tree offset 6"),
+    (b"\x0a\x01\x00\x00\x00\x06\x02\x00\x00\x00\xc3\x28\x00",
+     "string at tree offset 5 is not valid UTF-8"),
+    (b"\x0a\x01\x00\x00\x00\x06\x01\x00\x00\x00k\x06\x05\x00\x00\x00ab",
+     "k: object tree truncated: needs 5 bytes at tree offset 16"),
+    (b"\x0a\x01\x00\x00\x00\x06\x01\x00\x00\x00k\x06\x02\x00\x00\x00\xc3\x28",
+     "k: string at tree offset 11 is not valid UTF-8"),
+    (b"\x0a\x01\x00\x00\x00\x06\x01\x00\x00\x00k\x03\x01",
+     "k: object tree truncated: needs 8 bytes at tree offset 12"),
+    (b"\x0a\x02\x00\x00\x00\x06\x01\x00\x00\x00k\x02\x06\x01\x00\x00\x00k\x01",
+     "duplicate dict key 'k' at tree offset 0"),
+    (b"\x08\x02\x00\x00\x00\x03" + bytes(8) + b"\x03\x01",
+     "1: object tree truncated: needs 8 bytes at tree offset 15"),
     # Keys are equal as Python values: True == 1 == 1.0, 0 == -0.0.
     (b"\x0a\x02\x00\x00\x00\x02\x00\x03" + struct.pack("<q", 1) + b"\x00",
      "duplicate dict key 1 at tree offset 0"),
