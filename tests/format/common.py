@@ -30,6 +30,24 @@ def small_tree() -> OrderedDict:
     )
 
 
+def index_of(blob: bytes) -> bytes | None:
+    """The index bytes a file's footer points at, or None where the footer does not parse or
+    points past the end."""
+    from construct import ConstructError
+
+    from s4format.schema import FOOTER_SIZE, Footer
+
+    if len(blob) < FOOTER_SIZE:
+        return None
+    try:
+        f = Footer.parse(blob[-FOOTER_SIZE:])
+    except ConstructError:
+        return None
+    if f.index_offset + f.index_length > len(blob):
+        return None
+    return blob[f.index_offset:f.index_offset + f.index_length]
+
+
 def small_file() -> bytes:
     return s4format.dumps(small_tree(), metadata={"framework": "test"})
 

@@ -9,28 +9,17 @@ from pathlib import Path
 import pytest
 from construct import ConstructError
 
-from s4format.schema import FOOTER_SIZE, Footer, Index, compiled_index
+from s4format.schema import Index, compiled_index
+from tests.format.common import index_of
 
 SUITES = Path(__file__).parents[2] / "conformance"
 VECTORS = sorted(SUITES.glob("v1/*.s4w")) + sorted(SUITES.glob("v1.1/*.s4w"))
 
 
-def _index(blob: bytes) -> bytes | None:
-    if len(blob) < FOOTER_SIZE:
-        return None
-    try:
-        f = Footer.parse(blob[-FOOTER_SIZE:])
-    except ConstructError:
-        return None
-    if f.index_offset + f.index_length > len(blob):
-        return None
-    return blob[f.index_offset:f.index_offset + f.index_length]
-
-
 def test_compiled_index_reads_and_writes_what_the_interpreted_one_does() -> None:
     checked = deltas = 0
     for path in VECTORS:
-        raw = _index(path.read_bytes())
+        raw = index_of(path.read_bytes())
         if raw is None:
             continue
         try:

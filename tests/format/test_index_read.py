@@ -14,22 +14,11 @@ from hypothesis import strategies as st
 
 import s4format
 from s4format.indexread import read_index
-from s4format.schema import FOOTER_SIZE, Footer, Index
+from s4format.schema import Index
+from tests.format.common import index_of
 
 SUITES = Path(__file__).parents[2] / "conformance"
 SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow])
-
-
-def _index(blob: bytes) -> bytes | None:
-    if len(blob) < FOOTER_SIZE:
-        return None
-    try:
-        f = Footer.parse(blob[-FOOTER_SIZE:])
-    except ConstructError:
-        return None
-    if f.index_offset + f.index_length > len(blob):
-        return None
-    return blob[f.index_offset:f.index_offset + f.index_length]
 
 
 def _plain(value):
@@ -60,13 +49,13 @@ def _agree(raw: bytes) -> bool:
 def test_every_conformance_vector() -> None:
     read = 0
     for path in sorted(SUITES.glob("v1*/*.s4w")):
-        raw = _index(path.read_bytes())
+        raw = index_of(path.read_bytes())
         if raw is not None:
             read += _agree(raw)
     assert read >= 150, read
 
 
-def _delta_index() -> bytes:
+def _deltaindex_of() -> bytes:
     rng = np.random.default_rng(3)
     a = rng.normal(0, 0.02, 4096).astype(np.float32)
     b = a.copy()
@@ -77,13 +66,13 @@ def _delta_index() -> bytes:
         w.set_tree({"w": w.add("w", b, parent=parent.read("w")),
                     "n": w.add("n", np.arange(40))})
         w.close()
-    raw = _index(delta.getvalue())
+    raw = index_of(delta.getvalue())
     assert raw is not None and _agree(raw)
     assert read_index(raw).tensors[0]["parent_hash"] is not None
     return raw
 
 
-INDEX = _delta_index()
+INDEX = _deltaindex_of()
 
 
 @settings(max_examples=400, **SETTINGS)
