@@ -28,7 +28,7 @@ from s4format.source import BufferSource, ByteSource
 from s4format.writer import AHEAD, Writer, WriteResult
 from s4weights import progress
 from s4weights.background import Background, Inline
-from s4weights.store.base import Store
+from s4weights.store.base import Store, reading_whole
 from s4weights.store.local import LocalStore
 from s4weights.torchtree import DeviceTensor, Flattened, Unflattener, flatten, plan_into
 
@@ -249,10 +249,13 @@ def _directory_message(path: str) -> str:
 
 
 def open_reader(f: FileLike | bytes | ByteSource, *, parent: s4format.Reader | None = None,
-                verify: bool = True) -> s4format.Reader:
+                verify: bool = True, whole: bool = False) -> s4format.Reader:
     """A Reader of ``f`` (see :func:`load`); a torch.save or safetensors file is refused with
-    a BadMagicError that says how to read or convert it."""
+    a BadMagicError that says how to read or convert it. ``whole``: every tensor will be
+    read (:func:`~s4weights.store.base.reading_whole`)."""
     src = _source(f)
+    if whole and not isinstance(src, (str, os.PathLike)):
+        reading_whole(src)
     try:
         return s4format.Reader(src, parent=parent, verify=verify)
     except BadMagicError as exc:
@@ -395,8 +398,9 @@ def load(f: FileLike | bytes, map_location: Any = None, pickle_module: Any = Non
     with contextlib.ExitStack() as opened:
         # a parent this call opens is closed with it (also when the child fails to open)
         parent_reader = parent if isinstance(parent, s4format.Reader) or parent is None \
-            else opened.enter_context(open_reader(parent, verify=verify))
-        reader = opened.enter_context(open_reader(f, parent=parent_reader, verify=verify))
+            else opened.enter_context(open_reader(parent, verify=verify, whole=True))
+        reader = opened.enter_context(open_reader(f, parent=parent_reader, verify=verify,
+                                                  whole=True))
         obj = read_tree(reader, map_location, strict=strict, show=progress, device=device,
                         into=into, workspace=workspace, max_decoded_bytes=max_decoded_bytes)
     log.info("loaded %s in %.3f s", reader.name, time.perf_counter() - t0)

@@ -37,6 +37,7 @@ from s4weights.manifests import (
     saving,
 )
 from s4weights.store import Store
+from s4weights.store.base import reading_whole
 from s4weights.store.local import LocalStore
 from s4weights.torchtree import DeviceTensor, Flattened, flatten
 
@@ -60,11 +61,12 @@ def close_chain(reader: s4format.Reader | None) -> None:
 
 
 def open_chain(store: Store, chain: list[CheckpointInfo], verify: bool,
-               device: str = "auto") -> s4format.Reader:
+               device: str = "auto", whole: bool = False) -> s4format.Reader:
     """Readers for ``chain`` (base first), each attached to its parent; returns the last.
     Close them with :func:`close_chain`; on failure every reader opened so far is closed.
     Checkpoints written with the GPU-only codec (nvcomp-ans) open where it can run, unless
-    ``device`` is ``"cpu"``."""
+    ``device`` is ``"cpu"``. ``whole``: every tensor will be read (a load; see
+    :func:`~s4weights.store.base.reading_whole`)."""
     from s4weights import gpu
 
     gpu.register_codecs(device)
@@ -74,7 +76,8 @@ def open_chain(store: Store, chain: list[CheckpointInfo], verify: bool,
             try:
                 # a file deleted since the listing fails in either call (on S3, between
                 # the source's HEAD and the header's GET too)
-                child = s4format.Reader(store.source(info.file), verify=verify)
+                src = store.source(info.file)
+                child = s4format.Reader(reading_whole(src) if whole else src, verify=verify)
             except StorageError as exc:
                 _raise_if_deleted(store, chain, exc)
                 if info is chain[-1]:
@@ -133,7 +136,7 @@ def _parent_tensors(store: Store, parent: CheckpointInfo, infos: dict[int, Check
         # shows only when the planes are read, as they are in a fresh process.
         close_chain(open_chain(store, chain, verify=False))
         return cached[1], cached[2], None
-    reader = open_chain(store, chain, verify=True, device=device)
+    reader = open_chain(store, chain, verify=True, device=device, whole=True)
     try:
         hashes = {t.name: t.content_hash for t in reader.tensors}
         if device != "cpu" and gpu.use_gpu(device, True):
@@ -515,7 +518,7 @@ def load(store: Store, infos: dict[int, CheckpointInfo], step: int, *, map_locat
     """Load checkpoint ``step`` of ``store`` (listed in ``infos``) with its chain in this
     process (see :func:`s4weights.load_checkpoint`)."""
     chain = chain_of(step, infos)
-    reader = open_chain(store, chain, verify, device)
+    reader = open_chain(store, chain, verify, device, whole=True)
     try:
         copy = _HostCopy(reader) if resume and verify and step == max(infos) else None
         try:

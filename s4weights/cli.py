@@ -152,7 +152,7 @@ def _verify_one(store: Store, info: CheckpointInfo, infos: dict[int, CheckpointI
 
         return [f"{where}: {p}" for p in verify_step(store, info, infos)]
     try:
-        reader = open_chain(store, chain_of(info.step, infos), verify=True)
+        reader = open_chain(store, chain_of(info.step, infos), verify=True, whole=True)
         try:
             problems = [str(p) for p in verify(reader)]
             if reader.source.size() != info.file_bytes:

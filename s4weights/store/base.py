@@ -16,6 +16,15 @@ if TYPE_CHECKING:  # (the CLIs list stores without importing numpy)
     from s4format.source import ByteSource
 
 
+def reading_whole(src: ByteSource) -> ByteSource:
+    """``src``, told that its caller reads all of it (a load, a chain's levels): where each
+    read is a round trip (S3), a small object is then fetched whole at its first read."""
+    whole = getattr(src, "read_whole", None)
+    if whole is not None:
+        whole()
+    return src
+
+
 class ObjectWriter(ABC):
     """A sequential writer for one object; invisible to readers until :meth:`commit`."""
 

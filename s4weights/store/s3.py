@@ -43,6 +43,9 @@ MIN_PART_SIZE = 5 * MiB  # S3's minimum for every part but the last
 MAX_PARTS = 10_000
 TAIL_CACHE = 256 << 10  # footer + (most) index: fetched once per source
 READ_CHUNK = 8 * MiB  # reads larger than this are split across threads
+# An object read whole (a load, a chain level) of at most this size is fetched whole at its
+# first read: a small delta's tensors would otherwise cost a round trip each.
+WHOLE_READ_MAX = 32 * MiB
 
 # Error codes worth another attempt; anything else (403, 404, 412, ...) is final.
 _RETRY_CODES = frozenset({
@@ -538,6 +541,8 @@ class S3Source:
         self._tail: np.ndarray | None = None
         self._tail_start = max(0, self._size - TAIL_CACHE)
         self._tail_lock = threading.Lock()
+        self._whole: np.ndarray | None = None
+        self._whole_wanted = False
         self._count_lock = threading.Lock()
         self.bytes_fetched = 0
         self.requests = 0
@@ -545,16 +550,35 @@ class S3Source:
     def size(self) -> int:
         return self._size
 
+    def read_whole(self) -> None:
+        """The caller will read every tensor (a load): an object of at most
+        :data:`WHOLE_READ_MAX` bytes is then fetched whole, in parallel parts, at the first
+        read before its tail, and served from memory after."""
+        self._whole_wanted = self._size <= WHOLE_READ_MAX
+
     def read_at(self, offset: int, length: int) -> np.ndarray:
         check_range(self.name, offset, length, self._size)
         if length == 0:
             return np.empty(0, dtype=np.uint8)
+        if self._whole_wanted and offset < self._tail_start:
+            with self._tail_lock:
+                if self._whole is None:
+                    whole = self._ranged(0, self._size)
+                    whole.flags.writeable = False  # (every read shares it)
+                    self._whole = whole
+        if self._whole is not None:
+            return self._whole[offset:offset + length]
         if offset >= self._tail_start:
             with self._tail_lock:
                 if self._tail is None:
                     self._tail = self._fetch(self._tail_start, self._size - self._tail_start)
             start = offset - self._tail_start
             return self._tail[start:start + length]
+        return self._ranged(offset, length)
+
+    def _ranged(self, offset: int, length: int) -> np.ndarray:
+        """Bytes ``offset..offset + length`` by ranged GETs, split across threads above
+        READ_CHUNK."""
         if length <= READ_CHUNK:
             return self._fetch(offset, length)
         out = np.empty(length, dtype=np.uint8)

@@ -23,6 +23,7 @@ import s4weights  # noqa: E402
 import s4weights.cli  # noqa: E402
 import s4weights.sweep  # noqa: E402
 from s4format.errors import StorageError  # noqa: E402
+from s4format.schema import HEADER_SIZE  # noqa: E402
 from s4weights.store.s3 import MIN_PART_SIZE, TAIL_CACHE, S3Store  # noqa: E402
 from tests.s3 import seaweed  # noqa: E402
 from tests.s3.proxy import FaultProxy  # noqa: E402
@@ -84,6 +85,37 @@ def test_checkpoint_chain_list_and_retain(aws_env, bucket) -> None:
     assert store.list() == [files[30], files[40],
                             "manifests/000000000030.json", "manifests/000000000040.json"]
     assert _equal(s4weights.load_checkpoint(url), states[40])
+
+
+def test_chain_files_are_fetched_whole_by_loads_and_not_by_a_cached_parents_check(
+        aws_env, bucket, monkeypatch) -> None:
+    # A load reads every tensor of every level: each small file comes in one GET. A delta
+    # save whose parent this process holds only opens the chain's files (their tails).
+    url = f"s3://{bucket}/runs/whole"
+    sources: list = []
+    real = S3Store.source
+
+    def source(self, name):
+        src = real(self, name)
+        sources.append(src)
+        return src
+    monkeypatch.setattr(S3Store, "source", source)
+    big = {"model": {f"w{i}": torch.randn(1 << 16, generator=torch.Generator().manual_seed(i))
+                     for i in range(4)}}  # 1 MiB raw: files well past the tail cache
+    states = []
+    for step in range(3):
+        state = {"model": {k: v.clone() for k, v in big["model"].items()}}
+        state["model"]["w0"][:step + 1] += 1.0
+        states.append(state)
+        sources.clear()
+        info = s4weights.save_checkpoint(state, url, step)
+        assert info.depth == step
+        # (the cached parent's chain: each file's header and tail)
+        assert all(src.bytes_fetched <= HEADER_SIZE + TAIL_CACHE for src in sources), \
+            [(src.key, src.bytes_fetched) for src in sources]
+    sources.clear()
+    assert _equal(s4weights.load_checkpoint(url, 2), states[2])
+    assert len(sources) == 3 and all(src.requests == 1 for src in sources)
 
 
 def test_checkpoint_after_the_latest_object_vanished_is_a_base(aws_env, bucket, admin) -> None:

@@ -167,6 +167,68 @@ def test_object_replaced_during_read_fails_loudly(admin, bucket) -> None:
         src.read_at(0, 10)
 
 
+def test_a_small_object_read_whole_is_fetched_once(admin, bucket) -> None:
+    # what a load asks of a source (s4weights.store.base.reading_whole): one fetch of the
+    # object at the first read before its tail, every later read from memory
+    store = _store(admin, bucket)
+    data = os.urandom(20 << 20)  # three ranged GETs, split across threads
+    _write(store, "f", data)
+    src = store.source("f")
+    src.read_whole()
+    assert src.read_at(len(data) - 40, 40).tobytes() == data[-40:]  # (the tail, as opened)
+    assert src.requests == 1
+    got = src.read_at(5, 100)
+    assert got.tobytes() == data[5:105] and not got.flags.writeable
+    assert src.requests == 4 and src.bytes_fetched == TAIL_CACHE + len(data)
+    for at in (0, 12345, len(data) - TAIL_CACHE - 7, len(data) - 9):
+        assert src.read_at(at, 9).tobytes() == data[at:at + 9]
+    assert src.requests == 4
+
+
+def test_a_large_object_read_whole_is_still_read_by_range(admin, bucket, monkeypatch) -> None:
+    from s4weights.store import s3
+
+    monkeypatch.setattr(s3, "WHOLE_READ_MAX", 2 * TAIL_CACHE)
+    store = _store(admin, bucket)
+    data = os.urandom(3 * TAIL_CACHE)
+    store.put_atomic("f", data)
+    src = store.source("f")
+    src.read_whole()
+    assert src.read_at(10, 20).tobytes() == data[10:30]
+    assert src.requests == 1 and src.bytes_fetched == 20
+
+
+def test_an_object_replaced_before_its_whole_fetch_fails_loudly(admin, bucket) -> None:
+    store = _store(admin, bucket)
+    store.put_atomic("f", b"a" * (3 * TAIL_CACHE))
+    src = store.source("f")
+    src.read_whole()
+    store.put_atomic("f", b"b" * (3 * TAIL_CACHE))
+    with pytest.raises(StorageError, match="replaced while it was being read"):
+        src.read_at(0, 10)
+
+
+def test_a_load_of_a_small_file_fetches_it_once(aws_env, bucket, monkeypatch) -> None:
+    import torch
+
+    import s4weights
+
+    state = {f"w{i}": torch.randn(256, 256) for i in range(12)}
+    url = f"s3://{bucket}/run/m.s4w"
+    s4weights.save(state, url)
+    fetched = []
+    real = S3Store.source
+
+    def source(self, name):
+        src = real(self, name)
+        fetched.append(src)
+        return src
+    monkeypatch.setattr(S3Store, "source", source)
+    got = s4weights.load(url)
+    assert all(torch.equal(got[k], v) for k, v in state.items())
+    assert fetched[0].requests == 1  # the whole file (3 MB), at the first read
+
+
 def test_sse_aes256_is_requested(admin, bucket) -> None:
     store = _store(admin, bucket, sse="AES256")
     store.put_atomic("small", b"x")
