@@ -56,3 +56,19 @@ def aws_env(server: seaweed.SeaweedServer, monkeypatch: pytest.MonkeyPatch,
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     return env
+
+
+@pytest.fixture
+def opened_sources(monkeypatch: pytest.MonkeyPatch) -> list:
+    """Every S3Source a store opens from here on, in order (to count their GETs)."""
+    from s4weights.store.s3 import S3Store
+
+    sources: list = []
+    real = S3Store.source
+
+    def source(self, name):
+        src = real(self, name)
+        sources.append(src)
+        return src
+    monkeypatch.setattr(S3Store, "source", source)
+    return sources

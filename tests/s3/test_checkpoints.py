@@ -88,18 +88,11 @@ def test_checkpoint_chain_list_and_retain(aws_env, bucket) -> None:
 
 
 def test_chain_files_are_fetched_whole_by_loads_and_not_by_a_cached_parents_check(
-        aws_env, bucket, monkeypatch) -> None:
+        aws_env, bucket, opened_sources) -> None:
     # A load reads every tensor of every level: each small file comes in one GET. A delta
     # save whose parent this process holds only opens the chain's files (their tails).
     url = f"s3://{bucket}/runs/whole"
-    sources: list = []
-    real = S3Store.source
-
-    def source(self, name):
-        src = real(self, name)
-        sources.append(src)
-        return src
-    monkeypatch.setattr(S3Store, "source", source)
+    sources = opened_sources
     big = {"model": {f"w{i}": torch.randn(1 << 16, generator=torch.Generator().manual_seed(i))
                      for i in range(4)}}  # 1 MiB raw: files well past the tail cache
     states = []

@@ -208,7 +208,7 @@ def test_an_object_replaced_before_its_whole_fetch_fails_loudly(admin, bucket) -
         src.read_at(0, 10)
 
 
-def test_a_load_of_a_small_file_fetches_it_once(aws_env, bucket, monkeypatch) -> None:
+def test_a_load_of_a_small_file_fetches_it_once(aws_env, bucket, opened_sources) -> None:
     import torch
 
     import s4weights
@@ -216,17 +216,10 @@ def test_a_load_of_a_small_file_fetches_it_once(aws_env, bucket, monkeypatch) ->
     state = {f"w{i}": torch.randn(256, 256) for i in range(12)}
     url = f"s3://{bucket}/run/m.s4w"
     s4weights.save(state, url)
-    fetched = []
-    real = S3Store.source
-
-    def source(self, name):
-        src = real(self, name)
-        fetched.append(src)
-        return src
-    monkeypatch.setattr(S3Store, "source", source)
+    opened_sources.clear()
     got = s4weights.load(url)
     assert all(torch.equal(got[k], v) for k, v in state.items())
-    assert fetched[0].requests == 1  # the whole file (3 MB), at the first read
+    assert [src.requests for src in opened_sources] == [1]  # the whole file (3 MB), at once
 
 
 def test_sse_aes256_is_requested(admin, bucket) -> None:
