@@ -82,9 +82,10 @@ def print_inspect(d: dict[str, Any], out=sys.stdout) -> None:
       f"bytes (file/raw {_fmt_ratio(tot['file_ratio'])})\n")
 
 
-def _source(path: str) -> Any:
+def _source(path: str, whole: bool = False) -> Any:
     """A local path as is; an ``s3://bucket/key`` URL through s4weights' S3 store (lazily
-    imported: it needs boto3, and s4format itself does not)."""
+    imported: it needs boto3, and s4format itself does not). ``whole``: every byte will be
+    read (verify), so a small object is fetched whole."""
     if not path.startswith("s3://"):
         return path
     try:
@@ -92,7 +93,10 @@ def _source(path: str) -> Any:
         store, name = open_object(path)
     except (ImportError, ValueError) as exc:
         raise StorageError(f"cannot open {path}: {exc}") from exc
-    return store.source(name)
+    src = store.source(name)
+    if whole:
+        src.read_whole()
+    return src
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
@@ -114,10 +118,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
     with contextlib.ExitStack() as opened:
         # --parent P1 [--parent P2 ...]: the file's parent, then that one's parent, ...; each
         # opened after the file that names it (validation.md, rules A), closed with it
-        r = opened.enter_context(Reader(_source(args.file)))
+        r = opened.enter_context(Reader(_source(args.file, whole=True)))
         child = r
         for path in args.parent or []:
-            child.attach_parent(_source(path))
+            child.attach_parent(_source(path, whole=True))
             child = child.parent
         problems = verify(r)
         if r.parent is None and r.parent_id is not None:

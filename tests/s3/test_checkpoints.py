@@ -151,14 +151,19 @@ def test_a_resumed_run_saves_its_first_delta_from_its_copy(aws_env, bucket,
     assert _equal(s4weights.load_checkpoint(url), _evolved(3))
 
 
-def test_s4format_cli_inspect_and_verify_s3_objects(aws_env, bucket, capsys) -> None:
+def test_s4format_cli_inspect_and_verify_s3_objects(aws_env, bucket, capsys,
+                                                   opened_sources) -> None:
     url = f"s3://{bucket}/cli/m.s4w"
-    s4weights.save(_state(2), url)
+    s4weights.save(_state(2, numel=1 << 16), url)  # (1 MiB: past the tail a source caches)
+    opened_sources.clear()
     assert s4format.cli.main(["inspect", "--json", url]) == 0
     d = json.loads(capsys.readouterr().out)
     assert d["file"] == url and d["totals"]["tensors"] == 4
     assert s4format.cli.main(["verify", url]) == 0
     assert "OK, 4 tensors" in capsys.readouterr().out
+    # inspect reads the header and the tail; verify reads every byte, so one GET of it all
+    inspect, verify = opened_sources
+    assert inspect.requests == 2 and verify.requests == 1
     assert s4format.cli.main(["verify", f"s3://{bucket}/cli/nope.s4w"]) == 2
     assert f"s3://{bucket}/cli/nope.s4w" in capsys.readouterr().err
 
