@@ -38,6 +38,7 @@ from s4format.errors import (
 from s4format.objtree import key_path
 from s4weights import api
 from s4weights.store import LocalStore, Store, open_store
+from s4weights.store.base import reading_whole
 
 S4W = ".s4w"
 SAFETENSORS = ".safetensors"
@@ -273,7 +274,7 @@ def _read(f: _File) -> tuple[Any, dict[str, str]]:
     """The object a file holds and the metadata to carry over."""
     suffix = _suffix(f.name)
     if suffix == S4W:
-        with s4format.Reader(f.store.source(f.name)) as reader:
+        with s4format.Reader(reading_whole(f.store.source(f.name))) as reader:
             meta = {k.removeprefix(META_PREFIX): v for k, v in reader.metadata.items()
                     if k.startswith(META_PREFIX)}
             return api.read_tree(reader, "cpu", show=False), meta

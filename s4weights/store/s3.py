@@ -615,7 +615,8 @@ class S3Source:
         return np.frombuffer(data, dtype=np.uint8)
 
     def close(self) -> None:
-        pass
+        self._whole = self._tail = None  # (the reads still held keep theirs)
+        self._whole_wanted = False
 
 
 def open_object(url: str, **kwargs: Any) -> tuple[S3Store, str]:
