@@ -291,10 +291,12 @@ class Writer:
         return self.add_coded(**self.code(name, tensor, parent=parent))
 
     def code(self, name: str, tensor: Tensor | np.ndarray, *,
-             parent: Tensor | np.ndarray | None = None) -> dict[str, Any]:
+             parent: Tensor | np.ndarray | None = None, alone: int | None = None
+             ) -> dict[str, Any]:
         """Code one tensor as :meth:`add` does, without writing it: the arguments of
         :meth:`add_coded`. Touches no state the writing changes, so one thread can code the
-        next tensor while another writes this one."""
+        next tensor while another writes this one. ``alone``: an estimate of what the tensor
+        stores coded alone made already (from samples), in place of :func:`estimate_rough`."""
         t = tensor if isinstance(tensor, Tensor) else Tensor.from_numpy(tensor)
         parent_hash = None
         if parent is None:
@@ -315,7 +317,7 @@ class Writer:
                 est, delta_views = form.estimate, None
             else:
                 est, delta_views = estimate_tensor(xor, t.dtype, self.policy)
-            full, full_views = estimate_rough(t.data, t.dtype), None
+            full, full_views = alone if alone is not None else estimate_rough(t.data, t.dtype), None
             if full is None or est > CLEAR_DELTA * full:
                 full, full_views = estimate_tensor(t.data, t.dtype, self.policy)
             if est < full:
@@ -330,13 +332,14 @@ class Writer:
                     content_hash=hashing.content_hash(t.data), parent_hash=parent_hash,
                     full_stored=full)
 
-    def code_ahead(self, items: Iterable[tuple[str, Tensor, Tensor | None]]
+    def code_ahead(self, items: Iterable[tuple[str, Tensor, Tensor | None, int | None]]
                    ) -> Iterator[dict[str, Any]]:
-        """:meth:`code` of each ``(name, tensor, parent)``, in order, coded ahead on the worker
-        threads while the caller writes: at most :data:`AHEAD` bytes of tensors (and at least
-        one) are coded and not yet taken."""
+        """:meth:`code` of each ``(name, tensor, parent, alone)``, in order, coded ahead on the
+        worker threads while the caller writes: at most :data:`AHEAD` bytes of tensors (and at
+        least one) are coded and not yet taken."""
         return threads.ordered(
-            threads.pool(), lambda item: self.code(item[0], item[1], parent=item[2]),
+            threads.pool(), lambda item: self.code(item[0], item[1], parent=item[2],
+                                                   alone=item[3]),
             ((item, item[1].nbytes) for item in items), AHEAD)
 
     def add_coded(self, name: str, dtype: DType, shape: tuple[int, ...], coded: CodedTensor,

@@ -46,14 +46,17 @@ def write_flattened(flat: Flattened, sink: BinaryIO, *, policy: str = "auto",
                     parent_id: bytes | None = None, parents: dict[str, Any] | None = None,
                     metadata: dict[str, str] | None = None, show: bool | None = None,
                     device: str = "auto", workspace: int | None = None,
-                    parent_hashes: dict[str, bytes] | None = None) -> WriteResult:
+                    parent_hashes: dict[str, bytes] | None = None,
+                    alone: dict[str, int] | None = None) -> WriteResult:
     """Code and stream every tensor of ``flat`` into ``sink``. ``parents`` maps a tensor name to
     the parent's :class:`~s4format.Tensor` of that name (delta against ``parent_id``), or to a
     :class:`DeviceTensor` copy on the GPU. The GPU path XORs and codes a CUDA tensor's delta on
     its device, its parent read there or copied there from host memory; a host parent needs
     its content hash in ``parent_hashes`` for that (else the CPU writer codes the tensor).
     ``device``: ``"auto"`` codes CUDA tensors on the GPU when the GPU path is available,
-    ``"cuda"`` requires it, ``"cpu"`` codes everything on the CPU (same file format)."""
+    ``"cuda"`` requires it, ``"cpu"`` codes everything on the CPU (same file format).
+    ``alone``: estimates of what tensors store coded alone, by name, for the CPU coder to
+    compare their deltas with (:attr:`s4weights.chainpolicy.Sample.alone`)."""
     from s4weights import gpu
 
     if len(flat.tensors) > MAX_TENSORS:  # refused before a byte is written
@@ -79,9 +82,10 @@ def write_flattened(flat: Flattened, sink: BinaryIO, *, policy: str = "auto",
         # host memory, bounded below. A CPU-only save writes as it codes, the CPU coder's
         # threads coding the next tensors meanwhile (Writer.code_ahead bounds them).
         writes = Background(limit=max(WRITE_QUEUE, total // 20)) if coded else Inline()
+        alone = alone or {}
         ahead = None if coded else w.code_ahead(
-            (name, _host(t), None if (p := parents.get(name)) is None else _host(p))
-            for name, t in flat.tensors)
+            (name, _host(t), None if (p := parents.get(name)) is None else _host(p),
+             alone.get(name)) for name, t in flat.tensors)
         try:
             for name, tensor in flat.tensors:
                 done = coded.get(name)
@@ -95,7 +99,8 @@ def write_flattened(flat: Flattened, sink: BinaryIO, *, policy: str = "auto",
                 else:
                     parent = parents.get(name)
                     args = next(ahead) if ahead is not None else w.code(
-                        name, _host(tensor), parent=None if parent is None else _host(parent))
+                        name, _host(tensor), parent=None if parent is None else _host(parent),
+                        alone=alone.get(name))
                     writes.submit(functools.partial(w.add_coded, **args),
                                   args["coded"].stored)
                 bar.update(tensor.nbytes)

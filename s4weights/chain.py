@@ -291,7 +291,7 @@ def _code(store: Store, state: Any, step: int, infos: dict[int, CheckpointInfo],
     # until the call returns (as for torch.save).
     on_gpu = gpu.use_gpu(device, any(isinstance(t, DeviceTensor) for _n, t in flat.tensors))
     devices = {t.device_bytes.device for _n, t in flat.tensors if isinstance(t, DeviceTensor)}
-    parents = hashes = read_buffer = None
+    parents = hashes = read_buffer = alone = None
     if parent is not None:
         try:
             # (read on the state's device where it has one, whose snapshot may take it over)
@@ -304,10 +304,11 @@ def _code(store: Store, state: Any, step: int, infos: dict[int, CheckpointInfo],
                         "(%s), which cannot be read: %s", step, parent.step, parent.file, exc)
             parent, base_reason = None, f"parent unreadable: {exc}"
     if parent is not None and read_budget is not None:
-        base_reason = chainpolicy.over_budget(chain, flat.tensors, parents, read_budget, policy)
+        base_reason, alone = chainpolicy.over_budget(chain, flat.tensors, parents, read_budget,
+                                                     policy)
         if base_reason is not None:
             log.info("checkpoint step %d starts a new base: %s", step, base_reason)
-            parent = parents = hashes = None
+            parent = parents = hashes = alone = None
     # the buffer this snapshot may take over once the file is coded (on the GPU path): the
     # cached parent's, or that of the parent just read from the store (where the state is on
     # one device)
@@ -328,7 +329,7 @@ def _code(store: Store, state: Any, step: int, infos: dict[int, CheckpointInfo],
             result = write_flattened(
                 flat, sink, policy=policy, parent_id=bytes.fromhex(parent.checkpoint_id)
                 if parent else None, parents=parents, metadata=metadata, show=progress,
-                device=device, workspace=workspace, parent_hashes=hashes)
+                device=device, workspace=workspace, parent_hashes=hashes, alone=alone)
             # before the commit: a save whose snapshot fails leaves no checkpoint behind
             if snap.takes_over:  # the parent's buffer is about to be overwritten: from here
                 # on it is nobody's parent, whatever happens (a failure, an interrupt, a

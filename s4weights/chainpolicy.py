@@ -10,7 +10,7 @@ planes whole and as the XOR against the parent (as the writer chooses, without c
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
@@ -52,11 +52,13 @@ def reason_without_parent(latest: CheckpointInfo | None, step: int, *, delta: bo
 
 def over_budget(chain: Sequence[CheckpointInfo], tensors: Sequence[tuple[str, object]],
                 parents: Mapping[str, s4format.Tensor], read_budget: float,
-                policy: str) -> str | None:
+                policy: str) -> tuple[str | None, dict[str, int]]:
     """Why a delta of ``chain[-1]`` would make loading it read more than ``read_budget`` full
-    saves, or None when it fits."""
-    full, delta = sample_sizes(tensors, parents, policy)
-    return over_budget_share(delta / full if full else 0.0, chain_share(chain), read_budget)
+    saves, or None when it fits; and :attr:`Sample.alone` of the sample that says so."""
+    s = sample(tensors, parents, policy)
+    why = over_budget_share(s.delta / s.full if s.full else 0.0, chain_share(chain),
+                            read_budget)
+    return why, s.alone
 
 
 def chain_share(chain: Sequence[CheckpointInfo]) -> float:
@@ -75,25 +77,46 @@ def over_budget_share(delta: float, held: float, read_budget: float) -> str | No
             f"(read_budget={read_budget})")
 
 
-def sample_sizes(tensors: Sequence[tuple[str, object]], parents: Mapping[str, s4format.Tensor],
-                 policy: str) -> tuple[int, int]:
-    """Estimated stored bytes of windows of the tensors coded whole, and as deltas against
-    ``parents`` where that codes smaller (each tensor stores the smaller)."""
+class Sample(NamedTuple):
+    full: int  # estimated stored bytes of the windows coded whole
+    delta: int  # ... and as deltas against the parents where that codes smaller
+    # Each tensor with windows of its own, what it would store coded whole, scaled from them:
+    # the writer's figure to compare the delta with, which it need not estimate again.
+    alone: dict[str, int]
+
+
+def sample(tensors: Sequence[tuple[str, object]], parents: Mapping[str, s4format.Tensor],
+           policy: str) -> Sample:
+    """The estimates of windows of ``tensors``, whole and as deltas against ``parents``."""
     policy = policy if policy in POLICIES else "auto"
     full = delta = 0
+    alone_of: dict[str, int] = {}
     for name, t, spans in _sample(tensors):
         parent = parents.get(name)
         dtype = t.dtype  # type: ignore[attr-defined]
+        mine_total = 0
         for at, length in spans:
             mine = _window(t, at, length)
             alone = estimate_tensor(mine, dtype, policy)[0]
-            full += alone
+            mine_total += alone
             if parent is not None and parent.nbytes == _nbytes(t):
                 theirs = np.asarray(parent.data).reshape(-1).view(np.uint8)[at:at + length]
                 delta += min(alone, estimate_tensor(mine ^ theirs, dtype, policy)[0])
             else:
                 delta += alone
-    return full, delta
+        full += mine_total
+        covered = sum(length for _at, length in spans)
+        if covered:
+            alone_of[name] = mine_total * _nbytes(t) // covered
+    return Sample(full, delta, alone_of)
+
+
+def sample_sizes(tensors: Sequence[tuple[str, object]], parents: Mapping[str, s4format.Tensor],
+                 policy: str) -> tuple[int, int]:
+    """Estimated stored bytes of windows of the tensors coded whole, and as deltas against
+    ``parents`` where that codes smaller (each tensor stores the smaller)."""
+    s = sample(tensors, parents, policy)
+    return s.full, s.delta
 
 
 def _sample(tensors: Sequence[tuple[str, object]]

@@ -112,6 +112,32 @@ def test_the_estimate_follows_the_coded_sizes() -> None:
     assert abs(share - min(xor, whole) / whole) < 0.05, (share, xor / whole)
 
 
+def test_the_writer_takes_each_tensors_estimate_alone_from_the_sample(
+        tmp_path: Path, monkeypatch) -> None:
+    # the read-budget sample estimates the tensors whole: the CPU writer compares a delta
+    # with that figure (the tensor's windows scaled) and does not sample the tensor again
+    from s4format import writer
+    from s4weights.torchtree import flatten
+
+    state, parent = _fine_tuning(3), _fine_tuning(2)
+    tensors = flatten(state).tensors
+    s = chainpolicy.sample(tensors, {n: t for n, t in flatten(parent).tensors}, "auto")
+    (_name, t), = tensors
+    exact = writer.estimate_tensor(t.data.reshape(-1).view(np.uint8), t.dtype)[0]
+    assert set(s.alone) == {"w"} and abs(s.alone["w"] / exact - 1) < 0.02, (s.alone, exact)
+    rough = []
+    real = writer.estimate_rough
+    monkeypatch.setattr(writer, "estimate_rough", lambda *a: rough.append(a) or real(*a))
+    s4weights.save_checkpoint(parent, tmp_path, step=2)
+    info = s4weights.save_checkpoint(state, tmp_path, step=3)
+    assert not info.is_base and rough == []
+    assert abs(info.full_stored_bytes / s4weights.save(state, tmp_path / "alone.s4w")
+               .stored_nbytes - 1) < 0.02
+    assert_same(s4weights.load_checkpoint(tmp_path, 3), state)
+    s4weights.save_checkpoint(state, tmp_path, step=4, read_budget=None)  # (no sample)
+    assert len(rough) == 1
+
+
 def test_manifests_with_members_of_a_later_version_are_read(tmp_path: Path) -> None:
     info = s4weights.save_checkpoint(_fine_tuning(0), tmp_path, 0)
     path = tmp_path / "manifests" / f"{0:012d}.json"
