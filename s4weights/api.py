@@ -259,7 +259,7 @@ def open_reader(f: FileLike | bytes | ByteSource, *, parent: s4format.Reader | N
     a BadMagicError that says how to read or convert it. ``whole``: every tensor will be
     read (:func:`~s4weights.store.base.reading_whole`)."""
     src = _source(f)
-    if whole and not isinstance(src, (str, os.PathLike)):
+    if whole:
         reading_whole(src)
     try:
         return s4format.Reader(src, parent=parent, verify=verify)
