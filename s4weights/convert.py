@@ -15,7 +15,6 @@ import json
 import os
 import pickle
 import struct
-import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -24,7 +23,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
 import s4format
 from s4format.errors import (
@@ -37,6 +35,7 @@ from s4format.errors import (
 )
 from s4format.objtree import key_path
 from s4weights import api
+from s4weights import progress as progress_bar
 from s4weights.store import LocalStore, Store, open_store
 from s4weights.store.base import reading_whole
 
@@ -110,13 +109,13 @@ class _Job:
     def __init__(self, verify: bool, policy: str, progress: bool | None,
                  on_file: Callable[[Converted], None] | None) -> None:
         self.verify, self.policy, self.on_file = verify, policy, on_file
-        self.show = sys.stderr.isatty() if progress is None else progress
-        self.progress: tqdm | None = None
+        self.show = progress
+        self.progress: progress_bar.Bar | None = None
 
     @contextmanager
     def bar(self, total: int) -> Iterator[None]:
-        with tqdm(total=total, desc="s4weights convert", unit="B", unit_scale=True,
-                  unit_divisor=1024, disable=not self.show, leave=False) as self.progress:
+        # (any size: a conversion shows its bar on a terminal unless told not to)
+        with progress_bar.bar("s4weights convert", total, self.show, 0) as self.progress:
             yield
 
     def one(self, sources: list[_File], dst: _File) -> Converted:
