@@ -17,6 +17,7 @@ normative; this code follows it step by step and names its constants after it. I
 
 from __future__ import annotations
 
+import math
 import struct
 
 import numpy as np
@@ -98,6 +99,34 @@ def _normalise(counts, freqs):  # pragma: no cover - compiled
                 best = s
         freqs[best] += 1
         remainder[best] = -1
+
+
+def table_len(k: int) -> int:
+    """Bytes of :func:`table_bytes` for ``k`` present symbols."""
+    size = BITMAP_SIZE + 2 * k
+    return size + -size % 4
+
+
+# Bits a symbol of frequency f costs: 12 - log2(f) (index 0 unused).
+SYMBOL_BITS = PROB_BITS - np.log2(np.maximum(np.arange(PROB_SCALE + 1), 1))
+
+
+@kernel()
+def _estimate_bits(counts, freqs, symbol_bits):  # pragma: no cover - compiled
+    """(bits of the counted symbols under their normalised table, symbols present, total
+    count), the table normalised into ``freqs`` where two symbols or more are present. The
+    costs are summed in symbol order, as the GPU's estimate sums them, so the two agree."""
+    total, k = 0, 0
+    for s in range(256):
+        total += counts[s]
+        k += counts[s] > 0
+    if k < 2:
+        return 0.0, k, total
+    _normalise(counts, freqs)
+    bits = 0.0
+    for s in range(256):
+        bits += counts[s] * symbol_bits[freqs[s]]
+    return bits, k, total
 
 
 def table_bytes(freqs: np.ndarray) -> bytes:
@@ -505,15 +534,17 @@ class RansCodec(Codec):
         which ``counts`` is a sample (its cross-entropy scaled to ``n``)."""
         if n == 0:
             return HEADER_SIZE
-        present = counts > 0
-        if np.count_nonzero(present) == 1:
+        freqs = np.empty(256, dtype=np.int64)
+        bits, k, total = _estimate_bits(np.ascontiguousarray(counts, dtype=np.int64), freqs,
+                                        SYMBOL_BITS)
+        if k == 1:
             return HEADER_SIZE + _n_blocks(n, LOG2_BLOCK_MAX)
-        freqs = normalise(counts)
-        bits = float(np.sum(counts[present] * (PROB_BITS - np.log2(freqs[present]))))
-        bits *= n / int(counts.sum())
+        if k == 0:
+            raise ValueError("cannot estimate an empty histogram")
+        bits *= n / total
         nb = _n_blocks(n, self.log2_block)
-        rans = (HEADER_SIZE + len(table_bytes(freqs)) + BLOCK_OVERHEAD * nb
-                + 2 * int(np.ceil(bits / WORD_BITS)))
+        rans = (HEADER_SIZE + table_len(k) + BLOCK_OVERHEAD * nb
+                + 2 * math.ceil(bits / WORD_BITS))
         return min(rans, HEADER_SIZE + n)
 
 

@@ -122,7 +122,7 @@ def decoder_tables(freqs: np.ndarray) -> np.ndarray:
 # PROB_BITS - log2(f) for every frequency f (f = 0: absent symbols, multiplied by a zero count):
 # the same doubles as computing it per symbol, looked up instead of 256 log2 per plane (the
 # device's rans_normalise gets this table too)
-SYMBOL_BITS = rans.PROB_BITS - np.log2(np.maximum(np.arange(rans.PROB_SCALE + 1), 1))
+SYMBOL_BITS = rans.SYMBOL_BITS
 
 
 # A bound on the 16-bit words rANS writes (the encoder's scratch, sized per plane and per block
@@ -147,10 +147,8 @@ def word_bound(cost_sum) -> np.ndarray:
 def estimate_many(counts: np.ndarray, freqs: np.ndarray, log2_block: int) -> np.ndarray:
     """``estimate`` of every row with more than one symbol present (others: don't care).
     The per-symbol bit costs are summed in symbol order, one addition at a time, as the
-    device's ``rans_normalise`` sums them, so both give the same estimate. The per-plane
-    estimate sums with numpy's pairwise order instead: the two can differ in the last ulp,
-    which moves the estimate by one word on a knife edge (the estimate only ranks candidates;
-    sizes are real)."""
+    device's ``rans_normalise`` and the per-plane estimate (``RansCodec.estimate_counts``) sum
+    them, so all three give the same estimate."""
     counts = np.asarray(counts, dtype=np.int64).reshape(-1, 256)
     n = counts.sum(axis=1)
     f = np.asarray(freqs, dtype=np.int64)

@@ -437,3 +437,32 @@ def test_the_decoder_table_maps_every_slot_to_its_symbol() -> None:
         want = ((freqs[sym] - 1) << 20) | ((slot - cum[sym]) << 8) | sym
         got = _decoder_table(freqs)
         assert got.dtype == np.uint32 and (got.astype(np.int64) == want).all()
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.integers(0, 1 << 20), min_size=256, max_size=256),
+       st.integers(1, 1 << 34))
+def test_estimate_is_its_formula_summed_in_symbol_order(counts: list[int], n: int) -> None:
+    """spec/rans.md's estimate: header, table, blocks and 2 bytes per 16 bits of the counted
+    symbols' cross-entropy scaled to n, the bits summed symbol by symbol (as the GPU sums
+    them), capped at the stored form."""
+    from s4format.codecs import rans
+
+    c = np.array(counts, np.int64)
+    k = int(np.count_nonzero(c))
+    if k == 0:
+        with pytest.raises(ValueError):
+            DEFAULT.estimate_counts(c, n)
+        return
+    if k == 1:
+        want = HEADER_SIZE + rans._n_blocks(n, rans.LOG2_BLOCK_MAX)
+    else:
+        f = rans.normalise(c)
+        bits = 0.0
+        for s in range(256):
+            bits += float(c[s]) * float(rans.SYMBOL_BITS[f[s]])  # 12 - log2(f)
+        bits *= n / int(c.sum())
+        want = min(HEADER_SIZE + len(rans.table_bytes(f)) + rans.BLOCK_OVERHEAD
+                   * rans._n_blocks(n, DEFAULT.log2_block) + 2 * int(np.ceil(bits / 16)),
+                   HEADER_SIZE + n)
+    assert DEFAULT.estimate_counts(c, n) == want
