@@ -123,12 +123,15 @@ def _sample(tensors: Sequence[tuple[str, object]]
             ) -> Iterator[tuple[str, object, list[tuple[int, int]]]]:
     """The windows to estimate, as (start, length) per tensor: each tensor's share of the
     sample in up to WINDOWS windows of at least WINDOW where that share is large enough, else
-    one window of every so many small tensors. Starts and lengths are multiples of 16
-    (element bounds)."""
+    one window of every so many smaller tensors: one of WINDOW bytes in a tensor that holds
+    one, a whole tensor of those under WINDOW bytes. Each of the two kinds pays its own
+    share, so the many small tensors of a state (biases, norms) do not take the share of the
+    larger ones in windows of a few hundred bytes, each costing what a large window does.
+    Starts and lengths are multiples of 16 (element bounds)."""
     total = sum(_nbytes(t) for _n, t in tensors)
     sample = min(max(total * SAMPLE_SHARE, SAMPLE_MIN), SAMPLE_MAX)
     share = min(1.0, sample / total) if total else 0.0
-    owed = 0.0
+    owed = [0.0, 0.0]  # by tensors under WINDOW bytes, and by larger ones
     for name, t in tensors:
         n = _nbytes(t)
         want = share * n
@@ -138,10 +141,11 @@ def _sample(tensors: Sequence[tuple[str, object]]
             step = (n - length) // max(1, k - 1)
             yield name, t, [((i * step) // 16 * 16, length) for i in range(k)]
             continue
-        owed += want
-        if n and owed >= min(WINDOW, n):
-            length = min(WINDOW, n)
-            owed -= length
+        large = n >= WINDOW
+        owed[large] += want
+        length = min(WINDOW, n)
+        if n and owed[large] >= length:
+            owed[large] -= length
             yield name, t, [((n - length) // 32 * 16, length)]
 
 

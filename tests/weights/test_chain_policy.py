@@ -146,3 +146,25 @@ def test_manifests_with_members_of_a_later_version_are_read(tmp_path: Path) -> N
     path.write_text(json.dumps(d))
     manifests._MANIFESTS.clear()
     assert chain.list_checkpoints(tmp_path) == [info]
+
+
+def test_small_tensors_do_not_take_the_larger_ones_share_of_the_sample() -> None:
+    # a model's biases and norms (a few hundred bytes each) among its weight matrices: the
+    # matrices' share is sampled in windows of 64 KiB in them, not spent a bias at a time
+    from s4format import Tensor
+
+    def t(nbytes: int, seed: int) -> Tensor:
+        return Tensor.from_numpy(np.random.default_rng(seed).standard_normal(
+            nbytes // 4, dtype=np.float32))
+
+    tensors = []
+    for i in range(20):
+        tensors += [(f"w{i}", t(512 << 10, i)), (f"b{i}", t(512, 100 + i)),
+                    (f"n{i}", t(1024, 200 + i))]
+    windows = [(name, at, n) for name, _t, spans in chainpolicy._sample(tensors)
+               for at, n in spans]
+    large = [w for w in windows if w[0].startswith("w")]
+    assert all(n == chainpolicy.WINDOW for _name, _at, n in large)
+    # the sample is its minimum, 256 KiB: the matrices' share of it (255 KiB) in three whole
+    # windows; the small tensors' own (under 1 KiB) in at most one
+    assert len(large) == 3 and len(windows) - len(large) <= 1, windows
