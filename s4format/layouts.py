@@ -90,19 +90,24 @@ class Layout:
         """The planes of :meth:`split` as views of the raw words. Sign and exponent planes are
         counted in one pass over the words (they are nearly always entropy coded); the others
         are sampled and ORed in another, and counted only if their coder needs it. With
-        ``count=False`` every plane is sampled."""
+        ``count=False`` every plane is judged from its sample alone, its width taken as its
+        field's: a quick estimate, without a pass over the words."""
         self.check_applies(raw.size, itemsize)
         one = (np.zeros(1, np.int64), np.full(1, 0xFF, np.int64))
         if self.layout_id == RAW.layout_id:
-            return sampled(raw, *one)
+            return sampled(raw, *one, ors=count)
         fields = self.planes(itemsize)
         w = self.word_size(itemsize)
         if w not in _UINT:  # (16-byte elements under BYTES: complex128)
-            return [sampled(p, *one)[0] for p in self.split(raw, itemsize)]
+            return [sampled(p, *one, ors=count)[0] for p in self.split(raw, itemsize)]
         words = raw.view(_UINT[w])
         views: list[PlaneView | None] = [None] * len(fields)
         exact = [count and f.kind in (KIND_SIGN, KIND_EXPONENT) for f in fields]
-        for pick, make in ((True, counted), (False, sampled)):
+        def sample(words: np.ndarray, shifts: np.ndarray, masks: np.ndarray
+                   ) -> list[PlaneView]:
+            return sampled(words, shifts, masks, ors=count)
+
+        for pick, make in ((True, counted), (False, sample)):
             ks = [k for k in range(len(fields)) if exact[k] == pick]
             if ks:
                 shifts = np.array([fields[k].shift for k in ks], dtype=np.int64)

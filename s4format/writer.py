@@ -109,9 +109,14 @@ def code_tensor(raw: np.ndarray, dtype: DType, policy_name: str = "auto",
                 views: list | None = None) -> CodedTensor:
     """The CPU coder: split ``raw`` by the dtype's preferred layout and code each plane; one
     coded raw plane instead when splitting would store more than the raw bytes. ``views``:
-    the layout's plane views of ``raw`` where :func:`estimate_tensor` made them already."""
+    the plane views of ``raw`` where :func:`estimate_tensor` made them already."""
     layout = layouts.preferred(dtype.name, dtype.itemsize)
-    if _splits(raw, dtype, layout):
+    split = _splits(raw, dtype, layout)
+    if not split and views is not None:  # (the tensor's one raw plane, estimated)
+        cid, enc = policy.encode_view(views[0], layouts.KIND_RAW, policy_name)
+        return CodedTensor(layouts.RAW, (CodedPlane(layouts.KIND_RAW, 0, cid, raw.size,
+                                                    enc.payload, enc.params),))
+    if split:
         fields = layout.planes(dtype.itemsize)
         if views is None:
             views = layout.views(raw, dtype.itemsize)
@@ -139,10 +144,12 @@ def estimate_tensor(raw: np.ndarray, dtype: DType, policy_name: str = "auto"
                     ) -> tuple[int, list | None]:
     """What :func:`code_tensor` would store for ``raw``, from the planes' statistics (the
     codecs' estimates, as the policy ranks them) without coding it, and the plane views it
-    counted (None where the tensor is not split), for :func:`code_tensor` to reuse."""
+    counted (one raw plane where the tensor is not split), for :func:`code_tensor` to reuse
+    (a small plane's estimate is its zstd encoding, kept with the view)."""
     layout = layouts.preferred(dtype.name, dtype.itemsize)
     if not _splits(raw, dtype, layout):
-        return policy.estimate_view(PlaneView.of(raw), layouts.KIND_RAW, policy_name), None
+        view = PlaneView.of(raw)
+        return policy.estimate_view(view, layouts.KIND_RAW, policy_name), [view]
     fields = layout.planes(dtype.itemsize)
     views = layout.views(raw, dtype.itemsize)
     total = sum(policy.estimate_view(v, f.kind, policy_name) for v, f in zip(views, fields))

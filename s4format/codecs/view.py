@@ -129,23 +129,29 @@ def counted(words: np.ndarray, shifts: np.ndarray, masks: np.ndarray) -> list[Pl
             for k in range(shifts.size)]
 
 
-def sampled(words: np.ndarray, shifts: np.ndarray, masks: np.ndarray) -> list[PlaneView]:
+def sampled(words: np.ndarray, shifts: np.ndarray, masks: np.ndarray, ors: bool = True
+            ) -> list[PlaneView]:
     """Views of fields of ``words`` whose histograms are counted on first use: one pass ORs
-    each field's bytes, and a sample gives their statistics meanwhile."""
+    each field's bytes, and a sample gives their statistics meanwhile. With ``ors`` False
+    there is no pass over the words: each field's width is taken as its mask's, a bound that
+    a quick estimate can use (and a coder too: bitpack-w then packs at that width)."""
     n = words.size
     if n <= SAMPLE_CHUNKS * SAMPLE_CHUNK:
         return counted(words, shifts, masks)
     k = shifts.size
-    ors = np.zeros(k, np.uint64)
 
     def piece(lo: int, hi: int) -> np.ndarray:
         out = np.zeros(k, np.uint64)
         _or_fields(words, lo, hi, shifts, masks, out)
         return out
 
-    for part in threads.pool().map(lambda lo: piece(lo, min(n, lo + PIECE)),
-                                   range(0, n, PIECE)):
-        ors |= part
+    if ors:
+        ors = np.zeros(k, np.uint64)
+        for part in threads.pool().map(lambda lo: piece(lo, min(n, lo + PIECE)),
+                                       range(0, n, PIECE)):
+            ors |= part
+    else:
+        ors = masks.astype(np.uint64)
     counts = np.zeros((k, 4, 256), np.int64)
     runs = np.zeros(k, np.int64)
     starts = np.linspace(0, n - SAMPLE_CHUNK, SAMPLE_CHUNKS).astype(np.int64)

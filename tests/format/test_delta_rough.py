@@ -102,3 +102,23 @@ def test_the_rough_estimate_counts_no_plane() -> None:
     view = layouts.BF16.views(_bf16(_weights(7)), 2, count=False)[1]
     assert policy.rough_estimate(view, layouts.KIND_EXPONENT) > 0
     assert not view.counted  # judged from the sample alone
+
+
+def test_a_small_tensor_is_coded_from_its_estimate_without_coding_it_again(monkeypatch) -> None:
+    # a bias of 1 KiB is one raw plane whose estimate is its zstd encoding: the coder takes
+    # the plane's view, encoding and all, as the estimate left it
+    from s4format import codecs
+
+    raw = _bf16(_weights(3)[:512])
+    bf16 = BY_NAME["bfloat16"]
+    zstd = codecs.get(codecs.ZSTD)
+    calls = []
+    real = type(zstd).encode
+    monkeypatch.setattr(type(zstd), "encode", lambda self, p: calls.append(1) or real(self, p))
+    est, views = writer.estimate_tensor(raw, bf16)
+    coded = writer.code_tensor(raw, bf16, "auto", views)
+    assert len(views) == 1 and len(calls) == 1
+    again = writer.code_tensor(raw, bf16, "auto")
+    assert [(p.codec, bytes(p.payload)) for p in coded.planes] == \
+        [(p.codec, bytes(p.payload)) for p in again.planes]
+    assert coded.stored == est and coded.layout is layouts.RAW
