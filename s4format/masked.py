@@ -44,22 +44,40 @@ def word_dtype(word: int) -> np.dtype:
     return _UINT[word]
 
 
-def mask_of(words: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The mask of ``words`` (uint8/16/32/64), and where each piece's non-zero words start
-    among all of them, their total last (what :func:`kept_words` takes)."""
+def mask_of(words: np.ndarray, other: np.ndarray | None = None
+            ) -> tuple[np.ndarray, np.ndarray]:
+    """The mask of ``words`` (uint8/16/32/64), or of ``words ^ other`` (a delta, never
+    materialised), and where each piece's non-zero words start among all of them, their total
+    last (what :func:`kept_words` takes)."""
     n = words.size
     mask = np.empty(mask_len(n), dtype=np.uint8)
-    return mask, _piece_starts(lambda lo, hi: _mask_bytes(words, lo, hi, mask, _POPCOUNT), n)
+    other, xor = _other(words, other)
+    return mask, _piece_starts(
+        lambda lo, hi: _mask_bytes(words, other, xor, lo, hi, mask, _POPCOUNT), n)
 
 
-def kept_words(words: np.ndarray, mask: np.ndarray, starts: np.ndarray) -> np.ndarray:
-    """The non-zero words of ``words``, in order (``mask`` and ``starts`` from
-    :func:`mask_of`)."""
+def kept_words(words: np.ndarray, mask: np.ndarray, starts: np.ndarray,
+               other: np.ndarray | None = None) -> np.ndarray:
+    """The non-zero words of ``words`` (of ``words ^ other``), in order (``mask`` and
+    ``starts`` from :func:`mask_of`)."""
     kept = np.empty(int(starts[-1]), dtype=words.dtype)
     words = _writable(words)
+    other, xor = _other(words, other)
     run_pieces(lambda lo, hi: _by_mask(mask, lo, hi, words, kept, int(starts[lo // PIECE]),
-                                       _COMPACT, _LOWEST_BIT), words.size, PIECE)
+                                       _COMPACT_XOR if xor else _COMPACT, _LOWEST_BIT, other),
+               words.size, PIECE)
     return kept
+
+
+def _other(words: np.ndarray, other: np.ndarray | None) -> tuple[np.ndarray, bool]:
+    """``(other, True)``: the kernels XOR word ``i`` with ``other[i]``; ``(words, False)``
+    where there is none (the kernels then leave it unread)."""
+    if other is None:
+        return words, False
+    if other.dtype != words.dtype or other.shape != words.shape:
+        raise ValueError(f"words to XOR are {other.dtype} {other.shape}, not {words.dtype} "
+                         f"{words.shape}")
+    return _writable(other), True
 
 
 def expand(mask: np.ndarray, kept: np.ndarray, out: np.ndarray, word: int,
@@ -86,7 +104,7 @@ def expand(mask: np.ndarray, kept: np.ndarray, out: np.ndarray, word: int,
 
         def piece(lo: int, hi: int) -> None:
             zero[lo // PIECE] = _by_mask(mask, lo, hi, dest, vals, int(starts[lo // PIECE]),
-                                         _XOR if xor else _PLACE, _LOWEST_BIT)
+                                         _XOR if xor else _PLACE, _LOWEST_BIT, dest)
 
         run_pieces(piece, n, PIECE)
         bad = bool(zero.any())
@@ -123,21 +141,23 @@ def _piece_starts(counter, n: int) -> np.ndarray:
 
 
 @kernel()
-def _mask_bytes(words, lo, hi, mask, table):  # pragma: no cover - compiled
-    """Mask bytes of words lo..hi (lo a multiple of 8); returns the bits set. Each bit is
-    computed, not branched on: a branch on which words changed mispredicts at random."""
+def _mask_bytes(words, other, xor, lo, hi, mask, table):  # pragma: no cover - compiled
+    """Mask bytes of words lo..hi (lo a multiple of 8), of ``words ^ other`` where ``xor``
+    (:func:`_other`); returns the bits set. Each bit is computed, not branched on: a branch
+    on which words changed mispredicts at random."""
     c = 0
     whole = lo + (hi - lo) // 8 * 8
     for b in range(lo >> 3, whole >> 3):
         byte = 0
         for k in range(8):
-            byte |= np.int64(words[8 * b + k] != 0) << k
+            i = 8 * b + k
+            byte |= np.int64(_word(words, other, xor, i) != 0) << k
         mask[b] = byte
         c += table[byte]
     if whole < hi:
         byte = 0
         for i in range(whole, hi):
-            byte |= np.int64(words[i] != 0) << (i - whole)
+            byte |= np.int64(_word(words, other, xor, i) != 0) << (i - whole)
         mask[whole >> 3] = byte
         c += table[byte]
     return c
@@ -152,16 +172,23 @@ def _popcount(mask, lo, hi, table):  # pragma: no cover - compiled
     return c
 
 
+@kernel(inline="always")
+def _word(words, other, xor, i):  # pragma: no cover - compiled
+    return words[i] ^ other[i] if xor else words[i]
+
+
 # What _by_mask does with each word whose mask bit is set.
-_COMPACT, _PLACE, _XOR = 0, 1, 2
+_COMPACT, _PLACE, _XOR, _COMPACT_XOR = 0, 1, 2, 3
 
 
 @kernel()
-def _by_mask(mask, lo, hi, dense, packed, j, mode, lowest):  # pragma: no cover - compiled
+def _by_mask(mask, lo, hi, dense, packed, j, mode, lowest, other
+             ):  # pragma: no cover - compiled
     """For words lo..hi of ``dense`` whose mask bit is set, in order, with ``packed[j:]``:
-    _COMPACT copies them into ``packed``, _PLACE writes ``packed``'s into them, _XOR XORs
-    them in (lo is a multiple of 64). Returns whether a word taken from ``packed`` was zero.
-    Its cost follows the set bits, not the words: a fine-tuning delta keeps a fifth."""
+    _COMPACT copies them into ``packed`` (_COMPACT_XOR: each XORed with ``other``'s),
+    _PLACE writes ``packed``'s into them, _XOR XORs them in (lo is a multiple of 64).
+    Returns whether a word taken from ``packed`` was zero. Its cost follows the set bits,
+    not the words: a fine-tuning delta keeps a fifth."""
     zero = False
     whole = (hi - lo) >> 6
     m64 = mask[lo >> 3:(lo >> 3) + 8 * whole].view(np.uint64)
@@ -171,20 +198,23 @@ def _by_mask(mask, lo, hi, dense, packed, j, mode, lowest):  # pragma: no cover 
         while bits:
             low = bits & (~bits + np.uint64(1))
             i = base + lowest[(low * np.uint64(_DE_BRUIJN)) >> np.uint64(58)]
-            zero |= _one(dense, packed, i, j, mode)
+            zero |= _one(dense, packed, i, j, mode, other)
             j += 1
             bits ^= low
     for i in range(lo + 64 * whole, hi):
         if (mask[i >> 3] >> (i & 7)) & 1:
-            zero |= _one(dense, packed, i, j, mode)
+            zero |= _one(dense, packed, i, j, mode, other)
             j += 1
     return zero
 
 
 @kernel(inline="always")
-def _one(dense, packed, i, j, mode):  # pragma: no cover - compiled
+def _one(dense, packed, i, j, mode, other):  # pragma: no cover - compiled
     if mode == _COMPACT:
         packed[j] = dense[i]
+        return False
+    if mode == _COMPACT_XOR:
+        packed[j] = dense[i] ^ other[i]
         return False
     v = packed[j]
     if mode == _XOR:

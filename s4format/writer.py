@@ -178,20 +178,23 @@ class MaskedForm:
     estimate: int
 
 
-def masked_form(raw: np.ndarray, dtype: DType, policy_name: str = "auto") -> MaskedForm | None:
-    """The masked form of ``raw`` (a delta's XOR bytes) where at most :data:`MASKED_MAX` of
-    its words are non-zero under the dtype's split layout, with what it is estimated to
-    store; else None. Only ``auto`` masks (format 1.4), and only words of 1, 2, 4 or 8
-    bytes (complex128's 16-byte words stay unmasked)."""
+def masked_form(raw: np.ndarray, dtype: DType, policy_name: str = "auto",
+                parent: np.ndarray | None = None) -> MaskedForm | None:
+    """The masked form of ``raw`` (a delta's XOR bytes; or given ``parent``, of ``raw ^
+    parent``, found without making the XOR) where at most :data:`MASKED_MAX` of its words
+    are non-zero under the dtype's split layout, with what it is estimated to store; else
+    None. Only ``auto`` masks (format 1.4), and only words of 1, 2, 4 or 8 bytes
+    (complex128's 16-byte words stay unmasked)."""
     layout = layouts.preferred(dtype.name, dtype.itemsize)
     word = layout.word_size(dtype.itemsize)
     if policy_name != "auto" or not _splits(raw, dtype, layout) or not masked.supported(word):
         return None
     words = raw.view(masked.word_dtype(word))
-    mask, starts = masked.mask_of(words)
+    other = None if parent is None else parent.view(masked.word_dtype(word))
+    mask, starts = masked.mask_of(words, other)
     if starts[-1] > MASKED_MAX * words.size:
         return None
-    kept = masked.kept_words(words, mask, starts)
+    kept = masked.kept_words(words, mask, starts, other)
     mask_view = PlaneView.of(mask)
     fields = layout.planes(dtype.itemsize)
     views = layout.views(kept.view(np.uint8), dtype.itemsize) if kept.size else []
@@ -318,11 +321,14 @@ class Writer:
             # Only the one that will be kept is coded: the tensor alone and its delta are
             # compared by their estimates, not by coding both; the tensor alone by a sample of
             # it where the delta is clearly smaller (CLEAR_DELTA).
-            xor = _xor(t.data, p.data)
-            form = masked_form(xor, t.dtype, self.policy)
+            # (the XOR is made only where the delta is not masked: a masked form is found
+            # from the two tensors)
+            xor = None
+            form = masked_form(t.data, t.dtype, self.policy, parent=p.data)
             if form is not None:
                 est, delta_views = form.estimate, None
             else:
+                xor = _xor(t.data, p.data)
                 est, delta_views = estimate_tensor(xor, t.dtype, self.policy)
             full, full_views = alone if alone is not None else estimate_rough(t.data, t.dtype), None
             if full is None or est > CLEAR_DELTA * full:
@@ -330,6 +336,8 @@ class Writer:
             if est < full:
                 coded = code_masked(form, t.dtype, self.policy) if form is not None else None
                 if coded is None or coded.stored > t.nbytes:
+                    if xor is None:
+                        xor = _xor(t.data, p.data)
                     coded = code_tensor(xor, t.dtype, self.policy, delta_views)
                 parent_hash = hashing.content_hash(p.data)
             else:

@@ -39,6 +39,12 @@ def test_gather_and_expand_follow_the_spec(word: int, n: int, share: float, seed
     want_mask, want_kept = spec_mask(words)
     assert int(starts[-1]) == want_kept.size
     assert mask.tobytes() == want_mask.tobytes() and kept.tobytes() == want_kept.tobytes()
+    # the mask of a delta, from the tensor and its parent without their XOR
+    parent = rng.integers(0, 256, n * word, dtype=np.uint8).view(UINT[word])
+    tensor = parent ^ words
+    d_mask, d_starts = masked.mask_of(tensor, parent)
+    d_kept = masked.kept_words(tensor, d_mask, d_starts, parent)
+    assert (d_mask.tobytes(), d_kept.tobytes()) == (mask.tobytes(), kept.tobytes())
     base = rng.integers(0, 256, n * word, dtype=np.uint8) if xor else np.zeros(n * word,
                                                                                  np.uint8)
     out = base.copy()
@@ -56,6 +62,11 @@ def test_pieces_cut_the_mask_at_whole_words() -> None:
     mask, starts = masked.mask_of(words)
     kept = masked.kept_words(words, mask, starts)
     assert (mask.tobytes(), kept.tobytes()) == tuple(a.tobytes() for a in spec_mask(words))
+    parent = rng.integers(0, 2**16, n).astype(np.uint16)
+    d_mask, d_starts = masked.mask_of(parent ^ words, parent)
+    assert (d_starts == starts).all() and d_mask.tobytes() == mask.tobytes()
+    assert masked.kept_words(parent ^ words, d_mask, d_starts, parent).tobytes() == \
+        kept.tobytes()
     out = np.zeros(n * 2, np.uint8)
     masked.expand(mask, kept.view(np.uint8), out, 2, False)
     assert out.tobytes() == words.tobytes()
