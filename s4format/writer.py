@@ -301,14 +301,16 @@ class Writer:
         return self.add_coded(**self.code(name, tensor, parent=parent))
 
     def code(self, name: str, tensor: Tensor | np.ndarray, *,
-             parent: Tensor | np.ndarray | None = None, alone: int | None = None
-             ) -> dict[str, Any]:
+             parent: Tensor | np.ndarray | None = None, alone: int | None = None,
+             parent_hash: bytes | None = None) -> dict[str, Any]:
         """Code one tensor as :meth:`add` does, without writing it: the arguments of
         :meth:`add_coded`. Touches no state the writing changes, so one thread can code the
         next tensor while another writes this one. ``alone``: an estimate of what the tensor
-        stores coded alone made already (from samples), in place of :func:`estimate_rough`."""
+        stores coded alone made already (from samples), in place of :func:`estimate_rough`.
+        ``parent_hash``: the parent's content hash where the caller knows it (its file's
+        index says it), else computed."""
         t = tensor if isinstance(tensor, Tensor) else Tensor.from_numpy(tensor)
-        parent_hash = None
+        known_parent_hash, parent_hash = parent_hash, None
         if parent is None:
             coded = code_tensor(t.data, t.dtype, self.policy)
             full = coded.stored
@@ -339,7 +341,7 @@ class Writer:
                     if xor is None:
                         xor = _xor(t.data, p.data)
                     coded = code_tensor(xor, t.dtype, self.policy, delta_views)
-                parent_hash = hashing.content_hash(p.data)
+                parent_hash = known_parent_hash or hashing.content_hash(p.data)
             else:
                 coded = code_tensor(t.data, t.dtype, self.policy, full_views)
                 full = coded.stored
@@ -347,14 +349,14 @@ class Writer:
                     content_hash=hashing.content_hash(t.data), parent_hash=parent_hash,
                     full_stored=full)
 
-    def code_ahead(self, items: Iterable[tuple[str, Tensor, Tensor | None, int | None]]
-                   ) -> Iterator[dict[str, Any]]:
-        """:meth:`code` of each ``(name, tensor, parent, alone)``, in order, coded ahead on the
-        worker threads while the caller writes: at most :data:`AHEAD` bytes of tensors (and at
-        least one) are coded and not yet taken."""
+    def code_ahead(self, items: Iterable[tuple[str, Tensor, Tensor | None, int | None,
+                                               bytes | None]]) -> Iterator[dict[str, Any]]:
+        """:meth:`code` of each ``(name, tensor, parent, alone, parent_hash)``, in order, coded
+        ahead on the worker threads while the caller writes: at most :data:`AHEAD` bytes of
+        tensors (and at least one) are coded and not yet taken."""
         return threads.ordered(
             threads.pool(), lambda item: self.code(item[0], item[1], parent=item[2],
-                                                   alone=item[3]),
+                                                   alone=item[3], parent_hash=item[4]),
             ((item, item[1].nbytes) for item in items), AHEAD)
 
     def add_coded(self, name: str, dtype: DType, shape: tuple[int, ...], coded: CodedTensor,

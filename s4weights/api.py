@@ -82,10 +82,10 @@ def write_flattened(flat: Flattened, sink: BinaryIO, *, policy: str = "auto",
         # host memory, bounded below. A CPU-only save writes as it codes, the CPU coder's
         # threads coding the next tensors meanwhile (Writer.code_ahead bounds them).
         writes = Background(limit=max(WRITE_QUEUE, total // 20)) if coded else Inline()
-        alone = alone or {}
+        alone, parent_hashes = alone or {}, parent_hashes or {}
         ahead = None if coded else w.code_ahead(
             (name, _host(t), None if (p := parents.get(name)) is None else _host(p),
-             alone.get(name)) for name, t in flat.tensors)
+             alone.get(name), parent_hashes.get(name)) for name, t in flat.tensors)
         try:
             for name, tensor in flat.tensors:
                 done = coded.get(name)
@@ -100,7 +100,7 @@ def write_flattened(flat: Flattened, sink: BinaryIO, *, policy: str = "auto",
                     parent = parents.get(name)
                     args = next(ahead) if ahead is not None else w.code(
                         name, _host(tensor), parent=None if parent is None else _host(parent),
-                        alone=alone.get(name))
+                        alone=alone.get(name), parent_hash=parent_hashes.get(name))
                     writes.submit(functools.partial(w.add_coded, **args),
                                   args["coded"].stored)
                 bar.update(tensor.nbytes)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import io
 import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -36,9 +37,13 @@ def state(step: int, n: int = N) -> dict[str, Any]:
 
 
 def warm_up() -> None:
-    """Compile (or load from numba's disk cache) the codecs and build the base, so a save
-    timed by the parent is a save, not a JIT compile."""
+    """Compile (or load from numba's disk cache) the codecs, a delta's too, and build the
+    base, so a save timed by the parent is a save, not a JIT compile (with numba's cache
+    empty, a kill would land in the compile of a delta's kernels, before any file)."""
     s4weights.save(state(0, 1 << 16), io.BytesIO())
+    with tempfile.TemporaryDirectory() as tmp:
+        for step in range(2):
+            s4weights.save_checkpoint(state(step, 1 << 16), tmp, step)
 
 
 def save_checkpoints(root: str, first: int, count: int, ready: Any) -> None:
