@@ -33,6 +33,7 @@ from s4weights.dcp.reader import S4StorageReader
 from s4weights.dcp.writer import S4StorageWriter, flatten_items
 from s4weights.manifests import CheckpointInfo, by_step, chain_of, list_checkpoints
 from s4weights.store import Store, open_store
+from s4weights.store.base import reading_whole
 from s4weights.store.local import LocalStore
 
 STEPS = "steps/"
@@ -262,8 +263,10 @@ def _close_chain(reader: s4format.Reader | None) -> None:
 # -- loading -------------------------------------------------------------------------------
 
 def open_rank_file(store: Store, name: str, files: dict[str, dict[str, Any]],
-                   verify: bool = True) -> s4format.Reader:
-    """A Reader of rank file ``name`` (a name in the run), attached to its parent files."""
+                   verify: bool = True, whole: bool = False) -> s4format.Reader:
+    """A Reader of rank file ``name`` (a name in the run), attached to its parent files.
+    ``whole``: every tensor of ``name`` will be read, so its parents' are too
+    (:func:`~s4weights.store.base.reading_whole`)."""
     names = [name]
     while (parent := files[names[-1]]["parent"]) is not None:
         if parent not in files:
@@ -275,7 +278,8 @@ def open_rank_file(store: Store, name: str, files: dict[str, dict[str, Any]],
     reader: s4format.Reader | None = None
     try:
         for n in reversed(names):
-            child = s4format.Reader(store.source(n), verify=verify)
+            src = store.source(n)
+            child = s4format.Reader(reading_whole(src) if whole else src, verify=verify)
             if child.checkpoint_id.hex() != files[n]["checkpoint_id"]:
                 child.close()
                 raise ParentMismatchError(
@@ -304,8 +308,8 @@ class _ChainReader(S4StorageReader):
         self.run, self.folder = store, info.file
         self.files = rank_files({i.step: i for i in chain_of(info.step, infos)})
 
-    def _open_reader(self, name: str) -> s4format.Reader:
-        return open_rank_file(self.run, self.folder + name, self.files, self.verify)
+    def _open_reader(self, name: str, whole: bool = False) -> s4format.Reader:
+        return open_rank_file(self.run, self.folder + name, self.files, self.verify, whole)
 
     def _close_reader(self, reader: s4format.Reader) -> None:
         _close_chain(reader)
@@ -363,7 +367,7 @@ def verify_step(store: Store, info: CheckpointInfo, infos: dict[int, CheckpointI
     problems: list[str] = []
     for f in info.rank_files or ():
         try:
-            reader = open_rank_file(store, f["name"], files)
+            reader = open_rank_file(store, f["name"], files, whole=True)
             try:
                 problems += [f"{f['name']}: {p}" for p in verify(reader)]
             finally:

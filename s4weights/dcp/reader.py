@@ -37,6 +37,7 @@ from s4weights.dcp.checkpoint import (
     read_metadata_bytes,
 )
 from s4weights.store import Store
+from s4weights.store.base import reading_whole
 
 
 class S4StorageReader(StoreHolder, StorageReader):
@@ -129,22 +130,30 @@ class S4StorageReader(StoreHolder, StorageReader):
             raise FormatError(f"{self.store().url}/{METADATA} names no stored item for "
                               f"{req.storage_index.fqn!r}") from None
 
-    def _open_reader(self, name: str) -> s4format.Reader:
-        return s4format.Reader(self.store().source(name), verify=self.verify)
+    def _open_reader(self, name: str, whole: bool = False) -> s4format.Reader:
+        src = self.store().source(name)
+        return s4format.Reader(reading_whole(src) if whole else src, verify=self.verify)
 
     def _close_reader(self, reader: s4format.Reader) -> None:
         reader.close()
 
     @contextlib.contextmanager
-    def _opened(self, name: str) -> Iterator[s4format.Reader]:
-        reader = self._open_reader(name)
+    def _opened(self, name: str, whole: bool = False) -> Iterator[s4format.Reader]:
+        reader = self._open_reader(name, whole)
         try:
             yield reader
         finally:
             self._close_reader(reader)
 
+    def _reads_all(self, name: str, reqs: list[ReadItem]) -> bool:
+        """Whether ``reqs`` read every item stored in rank file ``name`` (a load with the
+        sharding it was saved with): then the file is read whole (reading_whole), on S3 in
+        one fetch where it is small, not one per item."""
+        held = sum(1 for info in self.storage_data.values() if info.relative_path == name)
+        return len({req.storage_index for req in reqs}) == held
+
     def _read_file(self, name: str, reqs: list[ReadItem], planner: LoadPlanner) -> None:
-        with self._opened(name) as reader:
+        with self._opened(name, self._reads_all(name, reqs)) as reader:
             by_tensor: dict[int, list[ReadItem]] = defaultdict(list)
             for req in reqs:
                 info = self._info(req)

@@ -316,6 +316,23 @@ def test_s3_round_trip_and_one_item_read(aws_env, bucket: str) -> None:
         S4StorageReader(f"s3://{bucket}/run/none").read_metadata()
 
 
+def test_s3_load_of_every_item_fetches_a_small_rank_file_once(aws_env, bucket: str) -> None:
+    # a load with the sharding it was saved with reads every item of the rank file: the file
+    # (3 MB) comes in one GET, not one per item; a load of one item still reads by range
+    # (test_s3_round_trip_and_one_item_read)
+    url = f"s3://{bucket}/run/whole"
+    state = _big_state()
+    _save(state, url)
+    reader = S4StorageReader(url)
+    store, sources = reader.store(), []
+    opened = store.source
+    store.source = lambda name: sources.append(opened(name)) or sources[-1]
+    dest = {k: torch.zeros_like(v) for k, v in state.items()}
+    dcp.load(dest, storage_reader=reader, **NO_DIST)
+    assert_same(dest, state)
+    assert [src.requests for src in sources] == [1]
+
+
 def test_item_outside_the_checkpoint_is_refused(tmp_path: Path) -> None:
     url = str(tmp_path / "ck")
     _save(_state(15), url)
