@@ -90,8 +90,9 @@ class Layout:
         """The planes of :meth:`split` as views of the raw words. Sign and exponent planes are
         counted in one pass over the words (they are nearly always entropy coded); the others
         are sampled and ORed in another, and counted only if their coder needs it. With
-        ``count=False`` every plane is judged from its sample alone, its width taken as its
-        field's: a quick estimate, without a pass over the words."""
+        ``count=False`` every plane of a tensor over the sample's size is judged from its
+        sample alone, its width taken as its field's: a quick estimate, without a pass over
+        the words (smaller tensors are counted whole)."""
         self.check_applies(raw.size, itemsize)
         one = (np.zeros(1, np.int64), np.full(1, 0xFF, np.int64))
         if self.layout_id == RAW.layout_id:

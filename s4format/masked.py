@@ -77,7 +77,7 @@ def _other(words: np.ndarray, other: np.ndarray | None) -> tuple[np.ndarray, boo
     if other.dtype != words.dtype or other.shape != words.shape:
         raise ValueError(f"words to XOR are {other.dtype} {other.shape}, not {words.dtype} "
                          f"{words.shape}")
-    return _writable(other), True
+    return other, True  # (only read: a read-only parent needs no copy)
 
 
 def expand(mask: np.ndarray, kept: np.ndarray, out: np.ndarray, word: int,

@@ -141,7 +141,7 @@ def _splits(raw: np.ndarray, dtype: DType, layout: Layout) -> bool:
 
 
 def estimate_tensor(raw: np.ndarray, dtype: DType, policy_name: str = "auto"
-                    ) -> tuple[int, list | None]:
+                    ) -> tuple[int, list]:
     """What :func:`code_tensor` would store for ``raw``, from the planes' statistics (the
     codecs' estimates, as the policy ranks them) without coding it, and the plane views it
     counted (one raw plane where the tensor is not split), for :func:`code_tensor` to reuse

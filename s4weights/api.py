@@ -53,6 +53,8 @@ def write_flattened(flat: Flattened, sink: BinaryIO, *, policy: str = "auto",
     :class:`DeviceTensor` copy on the GPU. The GPU path XORs and codes a CUDA tensor's delta on
     its device, its parent read there or copied there from host memory; a host parent needs
     its content hash in ``parent_hashes`` for that (else the CPU writer codes the tensor).
+    The CPU writer takes a parent's hash from ``parent_hashes`` too, so each must be the
+    content hash of exactly the parent bytes given (a chain's: its file's index says it).
     ``device``: ``"auto"`` codes CUDA tensors on the GPU when the GPU path is available,
     ``"cuda"`` requires it, ``"cpu"`` codes everything on the CPU (same file format).
     ``alone``: estimates of what tensors store coded alone, by name, for the CPU coder to

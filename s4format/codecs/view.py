@@ -133,8 +133,8 @@ def sampled(words: np.ndarray, shifts: np.ndarray, masks: np.ndarray, ors: bool 
             ) -> list[PlaneView]:
     """Views of fields of ``words`` whose histograms are counted on first use: one pass ORs
     each field's bytes, and a sample gives their statistics meanwhile. With ``ors`` False
-    there is no pass over the words: each field's width is taken as its mask's, a bound that
-    a quick estimate can use (and a coder too: bitpack-w then packs at that width)."""
+    there is no pass over the words: each field's width is taken as its mask's, a bound for
+    a quick estimate (:func:`s4format.writer.estimate_rough`), whose views are not coded."""
     n = words.size
     if n <= SAMPLE_CHUNKS * SAMPLE_CHUNK:
         return counted(words, shifts, masks)

@@ -265,8 +265,9 @@ def _close_chain(reader: s4format.Reader | None) -> None:
 def open_rank_file(store: Store, name: str, files: dict[str, dict[str, Any]],
                    verify: bool = True, whole: bool = False) -> s4format.Reader:
     """A Reader of rank file ``name`` (a name in the run), attached to its parent files.
-    ``whole``: every tensor of ``name`` will be read, so its parents' are too
-    (:func:`~s4weights.store.base.reading_whole`)."""
+    ``whole``: every tensor of ``name`` will be read, and its parents' that its deltas
+    need (:func:`~s4weights.store.base.reading_whole`: a small parent is fetched whole,
+    though a base may hold tensors no delta needs)."""
     names = [name]
     while (parent := files[names[-1]]["parent"]) is not None:
         if parent not in files:

@@ -14,7 +14,7 @@ import contextlib
 import io
 import os
 import uuid
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterator
 from typing import Any
 
@@ -65,13 +65,14 @@ class S4StorageReader(StoreHolder, StorageReader):
         self.s3_options = dict(s3_options or {})
         self.trusted_metadata = trusted_metadata
         self.storage_data: dict[Any, S4StorageInfo] = {}
+        self._held: Counter[str] | None = None  # items stored per rank file
         self.load_id = str(uuid.uuid4())
         self._store: Store | None = None
 
     # -- DCP's StorageReader ---------------------------------------------------------------
 
     def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
-        self.storage_data = {}
+        self.storage_data, self._held = {}, None
         self.load_id = str(uuid.uuid4())
         if checkpoint_id:
             url = os.fspath(checkpoint_id)
@@ -98,7 +99,7 @@ class S4StorageReader(StoreHolder, StorageReader):
 
     def set_up_storage_reader(self, metadata: Any, is_coordinator: bool, *args: Any,
                               **kwargs: Any) -> None:
-        self.storage_data = metadata.storage_data
+        self.storage_data, self._held = metadata.storage_data, None
 
     def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
         return plan
@@ -149,8 +150,9 @@ class S4StorageReader(StoreHolder, StorageReader):
         """Whether ``reqs`` read every item stored in rank file ``name`` (a load with the
         sharding it was saved with): then the file is read whole (reading_whole), on S3 in
         one fetch where it is small, not one per item."""
-        held = sum(1 for info in self.storage_data.values() if info.relative_path == name)
-        return len({req.storage_index for req in reqs}) == held
+        if self._held is None:
+            self._held = Counter(info.relative_path for info in self.storage_data.values())
+        return len({req.storage_index for req in reqs}) == self._held[name]
 
     def _read_file(self, name: str, reqs: list[ReadItem], planner: LoadPlanner) -> None:
         with self._opened(name, self._reads_all(name, reqs)) as reader:

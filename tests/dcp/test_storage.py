@@ -344,3 +344,19 @@ def test_item_outside_the_checkpoint_is_refused(tmp_path: Path) -> None:
         _load(url)
     exc, _trace = caught.value.failures[0]
     assert isinstance(exc, StorageError) and "'../elsewhere.s4w'" in str(exc)
+
+
+def test_a_rank_file_is_read_whole_only_where_the_plan_reads_every_item(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    url = str(tmp_path / "ck")
+    state = {**_big_state(), "extra": io.BytesIO(b"bytes")}
+    _save(state, url)
+    reader = S4StorageReader(url)
+    reader.set_up_storage_reader(reader.read_metadata(), True)
+    (name,) = {info.relative_path for info in reader.storage_data.values()}
+    items = [SimpleNamespace(storage_index=idx) for idx in reader.storage_data]
+    assert reader._reads_all(name, items)
+    assert reader._reads_all(name, items + items[:1])  # an item asked for twice
+    assert not reader._reads_all(name, items[1:])
+    assert not reader._reads_all(name, [i for i in items if i.storage_index.fqn != "extra"])

@@ -168,3 +168,26 @@ def test_small_tensors_do_not_take_the_larger_ones_share_of_the_sample() -> None
     # the sample is its minimum, 256 KiB: the matrices' share of it (255 KiB) in three whole
     # windows; the small tensors' own (under 1 KiB) in at most one
     assert len(large) == 3 and len(windows) - len(large) <= 1, windows
+
+
+def test_a_delta_save_takes_each_parents_hash_from_the_chain(tmp_path: Path,
+                                                             monkeypatch) -> None:
+    # the CPU writer is given the parent's content hash (from the parent's file or the cached
+    # snapshot's save) instead of hashing the parent again: it must be the parent's own
+    from s4format import hashing, writer
+
+    given = []
+    real = writer.Writer.code
+
+    def code(self, name, tensor, *, parent=None, alone=None, parent_hash=None):
+        if parent is not None:
+            given.append(parent_hash == hashing.content_hash(parent.data))
+        return real(self, name, tensor, parent=parent, alone=alone, parent_hash=parent_hash)
+
+    monkeypatch.setattr(writer.Writer, "code", code)
+    s4weights.save_checkpoint(_fine_tuning(1), tmp_path, step=1)
+    assert not s4weights.save_checkpoint(_fine_tuning(2), tmp_path, step=2).is_base
+    chain._PARENT_CACHE.clear()  # the parent read back from its file
+    assert not s4weights.save_checkpoint(_fine_tuning(3), tmp_path, step=3).is_base
+    assert given == [True, True]
+    assert_same(s4weights.load_checkpoint(tmp_path, 3), _fine_tuning(3))
