@@ -10,6 +10,7 @@ exactly one meaning.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -104,11 +105,7 @@ class Layout:
         words = raw.view(_UINT[w])
         views: list[PlaneView | None] = [None] * len(fields)
         exact = [count and f.kind in (KIND_SIGN, KIND_EXPONENT) for f in fields]
-        def sample(words: np.ndarray, shifts: np.ndarray, masks: np.ndarray
-                   ) -> list[PlaneView]:
-            return sampled(words, shifts, masks, ors=count)
-
-        for pick, make in ((True, counted), (False, sample)):
+        for pick, make in ((True, counted), (False, functools.partial(sampled, ors=count))):
             ks = [k for k in range(len(fields)) if exact[k] == pick]
             if ks:
                 shifts = np.array([fields[k].shift for k in ks], dtype=np.int64)

@@ -310,7 +310,7 @@ class Writer:
         ``parent_hash``: the parent's content hash where the caller knows it (its file's
         index says it), else computed."""
         t = tensor if isinstance(tensor, Tensor) else Tensor.from_numpy(tensor)
-        known_parent_hash, parent_hash = parent_hash, None
+        delta_of = None  # the parent's content hash, where the delta is kept
         if parent is None:
             coded = code_tensor(t.data, t.dtype, self.policy)
             full = coded.stored
@@ -341,12 +341,12 @@ class Writer:
                     if xor is None:
                         xor = _xor(t.data, p.data)
                     coded = code_tensor(xor, t.dtype, self.policy, delta_views)
-                parent_hash = known_parent_hash or hashing.content_hash(p.data)
+                delta_of = parent_hash or hashing.content_hash(p.data)
             else:
                 coded = code_tensor(t.data, t.dtype, self.policy, full_views)
                 full = coded.stored
         return dict(name=name, dtype=t.dtype, shape=t.shape, coded=coded,
-                    content_hash=hashing.content_hash(t.data), parent_hash=parent_hash,
+                    content_hash=hashing.content_hash(t.data), parent_hash=delta_of,
                     full_stored=full)
 
     def code_ahead(self, items: Iterable[tuple[str, Tensor, Tensor | None, int | None,

@@ -145,19 +145,17 @@ def sampled(words: np.ndarray, shifts: np.ndarray, masks: np.ndarray, ors: bool 
         _or_fields(words, lo, hi, shifts, masks, out)
         return out
 
+    bits = np.zeros(k, np.uint64) if ors else masks.astype(np.uint64)
     if ors:
-        ors = np.zeros(k, np.uint64)
         for part in threads.pool().map(lambda lo: piece(lo, min(n, lo + PIECE)),
                                        range(0, n, PIECE)):
-            ors |= part
-    else:
-        ors = masks.astype(np.uint64)
+            bits |= part
     counts = np.zeros((k, 4, 256), np.int64)
     runs = np.zeros(k, np.int64)
     starts = np.linspace(0, n - SAMPLE_CHUNK, SAMPLE_CHUNKS).astype(np.int64)
     _count_sample(words, starts, SAMPLE_CHUNK, shifts, masks, counts, runs)
     sums, pairs = counts.sum(axis=1), SAMPLE_CHUNKS * (SAMPLE_CHUNK - 1)
-    return [PlaneView(words, int(shifts[j]), int(masks[j]), int(ors[j]), None, 0,
+    return [PlaneView(words, int(shifts[j]), int(masks[j]), int(bits[j]), None, 0,
                       (sums[j], int(runs[j]), pairs)) for j in range(k)]
 
 
