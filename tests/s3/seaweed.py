@@ -125,12 +125,31 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
+# Ports are found free, then bound by weed a moment later: another process may take one in
+# between (seen once in CI: the filer's gRPC port). Such a start is tried again on new ports.
+START_ATTEMPTS = 3
+
+
 def start(root: Path) -> SeaweedServer:
+    cert, key = make_cert(root)
+    for attempt in range(1, START_ATTEMPTS + 1):
+        try:
+            return _start(root / f"attempt-{attempt}", cert, key)
+        except _PortTaken:
+            if attempt == START_ATTEMPTS:
+                raise
+    raise AssertionError("unreachable")
+
+
+class _PortTaken(RuntimeError):
+    """weed exited because a port picked for it was taken before it bound it."""
+
+
+def _start(root: Path, cert: Path, key: Path) -> SeaweedServer:
     weed = shutil.which("weed")
     assert weed, "weed not on PATH"
     data_dir = root / "data"
-    data_dir.mkdir()
-    cert, key = make_cert(root)
+    data_dir.mkdir(parents=True)
     p = pick_ports(6)
     log_path = root / "weed.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
@@ -159,8 +178,10 @@ def _wait_ready(server: SeaweedServer) -> None:
     last: Exception | None = None
     while time.monotonic() < deadline:
         if server.proc.poll() is not None:
-            raise RuntimeError(f"weed mini exited with {server.proc.returncode}; log:\n"
-                               f"{server.log_tail()}")
+            tail = server.log_tail()
+            taken = "address already in use" in tail
+            raise (_PortTaken if taken else RuntimeError)(
+                f"weed mini exited with {server.proc.returncode}; log:\n{tail}")
         try:
             probe.create_bucket(Bucket="s4w-ready")
             probe.delete_bucket(Bucket="s4w-ready")

@@ -292,3 +292,25 @@ def test_ranged_read_through_counting_proxy(server, bucket) -> None:
         assert proxy.stats.to_client < 5000 + 4096  # the range and HTTP headers, nothing more
     finally:
         proxy.close()
+
+
+def test_the_server_starts_again_when_a_port_was_taken(tmp_path, monkeypatch) -> None:
+    # the test harness: a port weed found free may be taken before it binds it (weed then
+    # exits with "address already in use"); the start is tried again in a fresh folder
+    from tests.s3 import seaweed
+
+    real, tried = seaweed._start, []
+
+    def start(root, cert, key):
+        tried.append(root.name)
+        if len(tried) == 1:
+            raise seaweed._PortTaken("weed mini exited with 255: address already in use")
+        return real(root, cert, key)
+
+    monkeypatch.setattr(seaweed, "_start", start)
+    server = seaweed.start(tmp_path)
+    try:
+        seaweed.admin_client(server.endpoint).list_buckets()
+        assert tried == ["attempt-1", "attempt-2"]
+    finally:
+        server.stop()
