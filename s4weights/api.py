@@ -21,7 +21,7 @@ from typing import Any, BinaryIO
 import torch
 
 import s4format
-from s4format import threads
+from s4format import memsink, threads
 from s4format.errors import BadMagicError, LimitError, S4Error, StorageError
 from s4format.reader import MAX_TENSORS
 from s4format.source import BufferSource, ByteSource
@@ -73,7 +73,10 @@ def write_flattened(flat: Flattened, sink: BinaryIO, *, policy: str = "auto",
     if gpu_only and (device == "cpu" or not gpu.nvcomp_ans_available()):
         raise ValueError("policy 'nvcomp-ans' writes GPU-only files with nvCOMP's ANS codec: "
                          "it needs device 'auto' or 'cuda' with a CUDA device, CuPy and nvCOMP")
-    with progress.bar("s4weights save", total, show) as bar:
+    # (an empty BytesIO is filled through one allocation: a stored tensor is at most its raw
+    # bytes and a few hundred more; a larger file only writes its end more slowly)
+    with progress.bar("s4weights save", total, show) as bar, \
+            memsink.into(sink, total + (len(flat.tensors) + 64) * 1024) as sink:
         # under nvcomp-ans, tensors the GPU does not code (host tensors) get the default codecs
         w = Writer(sink, policy="auto" if gpu_only else policy, parent_id=parent_id)
         coded = gpu.coded_in_order(flat.tensors, policy, device, parents, workspace=workspace,

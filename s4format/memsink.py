@@ -1,0 +1,204 @@
+"""Writing a whole file into an empty ``io.BytesIO`` without the cost of its growth.
+
+A ``BytesIO`` copies each write into a buffer it grows, on the writing thread, and a large
+buffer lives in fresh 4 KiB pages whose faults cost more than the copy (docs/gpu.md, "Saving
+into memory"). Given an empty ``io.BytesIO``, :func:`into` writes the file instead into one
+``bytes`` object allocated up front (asked to live on transparent huge pages, where the kernel
+allows); the worker threads fault its pages in ahead of the writes and copy the written bytes
+in, many writes at once; the ``BytesIO`` then takes the object over without a copy (CPython's
+``BytesIO`` shares a ``bytes`` object it is initialised with). Whatever happens, the
+``BytesIO`` ends holding exactly the bytes written, its position after them, as plain writes
+would leave it.
+
+The copies run after ``write`` returns: what is written must not change until the block ends
+(the writer's planes, headers and index do not; a buffer handed to ``write`` is kept alive by
+the sink until copied).
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import ctypes
+import io
+import sys
+from collections.abc import Iterator
+from typing import Any, BinaryIO
+
+import numpy as np
+
+from s4format import threads
+
+# Smaller files gain too little to be worth the bookkeeping.
+MIN_CAPACITY = 8 << 20
+
+_MADV_HUGEPAGE = 14  # Linux
+_MADV_POPULATE_WRITE = 23  # Linux 5.14: fault pages in writable, their contents unchanged
+
+# Pages are faulted in this far ahead of the writes, in pieces of POPULATE_STEP.
+POPULATE_AHEAD = 256 << 20
+POPULATE_STEP = 32 << 20
+# Writes of at least COPY_MIN bytes are copied by the workers, in pieces of at most COPY_STEP;
+# at most PENDING bytes wait to be copied (each holding its source alive) before a write waits.
+COPY_MIN = 64 << 10
+COPY_STEP = 4 << 20
+PENDING = 256 << 20
+
+
+@contextlib.contextmanager
+def into(f: BinaryIO, capacity: int) -> Iterator[BinaryIO]:
+    """A sink to write a file of about ``capacity`` bytes (at most: more is written, only
+    slower) into ``f``, handed over when the block ends, also by an error. ``f`` itself where it
+    is not an empty ``io.BytesIO``."""
+    sink = _BytesSink.open(f, capacity)
+    if sink is None:
+        yield f
+        return
+    try:
+        yield sink
+    finally:
+        sink.close()
+
+
+class _Api:
+    """CPython's C API calls that make a ``bytes`` object whose contents are filled in after
+    it is made (``PyBytes_FromStringAndSize(NULL, n)``, the documented way to do so in C)."""
+
+    def __init__(self) -> None:
+        api = ctypes.pythonapi
+        self.new = api.PyBytes_FromStringAndSize
+        self.new.restype = ctypes.py_object
+        self.new.argtypes = [ctypes.c_void_p, ctypes.c_ssize_t]
+        self.address = api.PyBytes_AsString
+        self.address.restype = ctypes.c_void_p
+        self.address.argtypes = [ctypes.py_object]
+        self.madvise = None
+        if sys.platform.startswith("linux"):
+            with contextlib.suppress(OSError, AttributeError):
+                libc = ctypes.CDLL(None, use_errno=True)
+                self.madvise = libc.madvise
+                self.madvise.restype = ctypes.c_int
+                self.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+
+
+_api: _Api | None = None
+
+
+def _get_api() -> _Api | None:
+    global _api
+    if _api is None and sys.implementation.name == "cpython":
+        with contextlib.suppress(AttributeError, OSError):
+            _api = _Api()
+    return _api
+
+
+class _BytesSink:
+    """Writes at increasing offsets into ``obj``, a ``bytes`` object nothing else sees yet."""
+
+    def __init__(self, f: io.BytesIO, obj: bytes, address: int, madvise: Any) -> None:
+        self._f: io.BytesIO | None = f
+        self._obj: bytes | None = obj
+        self._view: np.ndarray | None = np.ctypeslib.as_array(
+            (ctypes.c_ubyte * len(obj)).from_address(address))
+        self._pos = 0
+        self._address, self._madvise = address, madvise
+        self._populated = -address % 4096  # (page-aligned offsets)
+        self._populating: list[threads.Task] = []
+        self._copying: collections.deque[tuple[threads.Task, int]] = collections.deque()
+        self._pending = 0
+
+    @classmethod
+    def open(cls, f: BinaryIO, capacity: int) -> _BytesSink | None:
+        if type(f) is not io.BytesIO or capacity < MIN_CAPACITY:
+            return None
+        api = _get_api()
+        if api is None:
+            return None
+        try:
+            if f.tell() != 0:
+                return None
+            with f.getbuffer() as held:
+                if held.nbytes:
+                    return None
+            obj = api.new(None, capacity)
+        except (ValueError, BufferError, MemoryError, OverflowError):
+            # closed, exported or too large: the plain writes report or do what they would
+            return None
+        address = api.address(obj)
+        if api.madvise is not None:
+            start = -address % 4096
+            api.madvise(address + start, (capacity - start) & ~4095, _MADV_HUGEPAGE)
+        return cls(f, obj, address, api.madvise)
+
+    def write(self, data: Any) -> int:
+        src = np.frombuffer(data, dtype=np.uint8)
+        n = src.size
+        if self._view is None or self._pos + n > self._view.size:
+            self._spill()
+            return self._f.write(data)
+        self._populate(self._pos + n + POPULATE_AHEAD)
+        dst = self._view[self._pos:self._pos + n]
+        if n < COPY_MIN:
+            dst[:] = src
+        else:
+            pool = threads.pool()
+            for lo in range(0, n, COPY_STEP):
+                hi = min(n, lo + COPY_STEP)
+                self._copying.append((pool.submit(np.copyto, dst[lo:hi], src[lo:hi]), hi - lo))
+            self._pending += n
+            while self._pending > PENDING:
+                self._settle_one(pool)
+        self._pos += n
+        return n
+
+    def _settle_one(self, pool: threads.Pool) -> None:
+        task, n = self._copying.popleft()
+        pool.wait([task])
+        self._pending -= n
+
+    def close(self) -> None:
+        if self._view is not None:
+            self._spill()
+        self._f = None
+
+    def _populate(self, end: int) -> None:
+        """Have the workers fault pages in up to ``end``, where they are not yet."""
+        end = min(end, self._view.size) & ~4095
+        if self._madvise is None or end - self._populated < POPULATE_STEP // 2:
+            return
+        pool = threads.pool()
+        while self._populated < end:
+            lo, hi = self._populated, min(end, self._populated + POPULATE_STEP)
+            self._populating.append(pool.submit(self._fault_in, lo, hi))
+            self._populated = hi
+        self._populating = [t for t in self._populating if not t.done()]
+
+    def _fault_in(self, lo: int, hi: int) -> None:
+        madvise = self._madvise
+        if madvise is not None and madvise(self._address + lo, hi - lo, _MADV_POPULATE_WRITE):
+            self._madvise = None  # a kernel without it: the writes fault their pages in
+
+    def _spill(self) -> None:
+        """Hand what is written to the ``BytesIO``; later writes go to it directly."""
+        if self._view is None:
+            return
+        # every copy and fault-in done before the BytesIO owns (and may move) the memory
+        tasks = [t for t, _n in self._copying] + self._populating
+        self._copying.clear()
+        self._populating, self._pending = [], 0
+        try:
+            threads.pool().wait(tasks)
+        finally:
+            self._view = None
+        f, obj, pos = self._f, self._obj, self._pos
+        self._obj = None
+        if not pos:
+            return
+        try:
+            f.__init__(obj)  # type: ignore[misc]  # shares obj: no copy
+        except BufferError:  # exported by its owner meanwhile: copied in as written
+            f.write(memoryview(obj)[:pos])
+            return
+        del obj  # the BytesIO's reference alone, so that truncating it copies nothing
+        f.truncate(pos)
+        f.seek(pos)

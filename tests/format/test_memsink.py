@@ -1,0 +1,116 @@
+"""An empty io.BytesIO filled through one allocation ends exactly as plain writes leave it."""
+
+import io
+import itertools
+
+import numpy as np
+import pytest
+
+from s4format import memsink
+
+
+def _pieces(total: int, seed: int = 0) -> list[bytes]:
+    rng = np.random.default_rng(seed)
+    cuts = np.sort(rng.integers(0, total, 40))
+    data = rng.integers(0, 256, total, dtype=np.uint8).tobytes()
+    edges = [0, *cuts.tolist(), total]
+    # pieces of every size: empty ones, a few bytes, and many MiB (copied by the workers)
+    return [data[a:b] for a, b in itertools.pairwise(edges)] + [b"", data[:5 << 20]]
+
+
+def _plain(pieces: list[bytes]) -> io.BytesIO:
+    f = io.BytesIO()
+    for p in pieces:
+        f.write(p)
+    return f
+
+
+@pytest.mark.parametrize("spare", [0, 1, 3 << 20, 64 << 20])
+def test_same_bytes_and_position_as_plain_writes(spare):
+    pieces = _pieces(24 << 20)
+    total = sum(map(len, pieces))
+    f = io.BytesIO()
+    with memsink.into(f, total + spare) as sink:
+        assert sink is not f
+        for p in pieces:
+            assert sink.write(memoryview(p)) == len(p)
+    want = _plain(pieces)
+    assert f.tell() == want.tell() == total
+    assert f.getvalue() == want.getvalue()
+    f.write(b"after")  # the BytesIO goes on as any other
+    assert f.getvalue()[-5:] == b"after" and len(f.getvalue()) == total + 5
+
+
+def test_more_than_the_capacity_goes_on_as_plain_writes():
+    pieces = _pieces(24 << 20, seed=1)
+    f = io.BytesIO()
+    with memsink.into(f, 10 << 20) as sink:
+        for p in pieces:
+            sink.write(p)
+    assert f.getvalue() == _plain(pieces).getvalue()
+
+
+def test_an_error_leaves_what_was_written():
+    pieces = _pieces(16 << 20, seed=2)
+    f = io.BytesIO()
+    with pytest.raises(RuntimeError), memsink.into(f, 32 << 20) as sink:
+        for p in pieces[:10]:
+            sink.write(p)
+        raise RuntimeError("coding failed")
+    assert f.getvalue() == b"".join(pieces[:10])
+    assert f.tell() == len(f.getvalue())
+
+
+def test_nothing_written_leaves_the_bytesio_empty():
+    f = io.BytesIO()
+    with memsink.into(f, 32 << 20):
+        pass
+    assert f.getvalue() == b"" and f.tell() == 0
+
+
+@pytest.mark.parametrize("make", [
+    lambda: io.BytesIO(b"earlier bytes"),                    # holds bytes: written after them
+    lambda: type("Mine", (io.BytesIO,), {})(),               # a subclass may override write
+    lambda: io.BufferedWriter(io.BytesIO()),                 # not a BytesIO
+])
+def test_other_sinks_are_written_as_they_are(make):
+    f = make()
+    f.seek(0, io.SEEK_END)
+    with memsink.into(f, 32 << 20) as sink:
+        assert sink is f
+
+
+def test_small_files_are_written_plainly():
+    f = io.BytesIO()
+    with memsink.into(f, memsink.MIN_CAPACITY - 1) as sink:
+        assert sink is f
+
+
+def test_a_closed_bytesio_fails_as_plain_writes_do():
+    f = io.BytesIO()
+    f.close()
+    with memsink.into(f, 32 << 20) as sink, pytest.raises(ValueError, match="closed"):
+        sink.write(b"x")
+
+
+def test_an_impossible_capacity_is_written_plainly():
+    f = io.BytesIO()
+    with memsink.into(f, 1 << 62) as sink:
+        assert sink is f
+
+
+@pytest.mark.parametrize("limits", [
+    dict(COPY_MIN=1, COPY_STEP=1 << 16, PENDING=1 << 20),   # many pieces, writes that wait
+    dict(COPY_MIN=1 << 40),                                  # every copy on the writing thread
+    dict(_MADV_POPULATE_WRITE=-1),                           # a kernel without MADV_POPULATE_WRITE
+    dict(POPULATE_AHEAD=0),                                  # no pages faulted in ahead
+])
+def test_copies_in_any_pieces_give_the_same_bytes(monkeypatch, limits):
+    for name, value in limits.items():
+        monkeypatch.setattr(memsink, name, value)
+    pieces = _pieces(24 << 20, seed=3)
+    f = io.BytesIO()
+    with memsink.into(f, 40 << 20) as sink:
+        for p in pieces:
+            sink.write(np.frombuffer(p, np.uint8))
+    assert f.getvalue() == _plain(pieces).getvalue()
