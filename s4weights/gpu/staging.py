@@ -1,5 +1,5 @@
 """Staging for the GPU load: a batch's stored planes read from the file straight into pinned
-host memory, then copied to the device in one H2D copy.
+host memory, and copied to the device in a few H2D copies, each as soon as its bytes are in.
 
 Large reads and copies run in pieces on a few threads: one thread copying from the page cache
 into pinned memory reaches a fraction of the memory bandwidth, and the copies release the GIL.
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
@@ -91,10 +92,14 @@ def read_into(reader: Reader, offset: int, dst: np.ndarray) -> None:
     read_all(reader, [(offset, dst)])
 
 
-def read_all(reader: Reader, reads: list[tuple[int, np.ndarray]]) -> None:
+def read_all(reader: Reader, reads: list[tuple[int, np.ndarray]],
+             arrived: Callable[[np.ndarray], None] | None = None) -> None:
     """:func:`read_into` of every ``(offset, dst)`` of ``reads``, all on the reading threads
     at once where they add up to a large read (planes read one by one, small as each may be,
-    would each be read by the calling thread in turn)."""
+    would each be read by the calling thread in turn). ``arrived(d)``, called on this thread
+    as the reads go on, says that ``d`` (part of a ``dst``) and everything before it in
+    ``reads`` is filled, so that it can be put to use while the rest is read. Not called
+    where the reads are small: the caller's use then follows them."""
     total = sum(dst.size for _o, dst in reads)
     if total < 2 * READ_PIECE:
         for offset, dst in reads:
@@ -102,8 +107,9 @@ def read_all(reader: Reader, reads: list[tuple[int, np.ndarray]]) -> None:
         return
     pieces = [(offset + a, dst[a:b]) for offset, dst in reads
               for a, b in _in_pieces(dst.size, total)]
-    # about eight jobs of consecutive pieces (a job per small plane costs its submission)
-    share, jobs, size = max(READ_PIECE, total // 8), [[]], 0
+    # about eight jobs of consecutive pieces (a job per small plane costs its submission);
+    # four times as many where they are used as they arrive
+    share, jobs, size = max(READ_PIECE, total // (8 if arrived is None else 32)), [[]], 0
     for o, d in pieces:
         if size >= share:
             jobs.append([])
@@ -116,7 +122,17 @@ def read_all(reader: Reader, reads: list[tuple[int, np.ndarray]]) -> None:
             _read_piece(reader, o, d)
 
     pool = _readers()
-    _run_all([pool.submit(job, part) for part in jobs])
+    running = [pool.submit(job, part) for part in jobs]
+    if arrived is None:
+        _run_all(running)
+        return
+    try:
+        for part, j in zip(jobs, running):
+            j.result()
+            arrived(part[-1][1])
+    except BaseException:
+        wait(running)  # none still writing once the error is raised
+        raise
 
 
 def copy_into(dst: np.ndarray, copies: list[tuple[int, np.ndarray]]) -> None:
@@ -155,7 +171,7 @@ def _read_piece(reader: Reader, offset: int, dst: np.ndarray) -> None:
 
 
 def stage_planes(reader: Reader, idx: list[int]) -> Staged:
-    """Read every plane of tensors ``idx`` into one pinned buffer and start one H2D copy.
+    """Read every plane of tensors ``idx`` into one pinned buffer and start its H2D copies.
     Planes contiguous in the file (the writer's order) are read with one read; each plane sits
     at a 16-byte aligned offset of the buffer."""
     planes = [(k, j, p) for k, i in enumerate(idx) for j, p in enumerate(reader.tensors[i].planes)]
@@ -179,12 +195,20 @@ def stage_planes(reader: Reader, idx: list[int]) -> Staged:
         total = int(sizes.sum())
     host_t = runtime.pinned(total)
     host = host_t.numpy()
-    if contiguous:
-        read_into(reader, span0, host[:span])
-    else:
-        read_all(reader, [(o, host[a:a + n])
-                          for a, o, n in zip(at.tolist(), off.tolist(), ln.tolist())])
     dev = runtime.device_empty(total)
-    if total:
-        dev[:total].copy_(host_t[:total], non_blocking=True)
+    if contiguous:
+        reads = [(span0, host[:span])]
+    else:
+        reads = [(o, host[a:a + n]) for a, o, n in zip(at.tolist(), off.tolist(), ln.tolist())]
+    sent = 0
+
+    def upload(end: int) -> None:
+        nonlocal sent
+        if end > sent:
+            dev[sent:end].copy_(host_t[sent:end], non_blocking=True)
+            sent = end
+    # what has arrived goes to the device while the rest is read
+    read_all(reader, reads,
+             lambda d: upload(int(d.ctypes.data - host.ctypes.data) + d.size))
+    upload(total)
     return Staged(reader, list(idx), planes, at, host, dev, [host_t], meta[:, :6])
