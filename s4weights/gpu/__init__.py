@@ -63,7 +63,8 @@ def coded_in_order(tensors: list, policy: str, device: str,
     :class:`DeviceTensor`) or in host memory (an ``s4format.Tensor`` whose content hash is in
     ``parent_hashes``); both codings are made and the delta kept only where it stores less.
     ``workspace`` bounds the extra device memory per device (default
-    ``plan.default_workspace`` of the bytes coded); XOR buffers take at most half of it."""
+    ``plan.default_save_workspace``: an eighth of the device's free memory, from 10% of the
+    bytes coded up to 2 GiB); XOR buffers take at most half of it."""
     from s4weights.torchtree import DeviceTensor
 
     parents = parents or {}
@@ -124,7 +125,8 @@ def _with_fallback(chosen: list, policy: str, workspace: int | None):
     to code on the CPU. The tensors it has yielded are not coded again."""
     from s4weights.gpu import plan
 
-    ws = workspace or plan.default_workspace(sum(t.nbytes for _n, t, _p in chosen))
+    ws = workspace or plan.default_save_workspace(sum(t.nbytes for _n, t, _p in chosen),
+                                                  _free_bytes(chosen[0][1].device_bytes.device))
     done = 0
     while done < len(chosen):
         try:
