@@ -241,7 +241,7 @@ def _free_bytes(dev) -> int:
 
     try:
         return int(torch.cuda.mem_get_info(dev)[0])
-    except (RuntimeError, AssertionError):
+    except (RuntimeError, AssertionError, ValueError):
         return 0
 
 

@@ -59,14 +59,26 @@ def test_out_of_memory_codes_again_from_that_tensor_with_half_the_workspace(
 
 
 def test_a_small_default_workspace_is_halved_too(monkeypatch) -> None:
-    # a 200 MiB state's default workspace is 20 MiB: halved to 10 MiB and 5 MiB before the
-    # CPU takes over
+    # a 200 MiB state's default workspace, with no device memory free to raise it, is 20 MiB:
+    # halved to 10 MiB and 5 MiB before the CPU takes over
     chosen = [(f"t{k}", _T(25 * MIB), None) for k in range(8)]
     calls: list = []
+    monkeypatch.setattr(gpu, "_free_bytes", lambda dev: 0)
     monkeypatch.setattr(gpu, "_coded_stream", _fake_stream({(20, 1): True, (10, 4): True},
                                                            calls))
     assert list(gpu._with_fallback(chosen, "auto", None)) == [f"t{k}" for k in range(8)]
     assert [ws for ws, _names in calls] == [20, 10, 5]
+
+
+@pytest.mark.parametrize(("free_gib", "ws_mib"), [(0, 20), (1, 128), (8, 1024), (64, 2048)])
+def test_the_default_workspace_is_an_eighth_of_free_memory_up_to_2_gib(
+        monkeypatch, free_gib, ws_mib) -> None:
+    calls: list = []
+    monkeypatch.setattr(gpu, "_free_bytes", lambda dev: free_gib << 30)
+    monkeypatch.setattr(gpu, "_coded_stream", _fake_stream({}, calls))
+    chosen = [(f"t{k}", _T(25 * MIB), None) for k in range(8)]
+    assert list(gpu._with_fallback(chosen, "auto", None)) == [f"t{k}" for k in range(8)]
+    assert [ws for ws, _names in calls] == [ws_mib]
 
 
 def test_past_the_smallest_workspace_the_rest_goes_to_the_cpu(monkeypatch, caplog) -> None:
