@@ -34,13 +34,14 @@ MIN_CAPACITY = 8 << 20
 
 _MADV_HUGEPAGE = 14  # Linux
 _MADV_POPULATE_WRITE = 23  # Linux 5.14: fault pages in writable, their contents unchanged
+_MADV_DONTNEED = 4
 
 # Pages are faulted in this far ahead of the writes, in pieces of POPULATE_STEP.
 POPULATE_AHEAD = 256 << 20
 POPULATE_STEP = 32 << 20
-# Writes of at least COPY_MIN bytes are copied by the workers, in pieces of at most COPY_STEP;
-# at most PENDING bytes wait to be copied (each holding its source alive) before a write waits.
-COPY_MIN = 64 << 10
+# Writes of at least COPY_MIN bytes are copied by the workers, in tasks of about COPY_STEP; at
+# most PENDING bytes wait to be copied (each holding its source alive) before a write waits.
+COPY_MIN = 4 << 10
 COPY_STEP = 4 << 20
 PENDING = 256 << 20
 
@@ -92,8 +93,33 @@ def _get_api() -> _Api | None:
     return _api
 
 
+def _copy_all(pairs: list[tuple[np.ndarray, np.ndarray]], _keep: bytes) -> None:
+    for dst, src in pairs:
+        np.copyto(dst, src)
+
+
+def _settle(pool: threads.Pool, tasks: list[threads.Task]) -> BaseException | None:
+    """Wait until every task has run, whatever interrupts the wait (a task left running would
+    write into memory about to be freed or handed over); the first error met, if any."""
+    error = None
+    for task in tasks:
+        while not task.done():
+            try:
+                pool.wait([task])
+            except BaseException as exc:  # the wait interrupted, or the task's own error
+                error = error or exc
+        if error is None:
+            try:
+                task.result()
+            except BaseException as exc:
+                error = exc
+    return error
+
+
 class _BytesSink:
-    """Writes at increasing offsets into ``obj``, a ``bytes`` object nothing else sees yet."""
+    """Writes at increasing offsets into ``obj``, a ``bytes`` object nothing else sees yet.
+    Its memory is reached through raw views that do not keep it alive, so every task that uses
+    it also holds ``obj``, and all of them have run before the ``BytesIO`` takes it."""
 
     def __init__(self, f: io.BytesIO, obj: bytes, address: int, madvise: Any) -> None:
         self._f: io.BytesIO | None = f
@@ -102,10 +128,13 @@ class _BytesSink:
             (ctypes.c_ubyte * len(obj)).from_address(address))
         self._pos = 0
         self._address, self._madvise = address, madvise
-        self._populated = -address % 4096  # (page-aligned offsets)
+        self._prefault = madvise is not None  # (off once the kernel refuses it)
+        self._populated = -address % 4096  # offsets of page-aligned addresses
         self._populating: list[threads.Task] = []
         self._copying: collections.deque[tuple[threads.Task, int]] = collections.deque()
         self._pending = 0
+        self._batch: list[tuple[np.ndarray, np.ndarray]] = []  # copies not yet handed out
+        self._batched = 0
 
     @classmethod
     def open(cls, f: BinaryIO, capacity: int) -> _BytesSink | None:
@@ -115,11 +144,9 @@ class _BytesSink:
         if api is None:
             return None
         try:
-            if f.tell() != 0:
+            if f.tell() != 0 or f.getbuffer().nbytes:
                 return None
-            with f.getbuffer() as held:
-                if held.nbytes:
-                    return None
+            f.truncate(0)  # (raises where the caller holds an export of its buffer)
             obj = api.new(None, capacity)
         except (ValueError, BufferError, MemoryError, OverflowError):
             # closed, exported or too large: the plain writes report or do what they would
@@ -141,20 +168,28 @@ class _BytesSink:
         if n < COPY_MIN:
             dst[:] = src
         else:
-            pool = threads.pool()
+            # copied by the workers, a task per COPY_STEP bytes however many writes they are
             for lo in range(0, n, COPY_STEP):
                 hi = min(n, lo + COPY_STEP)
-                self._copying.append((pool.submit(np.copyto, dst[lo:hi], src[lo:hi]), hi - lo))
-            self._pending += n
-            while self._pending > PENDING:
-                self._settle_one(pool)
+                self._batch.append((dst[lo:hi], src[lo:hi]))
+                self._batched += hi - lo
+                if self._batched >= COPY_STEP:
+                    self._submit()
         self._pos += n
         return n
 
-    def _settle_one(self, pool: threads.Pool) -> None:
-        task, n = self._copying.popleft()
-        pool.wait([task])
-        self._pending -= n
+    def _submit(self) -> None:
+        pool = threads.pool()
+        self._copying.append((pool.submit(_copy_all, self._batch, self._obj), self._batched))
+        self._pending += self._batched
+        self._batch, self._batched = [], 0
+        while self._pending > PENDING:
+            task, n = self._copying[0]
+            error = _settle(pool, [task])
+            if error is not None:
+                raise error
+            self._copying.popleft()
+            self._pending -= n
 
     def close(self) -> None:
         if self._view is not None:
@@ -162,43 +197,52 @@ class _BytesSink:
         self._f = None
 
     def _populate(self, end: int) -> None:
-        """Have the workers fault pages in up to ``end``, where they are not yet."""
-        end = min(end, self._view.size) & ~4095
-        if self._madvise is None or end - self._populated < POPULATE_STEP // 2:
+        """Have the workers fault pages in up to offset ``end``, where they are not yet."""
+        end = ((self._address + min(end, self._view.size)) & ~4095) - self._address
+        if not self._prefault or end - self._populated < POPULATE_STEP // 2:
             return
         pool = threads.pool()
         while self._populated < end:
             lo, hi = self._populated, min(end, self._populated + POPULATE_STEP)
-            self._populating.append(pool.submit(self._fault_in, lo, hi))
+            self._populating.append(pool.submit(self._fault_in, lo, hi, self._obj))
             self._populated = hi
         self._populating = [t for t in self._populating if not t.done()]
 
-    def _fault_in(self, lo: int, hi: int) -> None:
-        madvise = self._madvise
-        if madvise is not None and madvise(self._address + lo, hi - lo, _MADV_POPULATE_WRITE):
-            self._madvise = None  # a kernel without it: the writes fault their pages in
+    def _fault_in(self, lo: int, hi: int, _keep: bytes) -> None:
+        if self._prefault and self._madvise(self._address + lo, hi - lo, _MADV_POPULATE_WRITE):
+            self._prefault = False  # a kernel without it: the writes fault their pages in
 
     def _spill(self) -> None:
-        """Hand what is written to the ``BytesIO``; later writes go to it directly."""
+        """Hand what is written to the ``BytesIO``; later writes go to it directly. Where a
+        copy failed, nothing is handed over and the error is raised."""
         if self._view is None:
             return
-        # every copy and fault-in done before the BytesIO owns (and may move) the memory
-        tasks = [t for t, _n in self._copying] + self._populating
+        error = None
+        if self._batch:  # copied on this thread: no new task to wait for
+            batch, self._batch, self._batched = self._batch, [], 0
+            try:
+                _copy_all(batch, self._obj)
+            except BaseException as exc:
+                error = exc
+        error = _settle(threads.pool(), [t for t, _n in self._copying] + self._populating) \
+            or error
         self._copying.clear()
         self._populating, self._pending = [], 0
-        try:
-            threads.pool().wait(tasks)
-        finally:
-            self._view = None
+        self._view = None
         f, obj, pos = self._f, self._obj, self._pos
         self._obj = None
+        if error is not None:
+            raise error
         if not pos:
             return
-        try:
-            f.__init__(obj)  # type: ignore[misc]  # shares obj: no copy
-        except BufferError:  # exported by its owner meanwhile: copied in as written
-            f.write(memoryview(obj)[:pos])
-            return
+        if self._madvise is not None and self._populated > pos:
+            # pages faulted in past the end would stay with the BytesIO: given back
+            end = ((self._address + pos + 4095) & ~4095) - self._address
+            if self._populated > end:
+                self._madvise(self._address + end, self._populated - end, _MADV_DONTNEED)
+        if f.closed:
+            raise ValueError("I/O operation on closed file (the BytesIO saved into)")
+        f.__init__(obj)  # type: ignore[misc]  # shares obj: no copy
         del obj  # the BytesIO's reference alone, so that truncating it copies nothing
         f.truncate(pos)
         f.seek(pos)

@@ -114,3 +114,70 @@ def test_copies_in_any_pieces_give_the_same_bytes(monkeypatch, limits):
         for p in pieces:
             sink.write(np.frombuffer(p, np.uint8))
     assert f.getvalue() == _plain(pieces).getvalue()
+
+
+def test_a_bytesio_whose_buffer_is_exported_is_written_as_it_is():
+    f = io.BytesIO()
+    held = f.getbuffer()
+    with memsink.into(f, 32 << 20) as sink:
+        assert sink is f
+    held.release()
+
+
+def test_a_bytesio_closed_during_the_save_is_not_reopened():
+    f = io.BytesIO()
+    with pytest.raises(ValueError, match="closed"), memsink.into(f, 32 << 20) as sink:
+        sink.write(bytes(1 << 20))
+        f.close()
+    assert f.closed
+
+
+def test_a_failed_copy_is_raised_and_hands_nothing_over(monkeypatch):
+    real = memsink._copy_all
+    calls = []
+
+    def flaky(pairs, keep):
+        calls.append(len(pairs))
+        if len(calls) == 2:
+            raise MemoryError("copy failed")
+        real(pairs, keep)
+
+    monkeypatch.setattr(memsink, "_copy_all", flaky)
+    f = io.BytesIO()
+    with pytest.raises(MemoryError, match="copy failed"), memsink.into(f, 64 << 20) as sink:
+        for p in _pieces(24 << 20, seed=4):
+            sink.write(p)
+    assert len(calls) >= 2 and f.getvalue() == b""
+
+
+def _populate_works() -> bool:
+    api = memsink._get_api()
+    if api is None or api.madvise is None:
+        return False
+    f = io.BytesIO()
+    with memsink.into(f, 16 << 20) as sink:
+        return sink._madvise(sink._address + sink._populated, 4096,
+                             memsink._MADV_POPULATE_WRITE) == 0
+
+
+@pytest.mark.skipif(not _populate_works(), reason="needs Linux 5.14's MADV_POPULATE_WRITE")
+def test_pages_are_faulted_in_ahead_all_along_and_given_back_past_the_end(monkeypatch):
+    monkeypatch.setattr(memsink, "POPULATE_STEP", 1 << 20)
+    monkeypatch.setattr(memsink, "POPULATE_AHEAD", (11 << 20) + 12345)  # (not page-aligned)
+
+    def resident() -> int:
+        with open("/proc/self/statm") as statm:
+            return int(statm.read().split()[1]) * 4096
+
+    pieces = _pieces(24 << 20, seed=5)
+    total = sum(map(len, pieces))  # 29 MiB: over half the capacity, so the BytesIO keeps
+    f = io.BytesIO()                # the whole allocation (CPython shrinks only below half)
+    before = resident()
+    with memsink.into(f, 40 << 20) as sink:
+        for p in pieces:
+            sink.write(p)
+    assert sink._prefault  # every fault-in took: none refused at an unaligned address
+    assert sink._populated > 39 << 20
+    # the pages faulted in past the end are not kept with the BytesIO
+    assert resident() - before < total + (6 << 20)
+    assert f.getvalue() == _plain(pieces).getvalue()
