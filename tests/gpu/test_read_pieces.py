@@ -4,6 +4,7 @@ or from memory, and a short file must still raise TruncatedError."""
 
 from __future__ import annotations
 
+import itertools
 from types import SimpleNamespace
 
 import numpy as np
@@ -103,3 +104,28 @@ def test_copies_land_exactly_in_pieces_or_whole(monkeypatch, sizes: list[int]) -
     for o, a in zip(offsets[:-1].tolist(), arrays):
         want[o:o + a.size] = a
     assert np.array_equal(dst, want)
+
+
+@pytest.mark.parametrize("scattered", [False, True])
+def test_reads_arrive_in_order_in_many_parts(monkeypatch, scattered: bool) -> None:
+    """With ``arrived``, a large read is told as it comes in, about 32 times, in order: each
+    call's piece and everything before it in the reads are filled by then."""
+    monkeypatch.setattr(staging, "READ_PIECE", 4096)
+    data = np.random.default_rng(9).integers(0, 256, 600_000, dtype=np.uint8)
+    src = BufferSource(data.tobytes())
+    host = np.full(data.size, 0xAB, np.uint8)
+    if scattered:
+        edges = [*range(0, data.size, 7_000), data.size]
+        reads = [(a, host[a:b]) for a, b in itertools.pairwise(edges)]
+    else:
+        reads = [(0, host)]
+    seen = []
+
+    def arrived(d: np.ndarray) -> None:
+        end = int(d.ctypes.data - host.ctypes.data) + d.size
+        assert np.array_equal(host[:end], data[:end])  # all of it, before and in d, is in
+        assert not seen or end > seen[-1]
+        seen.append(end)
+
+    staging.read_all(SimpleNamespace(source=src), reads, arrived)
+    assert 16 <= len(seen) <= 40 and seen[-1] == data.size
