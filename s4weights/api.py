@@ -85,8 +85,9 @@ def write_flattened(flat: Flattened, sink: BinaryIO, *, policy: str = "auto",
         # one codes the next tensors (all coding stays on this thread: torch's current stream
         # is per thread, and the CPU coders are not thread-safe). Queued results hold pinned
         # host memory, bounded below (and, saving into a BytesIO, up to memsink.PENDING more
-        # bytes written but not yet copied keep theirs). A CPU-only save writes as it codes, the CPU coder's
-        # threads coding the next tensors meanwhile (Writer.code_ahead bounds them).
+        # bytes written but not yet copied keep theirs). A CPU-only save writes as it codes,
+        # the CPU coder's threads coding the next tensors meanwhile (Writer.code_ahead bounds
+        # them).
         writes = Background(limit=max(WRITE_QUEUE, total // 20)) if coded else Inline()
         alone, parent_hashes = alone or {}, parent_hashes or {}
         ahead = None if coded else w.code_ahead(
