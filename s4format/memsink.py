@@ -22,6 +22,7 @@ import contextlib
 import ctypes
 import io
 import sys
+import threading
 from collections.abc import Iterator
 from typing import Any, BinaryIO
 
@@ -98,28 +99,17 @@ def _copy_all(pairs: list[tuple[np.ndarray, np.ndarray]], _keep: bytes) -> None:
         np.copyto(dst, src)
 
 
-def _settle(pool: threads.Pool, tasks: list[threads.Task]) -> BaseException | None:
-    """Wait until every task has run, whatever interrupts the wait (a task left running would
-    write into memory about to be freed or handed over); the first error met, if any."""
-    error = None
-    for task in tasks:
-        while not task.done():
-            try:
-                pool.wait([task])
-            except BaseException as exc:  # the wait interrupted, or the task's own error
-                error = error or exc
-        if error is None:
-            try:
-                task.result()
-            except BaseException as exc:
-                error = exc
-    return error
+# Allocations a sink gave up on while a writer thread could still be using them (a second
+# interrupt left it running): kept for the life of the process, never freed under it.
+_ABANDONED: list[bytes] = []
 
 
 class _BytesSink:
     """Writes at increasing offsets into ``obj``, a ``bytes`` object nothing else sees yet.
     Its memory is reached through raw views that do not keep it alive, so every task that uses
-    it also holds ``obj``, and all of them have run before the ``BytesIO`` takes it."""
+    it holds ``obj`` too, and the ``BytesIO`` takes it only once they have all run. On any
+    error the sink gives up: nothing is handed over, and ``obj`` lives on while tasks hold it
+    (a ``BytesIO`` never changes a ``bytes`` object someone else holds)."""
 
     def __init__(self, f: io.BytesIO, obj: bytes, address: int, madvise: Any) -> None:
         self._f: io.BytesIO | None = f
@@ -135,6 +125,8 @@ class _BytesSink:
         self._pending = 0
         self._batch: list[tuple[np.ndarray, np.ndarray]] = []  # copies not yet handed out
         self._batched = 0
+        self._busy = threading.Lock()  # held by a write or the close
+        self._failed = False
 
     @classmethod
     def open(cls, f: BinaryIO, capacity: int) -> _BytesSink | None:
@@ -158,9 +150,26 @@ class _BytesSink:
         return cls(f, obj, address, api.madvise)
 
     def write(self, data: Any) -> int:
+        if not self._busy.acquire(blocking=False):
+            raise RuntimeError("a memory sink written from two threads at once")
+        try:
+            if self._failed:
+                raise ValueError("an earlier write into the BytesIO failed")
+            if self._view is not None:
+                return self._write(data)
+            if self._f is None:
+                raise ValueError("write to a closed memory sink")
+            return self._f.write(data)
+        except BaseException:
+            self._give_up()
+            raise
+        finally:
+            self._busy.release()
+
+    def _write(self, data: Any) -> int:
         src = np.frombuffer(data, dtype=np.uint8)
         n = src.size
-        if self._view is None or self._pos + n > self._view.size:
+        if self._pos + n > self._view.size:
             self._spill()
             return self._f.write(data)
         self._populate(self._pos + n + POPULATE_AHEAD)
@@ -180,21 +189,43 @@ class _BytesSink:
 
     def _submit(self) -> None:
         pool = threads.pool()
-        self._copying.append((pool.submit(_copy_all, self._batch, self._obj), self._batched))
-        self._pending += self._batched
+        batch, n = self._batch, self._batched
         self._batch, self._batched = [], 0
+        self._copying.append((pool.submit(_copy_all, batch, self._obj), n))
+        self._pending += n
         while self._pending > PENDING:
             task, n = self._copying[0]
-            error = _settle(pool, [task])
-            if error is not None:
-                raise error
+            pool.wait([task])  # (raises the task's error: the sink gives up)
             self._copying.popleft()
             self._pending -= n
 
     def close(self) -> None:
-        if self._view is not None:
-            self._spill()
-        self._f = None
+        if not self._busy.acquire(blocking=False):
+            # a writer thread is still inside write(), left running by an interrupt: its views
+            # must stay valid, so the memory is kept and nothing is handed over
+            self._failed = True
+            if self._obj is not None:
+                _ABANDONED.append(self._obj)
+            return
+        try:
+            if self._view is not None and not self._failed:
+                self._spill()
+        except BaseException:
+            self._give_up()
+            raise
+        finally:
+            self._f = None
+            self._busy.release()
+
+    def _give_up(self) -> None:
+        """Drop every raw view and hand nothing over; tasks still queued or running keep
+        ``obj`` alive until they end, and nothing waits for them again."""
+        self._failed = True
+        self._view = None
+        self._batch, self._batched = [], 0
+        self._copying.clear()
+        self._populating = []
+        self._obj = None
 
     def _populate(self, end: int) -> None:
         """Have the workers fault pages in up to offset ``end``, where they are not yet."""
@@ -206,33 +237,23 @@ class _BytesSink:
             lo, hi = self._populated, min(end, self._populated + POPULATE_STEP)
             self._populating.append(pool.submit(self._fault_in, lo, hi, self._obj))
             self._populated = hi
-        self._populating = [t for t in self._populating if not t.done()]
 
     def _fault_in(self, lo: int, hi: int, _keep: bytes) -> None:
         if self._prefault and self._madvise(self._address + lo, hi - lo, _MADV_POPULATE_WRITE):
             self._prefault = False  # a kernel without it: the writes fault their pages in
 
     def _spill(self) -> None:
-        """Hand what is written to the ``BytesIO``; later writes go to it directly. Where a
-        copy failed, nothing is handed over and the error is raised."""
-        if self._view is None:
-            return
-        error = None
+        """Hand what is written to the ``BytesIO`` once every copy and fault-in has run (the
+        first error raised instead); later writes go to the ``BytesIO`` directly."""
         if self._batch:  # copied on this thread: no new task to wait for
             batch, self._batch, self._batched = self._batch, [], 0
-            try:
-                _copy_all(batch, self._obj)
-            except BaseException as exc:
-                error = exc
-        error = _settle(threads.pool(), [t for t, _n in self._copying] + self._populating) \
-            or error
+            _copy_all(batch, self._obj)
+        threads.pool().wait([t for t, _n in self._copying] + self._populating)
         self._copying.clear()
         self._populating, self._pending = [], 0
         self._view = None
         f, obj, pos = self._f, self._obj, self._pos
         self._obj = None
-        if error is not None:
-            raise error
         if not pos:
             return
         if self._madvise is not None and self._populated > pos:

@@ -181,3 +181,42 @@ def test_pages_are_faulted_in_ahead_all_along_and_given_back_past_the_end(monkey
     # the pages faulted in past the end are not kept with the BytesIO
     assert resident() - before < total + (6 << 20)
     assert f.getvalue() == _plain(pieces).getvalue()
+
+
+def test_after_a_failure_writes_are_refused_not_put_at_the_start(monkeypatch):
+    monkeypatch.setattr(memsink, "_copy_all", lambda pairs, keep: 1 / 0)
+    monkeypatch.setattr(memsink, "PENDING", 0)  # each write waits for its copies
+    f = io.BytesIO()
+    sink = memsink._BytesSink.open(f, 32 << 20)
+    with pytest.raises(ZeroDivisionError):
+        sink.write(bytes(4 << 20))
+    with pytest.raises(ValueError, match="earlier write"):
+        sink.write(b"TAIL")
+    sink.close()  # nothing to hand over, nothing raised again
+    assert f.getvalue() == b""
+
+
+def test_a_close_while_a_write_runs_keeps_the_memory_and_hands_nothing_over():
+    f = io.BytesIO()
+    with memsink.into(f, 32 << 20) as sink:
+        sink.write(bytes(8 << 20))
+        sink._busy.acquire()  # a writer still inside write(), as a second interrupt leaves it
+        kept = len(memsink._ABANDONED)
+    assert len(memsink._ABANDONED) == kept + 1 and f.getvalue() == b""
+    sink._busy.release()
+    with pytest.raises(ValueError):
+        sink.write(b"late")  # the writer's next write finds the sink given up
+    memsink._ABANDONED.pop()
+
+
+@pytest.mark.skipif(not _populate_works(), reason="needs Linux 5.14's MADV_POPULATE_WRITE")
+def test_an_interrupt_taken_by_a_fault_in_task_is_raised(monkeypatch):
+    def interrupted(self, lo, hi, keep):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(memsink._BytesSink, "_fault_in", interrupted)
+    f = io.BytesIO()
+    with pytest.raises(KeyboardInterrupt), memsink.into(f, 64 << 20) as sink:
+        for p in _pieces(24 << 20, seed=6):
+            sink.write(p)
+    assert f.getvalue() == b""
