@@ -6,9 +6,10 @@ into memory"). Given an empty ``io.BytesIO``, :func:`into` writes the file inste
 ``bytes`` object allocated up front (asked to live on transparent huge pages, where the kernel
 allows); the worker threads fault its pages in ahead of the writes and copy the written bytes
 in, many writes at once; the ``BytesIO`` then takes the object over without a copy (CPython's
-``BytesIO`` shares a ``bytes`` object it is initialised with). Whatever happens, the
-``BytesIO`` ends holding exactly the bytes written, its position after them, as plain writes
-would leave it.
+``BytesIO`` shares a ``bytes`` object it is initialised with). When the block ends, also by an
+error of the caller's, the ``BytesIO`` holds exactly the bytes written, its position after them,
+as plain writes would leave it. Where the sink itself fails (a copy, an interrupt while it
+waits) it gives up: the ``BytesIO`` is left as it was and the error raised.
 
 The copies run after ``write`` returns: what is written must not change until the block ends
 (the writer's planes, headers and index do not; a buffer handed to ``write`` is kept alive by
@@ -50,8 +51,8 @@ PENDING = 256 << 20
 @contextlib.contextmanager
 def into(f: BinaryIO, capacity: int) -> Iterator[BinaryIO]:
     """A sink to write a file of about ``capacity`` bytes (at most: more is written, only
-    slower) into ``f``, handed over when the block ends, also by an error. ``f`` itself where it
-    is not an empty ``io.BytesIO``."""
+    slower) into ``f``, handed over when the block ends. ``f`` itself where it is not an empty
+    ``io.BytesIO``."""
     sink = _BytesSink.open(f, capacity)
     if sink is None:
         yield f
