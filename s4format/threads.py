@@ -46,9 +46,6 @@ class Task:
             self._error = exc
         self._fn = self._args = None
 
-    def done(self) -> bool:
-        return self._done
-
     def result(self) -> Any:
         if self._error is not None:
             raise self._error
