@@ -43,7 +43,7 @@ def default_save_workspace(total_bytes: int, free_bytes: int) -> int:
     the host a round trip: the 1.88 GB state of bench/checkpoints.py saved into memory in a
     median 0.358 s with 188 MiB groups and 0.277 s with 2 GiB (H200, bench/RESULTS.md,
     2026-12-02)."""
-    return max(default_workspace(total_bytes), min(SAVE_WORKSPACE_CAP, max(0, free_bytes) // 8))
+    return _raised_to_free(total_bytes, free_bytes, SAVE_WORKSPACE_CAP)
 
 
 def default_load_workspace(total_bytes: int, free_bytes: int) -> int:
@@ -52,7 +52,12 @@ def default_load_workspace(total_bytes: int, free_bytes: int) -> int:
     load's batches and chain levels each cost a fixed ~1-2 ms on the H200, so a small state
     decoded in 4-30 MiB batches took twice the time of 1 GiB ones (bench/RESULTS.md,
     2026-12-02); memory a training run holds later is not free yet when it resumes."""
-    return max(default_workspace(total_bytes), min(GIB, max(0, free_bytes) // 8))
+    return _raised_to_free(total_bytes, free_bytes, GIB)
+
+
+def _raised_to_free(total_bytes: int, free_bytes: int, cap: int) -> int:
+    """:func:`default_workspace`, raised to an eighth of ``free_bytes``, up to ``cap``."""
+    return max(default_workspace(total_bytes), min(cap, max(0, free_bytes) // 8))
 
 
 def gpu_layout(dtype_name: str, nbytes: int) -> layouts.Layout | None:
