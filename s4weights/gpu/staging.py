@@ -105,12 +105,12 @@ def read_all(reader: Reader, reads: list[tuple[int, np.ndarray]],
         for offset, dst in reads:
             _read_piece(reader, offset, dst)
         return
-    cut = total if arrived is None else total // 4  # (pieces of about total/8 or /32)
-    pieces = [(offset + a, dst[a:b]) for offset, dst in reads
-              for a, b in _in_pieces(dst.size, cut)]
     # about eight jobs of consecutive pieces (a job per small plane costs its submission);
-    # four times as many where they are used as they arrive
-    share, jobs, size = max(READ_PIECE, total // (8 if arrived is None else 32)), [[]], 0
+    # four times as many, and as many pieces, where they are used as they arrive
+    parts = 8 if arrived is None else 32
+    pieces = [(offset + a, dst[a:b]) for offset, dst in reads
+              for a, b in _in_pieces(dst.size, total * 8 // parts)]
+    share, jobs, size = max(READ_PIECE, total // parts), [[]], 0
     for o, d in pieces:
         if size >= share:
             jobs.append([])
