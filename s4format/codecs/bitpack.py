@@ -15,6 +15,21 @@ from s4format.codecs.view import PlaneView
 from s4format.errors import CodecError
 
 
+def form_error(decoded_len: int, params: bytes, stored: int, last: int) -> str | None:
+    """What is wrong with a bitpack plane's form, from its parameters, stored length and last
+    stored byte (checked in this order); None if nothing. The GPU decoder checks codec-9
+    segments with it too."""
+    if params:
+        return f"bitpack takes no parameters, got {len(params)} bytes"
+    if stored != (decoded_len + 7) // 8:
+        return (f"bitpack plane of {decoded_len} bits must store {(decoded_len + 7) // 8} "
+                f"bytes, stores {stored}")
+    tail = decoded_len % 8
+    if tail and last >> tail:
+        return "bitpack padding bits in the last byte are not zero"
+    return None
+
+
 class BitpackCodec(Codec):
     codec_id = BITPACK
     name = "bitpack"
@@ -26,22 +41,18 @@ class BitpackCodec(Codec):
         return Encoded(np.packbits(plane, bitorder="little"))
 
     def decode(self, payload: np.ndarray, decoded_len: int, params: bytes) -> np.ndarray:
-        if params:
-            raise CodecError(f"bitpack takes no parameters, got {len(params)} bytes")
-        if len(payload) != (decoded_len + 7) // 8:
-            raise CodecError(f"bitpack plane of {decoded_len} bits must store "
-                             f"{(decoded_len + 7) // 8} bytes, stores {len(payload)}")
-        tail = decoded_len % 8
-        if tail and int(payload[-1]) >> tail:
-            raise CodecError("bitpack padding bits in the last byte are not zero")
+        msg = form_error(decoded_len, params, len(payload),
+                         int(payload[-1]) if len(payload) else 0)
+        if msg is not None:
+            raise CodecError(msg)
         return np.unpackbits(payload, count=decoded_len, bitorder="little")
 
     def max_decoded_len(self, stored_len: int) -> int:
         return stored_len * 8
 
     def slicer(self, payload: np.ndarray, decoded_len: int, params: bytes) -> Slicer | None:
-        tail = decoded_len % 8
-        if params or len(payload) != (decoded_len + 7) // 8 or (tail and payload[-1] >> tail):
+        if form_error(decoded_len, params, len(payload),
+                      int(payload[-1]) if len(payload) else 0) is not None:
             return None
         return unpack_slicer(np.ascontiguousarray(payload, np.uint8), 1, decoded_len)
 

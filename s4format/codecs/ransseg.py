@@ -77,7 +77,7 @@ class RansSegCodec(Codec):
         if params:
             raise CodecError(f"rans-seg takes no parameters, got {len(params)} bytes")
         buf = as_bytes(payload)
-        table = _segment_table(buf, decoded_len)
+        table = read_table(buf, decoded_len)
         out = np.empty(decoded_len, np.uint8)
 
         def one(i: int) -> None:
@@ -85,8 +85,7 @@ class RansSegCodec(Codec):
             try:
                 out[lo:lo + n] = codec.decode(buf[at:at + stored], n, sp)
             except CodecError as exc:
-                raise CodecError(f"rans-seg segment {i} of {len(table)} ({codec.name}): "
-                                 f"{exc}") from None
+                raise CodecError(segment_message(i, len(table), codec.name, str(exc))) from None
 
         if len(table) > 1:
             threads.pool().map(one, range(len(table)))
@@ -103,7 +102,7 @@ class RansSegCodec(Codec):
         if params:
             return None
         try:
-            table = _segment_table(buf, decoded_len)
+            table = read_table(buf, decoded_len)
         except CodecError:
             return None
         subs = []
@@ -200,7 +199,7 @@ def _code_segment(view: PlaneView) -> tuple[int, int, np.ndarray | bytes]:
     return cid, (enc.params[0] if cid == BITPACK_W else 0), enc.payload
 
 
-def _segment_table(buf: np.ndarray, decoded_len: int) -> list[tuple]:
+def read_table(buf: np.ndarray, decoded_len: int) -> list[tuple]:
     """Per segment (symbols, offset in the payload, offset in the plane, codec, its params,
     stored bytes), checked against the payload and the plane."""
     from s4format import codecs
@@ -226,12 +225,33 @@ def _segment_table(buf: np.ndarray, decoded_len: int) -> list[tuple]:
     if body + stored != buf.size:
         raise CodecError(f"rans-seg segments store {stored} bytes after a {body}-byte table, "
                          f"the payload has {buf.size}")
-    table, at, lo = [], body, 0
+    rows, at, lo = [], body, 0
     for n, s, c, w in zip(rec["symbols"].tolist(), rec["stored"].tolist(),
                           rec["codec"].tolist(), rec["w"].tolist()):
-        table.append((n, at, lo, codecs.get(c), bytes([w]) if c == BITPACK_W else b"", s))
+        rows.append((n, at, lo, codecs.get(c), bytes([w]) if c == BITPACK_W else b"", s))
         at, lo = at + s, lo + n
-    return table
+    return rows
+
+
+def segment_message(i: int, k: int, codec_name: str, msg: str) -> str:
+    """A segment's failure in the decoder's words (segment ``i`` of ``k``)."""
+    return f"rans-seg segment {i} of {k} ({codec_name}): {msg}"
+
+
+def form_failure(buf: np.ndarray, table: list[tuple]) -> str | None:
+    """The first segment of ``table`` (from :func:`read_table`) whose stored form is wrong for
+    its raw, bitpack or bitpack-w codec, in the decoder's words; None if none (rANS segments'
+    headers are the stream parser's). The GPU decoder checks with it before its unpack ops,
+    which trust the lengths."""
+    from s4format.codecs import bitpack, bitpackw, raw
+
+    forms = {RAW: raw.form_error, BITPACK: bitpack.form_error, BITPACK_W: bitpackw.form_error}
+    for i, (n, at, _lo, codec, sp, size) in enumerate(table):
+        check = forms.get(codec.codec_id)
+        msg = check and check(n, sp, size, int(buf[at + size - 1]) if size else 0)
+        if msg:
+            return segment_message(i, len(table), codec.name, msg)
+    return None
 
 
 def _check_records(rec: np.ndarray) -> None:

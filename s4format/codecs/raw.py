@@ -11,6 +11,16 @@ from s4format.codecs.view import PlaneView
 from s4format.errors import CodecError
 
 
+def form_error(decoded_len: int, params: bytes, stored: int, last: int = 0) -> str | None:
+    """What is wrong with a raw plane's form (checked in this order); None if nothing. The
+    GPU decoder checks codec-9 segments with it too."""
+    if params:
+        return f"raw takes no parameters, got {len(params)} bytes"
+    if stored != decoded_len:
+        return f"raw plane stores {stored} bytes but declares {decoded_len}"
+    return None
+
+
 class RawCodec(Codec):
     codec_id = RAW
     name = "raw"
@@ -20,17 +30,16 @@ class RawCodec(Codec):
         return Encoded(plane)
 
     def decode(self, payload: np.ndarray, decoded_len: int, params: bytes) -> np.ndarray:
-        if params:
-            raise CodecError(f"raw takes no parameters, got {len(params)} bytes")
-        if len(payload) != decoded_len:
-            raise CodecError(f"raw plane stores {len(payload)} bytes but declares {decoded_len}")
+        msg = form_error(decoded_len, params, len(payload))
+        if msg is not None:
+            raise CodecError(msg)
         return payload
 
     def max_decoded_len(self, stored_len: int) -> int:
         return stored_len
 
     def slicer(self, payload: np.ndarray, decoded_len: int, params: bytes) -> Slicer | None:
-        if params or len(payload) != decoded_len:
+        if form_error(decoded_len, params, len(payload)) is not None:
             return None
         return Slicer(1, lambda lo, hi: payload[lo:hi])
 

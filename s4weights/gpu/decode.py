@@ -25,13 +25,14 @@ from s4format.errors import (
 )
 from s4format.hashing import LEAF_SIZE
 from s4format.reader import Reader
-from s4weights.gpu import gdeflate, nvans, ransparse, runtime, staging
+from s4weights.gpu import gdeflate, nvans, ransparse, runtime, segdecode, staging
 from s4weights.gpu.decode_group import decode_staged
 from s4weights.gpu.failures import about, raise_as_cpu
 from s4weights.gpu.plan import GPU_LAYOUTS
 from s4weights.gpu.staging import SLOT_ALIGN, Staged
 
-GPU_CODECS = {codecs.RAW, codecs.BITPACK, codecs.RANS, codecs.GDEFLATE, codecs.BITPACK_W}
+GPU_CODECS = {codecs.RAW, codecs.BITPACK, codecs.RANS, codecs.GDEFLATE, codecs.BITPACK_W,
+              codecs.RANS_SEG}
 DEST_ALIGN = 16  # the merge kernels store 16-byte vectors: destinations decoded into in place
 
 
@@ -47,7 +48,7 @@ def decodable(reader: Reader, i: int) -> bool:
     if t.layout.layout_id == layouts.RAW.layout_id:  # one plane: copied or decoded into place
         c = t.planes[0].codec
         return ((not t.is_delta or reader.parent is not None)
-                and (c in (codecs.RAW, codecs.RANS)
+                and (c in (codecs.RAW, codecs.RANS, codecs.RANS_SEG)
                      or (c == codecs.NVCOMP_ANS and nvans.available())))
     return (t.layout.layout_id in GPU_LAYOUTS
             and (not t.is_delta or reader.parent is not None)
@@ -107,6 +108,8 @@ def _own_extra(reader: Reader, i: int) -> int:
     whole = t.layout.layout_id == layouts.RAW.layout_id
     for p in t.planes:
         extra += DECODE_PLANE + DECODE_LEAF * -(-p.stored_len // LEAF_SIZE)
+        if p.codec == codecs.RANS_SEG:
+            extra += segdecode.device_extra(p.decoded_len, whole)
         if p.codec == codecs.RANS:
             extra += DECODE_RANS_PLANE + DECODE_RANS_BLOCK * -(
                 -p.decoded_len >> rans.LOG2_BLOCK_DEFAULT)
@@ -262,15 +265,18 @@ def _tables_too_large(st: Staged) -> set[int]:
     tables for (``ransparse.tables_fit`` over the batch's stored bytes, tensors in order): a
     CONST stream stores one byte per block, so without this a small hostile file could make
     the decoder allocate ~160 bytes per stored byte on the host and the device."""
-    rows = [q for q, (_k, _j, p) in enumerate(st.planes) if p.codec == codecs.RANS]
-    if not rows:
+    pos, _j, codec, n, sizes, _np = st.meta.T
+    rows = np.flatnonzero(codec == codecs.RANS)
+    sg = segdecode.of(st)  # (codec-9 planes' rANS segments count too)
+    seg = sg.rows(codecs.RANS)
+    if not rows.size and not seg.size:
         return set()
-    recs = [st.planes[q][2] for q in rows]
-    nb = ransparse.stream_blocks(st.host, st.at[rows], [p.stored_len for p in recs],
-                                [p.decoded_len for p in recs])
+    nb = ransparse.stream_blocks(st.host, np.concatenate([st.at[rows], sg.at[seg]]),
+                                 np.concatenate([sizes[rows], sg.stored[seg]]),
+                                 np.concatenate([n[rows], sg.n[seg]]))
     blocks = np.zeros(len(st.idx), np.int64)
-    np.add.at(blocks, [st.planes[q][0] for q in rows], nb)
-    stored = sum(p.stored_len for _k, _j, p in st.planes)
+    np.add.at(blocks, np.concatenate([pos[rows], pos[sg.q[seg]]]), nb)
+    stored = int(sizes.sum())
     heavy, used = set(), 0
     for k in range(len(st.idx)):
         if ransparse.tables_fit(used + int(blocks[k]), stored):

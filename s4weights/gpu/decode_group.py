@@ -20,7 +20,7 @@ from s4format.codecs import gdeflate as cpu_gdeflate
 from s4format.codecs import rans
 from s4format.errors import ChecksumError, CodecError, ContentHashError, FormatError
 from s4format.hashing import LEAF_SIZE
-from s4weights.gpu import gdeflate, nvans, runtime
+from s4weights.gpu import gdeflate, nvans, runtime, segdecode
 from s4weights.gpu.failures import about, form_failure
 from s4weights.gpu.plan import chunk_table
 from s4weights.gpu.ransdecode import RansBatch
@@ -227,15 +227,18 @@ class _Planes:
                                   for i in st.idx), bool, nt)[self.k]
         self.dst_t = np.fromiter((o.data_ptr() for o in outs), np.uint64, nt)
         self.at = np.asarray(st.at, np.int64)
-        self.src = np.uint64(base) + self.at.astype(np.uint64)
+        self.base = np.uint64(base)
+        self.src = self.base + self.at.astype(np.uint64)
         codec, n, whole = self.codec, self.n, self.whole
         self.rn, self.gd = codec == codecs.RANS, codec == codecs.GDEFLATE
+        self.seg = codec == codecs.RANS_SEG
         # rANS streams: RAW-mode ones are used in place (their bytes follow the header)
         self.raw_mode = self.rn & (self.stored >= rans.HEADER_SIZE)
         self.raw_mode[self.raw_mode] = st.host[self.at[self.raw_mode]] == rans.MODE_RAW
-        self.slot = ~whole & ((self.rn & ~self.raw_mode) | self.gd)
+        # a codec-9 plane of a split tensor is decoded whole into a slot, then merged as bytes
+        self.slot = ~whole & ((self.rn & ~self.raw_mode) | self.gd | self.seg)
         sizes = np.where(self.slot, (n + SLOT_ALIGN - 1) // SLOT_ALIGN * SLOT_ALIGN, 0)
-        scratch_need = int((np.where(~whole & (self.rn | self.gd), (n + SLOT_ALIGN - 1)
+        scratch_need = int((np.where(~whole & (self.rn | self.gd | self.seg), (n + SLOT_ALIGN - 1)
                                      // SLOT_ALIGN * SLOT_ALIGN, 0)).sum())
         self.scratch = runtime.device_empty(scratch_need)
         self.slot_at = np.uint64(self.scratch.data_ptr()) + (np.cumsum(sizes) - sizes).astype(
@@ -245,6 +248,47 @@ class _Planes:
         reader = self.st.reader
         return (f"{reader.name}: tensor {reader.tensors[self.st.idx[self.k[q]]].name!r} plane "
                 f"{self.st.planes[q][2].label}")
+
+    def plane_dst(self, q: np.ndarray) -> np.ndarray:
+        """Where planes ``q`` decode to: a raw-layout tensor's destination, else its slot."""
+        return np.where(self.whole[q], self.dst_t[self.k[q]], self.slot_at[q])
+
+    def rans_rows(self):
+        """The group's rANS streams as the batch's rows, in plane order: every rANS plane's,
+        and the rANS segments of codec-9 planes, each decoding into its range of the plane.
+        Returns (rows' planes, their stored offsets, stored and symbol counts, sources,
+        destinations, tensor positions, names of the segments' rows)."""
+        rq = np.flatnonzero(self.rn)
+        sg = segdecode.of(self.st)
+        r, _raw = segdecode.rans_rows(sg, self.st.host)
+        q = np.concatenate([rq, sg.q[r]])
+        at = np.concatenate([self.at[rq], sg.at[r]])
+        dst = np.concatenate([self.plane_dst(rq), self.plane_dst(sg.q[r])
+                              + sg.lo[r].astype(np.uint64)])
+        order = np.argsort(q, kind="stable")  # (a plane's segments stay in order)
+        names = [None] * rq.size + [sg.label(x) for x in r.tolist()]
+        return (q[order], at[order], np.concatenate([self.stored[rq], sg.stored[r]])[order],
+                np.concatenate([self.n[rq], sg.n[r]])[order],
+                self.base + at[order].astype(np.uint64),
+                dst[order], self.k[q[order]], [names[x] for x in order.tolist()])
+
+    def segment_ops(self) -> tuple[list, np.ndarray | None]:
+        """Codec-9 planes' other segments: copies of raw ones and of RAW-mode rANS streams'
+        bytes (src, dst, n), and bitpack and bitpack-w ones unpacked to a byte per symbol
+        (pack ops' columns: src, dst, n, source width; None when there are none). Only for
+        a group whose forms and stream headers passed."""
+        sg = segdecode.of(self.st)
+        dst = self.plane_dst(sg.q) + sg.lo.astype(np.uint64)
+        src = self.base + sg.at.astype(np.uint64)
+        r, raw = segdecode.rans_rows(sg, self.st.host)
+        rc = np.concatenate([sg.rows(codecs.RAW), r[raw]])
+        hdr = np.where(sg.codec[rc] == codecs.RANS, rans.HEADER_SIZE, 0).astype(np.uint64)
+        copies = list(zip((src[rc] + hdr).tolist(), dst[rc].tolist(), sg.n[rc].tolist()))
+        pk = np.flatnonzero((sg.codec == codecs.BITPACK) | (sg.codec == codecs.BITPACK_W))
+        if not pk.size:
+            return copies, None
+        width = np.where(sg.codec[pk] == codecs.BITPACK, 1, sg.width[pk])
+        return copies, (src[pk], dst[pk], sg.n[pk], width)
 
     def fail(self, q: int, msg: str) -> CodecError:
         return about(CodecError(f"{self.where(q)}: {msg}"), self.st.reader,
@@ -307,9 +351,8 @@ def prepare(st: Staged, outs: list[torch.Tensor], base: int, keep: list[object])
     # the rANS streams first: the kernels are safe on any bytes once the host has checked the
     # headers and tables (the device checks every block's words), whatever the other planes
     rb = RansBatch(st.host, pl.where)
-    rq = np.flatnonzero(pl.rn)
-    rb.add_many(rq, pl.at[rq], pl.stored[rq], pl.n[rq], pl.src[rq],
-                np.where(pl.whole[rq], pl.dst_t[k[rq]], pl.slot_at[rq]), k[rq])
+    rq, *rows, names = pl.rans_rows()
+    rb.add_many(rq, *rows, names=names)
     try:
         rb.prepare(keep)
     except CodecError as exc:  # a stream's header or table (row ``failed`` of the batch)
@@ -326,4 +369,8 @@ def prepare(st: Staged, outs: list[torch.Tensor], base: int, keep: list[object])
     if first_bad < len(st.planes):
         raise pl.fail(first_bad, msg)
     ptrs, packed, copies = pl.merge_inputs(width)
-    return ptrs, packed, copies, rb, pl.scratch
+    more, unpack = pl.segment_ops()
+    if unpack is not None:  # (to a byte each: pack ops of width 8 from the stored width)
+        src, dst, n, sw = unpack
+        keep.append(runtime.pack_ops(src, dst, n, np.full(n.size, 8), sw))
+    return ptrs, packed, copies + more, rb, pl.scratch

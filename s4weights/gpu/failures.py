@@ -14,6 +14,7 @@ from s4format import codecs
 from s4format.codecs import bitpackw
 from s4format.errors import S4Error
 from s4format.reader import Reader
+from s4weights.gpu import segdecode
 from s4weights.gpu.staging import Staged
 
 
@@ -109,6 +110,10 @@ def form_failure(st: Staged, whole: np.ndarray) -> tuple[int, str, np.ndarray]:
     bad_bw = np.zeros(nq, bool)
     bad_bw[list(bw_msg)] = True
     errors.append((bad_bw, lambda q: bw_msg[q]))
+    seg_msg = segdecode.of(st).bad  # codec-9 planes: parameters, segment table, segment forms
+    bad_seg = np.zeros(nq, bool)
+    bad_seg[list(seg_msg)] = True
+    errors.append((bad_seg, lambda q: seg_msg[q]))
     first_bad = min((int(np.argmax(m)) for m, _ in errors if m.any()), default=nq)
     if first_bad == nq:
         return nq, "", width

@@ -27,18 +27,24 @@ class RansBatch:
         self.nblocks = 0
         self.first = np.zeros(1, np.int64)
         self.coded = np.zeros(0, np.int64)
+        self.names = None
 
-    def add_many(self, q, a, stored, n, src, dst, pos) -> None:
+    def add_many(self, q, a, stored, n, src, dst, pos, names=None) -> None:
         """Queue planes ``q`` (positions in the group; streams at ``host[a:]``, on the device at
         ``src``) to decode into ``dst`` (a RAW-mode stream is used in place: nothing decodes
-        it, and its header is checked with every other before anything launches)."""
+        it, and its header is checked with every other before anything launches). ``names``:
+        per row, None or what the stream is within its plane (a codec-9 segment), for
+        messages."""
         self.q, self.pos = np.asarray(q, np.int64), np.asarray(pos, np.int64)
+        self.names = names
         self.rows = (np.asarray(a, np.int64), np.asarray(stored, np.int64),
                      np.asarray(n, np.int64), np.asarray(src, np.uint64),
                      np.asarray(dst, np.uint64))
 
     def where(self, row: int) -> str:
-        return self._where(int(self.q[row]))
+        name = self.names[row] if self.names is not None else None
+        plane = self._where(int(self.q[row]))
+        return plane if name is None else f"{plane}: {name}"
 
     def prepare(self, keep: list[object]) -> None:
         """Validate every queued stream's header and table and queue the kernel that makes

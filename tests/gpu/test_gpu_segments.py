@@ -87,3 +87,67 @@ def test_a_delta_of_a_flat_buffer_round_trips(tmp_path) -> None:
     s4weights.save_checkpoint({"flat": t2}, tmp_path, 1)
     got = s4weights.load_checkpoint(tmp_path, 1, map_location="cuda")["flat"]
     assert torch.equal(got.view(torch.int16), t2.view(torch.int16))
+
+
+def _no_cpu_decode(monkeypatch) -> None:
+    from s4weights.gpu import decode
+
+    def refuse(reader, i, out):
+        raise AssertionError(f"tensor {reader.tensors[i].name!r} decoded on the CPU")
+    monkeypatch.setattr(decode, "read_on_cpu", refuse)
+
+
+def test_codec_9_planes_decode_on_the_device(monkeypatch) -> None:
+    # every segment codec, in split and raw-layout tensors, by the device's own kernels
+    from s4weights.gpu import decode
+    from tests.gpu.test_decode_segments_host import _bytes_tensor, _file
+    from tests.gpu.test_decode_segments_host import _flat as _segmented_bf16
+
+    blob = _file({"a": _segmented_bf16(1), "b": _bytes_tensor(2),
+                  "c": _segmented_bf16(3, ["raw", "bitpack", "rans", "raw"],
+                                       ["rans-raw", "rans", "rans", "rans-const"],
+                                       ["rans", "bitpack-w", "raw", "bitpack-w"])})
+    _no_cpu_decode(monkeypatch)
+    r = s4format.Reader(blob)
+    outs = decode.read_tensors(r, [0, 1, 2])
+    for i, o in enumerate(outs):
+        assert (o.cpu().numpy() == r.read_raw(i)).all()
+
+
+@pytest.mark.parametrize("plane,how", [((1, 1), "symbols"), ((1, 0), "padding"),
+                                       ((1, 1), "rans-mode"), ((1, 1), "rans-block"),
+                                       ((2, 0), "rans-block")])
+def test_a_damaged_segment_fails_on_the_device_as_on_the_cpu(plane, how) -> None:
+    from s4format.errors import CodecError
+    from s4weights.gpu import decode
+    from tests.gpu.test_decode_segments_host import EXP, _bytes_tensor, _damage, _file
+    from tests.gpu.test_decode_segments_host import _flat as _segmented_bf16
+
+    good = _file({"a": _segmented_bf16(1),
+                  "b": _segmented_bf16(2, ["bitpack", "raw", "rans", "bitpack"], EXP,
+                                       ["bitpack-w", "raw", "rans", "bitpack-w"]),
+                  "c": _bytes_tensor(3)})
+    blob = _damage(good, plane, how)
+    with pytest.raises(CodecError) as cpu:
+        r = s4format.Reader(blob)
+        for i in range(3):
+            r.read_raw(i)
+    with pytest.raises(CodecError) as got:
+        decode.read_tensors(s4format.Reader(blob), [0, 1, 2])
+    assert str(got.value) == str(cpu.value)
+
+
+@pytest.mark.parametrize("device", ["cuda", "cpu"])
+def test_a_flat_buffer_loads_on_the_device_whoever_coded_it(device, monkeypatch) -> None:
+    t = _flat(torch.float32, 6 << 20)
+    blob = _saved({"flat": t if device == "cuda" else t.cpu()}, device)
+    assert codecs.RANS_SEG in _codecs(blob).values()
+    with s4format.Reader(blob) as r:
+        from s4weights.gpu import decode
+        on_device = decode.decodable(r, 0)
+    # (the CPU coder may store a plane with zstd, which the device does not decode)
+    assert on_device or device == "cpu"
+    if on_device:
+        _no_cpu_decode(monkeypatch)
+    got = s4weights.load(blob, map_location="cuda")["flat"]
+    assert torch.equal(got.view(torch.int32), t.view(torch.int32))

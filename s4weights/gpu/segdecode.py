@@ -1,0 +1,103 @@
+"""Codec-9 (``rans-seg``) planes on the GPU decoder: each plane's segment table is read and
+checked on the host, and its segments are decoded into the plane's bytes by the kernels that
+decode whole planes: rANS segments as streams of the group's rANS batch, raw segments (and
+RAW-mode rANS streams) as copies, bitpack and bitpack-w segments unpacked to a byte each by
+``pack_ops``. The merge then reads the plane as bytes.
+
+Nothing is queued for a plane whose table or segment forms fail: the group raises that
+failure (``failures.form_failure``) before any copy or unpack runs, in the words of the CPU
+decoder (``s4format.codecs.ransseg``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from s4format import codecs
+from s4format.codecs import rans, ransseg
+from s4format.errors import CodecError
+
+
+@dataclass
+class Segments:
+    """The segments of a staged group's codec-9 planes, a row each, in plane order. ``q``:
+    the plane's position in the group; ``lo``: the segment's first byte in the plane;
+    ``at``: its stored bytes' offset in the staged buffer; ``bad``: plane position -> the
+    failure of a plane whose parameters, table or segment forms are wrong (it has no rows)."""
+    q: np.ndarray
+    index: np.ndarray
+    count: np.ndarray
+    codec: np.ndarray
+    width: np.ndarray
+    lo: np.ndarray
+    at: np.ndarray
+    stored: np.ndarray
+    n: np.ndarray
+    bad: dict[int, str] = field(default_factory=dict)
+
+    def label(self, row: int) -> str:
+        """Segment ``row`` as the CPU decoder names it in a failure's message."""
+        c = codecs.get(int(self.codec[row]))
+        return f"rans-seg segment {int(self.index[row])} of {int(self.count[row])} ({c.name})"
+
+    def rows(self, codec: int) -> np.ndarray:
+        return np.flatnonzero(self.codec == codec)
+
+
+def of(st) -> Segments:
+    """The codec-9 planes of staged group ``st`` (memoised on it: its host bytes are fixed)."""
+    got = st.__dict__.get("_segments")
+    if got is None:
+        got = st.__dict__["_segments"] = _read(st)
+    return got
+
+
+def _read(st) -> Segments:
+    _k, _j, codec, n, stored, nparams = st.meta.T
+    cols: list[list[int]] = [[] for _ in range(9)]
+    bad: dict[int, str] = {}
+    for q in np.flatnonzero(codec == codecs.RANS_SEG).tolist():
+        a = int(st.at[q])
+        buf = st.host[a:a + int(stored[q])]
+        if nparams[q]:
+            bad[q] = f"rans-seg takes no parameters, got {int(nparams[q])} bytes"
+            continue
+        try:
+            table = ransseg.read_table(buf, int(n[q]))
+        except CodecError as exc:
+            bad[q] = str(exc)
+            continue
+        msg = ransseg.form_failure(buf, table)
+        if msg is not None:
+            bad[q] = msg
+            continue
+        for i, (sn, sat, slo, c, sp, size) in enumerate(table):
+            for col, v in zip(cols, (q, i, len(table), c.codec_id, sp[0] if sp else 0, slo,
+                                     a + sat, size, sn)):
+                col.append(v)
+    arrays = [np.asarray(c, np.int64) for c in cols]
+    return Segments(*arrays, bad=bad)
+
+
+def rans_rows(sg: Segments, host: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The rANS segments' rows, and of those which are RAW-mode streams (used by copying
+    their bytes after the 12-byte header, once the batch has checked it)."""
+    r = sg.rows(codecs.RANS)
+    raw = sg.stored[r] >= rans.HEADER_SIZE
+    raw[raw] = host[sg.at[r][raw]] == rans.MODE_RAW
+    return r, raw
+
+
+def device_extra(decoded_len: int, whole: bool) -> int:
+    """Device bytes a codec-9 plane's decode holds besides its staged bytes, from the index
+    alone (its segments are not known there): the decoded plane awaiting the merge (not for a
+    raw-layout tensor, decoded in place) and, at most, a rANS table per 65,536 symbols."""
+    from s4weights.gpu import decode, runtime
+    from s4weights.gpu.staging import SLOT_ALIGN
+
+    tables = -(-decoded_len // ransseg.SEGMENT_UNIT)
+    return (0 if whole else runtime.align(decoded_len, SLOT_ALIGN)) + tables * (
+        decode.DECODE_RANS_PLANE) + decode.DECODE_RANS_BLOCK * -(
+        -decoded_len >> rans.LOG2_BLOCK_DEFAULT)
