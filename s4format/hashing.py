@@ -9,12 +9,15 @@ big-endian form); the checksum of a plane's stored bytes is the root's XXH3-64.
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import struct
 
 import numpy as np
 import xxhash
 
 from s4format import threads
+from s4format.pieces import Pieces
 
 LEAF_SIZE = 64 * 1024
 
@@ -23,15 +26,36 @@ LEAF_SIZE = 64 * 1024
 _PIECE_LEAVES = 256
 
 
-def _root_input(data: np.ndarray | bytes | memoryview) -> bytes:
-    view = memoryview(data).cast("B")
-    n = len(view)
+def _root_input(data: np.ndarray | bytes | memoryview | Pieces) -> bytes:
+    if isinstance(data, Pieces) and len(data.parts) > 1:
+        parts = data.parts
+        starts = list(itertools.accumulate((len(p) for p in parts), initial=0))
+        n = starts[-1]
+
+        def leaf(j: int):  # (a leaf across parts is joined: at most 64 KiB copied)
+            lo, hi = j * LEAF_SIZE, min(n, (j + 1) * LEAF_SIZE)
+            k = bisect.bisect_right(starts, lo) - 1
+            if hi <= starts[k + 1]:
+                return parts[k][lo - starts[k]:hi - starts[k]]
+            joined = []
+            while lo < hi:
+                end = min(hi, starts[k + 1])
+                joined.append(parts[k][lo - starts[k]:end - starts[k]])
+                lo, k = end, k + 1
+            return b"".join(joined)
+    else:
+        view = data.parts[0] if isinstance(data, Pieces) and data.parts else \
+            memoryview(b"" if isinstance(data, Pieces) else data).cast("B")
+        n = len(view)
+
+        def leaf(j: int):
+            return view[j * LEAF_SIZE:(j + 1) * LEAF_SIZE]
     count = (n + LEAF_SIZE - 1) // LEAF_SIZE
     leaves = np.empty(count, dtype="<u8")
 
     def piece(first: int) -> None:
         for j in range(first, min(count, first + _PIECE_LEAVES)):
-            leaves[j] = xxhash.xxh3_64_intdigest(view[j * LEAF_SIZE:(j + 1) * LEAF_SIZE])
+            leaves[j] = xxhash.xxh3_64_intdigest(leaf(j))
 
     if count <= _PIECE_LEAVES:
         piece(0)
@@ -45,7 +69,7 @@ def content_hash(data: np.ndarray | bytes | memoryview) -> bytes:
     return xxhash.xxh3_128_digest(_root_input(data))
 
 
-def plane_checksum(data: np.ndarray | bytes | memoryview) -> int:
+def plane_checksum(data: np.ndarray | bytes | memoryview | Pieces) -> int:
     """The u64 checksum of a plane's stored bytes."""
     return xxhash.xxh3_64_intdigest(_root_input(data))
 

@@ -26,6 +26,7 @@ from s4format.codecs.view import PlaneView, run_pieces
 from s4format.dtypes import DType
 from s4format.errors import FormatError, LimitError, StorageError, UnsupportedObjectError
 from s4format.layouts import Layout
+from s4format.pieces import Pieces
 from s4format.policy import CODECS_OF_MINOR, MASKED_MINOR, format_minor
 from s4format.policy import check_policy as policy_check
 from s4format.reader import MAX_INDEX_SIZE, MAX_TENSORS, checkpoint_id
@@ -85,7 +86,7 @@ class CodedPlane:
     index: int
     codec: int
     decoded_len: int
-    payload: np.ndarray | bytes
+    payload: np.ndarray | bytes | Pieces
     params: bytes = b""
     checksum: int | None = None
 
@@ -388,8 +389,10 @@ class Writer:
         for p in coded.planes:
             self._pad()
             offset = self._pos
-            buf = p.payload if isinstance(p.payload, bytes) else np.ascontiguousarray(p.payload)
-            self._write(buf)
+            buf = p.payload if isinstance(p.payload, bytes | Pieces) else \
+                np.ascontiguousarray(p.payload)
+            for part in buf.parts if isinstance(buf, Pieces) else (buf,):
+                self._write(part)
             checksum = hashing.plane_checksum(buf) if p.checksum is None else p.checksum
             planes.append(dict(kind=p.kind, index=p.index, codec=p.codec, params=p.params,
                                offset=offset, stored_len=p.stored_len,

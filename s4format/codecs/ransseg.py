@@ -143,12 +143,18 @@ class RansSegCodec(Codec):
 
 def assemble(segments: list[tuple[int, int, int, np.ndarray | bytes]]) -> np.ndarray:
     """The payload of ``(symbols, codec ID, bitpack-w width or 0, stored bytes)`` segments."""
-    head = [COUNT.pack(len(segments))]
-    head += [SEGMENT.pack(n, len(b) if isinstance(b, bytes) else b.nbytes, c, w, 0, 0)
-             for n, c, w, b in segments]
-    return np.concatenate([np.frombuffer(b"".join(head), np.uint8)]
+    return np.concatenate([np.frombuffer(head(segments), np.uint8)]
                           + [np.frombuffer(b, np.uint8) if isinstance(b, bytes)
                              else np.asarray(b, np.uint8).reshape(-1) for *_x, b in segments])
+
+
+def head(segments: list[tuple[int, int, int, object]]) -> bytes:
+    """The count and segment table that precede the segments' stored bytes in the payload
+    (:func:`assemble`'s first bytes; the GPU writer passes them on with the segments as
+    pieces, uncopied)."""
+    return COUNT.pack(len(segments)) + b"".join(
+        SEGMENT.pack(n, len(b) if isinstance(b, bytes) else b.nbytes, c, w, 0, 0)
+        for n, c, w, b in segments)
 
 
 def as_bytes(payload) -> np.ndarray:

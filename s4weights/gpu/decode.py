@@ -109,7 +109,7 @@ def _own_extra(reader: Reader, i: int) -> int:
     for p in t.planes:
         extra += DECODE_PLANE + DECODE_LEAF * -(-p.stored_len // LEAF_SIZE)
         if p.codec == codecs.RANS_SEG:
-            extra += segdecode.device_extra(p.decoded_len, whole)
+            extra += segdecode.device_extra(p.decoded_len, p.stored_len, whole)
         if p.codec == codecs.RANS:
             extra += DECODE_RANS_PLANE + DECODE_RANS_BLOCK * -(
                 -p.decoded_len >> rans.LOG2_BLOCK_DEFAULT)

@@ -253,14 +253,26 @@ class _Planes:
         """Where planes ``q`` decode to: a raw-layout tensor's destination, else its slot."""
         return np.where(self.whole[q], self.dst_t[self.k[q]], self.slot_at[q])
 
-    def rans_rows(self):
+    def rans_rows(self, keep: list[object]):
         """The group's rANS streams as the batch's rows, in plane order: every rANS plane's,
         and the rANS segments of codec-9 planes, each decoding into its range of the plane.
-        Returns (rows' planes, their stored offsets, stored and symbol counts, sources,
-        destinations, tensor positions, names of the segments' rows)."""
+        A segment's stream starts anywhere in its plane's bytes, and the decoder reads its
+        states as 4-byte words: a segment's stream not on a 16-byte boundary is copied to
+        one first (the copies queued here). Returns (rows' planes, their stored offsets,
+        stored and symbol counts, sources, destinations, tensor positions, names of the
+        segments' rows)."""
         rq = np.flatnonzero(self.rn)
         sg = segdecode.of(self.st)
-        r, _raw = segdecode.rans_rows(sg, self.st.host)
+        r, raw = segdecode.rans_rows(sg, self.st.host)
+        src = self.base + sg.at[r].astype(np.uint64)
+        move = np.flatnonzero((src % np.uint64(SLOT_ALIGN) != 0) & ~raw)  # (RAW ones: copied)
+        if move.size:
+            size = (sg.stored[r][move] + SLOT_ALIGN - 1) // SLOT_ALIGN * SLOT_ALIGN
+            moved = runtime.device_empty(int(size.sum()))
+            keep.append(moved)
+            to = np.uint64(moved.data_ptr()) + (np.cumsum(size) - size).astype(np.uint64)
+            keep.append(runtime.copy_ops(src[move], to, sg.stored[r][move]))
+            src[move] = to
         q = np.concatenate([rq, sg.q[r]])
         at = np.concatenate([self.at[rq], sg.at[r]])
         dst = np.concatenate([self.plane_dst(rq), self.plane_dst(sg.q[r])
@@ -269,7 +281,7 @@ class _Planes:
         names = [None] * rq.size + [sg.label(x) for x in r.tolist()]
         return (q[order], at[order], np.concatenate([self.stored[rq], sg.stored[r]])[order],
                 np.concatenate([self.n[rq], sg.n[r]])[order],
-                self.base + at[order].astype(np.uint64),
+                np.concatenate([self.src[rq], src])[order],
                 dst[order], self.k[q[order]], [names[x] for x in order.tolist()])
 
     def segment_ops(self) -> tuple[list, np.ndarray | None]:
@@ -351,7 +363,7 @@ def prepare(st: Staged, outs: list[torch.Tensor], base: int, keep: list[object])
     # the rANS streams first: the kernels are safe on any bytes once the host has checked the
     # headers and tables (the device checks every block's words), whatever the other planes
     rb = RansBatch(st.host, pl.where)
-    rq, *rows, names = pl.rans_rows()
+    rq, *rows, names = pl.rans_rows(keep)
     rb.add_many(rq, *rows, names=names)
     try:
         rb.prepare(keep)

@@ -22,6 +22,7 @@ import torch
 from s4format import codecs, layouts, policy
 from s4format.codecs import rans, ransseg
 from s4format.codecs.view import UNIT
+from s4format.pieces import Pieces
 from s4format.writer import CodedPlane, CodedTensor
 from s4weights.gpu import plan, runtime
 from s4weights.gpu.items import Coded, Item
@@ -34,8 +35,6 @@ ENABLED = os.environ.get("S4_GPU_SEGMENTS", "") == "1"
 MIN_BYTES = 16 << 20
 # Segments are coded only where their estimate saves this share of the tensor's raw bytes.
 MIN_GAIN = 1 / 256
-# Units whose fields are counted per device pass (4M elements).
-UNITS_PER_PASS = 64
 
 _WORDS = {2: torch.int16, 4: torch.int32}
 
@@ -57,7 +56,7 @@ def cuts(it: Item) -> np.ndarray | None:
     n = it.nbytes // w
     if n < 4 * UNIT:
         return None
-    units = unit_histograms(it.data[:n * w].view(_WORDS[w]), fields)
+    units = unit_histograms(it, lay)
     starts = np.unique(np.concatenate(
         [ransseg._cut(np.ascontiguousarray(units[:, f])) for f in range(len(fields))]))
     if starts.size < 2 or _gain(units, starts) < MIN_GAIN * it.nbytes:
@@ -65,23 +64,28 @@ def cuts(it: Item) -> np.ndarray | None:
     return starts * UNIT
 
 
-def unit_histograms(words: torch.Tensor, fields) -> np.ndarray:
-    """Per UNIT words and per field, the field's histogram (units x fields x 256, int64)."""
-    n = words.numel()
+def unit_histograms(it: Item, lay: layouts.Layout) -> np.ndarray:
+    """Per UNIT elements of ``it`` and per field of its layout (sign first), the field's
+    histogram (units x fields x 256, int64): one launch of the split's histogram kernel with a
+    row per unit, as a window's histogram pass counts a row per tensor."""
+    from s4weights.gpu.planes import launch_split
+
+    nf = len(lay.planes(it.dtype.itemsize))
+    w = lay.word_size(it.dtype.itemsize)
+    n = it.nbytes // w
     m = -(-n // UNIT)
-    out = torch.zeros((m, len(fields), 256), dtype=torch.int64, device=words.device)
-    step = UNITS_PER_PASS * UNIT
-    base = torch.arange(step, device=words.device, dtype=torch.int64) // UNIT * 256
-    mask = (1 << (8 * words.element_size())) - 1
-    for lo in range(0, n, step):
-        hi = min(n, lo + step)
-        x = words[lo:hi].to(torch.int64) & mask
-        u0, u1 = lo // UNIT, -(-hi // UNIT)
-        for f, field in enumerate(fields):
-            v = (x >> field.shift) & ((1 << field.bits) - 1)
-            counts = torch.bincount(base[:hi - lo] + v, minlength=(u1 - u0) * 256)
-            out[u0:u1, f] = counts.view(u1 - u0, 256)
-    return out.cpu().numpy()
+    first = np.arange(m, dtype=np.int64) * UNIT
+    nel = np.minimum(UNIT, n - first)
+    hist = torch.zeros(m * 1025, dtype=torch.int64, device=it.data.device)
+    hp = hist.data_ptr()
+    launch_split(lay.layout_id, np.uint64(it.data.data_ptr()) + (first * w).astype(np.uint64),
+                 nel, None, hp, hp + 8 * 1024 * m, kind="hist")
+    h = hist.cpu().numpy()
+    out = np.zeros((m, nf, 256), np.int64)
+    ones = h[1024 * m:]
+    out[:, 0, 0], out[:, 0, 1] = nel - ones, ones  # the sign plane: its set bits
+    out[:, 1:] = h[:1024 * m].reshape(m, 4, 256)[:, :nf - 1]
+    return out
 
 
 def _gain(units: np.ndarray, starts: np.ndarray) -> float:
@@ -138,11 +142,13 @@ def _stitch_plane(parts: list[CodedPlane], policy_name: str) -> CodedPlane:
     if len(used) == 1 and len({p.params for p in parts}) == 1 and \
             first.codec in (codecs.RAW, codecs.BITPACK, codecs.BITPACK_W):
         # the whole plane's own stored form: the GPU decodes it
-        payload = np.concatenate([ransseg.as_bytes(p.payload) for p in parts])
+        payload = Pieces([p.payload for p in parts])
         return CodedPlane(first.kind, first.index, first.codec, n, payload, first.params)
     if used <= set(ransseg.SEGMENT_CODECS):
-        payload = ransseg.assemble([(p.decoded_len, p.codec, p.params[0] if p.codec ==
-                                     codecs.BITPACK_W else 0, p.payload) for p in parts])
+        # the segments' payloads stay where they are (pinned views), written after the table
+        segs = [(p.decoded_len, p.codec, p.params[0] if p.codec == codecs.BITPACK_W else 0,
+                 p.payload) for p in parts]
+        payload = Pieces([ransseg.head(segs), *(p.payload for p in parts)])
         return CodedPlane(first.kind, first.index, codecs.RANS_SEG, n, payload)
     plane = np.concatenate([_decoded(p) for p in parts])
     cid, enc = policy.encode_plane(plane, first.kind, policy_name)

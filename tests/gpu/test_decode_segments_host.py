@@ -131,11 +131,22 @@ def test_segments_are_decoded_by_the_kernel_of_their_codec(monkeypatch) -> None:
     real = runtime.launch
     monkeypatch.setattr(runtime, "launch", lambda m, name, *a: (launched.append(name),
                                                                 real(m, name, *a))[1])
+    from s4weights.gpu.ransdecode import RansBatch
+    sources = []
+    add = RansBatch.add_many
+    monkeypatch.setattr(RansBatch, "add_many", lambda self, q, a, stored, n, src, *rest, **k: (
+        sources.append(np.asarray(src, np.uint64)), add(self, q, a, stored, n, src, *rest,
+                                                        **k))[1])
     blob = _file({"a": _flat(1)})
     (got,) = _gpu(blob)
     assert np.array_equal(got, s4format.Reader(blob).read_raw(0))
     # rANS segments in the batch's decode, raw ones copied, packed ones unpacked
     assert {"rans_blocks", "copy_ops", "pack_ops", "merge_bf16"} <= set(launched)
+    # the streams the kernels read start on 16-byte boundaries (the device reads their states
+    # as words), wherever the segments lie in their plane; row 2, the exponent's RAW-mode
+    # segment, is only copied from after its header
+    (src,) = sources
+    assert src.size == 7 and not (np.delete(src, 2) % 16).any()
 
 
 def test_the_segment_rows_name_their_plane_and_segment() -> None:

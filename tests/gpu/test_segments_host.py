@@ -19,8 +19,32 @@ from s4format.codecs.view import UNIT  # noqa: E402
 from s4format.writer import CodedPlane, CodedTensor, Writer, code_tensor  # noqa: E402
 from s4weights.gpu import segments  # noqa: E402
 from s4weights.gpu.items import Coded, Item  # noqa: E402
+from tests.gpu.emulated import emulate  # noqa: E402
 
 BF16 = dtypes.by_name("bfloat16")
+
+
+@pytest.fixture(autouse=True)
+def on_the_cpu(monkeypatch):
+    emulate(monkeypatch)  # (the unit histograms are the split kernel's, emulated)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_unit_histograms_count_each_field_per_unit(dtype) -> None:
+    from s4weights.gpu import plan
+
+    n = 3 * UNIT + 1001  # a short last unit
+    x = (torch.randn(n, generator=torch.Generator().manual_seed(7)) * 3).to(dtype)
+    it = Item.of(x)
+    lay = plan.gpu_layout(it.dtype.name, it.nbytes)
+    got = segments.unit_histograms(it, lay)
+    w = x.element_size()
+    planes = lay.split(x.view(torch.uint8).numpy().copy(), w)
+    assert got.shape == (4, len(planes), 256)
+    for u in range(4):
+        for f, p in enumerate(planes):
+            want = np.bincount(p[u * UNIT:(u + 1) * UNIT], minlength=256)
+            assert np.array_equal(got[u, f], want), (u, f)
 
 
 def _flat() -> torch.Tensor:
