@@ -340,6 +340,38 @@ def _cut(units):  # pragma: no cover - compiled
     return starts[:k]
 
 
+@kernel()
+def cut_bits(units, starts):  # pragma: no cover - compiled
+    """For per-unit histograms ``units`` (units x fields x 256) cut into segments at unit
+    indices ``starts`` (0 first, ascending): the order-0 bits of every field coded whole minus
+    coded in those segments, and the symbols present in the segments' tables, in one pass."""
+    m, nf = units.shape[0], units.shape[1]
+    saved = 0.0
+    present = 0
+    whole = np.empty(256, np.float64)
+    seg = np.empty(256, np.float64)
+    for f in range(nf):
+        whole[:] = 0.0
+        seg[:] = 0.0
+        nxt = 1
+        for u in range(m + 1):
+            if u == m or (nxt < starts.size and u == starts[nxt]):
+                saved -= _bits(seg)
+                for s in range(256):
+                    if seg[s] > 0:
+                        present += 1
+                seg[:] = 0.0
+                nxt += 1
+                if u == m:
+                    break
+            for s in range(256):
+                c = units[u, f, s]
+                seg[s] += c
+                whole[s] += c
+        saved += _bits(whole)
+    return saved, present
+
+
 @kernel(inline="always")
 def _bits(h):  # pragma: no cover - compiled
     """Order-0 bits of a histogram: sum of c * log2(N / c)."""

@@ -19,7 +19,7 @@ import os
 import numpy as np
 import torch
 
-from s4format import codecs, layouts, policy
+from s4format import codecs, layouts, policy, threads
 from s4format.codecs import rans, ransseg
 from s4format.codecs.view import UNIT
 from s4format.pieces import Pieces
@@ -57,8 +57,9 @@ def cuts(it: Item) -> np.ndarray | None:
     if n < 4 * UNIT:
         return None
     units = unit_histograms(it, lay)
-    starts = np.unique(np.concatenate(
-        [ransseg._cut(np.ascontiguousarray(units[:, f])) for f in range(len(fields))]))
+    # (the fields' cuts in parallel: the kernels release the GIL)
+    starts = np.unique(np.concatenate(threads.pool().map(
+        lambda f: ransseg._cut(np.ascontiguousarray(units[:, f])), range(len(fields)))))
     if starts.size < 2 or _gain(units, starts) < MIN_GAIN * it.nbytes:
         return None
     return starts * UNIT
@@ -91,20 +92,9 @@ def unit_histograms(it: Item, lay: layouts.Layout) -> np.ndarray:
 def _gain(units: np.ndarray, starts: np.ndarray) -> float:
     """Bytes the segments starting at ``starts`` (unit indices) are estimated to save over
     one table per field, their tables and segment entries paid."""
-    whole = units.sum(axis=0)
-    segs = np.add.reduceat(units, starts, axis=0)
-    overhead = starts.size * (ransseg.SEGMENT.size + rans.HEADER_SIZE + 36) + \
-        2 * np.count_nonzero(segs)
-    return (_bits(whole) - _bits(segs)) / 8 - overhead
-
-
-def _bits(h: np.ndarray) -> float:
-    """Order-0 bits of histograms (the last axis), summed."""
-    h = h.astype(np.float64)
-    n = h.sum(axis=-1, keepdims=True)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        terms = np.where(h > 0, h * np.log2(np.where(h > 0, n / h, 1.0)), 0.0)
-    return float(terms.sum())
+    saved, present = ransseg.cut_bits(units, np.asarray(starts, np.int64))
+    return saved / 8 - starts.size * (ransseg.SEGMENT.size + rans.HEADER_SIZE + 36) \
+        - 2 * present
 
 
 def split(it: Item, starts: np.ndarray) -> list[Item]:
