@@ -26,13 +26,17 @@ LEAF_SIZE = 64 * 1024
 _PIECE_LEAVES = 256
 
 
-def _root_input(data: np.ndarray | bytes | memoryview | Pieces) -> bytes:
+def leaf_digests(data: np.ndarray | bytes | memoryview | Pieces,
+                 todo: np.ndarray | None = None) -> np.ndarray:
+    """The XXH3-64 digests of ``data``'s 64 KiB leaves (all, or the leaves ``todo`` selects, a
+    mask: the others are left 0), computed on the pool. A leaf across two pieces is joined
+    first: at most 64 KiB copied."""
     if isinstance(data, Pieces) and len(data.parts) > 1:
         parts = data.parts
         starts = list(itertools.accumulate((len(p) for p in parts), initial=0))
         n = starts[-1]
 
-        def leaf(j: int):  # (a leaf across parts is joined: at most 64 KiB copied)
+        def leaf(j: int):
             lo, hi = j * LEAF_SIZE, min(n, (j + 1) * LEAF_SIZE)
             k = bisect.bisect_right(starts, lo) - 1
             if hi <= starts[k + 1]:
@@ -51,17 +55,28 @@ def _root_input(data: np.ndarray | bytes | memoryview | Pieces) -> bytes:
         def leaf(j: int):
             return view[j * LEAF_SIZE:(j + 1) * LEAF_SIZE]
     count = (n + LEAF_SIZE - 1) // LEAF_SIZE
-    leaves = np.empty(count, dtype="<u8")
+    leaves = np.zeros(count, dtype="<u8")
+    which = np.arange(count) if todo is None else np.flatnonzero(todo)
 
     def piece(first: int) -> None:
-        for j in range(first, min(count, first + _PIECE_LEAVES)):
+        for j in which[first:first + _PIECE_LEAVES].tolist():
             leaves[j] = xxhash.xxh3_64_intdigest(leaf(j))
 
-    if count <= _PIECE_LEAVES:
+    if which.size <= _PIECE_LEAVES:
         piece(0)
     else:
-        threads.pool().map(piece, range(0, count, _PIECE_LEAVES))
-    return struct.pack("<Q", n) + leaves.tobytes()
+        threads.pool().map(piece, range(0, which.size, _PIECE_LEAVES))
+    return leaves
+
+
+def root_input(nbytes: int, leaves: np.ndarray) -> bytes:
+    """What the root hashes: the u64 byte length, then the leaves' digests (little-endian)."""
+    return struct.pack("<Q", nbytes) + np.asarray(leaves, "<u8").tobytes()
+
+
+def _root_input(data: np.ndarray | bytes | memoryview | Pieces) -> bytes:
+    n = data.nbytes if isinstance(data, Pieces) else len(memoryview(data).cast("B"))
+    return root_input(n, leaf_digests(data))
 
 
 def content_hash(data: np.ndarray | bytes | memoryview) -> bytes:

@@ -12,7 +12,9 @@ from __future__ import annotations
 import numpy as np
 import xxhash
 
+from s4format import hashing
 from s4format.hashing import LEAF_SIZE
+from s4format.pieces import Pieces
 
 
 def content_hash_from_leaves(nbytes: int, digests: np.ndarray) -> bytes:
@@ -56,3 +58,60 @@ def content_hashes_from_leaves(nbytes, digests: np.ndarray, first) -> list[bytes
     e = ends.tolist()
     h = xxhash.xxh3_128_digest
     return [h(mv[8 * e[q]:8 * e[q + 1]]) for q in range(len(e) - 1)]
+
+
+_STREAMS: dict[int, object] = {}
+_MEMORY_TYPE_HOST = 1  # cudaMemoryTypeHost: page-locked host memory
+
+
+def pieces_checksum(payload: Pieces) -> int:
+    """The plane checksum of the bytes ``payload`` holds end to end (a stitched plane): the
+    64 KiB leaves lying whole in page-locked parts are digested by the current device, which
+    reads them where they are, on a stream of its own (so waiting for them waits for nothing
+    else), while the host digests the others (across parts, or in pageable memory). On the
+    H200's host, 1.2 GB of page-locked parts took 0.025 s so and 0.19-0.21 s on the host's 16
+    cores (2026-12-02)."""
+    import torch
+
+    from s4weights.gpu import runtime
+
+    n, count = payload.nbytes, -(-payload.nbytes // LEAF_SIZE)
+    on_host = np.ones(count, bool)
+    ptrs, lens, at = [], [], []
+    a = 0
+    for p in payload.parts:
+        b = a + len(p)
+        first, last = -(-a // LEAF_SIZE), (b // LEAF_SIZE if b < n else count)
+        if last > first:
+            addr = np.frombuffer(p, np.uint8).ctypes.data
+            if _page_locked(addr):
+                ptrs.append(addr + first * LEAF_SIZE - a)
+                lens.append(min(b, last * LEAF_SIZE) - first * LEAF_SIZE)
+                at.append(first)
+                on_host[first:last] = False
+        a = b
+    if not ptrs:
+        return hashing.plane_checksum(payload)
+    dev = torch.cuda.current_device()
+    stream = _STREAMS.get(dev)
+    if stream is None:
+        stream = _STREAMS[dev] = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        out = torch.empty(count, dtype=torch.int64, device="cuda")
+        runtime.leaf_digests(ptrs, lens, out=out, at=np.asarray(at, np.int64))
+        leaves = hashing.leaf_digests(payload, on_host)  # (while the device digests its own)
+        got = out.cpu().numpy().view("<u8")  # (waits for this stream only)
+    leaves[~on_host] = got[~on_host]
+    return xxhash.xxh3_64_intdigest(hashing.root_input(n, leaves))
+
+
+def _page_locked(addr: int) -> bool:
+    """Whether the device can read host address ``addr`` in place: page-locked memory, mapped
+    at the same address (unified addressing)."""
+    try:
+        import cupy
+
+        att = cupy.cuda.runtime.pointerGetAttributes(addr)
+    except (ImportError, RuntimeError):  # (CUDARuntimeError is one)
+        return False
+    return att.type == _MEMORY_TYPE_HOST and att.devicePointer == addr

@@ -25,6 +25,7 @@ from s4format.codecs.view import UNIT
 from s4format.pieces import Pieces
 from s4format.writer import CodedPlane, CodedTensor
 from s4weights.gpu import plan, runtime
+from s4weights.gpu.hash import pieces_checksum
 from s4weights.gpu.items import Coded, Item
 
 # Off unless S4_GPU_SEGMENTS=1: the GPU decoder does not decode codec 9 yet, so a tensor stored
@@ -133,13 +134,15 @@ def _stitch_plane(parts: list[CodedPlane], policy_name: str) -> CodedPlane:
             first.codec in (codecs.RAW, codecs.BITPACK, codecs.BITPACK_W):
         # the whole plane's own stored form: the GPU decodes it
         payload = Pieces([p.payload for p in parts])
-        return CodedPlane(first.kind, first.index, first.codec, n, payload, first.params)
+        return CodedPlane(first.kind, first.index, first.codec, n, payload, first.params,
+                          pieces_checksum(payload))
     if used <= set(ransseg.SEGMENT_CODECS):
         # the segments' payloads stay where they are (pinned views), written after the table
         segs = [(p.decoded_len, p.codec, p.params[0] if p.codec == codecs.BITPACK_W else 0,
                  p.payload) for p in parts]
         payload = Pieces([ransseg.head(segs), *(p.payload for p in parts)])
-        return CodedPlane(first.kind, first.index, codecs.RANS_SEG, n, payload)
+        return CodedPlane(first.kind, first.index, codecs.RANS_SEG, n, payload,
+                          checksum=pieces_checksum(payload))
     plane = np.concatenate([_decoded(p) for p in parts])
     cid, enc = policy.encode_plane(plane, first.kind, policy_name)
     return CodedPlane(first.kind, first.index, cid, n, enc.payload, enc.params)

@@ -151,3 +151,28 @@ def test_a_flat_buffer_loads_on_the_device_whoever_coded_it(device, monkeypatch)
         _no_cpu_decode(monkeypatch)
     got = s4weights.load(blob, map_location="cuda")["flat"]
     assert torch.equal(got.view(torch.int32), t.view(torch.int32))
+
+
+def test_a_stitched_planes_checksum_is_made_on_the_device_as_on_the_host() -> None:
+    # page-locked parts read in place by the device, pageable ones and the leaves across
+    # parts hashed on the host: the checksum is the host's of the joined bytes
+    import itertools
+
+    import numpy as np
+
+    from s4format import hashing
+    from s4format.pieces import Pieces
+    from s4weights.gpu import hash as gpu_hash
+    from s4weights.gpu import runtime
+
+    rng = np.random.default_rng(5)
+    pinned = runtime.pinned(9 << 20).numpy()
+    pinned[:] = rng.integers(0, 256, pinned.size, dtype=np.uint8)
+    assert gpu_hash._page_locked(pinned.ctypes.data)
+    assert not gpu_hash._page_locked(np.zeros(1 << 20, np.uint8).ctypes.data)
+    for cut in ([0, 100, 3 << 20, (3 << 20) + 65536, 9 << 20], [0, 65536 * 7, (9 << 20) - 5]):
+        parts = [b"head" * 7] + [pinned[a:b] for a, b in itertools.pairwise(cut)] + \
+            [rng.integers(0, 256, 70001, dtype=np.uint8)]
+        payload = Pieces(parts)
+        assert gpu_hash.pieces_checksum(payload) == hashing.plane_checksum(
+            np.concatenate([np.frombuffer(p, np.uint8) for p in payload.parts]))
