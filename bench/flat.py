@@ -9,10 +9,11 @@ are), and saves and loads both with ``s4weights.save``/``load`` to a local file,
 bit-exact.
 
     python bench/flat.py [--device cpu|cuda] [--dim N] [--layers N] [--steps N] [--reps N]
-                         [--gpu-segments]
+                         [--no-gpu-segments]
 
-``--gpu-segments`` codes flat buffers as segments on the GPU too (S4_GPU_SEGMENTS=1, off by
-default: the GPU decoder does not decode codec 9 yet).
+``--no-gpu-segments`` keeps one form per plane on the GPU path (S4_GPU_SEGMENTS=0), for the
+comparison: by default the GPU coder cuts flat buffers into segments (codec 9), as the CPU
+coder does.
 """
 
 from __future__ import annotations
@@ -88,13 +89,13 @@ def main() -> None:
     ap.add_argument("--layers", type=int, help="layers (default 12 on CUDA, 4 on the CPU)")
     ap.add_argument("--steps", type=int, default=20, help="training steps (default 20)")
     ap.add_argument("--reps", type=int, default=3, help="timed calls per figure (default 3)")
-    ap.add_argument("--gpu-segments", action="store_true",
-                    help="code flat buffers as segments on the GPU (S4_GPU_SEGMENTS=1)")
+    ap.add_argument("--no-gpu-segments", action="store_true",
+                    help="one form per plane on the GPU path (S4_GPU_SEGMENTS=0)")
     args = ap.parse_args()
-    if args.gpu_segments:
+    if args.no_gpu_segments:
         from s4weights.gpu import segments
 
-        segments.ENABLED = True
+        segments.ENABLED = False
     dev = args.device
     dim = args.dim or (768 if dev == "cuda" else 256)
     layers = args.layers or (12 if dev == "cuda" else 4)
@@ -119,7 +120,7 @@ def main() -> None:
     keys = ["what", "ratio", "save_s", "load_s", "torch_save_s", "torch_load_s",
             "largest_tensor_codecs", "bit_exact"]
     table = timing.markdown(keys, [[r.get(k, "") for k in keys] for r in ROWS])
-    seg = ", GPU segments on" if args.gpu_segments else ""
+    seg = ", GPU segments off" if args.no_gpu_segments else ""
     timing.finish("flat", f"Flat buffers against separate tensors ({dev}, width {dim}, "
                   f"{layers} layers{seg})", table, ROWS)
     if not all(r.get("bit_exact", True) for r in ROWS):

@@ -195,8 +195,8 @@ class Encoder:
         is coded alone, in chunks (``encode_large``), once the group before it is done. A
         large tensor whose values change distribution along it is coded as segments and
         stored with codec 9 (``segments``)."""
-        cut = [segments.cuts(it) if self.mantissa == "auto" and not self.gd
-               and segments.eligible(it, self.policy) else None for it in items]
+        cut = segments.cuts_of(items, self.policy) if self.mantissa == "auto" and not self.gd \
+            else [None] * len(items)
         if all(c is None for c in cut):
             yield from self._code(items)
             return

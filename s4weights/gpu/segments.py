@@ -28,14 +28,17 @@ from s4weights.gpu import plan, runtime
 from s4weights.gpu.hash import pieces_checksum
 from s4weights.gpu.items import Coded, Item
 
-# Off unless S4_GPU_SEGMENTS=1: the GPU decoder does not decode codec 9 yet, so a tensor stored
-# with it loads onto the GPU at the host decoder's speed (bench/RESULTS.md, "Flat buffers").
-ENABLED = os.environ.get("S4_GPU_SEGMENTS", "") == "1"
+# On unless S4_GPU_SEGMENTS=0 (then the GPU coder keeps one form per plane).
+ENABLED = os.environ.get("S4_GPU_SEGMENTS", "1") != "0"
 # Tensors of at least this many bytes are examined (a layer's weight rarely needs two tables;
 # flat buffers are hundreds of megabytes).
 MIN_BYTES = 16 << 20
 # Segments are coded only where their estimate saves this share of the tensor's raw bytes.
 MIN_GAIN = 1 / 256
+# The coarse look (``cuts_of``): blocks per tensor, and the share of its bytes they must save
+# (before their tables' cost) for the tensor to be examined unit by unit.
+COARSE_BLOCKS = 16
+COARSE_MIN = MIN_GAIN / 4
 
 _WORDS = {2: torch.int16, 4: torch.int32}
 
@@ -68,26 +71,74 @@ def cuts(it: Item) -> np.ndarray | None:
 
 def unit_histograms(it: Item, lay: layouts.Layout) -> np.ndarray:
     """Per UNIT elements of ``it`` and per field of its layout (sign first), the field's
-    histogram (units x fields x 256, int64): one launch of the split's histogram kernel with a
-    row per unit, as a window's histogram pass counts a row per tensor."""
-    from s4weights.gpu.planes import launch_split
-
-    nf = len(lay.planes(it.dtype.itemsize))
+    histogram (units x fields x 256, int64)."""
     w = lay.word_size(it.dtype.itemsize)
     n = it.nbytes // w
-    m = -(-n // UNIT)
-    first = np.arange(m, dtype=np.int64) * UNIT
-    nel = np.minimum(UNIT, n - first)
-    hist = torch.zeros(m * 1025, dtype=torch.int64, device=it.data.device)
+    first = np.arange(-(-n // UNIT), dtype=np.int64) * UNIT
+    return _histograms(lay, len(lay.planes(it.dtype.itemsize)),
+                       np.uint64(it.data.data_ptr()) + (first * w).astype(np.uint64),
+                       np.minimum(UNIT, n - first), it.data.device)
+
+
+def _histograms(lay: layouts.Layout, nf: int, src: np.ndarray, nel: np.ndarray,
+                device) -> np.ndarray:
+    """The histograms of each field (sign first) of rows of ``nel`` elements at ``src``, all of
+    layout ``lay`` (rows x fields x 256, int64): one launch of the split's histogram kernel,
+    a row each, as a window's histogram pass counts a row per tensor."""
+    from s4weights.gpu.planes import launch_split
+
+    m = nel.size
+    hist = torch.zeros(m * 1025, dtype=torch.int64, device=device)
     hp = hist.data_ptr()
-    launch_split(lay.layout_id, np.uint64(it.data.data_ptr()) + (first * w).astype(np.uint64),
-                 nel, None, hp, hp + 8 * 1024 * m, kind="hist")
+    launch_split(lay.layout_id, src, nel, None, hp, hp + 8 * 1024 * m, kind="hist")
     h = hist.cpu().numpy()
     out = np.zeros((m, nf, 256), np.int64)
     ones = h[1024 * m:]
     out[:, 0, 0], out[:, 0, 1] = nel - ones, ones  # the sign plane: its set bits
     out[:, 1:] = h[:1024 * m].reshape(m, 4, 256)[:, :nf - 1]
     return out
+
+
+def cuts_of(items: list[Item], policy_name: str) -> list[np.ndarray | None]:
+    """:func:`cuts` of each item :func:`eligible` admits and a coarse look finds promising:
+    cut into ``COARSE_BLOCKS`` blocks (histograms of all such items of a layout in one
+    launch), an item whose blocks save under ``COARSE_MIN`` of its bytes holds one
+    distribution, as a model's weight does, and is not examined unit by unit (whose
+    histograms are 8 KiB per 65,536 elements to the host)."""
+    out: list[np.ndarray | None] = [None] * len(items)
+    by_layout: dict[int, list[int]] = {}
+    for k, it in enumerate(items):
+        if eligible(it, policy_name):
+            by_layout.setdefault(plan.gpu_layout(it.dtype.name, it.nbytes).layout_id,
+                                 []).append(k)
+    for ks in by_layout.values():
+        for k in _promising([items[k] for k in ks], ks):
+            out[k] = cuts(items[k])
+    return out
+
+
+def _promising(its: list[Item], ks: list[int]) -> list[int]:
+    """Of items ``its`` (positions ``ks``, one layout), those whose coarse blocks show a gain."""
+    lay = plan.gpu_layout(its[0].dtype.name, its[0].nbytes)
+    src, nel, rows = [], [], []
+    for it in its:
+        w = lay.word_size(it.dtype.itemsize)
+        n = it.nbytes // w
+        units = -(-n // UNIT)
+        step = -(-units // COARSE_BLOCKS) * UNIT  # whole units per block
+        first = np.arange(0, n, step, dtype=np.int64)
+        src.append(np.uint64(it.data.data_ptr()) + (first * w).astype(np.uint64))
+        nel.append(np.minimum(step, n - first))
+        rows.append(first.size)
+    hists = _histograms(lay, len(lay.planes(its[0].dtype.itemsize)), np.concatenate(src),
+                        np.concatenate(nel), its[0].data.device)
+    keep, at = [], 0
+    for it, k, r in zip(its, ks, rows):
+        saved, _present = ransseg.cut_bits(hists[at:at + r], np.arange(r, dtype=np.int64))
+        if saved / 8 >= COARSE_MIN * it.nbytes:
+            keep.append(k)
+        at += r
+    return keep
 
 
 def _gain(units: np.ndarray, starts: np.ndarray) -> float:

@@ -5,6 +5,7 @@ writer stores the same file as for the joined bytes."""
 from __future__ import annotations
 
 import io
+import itertools
 
 import numpy as np
 import pytest
@@ -30,7 +31,7 @@ def test_a_plane_of_pieces_is_written_as_its_bytes() -> None:
     raw = rng.integers(0, 256, 300_001, dtype=np.uint8)
     cut = [0, 7, 65536 + 3, 200_000, raw.size]
     files = []
-    for payload in (raw, Pieces([raw[a:b] for a, b in zip(cut, cut[1:])])):
+    for payload in (raw, Pieces([raw[a:b] for a, b in itertools.pairwise(cut)])):
         buf = io.BytesIO()
         with Writer(buf) as w:
             coded = CodedTensor(layouts.RAW, (CodedPlane(layouts.KIND_RAW, 0, codecs.RAW,

@@ -1,4 +1,4 @@
-"""Flat buffers saved from CUDA tensors with S4_GPU_SEGMENTS on: cut where the distribution
+"""Flat buffers saved from CUDA tensors (segments on, the default): cut where the distribution
 changes, coded as segments on the GPU and stored with codec 9, within 1% of the CPU path's
 file, bit-exact on both decoders; a tensor of one distribution stays codec 4. Skipped without
 CUDA."""

@@ -168,3 +168,21 @@ def test_segments_of_other_layouts_are_coded_on_the_host() -> None:
     got = segments.stitch(it, [Coded(split, b""), Coded(one, b"")], b"h" * 16, "auto")
     assert got.coded.stored == code_tensor(raw, BF16).stored
     _round_trip(got.coded, raw, tuple(t.shape))
+
+
+def test_only_tensors_whose_coarse_blocks_differ_are_examined_unit_by_unit(monkeypatch) -> None:
+    monkeypatch.setattr(segments, "MIN_BYTES", 0)
+    monkeypatch.setattr(segments, "ENABLED", True)
+    examined = []
+    real = segments.cuts
+    monkeypatch.setattr(segments, "cuts", lambda it: (examined.append(it), real(it))[1])
+    g = torch.Generator().manual_seed(9)
+    one = (torch.randn(40 * UNIT, generator=g) * 0.02).to(torch.bfloat16)
+    flat = _flat()
+    small = torch.ones(1000, dtype=torch.bfloat16)  # (below the split: not eligible)
+    items = [Item.of(one), Item.of(flat), Item.of(small), Item.of(one.float())]
+    got = segments.cuts_of(items, "auto")
+    assert [e is items[1] for e in examined] == [True]
+    assert got[0] is None and got[2] is None and got[3] is None
+    assert np.array_equal(got[1], segments.cuts(items[1]))
+    assert segments.cuts_of(items, "seed") == [None] * 4
