@@ -26,5 +26,7 @@ class Pieces:
 
     def __array__(self, dtype=None, copy=None) -> np.ndarray:
         """The bytes as one array (a copy: for readers of a payload, not the writer's path)."""
+        if copy is False:
+            raise ValueError("a payload in pieces has no single buffer to view")
         out = np.frombuffer(self.tobytes(), np.uint8)
         return out if dtype is None else out.astype(dtype)

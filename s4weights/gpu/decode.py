@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from s4format import codecs, layouts
-from s4format.codecs import rans
+from s4format.codecs import rans, ransseg
 from s4format.errors import (
     ContentHashError,
     LimitError,
@@ -70,6 +70,7 @@ _BY_HASH: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # reader -> h
 # digest's copy on the way to the host).
 DECODE_TENSOR, DECODE_PLANE, DECODE_RANS_PLANE, DECODE_RANS_BLOCK, DECODE_LEAF = (
     512, 128, 1536, 64, 16)
+DECODE_SEGMENT_OPS = 128  # a codec-9 segment's copy or unpack op rows, and its realignment's
 
 
 def device_extra(reader: Reader, i: int) -> int:
@@ -109,7 +110,7 @@ def _own_extra(reader: Reader, i: int) -> int:
     for p in t.planes:
         extra += DECODE_PLANE + DECODE_LEAF * -(-p.stored_len // LEAF_SIZE)
         if p.codec == codecs.RANS_SEG:
-            extra += segdecode.device_extra(p.decoded_len, p.stored_len, whole)
+            extra += _segments_extra(p.decoded_len, p.stored_len, whole)
         if p.codec == codecs.RANS:
             extra += DECODE_RANS_PLANE + DECODE_RANS_BLOCK * -(
                 -p.decoded_len >> rans.LOG2_BLOCK_DEFAULT)
@@ -117,6 +118,19 @@ def _own_extra(reader: Reader, i: int) -> int:
                 or p.codec == codecs.NVCOMP_ANS:
             extra += runtime.align(p.decoded_len, SLOT_ALIGN)
     return extra
+
+
+def _segments_extra(decoded_len: int, stored_len: int, whole: bool) -> int:
+    """Device bytes a codec-9 plane's decode holds besides its staged bytes, from the index
+    alone (its segments are not known there): the decoded plane awaiting the merge (not for a
+    raw-layout tensor, decoded in place), its rANS segments moved to aligned places (at most
+    its stored bytes), and at most a segment per 65,536 symbols, each with a rANS table, a
+    block of its own and its copy or unpack op's rows."""
+    segs = -(-decoded_len // ransseg.SEGMENT_UNIT)
+    blocks = segs + (decoded_len >> rans.LOG2_BLOCK_DEFAULT)
+    return (0 if whole else runtime.align(decoded_len, SLOT_ALIGN)) \
+        + runtime.align(stored_len + SLOT_ALIGN * segs, SLOT_ALIGN) \
+        + segs * (DECODE_RANS_PLANE + DECODE_SEGMENT_OPS) + blocks * DECODE_RANS_BLOCK
 
 
 def parent_index(reader: Reader, i: int) -> int | None:

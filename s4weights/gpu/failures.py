@@ -50,7 +50,11 @@ def raise_as_cpu(reader: Reader, i: int, exc: S4Error) -> None:
         reader.read_raw(i)
     except S4Error as first:
         ours = plane_named(reader, i, exc)
-        if ours is not None and ours >= 0 and plane_named(reader, i, first) == ours:
+        # (within a codec-9 plane the GPU path checks segment forms before it decodes rANS
+        # segments, so another segment may fail first for the CPU reader: its words then)
+        if ours is not None and ours >= 0 and plane_named(reader, i, first) == ours and (
+                reader.tensors[i].planes[ours].codec != codecs.RANS_SEG
+                or str(first) == str(exc)):
             raise exc from None
         # (a failure the GPU path names by tensor only, such as a merge that found values
         # wider than a field, takes the CPU reader's words, which name what it found)

@@ -9,6 +9,8 @@ digests is a few bytes per leaf. The coders' groups root them on the device too
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import xxhash
 
@@ -108,10 +110,21 @@ def pieces_checksum(payload: Pieces) -> int:
 def _page_locked(addr: int) -> bool:
     """Whether the device can read host address ``addr`` in place: page-locked memory, mapped
     at the same address (unified addressing)."""
+    runtime = _cuda_runtime()
+    if runtime is None:
+        return False
     try:
-        import cupy
-
-        att = cupy.cuda.runtime.pointerGetAttributes(addr)
-    except (ImportError, RuntimeError):  # (CUDARuntimeError is one)
+        att = runtime.pointerGetAttributes(addr)
+    except RuntimeError:  # (CUDARuntimeError is one)
         return False
     return att.type == _MEMORY_TYPE_HOST and att.devicePointer == addr
+
+
+@functools.cache
+def _cuda_runtime():
+    """CuPy's CUDA runtime bindings, or None without CuPy."""
+    try:
+        import cupy
+    except ImportError:
+        return None
+    return cupy.cuda.runtime

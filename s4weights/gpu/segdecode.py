@@ -88,18 +88,3 @@ def rans_rows(sg: Segments, host: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     raw = sg.stored[r] >= rans.HEADER_SIZE
     raw[raw] = host[sg.at[r][raw]] == rans.MODE_RAW
     return r, raw
-
-
-def device_extra(decoded_len: int, stored_len: int, whole: bool) -> int:
-    """Device bytes a codec-9 plane's decode holds besides its staged bytes, from the index
-    alone (its segments are not known there): the decoded plane awaiting the merge (not for a
-    raw-layout tensor, decoded in place), its rANS segments copied to aligned places (at most
-    its stored bytes) and, at most, a rANS table per 65,536 symbols."""
-    from s4weights.gpu import decode, runtime
-    from s4weights.gpu.staging import SLOT_ALIGN
-
-    tables = -(-decoded_len // ransseg.SEGMENT_UNIT)
-    return (0 if whole else runtime.align(decoded_len, SLOT_ALIGN)) + runtime.align(
-        stored_len + SLOT_ALIGN * tables, SLOT_ALIGN) + tables * (
-        decode.DECODE_RANS_PLANE) + decode.DECODE_RANS_BLOCK * -(
-        -decoded_len >> rans.LOG2_BLOCK_DEFAULT)

@@ -88,10 +88,11 @@ def _histograms(lay: layouts.Layout, nf: int, src: np.ndarray, nel: np.ndarray,
     from s4weights.gpu.planes import launch_split
 
     m = nel.size
-    hist = torch.zeros(m * 1025, dtype=torch.int64, device=device)
-    hp = hist.data_ptr()
-    launch_split(lay.layout_id, src, nel, None, hp, hp + 8 * 1024 * m, kind="hist")
-    h = hist.cpu().numpy()
+    with torch.cuda.device(device):  # (the launch goes to the device that holds the rows)
+        hist = torch.zeros(m * 1025, dtype=torch.int64, device=device)
+        hp = hist.data_ptr()
+        launch_split(lay.layout_id, src, nel, None, hp, hp + 8 * 1024 * m, kind="hist")
+        h = hist.cpu().numpy()
     out = np.zeros((m, nf, 256), np.int64)
     ones = h[1024 * m:]
     out[:, 0, 0], out[:, 0, 1] = nel - ones, ones  # the sign plane: its set bits
@@ -106,11 +107,11 @@ def cuts_of(items: list[Item], policy_name: str) -> list[np.ndarray | None]:
     distribution, as a model's weight does, and is not examined unit by unit (whose
     histograms are 8 KiB per 65,536 elements to the host)."""
     out: list[np.ndarray | None] = [None] * len(items)
-    by_layout: dict[int, list[int]] = {}
+    by_layout: dict[tuple, list[int]] = {}  # (layout, device) -> items
     for k, it in enumerate(items):
         if eligible(it, policy_name):
-            by_layout.setdefault(plan.gpu_layout(it.dtype.name, it.nbytes).layout_id,
-                                 []).append(k)
+            lay = plan.gpu_layout(it.dtype.name, it.nbytes)
+            by_layout.setdefault((lay.layout_id, str(it.data.device)), []).append(k)
     for ks in by_layout.values():
         for k in _promising([items[k] for k in ks], ks):
             out[k] = cuts(items[k])

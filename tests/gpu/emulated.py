@@ -353,6 +353,7 @@ class Cuda:
     Event = staticmethod(lambda *a, **k: Event())
     current_stream = staticmethod(lambda *a: Stream())
     stream = staticmethod(lambda s: contextlib.nullcontext())
+    device = staticmethod(lambda d: contextlib.nullcontext())
     synchronize = staticmethod(lambda: None)
 
 

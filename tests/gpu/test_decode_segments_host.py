@@ -247,3 +247,28 @@ def test_device_extra_counts_the_decoded_plane_and_its_tables() -> None:
     stored_a = sum(p.stored_len for p in r.tensors[0].planes)
     assert a > stored_a + 3 * N  # each split plane's decoded bytes wait for the merge
     assert b < sum(p.stored_len for p in r.tensors[1].planes) + N  # decoded in place
+
+
+@pytest.mark.parametrize("first", ["rans-mode", "rans-block"])
+def test_in_one_plane_the_first_failing_segment_is_reported(first) -> None:
+    # segment 0's rANS stream is bad (its header, or a block only decoding finds) and segment
+    # 1, raw, is a byte short: the GPU path checks forms first, yet reports segment 0 as the
+    # CPU reader does
+    g = np.random.default_rng(4)
+    raw = (g.geometric(0.3, 2 * UNIT) % 256).astype(np.uint8)
+    stream = _rans(raw[:UNIT]).copy()
+    if first == "rans-mode":
+        stream[0] = 9
+    else:
+        stream[stream.size // 2] ^= 0x5A
+    plane = ransseg.assemble([(UNIT, codecs.RANS, 0, stream),
+                              (UNIT, codecs.RAW, 0, raw[UNIT:2 * UNIT - 1])])
+    blob = _file({"z": ("uint8", (raw.size,), layouts.RAW,
+                        [CodedPlane(layouts.KIND_RAW, 0, codecs.RANS_SEG, raw.size, plane)],
+                        raw)})
+    with pytest.raises(CodecError) as cpu:
+        s4format.Reader(blob).read_raw(0)
+    assert "segment 0 of 2 (rans)" in str(cpu.value)
+    with pytest.raises(CodecError) as got:
+        decode.read_tensors(s4format.Reader(blob), [0])
+    assert str(got.value) == str(cpu.value)
