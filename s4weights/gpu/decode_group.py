@@ -284,7 +284,7 @@ class _Planes:
                 np.concatenate([self.src[rq], src])[order],
                 dst[order], self.k[q[order]], [names[x] for x in order.tolist()])
 
-    def segment_ops(self) -> tuple[list, np.ndarray | None]:
+    def segment_ops(self) -> tuple[list, tuple | None]:
         """Codec-9 planes' other segments: copies of raw ones and of RAW-mode rANS streams'
         bytes (src, dst, n), and bitpack and bitpack-w ones unpacked to a byte per symbol
         (pack ops' columns: src, dst, n, source width; None when there are none). Only for
