@@ -14,6 +14,8 @@ import struct
 import numpy as np
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import s4format
 from s4format import codecs, dtypes, hashing, layouts, objtree
@@ -22,6 +24,7 @@ from s4format.errors import CodecError
 from s4format.writer import CodedPlane, CodedTensor, Writer
 from s4weights.gpu import decode, segdecode
 from tests.gpu.emulated import emulate
+from tests.gpu.test_decode_host import _first_cpu_failure, _rewrite
 
 UNIT = ransseg.SEGMENT_UNIT
 N = 3 * UNIT + 1001  # three whole segments and a short last one
@@ -272,3 +275,55 @@ def test_in_one_plane_the_first_failing_segment_is_reported(first) -> None:
     with pytest.raises(CodecError) as got:
         decode.read_tensors(s4format.Reader(blob), [0])
     assert str(got.value) == str(cpu.value)
+
+
+_FUZZ = None
+
+
+def _fuzz_file() -> tuple[bytes, list[tuple[str, int, int]]]:
+    """A file of codec-9 planes of every segment codec, and its planes (tensor, plane, stored
+    bytes); made once."""
+    global _FUZZ
+    if _FUZZ is None:
+        blob = _file({"a": _flat(1), "b": _bytes_tensor(2),
+                      "c": _flat(3, ["raw", "bitpack", "rans", "bitpack"],
+                                 ["rans-raw", "rans", "rans", "rans-const"],
+                                 ["rans", "bitpack-w", "raw", "bitpack-w"])})
+        r = s4format.Reader(blob)
+        _FUZZ = blob, [(t.name, j, p.stored_len) for t in r.tensors
+                       for j, p in enumerate(t.planes)]
+    return _FUZZ
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_damaged_segments_fail_on_the_gpu_as_on_the_cpu(data) -> None:
+    # any byte of one to three codec-9 planes changed (segment tables, stream headers and
+    # tables, words, packed bytes), each plane's checksum remade for the new bytes so that only
+    # decoding finds the damage: the GPU path refuses the file iff the CPU reader does, with
+    # the same error in the same words, or decodes the same bytes
+    blob, planes = _fuzz_file()
+    picks = data.draw(st.lists(st.sampled_from(planes), min_size=1, max_size=3, unique=True))
+    for name, j, size in picks:
+        at = data.draw(st.one_of(st.integers(0, min(size, 4 + 24 * 4) - 1),
+                                 st.integers(0, size - 1)))  # (the table, or anywhere)
+        flip = data.draw(st.integers(1, 255))
+
+        def damage(stored: np.ndarray, at=at, flip=flip) -> np.ndarray:
+            stored[at] ^= flip
+            return stored
+
+        blob = _rewrite(blob, name, j, damage)
+    r = s4format.Reader(blob)
+    cpu = _first_cpu_failure(r)
+    try:
+        got = decode.read_tensors(s4format.Reader(blob), list(range(len(r.tensors))))
+        gpu = None
+    except s4format.S4Error as e:
+        gpu = e
+    assert (cpu is None) == (gpu is None), (cpu, gpu)
+    if cpu is None:
+        for i, o in enumerate(got):
+            assert np.array_equal(o.numpy(), r.read_raw(i))
+    else:
+        assert type(gpu) is type(cpu) and str(gpu) == str(cpu), (cpu, gpu)
