@@ -71,8 +71,8 @@ def pieces_checksum(payload: Pieces) -> int:
     64 KiB leaves lying whole in page-locked parts are digested by the current device, which
     reads them where they are, on a stream of its own (so waiting for them waits for nothing
     else), while the host digests the others (across parts, or in pageable memory). On the
-    H200's host, 1.2 GB of page-locked parts took 0.025 s so and 0.19-0.21 s on the host's 16
-    cores (2026-12-02)."""
+    H200's host (2026-12-03), 1.2 GB of page-locked parts took 0.025 s this way, against
+    0.19-0.21 s hashed by the host's 16 cores."""
     import torch
 
     from s4weights.gpu import runtime
