@@ -31,29 +31,22 @@ def leaf_digests(data: np.ndarray | bytes | memoryview | Pieces,
     """The XXH3-64 digests of ``data``'s 64 KiB leaves (all, or the leaves ``todo`` selects, a
     mask: the others are left 0), computed on the pool. A leaf across two pieces is joined
     first: at most 64 KiB copied."""
-    if isinstance(data, Pieces) and len(data.parts) > 1:
-        parts = data.parts
-        starts = list(itertools.accumulate((len(p) for p in parts), initial=0))
-        n = starts[-1]
+    parts = data.parts if isinstance(data, Pieces) else [memoryview(data).cast("B")]
+    starts = list(itertools.accumulate((len(p) for p in parts), initial=0))
+    n = starts[-1]
 
-        def leaf(j: int):
-            lo, hi = j * LEAF_SIZE, min(n, (j + 1) * LEAF_SIZE)
-            k = bisect.bisect_right(starts, lo) - 1
-            if hi <= starts[k + 1]:
-                return parts[k][lo - starts[k]:hi - starts[k]]
-            joined = []
-            while lo < hi:
-                end = min(hi, starts[k + 1])
-                joined.append(parts[k][lo - starts[k]:end - starts[k]])
-                lo, k = end, k + 1
-            return b"".join(joined)
-    else:
-        view = data.parts[0] if isinstance(data, Pieces) and data.parts else \
-            memoryview(b"" if isinstance(data, Pieces) else data).cast("B")
-        n = len(view)
+    def leaf(j: int):
+        lo, hi = j * LEAF_SIZE, min(n, (j + 1) * LEAF_SIZE)
+        k = bisect.bisect_right(starts, lo) - 1
+        if hi <= starts[k + 1]:
+            return parts[k][lo - starts[k]:hi - starts[k]]
+        joined = []
+        while lo < hi:
+            end = min(hi, starts[k + 1])
+            joined.append(parts[k][lo - starts[k]:end - starts[k]])
+            lo, k = end, k + 1
+        return b"".join(joined)
 
-        def leaf(j: int):
-            return view[j * LEAF_SIZE:(j + 1) * LEAF_SIZE]
     count = (n + LEAF_SIZE - 1) // LEAF_SIZE
     leaves = np.zeros(count, dtype="<u8")
     which = np.arange(count) if todo is None else np.flatnonzero(todo)

@@ -75,7 +75,7 @@ class RansSegCodec(Codec):
 
     def decode(self, payload: np.ndarray, decoded_len: int, params: bytes) -> np.ndarray:
         if params:
-            raise CodecError(f"rans-seg takes no parameters, got {len(params)} bytes")
+            raise CodecError(params_error(len(params)))
         buf = as_bytes(payload)
         table = read_table(buf, decoded_len)
         out = np.empty(decoded_len, np.uint8)
@@ -239,9 +239,19 @@ def read_table(buf: np.ndarray, decoded_len: int) -> list[tuple]:
     return rows
 
 
+def segment_name(i: int, k: int, codec_name: str) -> str:
+    """Segment ``i`` of ``k`` as the decoder names it in its failures."""
+    return f"rans-seg segment {i} of {k} ({codec_name})"
+
+
 def segment_message(i: int, k: int, codec_name: str, msg: str) -> str:
-    """A segment's failure in the decoder's words (segment ``i`` of ``k``)."""
-    return f"rans-seg segment {i} of {k} ({codec_name}): {msg}"
+    """A segment's failure in the decoder's words."""
+    return f"{segment_name(i, k, codec_name)}: {msg}"
+
+
+def params_error(nbytes: int) -> str:
+    """The failure of a codec-9 plane given ``nbytes`` (> 0) of parameters."""
+    return f"rans-seg takes no parameters, got {nbytes} bytes"
 
 
 def form_failure(buf: np.ndarray, table: list[tuple]) -> str | None:

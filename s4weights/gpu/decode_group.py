@@ -20,7 +20,7 @@ from s4format.codecs import gdeflate as cpu_gdeflate
 from s4format.codecs import rans
 from s4format.errors import ChecksumError, CodecError, ContentHashError, FormatError
 from s4format.hashing import LEAF_SIZE
-from s4weights.gpu import gdeflate, nvans, runtime, segdecode
+from s4weights.gpu import gdeflate, nvans, ransparse, runtime, segdecode
 from s4weights.gpu.failures import about, form_failure
 from s4weights.gpu.plan import chunk_table
 from s4weights.gpu.ransdecode import RansBatch
@@ -233,8 +233,7 @@ class _Planes:
         self.rn, self.gd = codec == codecs.RANS, codec == codecs.GDEFLATE
         self.seg = codec == codecs.RANS_SEG
         # rANS streams: RAW-mode ones are used in place (their bytes follow the header)
-        self.raw_mode = self.rn & (self.stored >= rans.HEADER_SIZE)
-        self.raw_mode[self.raw_mode] = st.host[self.at[self.raw_mode]] == rans.MODE_RAW
+        self.raw_mode = self.rn & ransparse.raw_mode(st.host, self.at, self.stored)
         # a codec-9 plane of a split tensor is decoded whole into a slot, then merged as bytes
         self.slot = ~whole & ((self.rn & ~self.raw_mode) | self.gd | self.seg)
         sizes = np.where(self.slot, (n + SLOT_ALIGN - 1) // SLOT_ALIGN * SLOT_ALIGN, 0)
@@ -263,7 +262,8 @@ class _Planes:
         segments' rows)."""
         rq = np.flatnonzero(self.rn)
         sg = segdecode.of(self.st)
-        r, raw = segdecode.rans_rows(sg, self.st.host)
+        r = sg.rows(codecs.RANS)
+        raw = sg.raw[r]
         src = self.base + sg.at[r].astype(np.uint64)
         move = np.flatnonzero((src % np.uint64(SLOT_ALIGN) != 0) & ~raw)  # (RAW ones: copied)
         if move.size:
@@ -292,8 +292,7 @@ class _Planes:
         sg = segdecode.of(self.st)
         dst = self.plane_dst(sg.q) + sg.lo.astype(np.uint64)
         src = self.base + sg.at.astype(np.uint64)
-        r, raw = segdecode.rans_rows(sg, self.st.host)
-        rc = np.concatenate([sg.rows(codecs.RAW), r[raw]])
+        rc = np.concatenate([sg.rows(codecs.RAW), np.flatnonzero(sg.raw)])
         hdr = np.where(sg.codec[rc] == codecs.RANS, rans.HEADER_SIZE, 0).astype(np.uint64)
         copies = list(zip((src[rc] + hdr).tolist(), dst[rc].tolist(), sg.n[rc].tolist()))
         pk = np.flatnonzero((sg.codec == codecs.BITPACK) | (sg.codec == codecs.BITPACK_W))

@@ -76,6 +76,15 @@ def tables_fit(nblocks: int, stored: int) -> bool:
     return nblocks * TABLE_BYTES <= max(TABLE_CAP, 2 * stored)
 
 
+def raw_mode(host: np.ndarray, at, stored) -> np.ndarray:
+    """Which streams ``host[at[q]:at[q] + stored[q]]`` declare RAW mode (their bytes follow the
+    header: used in place or copied, not decoded), read before any check of theirs."""
+    at, stored = np.asarray(at, np.int64), np.asarray(stored, np.int64)
+    raw = stored >= HEADER_SIZE
+    raw[raw] = host[at[raw]] == MODE_RAW
+    return raw
+
+
 def stream_blocks(host: np.ndarray, at, stored, n) -> np.ndarray:
     """Blocks each stream ``host[at[q]:at[q] + stored[q]]`` of ``n[q]`` symbols declares in its
     header (0 for RAW mode and for headers :func:`parse_streams` will refuse), read before

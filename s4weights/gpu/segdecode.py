@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from s4format import codecs
-from s4format.codecs import rans, ransseg
+from s4format.codecs import ransseg
 from s4format.errors import CodecError
+from s4weights.gpu import ransparse
 
 
 @dataclass
@@ -35,12 +36,13 @@ class Segments:
     at: np.ndarray
     stored: np.ndarray
     n: np.ndarray
+    raw: np.ndarray  # rANS segments in RAW mode (copied after their header, not decoded)
     bad: dict[int, str] = field(default_factory=dict)
 
     def label(self, row: int) -> str:
         """Segment ``row`` as the CPU decoder names it in a failure's message."""
-        c = codecs.get(int(self.codec[row]))
-        return f"rans-seg segment {int(self.index[row])} of {int(self.count[row])} ({c.name})"
+        return ransseg.segment_name(int(self.index[row]), int(self.count[row]),
+                                    codecs.get(int(self.codec[row])).name)
 
     def rows(self, codec: int) -> np.ndarray:
         return np.flatnonzero(self.codec == codec)
@@ -55,17 +57,17 @@ def of(st) -> Segments:
 
 
 def _read(st) -> Segments:
-    _k, _j, codec, n, stored, nparams = st.meta.T
+    _k, _j, plane_codec, plane_n, stored, nparams = st.meta.T
     cols: list[list[int]] = [[] for _ in range(9)]
     bad: dict[int, str] = {}
-    for q in np.flatnonzero(codec == codecs.RANS_SEG).tolist():
+    for q in np.flatnonzero(plane_codec == codecs.RANS_SEG).tolist():
         a = int(st.at[q])
         buf = st.host[a:a + int(stored[q])]
         if nparams[q]:
-            bad[q] = f"rans-seg takes no parameters, got {int(nparams[q])} bytes"
+            bad[q] = ransseg.params_error(int(nparams[q]))
             continue
         try:
-            table = ransseg.read_table(buf, int(n[q]))
+            table = ransseg.read_table(buf, int(plane_n[q]))
         except CodecError as exc:
             bad[q] = str(exc)
             continue
@@ -77,14 +79,6 @@ def _read(st) -> Segments:
             for col, v in zip(cols, (q, i, len(table), c.codec_id, sp[0] if sp else 0, slo,
                                      a + sat, size, sn)):
                 col.append(v)
-    arrays = [np.asarray(c, np.int64) for c in cols]
-    return Segments(*arrays, bad=bad)
-
-
-def rans_rows(sg: Segments, host: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The rANS segments' rows, and of those which are RAW-mode streams (used by copying
-    their bytes after the 12-byte header, once the batch has checked it)."""
-    r = sg.rows(codecs.RANS)
-    raw = sg.stored[r] >= rans.HEADER_SIZE
-    raw[raw] = host[sg.at[r][raw]] == rans.MODE_RAW
-    return r, raw
+    q, index, count, codec, width, lo, at, size, n = (np.asarray(c, np.int64) for c in cols)
+    raw = (codec == codecs.RANS) & ransparse.raw_mode(st.host, at, size)
+    return Segments(q, index, count, codec, width, lo, at, size, n, raw, bad)

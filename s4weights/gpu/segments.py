@@ -82,12 +82,18 @@ def cuts(it: Item) -> np.ndarray | None:
 def unit_histograms(it: Item, lay: layouts.Layout) -> np.ndarray:
     """Per UNIT elements of ``it`` and per field of its layout (sign first), the field's
     histogram (units x fields x 256, int64)."""
+    return _histograms(lay, len(lay.planes(it.dtype.itemsize)), *_rows(it, lay, 1),
+                       it.data.device)
+
+
+def _rows(it: Item, lay: layouts.Layout, units: int) -> tuple[np.ndarray, np.ndarray]:
+    """``it`` cut into rows of ``units`` UNITs (the last shorter): their addresses and
+    element counts."""
     w = lay.word_size(it.dtype.itemsize)
     n = it.nbytes // w
-    first = np.arange(-(-n // UNIT), dtype=np.int64) * UNIT
-    return _histograms(lay, len(lay.planes(it.dtype.itemsize)),
-                       np.uint64(it.data.data_ptr()) + (first * w).astype(np.uint64),
-                       np.minimum(UNIT, n - first), it.data.device)
+    first = np.arange(0, n, units * UNIT, dtype=np.int64)
+    return (np.uint64(it.data.data_ptr()) + (first * w).astype(np.uint64),
+            np.minimum(units * UNIT, n - first))
 
 
 def _histograms(lay: layouts.Layout, nf: int, src: np.ndarray, nel: np.ndarray,
@@ -133,14 +139,11 @@ def _promising(its: list[Item], ks: list[int]) -> list[int]:
     lay = plan.gpu_layout(its[0].dtype.name, its[0].nbytes)
     src, nel, rows = [], [], []
     for it in its:
-        w = lay.word_size(it.dtype.itemsize)
-        n = it.nbytes // w
-        units = -(-n // UNIT)
-        step = -(-units // COARSE_BLOCKS) * UNIT  # whole units per block
-        first = np.arange(0, n, step, dtype=np.int64)
-        src.append(np.uint64(it.data.data_ptr()) + (first * w).astype(np.uint64))
-        nel.append(np.minimum(step, n - first))
-        rows.append(first.size)
+        units = -(-(it.nbytes // lay.word_size(it.dtype.itemsize)) // UNIT)
+        a, m = _rows(it, lay, -(-units // COARSE_BLOCKS))  # (whole units per block)
+        src.append(a)
+        nel.append(m)
+        rows.append(m.size)
     hists = _histograms(lay, len(lay.planes(its[0].dtype.itemsize)), np.concatenate(src),
                         np.concatenate(nel), its[0].data.device)
     keep, at = [], 0
