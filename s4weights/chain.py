@@ -163,7 +163,7 @@ def _read_on_gpu(reader: s4format.Reader, device: str, workspace: int | None
     from s4weights.gpu import plan
     from s4weights.gpu.decode import decodable, device_extra
     from s4weights.gpu.decode_large import chunkable, load_large
-    from s4weights.gpu.ransparse import TablesTooLarge
+    from s4weights.gpu.ransparse import HostDecodes
 
     total = sum(t.raw_nbytes for t in reader.tensors)
     ws = workspace or plan.default_workspace(total)
@@ -188,7 +188,7 @@ def _read_on_gpu(reader: s4format.Reader, device: str, workspace: int | None
             elif on_gpu and chunkable(reader, i):
                 try:
                     load_large(reader, i, torch.from_numpy(h), ws, on_host=True)
-                except TablesTooLarge:  # streams of tiny blocks: the CPU decodes it
+                except HostDecodes:  # (streams of tiny blocks, say): the CPU decodes it
                     h[:] = reader.read_raw(i)
             else:
                 h[:] = reader.read_raw(i)

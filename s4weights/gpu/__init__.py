@@ -365,14 +365,14 @@ class _Loader:
         import torch
 
         from s4weights.gpu import decode, decode_large
-        from s4weights.gpu.ransparse import TablesTooLarge
+        from s4weights.gpu.ransparse import HostDecodes
 
         self.tried.update(chunks=True, size=1, need=0)
         with torch.cuda.device(dev):
             raw = self._dest(i, dev)
             try:
                 decode_large.load_large(self.reader, i, raw, ws)
-            except TablesTooLarge:  # streams of tiny blocks: the CPU decodes it
+            except HostDecodes:  # (streams of tiny blocks, say): the CPU decodes it
                 decode.read_on_cpu(self.reader, i, raw)
             if self.on_decoded is not None:
                 self.on_decoded(i, raw)

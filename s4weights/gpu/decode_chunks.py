@@ -1,7 +1,8 @@
 """The plan of a chunked load, per level of a delta chain: the level's stored planes read and
 checked once on the host (:class:`Level`), then every chunk's staging copies, rANS rows, merge
 segments and launch tables made for all chunks at once (:class:`Run`), so the host's work per
-chunk is a copy into pinned memory, one H2D and the launches.
+chunk is a copy into pinned memory, one H2D and the launches. A codec-9 plane is decoded into
+its bytes segment by segment (rANS rows, copies, unpacks) and merged from them.
 """
 
 from __future__ import annotations
@@ -10,18 +11,22 @@ import numpy as np
 import torch
 
 from s4format import codecs, layouts
-from s4format.codecs import rans
+from s4format.codecs import rans, ransseg
 from s4format.errors import CodecError
 from s4format.source import BufferSource
 from s4weights.gpu import decode_group, failures, plan, ransparse, runtime, staging
 
 BLOCK_TABLE = 64  # device bytes per rANS block of a chunk's launch: its table row, error code
 ROW_SIZES = (1, 1, 8, 4, 8, 8, 8, 4)  # bytes per rANS row of the decode kernel's columns
+OP_BYTES = 32  # device bytes per 64 KiB piece of a codec-9 segment's copy or unpack op table
 
 
 class Level:
     """One tensor of a delta chain (the requested one first), its planes' verified stored
-    bytes on the host and their rANS block tables, ready to decode any byte range."""
+    bytes on the host and their rANS block tables, ready to decode any byte range. Its rANS
+    streams are every rANS plane's and every rANS segment of its codec-9 planes, in plane
+    order (``srow``): a codec-9 plane is decoded segment by segment into its bytes, like a
+    rANS plane, and merged from them."""
 
     def __init__(self, reader, i: int) -> None:
         self.reader, self.i, self.t = reader, i, reader.tensors[i]
@@ -41,38 +46,79 @@ class Level:
             staging.read_into(reader, bounds[0], span[1])
         self.stored = [reader.read_stored(t, j, span) for j in range(len(t.planes))]  # R1
         self.rans = [j for j, p in enumerate(t.planes) if p.codec == codecs.RANS]
+        self.segs: dict[int, list[tuple]] = {}  # codec-9 plane -> ransseg.read_table's rows
         for j, p in enumerate(t.planes):
             err = failures.plane_form_error(p, self.stored[j], j)
+            if err is None and p.codec == codecs.RANS_SEG:
+                err = self._segments(j)
             if err:
                 raise CodecError(f"{reader.name}: tensor {t.name!r} plane {p.label}: {err}")
+        # the rANS streams: (plane, segment or -1, offset in the plane's stored bytes, stored
+        # bytes, symbols, first symbol in the plane)
+        self.srow: list[tuple[int, int, int, int, int, int]] = []
+        for j, p in enumerate(t.planes):
+            if p.codec == codecs.RANS:
+                self.srow.append((j, -1, 0, p.stored_len, p.decoded_len, 0))
+            for s, (n, at, lo, c, _sp, size) in enumerate(self.segs.get(j, ())):
+                if c.codec_id == codecs.RANS:
+                    self.srow.append((j, s, at, size, n, lo))
+        self.row_of = {j: r for r, (j, s, *_x) in enumerate(self.srow) if s < 0}
+        self.sub = [self.stored[j][at:at + size] for j, _s, at, size, _n, _lo in self.srow]
         self.streams = None
-        if self.rans:
+        if self.srow:
             # validated where they lie in the tensor's span (no copy of the streams), or in
             # one copy of them when the planes were read one by one
+            stored = [size for _j, _s, _at, size, _n, _lo in self.srow]
+            n = [x[4] for x in self.srow]
             if span is not None:
-                host, at = span[1], [t.planes[j].offset - span[0] for j in self.rans]
+                host = span[1]
+                at = [t.planes[j].offset - span[0] + a for j, _s, a, *_x in self.srow]
             else:
-                host = np.concatenate([self.stored[j] for j in self.rans])
-                at = np.cumsum([0] + [t.planes[j].stored_len for j in self.rans[:-1]])
-            stored = [t.planes[j].stored_len for j in self.rans]
-            nb = ransparse.stream_blocks(host, at, stored,
-                                        [t.planes[j].decoded_len for j in self.rans])
+                host = np.concatenate(self.sub)
+                at = np.cumsum([0, *stored[:-1]])
+            nb = ransparse.stream_blocks(host, at, stored, n)
             if not ransparse.tables_fit(int(nb.sum()), sum(stored)):
                 raise ransparse.TablesTooLarge(f"{reader.name}: tensor {t.name!r}")
             try:
-                self.streams = ransparse.parse_streams(
-                    host, at, stored, [t.planes[j].decoded_len for j in self.rans])
+                self.streams = ransparse.parse_streams(host, at, stored, n)
             except ransparse.StreamError as e:
-                p = t.planes[self.rans[e.plane]]
-                raise CodecError(f"{reader.name}: tensor {t.name!r} plane {p.label}: {e}"
+                raise CodecError(f"{self.named(e.plane)}: {self.in_segment(e.plane, str(e))}"
                                  ) from None
-            self.lg = [int(self.stored[j][1]) for j in self.rans]  # header: log2_block
+            self.lg = [int(s[1]) for s in self.sub]  # header: log2_block
             s = self.streams
-            # per block: the end of its words inside the concatenated streams
+            # per block: the end of its words inside its stream, and its stream's first
+            # symbol in the plane
             self.words_end = s.words.astype(np.int64) + 2 * s.count.astype(np.int64)
+            lo = np.array([x[5] for x in self.srow], np.int64)
+            self.block_lo = np.repeat(lo[s.coded], np.diff(s.first))
+
+    def _segments(self, j: int) -> str | None:
+        """Read codec-9 plane j's segment table into ``segs``, checked with the CPU decoder's
+        checks (its parameters, the table, the raw and packed segments' forms), or what is
+        wrong with it."""
+        p = self.t.planes[j]
+        if p.params:
+            return ransseg.params_error(len(p.params))
+        try:
+            table = ransseg.read_table(self.stored[j], p.decoded_len)
+        except CodecError as exc:
+            return str(exc)
+        self.segs[j] = table
+        return ransseg.form_failure(self.stored[j], table)
+
+    def named(self, row: int) -> str:
+        """The tensor and plane of rANS stream ``row``, as a failure names them."""
+        p = self.t.planes[self.srow[row][0]]
+        return f"{self.reader.name}: tensor {self.t.name!r} plane {p.label}"
+
+    def in_segment(self, row: int, msg: str) -> str:
+        """``msg`` about rANS stream ``row``, in the CPU decoder's words: a codec-9 plane's
+        names its segment."""
+        j, s = self.srow[row][:2]
+        return msg if s < 0 else ransseg.segment_message(s, len(self.segs[j]), "rans", msg)
 
     def blocks(self, q: int) -> tuple[int, int, int]:
-        """(first block in the batch, blocks, log2_block) of rANS plane q's stream."""
+        """(first block in the batch, blocks, log2_block) of rANS stream q."""
         s = self.streams
         r = int(np.flatnonzero(s.coded == q)[0]) if (s.coded == q).any() else -1
         if r < 0:
@@ -82,10 +128,12 @@ class Level:
 
     def pieces(self, lo: int, hi: int) -> list[tuple[str, int, list[np.ndarray], tuple]]:
         """What decoding bytes [lo, hi) of the tensor needs, per plane: (form, plane, host
-        arrays to stage back to back (views), extra) where form is "plain" (a byte range of the
-        stored plane, packed sign bits included), "rans" (its blocks' final states, then their
-        words; extra = (first block, end block, states bytes, first word offset)) or "const"
-        (CONST blocks only; extra = (first block, end block))."""
+        arrays to stage, each on a 16-byte boundary (views), extra) where form is "plain" (a
+        byte range of the stored plane, packed sign bits included), "rans" (its blocks' final
+        states, then their words; extra = (first block, end block, states bytes, first state
+        offset, first word offset)), "const" (CONST blocks only; extra = (first block, end
+        block)) or "seg" (a codec-9 plane's segments in the range; extra = (first block, end
+        block) of its rANS segments, then :meth:`_segment_parts`)."""
         e0, e1 = lo // self.word, hi // self.word
         out = []
         for j, p in enumerate(self.t.planes):
@@ -97,36 +145,78 @@ class Level:
                 out.append(("plain", j, [s[e0 // 8 * w:(e1 * w + 7) // 8]], ()))
             elif p.codec == codecs.RAW:
                 out.append(("plain", j, [s[e0:e1]], ()))
+            elif p.codec == codecs.RANS:
+                form, arrays, extra = self._stream(self.row_of[j], e0, e1)
+                out.append((form, j, arrays, extra))
             else:
-                q = self.rans.index(j)
-                st = self.streams
-                if st.mode[q] == rans.MODE_RAW:
-                    a = int(st.data_at[q])
-                    out.append(("plain", j, [s[a + e0:a + e1]], ()))
-                    continue
-                f, nb, lg = self.blocks(q)
-                b0, b1 = f + (e0 >> lg), f + min(nb, -(-e1 >> lg))
-                if st.mode[q] == rans.MODE_CONST:
-                    out.append(("const", j, [], (b0, b1)))
-                    continue
-                w0, w1 = int(st.words[b0]), int(self.words_end[b1 - 1])
-                s0, s1 = int(st.states[b0]), int(st.states[b1 - 1]) + 128
-                out.append(("rans", j, [s[s0:s1], s[w0:w1]], (b0, b1, s1 - s0, s0, w0)))
+                arrays, parts = self._segment_parts(j, e0, e1)
+                ranges = [x[4][:2] for x in parts if x[0] in ("rans", "const")]
+                b0, b1 = (ranges[0][0], ranges[-1][1]) if ranges else (0, 0)
+                out.append(("seg", j, arrays, (b0, b1, parts)))
         return out
+
+    def _stream(self, q: int, x0: int, x1: int) -> tuple[str, list[np.ndarray], tuple]:
+        """Symbols [x0, x1) of rANS stream q: (form, arrays, extra) as :meth:`pieces` says;
+        a RAW-mode stream's bytes are "plain"."""
+        st, s = self.streams, self.sub[q]
+        if st.mode[q] == rans.MODE_RAW:
+            a = int(st.data_at[q])
+            return "plain", [s[a + x0:a + x1]], ()
+        f, nb, lg = self.blocks(q)
+        b0, b1 = f + (x0 >> lg), f + min(nb, -(-x1 >> lg))
+        if st.mode[q] == rans.MODE_CONST:
+            return "const", [], (b0, b1)
+        w0, w1 = int(st.words[b0]), int(self.words_end[b1 - 1])
+        s0, s1 = int(st.states[b0]), int(st.states[b1 - 1]) + 128
+        return "rans", [s[s0:s1], s[w0:w1]], (b0, b1, s1 - s0, s0, w0)
+
+    def _segment_parts(self, j: int, e0: int, e1: int) -> tuple[list[np.ndarray], list[tuple]]:
+        """Codec-9 plane j's segments within symbols [e0, e1): (the arrays to stage, the parts
+        as (form, stream row or -1, index of the part's first array, symbols, extra, offset in
+        the range)) where form is "rans" or "const" (as :meth:`_stream`), "copy" (raw bytes:
+        a raw segment's, a RAW-mode stream's) or "unpack" (extra = (width,): bitpack's 1 bit
+        or bitpack-w's bits per symbol)."""
+        arrays: list[np.ndarray] = []
+        parts = []
+        s = self.stored[j]
+        rows = {(x[0], x[1]): r for r, x in enumerate(self.srow)}
+        for k, (n, at, lo, c, sp, size) in enumerate(self.segs[j]):
+            a0, a1 = max(e0, lo), min(e1, lo + n)
+            if a0 >= a1:
+                continue
+            x0, x1, seg, first = a0 - lo, a1 - lo, s[at:at + size], len(arrays)
+            row = rows.get((j, k), -1)
+            if c.codec_id == codecs.RANS:
+                form, got, extra = self._stream(row, x0, x1)
+                form = "copy" if form == "plain" else form
+            elif c.codec_id == codecs.RAW:
+                form, got, extra = "copy", [seg[x0:x1]], ()
+            else:  # (x0 is a multiple of 8: segments and chunks start on 2^16 symbols)
+                w = 1 if c.codec_id == codecs.BITPACK else sp[0]
+                form, got, extra = "unpack", [seg[x0 // 8 * w:(x1 * w + 7) // 8]], (w,)
+            arrays += got
+            parts.append((form, row, first, a1 - a0, extra, a0 - e0))
+        return arrays, parts
 
     def align(self) -> int:
         """Bytes a chunk's length must be a multiple of, for this level: ``plan.large_align``
-        elements of its coded rANS streams' block size (a CONST stream's blocks may be cut)."""
-        lg = [self.lg[q] for q in range(len(self.rans))
-              if self.streams.mode[q] == rans.MODE_RANS]
-        return self.word * plan.large_align(max(lg, default=0))
+        elements of its coded rANS streams' block size (a CONST stream's blocks may be cut).
+        A rANS segment of blocks over 2^16 symbols that does not start on a multiple of its
+        block size would be cut mid-block: such a tensor is left to the CPU decoder."""
+        coded = [q for q in range(len(self.srow)) if self.streams.mode[q] == rans.MODE_RANS]
+        for q in coded:
+            if self.lg[q] > 16 and self.srow[q][5] % (1 << self.lg[q]):
+                raise ransparse.HostDecodes(
+                    f"{self.named(q)}: a rANS segment's blocks cross the chunks")
+        return self.word * plan.large_align(max((self.lg[q] for q in coded), default=0))
 
     def span(self, blk: np.ndarray, e0, e1) -> tuple[np.ndarray, np.ndarray]:
-        """(first symbol, symbols) of blocks ``blk`` clipped to symbols [e0, e1) (scalars, or
-        one bound per block). Chunks of ``align()`` bytes hold whole blocks of coded streams;
-        ranges that cut a CONST block are clipped, and cutting a rANS block is refused."""
+        """(first symbol in the plane, symbols) of blocks ``blk`` clipped to symbols [e0, e1)
+        (scalars, or one bound per block). Chunks of ``align()`` bytes hold whole blocks of
+        coded streams; ranges that cut a CONST block are clipped, and cutting a rANS block is
+        refused."""
         s = self.streams
-        b_start = s.start[blk].astype(np.int64)
+        b_start = s.start[blk].astype(np.int64) + self.block_lo[blk]
         b_end = b_start + s.length[blk].astype(np.int64)
         start, end = np.maximum(b_start, e0), np.minimum(b_end, e1)
         if (((start != b_start) | (end != b_end)) & (s.table[blk] >= 0)).any():
@@ -134,14 +224,17 @@ class Level:
         return start, (end - start).astype(np.uint32)
 
     def need(self, lo: int, hi: int) -> int:
-        """Device bytes decoding [lo, hi) holds: staged bytes and decoded rANS planes."""
+        """Device bytes decoding [lo, hi) holds: staged bytes, decoded rANS and codec-9
+        planes, the block tables and the segments' copy and unpack ops."""
         e = (hi - lo) // self.word
         pcs = self.pieces(lo, hi)
-        staged = sum(runtime.align(sum(a.size for a in x[2]), 16) for x in pcs)
+        staged = sum(runtime.align(a.size, 16) for x in pcs for a in x[2])
         decoded = 0 if self.whole else sum(runtime.align(e, 16) for x in pcs
                                            if x[0] != "plain")
         blocks = sum(x[3][1] - x[3][0] for x in pcs if x[0] != "plain")
-        return staged + decoded + BLOCK_TABLE * blocks + 4096
+        ops = sum(-(-part[3] // plan.COPY_PIECE) for x in pcs if x[0] == "seg"
+                  for part in x[3][2] if part[0] in ("copy", "unpack"))
+        return staged + decoded + BLOCK_TABLE * blocks + OP_BYTES * ops + 4096
 
 
 def _tables(lv: Level) -> tuple[torch.Tensor | None, int]:
@@ -156,11 +249,12 @@ def _tables(lv: Level) -> tuple[torch.Tensor | None, int]:
 
 class Run:
     """One level of a chunked decode, planned for all its chunks (``bounds``: byte ranges) at
-    once. Per chunk: the host arrays staged back to back (each piece 16-byte aligned) and the
-    staged bytes; the rows of the rANS launches (every chunk's, chunk after chunk, plane by
-    plane inside a chunk), the CTAs of each chunk's launch, and the merge's segments (one per
-    chunk). :meth:`addresses` fixes the device addresses; :meth:`tables` gives a window of
-    chunks' tables to upload; :meth:`launch` stages and decodes one chunk."""
+    once. Per chunk: the host arrays staged back to back (each on a 16-byte boundary) and the
+    staged bytes, its codec-9 segments' copies and unpacks, the rows of the rANS launches
+    (every chunk's, chunk after chunk, plane by plane inside a chunk), the CTAs of each
+    chunk's launch, and the merge's segments (one per chunk). :meth:`addresses` fixes the
+    device addresses; :meth:`tables` gives a window of chunks' tables to upload;
+    :meth:`launch` stages and decodes one chunk."""
 
     def __init__(self, lv: Level, bounds: list[tuple[int, int]]) -> None:
         self.lv, self.bounds = lv, bounds
@@ -168,18 +262,20 @@ class Run:
         self.pieces = [lv.pieces(lo, hi) for lo, hi in bounds]
         self.copies: list[list[tuple[int, np.ndarray]]] = []
         self.offsets = np.zeros((nk, len(lv.t.planes)), np.int64)  # per chunk, per piece
+        self.arrays_at: list[list[list[int]]] = []  # per chunk, per piece: each array's offset
         self.staged = np.zeros(nk, np.int64)
         for k, pcs in enumerate(self.pieces):
-            o, cps = 0, []
+            o, cps, ats = 0, [], []
             for q, x in enumerate(pcs):
                 self.offsets[k, q] = o
-                p = o
+                ats.append([])
                 for a in x[2]:
+                    ats[-1].append(o)
                     if a.size:
-                        cps.append((p, a))
-                    p += a.size
-                o += runtime.align(p - o, 16)
+                        cps.append((o, a))
+                    o += runtime.align(a.size, 16)
             self.copies.append(cps)
+            self.arrays_at.append(ats)
             self.staged[k] = o
         self.e = np.array([(hi - lo) // lv.word for lo, hi in bounds], np.int64)
         forms = [x[0] for x in self.pieces[0]] if nk else []
@@ -228,7 +324,7 @@ class Run:
         # for each of a window's 20 arrays
         self.table_bytes = (42 * np.diff(self.row_at) + 5 * np.diff(self.cta_at) + 64
                             + 12 * np.diff(self.m_at) + 40 + 16 * 20)
-        self.ntabs = len(lv.rans)  # (the level's frequency rows: 1 KiB each)
+        self.ntabs = len(lv.srow)  # (at most the level's frequency rows: 1 KiB each)
         self.ntables = 16
         self.tab = None
 
@@ -258,22 +354,27 @@ class Run:
                 if j == 0:
                     packed[0] = 0
         self.planes, self.packed = planes, np.tile(packed, (nk, 1))
+        self.ops = [self._ops(k, stage, targets[k]) for k in range(nk)]
         if not self.rows:
             return
         kb, blk = self.kb, self.blk
         is_rans = s.table[blk] >= 0
+        # each row's states and words, staged where its stream's "rans" part of its chunk is
         words = np.zeros(self.rows, np.int64)
         states = np.zeros(self.rows, np.int64)
-        for rank, q in enumerate(self.coded):
-            if self.pieces[0][q][0] != "rans":
-                continue
-            sel = self.rank == rank
-            ext = np.array([self.pieces[k][q][3] for k in range(nk)], np.int64)  # b0 b1 slen s0 w0
-            o = self.offsets[:, q]
-            kk = kb[sel]
-            words[sel] = stage + o[kk] + ext[kk, 2] + (s.words[blk[sel]].astype(np.int64)
-                                                       - ext[kk, 4])
-            states[sel] = stage + o[kk] + (s.states[blk[sel]].astype(np.int64) - ext[kk, 3])
+        key_of = np.int64(s.nblocks + 1)
+        row_key = (kb * (len(self.coded) + 1) + self.rank) * key_of + blk
+        parts = [(k, rank, x, ats[0], ats[1])  # (chunk, rank, (b0, s0, w0), states, words)
+                 for k in range(nk) for rank, q in enumerate(self.coded)
+                 for x, ats in self._rans_parts(k, q)]
+        if parts:
+            pk, prank, pb0, sat, wat = (np.array(c, np.int64) for c in zip(*parts))
+            part_key = (pk * (len(self.coded) + 1) + prank) * key_of + pb0[:, 0]
+            at = np.searchsorted(part_key, row_key, side="right") - 1
+            sel = np.flatnonzero(is_rans)
+            a = at[sel]
+            words[sel] = stage + wat[a] + (s.words[blk[sel]].astype(np.int64) - pb0[a, 2])
+            states[sel] = stage + sat[a] + (s.states[blk[sel]].astype(np.int64) - pb0[a, 1])
         e_lo = np.array([lo // lv.word for lo, _hi in self.bounds], np.int64)[kb]
         start, length = lv.span(blk, e_lo, e_lo + self.e[kb])
         cols = [s.const[blk], s.fill[blk], np.where(is_rans, words, 0), s.count[blk],
@@ -282,6 +383,40 @@ class Run:
                          * np.uint64(1024), np.uint64(0)),
                 targets[kb, self.rank] + (start - e_lo).astype(np.uint64), length]
         self.cols = [c.astype(f"u{size}") for c, size in zip(cols, ROW_SIZES)]
+
+    def _rans_parts(self, k: int, q: int) -> list[tuple[tuple[int, int, int], tuple[int, int]]]:
+        """The streams in "rans" form of chunk k's piece q: per stream ((its first block, first
+        state offset, first word offset), (where its states and words are staged))."""
+        x, ats = self.pieces[k][q], self.arrays_at[k][q]
+        if x[0] == "rans":
+            b0, _b1, _slen, s0, w0 = x[3]
+            return [((b0, s0, w0), (ats[0], ats[1]))]
+        if x[0] != "seg":
+            return []
+        return [((e[0], e[3], e[4]), (ats[first], ats[first + 1]))
+                for form, _row, first, _n, e, _off in x[3][2] if form == "rans"]
+
+    def _ops(self, k: int, stage: int, targets: np.ndarray) -> tuple[tuple, tuple]:
+        """Chunk k's codec-9 segments that are not decoded by rANS rows: the copies of raw
+        bytes (sources, destinations, bytes) and the unpacks of packed ones to a byte each
+        (sources, destinations, symbols, source width), from the staged bytes into their
+        ranges of the planes' decoded bytes (``targets``, by rank)."""
+        copies: list[tuple[int, int, int]] = []
+        unpacks: list[tuple[int, int, int, int]] = []
+        for rank, q in enumerate(self.coded):
+            x = self.pieces[k][q]
+            if x[0] != "seg":
+                continue
+            for form, _row, first, n, extra, off in x[3][2]:
+                if form not in ("copy", "unpack"):
+                    continue
+                src, dst = stage + self.arrays_at[k][q][first], int(targets[rank]) + off
+                if form == "copy":
+                    copies.append((src, dst, n))
+                else:
+                    unpacks.append((src, dst, n, extra[0]))
+        return (tuple(np.array(c, np.uint64) for c in zip(*copies)),
+                tuple(np.array(c, np.int64) for c in zip(*unpacks)))
 
     def tables(self, w0: int, w1: int) -> list[np.ndarray]:
         """The tables of chunks [w0, w1), :attr:`ntables` arrays to upload (:meth:`launch`
@@ -309,6 +444,12 @@ class Run:
             o = int(self.offsets[k, 0])
             dst.copy_(stage[o:o + dst.numel()])
             return
+        copies, unpacks = self.ops[k]
+        if copies:
+            runtime.copy_ops(*copies)
+        if unpacks:  # (to a byte each: pack ops of width 8 from the stored width)
+            src, to, n, width = unpacks
+            runtime.pack_ops(src, to, n, np.full(n.size, 8), width)
         c0, c1 = int(self.cta_at[k]), int(self.cta_at[k + 1])
         if c1 > c0:
             cw, r0 = c0 - int(self.cta_at[w0]), int(self.row_at[w0])

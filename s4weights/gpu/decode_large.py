@@ -24,15 +24,14 @@ from s4weights.gpu import decode, failures, runtime
 from s4weights.gpu.decode_chunks import Level, Run
 from s4weights.gpu.hash import content_hashes_from_leaves
 
-_LOAD_CODECS = (codecs.RAW, codecs.BITPACK, codecs.RANS, codecs.BITPACK_W)
+_LOAD_CODECS = (codecs.RAW, codecs.BITPACK, codecs.RANS, codecs.BITPACK_W, codecs.RANS_SEG)
 TABLE_SHARE = 16  # a window of chunks' launch tables holds at most 1/16 of the workspace
 
 
 def chunkable(reader, i: int) -> bool:
     """Whether tensor i decodes on the GPU in chunks (:func:`load_large`): the GPU decodes it,
-    its planes are raw, bitpack, bitpack-w or rANS (GDeflate and nvCOMP streams decode whole),
-    and for a
-    delta so is its parent's tensor, down the chain."""
+    its planes are raw, bitpack, bitpack-w, rANS or codec 9 (GDeflate and nvCOMP streams
+    decode whole), and for a delta so is its parent's tensor, down the chain."""
     t = reader.tensors[i]
     if not decode.decodable(reader, i) or any(p.codec not in _LOAD_CODECS for p in t.planes):
         return False
@@ -278,10 +277,10 @@ def _check(levels: list[Level], runs: list[Run], nbytes: int, errs: list[torch.T
             b, code = int(r.blk[first]), int(v[first])
             s = lv.streams
             q = int(np.searchsorted(s.first, b, side="right") - 1)
-            p = lv.t.planes[lv.rans[int(s.coded[q])]]
-            raise CodecError(f"{name} plane {p.label}: rans block {b - int(s.first[q])} of "
-                             f"{int(s.first[q + 1] - s.first[q])} is corrupt: "
-                             f"{rans._ERR_TEXT.get(code, 'error')}")
+            row = int(s.coded[q])
+            raise CodecError(f"{lv.named(row)}: " + lv.in_segment(
+                row, f"rans block {b - int(s.first[q])} of {int(s.first[q + 1] - s.first[q])} "
+                f"is corrupt: {rans._ERR_TEXT.get(code, 'error')}"))
         if v[r.flags_at:].any():
             raise FormatError(f"{name}: a plane holds values wider than its field")
     nleaf = -(-nbytes // LEAF_SIZE)

@@ -65,9 +65,13 @@ TABLE_BYTES = 160  # host and device bytes the GPU decoder spends per rANS block
 TABLE_CAP = 64 << 20  # block tables a GPU decode may build beyond twice its stored bytes
 
 
-class TablesTooLarge(Exception):
-    """Streams that declare more blocks than the GPU decoder builds tables for: decoded by the
-    CPU decoder instead (valid, but no writer of ours makes them)."""
+class HostDecodes(Exception):
+    """A valid tensor the GPU decoder leaves to the CPU decoder (no writer of ours makes
+    them)."""
+
+
+class TablesTooLarge(HostDecodes):
+    """Streams that declare more blocks than the GPU decoder builds tables for."""
 
 
 def tables_fit(nblocks: int, stored: int) -> bool:

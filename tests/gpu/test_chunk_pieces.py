@@ -55,12 +55,32 @@ def _rebuild(lv: decode_chunks.Level, piece, e0: int, e1: int) -> np.ndarray:
         if p.codec == codecs.BITPACK_W:
             return codecs.get(codecs.BITPACK_W).decode(a, e1 - e0, p.params)
         return a
+    if form != "seg":
+        return _stream(lv, form, lv.row_of[j], arrays, extra, e0, e1)
+    out = np.full(e1 - e0, 0xA5, np.uint8)
+    covered = 0
+    for part, row, first, n, ext, off in extra[2]:
+        if part == "copy":
+            got = arrays[first]
+        elif part == "unpack":
+            got = (np.unpackbits(arrays[first], bitorder="little")[:n] if ext[0] == 1
+                   else codecs.get(codecs.BITPACK_W).decode(arrays[first], n, bytes(ext)))
+        else:
+            got = _stream(lv, part, row, arrays[first:first + 2], ext, e0 + off, e0 + off + n)
+        out[off:off + n] = got
+        covered += n
+    assert covered == e1 - e0  # (the parts tile the range)
+    return out
+
+
+def _stream(lv: decode_chunks.Level, form: str, q: int, arrays, extra, e0: int, e1: int
+            ) -> np.ndarray:
+    """Symbols [e0, e1) of the plane from rANS stream q's "rans" or "const" piece."""
     s = lv.streams
     b0, b1 = extra[:2]
     if form == "const":
         _start, length = lv.span(np.arange(b0, b1), e0, e1)
         return np.repeat(s.fill[b0:b1], length.astype(np.int64))
-    q = lv.rans.index(j)
     freqs = s.freqs[int(s.table[b0])]
     stream = (ranshost.header(rans.MODE_RANS, lv.lg[q], e1 - e0) + rans.table_bytes(freqs)
               + s.count[b0:b1].astype("<u4").tobytes() + arrays[0].tobytes()
@@ -85,7 +105,8 @@ def test_pieces_rebuild_every_chunk_of_every_plane() -> None:
                     got = _rebuild(lv, piece, e0, e1)
                     assert np.array_equal(got, planes[piece[1]][e0:e1]), (t.name, piece[:2], e0)
     assert {("rans", codecs.RANS), ("const", codecs.RANS), ("plain", codecs.BITPACK),
-            ("plain", codecs.RAW), ("plain", codecs.BITPACK_W)} <= forms, forms
+            ("plain", codecs.RAW), ("plain", codecs.BITPACK_W),
+            ("seg", codecs.RANS_SEG)} <= forms, forms
 
 
 def test_chunk_length_fits_the_workspace() -> None:
@@ -96,7 +117,7 @@ def test_chunk_length_fits_the_workspace() -> None:
         lv = decode_chunks.Level(r, i)
         nbytes = lv.t.raw_nbytes
         align = lv.align()
-        lgs = [lv.lg[q] for q in range(len(lv.rans)) if lv.streams.mode[q] == rans.MODE_RANS]
+        lgs = [lv.lg[q] for q in range(len(lv.srow)) if lv.streams.mode[q] == rans.MODE_RANS]
         assert align == lv.word << max([16, *lgs])  # whole rANS blocks, 2^16 elements at least
         for ws in (1, MIB // 2, 4 * MIB, 6 * MIB, 64 * MIB):
             c = decode_large._load_chunk([lv], nbytes, ws)

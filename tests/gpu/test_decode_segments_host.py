@@ -22,7 +22,7 @@ from s4format import codecs, dtypes, hashing, layouts, objtree
 from s4format.codecs import rans, ransseg
 from s4format.errors import CodecError
 from s4format.writer import CodedPlane, CodedTensor, Writer
-from s4weights.gpu import decode, segdecode
+from s4weights.gpu import decode, decode_chunks, decode_large, segdecode
 from tests.gpu.emulated import emulate
 from tests.gpu.test_decode_host import _first_cpu_failure, _rewrite
 
@@ -43,11 +43,14 @@ def _rans(plane: np.ndarray, mode: int = rans.MODE_RANS) -> np.ndarray:
     return np.frombuffer(bytes(rans.RansCodec().encode(plane).payload), np.uint8)
 
 
-def _segmented(plane: np.ndarray, forms: list[str]) -> np.ndarray:
-    """``plane`` cut at every UNIT symbols, segment i stored as ``forms[i]`` says."""
+def _segmented(plane: np.ndarray, forms: list[str], units: list[int] | None = None
+               ) -> np.ndarray:
+    """``plane`` cut into segments of ``units[i]`` UNITs (one each by default; the last
+    takes the rest), segment i stored as ``forms[i]`` says."""
     parts = []
+    cuts = np.cumsum([0] + [UNIT * u for u in (units or [1] * len(forms))])
     for i, form in enumerate(forms):
-        seg = plane[i * UNIT:(i + 1) * UNIT if i < len(forms) - 1 else plane.size]
+        seg = plane[cuts[i]:cuts[i + 1] if i < len(forms) - 1 else plane.size]
         if form == "raw":
             parts.append((seg.size, codecs.RAW, 0, seg.copy()))
         elif form == "bitpack":
@@ -207,7 +210,8 @@ def _damage(blob: bytes, plane: tuple[int, int], how: str) -> bytes:
     ((1, 0), "padding"), ((1, 2), "padding"), ((1, 1), "rans-mode"), ((1, 1), "rans-block"),
     ((2, 0), "rans-mode"), ((2, 0), "padding"), ((2, 0), "rans-block"),
 ])
-def test_a_damaged_segment_fails_as_the_cpu_reader_fails(plane, how) -> None:
+@pytest.mark.parametrize("path", ["batch", "chunks"])
+def test_a_damaged_segment_fails_as_the_cpu_reader_fails(plane, how, path) -> None:
     man = ["bitpack-w", "raw", "rans", "bitpack-w"]
     sign = ["bitpack", "raw", "rans", "bitpack"]
     good = _file({"a": _flat(1), "b": _flat(2, sign, EXP, man), "c": _bytes_tensor(3)})
@@ -218,8 +222,124 @@ def test_a_damaged_segment_fails_as_the_cpu_reader_fails(plane, how) -> None:
             r.read_raw(i)
     assert f"tensor '{'abc'[plane[0]]}'" in str(cpu.value)
     with pytest.raises(CodecError) as got:
-        decode.read_tensors(s4format.Reader(blob), [0, 1, 2])
+        _read(blob, path)
     assert str(got.value) == str(cpu.value)
+
+
+def _read(blob: bytes, path: str, workspace: int = 1 << 16, on_host: bool = False
+          ) -> list[np.ndarray]:
+    """Every tensor of ``blob`` decoded on the GPU path: in one batch, or each tensor in
+    chunks (``decode_large.load_large``) within ``workspace``."""
+    r = s4format.Reader(blob)
+    if path == "batch":
+        return [o.numpy() for o in decode.read_tensors(r, list(range(len(r.tensors))))]
+    outs = []
+    for i, t in enumerate(r.tensors):
+        assert decode_large.chunkable(r, i)
+        out = torch.empty(t.raw_nbytes, dtype=torch.uint8)
+        decode_large.load_large(r, i, out, workspace, on_host=on_host)
+        outs.append(out.numpy())
+    return outs
+
+
+def _chunks(blob: bytes, i: int, workspace: int) -> int:
+    """How many chunks tensor i of ``blob`` decodes in within ``workspace``."""
+    r = s4format.Reader(blob)
+    n = r.tensors[i].raw_nbytes
+    return -(-n // decode_large._load_chunk([decode_chunks.Level(r, i)], n, workspace))
+
+
+LONG = 7 * UNIT + 999  # segments of 3, 1 and 2 units and the rest: chunks of one unit cut them
+
+
+def _long(seed: int, forms: list[str]) -> tuple:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.cat([torch.randn(3 * UNIT, generator=g) * 0.02, torch.randn(UNIT, generator=g),
+                   torch.full((2 * UNIT,), -2.5), torch.randn(UNIT + 999, generator=g) * 7]
+                  ).bfloat16()
+    raw = x.view(torch.uint8).numpy().copy()
+    s, e, m = layouts.BF16.split(raw, 2)
+    units = [3, 1, 2]
+    planes = [CodedPlane(layouts.KIND_SIGN, 0, codecs.RANS_SEG, LONG,
+                         _segmented(s, ["bitpack", "rans-raw", "rans-const", "raw"], units)),
+              CodedPlane(layouts.KIND_EXPONENT, 0, codecs.RANS_SEG, LONG,
+                         _segmented(e, forms, units)),
+              CodedPlane(layouts.KIND_MANTISSA, 0, codecs.RANS_SEG, LONG,
+                         _segmented(m, ["rans", "bitpack-w", "rans-const", "raw"], units))]
+    return ("bfloat16", (LONG,), layouts.BF16, planes, raw)
+
+
+@pytest.mark.parametrize("on_host", [False, True])
+def test_every_segment_codec_decodes_in_chunks_bit_exact(monkeypatch, on_host: bool) -> None:
+    # tensors larger than the workspace: chunks of 2^16 elements, which cut segments of
+    # several units and cover several short ones; each chunk's segments decoded by the kernel
+    # of their codec into its range of the plane, then merged (or in place, for bytes)
+    from s4weights.gpu import runtime
+    launched = []
+    real = runtime.launch
+    monkeypatch.setattr(runtime, "launch", lambda m, name, *a: (launched.append(name),
+                                                                real(m, name, *a))[1])
+    blob = _file({"a": _flat(1), "b": _bytes_tensor(2),
+                  "c": _long(3, ["rans", "raw", "rans-const", "rans"]),
+                  "d": _long(4, ["bitpack-w", "rans", "rans-raw", "rans"])})
+    r = s4format.Reader(blob)
+    assert all(_chunks(blob, i, 1 << 16) > 3 for i in range(4))
+    for i, got in enumerate(_read(blob, "chunks", on_host=on_host)):
+        assert np.array_equal(got, r.read_raw(i)), r.tensors[i].name
+    assert {"copy_ops", "pack_ops", "merge_bf16"} <= set(launched), launched
+    assert any(name.startswith("rans_decode") for name in launched)
+
+
+def test_a_chain_of_segmented_levels_decodes_in_chunks() -> None:
+    # a delta whose XOR bytes and whose parent are both stored in segments, decoded chunk by
+    # chunk from the parent up (each chunk's parent bytes XORed into it, both levels' content
+    # hashes checked)
+    parent = _long(5, ["rans", "raw", "rans-const", "rans"])
+    raw = parent[4].copy()
+    g = np.random.default_rng(6)
+    raw[2 * g.integers(0, LONG, 20_000)] ^= np.uint8(1)  # (low mantissa bits only)
+    xor = np.bitwise_xor(raw, parent[4])
+    s, e, m = layouts.BF16.split(xor, 2)
+    planes = [CodedPlane(layouts.KIND_SIGN, 0, codecs.RANS_SEG, LONG,
+                         _segmented(s, ["rans-const", "raw", "bitpack", "rans-const"],
+                                    [3, 1, 2])),
+              CodedPlane(layouts.KIND_EXPONENT, 0, codecs.RANS_SEG, LONG,
+                         _segmented(e, ["rans-const", "rans", "rans-raw", "rans-const"],
+                                    [3, 1, 2])),
+              CodedPlane(layouts.KIND_MANTISSA, 0, codecs.RANS_SEG, LONG,
+                         _segmented(m, ["rans", "rans", "raw", "rans-raw"], [3, 1, 2]))]
+    first = _file({"w": parent})
+    buf = io.BytesIO()
+    with Writer(buf, parent_id=s4format.Reader(first).checkpoint_id) as w:
+        ref = w.add_coded("w", dtypes.BY_NAME["bfloat16"], (LONG,),
+                          CodedTensor(layouts.BF16, tuple(planes)), hashing.content_hash(raw),
+                          parent_hash=hashing.content_hash(parent[4]))
+        w.set_tree({"w": objtree.TensorRef(ref.index)})
+    r = s4format.Reader(buf.getvalue(), parent=s4format.Reader(first))
+    assert r.tensors[0].is_delta and decode_large.chunkable(r, 0)
+    for on_host in (False, True):
+        out = torch.empty(raw.size, dtype=torch.uint8)
+        decode_large.load_large(r, 0, out, 1 << 16, on_host=on_host)
+        assert np.array_equal(out.numpy(), raw)
+
+
+def test_a_segment_whose_blocks_cross_the_chunks_goes_to_the_cpu_decoder() -> None:
+    # a rANS segment of 2^18-symbol blocks starting one unit into its plane: a chunk boundary
+    # on a multiple of 2^18 symbols would cut one of its blocks, so the chunked decoder leaves
+    # the tensor to the CPU decoder (no writer of ours makes such blocks)
+    from s4weights.gpu import ransparse
+    g = np.random.default_rng(7)
+    raw = (g.geometric(0.3, 9 * UNIT) % 256).astype(np.uint8)
+    big = np.frombuffer(bytes(rans.RansCodec(18).encode(raw[UNIT:]).payload), np.uint8)
+    plane = ransseg.assemble([(UNIT, codecs.RAW, 0, raw[:UNIT]),
+                              (raw.size - UNIT, codecs.RANS, 0, big)])
+    blob = _file({"z": ("uint8", (raw.size,), layouts.RAW,
+                        [CodedPlane(layouts.KIND_RAW, 0, codecs.RANS_SEG, raw.size, plane)],
+                        raw)})
+    r = s4format.Reader(blob)
+    assert np.array_equal(r.read_raw(0), raw)
+    with pytest.raises(ransparse.HostDecodes, match="blocks cross the chunks"):
+        decode_large.load_large(r, 0, torch.empty(raw.size, dtype=torch.uint8), 1 << 16)
 
 
 def test_tiny_const_blocks_in_segments_go_to_the_cpu_decoder(monkeypatch) -> None:
@@ -296,12 +416,13 @@ def _fuzz_file() -> tuple[bytes, list[tuple[str, int, int]]]:
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(data=st.data())
-def test_damaged_segments_fail_on_the_gpu_as_on_the_cpu(data) -> None:
+@given(data=st.data(), path=st.sampled_from(["batch", "chunks"]))
+def test_damaged_segments_fail_on_the_gpu_as_on_the_cpu(data, path) -> None:
     # any byte of one to three codec-9 planes changed (segment tables, stream headers and
     # tables, words, packed bytes), each plane's checksum remade for the new bytes so that only
     # decoding finds the damage: the GPU path refuses the file iff the CPU reader does, with
-    # the same error in the same words, or decodes the same bytes
+    # the same error in the same words, or decodes the same bytes; in one batch or each
+    # tensor in chunks
     blob, planes = _fuzz_file()
     picks = data.draw(st.lists(st.sampled_from(planes), min_size=1, max_size=3, unique=True))
     for name, j, size in picks:
@@ -317,13 +438,13 @@ def test_damaged_segments_fail_on_the_gpu_as_on_the_cpu(data) -> None:
     r = s4format.Reader(blob)
     cpu = _first_cpu_failure(r)
     try:
-        got = decode.read_tensors(s4format.Reader(blob), list(range(len(r.tensors))))
+        got = _read(blob, path)
         gpu = None
     except s4format.S4Error as e:
         gpu = e
     assert (cpu is None) == (gpu is None), (cpu, gpu)
     if cpu is None:
         for i, o in enumerate(got):
-            assert np.array_equal(o.numpy(), r.read_raw(i))
+            assert np.array_equal(o, r.read_raw(i))
     else:
         assert type(gpu) is type(cpu) and str(gpu) == str(cpu), (cpu, gpu)

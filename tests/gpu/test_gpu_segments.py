@@ -176,3 +176,51 @@ def test_a_stitched_planes_checksum_is_made_on_the_device_as_on_the_host() -> No
         payload = Pieces(parts)
         assert gpu_hash.pieces_checksum(payload) == hashing.plane_checksum(
             np.concatenate([np.frombuffer(p, np.uint8) for p in payload.parts]))
+
+
+def test_codec_9_planes_decode_on_the_device_in_chunks(monkeypatch) -> None:
+    # tensors larger than the workspace: chunks of 2^16 elements cut segments of several
+    # units and cover several short ones, every segment codec, into device and host memory
+    from s4weights.gpu import decode_large
+    from tests.gpu.test_decode_segments_host import _bytes_tensor, _file, _long
+    from tests.gpu.test_decode_segments_host import _flat as _segmented_bf16
+
+    blob = _file({"a": _segmented_bf16(1), "b": _bytes_tensor(2),
+                  "c": _long(3, ["rans", "raw", "rans-const", "rans"]),
+                  "d": _long(4, ["bitpack-w", "rans", "rans-raw", "rans"])})
+    _no_cpu_decode(monkeypatch)
+    r = s4format.Reader(blob)
+    for i, t in enumerate(r.tensors):
+        want = r.read_raw(i)
+        assert decode_large.chunkable(r, i)
+        out = torch.empty(t.raw_nbytes, dtype=torch.uint8, device="cuda")
+        decode_large.load_large(r, i, out, 1 << 16)
+        assert (out.cpu().numpy() == want).all(), t.name
+        host = torch.empty(t.raw_nbytes, dtype=torch.uint8).pin_memory()
+        decode_large.load_large(r, i, host, 1 << 16, on_host=True)
+        torch.cuda.synchronize()
+        assert (host.numpy() == want).all(), t.name
+
+
+def test_a_flat_buffer_loads_in_chunks_within_a_small_workspace(monkeypatch, tmp_path) -> None:
+    # a flat buffer coded as segments by the device, loaded with a workspace far below its
+    # size: decoded in chunks on the device, whole; a delta of it too (from the chain)
+    from s4weights.gpu import decode_large
+
+    t = _flat(torch.bfloat16, 12 << 20)
+    blob = _saved({"flat": t}, "cuda")
+    assert _codecs(blob)["exponent"] == codecs.RANS_SEG
+    _no_cpu_decode(monkeypatch)
+    chunked = []
+    real = decode_large.load_large
+    monkeypatch.setattr(decode_large, "load_large", lambda *a, **k: (chunked.append(1),
+                                                                     real(*a, **k))[1])
+    got = s4weights.load(blob, map_location="cuda", workspace=4 << 20)["flat"]
+    assert chunked and torch.equal(got.view(torch.int16), t.view(torch.int16))
+    s4weights.save_checkpoint({"flat": t}, tmp_path, 0)
+    t2 = t.clone()
+    t2[: 1 << 20] += 0.001
+    s4weights.save_checkpoint({"flat": t2}, tmp_path, 1)
+    chunked.clear()
+    got = s4weights.load_checkpoint(tmp_path, 1, map_location="cuda", workspace=4 << 20)["flat"]
+    assert chunked and torch.equal(got.view(torch.int16), t2.view(torch.int16))
