@@ -35,12 +35,6 @@ ENABLED = os.environ.get("S4_GPU_SEGMENTS", "1") != "0"
 MIN_BYTES = 16 << 20
 # Segments are coded only where their estimate saves this share of the tensor's raw bytes.
 MIN_GAIN = 1 / 256
-# The GPU decoder decodes a codec-9 tensor whole, not in chunks: its stored bytes, decoded
-# planes and output (about WHOLE_FOOTPRINT times its raw bytes) on the device at once. A
-# tensor whose footprint would pass this share of the saving device's memory keeps one form
-# per plane, which a device of that size decodes in chunks within any workspace.
-WHOLE_FOOTPRINT = 3
-WHOLE_SHARE = 1 / 4
 # The coarse look (``cuts_of``): blocks per tensor, and the share of its bytes they must save
 # (before their tables' cost) for the tensor to be examined unit by unit.
 COARSE_BLOCKS = 16
@@ -51,15 +45,12 @@ _WORDS = {2: torch.int16, 4: torch.int32}
 
 def eligible(it: Item, policy_name: str) -> bool:
     """Whether ``it`` may be cut: ``auto``'s codecs include codec 9, and it is a large tensor
-    the GPU splits, coded alone (no parent XORed chunk by chunk), small enough to decode
-    whole (``WHOLE_SHARE``)."""
+    the GPU splits, coded alone (no parent XORed chunk by chunk). The GPU decoder decodes
+    codec 9 in chunks too, so a tensor of any size may be cut."""
     if not ENABLED or policy_name != "auto" or it.parent is not None or it.nbytes < MIN_BYTES:
         return False
     lay = plan.gpu_layout(it.dtype.name, it.nbytes)
-    if lay is None or lay.word_size(it.dtype.itemsize) not in _WORDS:
-        return False
-    total = torch.cuda.get_device_properties(it.data.device).total_memory
-    return WHOLE_FOOTPRINT * it.nbytes <= WHOLE_SHARE * total
+    return lay is not None and lay.word_size(it.dtype.itemsize) in _WORDS
 
 
 def cuts(it: Item) -> np.ndarray | None:
