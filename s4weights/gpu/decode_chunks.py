@@ -297,10 +297,14 @@ class Run:
             self.kb = self.rank = self.blk = np.zeros(0, np.int64)
         self.rows = int(self.blk.size)
         self.flags_at = max(self.rows, 1)  # in the level's error buffer: the merge flags
-        # the launch's CTAs (each inside one (chunk, plane) segment of rows), per chunk a range
+        # the launch's CTAs, per chunk a range: each inside the rows of one stream in one
+        # chunk, since a CTA decodes its rows with one table (a codec-9 plane's segments have
+        # one each)
         seg_chunk, seg_count = [], []
         if self.rows:
-            key = self.kb * (len(self.coded) + 1) + self.rank
+            first_blk = lv.streams.first
+            stream = np.searchsorted(first_blk, self.blk, side="right") - 1
+            key = self.kb * first_blk.size + stream
             cut = np.flatnonzero(np.diff(key)) + 1
             starts = np.concatenate(([0], cut))
             seg_chunk = self.kb[starts]

@@ -210,7 +210,7 @@ def _damage(blob: bytes, plane: tuple[int, int], how: str) -> bytes:
     ((1, 0), "padding"), ((1, 2), "padding"), ((1, 1), "rans-mode"), ((1, 1), "rans-block"),
     ((2, 0), "rans-mode"), ((2, 0), "padding"), ((2, 0), "rans-block"),
 ])
-@pytest.mark.parametrize("path", ["batch", "chunks"])
+@pytest.mark.parametrize("path", ["batch", "chunks", "one chunk"])
 def test_a_damaged_segment_fails_as_the_cpu_reader_fails(plane, how, path) -> None:
     man = ["bitpack-w", "raw", "rans", "bitpack-w"]
     sign = ["bitpack", "raw", "rans", "bitpack"]
@@ -229,10 +229,12 @@ def test_a_damaged_segment_fails_as_the_cpu_reader_fails(plane, how, path) -> No
 def _read(blob: bytes, path: str, workspace: int = 1 << 16, on_host: bool = False
           ) -> list[np.ndarray]:
     """Every tensor of ``blob`` decoded on the GPU path: in one batch, or each tensor in
-    chunks (``decode_large.load_large``) within ``workspace``."""
+    chunks (``decode_large.load_large``) within ``workspace`` ("one chunk": a workspace
+    that holds it)."""
     r = s4format.Reader(blob)
     if path == "batch":
         return [o.numpy() for o in decode.read_tensors(r, list(range(len(r.tensors))))]
+    workspace = 1 << 30 if path == "one chunk" else workspace
     outs = []
     for i, t in enumerate(r.tensors):
         assert decode_large.chunkable(r, i)
@@ -270,10 +272,13 @@ def _long(seed: int, forms: list[str]) -> tuple:
 
 
 @pytest.mark.parametrize("on_host", [False, True])
-def test_every_segment_codec_decodes_in_chunks_bit_exact(monkeypatch, on_host: bool) -> None:
+@pytest.mark.parametrize("workspace", [1 << 16, 3 << 20, 1 << 30])
+def test_every_segment_codec_decodes_in_chunks_bit_exact(monkeypatch, on_host: bool,
+                                                         workspace: int) -> None:
     # tensors larger than the workspace: chunks of 2^16 elements, which cut segments of
-    # several units and cover several short ones; each chunk's segments decoded by the kernel
-    # of their codec into its range of the plane, then merged (or in place, for bytes)
+    # several units, or larger ones (one, for the largest workspace) that hold several
+    # segments of every codec; each chunk's segments decoded by the kernel of their codec into
+    # its range of the plane, then merged (or in place, for bytes)
     from s4weights.gpu import runtime
     launched = []
     real = runtime.launch
@@ -283,8 +288,9 @@ def test_every_segment_codec_decodes_in_chunks_bit_exact(monkeypatch, on_host: b
                   "c": _long(3, ["rans", "raw", "rans-const", "rans"]),
                   "d": _long(4, ["bitpack-w", "rans", "rans-raw", "rans"])})
     r = s4format.Reader(blob)
-    assert all(_chunks(blob, i, 1 << 16) > 3 for i in range(4))
-    for i, got in enumerate(_read(blob, "chunks", on_host=on_host)):
+    chunks = [_chunks(blob, i, workspace) for i in range(4)]
+    assert min(chunks) > 3 if workspace == 1 << 16 else max(chunks) < 4
+    for i, got in enumerate(_read(blob, "chunks", workspace, on_host)):
         assert np.array_equal(got, r.read_raw(i)), r.tensors[i].name
     assert {"copy_ops", "pack_ops", "merge_bf16"} <= set(launched), launched
     assert any(name.startswith("rans_decode") for name in launched)
@@ -318,9 +324,10 @@ def test_a_chain_of_segmented_levels_decodes_in_chunks() -> None:
     r = s4format.Reader(buf.getvalue(), parent=s4format.Reader(first))
     assert r.tensors[0].is_delta and decode_large.chunkable(r, 0)
     for on_host in (False, True):
-        out = torch.empty(raw.size, dtype=torch.uint8)
-        decode_large.load_large(r, 0, out, 1 << 16, on_host=on_host)
-        assert np.array_equal(out.numpy(), raw)
+        for workspace in (1 << 16, 1 << 30):  # chunks of one unit, one chunk
+            out = torch.empty(raw.size, dtype=torch.uint8)
+            decode_large.load_large(r, 0, out, workspace, on_host=on_host)
+            assert np.array_equal(out.numpy(), raw)
 
 
 def test_a_segment_whose_blocks_cross_the_chunks_goes_to_the_cpu_decoder() -> None:
@@ -416,7 +423,7 @@ def _fuzz_file() -> tuple[bytes, list[tuple[str, int, int]]]:
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(data=st.data(), path=st.sampled_from(["batch", "chunks"]))
+@given(data=st.data(), path=st.sampled_from(["batch", "chunks", "one chunk"]))
 def test_damaged_segments_fail_on_the_gpu_as_on_the_cpu(data, path) -> None:
     # any byte of one to three codec-9 planes changed (segment tables, stream headers and
     # tables, words, packed bytes), each plane's checksum remade for the new bytes so that only
