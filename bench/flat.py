@@ -9,11 +9,12 @@ are), and saves and loads both with ``s4weights.save``/``load`` to a local file,
 bit-exact.
 
     python bench/flat.py [--device cpu|cuda] [--dim N] [--layers N] [--steps N] [--reps N]
-                         [--no-gpu-segments]
+                         [--no-gpu-segments] [--load-workspace BYTES]
 
 ``--no-gpu-segments`` keeps one form per plane on the GPU path (S4_GPU_SEGMENTS=0), for the
 comparison: by default the GPU coder cuts flat buffers into segments (codec 9), as the CPU
-coder does.
+coder does. ``--load-workspace`` loads on the GPU within that workspace (``load``'s
+``workspace=``): tensors larger than it are decoded in chunks.
 """
 
 from __future__ import annotations
@@ -64,11 +65,12 @@ def planes_of(path: Path) -> str:
         return " ".join(f"{s4format.codecs.name_of(p.codec)}" for p in t.planes)
 
 
-def one(name: str, state: dict, device: str, tmp: Path, reps: int) -> None:
+def one(name: str, state: dict, device: str, tmp: Path, reps: int,
+        workspace: int | None = None) -> None:
     path = tmp / f"{name}.s4w"
     save = timing.measure(lambda: s4weights.save(state, path), reps, device=device)
-    load = timing.measure(lambda: s4weights.load(path, map_location=device), reps,
-                          device=device)
+    load = timing.measure(lambda: s4weights.load(path, map_location=device,
+                                                 workspace=workspace), reps, device=device)
     pt = tmp / f"{name}.pt"
     pt_save = timing.measure(lambda: torch.save(state, pt), reps, device=device)
     pt_load = timing.measure(lambda: torch.load(pt, map_location=device), reps, device=device)
@@ -91,6 +93,8 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3, help="timed calls per figure (default 3)")
     ap.add_argument("--no-gpu-segments", action="store_true",
                     help="one form per plane on the GPU path (S4_GPU_SEGMENTS=0)")
+    ap.add_argument("--load-workspace", type=int,
+                    help="GPU load workspace in bytes (default: load's own)")
     args = ap.parse_args()
     if args.no_gpu_segments:
         from s4weights.gpu import segments
@@ -106,10 +110,10 @@ def main() -> None:
     del model, opt
     tmp = Path(tempfile.mkdtemp(prefix="s4flat"))
     try:
-        one("separate tensors", state, dev, tmp, args.reps)
+        one("separate tensors", state, dev, tmp, args.reps, args.load_workspace)
         flat = flatten_state(state)
         del state
-        one("flat per dtype", flat, dev, tmp, args.reps)
+        one("flat per dtype", flat, dev, tmp, args.reps, args.load_workspace)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     sep, fl = ROWS
@@ -121,6 +125,8 @@ def main() -> None:
             "largest_tensor_codecs", "bit_exact"]
     table = timing.markdown(keys, [[r.get(k, "") for k in keys] for r in ROWS])
     seg = ", GPU segments off" if args.no_gpu_segments else ""
+    if args.load_workspace:
+        seg += f", load workspace {args.load_workspace >> 20} MiB"
     timing.finish("flat", f"Flat buffers against separate tensors ({dev}, width {dim}, "
                   f"{layers} layers{seg})", table, ROWS)
     if not all(r.get("bit_exact", True) for r in ROWS):
