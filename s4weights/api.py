@@ -376,17 +376,18 @@ def load(f: FileLike | bytes, map_location: Any = None, pickle_module: Any = Non
     written if decoding then fails (a corrupt file).
 
     ``workspace`` bounds the extra GPU memory of the GPU decoder beyond the returned tensors,
-    in bytes (default: 10% of the file's raw bytes, at least 4 MiB, raised to an eighth of
-    the device memory free besides the file's raw bytes; at most 1 GiB); a
-    tensor too large for it is decoded in chunks (not one with GDeflate or nvcomp-ans planes,
-    which decodes whole). A chunk holds whole rANS blocks: a file whose blocks are longer than
-    S4's writers make them (2^16 symbols; the spec allows 2^20) can need a few MiB past a
-    workspace under ~12 MiB. When the device runs out of memory, a tensor is decoded again
-    with a halved workspace, down to 4 MiB, where that can help, and else on the CPU and
-    copied in (a warning says so); once even a small attempt fails, the later tensors on that
-    device are decoded on the CPU without trying it. The returned tensors themselves still
-    need their own memory, as with ``torch.load``, and nvcomp-ans planes decode only on the
-    GPU, so their fallback may run out of memory too.
+    in bytes (default: 10% of the file's raw bytes, at least 4 MiB, raised to an eighth of the
+    device memory free besides the file's raw bytes; at most 1 GiB); a tensor too large for it
+    is decoded in chunks (not one with GDeflate or nvcomp-ans planes, which decodes whole).
+    With the default, a tensor that needs more than that but at most an eighth of the free
+    device memory is decoded whole, alone, which is faster. A chunk holds whole rANS blocks: a
+    file whose blocks are longer than S4's writers make them (2^16 symbols; the spec allows
+    2^20) can need a few MiB past a workspace under ~12 MiB. When the device runs out of
+    memory, a tensor is decoded again with a halved workspace, down to 4 MiB, where that can
+    help, and else on the CPU and copied in (a warning says so); once even a small attempt
+    fails, the later tensors on that device are decoded on the CPU without trying it. The
+    returned tensors themselves still need their own memory, as with ``torch.load``, and
+    nvcomp-ans planes decode only on the GPU, so their fallback may run out of memory too.
 
     ``max_decoded_bytes`` bounds what the load decodes in all, each stored tensor counted once:
     a file of a few kilobytes can declare gigabytes of tensors, and such a file is refused with

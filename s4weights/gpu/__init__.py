@@ -259,6 +259,9 @@ class _Loader:
         self.workspace = workspace
         self.extra: dict[int, int] = {}
         self.budgets: dict[str, int] = {}
+        # with the default workspace, per device: the most a tensor may need to be decoded
+        # whole in a batch of its own, past the workspace (0 once that device ran out)
+        self.whole: dict[str, int] = {}
         # the last attempt: in chunks, or a batch of ``size`` tensors needing ``need`` bytes
         self.tried = {"chunks": False, "size": 0, "need": 0}
 
@@ -306,8 +309,9 @@ class _Loader:
 
         if key not in self.budgets:
             total = sum(self.sizes)
-            self.budgets[key] = self.workspace or plan.default_load_workspace(
-                total, _free_bytes(dev) - total)
+            free = 0 if self.workspace else _free_bytes(dev) - total
+            self.budgets[key] = self.workspace or plan.default_load_workspace(total, free)
+            self.whole[key] = plan.whole_load_cap(free)
         return self.budgets[key]
 
     def _smaller(self, i: int, key: str, ws: int, what: str) -> bool:
@@ -325,6 +329,7 @@ class _Loader:
                 smaller //= 2  # (the same batch again otherwise)
         helps = tried["chunks"] or tried["size"] > 1 or (
             decode.decodable(self.reader, i) and decode_large.chunkable(self.reader, i))
+        self.whole[key] = 0
         if helps and smaller >= FALLBACK_MIN_WORKSPACE:
             self.budgets[key] = smaller
             log.warning("%s: decoding again with %d MiB", what, smaller >> 20)
@@ -351,10 +356,14 @@ class _Loader:
     def _decoded(self, i: int, dev, ws: int):
         """Tensor i's raw bytes decoded on ``dev`` within workspace ``ws``: in chunks when it
         alone needs more, else in a batch with the following tensors (theirs kept in
-        ``ready``)."""
+        ``ready``). With the default workspace, a tensor that needs more than it but no more
+        than ``whole`` allows is decoded whole, alone: chunks cost host copies and round
+        trips that one batch does not."""
         from s4weights.gpu import decode, decode_large
 
-        if decode.decodable(self.reader, i) and self.extra_of(i) > ws \
+        need = self.extra_of(i)
+        if decode.decodable(self.reader, i) and need > ws \
+                and need > self.whole.get(str(dev), 0) \
                 and decode_large.chunkable(self.reader, i):
             return self._in_chunks(i, dev, ws)
         return self._in_batch(i, dev, ws)

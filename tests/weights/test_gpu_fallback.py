@@ -148,7 +148,8 @@ class _Reader:
         self.tensors = [_Tensor(k) for k in range(n)]
 
 
-def _loader(monkeypatch, n: int, extra: int, chunkable: bool, fails):
+def _loader(monkeypatch, n: int, extra: int, chunkable: bool, fails,
+            workspace: int | None = 64 * MIB):
     """``gpu.loader_for`` over a stand-in reader of n tensors (each needing ``extra`` bytes of
     workspace) with the decoders replaced: ``fails(device, batch size or 0 for chunks,
     workspace)`` says whether that attempt runs out of memory. Returns (load, what ran)."""
@@ -194,7 +195,7 @@ def _loader(monkeypatch, n: int, extra: int, chunkable: bool, fails):
     monkeypatch.setattr(chunked, "chunkable", lambda reader, i: chunkable)
     monkeypatch.setattr(chunked, "load_large", load_large)
     monkeypatch.setattr(runtime, "device_empty", lambda n: torch.empty(n, dtype=torch.uint8))
-    return gpu.loader_for(_Reader(n), "cuda", workspace=64 * MIB), ran
+    return gpu.loader_for(_Reader(n), "cuda", workspace=workspace), ran
 
 
 def test_a_load_out_of_memory_shrinks_its_batches_on_that_device_only(monkeypatch,
@@ -301,3 +302,29 @@ def test_a_load_asks_each_device_for_its_free_memory_when_it_first_decodes_there
     assert asked == ["cuda:0", "cuda:1"]
     assert gpu._Loader(_Reader(4), None, {}, 64 * MIB, False, None)._budget("cuda:0", 0) \
         == 64 * MIB
+
+
+@pytest.mark.parametrize(("need_gib", "whole"), [(1.5, True), (3, False)])
+def test_with_the_default_workspace_a_tensor_an_eighth_of_free_memory_holds_decodes_whole(
+        monkeypatch, need_gib: float, whole: bool) -> None:
+    # 16 GiB free: the default workspace is 1 GiB, and a tensor that alone needs more is
+    # decoded whole while an eighth of the free memory (2 GiB) holds it, else in chunks; a
+    # workspace the caller gives is kept to
+    monkeypatch.setattr(gpu, "_free_bytes", lambda dev: 16 << 30)
+    need = int(need_gib * (1 << 30))
+    load, ran = _loader(monkeypatch, 1, need, True, lambda dev, size, ws: False, None)
+    assert int(load(0, "cuda:0")[0]) == 0
+    assert ran == [("cuda:0", "batch", 1) if whole else ("cuda:0", "chunks", 1 << 30)]
+    load, ran = _loader(monkeypatch, 1, need, True, lambda dev, size, ws: False, 1 << 30)
+    load(0, "cuda:0")
+    assert ran == [("cuda:0", "chunks", 1 << 30)]
+
+
+def test_a_whole_decode_past_the_default_workspace_that_runs_out_goes_to_chunks(
+        monkeypatch) -> None:
+    monkeypatch.setattr(gpu, "_free_bytes", lambda dev: 16 << 30)
+    load, ran = _loader(monkeypatch, 2, int(1.5 * (1 << 30)), True,
+                        lambda dev, size, ws: size == 1, None)
+    assert [int(load(k, "cuda:0")[0]) for k in range(2)] == [0, 1]
+    assert ran == [("cuda:0", "batch", 1), ("cuda:0", "chunks", 512 << 20),
+                   ("cuda:0", "chunks", 512 << 20)]  # (the device's later tensors too)
