@@ -45,7 +45,6 @@ class Level:
             span = (bounds[0], np.empty(bounds[1] - bounds[0], np.uint8))
             staging.read_into(reader, bounds[0], span[1])
         self.stored = [reader.read_stored(t, j, span) for j in range(len(t.planes))]  # R1
-        self.rans = [j for j, p in enumerate(t.planes) if p.codec == codecs.RANS]
         self.segs: dict[int, list[tuple]] = {}  # codec-9 plane -> ransseg.read_table's rows
         for j, p in enumerate(t.planes):
             err = failures.plane_form_error(p, self.stored[j], j)
@@ -62,9 +61,11 @@ class Level:
             for s, (n, at, lo, c, _sp, size) in enumerate(self.segs.get(j, ())):
                 if c.codec_id == codecs.RANS:
                     self.srow.append((j, s, at, size, n, lo))
-        self.row_of = {j: r for r, (j, s, *_x) in enumerate(self.srow) if s < 0}
+        self.row_at = {(j, s): r for r, (j, s, *_x) in enumerate(self.srow)}
+        self.row_of = {j: r for (j, s), r in self.row_at.items() if s < 0}
         self.sub = [self.stored[j][at:at + size] for j, _s, at, size, _n, _lo in self.srow]
         self.streams = None
+        self._coded_at: dict[int, int] | None = None
         if self.srow:
             # validated where they lie in the tensor's span (no copy of the streams), or in
             # one copy of them when the planes were read one by one
@@ -120,7 +121,9 @@ class Level:
     def blocks(self, q: int) -> tuple[int, int, int]:
         """(first block in the batch, blocks, log2_block) of rANS stream q."""
         s = self.streams
-        r = int(np.flatnonzero(s.coded == q)[0]) if (s.coded == q).any() else -1
+        if self._coded_at is None:  # (a codec-9 plane may hold thousands of streams)
+            self._coded_at = {int(x): r for r, x in enumerate(s.coded.tolist())}
+        r = self._coded_at.get(q, -1)
         if r < 0:
             return 0, 0, 0
         b0, b1 = int(s.first[r]), int(s.first[r + 1])
@@ -179,13 +182,12 @@ class Level:
         arrays: list[np.ndarray] = []
         parts = []
         s = self.stored[j]
-        rows = {(x[0], x[1]): r for r, x in enumerate(self.srow)}
         for k, (n, at, lo, c, sp, size) in enumerate(self.segs[j]):
             a0, a1 = max(e0, lo), min(e1, lo + n)
             if a0 >= a1:
                 continue
             x0, x1, seg, first = a0 - lo, a1 - lo, s[at:at + size], len(arrays)
-            row = rows.get((j, k), -1)
+            row = self.row_at.get((j, k), -1)
             if c.codec_id == codecs.RANS:
                 form, got, extra = self._stream(row, x0, x1)
                 form = "copy" if form == "plain" else form
