@@ -137,19 +137,32 @@ def read_all(reader: Reader, reads: list[tuple[int, np.ndarray]],
 
 
 def copy_into(dst: np.ndarray, copies: list[tuple[int, np.ndarray]]) -> None:
-    """``dst[o:o + a.size] = a`` for each (o, a) of ``copies``, large ones in pieces on the
-    reading threads (as :func:`read_into`)."""
+    """``dst[o:o + a.size] = a`` for each (o, a) of ``copies`` on the reading threads (as
+    :func:`read_into`), in about eight jobs: large copies cut into pieces, small ones
+    grouped (a codec-9 chunk stages thousands of segments; a job each cost more than the
+    copies, 0.77 s of a 1.3 s chunked load on the H200, 2026-12-03)."""
     total = sum(a.size for _o, a in copies)
     if total < 2 * READ_PIECE:
         for o, a in copies:
             dst[o:o + a.size] = a
         return
+    step = max(READ_PIECE, -(-total // 8))
+    jobs: list[list[tuple[int, np.ndarray]]] = [[]]
+    size = 0
+    for o, a in copies:
+        for x, y in _in_pieces(a.size, total):
+            jobs[-1].append((o + x, a[x:y]))
+            size += y - x
+            if size >= step:
+                jobs.append([])
+                size = 0
+
+    def one(job: list[tuple[int, np.ndarray]]) -> None:
+        for o, a in job:
+            dst[o:o + a.size] = a
+
     pool = _readers()
-
-    def one(o: int, a: np.ndarray) -> None:
-        dst[o:o + a.size] = a
-
-    _run_all([pool.submit(one, o + x, a[x:y]) for o, a in copies for x, y in _in_pieces(a.size)])
+    _run_all([pool.submit(one, job) for job in jobs if job])
 
 
 def _read_piece(reader: Reader, offset: int, dst: np.ndarray) -> None:

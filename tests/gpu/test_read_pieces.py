@@ -90,11 +90,17 @@ def test_reads_work_in_a_forked_child(tmp_path, monkeypatch) -> None:
     assert p.exitcode == 0
 
 
-@pytest.mark.parametrize("sizes", [[], [10], [5000, 0, 3 * 4096 + 17, 40 * 4096 + 5], [90_000]])
+@pytest.mark.parametrize("sizes", [[], [10], [5000, 0, 3 * 4096 + 17, 40 * 4096 + 5], [90_000],
+                                   [300 + k % 7 for k in range(3000)]])
 def test_copies_land_exactly_in_pieces_or_whole(monkeypatch, sizes: list[int]) -> None:
     # staging.copy_into (a chunk's staged pieces into pinned memory): every array at its offset,
-    # the bytes between them untouched, whether the pool copies it in pieces or one thread
+    # the bytes between them untouched, whether the pool copies it in pieces or one thread,
+    # and many small arrays (a codec-9 chunk's segments) in a few jobs
     monkeypatch.setattr(staging, "READ_PIECE", 4096)
+    jobs = []
+    pool = staging._readers()
+    real = pool.submit
+    monkeypatch.setattr(pool, "submit", lambda *a: (jobs.append(1), real(*a))[1])
     rng = np.random.default_rng(len(sizes))
     arrays = [rng.integers(0, 256, n, dtype=np.uint8) for n in sizes]
     offsets = np.cumsum([0] + [n + 16 for n in sizes])
@@ -104,6 +110,7 @@ def test_copies_land_exactly_in_pieces_or_whole(monkeypatch, sizes: list[int]) -
     for o, a in zip(offsets[:-1].tolist(), arrays):
         want[o:o + a.size] = a
     assert np.array_equal(dst, want)
+    assert len(jobs) <= 9
 
 
 @pytest.mark.parametrize("scattered", [False, True])
