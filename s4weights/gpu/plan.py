@@ -58,9 +58,9 @@ def default_load_workspace(total_bytes: int, free_bytes: int) -> int:
 def whole_load_cap(free_bytes: int) -> int:
     """With a load's default workspace, the most a tensor may need to be decoded whole, in a
     batch of its own, rather than in chunks: an eighth of ``free_bytes`` (the device memory
-    free besides the state's), without the workspace's 1 GiB cap. On the H200 a 1.5 GB flat
-    fp32 buffer loaded in 0.93 s in chunks of a 1 GiB workspace against 0.09 s whole
-    (bench/flat.py, bench/RESULTS.md, 2026-12-03)."""
+    free besides the state's), without the workspace's 1 GiB cap. On the H200 bench/flat.py's
+    flat state (its fp32 tensor 1.5 GB) loaded in 0.81-1.82 s with that tensor in chunks of a
+    1 GiB workspace, 0.10-0.17 s with it whole (bench/RESULTS.md, 2026-12-03)."""
     return max(0, free_bytes) // 8
 
 
