@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 _pending: list[tuple[dict[str, Any], str, Callable[..., Any], dict[str, Any]]] = []
+_pending_intrinsics: list[tuple[dict[str, Any], str, Callable[..., Any]]] = []
 _lock = threading.Lock()
 
 
@@ -47,6 +48,14 @@ def kernel(**options: Any) -> Callable[[Callable[..., Any]], _Kernel]:
             _pending.append((func.__globals__, func.__name__, func, options))
         return _Kernel(func)
     return mark
+
+
+def intrinsic(func: Callable[..., Any]) -> Callable[..., Any]:
+    """Decorator: ``func`` becomes ``numba.extending.intrinsic(func)`` before the first kernel
+    compiles, so that kernels may call it by its global name without importing numba early."""
+    with _lock:
+        _pending_intrinsics.append((func.__globals__, func.__name__, func))
+    return func
 
 
 class _NoSciPyBLAS:
@@ -81,6 +90,13 @@ def _compile_pending() -> None:
 
     with _lock:
         _load_numba_arraymath()
+        if _pending_intrinsics:
+            from numba.extending import intrinsic as numba_intrinsic
+
+            for module, name, func in _pending_intrinsics:
+                if module.get(name) is func:
+                    module[name] = numba_intrinsic(func)
+            _pending_intrinsics.clear()
         for module, name, func, options in _pending:
             if isinstance(module.get(name), _Kernel):
                 try:
