@@ -255,12 +255,23 @@ def _encode_range(words, shift, mask, log2_block, tab, scratch, counts, states, 
     n = np.uint64(words.size)
     sh, mk = np.uint64(shift), np.uint64(mask)
     x = np.empty(LANES, dtype=np.uint64)
+    # Full rows run on vectors where the table is the exact-reciprocal one that the compact
+    # form reproduces; any other table (and a partial row) takes the scalar rows below.
+    ctab = np.empty(256, dtype=np.uint64)
+    vector = (_vector_rows() and mk <= np.uint64(0xFF) and sh < np.uint64(8 * words.itemsize)
+              and _compact_table(tab, ctab))
+    lanes = np.uint64(LANES)
     for b in range(b0, b1):
         start = np.uint64(b) << np.uint64(log2_block)
         end = min(start + (np.uint64(1) << np.uint64(log2_block)), n)
         x[:] = STATE_LOW
         w = start
-        for row in range(start, end, LANES):
+        first = start
+        if vector:
+            while end - first >= lanes:
+                w = _encode_row_vector(words, first, sh, mk, ctab, x, scratch, w)
+                first += lanes
+        for row in range(first, end, LANES):
             row = np.uint64(row)
             for lane in range(min(np.uint64(LANES), end - row)):
                 t = ((np.uint64(words[row + np.uint64(lane)]) >> sh) & mk) << np.uint64(2)
@@ -278,6 +289,140 @@ def _encode_range(words, shift, mask, log2_block, tab, scratch, counts, states, 
         counts[b] = w - start
         for lane in range(LANES):
             states[b * LANES + lane] = x[lane]
+
+
+@kernel(inline="always")
+def _compact_table(tab, ctab):  # pragma: no cover - compiled
+    """Pack :func:`_packed_table` into one uint64 per symbol, rcp | bias << 32 | f << 45 |
+    shift << 58, for :func:`_encode_row_vector`; False unless every symbol's entry is the one
+    :func:`_encoder_rows` makes for its frequency (or an absent symbol's zeros), so that the
+    compact form codes exactly the same states."""
+    for s in range(256):
+        xmax, rcp, bias, c = tab[4 * s], tab[4 * s + 1], tab[4 * s + 2], tab[4 * s + 3]
+        if bias >= np.uint64(1 << 13):
+            return False
+        if xmax == 0 and rcp == 0:
+            ctab[s] = bias << np.uint64(32)
+            continue
+        f = np.int64(xmax >> np.uint64(_XMAX_SHIFT))
+        if f < 1 or f > PROB_SCALE or xmax != np.uint64(f << _XMAX_SHIFT):
+            return False
+        bits = 0  # ceil(log2 f)
+        while (1 << bits) < f:
+            bits += 1
+        want, shift = (1 << 32) - 1, 0
+        if f > 1:
+            want, shift = ((1 << (bits + 31)) + f - 1) // f, bits - 1
+        if rcp != np.uint64(want) or c != np.uint64(((PROB_SCALE - f) << 8) | (32 + shift)):
+            return False
+        ctab[s] = rcp | (bias << np.uint64(32)) | (np.uint64(f) << np.uint64(45)) | (
+            np.uint64(shift) << np.uint64(58))
+    return True
+
+
+@intrinsic
+def _encode_row_vector(typingctx, words, row, sh, mk, ctab, x, scratch, w
+                       ):  # pragma: no cover - compiled
+    """The scalar rows' code of one full row of symbols words[row:row + 32] on 16 lanes at a
+    time: the same states in x and words in scratch; returns the new w.
+
+    The lanes of a half that renormalise write their low 16 bits in lane order, so the half's
+    words are its states compressed by the renormalisation mask. States stay below 2**32 and
+    the reciprocal below 2**32, so the products are 32 x 32 -> 64-bit multiplies."""
+    from llvmlite import ir
+    from numba.core import cgutils, types
+
+    def codegen(context, builder, signature, args):
+        words_a, row, sh, mk, ctab_a, x_a, scratch_a, w = args
+        if not _vectors_compile(context):
+            return w  # (never run: _vector_rows() is False in this compile; the IR stays valid)
+        tw, _, _, _, tc, tx, ts, _ = signature.args
+        warr = context.make_array(tw)(context, builder, words_a)
+        cptr = context.make_array(tc)(context, builder, ctab_a).data
+        xptr = context.make_array(tx)(context, builder, x_a).data
+        sptr = context.make_array(ts)(context, builder, scratch_a).data
+        i1, i16, i32, i64 = (ir.IntType(b) for b in (1, 16, 32, 64))
+        half = LANES // 2
+        vec = lambda t: ir.VectorType(t, half)  # noqa: E731
+        splat = lambda t, v: ir.Constant(vec(t), [v] * half)  # noqa: E731
+
+        def broadcast(value, t):
+            v = builder.insert_element(ir.Constant(vec(t), None), value, ir.Constant(i32, 0))
+            return builder.shuffle_vector(v, ir.Constant(vec(t), None),
+                                          ir.Constant(vec(i32), [0] * half))
+
+        vp = vec(ir.PointerType(i64))
+        gather = cgutils.get_or_insert_function(builder.module, ir.FunctionType(
+            vec(i64), [vp, i32, vec(i1), vec(i64)]), f"llvm.masked.gather.v{half}i64.v{half}p0")
+        compress = cgutils.get_or_insert_function(builder.module, ir.FunctionType(
+            vec(i16), [vec(i16), vec(i1), vec(i16)]),
+            f"llvm.experimental.vector.compress.v{half}i16")
+        ctpop = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(i16, [i16]), "llvm.ctpop.i16")
+        # Words are widened as the scalar rows' uint64 conversion does (signed words sign-
+        # extended), in 32 bits where no bit above 31 can reach the field.
+        wt, signed = ir.IntType(tw.dtype.bitwidth), tw.dtype.signed
+        st = i64 if tw.dtype.bitwidth == 64 or signed else i32
+        shift = broadcast(builder.trunc(sh, st) if st is i32 else sh, st)
+        fmask = broadcast(builder.trunc(mk, i32), i32)
+        base = broadcast(builder.ptrtoint(cptr, i64), i64)
+        low = splat(i64, 0xFFFFFFFF)
+
+        def symbols(h):
+            at = builder.add(row, ir.Constant(i64, half * h))
+            if tw.layout == "C":
+                ptr = builder.bitcast(builder.gep(warr.data, [at]), ir.PointerType(vec(wt)))
+                v = builder.load(ptr, align=tw.dtype.bitwidth // 8)
+            else:
+                shape = cgutils.unpack_tuple(builder, warr.shape, 1)
+                strides = cgutils.unpack_tuple(builder, warr.strides, 1)
+                v = ir.Constant(vec(wt), None)
+                for k in range(half):
+                    ptr = cgutils.get_item_pointer2(
+                        context, builder, warr.data, shape, strides, tw.layout,
+                        [builder.add(at, ir.Constant(i64, k))])
+                    v = builder.insert_element(v, builder.load(ptr), ir.Constant(i32, k))
+            if wt.width < st.width:
+                v = builder.sext(v, vec(st)) if signed else builder.zext(v, vec(st))
+            v = builder.lshr(v, shift)
+            v = builder.trunc(v, vec(i32)) if st is i64 else v
+            return builder.zext(builder.and_(v, fmask), vec(i64))
+
+        def lanes_at(h):
+            return builder.bitcast(builder.gep(xptr, [ir.Constant(i64, half * h)]),
+                                   ir.PointerType(vec(i64)))
+
+        states, needs = [], []
+        for h in (0, 1):
+            slot = symbols(h)
+            ptrs = builder.inttoptr(builder.add(base, builder.shl(slot, splat(i64, 3))), vp)
+            e = builder.call(gather, [ptrs, ir.Constant(i32, 8), ir.Constant(vec(i1), [1] * half),
+                                      ir.Constant(vec(i64), None)])
+            rcp = builder.and_(e, low)
+            bias = builder.and_(builder.lshr(e, splat(i64, 32)), splat(i64, (1 << 13) - 1))
+            f = builder.and_(builder.lshr(e, splat(i64, 45)), splat(i64, (1 << 13) - 1))
+            qshift = builder.add(builder.lshr(e, splat(i64, 58)), splat(i64, 32))
+            xv = builder.load(lanes_at(h), align=8)
+            need = builder.icmp_unsigned(">=", xv, builder.shl(f, splat(i64, _XMAX_SHIFT)))
+            needs.append((need, builder.trunc(xv, vec(i16))))
+            xv = builder.select(need, builder.lshr(xv, splat(i64, WORD_BITS)), xv)
+            q = builder.lshr(builder.mul(builder.and_(xv, low), rcp), qshift)
+            cmpl = builder.and_(builder.sub(splat(i64, PROB_SCALE), f), low)
+            states.append(builder.add(builder.add(xv, bias),
+                                      builder.mul(builder.and_(q, low), cmpl)))
+        for h in (0, 1):  # lanes 0..15 write before lanes 16..31
+            need, low16 = needs[h]
+            packed = builder.call(compress, [low16, need, ir.Constant(vec(i16), None)])
+            # All 16 words are stored: w + 16 <= row + 32, still inside this block's region,
+            # and the words past the new w are overwritten later or never read.
+            ptr = builder.bitcast(builder.gep(sptr, [w]), ir.PointerType(vec(i16)))
+            builder.store(packed, ptr, align=2)
+            w = builder.add(w, builder.zext(builder.call(ctpop, [builder.bitcast(need, i16)]),
+                                            i64))
+            builder.store(states[h], lanes_at(h), align=8)
+        return w
+
+    return types.uint64(words, row, sh, mk, ctab, x, scratch, w), codegen
 
 
 @kernel()
@@ -316,17 +461,31 @@ def _decode_row_fast(words, p, x, dtab, out, row):  # pragma: no cover - compile
 
 @intrinsic
 def _vector_rows(typingctx):  # pragma: no cover - compiled
-    """True where the compile target has AVX-512 F, BW and VBMI2, which run
-    :func:`_decode_row_vector` as two gathers and two word expands; a constant, so the kernel
-    keeps only one of the two row decoders."""
+    """True where the vector rows compile (:func:`_vectors_compile`): AVX-512 runs
+    :func:`_decode_row_vector` and :func:`_encode_row_vector` as gathers, word expands and
+    compresses. A constant, so each kernel runs only one of its two row coders."""
     from numba.core import types
 
     def codegen(context, builder, signature, args):
-        features = getattr(context.codegen(), "_tm_features", "") or ""
-        have = all(f"+{f}" in features.split(",") for f in ("avx512f", "avx512bw", "avx512vbmi2"))
-        return context.get_constant(types.boolean, have)
+        return context.get_constant(types.boolean, _vectors_compile(context))
 
     return types.boolean(), codegen
+
+
+# The vector rows' intrinsics (compress among them) as named and typed from LLVM 20 on, the
+# oldest LLVM they were checked with here; an older llvmlite keeps the scalar rows.
+_LLVM_VECTORS = (20, 0)
+
+
+def _vectors_compile(context) -> bool:
+    """Whether numba's target here has AVX-512 F, BW and VBMI2 and an LLVM that knows the
+    intrinsics the vector rows call."""
+    import llvmlite.binding
+
+    if tuple(llvmlite.binding.llvm_version_info[:2]) < _LLVM_VECTORS:
+        return False
+    features = (getattr(context.codegen(), "_tm_features", "") or "").split(",")
+    return all(f"+{f}" in features for f in ("avx512f", "avx512bw", "avx512vbmi2"))
 
 
 @intrinsic
@@ -342,6 +501,8 @@ def _decode_row_vector(typingctx, words, p, x, dtab, out, row):  # pragma: no co
 
     def codegen(context, builder, signature, args):
         words_a, p, x_a, dtab_a, out_a, row = args
+        if not _vectors_compile(context):
+            return p  # (never run: _vector_rows() is False in this compile; the IR stays valid)
         tw, _, tx, td, to, _ = signature.args
         wptr = context.make_array(tw)(context, builder, words_a).data
         xptr = context.make_array(tx)(context, builder, x_a).data
@@ -402,8 +563,8 @@ def _vector_probe():  # pragma: no cover - compiled
 
 
 def vector_decoding() -> bool:
-    """Whether this process's decoder runs its rows on AVX-512 vectors (else the scalar rows);
-    both decode the same bytes and find the same errors."""
+    """Whether this process's coder runs its full rows on AVX-512 vectors (else the scalar
+    rows); both encode the same bytes, and decode the same bytes and find the same errors."""
     return bool(_vector_probe())
 
 
