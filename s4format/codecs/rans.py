@@ -258,7 +258,8 @@ def _encode_range(words, shift, mask, log2_block, tab, scratch, counts, states, 
     # Full rows run on vectors where the table is the exact-reciprocal one that the compact
     # form reproduces; any other table (and a partial row) takes the scalar rows below.
     ctab = np.empty(256, dtype=np.uint64)
-    vector = (_vector_rows() and mk <= np.uint64(0xFF) and sh < np.uint64(8 * words.itemsize)
+    vector = (_vector_rows() and _encoder_arrays(scratch) and mk <= np.uint64(0xFF)
+              and sh < np.uint64(8 * words.itemsize)
               and _compact_table(tab, ctab))
     lanes = np.uint64(LANES)
     for b in range(b0, b1):
@@ -488,6 +489,42 @@ def _vectors_compile(context) -> bool:
     return all(f"+{f}" in features for f in ("avx512f", "avx512bw", "avx512vbmi2"))
 
 
+def _plain(*arrays) -> bool:
+    """Whether each (numba type, dtype name) is a C-contiguous array of that dtype: the vector
+    rows address arrays by their data pointer, so strided or other-typed ones take the scalar
+    rows (no caller of ours passes them)."""
+    from numba.core import types
+
+    return all(isinstance(t, types.Array) and t.layout == "C" and str(t.dtype) == d
+               for t, d in arrays)
+
+
+@intrinsic
+def _decoder_arrays(typingctx, words, dtab, out):  # pragma: no cover - compiled
+    """True (a constant) where the vector decoder may take these arrays (:func:`_plain`)."""
+    from numba.core import types
+
+    ok = _plain((words, "uint16"), (dtab, "uint32"), (out, "uint8"))
+
+    def codegen(context, builder, signature, args):
+        return context.get_constant(types.boolean, ok)
+
+    return types.boolean(words, dtab, out), codegen
+
+
+@intrinsic
+def _encoder_arrays(typingctx, scratch):  # pragma: no cover - compiled
+    """True (a constant) where the vector encoder may write ``scratch`` (:func:`_plain`)."""
+    from numba.core import types
+
+    ok = _plain((scratch, "uint16"))
+
+    def codegen(context, builder, signature, args):
+        return context.get_constant(types.boolean, ok)
+
+    return types.boolean(scratch), codegen
+
+
 @intrinsic
 def _decode_row_vector(typingctx, words, p, x, dtab, out, row):  # pragma: no cover - compiled
     """:func:`_decode_row_fast` on 16 lanes at a time: the same symbols, states and p.
@@ -577,7 +614,7 @@ def _decode_rows(words, lo, p, x, dtab, out, start, end, row):  # pragma: no cov
         row -= lanes
         m = min(lanes, end - row)
         if m == lanes and p - lo >= lanes:
-            if _vector_rows():
+            if _vector_rows() and _decoder_arrays(words, dtab, out):
                 p = _decode_row_vector(words, p, x, dtab, out, row)
             else:
                 p = _decode_row_fast(words, p, x, dtab, out, row)
@@ -657,7 +694,8 @@ def _decode_blocks(words, offsets, states, dtab, log2_block, n, out, errors, b0,
     b = b0
     while b < b1:
         start = (np.int64(b) << log2_block) - base
-        if _vector_rows() and b + 1 < b1 and start + 2 * size <= n - base:
+        if _vector_rows() and _decoder_arrays(words, dtab, out) and b + 1 < b1 \
+                and start + 2 * size <= n - base:
             errors[b - b0], errors[b + 1 - b0] = _decode_pair(
                 words, offsets[b], offsets[b + 1], offsets[b + 2],
                 states[b * LANES:(b + 2) * LANES], dtab, out, start, size)
