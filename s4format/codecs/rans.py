@@ -178,16 +178,23 @@ def _encoder_rows(freqs, tab):  # pragma: no cover - compiled
     cum = 0
     for s in range(256):
         f = freqs[s]
-        if f == 1:
-            tab[s, 0], tab[s, 1], tab[s, 2] = f << _XMAX_SHIFT, (1 << 32) - 1, 0
-            tab[s, 3], tab[s, 4] = cum + PROB_SCALE - 1, PROB_SCALE - f
-        elif f > 1:
-            bits = 0  # ceil(log2 f)
-            while (1 << bits) < f:
-                bits += 1
-            tab[s, 0], tab[s, 1] = f << _XMAX_SHIFT, ((1 << (bits + 31)) + f - 1) // f
-            tab[s, 2], tab[s, 3], tab[s, 4] = bits - 1, cum, PROB_SCALE - f
+        if f >= 1:
+            rcp, shift = _reciprocal(f)
+            tab[s, 0], tab[s, 1], tab[s, 2] = f << _XMAX_SHIFT, rcp, shift
+            tab[s, 3] = cum + PROB_SCALE - 1 if f == 1 else cum
+            tab[s, 4] = PROB_SCALE - f
         cum += f
+
+
+@kernel(inline="always")
+def _reciprocal(f):  # pragma: no cover - compiled
+    """(reciprocal, shift) dividing by frequency ``f`` >= 1 exactly (f = 1: the bias does it)."""
+    if f == 1:
+        return (1 << 32) - 1, 0
+    bits = 0  # ceil(log2 f)
+    while (1 << bits) < f:
+        bits += 1
+    return ((1 << (bits + 31)) + f - 1) // f, bits - 1
 
 
 def _decoder_table(freqs: np.ndarray) -> np.ndarray:
@@ -308,12 +315,7 @@ def _compact_table(tab, ctab):  # pragma: no cover - compiled
         f = np.int64(xmax >> np.uint64(_XMAX_SHIFT))
         if f < 1 or f > PROB_SCALE or xmax != np.uint64(f << _XMAX_SHIFT):
             return False
-        bits = 0  # ceil(log2 f)
-        while (1 << bits) < f:
-            bits += 1
-        want, shift = (1 << 32) - 1, 0
-        if f > 1:
-            want, shift = ((1 << (bits + 31)) + f - 1) // f, bits - 1
+        want, shift = _reciprocal(f)
         if rcp != np.uint64(want) or c != np.uint64(((PROB_SCALE - f) << 8) | (32 + shift)):
             return False
         ctab[s] = rcp | (bias << np.uint64(32)) | (np.uint64(f) << np.uint64(45)) | (
@@ -467,10 +469,7 @@ def _vector_rows(typingctx):  # pragma: no cover - compiled
     compresses. A constant, so each kernel runs only one of its two row coders."""
     from numba.core import types
 
-    def codegen(context, builder, signature, args):
-        return context.get_constant(types.boolean, _vectors_compile(context))
-
-    return types.boolean(), codegen
+    return types.boolean(), _constant(_vectors_compile)
 
 
 # The vector rows' intrinsics (compress among them) as named and typed from LLVM 20 on, the
@@ -489,6 +488,16 @@ def _vectors_compile(context) -> bool:
     return all(f"+{f}" in features for f in ("avx512f", "avx512bw", "avx512vbmi2"))
 
 
+def _constant(value):
+    """An intrinsic's codegen of the boolean constant ``value(context)``."""
+    from numba.core import types
+
+    def codegen(context, builder, signature, args):
+        return context.get_constant(types.boolean, value(context))
+
+    return codegen
+
+
 def _plain(*arrays) -> bool:
     """Whether each (numba type, dtype name) is a C-contiguous array of that dtype: the vector
     rows address arrays by their data pointer, so strided or other-typed ones take the scalar
@@ -505,11 +514,7 @@ def _decoder_arrays(typingctx, words, dtab, out):  # pragma: no cover - compiled
     from numba.core import types
 
     ok = _plain((words, "uint16"), (dtab, "uint32"), (out, "uint8"))
-
-    def codegen(context, builder, signature, args):
-        return context.get_constant(types.boolean, ok)
-
-    return types.boolean(words, dtab, out), codegen
+    return types.boolean(words, dtab, out), _constant(lambda _context: ok)
 
 
 @intrinsic
@@ -518,11 +523,7 @@ def _encoder_arrays(typingctx, scratch):  # pragma: no cover - compiled
     from numba.core import types
 
     ok = _plain((scratch, "uint16"))
-
-    def codegen(context, builder, signature, args):
-        return context.get_constant(types.boolean, ok)
-
-    return types.boolean(scratch), codegen
+    return types.boolean(scratch), _constant(lambda _context: ok)
 
 
 @intrinsic

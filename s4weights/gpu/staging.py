@@ -108,15 +108,9 @@ def read_all(reader: Reader, reads: list[tuple[int, np.ndarray]],
     # about eight jobs of consecutive pieces (a job per small plane costs its submission);
     # four times as many, and as many pieces, where they are used as they arrive
     parts = 8 if arrived is None else 32
-    pieces = [(offset + a, dst[a:b]) for offset, dst in reads
-              for a, b in _in_pieces(dst.size, total * 8 // parts)]
-    share, jobs, size = max(READ_PIECE, total // parts), [[]], 0
-    for o, d in pieces:
-        if size >= share:
-            jobs.append([])
-            size = 0
-        jobs[-1].append((o, d))
-        size += d.size
+    jobs = _grouped([(offset + a, dst[a:b]) for offset, dst in reads
+                     for a, b in _in_pieces(dst.size, total * 8 // parts)],
+                    max(READ_PIECE, total // parts))
 
     def job(part: list[tuple[int, np.ndarray]]) -> None:
         for o, d in part:
@@ -146,23 +140,29 @@ def copy_into(dst: np.ndarray, copies: list[tuple[int, np.ndarray]]) -> None:
         for o, a in copies:
             dst[o:o + a.size] = a
         return
-    step = max(READ_PIECE, -(-total // 8))
-    jobs: list[list[tuple[int, np.ndarray]]] = [[]]
-    size = 0
-    for o, a in copies:
-        for x, y in _in_pieces(a.size, total):
-            jobs[-1].append((o + x, a[x:y]))
-            size += y - x
-            if size >= step:
-                jobs.append([])
-                size = 0
+    jobs = _grouped([(o + x, a[x:y]) for o, a in copies for x, y in _in_pieces(a.size, total)],
+                    max(READ_PIECE, -(-total // 8)))
 
     def one(job: list[tuple[int, np.ndarray]]) -> None:
         for o, a in job:
             dst[o:o + a.size] = a
 
     pool = _readers()
-    _run_all([pool.submit(one, job) for job in jobs if job])
+    _run_all([pool.submit(one, job) for job in jobs])
+
+
+def _grouped(pieces: list[tuple[int, np.ndarray]], share: int
+             ) -> list[list[tuple[int, np.ndarray]]]:
+    """``pieces`` in order, cut into jobs of about ``share`` bytes each."""
+    jobs: list[list[tuple[int, np.ndarray]]] = [[]]
+    size = 0
+    for o, d in pieces:
+        if size >= share:
+            jobs.append([])
+            size = 0
+        jobs[-1].append((o, d))
+        size += d.size
+    return jobs
 
 
 def _read_piece(reader: Reader, offset: int, dst: np.ndarray) -> None:
