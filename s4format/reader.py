@@ -12,6 +12,8 @@ from __future__ import annotations
 import functools
 import os
 import struct
+import threading
+from collections import OrderedDict
 from typing import Any
 
 import numpy as np
@@ -55,6 +57,48 @@ MAX_TENSORS = 1 << 20  # tensors per file this reader parses (rule I0), unless c
 REPARSE_TENSORS = 1 << 16  # a failed index of more tensors is not parsed a second time
 MIN_TENSOR_RECORD = 32  # bytes of the smallest tensor record (empty name, no dims, no planes)
 MIN_INDEX = 34  # bytes of an index besides its records (magic, counts, parent ID, prefixes)
+
+
+class _CheckedTrees:
+    """Object trees this process has decoded and found valid (rule X4), with their tensor
+    reference counts, by their bytes and the shapes and sizes of the tensors they were checked
+    against (all that the typed-value checks read). The files of a delta chain hold one tree
+    byte for byte, and a chain load uses only the newest file's: the others are checked by a
+    lookup instead of a decode that costs milliseconds per file."""
+
+    KEPT = 16              # trees remembered
+    LARGEST = 4 << 20      # bytes of the largest tree remembered
+
+    def __init__(self) -> None:
+        self._known: OrderedDict[tuple, tuple[int, ...]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def uses(self, key: tuple | None) -> tuple[int, ...] | None:
+        if key is None:
+            return None
+        with self._lock:
+            uses = self._known.get(key)
+            if uses is not None:
+                self._known.move_to_end(key)
+            return uses
+
+    def add(self, key: tuple | None, uses: list[int]) -> None:
+        if key is None:
+            return
+        with self._lock:
+            self._known[key] = tuple(uses)
+            while len(self._known) > self.KEPT:
+                self._known.popitem(last=False)
+
+    @classmethod
+    def key(cls, raw: bytes, tensors: list[TensorInfo]) -> tuple | None:
+        if len(raw) > cls.LARGEST:
+            return None
+        return bytes(raw), tuple((t.shape, t.raw_nbytes) for t in tensors)
+
+
+_CHECKED_TREES = _CheckedTrees()
+_UNDECODED = object()  # a tree found valid by its bytes, decoded when first asked for
 
 
 def checkpoint_id(content_hashes: list[bytes]) -> bytes:
@@ -218,13 +262,29 @@ class Reader:
             raise FormatError(f"{self.name}: delta tensors but no parent checkpoint ID")
         # how many references each tensor has: a load decodes each once and keeps it only
         # while references to it remain
-        self.tensor_uses = [0] * len(tensors)
-        self.tree = self._decode_tree(idx.tree, len(tensors), "object tree", self.tensor_uses)
+        key = _CheckedTrees.key(idx.tree, tensors)
+        uses = _CHECKED_TREES.uses(key)
+        if uses is not None:
+            self.tensor_uses = list(uses)
+            self._tree, self._tree_raw = _UNDECODED, bytes(idx.tree)
+        else:
+            self.tensor_uses = [0] * len(tensors)
+            self._tree = self._decode_tree(idx.tree, len(tensors), "object tree",
+                                           self.tensor_uses)
+            _CHECKED_TREES.add(key, self.tensor_uses)
         meta = self._decode_tree(idx.metadata, 0, "metadata")
         if not isinstance(meta, dict) or not all(
                 isinstance(k, str) and isinstance(v, str) for k, v in meta.items()):
             raise FormatError(f"{self.name}: metadata must be a dict of str to str")
         self.metadata: dict[str, str] = meta
+
+    @property
+    def tree(self) -> Any:
+        """The decoded object tree, its tensors as :class:`~s4format.objtree.TensorRef`."""
+        if self._tree is _UNDECODED:
+            self._tree = self._decode_tree(self._tree_raw, len(self.tensors), "object tree")
+            del self._tree_raw
+        return self._tree
 
     def _decode_tree(self, raw: bytes, tensor_count: int, part: str,
                      uses: list[int] | None = None) -> Any:

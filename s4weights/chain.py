@@ -12,6 +12,7 @@ process keeps the checkpoint it saved last in host memory as the next delta's pa
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import time
 from typing import Any
@@ -66,13 +67,16 @@ def open_chain(store: Store, chain: list[CheckpointInfo], verify: bool,
     Close them with :func:`close_chain`; on failure every reader opened so far is closed.
     Checkpoints written with the GPU-only codec (nvcomp-ans) open where it can run, unless
     ``device`` is ``"cpu"``. ``whole``: every tensor will be read (a load; see
-    :func:`~s4weights.store.base.reading_whole`)."""
+    :func:`~s4weights.store.base.reading_whole`). The newest file opens first, as the spec's
+    rules A order a delta and its parent: its object tree is the one a load uses, and the
+    parents' trees, byte for byte the same in a chain of one state, are then checked by a
+    lookup (``s4format.reader._CheckedTrees``) instead of decoded."""
     from s4weights import gpu
 
     gpu.register_codecs(device)
-    reader: s4format.Reader | None = None
+    readers: list[s4format.Reader] = []  # newest first
     try:
-        for info in chain:
+        for info in reversed(chain):
             try:
                 # a file deleted since the listing fails in either call (on S3, between
                 # the source's HEAD and the header's GET too)
@@ -88,23 +92,18 @@ def open_chain(store: Store, chain: list[CheckpointInfo], verify: bool,
                 raise ParentMismatchError(
                     f"checkpoint step {chain[-1].step} needs step {info.step} of its chain, "
                     f"whose file cannot be read: {exc}") from exc
+            readers.append(child)
             if child.checkpoint_id.hex() != info.checkpoint_id:
-                child.close()
                 raise ParentMismatchError(
                     f"{info.file} is checkpoint {child.checkpoint_id.hex()}, its manifest says "
                     f"{info.checkpoint_id}")
-            if reader is not None:
-                try:
-                    child.attach_parent(reader)
-                except BaseException:
-                    child.close()
-                    raise
-            reader = child
+        for child, parent in itertools.pairwise(readers):
+            child.attach_parent(parent)
     except BaseException:
-        close_chain(reader)
+        for r in readers:
+            r.close()
         raise
-    assert reader is not None
-    return reader
+    return readers[0]
 
 
 def _raise_if_deleted(store: Store, chain: list[CheckpointInfo], exc: StorageError) -> None:
