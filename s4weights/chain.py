@@ -167,7 +167,8 @@ def _read_on_gpu(reader: s4format.Reader, device: str, workspace: int | None
     total = sum(t.raw_nbytes for t in reader.tensors)
     ws = workspace or plan.default_workspace(total)
     dev = torch.device("cuda", torch.cuda.current_device())
-    load = gpu.loader_for(reader, device, workspace=ws, count_outputs=True)
+    load = gpu.loader_for(reader, device, workspace=ws, count_outputs=True,
+                          wanted=range(len(reader.tensors)))
     host = hostmem.take(dev, total)
     if host is None:
         host = hostmem.populated(total).result()

@@ -169,7 +169,8 @@ class S4StorageReader(StoreHolder, StorageReader):
                 dests = [planner.resolve_tensor(req).detach() for req in by_tensor[i]]
                 device = dests[0].device
                 if device.type == "cuda" and loader is None:
-                    loader = gpu.loader_for(reader, self.device, workspace=self.workspace)
+                    loader = gpu.loader_for(reader, self.device, workspace=self.workspace,
+                                            wanted=by_tensor)
                 whole = loader(i, device) if loader is not None and device.type == "cuda" \
                     else _host_tensor(reader, i)
                 for req, dest in zip(by_tensor[i], dests):

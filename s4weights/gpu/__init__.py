@@ -17,6 +17,7 @@ Kernels are ``kernels/*.cu``, compiled and launched by ``runtime`` on torch's cu
 
 from __future__ import annotations
 
+import bisect
 import logging
 
 from s4weights.gpu.device import DEVICES, available, error_text, out_of_memory_errors, use_gpu
@@ -217,7 +218,8 @@ def _coded_stream(chosen: list, policy: str, workspace: int | None):
 
 
 def loader_for(reader, device: str, update=None, direct: dict | None = None,
-               workspace: int | None = None, count_outputs: bool = False, on_decoded=None):
+               workspace: int | None = None, count_outputs: bool = False, on_decoded=None,
+               wanted=None):
     """The load hook: ``f(i, cuda_device)`` decoding stored tensor i on that device as a typed,
     shaped torch tensor, or None when the GPU path is off. Tensors must be asked for in
     stored order: the first request decodes a batch of the following tensors too, within a
@@ -229,10 +231,13 @@ def loader_for(reader, device: str, update=None, direct: dict | None = None,
     ``direct``: stored tensor index -> caller-owned flat uint8 CUDA bytes to decode into
     (``load(into=...)``). ``count_outputs``: decoded tensors count against the workspace too.
     ``on_decoded(i, raw)``: called with each tensor's checked bytes on the device as soon as
-    they are decoded. ``update(nbytes)``: progress, per tensor returned."""
+    they are decoded. ``update(nbytes)``: progress, per tensor returned. ``wanted``: the
+    tensors that will be asked for (default: those the object tree uses); the planes of the
+    batch the next of them starts are read while a batch decodes."""
     if not use_gpu(device, True):
         return None
-    return _Loader(reader, update, direct or {}, workspace, count_outputs, on_decoded).load
+    return _Loader(reader, update, direct or {}, workspace, count_outputs, on_decoded,
+                   wanted).load
 
 
 def _free_bytes(dev) -> int:
@@ -251,7 +256,9 @@ class _Loader:
     and what the last attempt needed."""
 
     def __init__(self, reader, update, direct: dict, workspace: int | None,
-                 count_outputs: bool, on_decoded) -> None:
+                 count_outputs: bool, on_decoded, wanted=None) -> None:
+        from s4weights.gpu import staging
+
         self.reader, self.update, self.direct = reader, update, direct
         self.count_outputs, self.on_decoded = count_outputs, on_decoded
         self.ready: dict[tuple[int, str], object] = {}
@@ -264,6 +271,9 @@ class _Loader:
         self.whole: dict[str, int] = {}
         # the last attempt: in chunks, or a batch of ``size`` tensors needing ``need`` bytes
         self.tried = {"chunks": False, "size": 0, "need": 0}
+        self.ahead = staging.Ahead()  # the next batch's planes, read while one decodes
+        self.wanted = sorted(set(wanted)) if wanted is not None else \
+            [j for j, n in enumerate(reader.tensor_uses) if n]
 
     def extra_of(self, j: int) -> int:
         """Device bytes decoding tensor j holds besides its output (and with it, where
@@ -389,34 +399,60 @@ class _Loader:
 
     def _in_batch(self, i: int, dev, ws: int):
         """Tensor i decoded in a batch with the following tensors the GPU decodes, as many as
-        the workspace holds."""
+        the workspace holds. Once its planes are read, the next batch's are read while it
+        decodes."""
         import torch
 
         from s4weights.gpu import decode
 
-        reader = self.reader
-        idx, used = [i], 0
         with torch.cuda.device(dev):  # (the size limit counts that device's memory)
-            if decode.decodable(reader, i):
-                used = self.extra_of(i)
-                for j in range(i + 1, len(self.sizes)):
-                    if (j, str(dev)) in self.ready or not decode.decodable(reader, j):
-                        continue
-                    # a tensor over the size limit (R0) starts a batch of its own, so that
-                    # the tensors before it are read first, as the CPU reader reads them
-                    if used + self.extra_of(j) > ws or decode.over_limit(reader, j):
-                        break
-                    idx.append(j)
-                    used += self.extra_of(j)
+            idx, used = self._batch(i, str(dev), ws)
             self.tried.update(chunks=False, size=len(idx), need=used)
-            outs = decode.read_tensors(reader, idx, [self._dest(j, dev) for j in idx]
-                                       if self.direct else None)
+            outs = decode.read_tensors(
+                self.reader, idx, [self._dest(j, dev) for j in idx] if self.direct else None,
+                self.ahead, lambda ahead: self._read_next(idx[-1], str(dev), ws, ahead))
             if self.on_decoded is not None:
                 for j, o in zip(idx, outs):
                     self.on_decoded(j, o)
         for j, o in zip(idx[1:], outs[1:]):
             self.ready[(j, str(dev))] = o
         return outs[0]
+
+    def _batch(self, i: int, key: str, ws: int) -> tuple[list[int], int]:
+        """The batch that tensor i starts, and the device bytes it needs."""
+        from s4weights.gpu import decode
+
+        reader = self.reader
+        idx, used = [i], 0
+        if decode.decodable(reader, i):
+            used = self.extra_of(i)
+            for j in range(i + 1, len(self.sizes)):
+                if (j, key) in self.ready or not decode.decodable(reader, j):
+                    continue
+                # a tensor over the size limit (R0) starts a batch of its own, so that
+                # the tensors before it are read first, as the CPU reader reads them
+                if used + self.extra_of(j) > ws or decode.over_limit(reader, j):
+                    break
+                idx.append(j)
+                used += self.extra_of(j)
+        return idx, used
+
+    def _read_next(self, last: int, key: str, ws: int, ahead) -> None:
+        """Start reading the planes of the batch after the one ending at tensor ``last``:
+        the one the next tensor a load uses starts, where it decodes in a batch."""
+        from s4weights.gpu import decode, decode_large
+
+        ahead.drop()  # (a read ahead that no batch took)
+        at = bisect.bisect_right(self.wanted, last)
+        if at == len(self.wanted):
+            return
+        reader, nxt = self.reader, self.wanted[at]
+        need = self.extra_of(nxt) if decode.decodable(reader, nxt) else 0
+        if not need or decode.over_limit(reader, nxt) or (
+                need > ws and need > self.whole.get(key, 0)
+                and decode_large.chunkable(reader, nxt)):
+            return  # (the CPU reads it, or it decodes in chunks)
+        ahead.start(reader, self._batch(nxt, key, ws)[0])
 
     def _dest(self, j: int, dev):
         """Where tensor j is decoded: the caller's bytes, or a new device buffer."""

@@ -11,6 +11,7 @@ at the H2D, so benchmarks can time the device-to-device part alone.
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -190,10 +191,14 @@ def read_tensor(reader: Reader, i: int, out: torch.Tensor | None = None) -> torc
 
 
 def read_tensors(reader: Reader, idx: list[int],
-                 outs: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
+                 outs: list[torch.Tensor] | None = None, ahead: staging.Ahead | None = None,
+                 staged: Callable[[staging.Ahead], None] | None = None) -> list[torch.Tensor]:
     """Raw bytes of tensors ``idx`` as flat uint8 CUDA tensors, decoded as one batch. Delta
     tensors are decoded to their XOR bytes, XORed on the device with their parent's bytes
-    (read the same way from ``reader.parent``), and their content hash is checked after."""
+    (read the same way from ``reader.parent``), and their content hash is checked after.
+    ``ahead``: reads started before (by an earlier call's ``staged``), used where they are
+    this batch's; ``staged(ahead)`` is called once this batch's planes are read, to start
+    reading a later batch's while this one decodes."""
     _check_limits(reader, idx)
     if outs is None:
         outs = [runtime.device_empty(reader.tensors[i].raw_nbytes)[:reader.tensors[i].raw_nbytes]
@@ -206,7 +211,7 @@ def read_tensors(reader: Reader, idx: list[int],
     # into a fresh buffer and copied (a misaligned word store would fault the device).
     given, outs = outs, [o if o.data_ptr() % DEST_ALIGN == 0 or not o.numel()
                          else runtime.device_empty(o.numel())[:o.numel()] for o in outs]
-    outs = _read_aligned(reader, idx, outs)
+    outs = _read_aligned(reader, idx, outs, ahead, staged)
     for g, o in zip(given, outs):
         if g is not o:
             g.copy_(o)
@@ -223,7 +228,9 @@ def read_on_cpu(reader: Reader, i: int, out: torch.Tensor) -> None:
         out.copy_(torch.from_numpy(raw))
 
 
-def _read_aligned(reader: Reader, idx: list[int], outs: list[torch.Tensor]) -> list[torch.Tensor]:
+def _read_aligned(reader: Reader, idx: list[int], outs: list[torch.Tensor],
+                  ahead: staging.Ahead | None = None,
+                  staged: Callable[[staging.Ahead], None] | None = None) -> list[torch.Tensor]:
     """:func:`_read_batch`, failing as the CPU reader would, reading ``idx`` in order and each
     tensor's planes in order. The batch finds some failures before decoding anything
     (checksums, stream headers and tables, forms) and others after (a corrupt bitstream, a
@@ -231,7 +238,7 @@ def _read_aligned(reader: Reader, idx: list[int], outs: list[torch.Tensor]) -> l
     about (only on this error path): the first failure it meets is raised, or the batch's own
     when it names the same tensor and plane."""
     try:
-        return _read_batch(reader, idx, outs)
+        return _read_batch(reader, idx, outs, ahead, staged)
     except S4Error as exc:
         at = getattr(exc, "s4_tensor", None)
         if at is None or at[0] is not reader or at[1] not in idx:
@@ -245,25 +252,43 @@ def _read_aligned(reader: Reader, idx: list[int], outs: list[torch.Tensor]) -> l
         raise
 
 
-def _read_batch(reader: Reader, idx: list[int], outs: list[torch.Tensor]) -> list[torch.Tensor]:
-    """:func:`read_tensors` into checked, 16-byte aligned destinations."""
-    deltas = _decode_batch(reader, idx, outs)
-    if deltas:  # (the batch's staged planes are freed by now)
-        _apply_parents(reader, [idx[k] for k in deltas], [outs[k] for k in deltas])
+def _read_batch(reader: Reader, idx: list[int], outs: list[torch.Tensor],
+                ahead: staging.Ahead | None = None,
+                staged: Callable[[staging.Ahead], None] | None = None) -> list[torch.Tensor]:
+    """:func:`read_tensors` into checked, 16-byte aligned destinations. Once the batch's own
+    planes are read, those of its deltas' parents, every level, are read ahead while it
+    decodes, then what ``staged`` starts."""
+    levels = staging.Ahead()
+
+    def then() -> None:
+        _read_levels_ahead(reader, idx, levels)
+        if staged is not None:
+            staged(ahead or levels)
+    try:
+        deltas = _decode_batch(reader, idx, outs, ahead, then)
+        if deltas:  # (the batch's staged planes are freed by now)
+            _apply_parents(reader, [idx[k] for k in deltas], [outs[k] for k in deltas], levels)
+    finally:
+        levels.drop()
     return outs
 
 
-def _decode_batch(reader: Reader, idx: list[int], outs: list[torch.Tensor]) -> list[int]:
+def _decode_batch(reader: Reader, idx: list[int], outs: list[torch.Tensor],
+                  ahead: staging.Ahead | None = None,
+                  staged: Callable[[], None] | None = None) -> list[int]:
     """Tensors ``idx`` decoded into ``outs``: on the GPU where it decodes them, else by the
     CPU reader and copied up. Returns the positions of the deltas the GPU decoded, which
-    hold their XOR bytes (unchecked); every other tensor's bytes are its own, checked."""
+    hold their XOR bytes (unchecked); every other tensor's bytes are its own, checked.
+    ``staged()`` is called once the GPU's planes are read (or at once, without them)."""
     gpu = [k for k, i in enumerate(idx) if decodable(reader, i)]
     on_gpu = set(gpu)
     for k, i in enumerate(idx):
         if k not in on_gpu:
             read_on_cpu(reader, i, outs[k])
-    if gpu:
-        st = stage(reader, [idx[k] for k in gpu])
+    st = stage(reader, [idx[k] for k in gpu], ahead) if gpu else None
+    if staged is not None:
+        staged()
+    if st is not None:
         heavy = _tables_too_large(st)
         if heavy:  # decoded by the CPU decoder (parents applied there), copied up
             for h in sorted(heavy):
@@ -272,6 +297,44 @@ def _decode_batch(reader: Reader, idx: list[int], outs: list[torch.Tensor]) -> l
             gpu = [k for h, k in enumerate(gpu) if h not in heavy]
         decode_staged(st, [outs[k] for k in gpu])
     return [k for k in gpu if reader.tensors[idx[k]].is_delta]
+
+
+def _levels(reader: Reader, idx: list[int]) -> list[tuple[Reader, dict[int, int]]]:
+    """The chains of deltas ``idx`` of ``reader``: per level below it, the level's reader and
+    {position in ``idx``: tensor index there}, from the nearest parent down; a level's
+    deltas the GPU decodes go on to the next. ParentMismatchError where a parent holds no
+    tensor for a delta."""
+    levels: list[tuple[Reader, dict[int, int]]] = []
+    r, cur = reader, dict(enumerate(idx))
+    while cur:
+        p, at = r.parent, {}
+        for k, i in cur.items():
+            j = parent_index(r, i)
+            if j is None:
+                raise about(ParentMismatchError(
+                    f"{r.name}: parent {p.name} holds no tensor with hash "
+                    f"{r.tensors[i].parent_hash.hex()} of {r.tensors[i].raw_nbytes} bytes "
+                    f"for delta {r.tensors[i].name!r}"), reader, idx[k])
+            at[k] = j
+        levels.append((p, at))
+        cur = {k: j for k, j in at.items()
+               if p.tensors[j].is_delta and p.parent is not None and decodable(p, j)}
+        r = p
+    return levels
+
+
+def _read_levels_ahead(reader: Reader, idx: list[int], ahead: staging.Ahead) -> None:
+    """Start reading the planes of every parent level that the GPU deltas of ``idx`` will
+    stage (:func:`_apply_parents`), in its order: the deepest level first."""
+    deltas = [i for i in idx if reader.tensors[i].is_delta and decodable(reader, i)]
+    if not deltas or reader.parent is None:
+        return
+    try:
+        levels = _levels(reader, deltas)
+    except S4Error:  # (raised in order when the parents are applied)
+        return
+    for p, at in reversed(levels):
+        ahead.start(p, [j for j in sorted(set(at.values())) if decodable(p, j)])
 
 
 def _tables_too_large(st: Staged) -> set[int]:
@@ -309,30 +372,15 @@ def _subset(st: Staged, keep: list[int]) -> Staged:
                   st.at[sel], st.host, st.device, st.keep)
 
 
-def _apply_parents(reader: Reader, idx: list[int], outs: list[torch.Tensor]) -> None:
+def _apply_parents(reader: Reader, idx: list[int], outs: list[torch.Tensor],
+                   ahead: staging.Ahead | None = None) -> None:
     """Each delta's decoded XOR bytes in ``outs`` made whole with its parent's bytes, then its
     content hash checked: always, as the CPU reader does, since it is the only proof the parent
     was right. The chains are decoded one level at a time from the deepest up, each level as
     one batch, so the device holds two levels' bytes whatever the depth. A chain ends at a
-    tensor stored whole, or one the GPU does not decode (the CPU reader applies its parents)."""
-    # every delta's chain: per level below ``reader``, its reader and {position: index}
-    levels: list[tuple[Reader, dict[int, int]]] = []
-    r, cur = reader, dict(enumerate(idx))
-    while cur:
-        p, at = r.parent, {}
-        for k, i in cur.items():
-            j = parent_index(r, i)
-            if j is None:
-                raise about(ParentMismatchError(
-                    f"{r.name}: parent {p.name} holds no tensor with hash "
-                    f"{r.tensors[i].parent_hash.hex()} of {r.tensors[i].raw_nbytes} bytes "
-                    f"for delta {r.tensors[i].name!r}"), reader, idx[k])
-            at[k] = j
-        levels.append((p, at))
-        cur = {k: j for k, j in at.items()
-               if p.tensors[j].is_delta and p.parent is not None and decodable(p, j)}
-        r = p
-
+    tensor stored whole, or one the GPU does not decode (the CPU reader applies its parents).
+    ``ahead``: the levels' planes where they were read ahead."""
+    levels = _levels(reader, idx)
     below: dict[int, torch.Tensor] = {}  # the level below's whole bytes, by position
     for p, at in reversed(levels):
         uniq = sorted(set(at.values()))
@@ -340,7 +388,7 @@ def _apply_parents(reader: Reader, idx: list[int], outs: list[torch.Tensor]) -> 
             _check_limits(p, uniq)
             got = [runtime.device_empty(p.tensors[j].raw_nbytes)[:p.tensors[j].raw_nbytes]
                    for j in uniq]
-            xored = {uniq[h] for h in _decode_batch(p, uniq, got)}
+            xored = {uniq[h] for h in _decode_batch(p, uniq, got, ahead)}
             mine = dict(zip(uniq, got))
             del got
             done = set()
@@ -385,13 +433,13 @@ def _check_hashes(reader: Reader, idx: list[int], outs: list[torch.Tensor]) -> N
                 "file is corrupt or its parent is wrong"), reader, idx[k])
 
 
-def stage(reader: Reader, idx: list[int]) -> Staged:
-    """Every plane of tensors ``idx`` staged for the device (``staging.stage_planes``); the GPU
-    must decode each of them."""
+def stage(reader: Reader, idx: list[int], ahead: staging.Ahead | None = None) -> Staged:
+    """Every plane of tensors ``idx`` staged for the device (``staging.stage_planes``, with
+    the reads ``ahead`` started for them); the GPU must decode each of them."""
     for i in idx:
         if not decodable(reader, i):
             raise ValueError(f"tensor {reader.tensors[i].name!r} is not decoded on the GPU")
-    return staging.stage_planes(reader, idx)
+    return staging.stage_planes(reader, idx, ahead)
 
 
 

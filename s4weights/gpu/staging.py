@@ -112,12 +112,8 @@ def read_all(reader: Reader, reads: list[tuple[int, np.ndarray]],
                      for a, b in _in_pieces(dst.size, total * 8 // parts)],
                     max(READ_PIECE, total // parts))
 
-    def job(part: list[tuple[int, np.ndarray]]) -> None:
-        for o, d in part:
-            _read_piece(reader, o, d)
-
     pool = _readers()
-    running = [pool.submit(job, part) for part in jobs]
+    running = [pool.submit(_read_job, reader, part) for part in jobs]
     if arrived is None:
         _run_all(running)
         return
@@ -184,10 +180,20 @@ def _read_piece(reader: Reader, offset: int, dst: np.ndarray) -> None:
     dst[:] = src.read_at(offset, dst.size)
 
 
-def stage_planes(reader: Reader, idx: list[int]) -> Staged:
-    """Read every plane of tensors ``idx`` into one pinned buffer and start its H2D copies.
-    Planes contiguous in the file (the writer's order) are read with one read; each plane sits
-    at a 16-byte aligned offset of the buffer."""
+@dataclass
+class _Layout:
+    """Where a batch's planes go in its staging buffer, and the reads that fill it."""
+    planes: list[tuple[int, int, object]]
+    meta: np.ndarray
+    at: np.ndarray
+    host_t: torch.Tensor
+    total: int
+    reads: list[tuple[int, np.ndarray]]
+
+
+def _layout(reader: Reader, idx: list[int]) -> _Layout:
+    """Planes contiguous in the file (the writer's order) are read with one read; each plane
+    sits at a 16-byte aligned offset of the buffer."""
     planes = [(k, j, p) for k, i in enumerate(idx) for j, p in enumerate(reader.tensors[i].planes)]
     meta = np.array([(k, j, p.codec, p.decoded_len, p.stored_len, len(p.params), p.offset)
                      for k, j, p in planes], np.int64).reshape(-1, 7)
@@ -209,11 +215,68 @@ def stage_planes(reader: Reader, idx: list[int]) -> Staged:
         total = int(sizes.sum())
     host_t = runtime.pinned(total)
     host = host_t.numpy()
-    dev = runtime.device_empty(total)
     if contiguous:
         reads = [(span0, host[:span])]
     else:
         reads = [(o, host[a:a + n]) for a, o, n in zip(at.tolist(), off.tolist(), ln.tolist())]
+    return _Layout(planes, meta, at, host_t, total, reads)
+
+
+AHEAD_LIMIT = 1 << 30  # pinned bytes read ahead of their batches at once, at most
+
+
+class Ahead:
+    """Batches' planes read into pinned memory ahead of their staging, while the device and
+    the host work on the batch before (the next batch of a load, the levels of a delta
+    chain). Reads queue on the reading threads behind those already submitted; at most
+    ``AHEAD_LIMIT`` bytes are held. :meth:`drop` waits for any read nobody took."""
+
+    def __init__(self) -> None:
+        self._pending: dict[tuple[int, tuple[int, ...]], tuple[Reader, _Layout, list]] = {}
+        self._bytes = 0
+
+    def start(self, reader: Reader, idx: list[int]) -> None:
+        key = (id(reader), tuple(idx))
+        if not idx or key in self._pending:
+            return
+        total = sum(p.stored_len + SLOT_ALIGN for i in idx for p in reader.tensors[i].planes)
+        if self._bytes + total > AHEAD_LIMIT:
+            return
+        lay = _layout(reader, idx)
+        self._bytes += lay.total
+        pool = _readers()
+        jobs = _grouped([(o + a, d[a:b]) for o, d in lay.reads for a, b in _in_pieces(d.size)],
+                        max(READ_PIECE, -(-lay.total // 8)))
+        self._pending[key] = (reader, lay, [pool.submit(_read_job, reader, job)
+                                            for job in jobs])
+
+    def take(self, reader: Reader, idx: list[int]) -> tuple[_Layout, list] | None:
+        # (an entry holds its reader: no other reader can have its id meanwhile)
+        got = self._pending.pop((id(reader), tuple(idx)), None)
+        if got is None:
+            return None
+        self._bytes -= got[1].total
+        return got[1], got[2]
+
+    def drop(self) -> None:
+        for _r, _lay, jobs in self._pending.values():
+            wait(jobs)
+        self._pending.clear()
+        self._bytes = 0
+
+
+def _read_job(reader: Reader, part: list[tuple[int, np.ndarray]]) -> None:
+    for o, d in part:
+        _read_piece(reader, o, d)
+
+
+def stage_planes(reader: Reader, idx: list[int], ahead: Ahead | None = None) -> Staged:
+    """Read every plane of tensors ``idx`` into one pinned buffer and start its H2D copies
+    (from the reads ``ahead`` started for them, where it did)."""
+    got = ahead.take(reader, idx) if ahead is not None else None
+    lay = _layout(reader, idx) if got is None else got[0]
+    host_t, host, total = lay.host_t, lay.host_t.numpy(), lay.total
+    dev = runtime.device_empty(total)
     sent = 0
 
     def upload(end: int) -> None:
@@ -221,8 +284,11 @@ def stage_planes(reader: Reader, idx: list[int]) -> Staged:
         if end > sent:
             dev[sent:end].copy_(host_t[sent:end], non_blocking=True)
             sent = end
-    # what has arrived goes to the device while the rest is read
-    read_all(reader, reads,
-             lambda d: upload(int(d.ctypes.data - host.ctypes.data) + d.size))
+    if got is None:
+        # what has arrived goes to the device while the rest is read
+        read_all(reader, lay.reads,
+                 lambda d: upload(int(d.ctypes.data - host.ctypes.data) + d.size))
+    else:
+        _run_all(got[1])
     upload(total)
-    return Staged(reader, list(idx), planes, at, host, dev, [host_t], meta[:, :6])
+    return Staged(reader, list(idx), lay.planes, lay.at, host, dev, [host_t], lay.meta[:, :6])

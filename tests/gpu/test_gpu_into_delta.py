@@ -81,10 +81,10 @@ def _record_outs(monkeypatch) -> set[int]:
     seen: set[int] = set()
     real = decode.read_tensors
 
-    def spy(reader, idx, outs=None):
+    def spy(reader, idx, outs=None, *more):
         if outs is not None:
             seen.update(o.data_ptr() for o in outs)
-        return real(reader, idx, outs)
+        return real(reader, idx, outs, *more)
 
     monkeypatch.setattr(decode, "read_tensors", spy)
     return seen

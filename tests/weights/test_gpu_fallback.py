@@ -146,6 +146,7 @@ class _Tensor:
 class _Reader:
     def __init__(self, n: int) -> None:
         self.tensors = [_Tensor(k) for k in range(n)]
+        self.tensor_uses = [1] * n
 
 
 def _loader(monkeypatch, n: int, extra: int, chunkable: bool, fails,
@@ -160,7 +161,7 @@ def _loader(monkeypatch, n: int, extra: int, chunkable: bool, fails,
 
     ran: list = []
 
-    def read_tensors(reader, idx, outs=None):
+    def read_tensors(reader, idx, outs=None, ahead=None, staged=None):
         dev = current[0]
         ran.append((dev, "batch", len(idx)))
         if fails(dev, len(idx), None):
