@@ -391,11 +391,12 @@ def _apply_parents(reader: Reader, idx: list[int], outs: list[torch.Tensor],
             xored = {uniq[h] for h in _decode_batch(p, uniq, got, ahead)}
             mine = dict(zip(uniq, got))
             del got
-            done = set()
+            done, pairs = set(), []
             for k, j in at.items():  # a level's delta made whole with the level below
-                if j in xored and j not in done and mine[j].numel():
-                    runtime.xor(mine[j], below[k], out=mine[j])
+                if j in xored and j not in done:
+                    pairs.append((mine[j], below[k]))
                 done.add(j)
+            runtime.xor_into(pairs)
             _check_hashes(p, sorted(xored), [mine[j] for j in sorted(xored)])
         except S4Error as exc:  # about the first delta (in order) whose chain failed
             a = getattr(exc, "s4_tensor", None)
@@ -412,9 +413,7 @@ def _apply_parents(reader: Reader, idx: list[int], outs: list[torch.Tensor],
             raise about(exc, reader, idx[first]) from None
         below = {k: mine[j] for k, j in at.items()}
         del mine
-    for k, o in enumerate(outs):
-        if o.numel():
-            runtime.xor(o, below[k], out=o)
+    runtime.xor_into([(o, below[k]) for k, o in enumerate(outs)])
     del below
     _check_hashes(reader, idx, outs)
 

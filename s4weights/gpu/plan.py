@@ -328,18 +328,24 @@ def split_copies(src, dst, length, piece: int = COPY_PIECE
     longer than ``piece`` cut into consecutive pieces of ``piece`` bytes (the last shorter), so
     one large op (a raw or bitpacked plane of 64 MB) spreads over many CTAs instead of one.
     ``piece`` must be a multiple of 16: a piece's addresses keep the op's alignment mod 16."""
+    s, d, n = split_ops(length, src, dst, piece=piece)
+    return s, d, n
+
+
+def split_ops(length, *addresses, piece: int = COPY_PIECE) -> tuple[np.ndarray, ...]:
+    """:func:`split_copies` for ops over any number of byte ranges of one ``length`` each:
+    (each of ``addresses`` per piece, ..., the pieces' lengths)."""
     if piece <= 0 or piece % 16:
         raise ValueError("piece must be a positive multiple of 16")
-    src = np.asarray(src, dtype=np.uint64).reshape(-1)
-    dst = np.asarray(dst, dtype=np.uint64).reshape(-1)
     length = np.asarray(length, dtype=np.uint64).reshape(-1)
     keep = length > 0
-    src, dst, length = src[keep], dst[keep], length[keep]
+    addrs = [np.asarray(a, dtype=np.uint64).reshape(-1)[keep] for a in addresses]
+    length = length[keep]
     if not (length > np.uint64(piece)).any():
-        return src, dst, length
+        return (*addrs, length)
     op, off = cut(length, piece)
     off = off.astype(np.uint64)
-    return src[op] + off, dst[op] + off, np.minimum(length[op] - off, np.uint64(piece))
+    return (*(a[op] + off for a in addrs), np.minimum(length[op] - off, np.uint64(piece)))
 
 
 def cut(length, piece: int) -> tuple[np.ndarray, np.ndarray]:

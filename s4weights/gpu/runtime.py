@@ -367,6 +367,24 @@ def xor(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> to
     return out
 
 
+def xor_into(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    """``a ^= b`` for each (a, b) of ``pairs``, flat uint8 CUDA tensors of one length each, in
+    one launch (``kernels/planes.cu`` ``xor_ops``, on torch's current stream; long ones in
+    64 KiB pieces, one CTA each)."""
+    from s4weights.gpu.plan import split_ops
+
+    for a, b in pairs:
+        if int(a.numel()) != int(b.numel()) or b.device != a.device:
+            raise ValueError(f"xor of {int(a.numel())} bytes on {a.device} and "
+                             f"{int(b.numel())} on {b.device}")
+    x, y, n = split_ops([int(a.numel()) for a, _b in pairs], [ptr(a) for a, _b in pairs],
+                        [ptr(b) for _a, b in pairs])
+    if n.size:
+        batch = Batch()
+        batch.launch("planes", "xor_ops", int(n.size), 256, *batch.table(x, y, n))
+        batch.run()
+
+
 def _leaf_launch(ptrs, lengths, batch: Batch, gap: bool, out: torch.Tensor | None = None,
                  at: np.ndarray | None = None
                  ) -> tuple[torch.Tensor, np.ndarray, list[Batch._At]]:
