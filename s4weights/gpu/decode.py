@@ -397,6 +397,7 @@ def _apply_parents(reader: Reader, idx: list[int], outs: list[torch.Tensor],
                     pairs.append((mine[j], below[k]))
                 done.add(j)
             runtime.xor_into(pairs)
+            del pairs  # (it holds the level below, which must go when ``below`` moves up)
             _check_hashes(p, sorted(xored), [mine[j] for j in sorted(xored)])
         except S4Error as exc:  # about the first delta (in order) whose chain failed
             a = getattr(exc, "s4_tensor", None)

@@ -323,6 +323,9 @@ def launch(module: str, name: str, grid: int, block: int, *a) -> None:
                 for j in range(m * word >> 16):
                     at(int(a[7]) + 8 * (int(dfirst[r]) + j), np.uint64, 1)[0] = \
                         xxhash.xxh3_64_intdigest(data[j << 16:(j + 1) << 16])
+    elif name == "xor_ops":  # a, b, len: a[i] ^= b[i]
+        for x, y, n in zip(*(at(v, np.uint64, grid).tolist() for v in a[:3])):
+            at(x, np.uint8, n)[:] ^= at(y, np.uint8, n)
     elif name == "xor_bytes":  # a, b, out, n
         n = int(a[3])
         at(a[2], np.uint8, n)[:] = at(a[0], np.uint8, n) ^ at(a[1], np.uint8, n)
