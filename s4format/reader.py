@@ -10,6 +10,7 @@ the tree references fit its decode budget. Deltas need their parent: pass it as 
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 import struct
 import threading
@@ -61,10 +62,10 @@ MIN_INDEX = 34  # bytes of an index besides its records (magic, counts, parent I
 
 class _CheckedTrees:
     """Object trees this process has decoded and found valid (rule X4), with their tensor
-    reference counts, by their bytes and the shapes and sizes of the tensors they were checked
-    against (all that the typed-value checks read). The files of a delta chain hold one tree
-    byte for byte, and a chain load uses only the newest file's: the others are checked by a
-    lookup instead of a decode that costs milliseconds per file."""
+    reference counts, by their bytes and a digest of the shapes and sizes of the tensors they
+    were checked against (all that the typed-value checks read). The files of a delta chain
+    hold one tree byte for byte, and a chain load uses only the newest file's: the others are
+    checked by a lookup instead of a decode that costs milliseconds per file."""
 
     KEPT = 16              # trees remembered
     LARGEST = 4 << 20      # bytes of the largest tree remembered
@@ -72,6 +73,9 @@ class _CheckedTrees:
     def __init__(self) -> None:
         self._known: OrderedDict[tuple, tuple[int, ...]] = OrderedDict()
         self._lock = threading.Lock()
+
+    def after_fork(self) -> None:
+        self._lock = threading.Lock()  # (a thread of the parent may have held it)
 
     def uses(self, key: tuple | None) -> tuple[int, ...] | None:
         if key is None:
@@ -94,10 +98,14 @@ class _CheckedTrees:
     def key(cls, raw: bytes, tensors: list[TensorInfo]) -> tuple | None:
         if len(raw) > cls.LARGEST:
             return None
-        return bytes(raw), tuple((t.shape, t.raw_nbytes) for t in tensors)
+        # (a cryptographic digest: a file cannot be made to match another file's tensors)
+        shapes = repr([(t.shape, t.raw_nbytes) for t in tensors]).encode()
+        return bytes(raw), len(tensors), hashlib.blake2b(shapes, digest_size=32).digest()
 
 
 _CHECKED_TREES = _CheckedTrees()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=lambda: _CHECKED_TREES.after_fork())
 _UNDECODED = object()  # a tree found valid by its bytes, decoded when first asked for
 
 
@@ -281,10 +289,11 @@ class Reader:
     @property
     def tree(self) -> Any:
         """The decoded object tree, its tensors as :class:`~s4format.objtree.TensorRef`."""
-        if self._tree is _UNDECODED:
-            self._tree = self._decode_tree(self._tree_raw, len(self.tensors), "object tree")
-            del self._tree_raw
-        return self._tree
+        tree = self._tree
+        if tree is _UNDECODED:  # (two threads may both decode it: the same tree)
+            tree = self._tree = self._decode_tree(self._tree_raw, len(self.tensors),
+                                                  "object tree")
+        return tree
 
     def _decode_tree(self, raw: bytes, tensor_count: int, part: str,
                      uses: list[int] | None = None) -> Any:

@@ -67,10 +67,11 @@ def open_chain(store: Store, chain: list[CheckpointInfo], verify: bool,
     Close them with :func:`close_chain`; on failure every reader opened so far is closed.
     Checkpoints written with the GPU-only codec (nvcomp-ans) open where it can run, unless
     ``device`` is ``"cpu"``. ``whole``: every tensor will be read (a load; see
-    :func:`~s4weights.store.base.reading_whole`). The newest file opens first, as the spec's
-    rules A order a delta and its parent: its object tree is the one a load uses, and the
-    parents' trees, byte for byte the same in a chain of one state, are then checked by a
-    lookup (``s4format.reader._CheckedTrees``) instead of decoded."""
+    :func:`~s4weights.store.base.reading_whole`). The newest file opens first, so its own
+    errors come before its parents': its object tree is the one a load uses, and the parents'
+    trees, byte for byte the same in a chain of one state, are then checked by a lookup
+    (``s4format.reader._CheckedTrees``) instead of decoded. Every file is opened before any
+    is attached to its parent (rules A1 and A2)."""
     from s4weights import gpu
 
     gpu.register_codecs(device)
@@ -167,8 +168,11 @@ def _read_on_gpu(reader: s4format.Reader, device: str, workspace: int | None
     total = sum(t.raw_nbytes for t in reader.tensors)
     ws = workspace or plan.default_workspace(total)
     dev = torch.device("cuda", torch.cuda.current_device())
-    load = gpu.loader_for(reader, device, workspace=ws, count_outputs=True,
-                          wanted=range(len(reader.tensors)))
+    batched = [i for i, t in enumerate(reader.tensors)
+               if t.raw_nbytes > 0 and decodable(reader, i)
+               and t.raw_nbytes + device_extra(reader, i) <= ws]
+    load = gpu.loader_for(reader, device, workspace=ws, count_outputs=True, wanted=batched)
+    batched_set = set(batched)
     host = hostmem.take(dev, total)
     if host is None:
         host = hostmem.populated(total).result()
@@ -179,7 +183,7 @@ def _read_on_gpu(reader: s4format.Reader, device: str, workspace: int | None
         for i, t in enumerate(reader.tensors):
             h = host[at:at + t.raw_nbytes]
             on_gpu = t.raw_nbytes > 0 and decodable(reader, i)
-            if on_gpu and t.raw_nbytes + device_extra(reader, i) <= ws:
+            if i in batched_set:
                 got = load(i, dev)
                 # (the device copy's memory goes back to torch's allocator at once: stream
                 # order keeps later work from writing it before this copy has read it)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import bisect
 import logging
+import weakref
 
 from s4weights.gpu.device import DEVICES, available, error_text, out_of_memory_errors, use_gpu
 
@@ -272,6 +273,9 @@ class _Loader:
         # the last attempt: in chunks, or a batch of ``size`` tensors needing ``need`` bytes
         self.tried = {"chunks": False, "size": 0, "need": 0}
         self.ahead = staging.Ahead()  # the next batch's planes, read while one decodes
+        # a read ahead that no batch took is waited for when the load is done with this
+        # loader (before its files are closed)
+        weakref.finalize(self, self.ahead.drop)
         self.wanted = sorted(set(wanted)) if wanted is not None else \
             [j for j, n in enumerate(reader.tensor_uses) if n]
 
@@ -408,9 +412,13 @@ class _Loader:
         with torch.cuda.device(dev):  # (the size limit counts that device's memory)
             idx, used = self._batch(i, str(dev), ws)
             self.tried.update(chunks=False, size=len(idx), need=used)
+            # (a tensor the CPU decodes may come between a batch's tensors: the batch after
+            # it was read ahead already)
+            nxt = None if not decode.decodable(self.reader, i) else \
+                (lambda ahead: self._read_next(idx[-1], str(dev), ws, ahead))
             outs = decode.read_tensors(
                 self.reader, idx, [self._dest(j, dev) for j in idx] if self.direct else None,
-                self.ahead, lambda ahead: self._read_next(idx[-1], str(dev), ws, ahead))
+                self.ahead, nxt)
             if self.on_decoded is not None:
                 for j, o in zip(idx, outs):
                     self.on_decoded(j, o)
@@ -444,6 +452,8 @@ class _Loader:
 
         ahead.drop()  # (a read ahead that no batch took)
         at = bisect.bisect_right(self.wanted, last)
+        while at < len(self.wanted) and (self.wanted[at], key) in self.ready:
+            at += 1
         if at == len(self.wanted):
             return
         reader, nxt = self.reader, self.wanted[at]

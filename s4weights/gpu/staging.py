@@ -191,9 +191,10 @@ class _Layout:
     reads: list[tuple[int, np.ndarray]]
 
 
-def _layout(reader: Reader, idx: list[int]) -> _Layout:
+def _layout(reader: Reader, idx: list[int], ahead: bool = False) -> _Layout | None:
     """Planes contiguous in the file (the writer's order) are read with one read; each plane
-    sits at a 16-byte aligned offset of the buffer."""
+    sits at a 16-byte aligned offset of the buffer. ``ahead``: a read ahead, whose bytes count
+    against ``AHEAD_LIMIT`` (None when they would pass it)."""
     planes = [(k, j, p) for k, i in enumerate(idx) for j, p in enumerate(reader.tensors[i].planes)]
     meta = np.array([(k, j, p.codec, p.decoded_len, p.stored_len, len(p.params), p.offset)
                      for k, j, p in planes], np.int64).reshape(-1, 7)
@@ -213,7 +214,14 @@ def _layout(reader: Reader, idx: list[int]) -> _Layout:
         at = np.concatenate(([0], np.cumsum(sizes)[:-1])).astype(np.int64) if off.size \
             else np.zeros(0, np.int64)
         total = int(sizes.sum())
-    host_t = runtime.pinned(total)
+    if ahead and not _AHEAD.reserve(total):
+        return None
+    try:
+        host_t = runtime.pinned(total)
+    except BaseException:
+        if ahead:
+            _AHEAD.release(total)
+        raise
     host = host_t.numpy()
     if contiguous:
         reads = [(span0, host[:span])]
@@ -222,28 +230,51 @@ def _layout(reader: Reader, idx: list[int]) -> _Layout:
     return _Layout(planes, meta, at, host_t, total, reads)
 
 
-AHEAD_LIMIT = 1 << 30  # pinned bytes read ahead of their batches at once, at most
+AHEAD_LIMIT = 1 << 30  # pinned bytes read ahead of their batches, in all the process, at most
+
+
+class _AheadBytes:
+    """The pinned bytes read ahead and not yet taken, in all the process."""
+
+    def __init__(self) -> None:
+        self.held = 0
+        self._lock = threading.Lock()
+
+    def reserve(self, n: int) -> bool:
+        with self._lock:
+            if self.held + n > AHEAD_LIMIT:
+                return False
+            self.held += n
+            return True
+
+    def release(self, n: int) -> None:
+        with self._lock:
+            self.held -= n
+
+
+_AHEAD = _AheadBytes()
 
 
 class Ahead:
     """Batches' planes read into pinned memory ahead of their staging, while the device and
     the host work on the batch before (the next batch of a load, the levels of a delta
-    chain). Reads queue on the reading threads behind those already submitted; at most
-    ``AHEAD_LIMIT`` bytes are held. :meth:`drop` waits for any read nobody took."""
+    chain). Reads queue on the reading threads behind those already submitted; the reads
+    ahead of all the process hold at most ``AHEAD_LIMIT`` bytes, and one that cannot have its
+    memory is not made. :meth:`drop` waits for any read nobody took."""
 
     def __init__(self) -> None:
         self._pending: dict[tuple[int, tuple[int, ...]], tuple[Reader, _Layout, list]] = {}
-        self._bytes = 0
 
     def start(self, reader: Reader, idx: list[int]) -> None:
         key = (id(reader), tuple(idx))
         if not idx or key in self._pending:
             return
-        total = sum(p.stored_len + SLOT_ALIGN for i in idx for p in reader.tensors[i].planes)
-        if self._bytes + total > AHEAD_LIMIT:
+        try:
+            lay = _layout(reader, idx, ahead=True)
+        except (RuntimeError, MemoryError, OSError):  # (page-locked memory refused)
             return
-        lay = _layout(reader, idx)
-        self._bytes += lay.total
+        if lay is None:
+            return
         pool = _readers()
         jobs = _grouped([(o + a, d[a:b]) for o, d in lay.reads for a, b in _in_pieces(d.size)],
                         max(READ_PIECE, -(-lay.total // 8)))
@@ -255,14 +286,14 @@ class Ahead:
         got = self._pending.pop((id(reader), tuple(idx)), None)
         if got is None:
             return None
-        self._bytes -= got[1].total
+        _AHEAD.release(got[1].total)
         return got[1], got[2]
 
     def drop(self) -> None:
-        for _r, _lay, jobs in self._pending.values():
+        while self._pending:
+            _key, (_r, lay, jobs) = self._pending.popitem()
             wait(jobs)
-        self._pending.clear()
-        self._bytes = 0
+            _AHEAD.release(lay.total)
 
 
 def _read_job(reader: Reader, part: list[tuple[int, np.ndarray]]) -> None:
@@ -275,6 +306,7 @@ def stage_planes(reader: Reader, idx: list[int], ahead: Ahead | None = None) -> 
     (from the reads ``ahead`` started for them, where it did)."""
     got = ahead.take(reader, idx) if ahead is not None else None
     lay = _layout(reader, idx) if got is None else got[0]
+    assert lay is not None
     host_t, host, total = lay.host_t, lay.host_t.numpy(), lay.total
     dev = runtime.device_empty(total)
     sent = 0

@@ -99,3 +99,33 @@ def test_a_chain_load_decodes_one_tree(tmp_path, monkeypatch) -> None:
     assert calls == [len(state)]  # the newest file's; its parents' trees are the same bytes
     assert all(torch.equal(got[k].view(torch.int16), state[k].view(torch.int16))
                for k in state)
+
+
+def test_threads_asking_for_a_tree_found_by_its_bytes_all_get_it(monkeypatch) -> None:
+    import threading
+    import time
+
+    blob = _views(16)
+    Reader(blob)
+    real = Reader._decode_tree
+
+    def slow(self, *a, **k):
+        time.sleep(0.01)  # (every thread inside the decode at once)
+        return real(self, *a, **k)
+    monkeypatch.setattr(Reader, "_decode_tree", slow)
+    for _ in range(5):
+        r = Reader(blob)  # (found by its bytes: decoded when first asked for)
+        barrier, got, errors = threading.Barrier(4), [], []
+
+        def ask(r=r, barrier=barrier, got=got, errors=errors) -> None:
+            barrier.wait()
+            try:
+                got.append(r.tree["v"].value["shape"])
+            except Exception as exc:  # (the failure is the test's finding)
+                errors.append(exc)
+        threads = [threading.Thread(target=ask) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors and got == [(16,)] * 4

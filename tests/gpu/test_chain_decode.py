@@ -126,6 +126,23 @@ def test_a_chain_decodes_as_the_cpu_reader_reads_it(depth: int) -> None:
         assert np.array_equal(r.read_raw(i), want), t.name
 
 
+def test_every_level_below_is_read_ahead_and_taken(monkeypatch) -> None:
+    from s4weights.gpu import staging
+
+    taken: list[bool] = []
+    real = staging.Ahead.take
+    monkeypatch.setattr(staging.Ahead, "take", lambda self, r, idx: taken.append(
+        (got := real(self, r, idx)) is not None) or got)
+    levels = _levels(4)
+    r = _open(_chain(levels, _full_at))
+    idx = list(range(len(r.tensors)))
+    outs = decode.read_tensors(r, idx)
+    for i, o in zip(idx, outs):
+        assert np.array_equal(o.numpy(), r.read_raw(i)), r.tensors[i].name
+    assert taken == [True] * 4  # each level below the newest, as one batch, read ahead
+    assert staging._AHEAD.held == 0
+
+
 def test_a_batch_of_deep_deltas_holds_no_more_than_its_device_extra() -> None:
     levels = _levels(6)
     blobs = _chain(levels, _full_at)

@@ -96,9 +96,9 @@ def test_a_read_ahead_nobody_takes_is_dropped(tmp_path) -> None:
         ahead = staging.Ahead()
         ahead.start(r, list(range(len(r.tensors))))
         ahead.start(r, list(range(len(r.tensors))))  # (once per batch)
-        assert len(ahead._pending) == 1 and ahead._bytes > 0
+        assert len(ahead._pending) == 1 and staging._AHEAD.held > 0
         ahead.drop()
-        assert not ahead._pending and ahead._bytes == 0
+        assert not ahead._pending and staging._AHEAD.held == 0
         st = staging.stage_planes(r, [0, 1], ahead)  # nothing read ahead: read now
         assert st.host.size >= sum(p.stored_len for p in r.tensors[0].planes)
 
@@ -111,9 +111,11 @@ def test_reads_ahead_stop_at_the_limit(tmp_path, monkeypatch) -> None:
 
     monkeypatch.setattr(staging, "AHEAD_LIMIT", 1 * MIB)
     with s4format.Reader(path) as r:
-        ahead = staging.Ahead()
+        ahead, other = staging.Ahead(), staging.Ahead()
         for i in range(len(r.tensors)):
-            ahead.start(r, [i])
-        assert 0 < ahead._bytes <= 1 * MIB
-        assert len(ahead._pending) < len(r.tensors)
+            (ahead if i % 2 else other).start(r, [i])  # (one limit for all of them)
+        assert 0 < staging._AHEAD.held <= 1 * MIB
+        assert len(ahead._pending) + len(other._pending) < len(r.tensors)
         ahead.drop()
+        other.drop()
+        assert staging._AHEAD.held == 0
