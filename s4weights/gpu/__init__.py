@@ -373,14 +373,17 @@ class _Loader:
         ``ready``). With the default workspace, a tensor that needs more than it but no more
         than ``whole`` allows is decoded whole, alone: chunks cost host copies and round
         trips that one batch does not."""
+        if self._chunked(i, str(dev), ws):
+            return self._in_chunks(i, dev, ws)
+        return self._in_batch(i, dev, ws)
+
+    def _chunked(self, i: int, key: str, ws: int) -> bool:
+        """Whether tensor i decodes in chunks on device ``key`` (see :meth:`_decoded`)."""
         from s4weights.gpu import decode, decode_large
 
         need = self.extra_of(i)
-        if decode.decodable(self.reader, i) and need > ws \
-                and need > self.whole.get(str(dev), 0) \
-                and decode_large.chunkable(self.reader, i):
-            return self._in_chunks(i, dev, ws)
-        return self._in_batch(i, dev, ws)
+        return decode.decodable(self.reader, i) and need > ws \
+            and need > self.whole.get(key, 0) and decode_large.chunkable(self.reader, i)
 
     def _in_chunks(self, i: int, dev, ws: int):
         """Tensor i, too large to decode whole within the workspace, in chunks straight into
@@ -448,7 +451,7 @@ class _Loader:
     def _read_next(self, last: int, key: str, ws: int, ahead) -> None:
         """Start reading the planes of the batch after the one ending at tensor ``last``:
         the one the next tensor a load uses starts, where it decodes in a batch."""
-        from s4weights.gpu import decode, decode_large
+        from s4weights.gpu import decode
 
         ahead.drop()  # (a read ahead that no batch took)
         at = bisect.bisect_right(self.wanted, last)
@@ -457,10 +460,8 @@ class _Loader:
         if at == len(self.wanted):
             return
         reader, nxt = self.reader, self.wanted[at]
-        need = self.extra_of(nxt) if decode.decodable(reader, nxt) else 0
-        if not need or decode.over_limit(reader, nxt) or (
-                need > ws and need > self.whole.get(key, 0)
-                and decode_large.chunkable(reader, nxt)):
+        if not decode.decodable(reader, nxt) or not self.extra_of(nxt) \
+                or decode.over_limit(reader, nxt) or self._chunked(nxt, key, ws):
             return  # (the CPU reads it, or it decodes in chunks)
         ahead.start(reader, self._batch(nxt, key, ws)[0])
 

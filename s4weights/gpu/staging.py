@@ -107,10 +107,7 @@ def read_all(reader: Reader, reads: list[tuple[int, np.ndarray]],
         return
     # about eight jobs of consecutive pieces (a job per small plane costs its submission);
     # four times as many, and as many pieces, where they are used as they arrive
-    parts = 8 if arrived is None else 32
-    jobs = _grouped([(offset + a, dst[a:b]) for offset, dst in reads
-                     for a, b in _in_pieces(dst.size, total * 8 // parts)],
-                    max(READ_PIECE, total // parts))
+    jobs = _jobs(reads, total, 8 if arrived is None else 32)
 
     pool = _readers()
     running = [pool.submit(_read_job, reader, part) for part in jobs]
@@ -124,6 +121,14 @@ def read_all(reader: Reader, reads: list[tuple[int, np.ndarray]],
     except BaseException:
         wait(running)  # none still writing once the error is raised
         raise
+
+
+def _jobs(reads: list[tuple[int, np.ndarray]], total: int, parts: int
+          ) -> list[list[tuple[int, np.ndarray]]]:
+    """``reads`` (``total`` bytes) cut into pieces and grouped into about ``parts`` jobs."""
+    return _grouped([(offset + a, dst[a:b]) for offset, dst in reads
+                     for a, b in _in_pieces(dst.size, total * 8 // parts)],
+                    max(READ_PIECE, total // parts))
 
 
 def copy_into(dst: np.ndarray, copies: list[tuple[int, np.ndarray]]) -> None:
@@ -276,10 +281,8 @@ class Ahead:
         if lay is None:
             return
         pool = _readers()
-        jobs = _grouped([(o + a, d[a:b]) for o, d in lay.reads for a, b in _in_pieces(d.size)],
-                        max(READ_PIECE, -(-lay.total // 8)))
         self._pending[key] = (reader, lay, [pool.submit(_read_job, reader, job)
-                                            for job in jobs])
+                                            for job in _jobs(lay.reads, lay.total, 8)])
 
     def take(self, reader: Reader, idx: list[int]) -> tuple[_Layout, list] | None:
         # (an entry holds its reader: no other reader can have its id meanwhile)
