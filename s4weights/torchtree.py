@@ -690,6 +690,7 @@ class Unflattener:
         self._storages: dict[tuple[int, str], torch.UntypedStorage] = {}
         self._plain: dict[int, torch.Tensor] = {}
         self._arrays: dict[int, np.ndarray] = {}
+        self._devices: dict[tuple[str, torch.device | None], tuple[torch.device, str]] = {}
         self._path = objtree.KeyPath()
 
     def _host(self, i: int) -> Tensor:
@@ -745,7 +746,7 @@ class Unflattener:
             if dest is not None:
                 return self._fill(dest, lambda dev: _on(self._stored(ref.index, dev), dev))
             if ref.index not in self._plain:
-                dev = _usable(_target_device("cpu", self._map_location), self._path)
+                dev = self._view_device("cpu", None)[0]  # (where a bare tensor was saved)
                 self._plain[ref.index] = _on(self._stored(ref.index, dev), dev)
             return self._plain[ref.index]
         finally:
@@ -765,15 +766,7 @@ class Unflattener:
         (checked when the file was opened)."""
         ref, dname, offset, saved = v["storage"], v["dtype"], v["offset"], v["device"]
         shape, stride = v["shape"], v["stride"]
-        try:
-            # a device string torch cannot parse is the file's fault...
-            device = on if on is not None or self._map_location is not None \
-                else torch.device(saved)
-        except RuntimeError as exc:
-            raise FormatError(f"{self._path.shown()}: malformed {VIEW} value: {exc}") from None
-        if device is None:  # ...while the caller's map_location errors are the caller's
-            device = _target_device(saved, self._map_location)
-        _usable(device, self._path)
+        device, dkey = self._view_device(saved, on)
         # only the .s4w dtype names (spec/objects.md), not torch's aliases ("float", "long")
         # or dtypes torch cannot build views of (quantized, sub-byte)
         dt = getattr(torch, dname, None)
@@ -783,7 +776,7 @@ class Unflattener:
         if grad and not (dt.is_floating_point or dt.is_complex):
             raise FormatError(f"{self._path.shown()}: {VIEW}: requires_grad on a {dname} "
                               "tensor")
-        key = (ref.index, _device_key(device))
+        key = (ref.index, dkey)
         if key not in self._storages:
             # Tensor.to, not UntypedStorage.to: the latter fails for devices without a
             # storage module (e.g. "meta").
@@ -804,6 +797,29 @@ class Unflattener:
         if grad:
             out.requires_grad_(True)
         return out
+
+    def _view_device(self, saved: str, on: torch.device | None
+                     ) -> tuple[torch.device, str]:
+        """The device a view saved on ``saved`` is rebuilt on (``on`` where given), checked
+        usable, and its storage key. A tree has a few devices and thousands of views: each
+        is resolved once per load, except through a callable map_location, which is asked
+        for every view as torch.load asks it for every storage."""
+        got = self._devices.get((saved, on))
+        if got is not None:
+            return got
+        try:
+            # a device string torch cannot parse is the file's fault...
+            device = on if on is not None or self._map_location is not None \
+                else torch.device(saved)
+        except RuntimeError as exc:
+            raise FormatError(f"{self._path.shown()}: malformed {VIEW} value: {exc}") from None
+        if device is None:  # ...while the caller's map_location errors are the caller's
+            device = _target_device(saved, self._map_location)
+        got = _usable(device, self._path), _device_key(device)
+        if on is not None or not callable(self._map_location) \
+                or isinstance(self._map_location, (str, torch.device, dict)):
+            self._devices[(saved, on)] = got
+        return got
 
     def walk(self, obj: Any, path: str = "") -> Any:
         """``obj`` rebuilt; ``path``: its key path in the whole tree (for messages and

@@ -173,6 +173,32 @@ def test_map_location_callable_gets_the_saved_location() -> None:
     assert tensor_bytes(got["t"]) == tensor_bytes(_with_views()["t"])
 
 
+@pytest.mark.parametrize("loc", [None, "meta", {"cpu": "meta"}, "callable"])
+def test_each_device_is_resolved_once_per_load(monkeypatch, loc) -> None:
+    """A tree of thousands of views on one device asks torch whether the device is usable
+    once per load; a callable map_location is still asked for every view and bare tensor,
+    as torch.load asks it for every storage."""
+    from s4weights import torchtree
+
+    state = {f"p{i}": torch.nn.Parameter(torch.full((3,), float(i))) for i in range(20)}
+    state["plain"] = torch.arange(4)
+    asked, seen = [], []
+    real = torchtree._usable
+    monkeypatch.setattr(torchtree, "_usable", lambda d, p=None: asked.append(d) or real(d, p))
+    if loc == "callable":
+        def loc(storage: torch.UntypedStorage, location: str) -> None:
+            seen.append(location)
+    got = roundtrip(state, map_location=loc)
+    want = "meta" if loc in ("meta", {"cpu": "meta"}) else "cpu"
+    assert {v.device.type for v in got.values()} == {want}
+    if seen:
+        assert len(asked) == len(seen) == 21
+    else:
+        assert len(asked) == 1
+    if want == "cpu":
+        assert_same(got, state)
+
+
 def test_map_location_dict_leaves_unlisted_locations_alone() -> None:
     got = roundtrip(_with_views(), map_location={"cuda:0": "meta"})
     assert {v.device.type for v in got.values()} == {"cpu"}
