@@ -11,7 +11,9 @@ decompresses the same tensor bytes in memory, for reference. Each figure is the 
 ``--reps`` calls after a warm-up one (bench/timing.py): wall seconds and process CPU seconds
 (all threads), so a loaded machine still shows what the work costs. "cold": a fresh process's
 first save and load (numba's cache as it is, and with an empty one) against its second ones;
-once more with a garbage collection first, off the clock (torch's import leaves one due).
+once more with a garbage collection first, off the clock (torch's import leaves one due). The
+fresh processes keep Python's bytecode cache, as an installed package's are, and one run
+before them, not reported, fills it and numba's.
 
     python bench/cpu_speed.py [--reps 5] [--states fp32,bf16,adamw,trained] [--no-cold]
     python bench/cpu_speed.py --convert    # s4weights convert on MiniLM's .safetensors and
@@ -185,6 +187,9 @@ def cold(state_file: str, numba_cache: str | None, collect: bool = False
     generation (about 0.09 s here, over torch's objects) is due, and otherwise lands in
     whatever allocates next: in a training script, long before its first save."""
     env = dict(os.environ)
+    # Python's own bytecode cache as a user's Python keeps it (without it, every module the
+    # first save imports is compiled from source again in each fresh process)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     if numba_cache is not None:
         env["NUMBA_CACHE_DIR"] = numba_cache
     res = subprocess.run([sys.executable, "-c", COLD_CHILD, state_file,
@@ -201,6 +206,7 @@ def run_state(name: str, reps: int, with_cold: bool) -> dict:
               flush=True)
         if with_cold:
             torch.save(state, os.path.join(folder, "state.pt"))
+            cold(os.path.join(folder, "state.pt"), None)  # (fills the caches, not reported)
             with tempfile.TemporaryDirectory() as empty:
                 r["cold"] = {case: cold(os.path.join(folder, "state.pt"), cache, collect)
                              for case, cache, collect in (

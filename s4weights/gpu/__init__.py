@@ -477,4 +477,4 @@ class _Loader:
             return d
         decode.check_limit(self.reader, j)  # rule R0 before allocating (and again later)
         n = self.sizes[j]
-        return runtime.device_empty(n)[:n]
+        return runtime.device_bytes(n)

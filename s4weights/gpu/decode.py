@@ -146,9 +146,21 @@ def parent_index(reader: Reader, i: int) -> int | None:
     return j if j is not None and parent.tensors[j].raw_nbytes == t.raw_nbytes else None
 
 
+_CAPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # reader -> device -> cap
+
+
 def _cap(reader: Reader) -> int:
-    return min(reader.max_tensor_bytes,
-               torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory)
+    """Rule R0's limit for ``reader`` on the current device, asked of torch once per device:
+    a load checks it for every tensor several times, and each ask costs microseconds."""
+    dev = torch.cuda.current_device()
+    caps = _CAPS.get(reader)
+    if caps is None:
+        caps = _CAPS[reader] = {}
+    cap = caps.get(dev)
+    if cap is None:
+        cap = caps[dev] = min(reader.max_tensor_bytes,
+                              torch.cuda.get_device_properties(dev).total_memory)
+    return cap
 
 
 def over_limit(reader: Reader, i: int) -> bool:
@@ -200,9 +212,9 @@ def read_tensors(reader: Reader, idx: list[int],
     this batch's; ``staged(ahead)`` is called once this batch's planes are read, to start
     reading a later batch's while this one decodes."""
     _check_limits(reader, idx)
-    if outs is None:
-        outs = [runtime.device_empty(reader.tensors[i].raw_nbytes)[:reader.tensors[i].raw_nbytes]
-                for i in idx]
+    if outs is None:  # (the caching allocator's blocks are aligned)
+        return _read_aligned(reader, idx, [runtime.device_bytes(reader.tensors[i].raw_nbytes)
+                                           for i in idx], ahead, staged)
     for i, out in zip(idx, outs):
         t = reader.tensors[i]
         if out.numel() != t.raw_nbytes or out.dtype != torch.uint8 or not out.is_contiguous():
@@ -210,7 +222,7 @@ def read_tensors(reader: Reader, idx: list[int],
     # The merge kernels store whole words: a destination that is not 16-byte aligned is decoded
     # into a fresh buffer and copied (a misaligned word store would fault the device).
     given, outs = outs, [o if o.data_ptr() % DEST_ALIGN == 0 or not o.numel()
-                         else runtime.device_empty(o.numel())[:o.numel()] for o in outs]
+                         else runtime.device_bytes(o.numel()) for o in outs]
     outs = _read_aligned(reader, idx, outs, ahead, staged)
     for g, o in zip(given, outs):
         if g is not o:
@@ -386,7 +398,7 @@ def _apply_parents(reader: Reader, idx: list[int], outs: list[torch.Tensor],
         uniq = sorted(set(at.values()))
         try:
             _check_limits(p, uniq)
-            got = [runtime.device_empty(p.tensors[j].raw_nbytes)[:p.tensors[j].raw_nbytes]
+            got = [runtime.device_bytes(p.tensors[j].raw_nbytes)
                    for j in uniq]
             xored = {uniq[h] for h in _decode_batch(p, uniq, got, ahead)}
             mine = dict(zip(uniq, got))

@@ -250,6 +250,13 @@ def device_empty(nbytes: int) -> torch.Tensor:
     return torch.empty(max(nbytes, 1), dtype=torch.uint8, device="cuda")
 
 
+def device_bytes(nbytes: int) -> torch.Tensor:
+    """Exactly ``nbytes`` bytes on the current device (sliced only when empty: a load makes
+    one per tensor, and a slice costs as much as the allocation)."""
+    t = device_empty(nbytes)
+    return t if nbytes else t[:0]
+
+
 def to_device(a: np.ndarray) -> torch.Tensor:
     """A small host table on the device: staged in pinned memory and copied without a host
     synchronisation (torch's caching host allocator keeps the staging block until the copy
@@ -354,7 +361,7 @@ def xor(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> to
     if int(b.numel()) != n:
         raise ValueError(f"xor of {n} and {int(b.numel())} bytes")
     if out is None:
-        out = device_empty(n)[:n]
+        out = device_bytes(n)
     if b.device != a.device:
         if n and out.data_ptr() == a.data_ptr():
             raise ValueError("xor with a host operand needs an output other than a")
