@@ -328,8 +328,7 @@ def split_copies(src, dst, length, piece: int = COPY_PIECE
     longer than ``piece`` cut into consecutive pieces of ``piece`` bytes (the last shorter), so
     one large op (a raw or bitpacked plane of 64 MB) spreads over many CTAs instead of one.
     ``piece`` must be a multiple of 16: a piece's addresses keep the op's alignment mod 16."""
-    s, d, n = split_ops(length, src, dst, piece=piece)
-    return s, d, n
+    return split_ops(length, src, dst, piece=piece)
 
 
 def split_ops(length, *addresses, piece: int = COPY_PIECE) -> tuple[np.ndarray, ...]:
