@@ -15,17 +15,10 @@ import numpy as np
 
 from s4format.codecs.view import PIECE, run_pieces
 from s4format.errors import FormatError
-from s4format.jit import kernel
+from s4format.jit import intrinsic, kernel
 from s4format.layouts import _UINT
 
 _POPCOUNT = np.array([bin(b).count("1") for b in range(256)], dtype=np.int64)
-# x & -x times this de Bruijn constant, shifted right by 58, indexes _LOWEST_BIT: the position
-# of x's lowest set bit in a few operations, where testing each bit of sparse masks would
-# cost a branch per word.
-_DE_BRUIJN = 0x03F79D71B4CB0A89
-_LOWEST_BIT = np.zeros(64, dtype=np.int64)
-for _b in range(64):
-    _LOWEST_BIT[(((1 << _b) * _DE_BRUIJN) & ((1 << 64) - 1)) >> 58] = _b
 
 
 def mask_len(n: int) -> int:
@@ -64,7 +57,7 @@ def kept_words(words: np.ndarray, mask: np.ndarray, starts: np.ndarray,
     words = _writable(words)
     other, xor = _other(words, other)
     run_pieces(lambda lo, hi: _by_mask(mask, lo, hi, words, kept, int(starts[lo // PIECE]),
-                                       _COMPACT_XOR if xor else _COMPACT, _LOWEST_BIT, other),
+                                       _COMPACT_XOR if xor else _COMPACT, other),
                words.size, PIECE)
     return kept
 
@@ -104,7 +97,7 @@ def expand(mask: np.ndarray, kept: np.ndarray, out: np.ndarray, word: int,
 
         def piece(lo: int, hi: int) -> None:
             zero[lo // PIECE] = _by_mask(mask, lo, hi, dest, vals, int(starts[lo // PIECE]),
-                                         _XOR if xor else _PLACE, _LOWEST_BIT, dest)
+                                         _XOR if xor else _PLACE, dest)
 
         run_pieces(piece, n, PIECE)
         bad = bool(zero.any())
@@ -165,11 +158,37 @@ def _mask_bytes(words, other, xor, lo, hi, mask, table):  # pragma: no cover - c
 
 @kernel()
 def _popcount(mask, lo, hi, table):  # pragma: no cover - compiled
-    """Set bits of words lo..hi (lo a multiple of 8; the mask's bits past its words are 0)."""
+    """Set bits of words lo..hi (lo a multiple of 64; the mask's bits past its words are 0),
+    64 at a time."""
+    first, end = lo >> 3, (hi + 7) >> 3
+    whole = (end - first) >> 3
     c = 0
-    for b in range(lo >> 3, (hi + 7) >> 3):
+    for w in mask[first:first + 8 * whole].view(np.uint64):
+        c += _ctpop64(w)
+    for b in range(first + 8 * whole, end):
         c += table[mask[b]]
     return c
+
+
+@intrinsic
+def _ctpop64(typingctx, x):  # pragma: no cover - compiled
+    """The set bits of a uint64 (one instruction where the CPU has one)."""
+    from numba.core import types
+
+    def codegen(context, builder, signature, args):
+        return builder.ctpop(args[0])
+    return types.uint64(types.uint64), codegen
+
+
+@intrinsic
+def _ctz64(typingctx, x):  # pragma: no cover - compiled
+    """The position of the lowest set bit of a non-zero uint64."""
+    from llvmlite import ir
+    from numba.core import types
+
+    def codegen(context, builder, signature, args):
+        return builder.cttz(args[0], ir.Constant(ir.IntType(1), 1))
+    return types.uint64(types.uint64), codegen
 
 
 @kernel(inline="always")
@@ -182,8 +201,7 @@ _COMPACT, _PLACE, _XOR, _COMPACT_XOR = 0, 1, 2, 3
 
 
 @kernel()
-def _by_mask(mask, lo, hi, dense, packed, j, mode, lowest, other
-             ):  # pragma: no cover - compiled
+def _by_mask(mask, lo, hi, dense, packed, j, mode, other):  # pragma: no cover - compiled
     """For words lo..hi of ``dense`` whose mask bit is set, in order, with ``packed[j:]``:
     _COMPACT copies them into ``packed`` (_COMPACT_XOR: each XORed with ``other``'s),
     _PLACE writes ``packed``'s into them, _XOR XORs them in (lo is a multiple of 64).
@@ -196,11 +214,9 @@ def _by_mask(mask, lo, hi, dense, packed, j, mode, lowest, other
         bits = m64[q]
         base = lo + 64 * q
         while bits:
-            low = bits & (~bits + np.uint64(1))
-            i = base + lowest[(low * np.uint64(_DE_BRUIJN)) >> np.uint64(58)]
-            zero |= _one(dense, packed, i, j, mode, other)
+            zero |= _one(dense, packed, base + np.int64(_ctz64(bits)), j, mode, other)
             j += 1
-            bits ^= low
+            bits &= bits - np.uint64(1)
     for i in range(lo + 64 * whole, hi):
         if (mask[i >> 3] >> (i & 7)) & 1:
             zero |= _one(dense, packed, i, j, mode, other)
