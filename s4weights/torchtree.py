@@ -816,8 +816,7 @@ class Unflattener:
         if device is None:  # ...while the caller's map_location errors are the caller's
             device = _target_device(saved, self._map_location)
         got = _usable(device, self._path), _device_key(device)
-        if on is not None or not callable(self._map_location) \
-                or isinstance(self._map_location, (str, torch.device, dict)):
+        if on is not None or not callable(self._map_location):
             self._devices[(saved, on)] = got
         return got
 

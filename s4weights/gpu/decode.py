@@ -153,9 +153,7 @@ def _cap(reader: Reader) -> int:
     """Rule R0's limit for ``reader`` on the current device, asked of torch once per device:
     a load checks it for every tensor several times, and each ask costs microseconds."""
     dev = torch.cuda.current_device()
-    caps = _CAPS.get(reader)
-    if caps is None:
-        caps = _CAPS[reader] = {}
+    caps = _CAPS.setdefault(reader, {})
     cap = caps.get(dev)
     if cap is None:
         cap = caps[dev] = min(reader.max_tensor_bytes,
