@@ -143,6 +143,30 @@ def cmd_conformance(args: argparse.Namespace) -> int:
     return conformance.main(args)
 
 
+def cmd_kernels(args: argparse.Namespace) -> int:
+    from s4format import kernelbuild, kernels
+
+    if args.action == "build":
+        try:
+            folder = kernelbuild.build(log=lambda line: print(line, file=sys.stderr))
+        except Exception as exc:  # numba, setuptools or a C compiler missing, or a failed compile
+            print(f"error: the kernels could not be built ({type(exc).__name__}: {exc}); "
+                  "numba compiles them in each process instead", file=sys.stderr)
+            return 1
+        print(f"built: {folder}", file=sys.stderr)
+    state = kernels.status()
+    if args.json:
+        json.dump(state, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    elif state["built"]:
+        print(f"{state['signatures']} signatures of {state['kernels']} kernels built ahead of "
+              f"time for this machine: {state['folder']}")
+    else:
+        print(f"not built for this machine and these sources ({state['folder']}): "
+              "python -m s4format kernels build")
+    return 0 if state["built"] or args.action == "status" else 1
+
+
 def _report_without_parent(file: str, r: Reader, problems: list) -> int:
     """A delta verified without its parent: the problems found in what could be checked, or
     else one line that says what was checked and how to check the rest (exit status 2)."""
@@ -189,6 +213,18 @@ def build_parser() -> argparse.ArgumentParser:
                                    "is unusable.")
     conformance.add_arguments(p)
     p.set_defaults(func=cmd_conformance)
+    p = sub.add_parser("kernels", help="build the CPU kernels ahead of time, or say whether "
+                                       "they are built",
+                       description="The CPU codecs' kernels, compiled ahead of time for this "
+                                   "machine so that a fresh process's first save or load does "
+                                   "not wait for numba to start (about half a second). "
+                                   "'build' compiles them (a minute or so; needs numba, "
+                                   "setuptools and a C compiler) into S4_KERNEL_DIR or the "
+                                   "user's cache folder; 'status' (default) says whether this "
+                                   "machine has them for the installed sources.")
+    p.add_argument("action", nargs="?", choices=("status", "build"), default="status")
+    p.add_argument("--json", action="store_true", help="machine-readable JSON output")
+    p.set_defaults(func=cmd_kernels)
     return ap
 
 

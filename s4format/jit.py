@@ -2,26 +2,45 @@
 a reader that decodes nothing) does not import numba, which takes longer than the rest.
 
 :func:`kernel` marks a function as an ``njit`` kernel (``cache=True``: compiled once per machine
-and loaded from numba's cache after). On the first call of any marked kernel, every kernel
-marked so far is compiled lazily by numba and replaces its placeholder in its module, so kernels
-may call each other by their global names. Kernels are serial and release the GIL: the CPU path
-runs them on :mod:`s4format.threads`'s workers, one piece of a plane each.
+and loaded from numba's cache after). Kernels are serial and release the GIL: the CPU path runs
+them on :mod:`s4format.threads`'s workers, one piece of a plane each.
+
+On the first call of any marked kernel, the kernels built ahead of time for this machine
+(:mod:`s4format.kernels`, ``python -m s4format kernels build``) are used where they exist:
+they load without numba, whose import and start-up cost a fresh process about half a second.
+A call whose argument types no kernel was built for, or any call where none were built, runs
+numba's compiled kernel: every kernel marked so far is then compiled lazily by numba and
+replaces its placeholder in its module, so kernels may call each other by their global names.
+``S4_KERNELS=jit`` in the environment skips the kernels built ahead of time.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 from collections.abc import Callable
 from typing import Any
 
-_pending: list[tuple[dict[str, Any], str, Callable[..., Any], dict[str, Any]]] = []
-_pending_intrinsics: list[tuple[dict[str, Any], str, Callable[..., Any]]] = []
-_lock = threading.Lock()
+import numpy as np
+
+from s4format.kernels import array_flags
+
+# Every kernel and intrinsic marked, as (module globals, name, function[, njit options]).
+_kernels: list[tuple[dict[str, Any], str, Callable[..., Any], dict[str, Any]]] = []
+_intrinsics: list[tuple[dict[str, Any], str, Callable[..., Any]]] = []
+_lock = threading.RLock()
+_built: dict[str, dict[tuple, Callable[..., Any]]] | None = None  # loaded on first use
+# (module, name) -> argument types of the calls that found no kernel built ahead of time
+fallbacks: dict[str, set[tuple]] = {}
+
+
+def _qualname(module: dict[str, Any], name: str) -> str:
+    return f"{module['__name__']}.{name}"
 
 
 class _Kernel:
-    """The placeholder of a kernel not compiled yet; calling it compiles every pending one."""
+    """The placeholder of a kernel not bound yet; calling it binds it (see the module)."""
 
     def __init__(self, func: Callable[..., Any]) -> None:
         self._func = func
@@ -31,9 +50,34 @@ class _Kernel:
 
     def __call__(self, *args: Any) -> Any:
         if self._dispatcher is None:
-            _compile_pending()
-            self._dispatcher = self._func.__globals__[self._func.__name__]
+            self._dispatcher = _bind(self._func)
         return self._dispatcher(*args)
+
+    @property
+    def py_func(self) -> Callable[..., Any]:
+        return self._func
+
+
+class _Built:
+    """A kernel built ahead of time: the built function for the calls' argument types, or
+    numba's kernel for types none was built for (which then binds every kernel to numba)."""
+
+    def __init__(self, func: Callable[..., Any], by_key: dict[tuple, Callable[..., Any]]) -> None:
+        self._func = func
+        self._by_key = by_key
+        self._numba: Any = None
+        self.__doc__ = func.__doc__
+        self.__name__ = func.__name__
+
+    def __call__(self, *args: Any) -> Any:
+        built = self._by_key.get(arguments_key(args))
+        if built is not None:
+            return built(*args)
+        fallbacks.setdefault(_qualname(self._func.__globals__, self._func.__name__),
+                             set()).add(arguments_key(args))
+        if self._numba is None:
+            self._numba = _numba_kernel(self._func)
+        return self._numba(*args)
 
     @property
     def py_func(self) -> Callable[..., Any]:
@@ -42,10 +86,11 @@ class _Kernel:
 
 def kernel(**options: Any) -> Callable[[Callable[..., Any]], _Kernel]:
     """Decorator: ``func`` becomes ``numba.njit(cache=True, nogil=True, **options)(func)`` at
-    the first call of any kernel (without ``cache`` where numba finds no folder to write)."""
+    the first call of any kernel (without ``cache`` where numba finds no folder to write), or
+    the kernel built ahead of time from it."""
     def mark(func: Callable[..., Any]) -> _Kernel:
         with _lock:
-            _pending.append((func.__globals__, func.__name__, func, options))
+            _kernels.append((func.__globals__, func.__name__, func, options))
         return _Kernel(func)
     return mark
 
@@ -54,8 +99,70 @@ def intrinsic(func: Callable[..., Any]) -> Callable[..., Any]:
     """Decorator: ``func`` becomes ``numba.extending.intrinsic(func)`` before the first kernel
     compiles, so that kernels may call it by its global name without importing numba early."""
     with _lock:
-        _pending_intrinsics.append((func.__globals__, func.__name__, func))
+        _intrinsics.append((func.__globals__, func.__name__, func))
     return func
+
+
+def arguments_key(args: tuple) -> tuple:
+    """The types of a call's arguments as numba would type them, as :mod:`s4format.kernels`
+    names a built kernel's: an array as (dtype, dimensions, ``array_flags``), a scalar as
+    its numba type's name, a tuple as ("t", its items); None where numba's type would be
+    another kind."""
+    return tuple(map(_value_key, args))
+
+
+# numpy's flag bits: C- and F-contiguous, writeable (ndarray.flags.num)
+_C, _F, _WRITEABLE = 0x1, 0x2, 0x400
+_FLAG_BITS = _C | _F | _WRITEABLE
+_FLAGS = {bits: array_flags("C" if bits & _C else "F" if bits & _F else "A",
+                            not bits & _WRITEABLE)
+          for bits in range(_FLAG_BITS + 1) if not bits & ~_FLAG_BITS}
+
+
+def _value_key(v: Any) -> Any:
+    # (numba's typeof rules for these kinds; an array key costs about 0.3 us: a call's
+    # overhead, paid by each of a save's thousand or so kernel calls)
+    if isinstance(v, np.ndarray):
+        return (v.dtype, v.ndim, _FLAGS[v.flags.num & _FLAG_BITS])
+    t = type(v)
+    if t is int:
+        return "int64" if -(1 << 63) <= v < (1 << 63) else "uint64" if 0 <= v < (1 << 64) \
+            else None
+    if t is bool:
+        return "bool"
+    if t is float:
+        return "float64"
+    if t is tuple:
+        return ("t", *map(_value_key, v))
+    if isinstance(v, np.generic):
+        return v.dtype.name
+    return None
+
+
+def _bind(func: Callable[..., Any]) -> Any:
+    """What calls of ``func`` run from now on: its kernels built ahead of time, else numba's."""
+    global _built
+    module, name = func.__globals__, func.__name__
+    with _lock:
+        if not isinstance(module.get(name), _Kernel):
+            return module[name]  # bound already (by another kernel's first call)
+        if _built is None:
+            _built = {}
+            if os.environ.get("S4_KERNELS", "").strip().lower() != "jit":
+                from s4format import kernels
+
+                _built = kernels.load()
+        by_key = _built.get(_qualname(module, name))
+        if by_key:
+            module[name] = _Built(func, by_key)
+            return module[name]
+    return _numba_kernel(func)
+
+
+def _numba_kernel(func: Callable[..., Any]) -> Any:
+    """numba's kernel of ``func``, every marked kernel compiled lazily by numba first."""
+    compile_all()
+    return func.__globals__[func.__name__]
 
 
 class _NoSciPyBLAS:
@@ -85,22 +192,21 @@ def _load_numba_arraymath() -> None:
         sys.meta_path.remove(hook)
 
 
-def _compile_pending() -> None:
+def compile_all() -> None:
+    """Bind every kernel marked so far to numba's (compiled lazily, on each one's first call
+    with new argument types), in place of placeholders and kernels built ahead of time."""
     import numba
 
     with _lock:
         _load_numba_arraymath()
-        if _pending_intrinsics:
-            from numba.extending import intrinsic as numba_intrinsic
+        from numba.extending import intrinsic as numba_intrinsic
 
-            for module, name, func in _pending_intrinsics:
-                if module.get(name) is func:
-                    module[name] = numba_intrinsic(func)
-            _pending_intrinsics.clear()
-        for module, name, func, options in _pending:
-            if isinstance(module.get(name), _Kernel):
+        for module, name, func in _intrinsics:
+            if module.get(name) is func:
+                module[name] = numba_intrinsic(func)
+        for module, name, func, options in _kernels:
+            if isinstance(module.get(name), (_Kernel, _Built)):
                 try:
                     module[name] = numba.njit(cache=True, nogil=True, **options)(func)
                 except RuntimeError:  # no writable cache folder: compiled in each process
                     module[name] = numba.njit(nogil=True, **options)(func)
-        _pending.clear()

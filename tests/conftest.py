@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import pytest
+
+# The suite runs numba's kernels, whatever this machine has built ahead of time, so that it
+# tests the same code everywhere; tests/format/test_kernels_built.py tests the built ones.
+os.environ["S4_KERNELS"] = "jit"
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -484,8 +484,12 @@ def _vectors_compile(context) -> bool:
 
     if tuple(llvmlite.binding.llvm_version_info[:2]) < _LLVM_VECTORS:
         return False
-    features = (getattr(context.codegen(), "_tm_features", "") or "").split(",")
-    return all(f"+{f}" in features for f in ("avx512f", "avx512bw", "avx512vbmi2"))
+    codegen = context.codegen()
+    features = getattr(codegen, "_tm_features", "") or ""
+    if not features and getattr(codegen, "_cpu_name", None) == "host":
+        # (ahead of time, s4format.kernels, for this CPU: numba's codegen names no features)
+        features = llvmlite.binding.get_host_cpu_features().flatten()
+    return all(f"+{f}" in features.split(",") for f in ("avx512f", "avx512bw", "avx512vbmi2"))
 
 
 def _constant(value):
