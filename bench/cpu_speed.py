@@ -10,10 +10,11 @@ compresses and
 decompresses the same tensor bytes in memory, for reference. Each figure is the median of
 ``--reps`` calls after a warm-up one (bench/timing.py): wall seconds and process CPU seconds
 (all threads), so a loaded machine still shows what the work costs. "cold": a fresh process's
-first save and load (numba's cache as it is, and with an empty one) against its second ones;
-once more with a garbage collection first, off the clock (torch's import leaves one due). The
-fresh processes keep Python's bytecode cache, as an installed package's are, and one run
-before them, not reported, fills it and numba's.
+first save and load (with the kernels built ahead of time, ``python -m s4format kernels build``,
+into a temporary folder for the run; with numba's kernels and its cache as it is, and with an
+empty one) against its second ones; once more with a garbage collection first, off the clock
+(torch's import leaves one due). The fresh processes keep Python's bytecode cache, as an
+installed package's are, and one run before them, not reported, fills it and numba's.
 
     python bench/cpu_speed.py [--reps 5] [--states fp32,bf16,adamw,trained] [--no-cold]
     python bench/cpu_speed.py --convert    # s4weights convert on MiniLM's .safetensors and
@@ -179,14 +180,19 @@ print(json.dumps(out))
 """
 
 
-def cold(state_file: str, numba_cache: str | None, collect: bool = False
-         ) -> dict[str, float]:
+def cold(state_file: str, numba_cache: str | None, collect: bool = False,
+         kernels: str | None = None) -> dict[str, float]:
     """A fresh process's import, first and second save and load of the state in
     ``state_file`` (torch.save'd). ``collect``: a full garbage collection first, off the
     clock. Right after torch's import and a torch.load, the first collection of the oldest
     generation (about 0.09 s here, over torch's objects) is due, and otherwise lands in
-    whatever allocates next: in a training script, long before its first save."""
-    env = dict(os.environ)
+    whatever allocates next: in a training script, long before its first save. ``kernels``:
+    the folder of kernels built ahead of time to use (else numba's kernels)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("S4_KERNELS", "S4_KERNEL_DIR")}
+    if kernels is None:
+        env["S4_KERNELS"] = "jit"
+    else:
+        env["S4_KERNEL_DIR"] = kernels
     # Python's own bytecode cache as a user's Python keeps it (without it, every module the
     # first save imports is compiled from source again in each fresh process)
     env.pop("PYTHONDONTWRITEBYTECODE", None)
@@ -198,7 +204,16 @@ def cold(state_file: str, numba_cache: str | None, collect: bool = False
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
-def run_state(name: str, reps: int, with_cold: bool) -> dict:
+def built_kernels(folder: str) -> str:
+    """``folder``, with the kernels built ahead of time for this machine in it (about a
+    minute, not timed)."""
+    env = {k: v for k, v in os.environ.items() if k != "S4_KERNELS"}
+    subprocess.run([sys.executable, "-m", "s4format", "kernels", "build"],
+                   env={**env, "S4_KERNEL_DIR": folder}, check=True, capture_output=True)
+    return folder
+
+
+def run_state(name: str, reps: int, with_cold: bool, kernels: str | None = None) -> dict:
     state = STATES[name]()
     with tempfile.TemporaryDirectory() as folder:
         r = measure(state, reps, folder)
@@ -206,14 +221,23 @@ def run_state(name: str, reps: int, with_cold: bool) -> dict:
               flush=True)
         if with_cold:
             torch.save(state, os.path.join(folder, "state.pt"))
-            cold(os.path.join(folder, "state.pt"), None)  # (fills the caches, not reported)
+            for built in {None, kernels}:  # (fills the caches, not reported)
+                cold(os.path.join(folder, "state.pt"), None, kernels=built)
             with tempfile.TemporaryDirectory() as empty:
-                r["cold"] = {case: cold(os.path.join(folder, "state.pt"), cache, collect)
-                             for case, cache, collect in (
-                                 ("numba cache as is", None, False),
-                                 ("numba cache as is, gc.collect() first", None, True),
-                                 ("numba cache empty", empty, False))}
+                r["cold"] = {case: cold(os.path.join(folder, "state.pt"), cache, collect, built)
+                             for case, cache, collect, built in (
+                                 ("kernels built ahead of time", None, False, kernels),
+                                 ("built, gc.collect() first", None, True, kernels),
+                                 ("numba cache as is", None, False, None),
+                                 ("numba cache as is, gc.collect() first", None, True, None),
+                                 ("numba cache empty", empty, False, None))
+                             if built is not None or case.startswith("numba")}
     return r
+
+
+def extra(c: dict[str, float]) -> float:
+    """What a fresh process's first save and load cost over its second ones."""
+    return c["first_save_s"] + c["first_load_s"] - c["second_save_s"] - c["second_load_s"]
 
 
 def tables(results: dict) -> list[str]:
@@ -227,11 +251,13 @@ def tables(results: dict) -> list[str]:
                                  sizes)]
     cold_rows = [[name, case, f"{c['import_s']:.2f}", f"{c['first_save_s']:.3f}",
                   f"{c['first_load_s']:.3f}", f"{c['second_save_s']:.3f}",
-                  f"{c['second_load_s']:.3f}"]
+                  f"{c['second_load_s']:.3f}",
+                  f"{extra(c):.2f}"]
                  for name, r in results.items() for case, c in r.get("cold", {}).items()]
     if cold_rows:
         out += ["", *timing.markdown(["state", "fresh process", "import s", "first save s",
-                                      "first load s", "second save s", "second load s"],
+                                      "first load s", "second save s", "second load s",
+                                      "first two calls' extra s"],
                                      cold_rows)]
     return out
 
@@ -304,7 +330,10 @@ def main() -> None:
                       "output against the source's", convert_table(rows), rows)
         return
     states = args.states or default_states()
-    results = {name: run_state(name, args.reps, not args.no_cold) for name in states.split(",")}
+    with tempfile.TemporaryDirectory() as folder:
+        kernels = None if args.no_cold else built_kernels(folder)
+        results = {name: run_state(name, args.reps, not args.no_cold, kernels)
+                   for name in states.split(",")}
     timing.finish("cpu_speed", f"CPU save and load against torch and ZipNN ({threads.count()} "
                   "threads)", tables(results), results)
 

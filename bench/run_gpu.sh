@@ -6,8 +6,9 @@
 #
 # Stages: tests (the GPU tests), conformance (the suite on the GPU path), gate (the image build's
 # gate), gpu, checkpoints, flat, dcp (the benches on CUDA), cpu (bench/cpu_speed.py with the GPU
-# hidden). Each stage's log and the benches' JSON land in $OUT; the exit status is 0 only when
-# every stage passed.
+# hidden), kernels (the CPU kernels built ahead of time for the host's CPU, and their tests).
+# Each stage's log and the benches' JSON land in $OUT; the exit status is 0 only when every
+# stage passed.
 set -o pipefail
 export OUT=${OUT:-/tmp/s4-gpu-out} PYTHONUNBUFFERED=1
 mkdir -p "$OUT"
@@ -27,6 +28,7 @@ for stage in "${stages[@]}"; do
         flat) python3 bench/flat.py --device cuda ;;
         dcp) python3 bench/dcp.py --device cuda --ranks 1 ;;
         cpu) CUDA_VISIBLE_DEVICES="" python3 bench/cpu_speed.py --reps 3 ;;
+        kernels) python3 -m pytest -q tests/format/test_kernels_built.py ;;
         *) echo "unknown stage $stage"; false ;;
     esac 2>&1 | tee "$OUT/$stage.log"
     status=$?

@@ -9,7 +9,8 @@ apt-get update -q
 apt-get -y -q upgrade
 apt-get install -y -q --no-install-recommends \
     "linux-modules-nvidia-${branch}-aws" "nvidia-driver-${branch}" \
-    "nvidia-utils-${branch}" python3.10-venv python3-pip git
+    "nvidia-utils-${branch}" python3.10-venv python3-pip git \
+    gcc python3.10-dev  # (s4format compiles its CPU kernels for the image's CPU with these)
 systemctl enable nvidia-persistenced.service || true
 echo "nvidia driver ${branch} installed; rebooting"
 systemctl reboot
