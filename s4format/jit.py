@@ -66,13 +66,19 @@ class _Built:
         self._func = func
         self._by_key = by_key
         self._numba: Any = None
+        self._params = func.__code__.co_argcount
+        self._defaults = func.__defaults__ or ()
         self.__doc__ = func.__doc__
         self.__name__ = func.__name__
 
     def __call__(self, *args: Any) -> Any:
-        built = self._by_key.get(arguments_key(args))
+        given = args
+        missing = self._params - len(args)
+        if 0 < missing <= len(self._defaults):  # a built function takes every argument
+            given = args + self._defaults[len(self._defaults) - missing:]
+        built = self._by_key.get(arguments_key(given))
         if built is not None:
-            return built(*args)
+            return built(*given)
         fallbacks.setdefault(_qualname(self._func.__globals__, self._func.__name__),
                              set()).add(arguments_key(args))
         if self._numba is None:

@@ -98,10 +98,9 @@ def exercise(sizes: tuple[int, ...] = (300, 20_000, 600_000, 3_000_000)) -> None
                 blob = buf.getvalue()
                 path = Path(folder) / "base.s4w"
                 path.write_bytes(blob)
-                if pol == "auto":  # tensors in read-only memory (a file's mapping)
-                    with Writer(io.BytesIO(), policy=pol) as w:
-                        for name, a in base.items():
-                            w.add(name, _read_only(a))
+                with Writer(io.BytesIO(), policy=pol) as w:  # from read-only memory
+                    for name, a in base.items():
+                        w.add(name, _read_only(a))
                 for source in (blob, path, bytearray(blob)):
                     with Reader(source) as r:
                         for i in range(len(r.tensors)):
@@ -193,7 +192,11 @@ def build(folder: Path | None = None, log: Callable[[str], None] = print) -> Pat
         log(f"{len(entries)} kernel signatures compiled in {time.perf_counter() - started:.1f} s")
         (staging / kernels.TABLE).write_text(json.dumps(table, indent=1), encoding="utf-8")
         shutil.rmtree(final, ignore_errors=True)
-        os.replace(staging, final)
+        try:
+            os.replace(staging, final)
+        except OSError:
+            if not kernels.load(folder):  # (not another build of the same that finished first)
+                raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return final

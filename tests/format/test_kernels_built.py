@@ -146,6 +146,25 @@ def test_a_fresh_process_saves_and_loads_without_numba(built: Path, tmp_path: Pa
     assert check.returncode == 0, check.stderr
 
 
+_CONFORMANCE = r"""
+import contextlib, io, json, sys
+from s4format import cli, jit
+with contextlib.redirect_stdout(io.StringIO()):
+    rc = cli.main(["conformance"])
+print(json.dumps({"rc": rc, "numba": "numba" in sys.modules, "fallbacks": sorted(jit.fallbacks)}))
+"""
+
+
+def test_the_conformance_vectors_decode_with_them(built: Path) -> None:
+    # every codec, layout, masked and segmented plane of the suites, each tensor checked
+    # against the digest its vector states
+    out = subprocess.run([sys.executable, "-c", _CONFORMANCE], cwd=ROOT, env=_env(built),
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout.splitlines()[-1]) == {"rc": 0, "numba": False,
+                                                        "fallbacks": []}
+
+
 _FALLBACK = r"""
 import json, sys
 import numpy as np
