@@ -4,12 +4,14 @@
 What is built: every signature the kernels compile to while the build runs a workload of writes
 and reads (:func:`exercise`: each dtype and policy, tensors in read-only memory, masked and
 unmasked deltas, reads from bytes and from files, and the conformance vectors), compiled by
-numba's ahead-of-time compiler into one extension module for this CPU.
+numba's ahead-of-time compiler into one extension module for this CPU. It is kept only if a
+fresh process with it writes byte for byte the files numba's kernels write (:func:`samples`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import importlib
 import io
 import json
@@ -120,6 +122,70 @@ def exercise(sizes: tuple[int, ...] = (300, 20_000, 600_000, 3_000_000)) -> None
     _exercise_conformance()
 
 
+def samples() -> list[bytes]:
+    """Files written from seeded data (every policy and dtype; masked and unmasked deltas),
+    each read back whole, every content hash checked: the same bytes whichever kernels coded
+    them, which :func:`build` checks of the kernels it built on this CPU."""
+    from s4format import policy
+    from s4format.reader import Reader
+    from s4format.writer import Writer
+
+    rng = np.random.default_rng(1)
+    files: list[bytes] = []
+    for n in (20_000, 600_000):
+        base = _tensors(n, rng)
+        for pol in policy.POLICIES:
+            buf = io.BytesIO()
+            with Writer(buf, policy=pol) as w:
+                for name, a in base.items():
+                    w.add(name, a)
+            files.append(buf.getvalue())
+            with Reader(files[-1]) as r:
+                for i in range(len(r.tensors)):
+                    r.read(i)
+        whole = files[-1]
+        for share in (0.01, 0.6):
+            child = {k: _changed(a, rng, share) for k, a in base.items()}
+            with Reader(whole) as parent:
+                buf = io.BytesIO()
+                with Writer(buf, parent_id=parent.checkpoint_id) as w:
+                    for name, a in child.items():
+                        w.add(name, a, parent=base[name])
+                files.append(buf.getvalue())
+                with Reader(files[-1]) as r:
+                    r.attach_parent(parent)
+                    for i in range(len(r.tensors)):
+                        r.read(i)
+    return files
+
+
+_CHECK = """
+import hashlib, json, sys
+from s4format import jit, kernelbuild
+digests = [hashlib.sha256(f).hexdigest() for f in kernelbuild.samples()]
+print(json.dumps({"built": len(jit._built or {}), "digests": digests}))
+"""
+
+
+def _check(folder: Path) -> None:
+    """Refuse the kernels in ``folder`` unless a fresh process with them writes the bytes that
+    numba's kernels write here, and reads them back."""
+    import subprocess
+    import sys
+
+    want = [hashlib.sha256(f).hexdigest() for f in samples()]
+    env = {k: v for k, v in os.environ.items() if k != "S4_KERNELS"}
+    out = subprocess.run([sys.executable, "-c", _CHECK], env={**env, "S4_KERNEL_DIR": str(folder)},
+                         capture_output=True, text=True)
+    if out.returncode != 0:
+        raise RuntimeError(f"the built kernels failed their check: {out.stderr.strip()[-2000:]}")
+    got = json.loads(out.stdout.splitlines()[-1])
+    if not got["built"]:
+        raise RuntimeError("the built kernels did not load in a fresh process")
+    if got["digests"] != want:
+        raise RuntimeError("the built kernels wrote other bytes than numba's kernels: not kept")
+
+
 def _exercise_conformance() -> None:
     from s4format import conformance
 
@@ -199,4 +265,11 @@ def build(folder: Path | None = None, log: Callable[[str], None] = print) -> Pat
                 raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+    started = time.perf_counter()
+    try:
+        _check(final.parent)
+    except BaseException:
+        shutil.rmtree(final, ignore_errors=True)
+        raise
+    log(f"checked: the same bytes as numba's kernels, in {time.perf_counter() - started:.1f} s")
     return final

@@ -487,7 +487,7 @@ def _vectors_compile(context) -> bool:
     codegen = context.codegen()
     features = getattr(codegen, "_tm_features", "") or ""
     if not features and getattr(codegen, "_cpu_name", None) == "host":
-        # (ahead of time, s4format.kernels, for this CPU: numba's codegen names no features)
+        # (ahead of time, s4format.kernelbuild, for this CPU: numba's codegen names no features)
         features = llvmlite.binding.get_host_cpu_features().flatten()
     return all(f"+{f}" in features.split(",") for f in ("avx512f", "avx512bw", "avx512vbmi2"))
 

@@ -244,6 +244,14 @@ def test_a_stale_or_broken_build_is_not_used(built: Path, tmp_path: Path,
     assert kernels.identity() != ident
 
 
+def test_a_build_that_writes_other_bytes_is_refused(built: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    # the build's own check: a fresh process with the kernels must write what numba's write
+    monkeypatch.setattr(kernelbuild, "samples", lambda: [b"what numba's kernels wrote"])
+    with pytest.raises(RuntimeError, match="other bytes than numba's"):
+        kernelbuild._check(built)
+
+
 def test_the_cli_says_whether_kernels_are_built(built: Path, tmp_path: Path) -> None:
     for folder, want in ((built, True), (tmp_path, False)):
         out = subprocess.run([sys.executable, "-m", "s4format", "kernels"], cwd=ROOT,
