@@ -58,18 +58,16 @@ class _Kernel:
         return self._func
 
 
-class _Built:
+class _Built(_Kernel):
     """A kernel built ahead of time: the built function for the calls' argument types, or
     numba's kernel for types none was built for (which then binds every kernel to numba)."""
 
     def __init__(self, func: Callable[..., Any], by_key: dict[tuple, Callable[..., Any]]) -> None:
-        self._func = func
+        super().__init__(func)
         self._by_key = by_key
         self._numba: Any = None
         self._params = func.__code__.co_argcount
         self._defaults = func.__defaults__ or ()
-        self.__doc__ = func.__doc__
-        self.__name__ = func.__name__
 
     def __call__(self, *args: Any) -> Any:
         given = args
@@ -84,10 +82,6 @@ class _Built:
         if self._numba is None:
             self._numba = _numba_kernel(self._func)
         return self._numba(*args)
-
-    @property
-    def py_func(self) -> Callable[..., Any]:
-        return self._func
 
 
 def kernel(**options: Any) -> Callable[[Callable[..., Any]], _Kernel]:
@@ -150,7 +144,7 @@ def _bind(func: Callable[..., Any]) -> Any:
     global _built
     module, name = func.__globals__, func.__name__
     with _lock:
-        if not isinstance(module.get(name), _Kernel):
+        if type(module.get(name)) is not _Kernel:
             return module[name]  # bound already (by another kernel's first call)
         if _built is None:
             _built = {}
@@ -211,7 +205,7 @@ def compile_all() -> None:
             if module.get(name) is func:
                 module[name] = numba_intrinsic(func)
         for module, name, func, options in _kernels:
-            if isinstance(module.get(name), (_Kernel, _Built)):
+            if isinstance(module.get(name), _Kernel):  # (a placeholder, or built)
                 try:
                     module[name] = numba.njit(cache=True, nogil=True, **options)(func)
                 except RuntimeError:  # no writable cache folder: compiled in each process

@@ -78,6 +78,29 @@ def _changed(a: Any, rng: np.random.Generator, share: float) -> Any:
     return Tensor(t.dtype, t.shape, words.view(np.uint8))
 
 
+def _written(tensors: dict[str, Any], policy: str = "auto", parent: Any = None,
+             parents: dict[str, Any] | None = None) -> bytes:
+    """A file of ``tensors``, as deltas of ``parents`` (the tensors of ``parent``'s file)."""
+    from s4format.writer import Writer
+
+    buf = io.BytesIO()
+    with Writer(buf, policy=policy, parent_id=parent and parent.checkpoint_id) as w:
+        for name, a in tensors.items():
+            w.add(name, a, parent=parents[name] if parents else None)
+    return buf.getvalue()
+
+
+def _read_all(source: Any, parent: Any = None) -> None:
+    """Every tensor of the file ``source`` decoded, and its content hash checked."""
+    from s4format.reader import Reader
+
+    with Reader(source) as r:
+        if parent is not None:
+            r.attach_parent(parent)
+        for i in range(len(r.tensors)):
+            r.read(i)
+
+
 def exercise(sizes: tuple[int, ...] = (300, 20_000, 600_000, 3_000_000)) -> None:
     """Writes and reads that reach every kernel with the argument types the library gives it:
     each dtype, every policy, masked and unmasked deltas, reads from bytes and from a file,
@@ -86,39 +109,22 @@ def exercise(sizes: tuple[int, ...] = (300, 20_000, 600_000, 3_000_000)) -> None
     no kernel that was not built.)"""
     from s4format import policy
     from s4format.reader import Reader
-    from s4format.writer import Writer
 
     rng = np.random.default_rng(0)
     with tempfile.TemporaryDirectory() as folder:
         for n in sizes:
             base = _tensors(n, rng)
             for pol in policy.POLICIES:
-                buf = io.BytesIO()
-                with Writer(buf, policy=pol) as w:
-                    for name, a in base.items():
-                        w.add(name, a)
-                blob = buf.getvalue()
+                blob = _written(base, pol)
+                _written({k: _read_only(a) for k, a in base.items()}, pol)  # read-only memory
                 path = Path(folder) / "base.s4w"
                 path.write_bytes(blob)
-                with Writer(io.BytesIO(), policy=pol) as w:  # from read-only memory
-                    for name, a in base.items():
-                        w.add(name, _read_only(a))
                 for source in (blob, path, bytearray(blob)):
-                    with Reader(source) as r:
-                        for i in range(len(r.tensors)):
-                            r.read(i)
+                    _read_all(source)
             for share in (0.01, 0.6):
                 child = {k: _changed(a, rng, share) for k, a in base.items()}
-                parent = Reader(blob)
-                buf = io.BytesIO()
-                with Writer(buf, parent_id=parent.checkpoint_id) as w:
-                    for name, a in child.items():
-                        w.add(name, a, parent=base[name])
-                with Reader(buf.getvalue()) as r:
-                    r.attach_parent(parent)
-                    for i in range(len(r.tensors)):
-                        r.read(i)
-                parent.close()
+                with Reader(blob) as parent:
+                    _read_all(_written(child, parent=parent, parents=base), parent)
     _exercise_conformance()
 
 
@@ -128,34 +134,20 @@ def samples() -> list[bytes]:
     them, which :func:`build` checks of the kernels it built on this CPU."""
     from s4format import policy
     from s4format.reader import Reader
-    from s4format.writer import Writer
 
     rng = np.random.default_rng(1)
     files: list[bytes] = []
     for n in (20_000, 600_000):
         base = _tensors(n, rng)
         for pol in policy.POLICIES:
-            buf = io.BytesIO()
-            with Writer(buf, policy=pol) as w:
-                for name, a in base.items():
-                    w.add(name, a)
-            files.append(buf.getvalue())
-            with Reader(files[-1]) as r:
-                for i in range(len(r.tensors)):
-                    r.read(i)
+            files.append(_written(base, pol))
+            _read_all(files[-1])
         whole = files[-1]
         for share in (0.01, 0.6):
             child = {k: _changed(a, rng, share) for k, a in base.items()}
             with Reader(whole) as parent:
-                buf = io.BytesIO()
-                with Writer(buf, parent_id=parent.checkpoint_id) as w:
-                    for name, a in child.items():
-                        w.add(name, a, parent=base[name])
-                files.append(buf.getvalue())
-                with Reader(files[-1]) as r:
-                    r.attach_parent(parent)
-                    for i in range(len(r.tensors)):
-                        r.read(i)
+                files.append(_written(child, parent=parent, parents=base))
+                _read_all(files[-1], parent)
     return files
 
 
