@@ -35,6 +35,12 @@ _built: dict[str, dict[tuple, Callable[..., Any]]] | None = None  # loaded on fi
 fallbacks: dict[str, set[tuple]] = {}
 
 
+def numba_started() -> bool:
+    """Whether this process started numba for a kernel (none built ahead of time here, or a
+    call with argument types none was built for)."""
+    return any(not isinstance(module.get(name), _Kernel) for module, name, *_ in _kernels)
+
+
 def _qualname(module: dict[str, Any], name: str) -> str:
     return f"{module['__name__']}.{name}"
 

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 import s4weights
+from s4format import jit
 from s4format.errors import S4Error
 
 
@@ -189,6 +190,10 @@ def _report(rows: list[_Row], s4_dir: Path, torch_dir: Path) -> int:
           f"{sum(r.torch_save for r in rows):.2f} s, loads {sum(t for _, t in loads):.2f} s; "
           f"size ratio {total / torch_total:.3f}; every checkpoint bit-exact: "
           f"{'yes' if ok else 'NO'}")
+    if jit.numba_started():
+        print("(the first save included numba's start-up, about half a second: "
+              "python -m s4format kernels build, once per machine, builds the CPU kernels "
+              "ahead of time)")
     return 0 if ok else 1
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from s4format import jit
 from s4weights import demo
 
 SMALL = ["--steps", "2", "--every", "1", "--dim", "16", "--layers", "1"]
@@ -20,6 +21,8 @@ def test_both_sides_on_disk_with_load_times_and_cleaned_up(capsys) -> None:
     assert "every checkpoint bit-exact: yes" in out
     root = Path(re.search(r"^removed (.+)$", out, re.M).group(1))
     assert not root.exists()
+    # with numba's kernels (as the suite runs), the demo says how to skip their start-up
+    assert ("python -m s4format kernels build, once per machine" in out) == jit.numba_started()
 
 
 def test_a_kept_folder_is_named(tmp_path: Path, capsys) -> None:
