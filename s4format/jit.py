@@ -80,11 +80,12 @@ class _Built(_Kernel):
         missing = self._params - len(args)
         if 0 < missing <= len(self._defaults):  # a built function takes every argument
             given = args + self._defaults[len(self._defaults) - missing:]
-        built = self._by_key.get(arguments_key(given))
+        key = arguments_key(given)
+        built = self._by_key.get(key)
         if built is not None:
             return built(*given)
         fallbacks.setdefault(_qualname(self._func.__globals__, self._func.__name__),
-                             set()).add(arguments_key(args))
+                             set()).add(key)
         if self._numba is None:
             self._numba = _numba_kernel(self._func)
         return self._numba(*args)

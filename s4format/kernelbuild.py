@@ -17,6 +17,8 @@ import io
 import json
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 import warnings
@@ -71,8 +73,7 @@ def _changed(a: Any, rng: np.random.Generator, share: float) -> Any:
     from s4format.tensor import Tensor
 
     t = a if isinstance(a, Tensor) else Tensor.from_numpy(a)
-    words = t.data.view(f"<u{t.dtype.itemsize}").copy() if t.dtype.itemsize in (1, 2, 4, 8) \
-        else t.data.copy()
+    words = t.data.view(f"<u{t.dtype.itemsize}").copy()  # (every dtype of _tensors)
     hit = rng.random(words.size) < share
     words[hit] ^= np.asarray(rng.integers(1, 8, int(hit.sum())), words.dtype)
     return Tensor(t.dtype, t.shape, words.view(np.uint8))
@@ -162,9 +163,6 @@ print(json.dumps({"built": len(jit._built or {}), "digests": digests}))
 def _check(folder: Path) -> None:
     """Refuse the kernels in ``folder`` unless a fresh process with them writes the bytes that
     numba's kernels write here, and reads them back."""
-    import subprocess
-    import sys
-
     want = [hashlib.sha256(f).hexdigest() for f in samples()]
     env = {k: v for k, v in os.environ.items() if k != "S4_KERNELS"}
     out = subprocess.run([sys.executable, "-c", _CHECK], env={**env, "S4_KERNEL_DIR": str(folder)},
@@ -209,8 +207,8 @@ def _compiled_as_exports():
 
 
 def build(folder: Path | None = None, log: Callable[[str], None] = print) -> Path:
-    """Compile every kernel, for each argument types :func:`exercise` calls it with, into
-    extension modules in ``folder`` (default :func:`root`) / :func:`identity`; returns that
+    """Compile every kernel, for each argument types :func:`exercise` calls it with, into an
+    extension module in ``folder`` (default :func:`root`) / :func:`identity`; returns that
     folder. Needs numba and a C compiler; takes a minute or two."""
     for name in kernels.KERNEL_MODULES:
         importlib.import_module(name)
@@ -234,26 +232,25 @@ def build(folder: Path | None = None, log: Callable[[str], None] = print) -> Pat
                                 dispatcher.overloads[sig].signature))
     staging = Path(tempfile.mkdtemp(prefix=f".{ident}-", dir=final.parent))
     try:
-        table: dict[str, Any] = {"identity": ident, "modules": [], "kernels": {}}
-        module_name = f"_s4k_{ident[:12]}"
-        cc = CC(module_name)
+        table: dict[str, Any] = {"identity": ident, "module": f"_s4k_{ident[:12]}",
+                                 "kernels": {}}
+        cc = CC(table["module"])
         cc.output_dir = str(staging)
         cc.target_cpu = "host" if kernels.host_specific() else ""
         for i, (qualname, func, key, signature) in enumerate(entries):
             symbol = f"k{i}_{func.__name__}"
             cc.export(symbol, signature)(func)
-            table["kernels"].setdefault(qualname, []).append([key, module_name, symbol])
+            table["kernels"].setdefault(qualname, []).append([key, symbol])
         started = time.perf_counter()
         with _compiled_as_exports():
             cc.compile()
-        table["modules"].append(module_name)
         log(f"{len(entries)} kernel signatures compiled in {time.perf_counter() - started:.1f} s")
         (staging / kernels.TABLE).write_text(json.dumps(table, indent=1), encoding="utf-8")
         shutil.rmtree(final, ignore_errors=True)
         try:
             os.replace(staging, final)
         except OSError:
-            if not kernels.load(folder):  # (not another build of the same that finished first)
+            if not kernels.load(folder):  # (unless a build of the same finished first)
                 raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)

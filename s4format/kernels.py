@@ -3,10 +3,10 @@
 numba caches its compiled kernels, yet a process still pays for importing numba and for starting
 its compiler before the first cached kernel runs: about half a second on two cores
 (bench/RESULTS.md), on the first save or load of every fresh process. ``python -m s4format
-kernels build`` compiles every kernel once, with numba's ahead-of-time compiler, into extension
-modules for this machine; :mod:`s4format.jit` then binds each kernel to them, and loads numba
-only for a call whose argument types were not built (the built code does not check types, so
-a call runs it only where its arguments' types are exactly the ones it was built for).
+kernels build`` compiles every kernel once, with numba's ahead-of-time compiler, into an
+extension module for this machine; :mod:`s4format.jit` then binds each kernel to it, and loads
+numba only for a call whose argument types were not built (the built code does not check types,
+so a call runs it only where its arguments' types are exactly the ones it was built for).
 
 :mod:`s4format.kernelbuild` builds them. They are kept in a folder named by what they depend
 on (:func:`identity`: the kernels' sources, this CPU, Python and numpy), under ``S4_KERNEL_DIR``
@@ -117,16 +117,13 @@ def load(folder: Path | None = None) -> dict[str, dict[tuple, Callable[..., Any]
         table = json.loads((folder / TABLE).read_text(encoding="utf-8"))
         if table.get("identity") != ident:
             return {}
-        modules = {}
-        for name in table["modules"]:
-            spec = importlib.util.spec_from_file_location(name, folder / (name + _SUFFIX))
-            if spec is None or spec.loader is None:
-                return {}
-            module = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(module)
-            modules[name] = module
-        return {qualname: {_runtime_key(key): getattr(modules[module], symbol)
-                           for key, module, symbol in entries}
+        name = table["module"]
+        spec = importlib.util.spec_from_file_location(name, folder / (name + _SUFFIX))
+        if spec is None or spec.loader is None:
+            return {}
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return {qualname: {_runtime_key(key): getattr(module, symbol) for key, symbol in entries}
                 for qualname, entries in table["kernels"].items()}
     except (OSError, ValueError, KeyError, TypeError, ImportError, AttributeError):
         return {}  # none built here, or a build left unfinished: numba's kernels serve
