@@ -25,6 +25,7 @@ from s4format import codecs, hashing, layouts, masked, objtree, policy, threads
 from s4format.codecs.view import PlaneView, run_pieces
 from s4format.dtypes import DType
 from s4format.errors import FormatError, LimitError, StorageError, UnsupportedObjectError
+from s4format.indexwrite import build_index
 from s4format.layouts import Layout
 from s4format.pieces import Pieces
 from s4format.policy import CODECS_OF_MINOR, MASKED_MINOR, format_minor
@@ -427,9 +428,12 @@ class Writer:
             raise LimitError(f"object tree of {len(tree)} bytes exceeds the index limit")
         # A file in which no tensor chose the delta depends on nothing: it is a base.
         parent_id = self._parent_id if self._deltas else None
-        index = compiled_index().build(dict(
-            tensors=self._records, parent_id=parent_id or NO_PARENT, tree=tree,
-            metadata=objtree.encode(self._metadata), extensions=[]))
+        metadata = objtree.encode(self._metadata)
+        index = build_index(self._records, parent_id or NO_PARENT, tree, metadata)
+        if index is None:  # (construct raises what is wrong with a field)
+            index = compiled_index().build(dict(
+                tensors=self._records, parent_id=parent_id or NO_PARENT, tree=tree,
+                metadata=metadata, extensions=[]))
         if len(index) > MAX_INDEX_SIZE:
             raise LimitError(f"index of {len(index)} bytes exceeds {MAX_INDEX_SIZE}")
         index_offset = self._pos
