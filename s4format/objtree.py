@@ -54,13 +54,28 @@ class Typed:
 def encode(obj: Any, tensor_count: int = 1 << 32) -> bytes:
     """Encode a tree whose tensor references are all below ``tensor_count``."""
     out = bytearray()
-    _encode(obj, out, "<root>", 0, tensor_count)
+    try:
+        _encode(obj, out, 0, tensor_count)
+    except _Unstored as exc:
+        path = "<root>" + "".join(reversed(exc.parts))
+        raise UnsupportedObjectError(f"{exc.before}{path}{exc.after}") from None
     return bytes(out)
 
 
-def _encode(obj: Any, out: bytearray, path: str, depth: int, refs: int) -> None:
+class _Unstored(Exception):
+    """An UnsupportedObjectError about the node at a path, its message ``before`` and
+    ``after`` the path: the encoder keeps no path while it works (built for every node, the
+    paths cost more than the encoding), the error collects its parts as it unwinds."""
+
+    def __init__(self, before: str, after: str = "") -> None:
+        super().__init__(before)
+        self.before, self.after = before, after
+        self.parts: list[str] = []
+
+
+def _encode(obj: Any, out: bytearray, depth: int, refs: int) -> None:
     if depth > MAX_DEPTH:
-        raise UnsupportedObjectError(f"object tree deeper than {MAX_DEPTH} at {path}")
+        raise _Unstored(f"object tree deeper than {MAX_DEPTH} at ")
     t = type(obj)
     if obj is None:
         out.append(T_NONE)
@@ -69,64 +84,134 @@ def _encode(obj: Any, out: bytearray, path: str, depth: int, refs: int) -> None:
     elif t is int:
         if _I64_MIN <= obj <= _I64_MAX:
             out.append(T_INT)
-            out += struct.pack("<q", obj)
+            out += _I64.pack(obj)
         else:
             raw = obj.to_bytes((obj.bit_length() + 8) // 8, "little", signed=True)
             out.append(T_BIGINT)
-            out += struct.pack("<I", len(raw)) + raw
+            out += _U32.pack(len(raw))
+            out += raw
     elif t is float:
         out.append(T_FLOAT)
-        out += struct.pack("<d", obj)
+        out += _F64.pack(obj)
     elif t is str:
         try:
             raw = obj.encode("utf-8")
         except UnicodeEncodeError:
-            raise UnsupportedObjectError(f"string at {path} is not valid Unicode") from None
+            raise _Unstored("string at ", " is not valid Unicode") from None
         out.append(T_STR)
-        out += struct.pack("<I", len(raw)) + raw
+        out += _U32.pack(len(raw))
+        out += raw
     elif t is bytes:
         out.append(T_BYTES)
-        out += struct.pack("<I", len(obj)) + obj
+        out += _U32.pack(len(obj))
+        out += obj
     elif t is list or t is tuple:
         out.append(T_LIST if t is list else T_TUPLE)
-        out += struct.pack("<I", len(obj))
+        out += _U32.pack(len(obj))
         for i, item in enumerate(obj):
-            _encode(item, out, f"{path}[{i}]", depth + 1, refs)
+            try:
+                _encode(item, out, depth + 1, refs)
+            except _Unstored as exc:
+                exc.parts.append(f"[{i}]")
+                raise
     elif t is dict or t is OrderedDict:
         out.append(T_DICT if t is dict else T_ODICT)
-        out += struct.pack("<I", len(obj))
-        hashes = KeyHashes()
+        out += _U32.pack(len(obj))
+        # (a dict of at most MAX_KEYS_PER_HASH keys cannot hold more of one hash)
+        hashes = KeyHashes() if len(obj) > MAX_KEYS_PER_HASH else None
         for key, value in obj.items():
-            _check_key(key, path)
-            if not hashes.add(key):
-                raise UnsupportedObjectError(
-                    f"dict at {path} has more than {MAX_KEYS_PER_HASH} keys of one hash "
+            if not _is_key(key):
+                raise _Unstored(f"dict key of type {type(key).__name__} at ", " is not stored")
+            if hashes is not None and not hashes.add(key):
+                raise _Unstored(
+                    "dict at ", f" has more than {MAX_KEYS_PER_HASH} keys of one hash "
                     f"({_shown(key)} is one): readers refuse it (spec/objects.md, O13)")
-            shown = _shown(key)
-            _encode(key, out, f"{path}.<key {shown}>", depth + 1, refs)
-            _encode(value, out, f"{path}[{shown}]", depth + 1, refs)
+            try:
+                _encode(key, out, depth + 1, refs)
+            except _Unstored as exc:
+                exc.parts.append(f".<key {_shown(key)}>")
+                raise
+            try:
+                _encode(value, out, depth + 1, refs)
+            except _Unstored as exc:
+                exc.parts.append(f"[{_shown(key)}]")
+                raise
     elif t is TensorRef:
         if type(obj.index) is not int or not 0 <= obj.index < refs:
-            raise UnsupportedObjectError(f"tensor reference {obj.index!r} at {path} is out of "
-                                         f"range ({refs} tensors)")
+            raise _Unstored(f"tensor reference {obj.index!r} at ",
+                            f" is out of range ({refs} tensors)")
         out.append(T_TENSOR)
-        out += struct.pack("<I", obj.index)
+        out += _U32.pack(obj.index)
     elif t is Typed:
         try:
             name = obj.name.encode("utf-8")
         except (AttributeError, UnicodeEncodeError):
-            raise UnsupportedObjectError(f"typed-value name {obj.name!r} at {path} is not a "
-                                         "valid Unicode str") from None
+            raise _Unstored(f"typed-value name {obj.name!r} at ",
+                            " is not a valid Unicode str") from None
         if len(name) > 0xFFFF:
-            raise UnsupportedObjectError(f"typed-value name at {path} is over 65535 bytes")
+            raise _Unstored("typed-value name at ", " is over 65535 bytes")
         out.append(T_TYPED)
-        out += struct.pack("<H", len(name)) + name
-        _encode(obj.value, out, f"{path}<{obj.name}>", depth + 1, refs)
+        out += _U16.pack(len(name))
+        out += name
+        if obj.name == VIEW and depth + 3 <= MAX_DEPTH and _view_into(obj.value, out, refs):
+            return
+        try:
+            _encode(obj.value, out, depth + 1, refs)
+        except _Unstored as exc:
+            exc.parts.append(f"<{obj.name}>")
+            raise
     else:
-        raise UnsupportedObjectError(
-            f"cannot store object of type {t.__module__}.{t.__qualname__} at {path}: "
-            "only None, bool, int, float, str, bytes, list, tuple, dict, OrderedDict and "
+        raise _Unstored(
+            f"cannot store object of type {t.__module__}.{t.__qualname__} at ",
+            ": only None, bool, int, float, str, bytes, list, tuple, dict, OrderedDict and "
             "tensors are stored")
+
+
+def _view_into(v: Any, out: bytearray, refs: int) -> bool:
+    """Append a view's dict in the form writers give it (:data:`VIEW_KEYS` in order, a tensor
+    reference, a str, an int, two tuples of at most ``_VIEW_DIMS`` ints, a str and two bools,
+    all within the format's ranges): the bytes :func:`_encode` writes for it, in one go.
+    False, having appended nothing, for any other value (_encode then writes it, or refuses
+    it with its path)."""
+    if type(v) is not dict or len(v) != len(VIEW_KEYS) or tuple(v) != VIEW_KEYS \
+            or any(type(k) is not str for k in v):  # (a str subclass is no key: refused)
+        return False
+    ref, dtype, offset, shape, stride, device, grad, parameter = v.values()
+    if type(ref) is not TensorRef or type(ref.index) is not int or not 0 <= ref.index < refs \
+            or type(dtype) is not str or type(device) is not str or type(offset) is not int \
+            or not _I64_MIN <= offset <= _I64_MAX or type(grad) is not bool \
+            or type(parameter) is not bool:
+        return False
+    for dims in (shape, stride):
+        if type(dims) is not tuple or len(dims) > _VIEW_DIMS or not all(
+                type(x) is int and _I64_MIN <= x <= _I64_MAX for x in dims):
+            return False
+    try:
+        dt, dev = dtype.encode("utf-8"), device.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    out += _VIEW_HEAD
+    out += _U32.pack(ref.index)
+    out += _DTYPE_KEY
+    out.append(T_STR)
+    out += _U32.pack(len(dt))
+    out += dt
+    out += _OFFSET_KEY
+    out += _I64.pack(offset)
+    for key, dims in ((_SHAPE_KEY, shape), (_STRIDE_KEY, stride)):
+        out += key
+        out.append(T_TUPLE)
+        out += _U32.pack(len(dims))
+        out += _INTS[len(dims)].pack(*(x for d in dims for x in (T_INT, d)))
+    out += _DEVICE_KEY
+    out.append(T_STR)
+    out += _U32.pack(len(dev))
+    out += dev
+    out += _GRAD_KEY
+    out.append(T_TRUE if grad else T_FALSE)
+    out += _PARAMETER_KEY
+    out.append(T_TRUE if parameter else T_FALSE)
+    return True
 
 
 def _shown(key: Any, form: Callable[[Any], str] = repr) -> str:
@@ -210,14 +295,23 @@ def _is_key(key: Any) -> bool:
     return type(key) is tuple and all(_is_key(k) for k in key)
 
 
-def _check_key(key: Any, path: str) -> None:
-    if not _is_key(key):
-        raise UnsupportedObjectError(
-            f"dict key of type {type(key).__name__} at {path} is not stored")
-
-
 _U16, _U32, _I64, _F64 = (struct.Struct(f) for f in ("<H", "<I", "<q", "<d"))
 _u32_at, _i64_at = _U32.unpack_from, _I64.unpack_from
+
+# A view of a stored tensor (spec/objects.md, "s4.view") as writers encode it: a dict of these
+# keys in this order. The decoder reads that form in one go (:meth:`_Decoder._view`); any other
+# form of the value is read node by node, to the same result or error.
+VIEW = "s4.view"
+VIEW_KEYS = ("storage", "dtype", "offset", "shape", "stride", "device", "requires_grad",
+             "parameter")
+_VIEW_KEY = {k: bytes((T_STR,)) + _U32.pack(len(k)) + k.encode() for k in VIEW_KEYS}
+_VIEW_HEAD = bytes((T_DICT,)) + _U32.pack(len(VIEW_KEYS)) + _VIEW_KEY["storage"] \
+    + bytes((T_TENSOR,))
+_DTYPE_KEY, _OFFSET_KEY, _SHAPE_KEY, _STRIDE_KEY, _DEVICE_KEY, _GRAD_KEY, _PARAMETER_KEY = (
+    _VIEW_KEY[k] for k in VIEW_KEYS[1:])
+_OFFSET_KEY += bytes((T_INT,))
+_VIEW_DIMS = 64  # views of more dimensions are read node by node
+_INTS = [struct.Struct("<" + "Bq" * n) for n in range(_VIEW_DIMS + 1)]
 
 
 def _below(exc: FormatError, key: Any) -> None:
@@ -236,6 +330,7 @@ class _Decoder:
                  check_typed: Callable[[str, Any], None] | None,
                  uses: list[int] | None) -> None:
         self.data = memoryview(data)
+        self.raw = bytes(data)  # (views are read from it: bytes' startswith copies nothing)
         self.end = len(self.data)
         self.pos = 0
         self.tensor_count = tensor_count
@@ -388,13 +483,86 @@ class _Decoder:
                 raise
         return result
 
+    def _view(self) -> dict | None:
+        """The dict of a view at ``pos`` in the form writers give it (:data:`VIEW_KEYS` in
+        order; a tensor reference, a str, an int, two tuples of ints, a str and two bools),
+        read in one go: what :meth:`node` reads from those bytes. None, having read nothing,
+        for any other bytes (node() then reads them, and raises what is wrong)."""
+        raw, pos = self.raw, self.pos
+        at = raw.startswith
+        try:
+            if not at(_VIEW_HEAD, pos):
+                return None
+            pos += len(_VIEW_HEAD)
+            index = _u32_at(raw, pos)[0]
+            if index >= self.tensor_count or not at(_DTYPE_KEY, pos + 4):
+                return None
+            dtype, pos = self._str_at(pos + 4 + len(_DTYPE_KEY))
+            if dtype is None or not at(_OFFSET_KEY, pos):
+                return None
+            offset = _i64_at(raw, pos + len(_OFFSET_KEY))[0]
+            shape, pos = self._ints_at(pos + len(_OFFSET_KEY) + 8, _SHAPE_KEY)
+            if shape is None:
+                return None
+            stride, pos = self._ints_at(pos, _STRIDE_KEY)
+            if stride is None or not at(_DEVICE_KEY, pos):
+                return None
+            device, pos = self._str_at(pos + len(_DEVICE_KEY))
+            if device is None or not at(_GRAD_KEY, pos):
+                return None
+            pos += len(_GRAD_KEY)
+            grad, end = raw[pos], pos + 1 + len(_PARAMETER_KEY)
+            if not at(_PARAMETER_KEY, pos + 1) or end >= self.end:
+                return None
+            parameter = raw[end]
+            if grad not in (T_TRUE, T_FALSE) or parameter not in (T_TRUE, T_FALSE):
+                return None
+        except (struct.error, IndexError):
+            return None
+        if self.uses is not None:
+            self.uses[index] += 1
+        self.pos = end + 1
+        return {"storage": TensorRef(index), "dtype": dtype, "offset": offset, "shape": shape,
+                "stride": stride, "device": device, "requires_grad": grad == T_TRUE,
+                "parameter": parameter == T_TRUE}
+
+    def _str_at(self, pos: int) -> tuple[str | None, int]:
+        """A str node at ``pos`` and the offset after it; (None, pos) if there is none."""
+        raw = self.raw
+        if pos >= self.end or raw[pos] != T_STR:
+            return None, pos
+        size = _u32_at(raw, pos + 1)[0]
+        if size > self.end - pos - 5:
+            return None, pos
+        try:
+            return raw[pos + 5:pos + 5 + size].decode(), pos + 5 + size
+        except UnicodeDecodeError:
+            return None, pos
+
+    def _ints_at(self, pos: int, key: bytes) -> tuple[tuple[int, ...] | None, int]:
+        """After ``key`` at ``pos``, a tuple node of int nodes (at most ``_VIEW_DIMS``) and the
+        offset after it; (None, pos) if that is not what lies there."""
+        raw = self.raw
+        pos += len(key)
+        if not raw.startswith(key, pos - len(key)) or pos >= self.end or raw[pos] != T_TUPLE:
+            return None, pos
+        dims = _u32_at(raw, pos + 1)[0]
+        if dims > _VIEW_DIMS:
+            return None, pos
+        got = _INTS[dims].unpack_from(raw, pos + 5)
+        if got[::2].count(T_INT) != dims:
+            return None, pos
+        return got[1::2], pos + 5 + 9 * dims
+
     def typed(self, depth: int, at: int) -> Typed:
         n = self._unpack(_U16)
         try:
             name = str(self.take(n), "utf-8")
         except UnicodeDecodeError:
             raise FormatError(f"typed-value name at tree offset {at} is not UTF-8") from None
-        value = Typed(name, self.node(depth + 1))
+        # (a view's dict, tuples and their ints lie three levels below)
+        view = self._view() if name == VIEW and depth + 3 <= MAX_DEPTH else None
+        value = Typed(name, self.node(depth + 1) if view is None else view)
         if self.check_typed is not None:
             try:
                 self.check_typed(name, value.value)

@@ -16,14 +16,11 @@ from typing import Any, Protocol
 
 from s4format import dtypes
 from s4format.errors import FormatError, LimitError
-from s4format.objtree import TensorRef, Typed
+from s4format.objtree import VIEW, VIEW_KEYS, TensorRef, Typed
 from s4format.records import MAX_NDIM, MAX_RAW_NBYTES, extent_nbytes
 
 MAX_INT64 = (1 << 63) - 1  # torch's sizes, strides and offsets are signed 64-bit
-VIEW = "s4.view"
 ATTRS = "s4.attrs"
-VIEW_KEYS = ("storage", "dtype", "offset", "shape", "stride", "device", "requires_grad",
-             "parameter")
 _VIEW_KEY_SET = frozenset(VIEW_KEYS)  # (equal keys are all str: no other type equals a str)
 _VIEW_OFFSET, _VIEW_SHAPE, _VIEW_STRIDE = (f"{VIEW} {k}" for k in ("offset", "shape", "stride"))
 # Names under these prefixes are the registry's (format 1.2 added the Python ones): a name a user

@@ -215,6 +215,19 @@ def test_unstorable_objects_are_refused_with_their_path(value, message: str) -> 
         encode(value)
 
 
+@pytest.mark.parametrize(("value", "path"), [
+    ({"a": [Typed("t", {("x", 1): [0, object()]})]}, "<root>['a'][0]<t>[('x', 1)][1]"),
+    ({(1, "\ud800"): 1}, "<root>.<key (1, '\\ud800')>[1]"),
+    (OrderedDict([(2, {"k" * 90: {3.5: set()}})]),
+     "<root>[2][" + repr("k" * 90)[:77] + "...][3.5]"),
+])
+def test_a_path_is_shown_whole_however_deep(value, path: str) -> None:
+    # (the encoder builds the path only for the message, as the error unwinds)
+    with pytest.raises(UnsupportedObjectError) as got:
+        encode(value)
+    assert f" at {path}" in str(got.value), str(got.value)
+
+
 # -- a tree from a file is data, never code ----------------------------------------------------
 
 class _Armed:
