@@ -223,6 +223,8 @@ def chain_run(name: str, device: str, tmp: Path, states) -> None:
     infos = chain.list_checkpoints(root)
     full_s = wall(lambda: s4weights.load(full, map_location=device), device).wall
     worst, exact = 0.0, True
+    steps: dict[int, tuple[int, float]] = {}  # step -> (files read, load seconds)
+    by = {i.step: i for i in infos}
     for info in infos:
         # (three timed loads of each step: the slowest step's median, not one slow call, is
         # what the figure reports)
@@ -230,6 +232,7 @@ def chain_run(name: str, device: str, tmp: Path, states) -> None:
             root, i.step, map_location=device), 3, device=device, before=chain._PARENT_CACHE.clear)
         exact &= same(kept_states[info.step], t.result)
         worst = max(worst, t.wall / full_s)
+        steps[info.step] = (len(chain.chain_of(info.step, by)), round(t.wall, 4))
     stored = sum(i.file_bytes for i in infos)
     bases = sum(i.full_stored_bytes + i.file_bytes - i.stored_bytes for i in infos)
     memory = {k: max(f[k] for f in figures) for k in figures[0] if k.endswith("MiB")}
@@ -240,6 +243,7 @@ def chain_run(name: str, device: str, tmp: Path, states) -> None:
         save_after_restart_s=round(figures[-1]["save_s"], 3),
         after_restart="base" if figures[-1]["base"] else "delta",
         full_load_s=round(full_s, 3), worst_chain_load_over_full=round(worst, 2),
+        step_files_and_load_s=steps,
         bit_exact=exact, base_reasons=sorted({i.base_reason for i in infos if i.base_reason}),
         **{f"max_{k}": v for k, v in memory.items()})
 
