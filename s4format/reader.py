@@ -256,8 +256,10 @@ class Reader:
                 raise UnsupportedFeatureError(
                     f"{self.name}: must-understand index extension {ext.tag!r} is unknown")
         codec_of = functools.cache(decodable_codec)  # (the few codec IDs of many planes)
-        tensors = [tensor_info(rec, f"{self.name}: tensor {i} {rec['name']!r}", self.data_end,
-                               self.alignment, codec_of) for i, rec in enumerate(idx.tensors)]
+        name = self.name
+        tensors = [tensor_info(rec, lambda i=i, rec=rec: f"{name}: tensor {i} {rec['name']!r}",
+                               self.data_end, self.alignment, codec_of)
+                   for i, rec in enumerate(idx.tensors)]
         names = set()
         for t in tensors:
             if t.name in names:

@@ -70,13 +70,78 @@ class TensorInfo(NamedTuple):
         return self.planes[1:] if self.masked else self.planes
 
 
-def tensor_info(rec, where: str, data_end: int, alignment: int,
+# (layout ID, itemsize) -> the layout, its word size and its planes' (kind, index), for the
+# records that pass every rule at once (:func:`_plain_info`)
+_SHAPES_OF: dict[tuple[int, int], tuple[Layout, int, tuple[tuple[int, int], ...]]] = {}
+
+
+def tensor_info(rec, where: str | Callable[[], str], data_end: int, alignment: int,
                 codec_of: Callable[[int], Codec] | None = None) -> TensorInfo:
     """Check one parsed tensor record against the spec's rules and the file's data section.
     (The record's fields are read as items: a construct Container's attribute access costs
     about 16 times as much, most of opening a file of many tensors.) ``codec_of``:
-    :func:`decodable_codec`, or a cache of it for the records of one index."""
+    :func:`decodable_codec`, or a cache of it for the records of one index. ``where``: the
+    record's place in messages, or a function making it (called only for a message)."""
     codec_of = codec_of or decodable_codec
+    info = _plain_info(rec, data_end, alignment, codec_of)
+    if info is not None:
+        return info
+    return _checked_info(rec, where if isinstance(where, str) else where(), data_end,
+                         alignment, codec_of)
+
+
+def _plain_info(rec, data_end: int, alignment: int, codec_of: Callable[[int], Codec]
+                ) -> TensorInfo | None:
+    """:func:`_checked_info` of a record that is not masked and passes every rule, in fewer
+    steps (a file of thousands of tensors checks one per tensor when it is opened); None for
+    any other record, which _checked_info then checks and refuses in the spec's order."""
+    flags, transform, ndim = rec["flags"], rec["transform"], rec["ndim"]
+    dtype = dtypes.BY_CODE.get(rec["dtype"])
+    if flags or dtype is None or ndim > MAX_NDIM or transform not in (TRANSFORM_NONE,
+                                                                     TRANSFORM_XOR):
+        return None
+    shape = tuple(rec["shape"])
+    raw_nbytes = rec["raw_nbytes"]
+    if 0 in shape or raw_nbytes > MAX_RAW_NBYTES \
+            or math.prod(shape) * dtype.itemsize != raw_nbytes:
+        return None
+    key = (rec["layout"], dtype.itemsize)
+    got = _SHAPES_OF.get(key)
+    if got is None:
+        layout = layouts.BY_ID.get(key[0])
+        if layout is None:
+            return None
+        got = _SHAPES_OF[key] = (layout, layout.word_size(dtype.itemsize),
+                                 tuple((f.kind, f.index) for f in layout.planes(dtype.itemsize)))
+    layout, word, fields = got
+    recs = rec["planes"]
+    if raw_nbytes % word or len(recs) != len(fields):
+        return None
+    want = raw_nbytes if layout is layouts.RAW else raw_nbytes // word
+    planes = []
+    for (kind, index), p in zip(fields, recs):
+        offset, stored, decoded = p["offset"], p["stored_len"], p["decoded_len"]
+        if p["kind"] != kind or p["index"] != index or decoded != want \
+                or offset < HEADER_SIZE or offset % alignment or offset + stored > data_end:
+            return None
+        try:
+            codec = codec_of(p["codec"])
+        except S4Error:
+            return None
+        if decoded > codec.max_decoded_len(stored):
+            return None
+        planes.append(PlaneInfo(kind, index, p["codec"], bytes(p["params"]), offset, stored,
+                                decoded, p["checksum"]))
+    parent_hash = rec["parent_hash"]
+    return TensorInfo(rec["name"], dtype, shape, layout, transform, raw_nbytes,
+                      bytes(rec["content_hash"]),
+                      bytes(parent_hash) if parent_hash is not None else None,
+                      tuple(planes), flags)
+
+
+def _checked_info(rec, where: str, data_end: int, alignment: int,
+                  codec_of: Callable[[int], Codec]) -> TensorInfo:
+    """:func:`tensor_info`, each rule in the spec's order with its message."""
     flags = rec["flags"]
     if flags & ~TENSOR_FLAGS:
         raise UnsupportedFeatureError(f"{where}: reserved tensor flags {flags & ~TENSOR_FLAGS:#x}"

@@ -1,0 +1,78 @@
+"""A tensor record that passes every rule is checked in fewer steps when a file is opened
+(``records._plain_info``); whatever it accepts, the rules spelled out one by one
+(``records._checked_info``) accept too, as the same TensorInfo. On every record of the
+conformance vectors and on records with one field changed."""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import s4format
+from s4format import records
+from s4format.errors import S4Error
+from s4format.indexread import read_index
+from tests.format.common import index_of
+
+SUITES = Path(__file__).parents[2] / "conformance"
+FIELDS = ("flags", "dtype", "ndim", "transform", "layout", "raw_nbytes")
+PLANE_FIELDS = ("kind", "index", "codec", "offset", "stored_len", "decoded_len")
+
+
+def _both(rec, data_end: int, alignment: int):
+    codec_of = functools.cache(records.decodable_codec)
+    fast = records._plain_info(rec, data_end, alignment, codec_of)
+    try:
+        checked = records._checked_info(rec, "where", data_end, alignment, codec_of)
+    except S4Error:
+        checked = None
+    return fast, checked
+
+
+def _vectors():
+    for path in sorted(SUITES.glob("v1*/*.s4w")):
+        data = path.read_bytes()
+        raw = index_of(data)
+        idx = read_index(raw) if raw is not None else None
+        if idx is not None:
+            yield data, idx
+
+
+def test_every_conformance_record_is_checked_alike() -> None:
+    fast_ones = 0
+    for data, idx in _vectors():
+        for rec in idx.tensors:
+            fast, checked = _both(rec, len(data), 1)
+            if fast is not None:
+                assert fast == checked
+                fast_ones += 1
+    assert fast_ones >= 300, fast_ones
+
+
+_BLOB = s4format.dumps({"w": np.random.default_rng(1).normal(0, .02, 5000).astype(np.float32),
+                        "b": np.arange(7, dtype=np.int64), "h": np.ones(300, np.float16)})
+_DATA_END = s4format.Reader(_BLOB).data_end
+_RECS = read_index(index_of(_BLOB)).tensors
+
+
+@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(which=st.integers(0, len(_RECS) - 1), field=st.sampled_from(FIELDS + PLANE_FIELDS),
+       plane=st.integers(0, 3), value=st.one_of(st.integers(-2, 300), st.integers(0, 2**64)),
+       shape=st.one_of(st.none(), st.lists(st.integers(0, 6000), max_size=3)),
+       end=st.integers(-4096, 64), alignment=st.sampled_from([1, 64, 128]))
+def test_a_changed_record_is_accepted_only_as_the_rules_accept_it(which, field, plane, value,
+                                                                   shape, end, alignment) -> None:
+    rec = dict(_RECS[which])
+    rec["planes"] = [dict(p) for p in rec["planes"]]
+    if field in FIELDS:
+        rec[field] = value
+    elif rec["planes"]:
+        rec["planes"][plane % len(rec["planes"])][field] = value
+    if shape is not None:
+        rec["shape"], rec["ndim"] = shape, len(shape)
+    fast, checked = _both(rec, _DATA_END + end, alignment)
+    assert fast is None or fast == checked
