@@ -59,8 +59,9 @@ def _build(tensors: list[dict[str, Any]], parent_id: bytes, tree: bytes, metadat
         add(_SHAPES[ndim].pack(*shape))
         add(_U64.pack(t["raw_nbytes"]))
         add(_fixed(t["content_hash"], 16))
+        parent_hash = t["parent_hash"]  # (construct needs the field whatever the transform)
         if transform == TRANSFORM_XOR:
-            add(_fixed(t["parent_hash"], 16))
+            add(_fixed(parent_hash, 16))
         planes = t["planes"]
         add(bytes((len(planes),)))
         for p in planes:

@@ -173,8 +173,9 @@ def _view_into(v: Any, out: bytearray, refs: int) -> bool:
     all within the format's ranges): the bytes :func:`_encode` writes for it, in one go.
     False, having appended nothing, for any other value (_encode then writes it, or refuses
     it with its path)."""
-    if type(v) is not dict or len(v) != len(VIEW_KEYS) or tuple(v) != VIEW_KEYS \
-            or any(type(k) is not str for k in v):  # (a str subclass is no key: refused)
+    # (keys' types first: a str subclass is no key, and another key's __eq__ may raise)
+    if type(v) is not dict or len(v) != len(VIEW_KEYS) or any(type(k) is not str for k in v) \
+            or tuple(v) != VIEW_KEYS:
         return False
     ref, dtype, offset, shape, stride, device, grad, parameter = v.values()
     if type(ref) is not TensorRef or type(ref.index) is not int or not 0 <= ref.index < refs \

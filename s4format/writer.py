@@ -41,7 +41,7 @@ from s4format.schema import (
     TRANSFORM_XOR,
     Footer,
     Header,
-    compiled_index,
+    Index,
 )
 from s4format.tensor import Tensor
 
@@ -430,8 +430,9 @@ class Writer:
         parent_id = self._parent_id if self._deltas else None
         metadata = objtree.encode(self._metadata)
         index = build_index(self._records, parent_id or NO_PARENT, tree, metadata)
-        if index is None:  # (construct raises what is wrong with a field)
-            index = compiled_index().build(dict(
+        if index is None:  # (construct's interpreted schema raises what is wrong with a
+            # field; its compiled builder would not check the hashes' lengths)
+            index = Index.build(dict(
                 tensors=self._records, parent_id=parent_id or NO_PARENT, tree=tree,
                 metadata=metadata, extensions=[]))
         if len(index) > MAX_INDEX_SIZE:

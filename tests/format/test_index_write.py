@@ -109,6 +109,31 @@ def test_a_field_the_schema_refuses_gives_up(tensors) -> None:
     assert build_index(tensors, NO_PARENT, b"", b"") is None
 
 
+def test_a_record_without_its_parent_hash_field_gives_up() -> None:
+    rec = _one()
+    del rec[0]["parent_hash"]
+    assert _schema(rec, NO_PARENT, b"", b"") is None
+    assert build_index(rec, NO_PARENT, b"", b"") is None
+
+
+def test_the_writer_refuses_what_the_schema_refuses(monkeypatch) -> None:
+    # where the fast builder gives up, the interpreted schema raises (the compiled builder
+    # would write a 15-byte hash into a malformed index)
+    import io
+
+    import numpy as np
+
+    import s4format
+    from s4format import writer
+
+    w = s4format.Writer(io.BytesIO())
+    w.set_tree({"x": w.add("x", np.arange(4, dtype=np.int64))})
+    w._records[0]["content_hash"] = bytes(15)
+    with pytest.raises(ConstructError):
+        w.close()
+    assert writer.build_index(w._records, NO_PARENT, b"", b"") is None
+
+
 def test_a_parent_id_not_of_16_bytes_gives_up() -> None:
     for pid in (bytes(15), bytes(17), None):
         assert _schema(_one(), pid, b"", b"") is None

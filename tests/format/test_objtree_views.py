@@ -156,3 +156,19 @@ def test_a_view_as_writers_give_it_is_encoded_in_one_go() -> None:
     assert objtree._view_into(view, out, 2)
     assert objtree.encode(Typed(VIEW, view), 2).endswith(bytes(out))
     assert not objtree._view_into(view, bytearray(), 1)  # (its reference out of range)
+
+
+class _RaisingEq:
+    def __hash__(self) -> int:
+        return 1
+
+    def __eq__(self, other) -> bool:
+        raise RuntimeError("compared")
+
+
+def test_a_view_with_a_key_that_cannot_be_compared_is_refused_with_its_path() -> None:
+    view = {"storage": TensorRef(0), "dtype": "f", "offset": 0, "shape": (2,), "stride": (1,),
+            "device": "cpu", "requires_grad": False, "parameter": True}
+    odd = {(_RaisingEq() if k == "dtype" else k): x for k, x in view.items()}
+    with pytest.raises(UnsupportedObjectError, match="dict key of type _RaisingEq at <root>"):
+        objtree.encode(Typed(VIEW, odd), 1)
