@@ -13,15 +13,8 @@ from __future__ import annotations
 import struct
 from typing import Any
 
+from s4format.indexread import _COUNT, _PLANE_HEAD, _PLANE_TAIL, _SHAPES, _TENSOR_FIELDS, _U16, _U64
 from s4format.schema import TRANSFORM_XOR
-
-_COUNT = struct.Struct("<I")
-_TENSOR_HEAD = struct.Struct("<H")
-_TENSOR_FIELDS = struct.Struct("<5B")  # dtype, layout, transform, flags, ndim
-_PLANE_HEAD = struct.Struct("<BBHH")  # kind, index, codec, params length
-_PLANE_TAIL = struct.Struct("<4Q")  # offset, stored_len, decoded_len, checksum
-_U64 = struct.Struct("<Q")
-_SHAPES = [struct.Struct(f"<{n}Q") for n in range(256)]
 
 
 def build_index(tensors: list[dict[str, Any]], parent_id: bytes, tree: bytes, metadata: bytes
@@ -49,7 +42,7 @@ def _build(tensors: list[dict[str, Any]], parent_id: bytes, tree: bytes, metadat
     add = parts.append
     for t in tensors:
         name = t["name"].encode("utf-8")
-        add(_TENSOR_HEAD.pack(len(name)))
+        add(_U16.pack(len(name)))
         add(name)
         ndim, transform = t["ndim"], t["transform"]
         shape = t["shape"]

@@ -496,9 +496,9 @@ class _Decoder:
                 return None
             pos += len(_VIEW_HEAD)
             index = _u32_at(raw, pos)[0]
-            if index >= self.tensor_count or not at(_DTYPE_KEY, pos + 4):
+            if index >= self.tensor_count:
                 return None
-            dtype, pos = self._str_at(pos + 4 + len(_DTYPE_KEY))
+            dtype, pos = self._str_at(pos + 4, _DTYPE_KEY)
             if dtype is None or not at(_OFFSET_KEY, pos):
                 return None
             offset = _i64_at(raw, pos + len(_OFFSET_KEY))[0]
@@ -506,9 +506,9 @@ class _Decoder:
             if shape is None:
                 return None
             stride, pos = self._ints_at(pos, _STRIDE_KEY)
-            if stride is None or not at(_DEVICE_KEY, pos):
+            if stride is None:
                 return None
-            device, pos = self._str_at(pos + len(_DEVICE_KEY))
+            device, pos = self._str_at(pos, _DEVICE_KEY)
             if device is None or not at(_GRAD_KEY, pos):
                 return None
             pos += len(_GRAD_KEY)
@@ -527,10 +527,12 @@ class _Decoder:
                 "stride": stride, "device": device, "requires_grad": grad == T_TRUE,
                 "parameter": parameter == T_TRUE}
 
-    def _str_at(self, pos: int) -> tuple[str | None, int]:
-        """A str node at ``pos`` and the offset after it; (None, pos) if there is none."""
+    def _str_at(self, pos: int, key: bytes) -> tuple[str | None, int]:
+        """After ``key`` at ``pos``, a str node and the offset after it; (None, pos) if that
+        is not what lies there."""
         raw = self.raw
-        if pos >= self.end or raw[pos] != T_STR:
+        pos += len(key)
+        if not raw.startswith(key, pos - len(key)) or pos >= self.end or raw[pos] != T_STR:
             return None, pos
         size = _u32_at(raw, pos + 1)[0]
         if size > self.end - pos - 5:

@@ -72,7 +72,7 @@ class TensorInfo(NamedTuple):
 
 # (layout ID, itemsize) -> the layout, its word size and its planes' (kind, index), for the
 # records that pass every rule at once (:func:`_plain_info`)
-_SHAPES_OF: dict[tuple[int, int], tuple[Layout, int, tuple[tuple[int, int], ...]]] = {}
+_LAYOUT_FIELDS: dict[tuple[int, int], tuple[Layout, int, tuple[tuple[int, int], ...]]] = {}
 
 
 def tensor_info(rec, where: str | Callable[[], str], data_end: int, alignment: int,
@@ -106,12 +106,12 @@ def _plain_info(rec, data_end: int, alignment: int, codec_of: Callable[[int], Co
             or math.prod(shape) * dtype.itemsize != raw_nbytes:
         return None
     key = (rec["layout"], dtype.itemsize)
-    got = _SHAPES_OF.get(key)
+    got = _LAYOUT_FIELDS.get(key)
     if got is None:
         layout = layouts.BY_ID.get(key[0])
         if layout is None:
             return None
-        got = _SHAPES_OF[key] = (layout, layout.word_size(dtype.itemsize),
+        got = _LAYOUT_FIELDS[key] = (layout, layout.word_size(dtype.itemsize),
                                  tuple((f.kind, f.index) for f in layout.planes(dtype.itemsize)))
     layout, word, fields = got
     recs = rec["planes"]

@@ -31,10 +31,8 @@ from s4format.errors import (
 )
 from s4format.objtree import TensorRef, Typed
 from s4format.tensor import Tensor
+from s4format.typedvalues import ATTRS, VIEW
 from s4weights import pytypes
-
-VIEW = "s4.view"
-ATTRS = "s4.attrs"
 
 
 @dataclass(frozen=True)
