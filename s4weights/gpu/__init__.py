@@ -436,13 +436,13 @@ class _Loader:
         reader = self.reader
         idx, used = [i], 0
         if decode.decodable(reader, i):
-            used = self.extra_of(i)
+            used, cap = self.extra_of(i), decode.limit(reader)
             for j in range(i + 1, len(self.sizes)):
                 if (j, key) in self.ready or not decode.decodable(reader, j):
                     continue
                 # a tensor over the size limit (R0) starts a batch of its own, so that
                 # the tensors before it are read first, as the CPU reader reads them
-                if used + self.extra_of(j) > ws or decode.over_limit(reader, j):
+                if used + self.extra_of(j) > ws or decode.over_limit(reader, j, cap):
                     break
                 idx.append(j)
                 used += self.extra_of(j)

@@ -41,22 +41,47 @@ def decodable(reader: Reader, i: int) -> bool:
     """Whether the GPU decodes tensor i (else the CPU does and the bytes are copied up). An
     XOR delta decodes on the GPU when its planes do and its parent is attached; the parent's
     bytes are then decoded (or copied up) to the device too and XORed there."""
-    t = reader.tensors[i]
-    if t.masked:  # (masked tensors decode on the host: their kept words are few)
+    form = _forms(reader)[i]
+    if form & _DELTA and reader.parent is None:
         return False
+    form &= ~_DELTA
+    return form == _YES or (form == _NEEDS_GDEFLATE and gdeflate.available()) \
+        or (form == _NEEDS_NVANS and nvans.available())
+
+
+# What a tensor's record says of its decoding on the GPU, known once per reader (a load asks
+# for each tensor several times): never, yes, or only where nvCOMP's GDeflate or ANS runs;
+# with a bit for a delta, which needs its parent attached.
+_NEVER, _YES, _NEEDS_GDEFLATE, _NEEDS_NVANS, _DELTA = 0, 1, 2, 3, 4
+_FORMS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # reader -> form per tensor
+
+
+def _forms(reader: Reader) -> list[int]:
+    forms = _FORMS.get(reader)
+    if forms is None:
+        forms = _FORMS[reader] = [_form(t) for t in reader.tensors]
+    return forms
+
+
+def _form(t) -> int:
+    """:func:`decodable`'s answer for record ``t``, before its parent and nvCOMP are known."""
+    delta = _DELTA if t.is_delta else 0
+    if t.masked:  # (masked tensors decode on the host: their kept words are few)
+        return _NEVER
+    c = t.planes[0].codec
+    if t.layout.layout_id == layouts.RAW.layout_id:  # one plane: copied or decoded into place
+        if c in (codecs.RAW, codecs.RANS, codecs.RANS_SEG):
+            return _YES | delta
+        return _NEEDS_NVANS | delta if c == codecs.NVCOMP_ANS else _NEVER
     # The merge kernels read bitpack only on the sign plane (plane 0) and bitpack-w only on
     # the others; the spec allows either on any plane, and such tensors decode on the CPU.
-    if t.layout.layout_id == layouts.RAW.layout_id:  # one plane: copied or decoded into place
-        c = t.planes[0].codec
-        return ((not t.is_delta or reader.parent is not None)
-                and (c in (codecs.RAW, codecs.RANS, codecs.RANS_SEG)
-                     or (c == codecs.NVCOMP_ANS and nvans.available())))
-    return (t.layout.layout_id in GPU_LAYOUTS
-            and (not t.is_delta or reader.parent is not None)
-            and all(p.codec in GPU_CODECS for p in t.planes)
-            and all(p.codec != codecs.BITPACK for p in t.planes[1:])
-            and t.planes[0].codec != codecs.BITPACK_W
-            and (gdeflate.available() or all(p.codec != codecs.GDEFLATE for p in t.planes)))
+    if t.layout.layout_id not in GPU_LAYOUTS or c == codecs.BITPACK_W \
+            or any(p.codec not in GPU_CODECS for p in t.planes) \
+            or any(p.codec == codecs.BITPACK for p in t.planes[1:]):
+        return _NEVER
+    if any(p.codec == codecs.GDEFLATE for p in t.planes):
+        return _NEEDS_GDEFLATE | delta
+    return _YES | delta
 
 
 _BY_HASH: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # reader -> hash -> index
@@ -149,7 +174,7 @@ def parent_index(reader: Reader, i: int) -> int | None:
 _CAPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # reader -> device -> cap
 
 
-def _cap(reader: Reader) -> int:
+def limit(reader: Reader) -> int:
     """Rule R0's limit for ``reader`` on the current device, asked of torch once per device:
     a load checks it for every tensor several times, and each ask costs microseconds."""
     dev = torch.cuda.current_device()
@@ -161,9 +186,10 @@ def _cap(reader: Reader) -> int:
     return cap
 
 
-def over_limit(reader: Reader, i: int) -> bool:
-    """Whether tensor i fails rule R0 on the GPU path (:func:`check_limit`)."""
-    return reader.tensors[i].raw_nbytes > _cap(reader)
+def over_limit(reader: Reader, i: int, cap: int | None = None) -> bool:
+    """Whether tensor i fails rule R0 on the GPU path (:func:`check_limit`); ``cap``: the
+    limit, where the caller asked :func:`limit` once for several tensors."""
+    return reader.tensors[i].raw_nbytes > (limit(reader) if cap is None else cap)
 
 
 def check_limit(reader: Reader, i: int) -> None:
@@ -173,7 +199,7 @@ def check_limit(reader: Reader, i: int) -> None:
     t = reader.tensors[i]
     if over_limit(reader, i):
         raise LimitError(f"{reader.name}: tensor {t.name!r} declares {t.raw_nbytes} raw bytes, "
-                         f"more than {_cap(reader)} (the reader's max_tensor_bytes or the "
+                         f"more than {limit(reader)} (the reader's max_tensor_bytes or the "
                          "device's memory)")
 
 
@@ -181,8 +207,9 @@ def _check_limits(reader: Reader, idx: list[int]) -> None:
     """Rule R0 for a batch before anything is allocated, failing as the CPU reader would
     reading ``idx`` in order: when a tensor is over the limit, the CPU reader first reads the
     tensors before it (on this error path only), and the first failure among them wins."""
+    cap = limit(reader)
     for k, i in enumerate(idx):
-        if not over_limit(reader, i):
+        if not over_limit(reader, i, cap):
             continue
         for j in idx[:k]:
             try:

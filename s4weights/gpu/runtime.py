@@ -380,12 +380,16 @@ def xor_into(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
     64 KiB pieces, one CTA each)."""
     from s4weights.gpu.plan import split_ops
 
-    for a, b in pairs:
-        if int(a.numel()) != int(b.numel()) or b.device != a.device:
-            raise ValueError(f"xor of {int(a.numel())} bytes on {a.device} and "
-                             f"{int(b.numel())} on {b.device}")
-    x, y, n = split_ops([int(a.numel()) for a, _b in pairs], [ptr(a) for a, _b in pairs],
-                        [ptr(b) for _a, b in pairs])
+    # (torch's int device index, not a torch.device per tensor: a chain level has one pair
+    # per tensor, hundreds)
+    n = [a.numel() for a, _b in pairs]
+    if n != [b.numel() for _a, b in pairs] \
+            or [a.get_device() for a, _b in pairs] != [b.get_device() for _a, b in pairs]:
+        a, b = next((a, b) for a, b in pairs
+                    if a.numel() != b.numel() or a.get_device() != b.get_device())
+        raise ValueError(f"xor of {int(a.numel())} bytes on {a.device} and "
+                         f"{int(b.numel())} on {b.device}")
+    x, y, n = split_ops(n, [a.data_ptr() for a, _b in pairs], [b.data_ptr() for _a, b in pairs])
     if n.size:
         batch = Batch()
         batch.launch("planes", "xor_ops", int(n.size), 256, *batch.table(x, y, n))
