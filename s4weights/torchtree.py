@@ -686,6 +686,7 @@ class Unflattener:
         self._left = dict(enumerate(uses)) if uses is not None else None
         self._decoded: dict[int, Tensor] = {}
         self._storages: dict[tuple[int, str], torch.UntypedStorage] = {}
+        self._protos: dict[tuple[torch.dtype, str], torch.Tensor] = {}  # (dtype, device key)
         self._plain: dict[int, torch.Tensor] = {}
         self._arrays: dict[int, np.ndarray] = {}
         self._devices: dict[tuple[str, torch.device | None], tuple[torch.device, str]] = {}
@@ -786,7 +787,12 @@ class Unflattener:
         except FormatError as exc:
             raise FormatError(f"{self._path.shown()}: {exc}") from None
         try:
-            out = torch.empty(0, dtype=dt, device=device).set_(storage, offset, shape, stride)
+            # (an empty tensor made from another takes its dtype and device without parsing
+            # them again: half the cost of torch.empty, once per view of thousands)
+            proto = self._protos.get((dt, dkey))
+            if proto is None:
+                proto = self._protos[(dt, dkey)] = torch.empty(0, dtype=dt, device=device)
+            out = proto.new_empty(0).set_(storage, offset, shape, stride)
         except (RuntimeError, TypeError, ValueError, NotImplementedError) as exc:
             raise FormatError(f"{self._path.shown()}: {VIEW}: torch cannot build this view "
                               f"({exc})") from None
