@@ -846,3 +846,23 @@ def test_a_field_overflow_is_named_by_field_on_both_gpu_paths(path: str) -> None
             decode_large.load_large(r, 0, torch.empty(r.tensors[0].raw_nbytes, dtype=torch.uint8),
                                1 << 16)
     assert str(gpu.value) == str(cpu.value)
+
+
+def test_a_delta_decodes_on_the_gpu_once_its_parent_is_attached() -> None:
+    # what a record says is kept per reader, from its first answer on; whether a delta's
+    # parent is attached is asked at each call
+    blobs, parent_id = [], None
+    for level in range(2):
+        buf = io.BytesIO()
+        with Writer(buf, parent_id=parent_id) as w:
+            w.add_coded("w", dtypes.BY_NAME["bfloat16"], (64,), CodedTensor(layouts.RAW, (
+                CodedPlane(layouts.KIND_RAW, 0, codecs.RAW, 128, np.zeros(128, np.uint8)),)),
+                hashing.content_hash(bytes(128)),
+                parent_hash=None if level == 0 else hashing.content_hash(bytes(128)))
+            w.set_tree({"w": objtree.TensorRef(0)})
+        blobs.append(buf.getvalue())
+        parent_id = s4format.Reader(blobs[-1]).checkpoint_id
+    r = s4format.Reader(blobs[1])
+    assert r.tensors[0].is_delta and not decode.decodable(r, 0)
+    r.attach_parent(blobs[0])
+    assert decode.decodable(r, 0)
