@@ -11,6 +11,7 @@ field what construct returns.
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from s4format.schema import TRANSFORM_XOR
@@ -33,18 +34,35 @@ class FastIndex(NamedTuple):
     tree: bytes
     metadata: bytes
     extensions: tuple[()]
+    plain: bool = False  # each tensor a checked TensorInfo (``reader._parse_index``)
 
 
-def read_index(raw: bytes) -> FastIndex | None:
+_PLANE_KEYS = ("kind", "index", "codec", "params", "offset", "stored_len", "decoded_len",
+               "checksum")
+
+
+def _as_record(name: str, dtype: int, layout: int, transform: int, flags: int, ndim: int,
+               shape: list[int], raw_nbytes: int, content_hash: bytes,
+               parent_hash: bytes | None, planes: list[tuple]) -> dict[str, Any]:
+    """A tensor record as construct's container holds it."""
+    return {"name": name, "dtype": dtype, "layout": layout, "transform": transform,
+            "flags": flags, "ndim": ndim, "shape": shape, "raw_nbytes": raw_nbytes,
+            "content_hash": content_hash, "parent_hash": parent_hash,
+            "planes": [dict(zip(_PLANE_KEYS, p)) for p in planes]}
+
+
+def read_index(raw: bytes, record: Callable[..., Any] = _as_record) -> FastIndex | None:
     """The index in ``raw``, or None where it is not a well-formed index without extensions
-    (construct then says what is wrong)."""
+    (construct then says what is wrong). Each tensor is what ``record`` makes of its fields
+    (by default the dict construct would give), its planes as tuples of ``_PLANE_KEYS``; a
+    record that makes None gives None for the whole index."""
     try:
-        return _read(raw)
+        return _read(raw, record)
     except (struct.error, UnicodeDecodeError, IndexError, ValueError):
         return None
 
 
-def _read(raw: bytes) -> FastIndex | None:
+def _read(raw: bytes, record: Callable[..., Any]) -> FastIndex | None:
     # A field cut short needs no check of its own: the next fixed field read past the end
     # raises, and an index whose last field ends elsewhere than 2 bytes before its end (the
     # extension count) is refused at the end.
@@ -78,15 +96,13 @@ def _read(raw: bytes) -> FastIndex | None:
             pos += 6
             params = raw[pos:pos + m]
             pos += m
-            offset, stored_len, decoded_len, checksum = _PLANE_TAIL.unpack_from(raw, pos)
+            planes.append((kind, index, codec, params, *_PLANE_TAIL.unpack_from(raw, pos)))
             pos += 32
-            planes.append({"kind": kind, "index": index, "codec": codec, "params": params,
-                           "offset": offset, "stored_len": stored_len,
-                           "decoded_len": decoded_len, "checksum": checksum})
-        tensors.append({"name": name, "dtype": dtype, "layout": layout, "transform": transform,
-                        "flags": flags, "ndim": ndim, "shape": shape, "raw_nbytes": raw_nbytes,
-                        "content_hash": content_hash, "parent_hash": parent_hash,
-                        "planes": planes})
+        rec = record(name, dtype, layout, transform, flags, ndim, shape, raw_nbytes,
+                     content_hash, parent_hash, planes)
+        if rec is None:
+            return None
+        tensors.append(rec)
     parent_id = raw[pos:pos + 16]
     pos += 16
     parts = []

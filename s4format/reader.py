@@ -15,6 +15,7 @@ import os
 import struct
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -35,7 +36,13 @@ from s4format.errors import (
     UnsupportedVersionError,
 )
 from s4format.indexread import read_index
-from s4format.records import TensorInfo, check_no_overlap, decodable_codec, tensor_info
+from s4format.records import (
+    TensorInfo,
+    check_no_overlap,
+    decodable_codec,
+    plain_info,
+    tensor_info,
+)
 from s4format.schema import (
     END_MAGIC,
     FOOTER_SIZE,
@@ -116,7 +123,8 @@ def checkpoint_id(content_hashes: list[bytes]) -> bytes:
                                           + b"".join(content_hashes))
 
 
-def _parse_index(raw: bytes, name: str, max_tensors: int = MAX_TENSORS):
+def _parse_index(raw: bytes, name: str, max_tensors: int = MAX_TENSORS,
+                 plain: Callable[..., TensorInfo | None] | None = None):
     """The index's records. :func:`~s4format.indexread.read_index` reads a well-formed index
     without extensions; construct's compiled parser what it gives up on (several times faster
     than the interpreted one, with the same result); anything that fails on is parsed again
@@ -131,7 +139,11 @@ def _parse_index(raw: bytes, name: str, max_tensors: int = MAX_TENSORS):
     The tensor count is checked before anything is parsed (rule I0): parsing costs about 6 s
     and 0.8 GB per million records, and a hostile 256 MiB index can declare 8 million. A
     failed index of more than ``REPARSE_TENSORS`` records is reported from the compiled
-    parser's error instead of being parsed a second time."""
+    parser's error instead of being parsed a second time.
+
+    ``plain``: makes a record's checked :class:`TensorInfo` from its fields, or None where the
+    record needs the rules one by one (``records.plain_info``); where it makes every record's,
+    the index's tensors are those, with ``plain`` set on the index."""
     count = struct.unpack_from("<I", raw, 4)[0] if len(raw) >= 8 else 0
     if count * MIN_TENSOR_RECORD > len(raw) - MIN_INDEX:  # I2, found without parsing
         raise FormatError(f"{name}: malformed index: {count} tensor records cannot fit in its "
@@ -139,6 +151,8 @@ def _parse_index(raw: bytes, name: str, max_tensors: int = MAX_TENSORS):
     if count > max_tensors:
         raise LimitError(f"{name}: the index declares {count} tensors, more than this reader's "
                          f"limit of {max_tensors} (max_tensors)")
+    if plain is not None and (idx := read_index(raw, plain)) is not None:
+        return idx._replace(plain=True)
     idx = read_index(raw)
     if idx is not None:
         return idx
@@ -250,16 +264,20 @@ class Reader:
         if hashing.bytes_checksum(raw) != f.index_checksum:
             raise ChecksumError(f"{self.name}: index checksum mismatch (bytes "
                                 f"{f.index_offset}..{f.index_offset + f.index_length})")
-        idx = _parse_index(raw, self.name, self.max_tensors)
+        codec_of = functools.cache(decodable_codec)  # (the few codec IDs of many planes)
+        data_end, alignment = self.data_end, self.alignment
+
+        def plain(*fields) -> TensorInfo | None:  # (checked as it is read: no dict per record)
+            return plain_info(*fields, data_end, alignment, codec_of)
+        idx = _parse_index(raw, self.name, self.max_tensors, plain)
         for ext in idx.extensions:
             if ext.required:
                 raise UnsupportedFeatureError(
                     f"{self.name}: must-understand index extension {ext.tag!r} is unknown")
-        codec_of = functools.cache(decodable_codec)  # (the few codec IDs of many planes)
         name = self.name
-        tensors = [tensor_info(rec, lambda i=i, rec=rec: f"{name}: tensor {i} {rec['name']!r}",
-                               self.data_end, self.alignment, codec_of)
-                   for i, rec in enumerate(idx.tensors)]
+        tensors = idx.tensors if getattr(idx, "plain", False) else [
+            tensor_info(rec, lambda i=i, rec=rec: f"{name}: tensor {i} {rec['name']!r}",
+                        data_end, alignment, codec_of) for i, rec in enumerate(idx.tensors)]
         names = set()
         for t in tensors:
             if t.name in names:

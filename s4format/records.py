@@ -92,51 +92,60 @@ def tensor_info(rec, where: str | Callable[[], str], data_end: int, alignment: i
 
 def _plain_info(rec, data_end: int, alignment: int, codec_of: Callable[[int], Codec]
                 ) -> TensorInfo | None:
-    """:func:`_checked_info` of a record that is not masked and passes every rule, in fewer
-    steps (a file of thousands of tensors checks one per tensor when it is opened); None for
-    any other record, which _checked_info then checks and refuses in the spec's order."""
-    flags, transform, ndim = rec["flags"], rec["transform"], rec["ndim"]
-    dtype = dtypes.BY_CODE.get(rec["dtype"])
+    """:func:`plain_info` of a parsed record (construct's container or its dict)."""
+    return plain_info(rec["name"], rec["dtype"], rec["layout"], rec["transform"], rec["flags"],
+                      rec["ndim"], rec["shape"], rec["raw_nbytes"], rec["content_hash"],
+                      rec["parent_hash"],
+                      [(p["kind"], p["index"], p["codec"], p["params"], p["offset"],
+                        p["stored_len"], p["decoded_len"], p["checksum"]) for p in rec["planes"]],
+                      data_end, alignment, codec_of)
+
+
+def plain_info(name: str, dtype_code: int, layout_id: int, transform: int, flags: int,
+               ndim: int, shape, raw_nbytes: int, content_hash, parent_hash, planes: list[tuple],
+               data_end: int, alignment: int, codec_of: Callable[[int], Codec]
+               ) -> TensorInfo | None:
+    """:func:`_checked_info` of a record, given as its fields (``planes``: each plane's fields
+    in :class:`PlaneInfo`'s order), that is not masked and passes every rule, in fewer steps (a
+    file of thousands of tensors checks one per tensor when it is opened); None for any other
+    record, which _checked_info then checks and refuses in the spec's order."""
+    dtype = dtypes.BY_CODE.get(dtype_code)
     if flags or dtype is None or ndim > MAX_NDIM or transform not in (TRANSFORM_NONE,
                                                                      TRANSFORM_XOR):
         return None
-    shape = tuple(rec["shape"])
-    raw_nbytes = rec["raw_nbytes"]
+    shape = tuple(shape)
     if 0 in shape or raw_nbytes > MAX_RAW_NBYTES \
             or math.prod(shape) * dtype.itemsize != raw_nbytes:
         return None
-    key = (rec["layout"], dtype.itemsize)
+    key = (layout_id, dtype.itemsize)
     got = _LAYOUT_FIELDS.get(key)
     if got is None:
-        layout = layouts.BY_ID.get(key[0])
+        layout = layouts.BY_ID.get(layout_id)
         if layout is None:
             return None
-        got = _LAYOUT_FIELDS[key] = (layout, layout.word_size(dtype.itemsize),
-                                 tuple((f.kind, f.index) for f in layout.planes(dtype.itemsize)))
+        fields = tuple((f.kind, f.index) for f in layout.planes(dtype.itemsize))
+        got = _LAYOUT_FIELDS[key] = (layout, layout.word_size(dtype.itemsize), fields)
     layout, word, fields = got
-    recs = rec["planes"]
-    if raw_nbytes % word or len(recs) != len(fields):
+    if raw_nbytes % word or len(planes) != len(fields):
         return None
     want = raw_nbytes if layout is layouts.RAW else raw_nbytes // word
-    planes = []
-    for (kind, index), p in zip(fields, recs):
-        offset, stored, decoded = p["offset"], p["stored_len"], p["decoded_len"]
-        if p["kind"] != kind or p["index"] != index or decoded != want \
+    infos = []
+    for (kind, index), p in zip(fields, planes):
+        p_kind, p_index, codec_id, params, offset, stored, decoded, checksum = p
+        if p_kind != kind or p_index != index or decoded != want \
                 or offset < HEADER_SIZE or offset % alignment or offset + stored > data_end:
             return None
         try:
-            codec = codec_of(p["codec"])
+            codec = codec_of(codec_id)
         except S4Error:
             return None
         if decoded > codec.max_decoded_len(stored):
             return None
-        planes.append(PlaneInfo(kind, index, p["codec"], bytes(p["params"]), offset, stored,
-                                decoded, p["checksum"]))
-    parent_hash = rec["parent_hash"]
-    return TensorInfo(rec["name"], dtype, shape, layout, transform, raw_nbytes,
-                      bytes(rec["content_hash"]),
+        infos.append(PlaneInfo(kind, index, codec_id, bytes(params), offset, stored, decoded,
+                               checksum))
+    return TensorInfo(name, dtype, shape, layout, transform, raw_nbytes, bytes(content_hash),
                       bytes(parent_hash) if parent_hash is not None else None,
-                      tuple(planes), flags)
+                      tuple(infos), flags)
 
 
 def _checked_info(rec, where: str, data_end: int, alignment: int,

@@ -16,6 +16,7 @@ import s4format
 from s4format import records
 from s4format.errors import S4Error
 from s4format.indexread import read_index
+from s4format.reader import _parse_index
 from tests.format.common import index_of
 
 SUITES = Path(__file__).parents[2] / "conformance"
@@ -76,3 +77,23 @@ def test_a_changed_record_is_accepted_only_as_the_rules_accept_it(which, field, 
         rec["shape"], rec["ndim"] = shape, len(shape)
     fast, checked = _both(rec, _DATA_END + end, alignment)
     assert fast is None or fast == checked
+
+
+def test_a_file_opens_to_the_same_tensors_whether_its_records_are_checked_as_read() -> None:
+    # the reader checks an index's records as they are read (plain_info from their fields);
+    # where one is not plain it reads the index again as dicts: the same tensors either way
+    checked_as_read = 0
+    for path in sorted(SUITES.glob("v1*/*.s4w")):
+        data = path.read_bytes()
+        try:
+            r = s4format.Reader(data, verify=False)
+        except S4Error:
+            continue
+        codec_of = functools.cache(records.decodable_codec)
+        idx = _parse_index(index_of(data), path.name)  # (construct's, where it has extensions)
+        one_by_one = [records.tensor_info(rec, "where", r.data_end, r.alignment, codec_of)
+                      for rec in idx.tensors]
+        assert r.tensors == one_by_one, path.name
+        checked_as_read += all(records._plain_info(rec, r.data_end, r.alignment, codec_of)
+                               is not None for rec in idx.tensors)
+    assert checked_as_read >= 20, checked_as_read
