@@ -106,12 +106,12 @@ def plain_info(name: str, dtype_code: int, layout_id: int, transform: int, flags
                data_end: int, alignment: int, codec_of: Callable[[int], Codec]
                ) -> TensorInfo | None:
     """:func:`_checked_info` of a record, given as its fields (``planes``: each plane's fields
-    in :class:`PlaneInfo`'s order), that is not masked and passes every rule, in fewer steps (a
-    file of thousands of tensors checks one per tensor when it is opened); None for any other
-    record, which _checked_info then checks and refuses in the spec's order."""
+    in :class:`PlaneInfo`'s order), that passes every rule, in fewer steps (a file of
+    thousands of tensors checks one per tensor when it is opened); None for any other record,
+    which _checked_info then checks and refuses in the spec's order."""
     dtype = dtypes.BY_CODE.get(dtype_code)
-    if flags or dtype is None or ndim > MAX_NDIM or transform not in (TRANSFORM_NONE,
-                                                                     TRANSFORM_XOR):
+    if (flags and flags != TENSOR_MASKED) or dtype is None or ndim > MAX_NDIM \
+            or transform not in (TRANSFORM_NONE, TRANSFORM_XOR):
         return None
     shape = tuple(shape)
     if 0 in shape or raw_nbytes > MAX_RAW_NBYTES \
@@ -126,11 +126,20 @@ def plain_info(name: str, dtype_code: int, layout_id: int, transform: int, flags
         fields = tuple((f.kind, f.index) for f in layout.planes(dtype.itemsize))
         got = _LAYOUT_FIELDS[key] = (layout, layout.word_size(dtype.itemsize), fields)
     layout, word, fields = got
+    want = raw_nbytes if layout is layouts.RAW else raw_nbytes // word
+    wants = (want,) * len(fields)
+    if flags:  # masked: the mask's bytes, then the kept words (at most all), rule P2
+        if layout is layouts.RAW or len(planes) < 2:
+            return None
+        kept = planes[1][6]
+        fields = ((MASK_FIELD.kind, MASK_FIELD.index), *fields)
+        wants = (masked.mask_len(want), *(kept,) * len(wants))
+        if kept > want:
+            return None
     if raw_nbytes % word or len(planes) != len(fields):
         return None
-    want = raw_nbytes if layout is layouts.RAW else raw_nbytes // word
     infos = []
-    for (kind, index), p in zip(fields, planes):
+    for (kind, index), want, p in zip(fields, wants, planes):
         p_kind, p_index, codec_id, params, offset, stored, decoded, checksum = p
         if p_kind != kind or p_index != index or decoded != want \
                 or offset < HEADER_SIZE or offset % alignment or offset + stored > data_end:
