@@ -20,6 +20,7 @@ import datetime
 import os
 import re
 import socket
+import sys
 
 import torch
 import torch.distributed as dist
@@ -206,3 +207,9 @@ if __name__ == "__main__":
         spawn(arguments)
     else:
         main(arguments)
+    # FSDP2's sharding caches keep the gloo group alive past destroy_process_group, and on
+    # Python < 3.14 its threads can abort the interpreter's shutdown; all is saved and flushed
+    # here, so leave the way multiprocessing's children do.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
