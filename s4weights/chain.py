@@ -15,6 +15,7 @@ import contextlib
 import itertools
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any
 
 import numpy as np
@@ -70,41 +71,64 @@ def open_chain(store: Store, chain: list[CheckpointInfo], verify: bool,
     :func:`~s4weights.store.base.reading_whole`). The newest file opens first, so its own
     errors come before its parents': its object tree is the one a load uses, and the parents'
     trees, byte for byte the same in a chain of one state, are then checked by a lookup
-    (``s4format.reader._CheckedTrees``) instead of decoded. Every file is opened before any
-    is attached to its parent (rules A1 and A2)."""
+    (``s4format.reader._CheckedTrees``) instead of decoded. On a store where each read is a
+    round trip (S3) the parents then open together, their errors still reported newest first.
+    Every file is opened before any is attached to its parent (rules A1 and A2)."""
     from s4weights import gpu
 
     gpu.register_codecs(device)
     readers: list[s4format.Reader] = []  # newest first
+    opened: list[s4format.Reader] = []  # every reader to close on failure
     try:
-        for info in reversed(chain):
-            try:
-                # a file deleted since the listing fails in either call (on S3, between
-                # the source's HEAD and the header's GET too)
-                src = store.source(info.file)
-                child = s4format.Reader(reading_whole(src) if whole else src, verify=verify)
-            except StorageError as exc:
-                _raise_if_deleted(store, chain, exc)
-                if info is chain[-1]:
-                    raise StorageError(
-                        f"checkpoint step {info.step} is listed in {store.url}, but its file "
-                        f"cannot be read: {exc}; restore {info.file}, or drop the step with "
-                        "retain()") from exc
-                raise ParentMismatchError(
-                    f"checkpoint step {chain[-1].step} needs step {info.step} of its chain, "
-                    f"whose file cannot be read: {exc}") from exc
-            readers.append(child)
-            if child.checkpoint_id.hex() != info.checkpoint_id:
-                raise ParentMismatchError(
-                    f"{info.file} is checkpoint {child.checkpoint_id.hex()}, its manifest says "
-                    f"{info.checkpoint_id}")
+        readers.append(_open_file(store, chain, chain[-1], verify, whole))
+        parents = chain[-2::-1]
+        if store.remote and len(parents) > 1:
+            with ThreadPoolExecutor(min(len(parents), OPEN_THREADS),
+                                    thread_name_prefix="s4w-open") as pool:
+                futures = [pool.submit(_open_file, store, chain, info, verify, whole)
+                           for info in parents]
+                wait(futures)
+            opened = [f.result() for f in futures if f.exception() is None]
+            readers.extend(f.result() for f in futures)  # (the first failure, in order)
+        else:
+            for info in parents:
+                readers.append(_open_file(store, chain, info, verify, whole))
         for child, parent in itertools.pairwise(readers):
             child.attach_parent(parent)
     except BaseException:
-        for r in readers:
+        for r in {id(r): r for r in readers + opened}.values():
             r.close()
         raise
     return readers[0]
+
+
+# Parent files of a chain opened at once on a remote store, at most.
+OPEN_THREADS = 8
+
+
+def _open_file(store: Store, chain: list[CheckpointInfo], info: CheckpointInfo, verify: bool,
+               whole: bool) -> s4format.Reader:
+    """The reader of ``info``'s file (of ``chain``), checked against its manifest entry."""
+    try:
+        # a file deleted since the listing fails in either call (on S3, between the
+        # source's HEAD and the header's GET too)
+        src = store.source(info.file)
+        reader = s4format.Reader(reading_whole(src) if whole else src, verify=verify)
+    except StorageError as exc:
+        _raise_if_deleted(store, chain, exc)
+        if info is chain[-1]:
+            raise StorageError(
+                f"checkpoint step {info.step} is listed in {store.url}, but its file cannot be "
+                f"read: {exc}; restore {info.file}, or drop the step with retain()") from exc
+        raise ParentMismatchError(
+            f"checkpoint step {chain[-1].step} needs step {info.step} of its chain, whose "
+            f"file cannot be read: {exc}") from exc
+    if reader.checkpoint_id.hex() != info.checkpoint_id:
+        reader.close()
+        raise ParentMismatchError(
+            f"{info.file} is checkpoint {reader.checkpoint_id.hex()}, its manifest says "
+            f"{info.checkpoint_id}")
+    return reader
 
 
 def _raise_if_deleted(store: Store, chain: list[CheckpointInfo], exc: StorageError) -> None:

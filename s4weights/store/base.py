@@ -49,6 +49,8 @@ class ObjectWriter(ABC):
 
 class Store(ABC):
     url: str
+    # Each read is a round trip (S3): independent objects are then better read concurrently.
+    remote: bool = False
 
     @abstractmethod
     def writer(self, name: str) -> ObjectWriter:

@@ -123,6 +123,8 @@ class S3Store(Store):
     standard AWS configuration (environment credentials, ``~/.aws``, ``AWS_ENDPOINT_URL``,
     ``AWS_CA_BUNDLE``)."""
 
+    remote = True
+
     def __init__(self, bucket: str, prefix: str = "", *, client: Any = None,
                  session: Any = None, profile: str | None = None,
                  endpoint_url: str | None = None, region: str | None = None,

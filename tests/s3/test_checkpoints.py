@@ -113,6 +113,31 @@ def test_chain_files_are_fetched_whole_by_loads_and_not_by_a_cached_parents_chec
     assert len(sources) == 3 and all(src.requests == 1 for src in sources)
 
 
+def test_a_chain_s_parents_open_together_and_fail_newest_first(aws_env, bucket, admin,
+                                                               opened_sources) -> None:
+    # On S3 a chain's parents are opened concurrently (each costs round trips); what they
+    # load, and which failure is reported when several are damaged, is as one by one.
+    url = f"s3://{bucket}/runs/parallel"
+    states = {step: _evolved(step) for step in range(4)}
+    infos = [s4weights.save_checkpoint(states[step], url, step, read_budget=None)
+             for step in range(4)]
+    assert [i.depth for i in infos] == [0, 1, 2, 3]
+    for step in range(4):
+        assert _equal(s4weights.load_checkpoint(url, step), states[step])
+    key = f"runs/parallel/{infos[1].file}"
+    admin.put_object(Bucket=bucket, Key=key, Body=b"not an s4w file" * 100)
+    admin.delete_object(Bucket=bucket, Key=f"runs/parallel/{infos[2].file}")
+    opened_sources.clear()
+    with pytest.raises(s4weights.ParentMismatchError,
+                       match="checkpoint step 3 needs step 2 of its chain, whose file cannot "
+                             "be read"):
+        s4weights.load_checkpoint(url, 3)
+    # (every file opened on the way was closed: the base's whole object is let go)
+    assert opened_sources and all(src._whole is None for src in opened_sources)
+    with pytest.raises(s4format.BadMagicError):
+        s4weights.load_checkpoint(url, 1)
+
+
 def test_checkpoint_after_the_latest_object_vanished_is_a_base(aws_env, bucket, admin) -> None:
     # The same path as on a local store (chain.py), through S3Source's HEAD of a missing key;
     # tests/weights/test_chain_recovery.py covers the other kinds of damage.
