@@ -77,6 +77,13 @@ def test_prefetch_serves_keys_in_and_out_of_order(pool: threads.Pool) -> None:
 def test_s4_threads_is_read_and_checked(monkeypatch) -> None:
     monkeypatch.setenv("S4_THREADS", "3")
     assert threads.count() == 3
+    monkeypatch.setenv("S4_THREADS", "32")  # (set, it is taken as it is)
+    assert threads.count() == 32
+    monkeypatch.delenv("S4_THREADS")
+    monkeypatch.setattr(threads.os, "sched_getaffinity", lambda pid: set(range(64)))
+    assert threads.count() == threads.DEFAULT_MAX
+    monkeypatch.setattr(threads.os, "sched_getaffinity", lambda pid: {0, 1})
+    assert threads.count() == 2
     monkeypatch.setenv("S4_THREADS", "many")
     with pytest.raises(ValueError, match="S4_THREADS must be a positive integer, got 'many'"):
         threads.count()
