@@ -15,7 +15,7 @@ import contextlib
 import itertools
 import logging
 import time
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any
 
 import numpy as np
@@ -78,7 +78,7 @@ def open_chain(store: Store, chain: list[CheckpointInfo], verify: bool,
 
     gpu.register_codecs(device)
     readers: list[s4format.Reader] = []  # newest first
-    opened: list[s4format.Reader] = []  # every reader to close on failure
+    futures: list[Future] = []
     try:
         readers.append(_open_file(store, chain, chain[-1], verify, whole))
         parents = chain[-2::-1]
@@ -88,7 +88,6 @@ def open_chain(store: Store, chain: list[CheckpointInfo], verify: bool,
                 futures = [pool.submit(_open_file, store, chain, info, verify, whole)
                            for info in parents]
                 wait(futures)
-            opened = [f.result() for f in futures if f.exception() is None]
             readers.extend(f.result() for f in futures)  # (the first failure, in order)
         else:
             for info in parents:
@@ -96,7 +95,9 @@ def open_chain(store: Store, chain: list[CheckpointInfo], verify: bool,
         for child, parent in itertools.pairwise(readers):
             child.attach_parent(parent)
     except BaseException:
-        for r in {id(r): r for r in readers + opened}.values():
+        # (the opens still running when the pool was left have ended by now)
+        done = [f.result() for f in futures if f.done() and f.exception() is None]
+        for r in {id(r): r for r in readers + done}.values():
             r.close()
         raise
     return readers[0]

@@ -120,8 +120,9 @@ def _unpack_groups(payload, w, n, out, g0, g1):  # pragma: no cover - compiled
 
 @kernel(inline="always")
 def _unpack7_words(payload, n, out, g0, g1):  # pragma: no cover - compiled
-    """Groups [g0, g1) of whole 7-bit groups, each stored as one 8-byte word (measured 1.5 times
-    faster than eight byte stores); returns the first group left to :func:`_unpack_groups`."""
+    """The whole groups among [g0, g1) of a 7-bit plane, each written as one 8-byte word
+    (measured 1.5 times faster than eight byte stores); returns the first group it left to
+    :func:`_unpack_groups` (the partial last one, or all of them on a big-endian host)."""
     whole = np.uint64(n) // np.uint64(8)
     end = min(np.uint64(g1), whole)
     if not _LITTLE or np.uint64(g0) >= end:
