@@ -15,7 +15,7 @@ import contextlib
 import itertools
 import logging
 import time
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -87,7 +87,7 @@ def open_chain(store: Store, chain: list[CheckpointInfo], verify: bool,
                                     thread_name_prefix="s4w-open") as pool:
                 futures = [pool.submit(_open_file, store, chain, info, verify, whole)
                            for info in parents]
-                wait(futures)
+            # (leaving the pool waited for every open)
             readers.extend(f.result() for f in futures)  # (the first failure, in order)
         else:
             for info in parents:
