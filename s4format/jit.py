@@ -41,6 +41,12 @@ def numba_started() -> bool:
     return any(not isinstance(module.get(name), _Kernel) for module, name, *_ in _kernels)
 
 
+def started() -> bool:
+    """Whether a kernel has run in this process (built ahead of time or numba's), so that
+    another costs no start-up."""
+    return _built is not None or numba_started()
+
+
 def _qualname(module: dict[str, Any], name: str) -> str:
     return f"{module['__name__']}.{name}"
 

@@ -30,11 +30,12 @@ from typing import Any
 import numpy as np
 
 # The modules that mark kernels (tests/format/test_kernels_built.py checks the list).
-KERNEL_MODULES = ("s4format.layouts", "s4format.masked", "s4format.codecs.rans",
-                  "s4format.codecs.ransseg", "s4format.codecs.bitpackw", "s4format.codecs.view")
+KERNEL_MODULES = ("s4format.hashing", "s4format.layouts", "s4format.masked",
+                  "s4format.codecs.rans", "s4format.codecs.ransseg", "s4format.codecs.bitpackw",
+                  "s4format.codecs.view")
 _PACKAGE = Path(__file__).resolve().parent
-_SOURCES = ("jit.py", "kernels.py", "kernelbuild.py", "layouts.py", "masked.py", "codecs/rans.py",
-            "codecs/ransseg.py", "codecs/bitpackw.py", "codecs/view.py")
+_SOURCES = ("jit.py", "kernels.py", "kernelbuild.py", "hashing.py", "layouts.py", "masked.py",
+            "codecs/rans.py", "codecs/ransseg.py", "codecs/bitpackw.py", "codecs/view.py")
 TABLE = "kernels.json"
 _SUFFIX = importlib.machinery.EXTENSION_SUFFIXES[0]
 
