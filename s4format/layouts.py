@@ -171,6 +171,23 @@ class Layout:
         # every alignment is a power of two, so the largest is a multiple of the others
         piece = max(PIECE, *(s.align for s in slicers))
         bad = np.zeros(max(1, -(-n // piece)), dtype=bool)
+        packed = self._packed_sign_mantissa(slicers)
+        if packed is not None:
+            signs, mants = packed
+            rest = [s for k, s in enumerate(slicers) if k not in (0, 2)]
+            xor = xor_into is not None
+
+            def merge_packed(lo: int, hi: int) -> None:
+                parts = [s.get(lo, hi) for s in rest]
+                if any(p is None for p in parts):
+                    bad[lo // piece] = True
+                    return
+                exp, *low = (_readonly(p) for p in parts)
+                low1, low2 = low or (exp, exp)
+                _merge_packed(signs, exp, mants, low1, low2, words[lo:hi], lo, bool(low), xor)
+
+            run_pieces(merge_packed, n, piece)
+            return None if bad.any() else words.view(np.uint8)
 
         def merge(lo: int, hi: int) -> None:
             parts = [s.get(lo, hi) for s in slicers]
@@ -183,6 +200,18 @@ class Layout:
 
         run_pieces(merge, n, piece)
         return None if bad.any() else words.view(np.uint8)
+
+    def _packed_sign_mantissa(self, slicers: list[Slicer]
+                              ) -> tuple[np.ndarray, np.ndarray] | None:
+        """The stored sign and 7-bit mantissa planes of a bf16 or fp32 layout whose slicers
+        have them bit-packed (bitpack and bitpack-w at 7 bits, the writer's usual choice), which
+        :func:`_merge_packed` merges without unpacking them first; else None."""
+        if self.layout_id not in (BF16.layout_id, FP32.layout_id):
+            return None
+        sign, mantissa = slicers[0].packed, slicers[2].packed
+        if sign is None or mantissa is None or sign[1] != 1 or mantissa[1] != 7:
+            return None
+        return _readonly(sign[0]), _readonly(mantissa[0])
 
     @property
     def _shifts(self) -> np.ndarray:
@@ -260,6 +289,68 @@ def _merge_fields(planes, shifts, masks, words, lo, hi, xor=False
         else:
             words[i] = w
     return over
+
+
+# The sign and the first mantissa plane read packed, 8 words per group from one sign byte and 7
+# mantissa bytes: one pass where unpacking both planes and merging took three (bf16's merge,
+# unpacks included, 15.3 -> 8.4 ms for 11.7 M words on one core). Each case runs its own loop,
+# its flags constants (with them tested per word, 2 times slower).
+@kernel()
+def _merge_packed(signs, exp, mants, low1, low2, words, lo, wide, xor
+                  ):  # pragma: no cover - compiled
+    """Fill words[i] (``xor``: XOR into them) with word ``lo + i`` of a bf16 layout (``wide``
+    False: sign, exponent, mantissa at bits 15, 7, 0) or an fp32 one (``wide``: those at bits
+    31, 23, 16, and bytes ``low1``, ``low2`` at 8, 0), from the packed ``signs`` (1 bit each)
+    and ``mants`` (7 bits each) of the whole plane and the exponents ``exp[i]``. ``lo`` is a
+    multiple of 8."""
+    if wide and xor:
+        _packed_words(signs, exp, mants, low1, low2, words, lo, True, True)
+    elif wide:
+        _packed_words(signs, exp, mants, low1, low2, words, lo, True, False)
+    elif xor:
+        _packed_words(signs, exp, mants, low1, low2, words, lo, False, True)
+    else:
+        _packed_words(signs, exp, mants, low1, low2, words, lo, False, False)
+
+
+@kernel(inline="always")
+def _packed_words(signs, exp, mants, low1, low2, words, lo, wide, xor
+                  ):  # pragma: no cover - compiled
+    n = np.uint64(words.size)
+    g0 = np.uint64(lo) // np.uint64(8)
+    for i in range(np.uint64(0), n // np.uint64(8)):
+        g = g0 + i
+        sb = np.uint64(signs[g])
+        at = np.uint64(7) * g
+        acc = np.uint64(0)
+        for b in range(7):
+            acc |= np.uint64(mants[at + np.uint64(b)]) << np.uint64(8 * b)
+        base = np.uint64(8) * i
+        for j in range(8):
+            k = base + np.uint64(j)
+            top = (((sb >> np.uint64(j)) & np.uint64(1)) << np.uint64(15)) | (
+                np.uint64(exp[k]) << np.uint64(7)) | ((acc >> np.uint64(7 * j)) & np.uint64(0x7F))
+            _put_word(words, k, top, low1, low2, wide, xor)
+    for k in range(n - n % np.uint64(8), n):  # the plane's last, partial group
+        t = np.uint64(lo) + k
+        bit = np.uint64(7) * t
+        m = np.uint64(mants[bit >> np.uint64(3)]) >> (bit & np.uint64(7))
+        if bit & np.uint64(7) > np.uint64(1):
+            m |= np.uint64(mants[(bit >> np.uint64(3)) + np.uint64(1)]) << (
+                np.uint64(8) - (bit & np.uint64(7)))
+        top = (((np.uint64(signs[t >> np.uint64(3)]) >> (t & np.uint64(7))) & np.uint64(1))
+               << np.uint64(15)) | (np.uint64(exp[k]) << np.uint64(7)) | (m & np.uint64(0x7F))
+        _put_word(words, k, top, low1, low2, wide, xor)
+
+
+@kernel(inline="always")
+def _put_word(words, k, top, low1, low2, wide, xor):  # pragma: no cover - compiled
+    w = (top << np.uint64(16)) | (np.uint64(low1[k]) << np.uint64(8)) | np.uint64(low2[k]) \
+        if wide else top
+    if xor:
+        words[k] ^= words.dtype.type(w)
+    else:
+        words[k] = words.dtype.type(w)
 
 
 RAW = Layout(0, "raw", 1, (Field(KIND_RAW, 0, 0, 8),))

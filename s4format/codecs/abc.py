@@ -46,9 +46,12 @@ class Encoded:
 class Slicer:
     """Decodes a plane a slice at a time, so that a reader merges slices into the tensor as
     they come: ``get(lo, hi)`` gives the decoded bytes [lo, hi) for ``lo`` a multiple of
-    ``align`` and ``hi`` one or the plane's end, or None where the stream is corrupt."""
+    ``align`` and ``hi`` one or the plane's end, or None where the stream is corrupt.
+    ``packed``: ``(payload, w)`` where the plane is stored as its bytes' ``w`` low bits
+    (bitpack-w's form, checked), which a merge may read in place of ``get``'s bytes."""
     align: int
     get: Callable[[int, int], np.ndarray | None]
+    packed: tuple[np.ndarray, int] | None = None
 
 
 class Codec(ABC):

@@ -148,7 +148,7 @@ def unpack_slicer(payload: np.ndarray, w: int, n: int) -> Slicer:
         _unpack(payload[at:at + stored_len(hi - lo, w)], w, hi - lo, out, 0, (hi - lo) // 8 + 1)
         return out
 
-    return Slicer(8, get)
+    return Slicer(8, get, (payload, w))
 
 
 def form_error(decoded_len: int, params: bytes, stored: int, last: int) -> str | None:

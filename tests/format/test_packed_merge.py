@@ -1,0 +1,81 @@
+"""bf16 and fp32 tensors whose sign plane is bitpacked and whose first mantissa plane is
+bitpack-w at 7 bits (the writer's usual choice) merge from the packed bytes in one pass: the
+words are those of unpacking each plane and merging, for every bf16 bit pattern, every length
+of the last group, and XORed into a delta's buffer."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from s4format import codecs, layouts
+from s4format.codecs.view import PIECE
+
+RNG = np.random.default_rng(21)
+
+
+def _stored(layout: layouts.Layout, raw: np.ndarray, itemsize: int) -> list[tuple]:
+    planes = layout.split(raw, itemsize)
+    out = []
+    for k, plane in enumerate(planes):
+        cid = codecs.BITPACK if k == 0 else codecs.BITPACK_W if k == 2 else codecs.RANS
+        enc = codecs.get(cid).encode(plane)
+        out.append((cid, np.frombuffer(bytes(enc.payload), np.uint8), plane.size, enc.params))
+    return out
+
+
+@pytest.fixture
+def packed_merges(monkeypatch) -> list[int]:
+    """How many merges took the packed path."""
+    taken = []
+    original = layouts.Layout._packed_sign_mantissa
+
+    def spy(self, slicers):
+        found = original(self, slicers)
+        taken.append(found is not None)
+        return found
+    monkeypatch.setattr(layouts.Layout, "_packed_sign_mantissa", spy)
+    return taken
+
+
+def _words(dtype: str, n: int) -> np.ndarray:
+    bits = RNG.integers(0, 1 << 32, n, dtype=np.uint64).astype(np.uint32)
+    bits[::5] &= 0x807FFFFF  # zero and subnormal exponents, and -0.0
+    bits[1::7] |= 0x7F800000  # Inf and NaN payloads
+    return bits if dtype == "u4" else (bits >> 16).astype(np.uint16)
+
+
+@pytest.mark.parametrize("layout,dtype", [(layouts.BF16, "u2"), (layouts.FP32, "u4")])
+@pytest.mark.parametrize("n", [8, 9, 15, 16, 1000, PIECE + 1, 2 * PIECE + 7, 3 * PIECE])
+def test_packed_planes_merge_to_the_words(packed_merges, layout, dtype, n: int) -> None:
+    words = _words(dtype, n)
+    raw = words.view(np.uint8)
+    itemsize = words.itemsize
+    stored = _stored(layout, raw, itemsize)
+    assert stored[2][3] == b"\x07"
+    got = layouts.merge_stored(layout, itemsize, raw.size, stored)
+    assert got is not None and got.tobytes() == raw.tobytes()
+    acc = RNG.integers(0, 256, raw.size, dtype=np.uint8)
+    want = acc ^ raw
+    assert layouts.merge_stored(layout, itemsize, raw.size, stored, acc) is not None
+    assert acc.tobytes() == want.tobytes()
+    assert packed_merges == [True, True]
+
+
+def test_every_bf16_pattern_merges_from_packed_planes(packed_merges) -> None:
+    words = np.arange(1 << 16, dtype=np.uint16)
+    for order in (words, RNG.permutation(words)):
+        raw = order.view(np.uint8)
+        stored = _stored(layouts.BF16, raw, 2)
+        assert layouts.merge_stored(layouts.BF16, 2, raw.size, stored).tobytes() == raw.tobytes()
+    assert packed_merges == [True, True]
+
+
+def test_other_widths_take_the_plane_by_plane_merge(packed_merges) -> None:
+    # mantissas below 2**6 pack at 6 bits: the packed path is for 7 alone
+    words = (_words("u2", 5000) & 0xFFBF).astype(np.uint16)
+    raw = words.view(np.uint8)
+    stored = _stored(layouts.BF16, raw, 2)
+    assert stored[2][3] == b"\x06"
+    assert layouts.merge_stored(layouts.BF16, 2, raw.size, stored).tobytes() == raw.tobytes()
+    assert packed_merges == [False]
