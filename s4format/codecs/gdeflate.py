@@ -25,12 +25,14 @@ import ctypes
 import importlib.util
 import os
 import struct
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
 from s4format.codecs.abc import Codec, Encoded
 from s4format.codecs.registry import GDEFLATE, register
+from s4format.codecs.view import PlaneView
 from s4format.errors import CodecError, UnsupportedCodecError
 
 PAGE_LOG2 = 16
@@ -324,16 +326,31 @@ class GDeflateCodec(Codec):
         if not self.available():
             return None
         plane = np.ascontiguousarray(plane, dtype=np.uint8).reshape(-1)
-        count = page_count(plane.size)
-        full = plane.size // PAGE_SIZE
-        if count <= _ESTIMATE_PAGES or full < _ESTIMATE_PAGES:
-            enc = self.encode(plane)
-            return None if enc is None else enc.nbytes
+        if _sampled(plane.size):
+            return self._sampled(plane.size, lambda lo, hi: plane[lo:hi])
+        enc = self.encode(plane)
+        return None if enc is None else enc.nbytes
+
+    def estimate_view(self, view: PlaneView) -> int | None:
+        # a large plane's sample is taken from its words: the plane is not extracted for it
+        if not self.available() or not _sampled(view.size):
+            return super().estimate_view(view)
+        return self._sampled(view.size, view.bytes_at)
+
+    def _sampled(self, n: int, part: Callable[[int, int], np.ndarray]) -> int:
+        """:meth:`estimate` of an ``n``-byte plane sampled (:func:`_sampled`), whose bytes
+        [lo, hi) ``part`` gives."""
+        full = n // PAGE_SIZE
         picks = np.linspace(0, full - 1, _ESTIMATE_PAGES).round().astype(np.int64)
-        sample = np.concatenate([plane[p * PAGE_SIZE:(p + 1) * PAGE_SIZE] for p in picks])
+        sample = np.concatenate([part(p * PAGE_SIZE, (p + 1) * PAGE_SIZE) for p in picks.tolist()])
         _streams, sizes = self.library().compress_pages(sample, self.level)
         stored = int(np.minimum(sizes, PAGE_SIZE).sum())
-        return _HEADER.size + 4 * count + plane.size * stored // sample.size
+        return _HEADER.size + 4 * page_count(n) + n * stored // sample.size
+
+
+def _sampled(n: int) -> bool:
+    """Whether an ``n``-byte plane's estimate is from sampled pages, not its encoding."""
+    return page_count(n) > _ESTIMATE_PAGES and n // PAGE_SIZE >= _ESTIMATE_PAGES
 
 
 register(GDeflateCodec())

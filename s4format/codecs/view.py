@@ -103,6 +103,15 @@ class PlaneView:
         counts, runs, pairs = self._sample
         return counts, int(counts.sum()), runs / max(1, pairs)
 
+    def bytes_at(self, lo: int, hi: int) -> np.ndarray:
+        """The plane's bytes [lo, hi): a slice of :meth:`bytes` once extracted, else extracted
+        from those words alone (a sample of a large plane, without extracting all of it)."""
+        if self._bytes is not None:
+            return self._bytes[lo:hi]
+        out = np.empty(hi - lo, np.uint8)
+        _extract(self.words[lo:hi], 0, hi - lo, self.shift, self.mask, out)
+        return out
+
     def bytes(self) -> np.ndarray:
         """The plane's bytes (uint8, contiguous), extracted from the words on first use."""
         if self._bytes is None:

@@ -9,6 +9,7 @@ Parameter bytes (optional, ignored by readers): one signed byte, the compression
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 import numpy as np
 import zstandard
@@ -106,7 +107,7 @@ class ZstdCodec(Codec):
             if enc is None:
                 enc = view.memo[self.codec_id] = self.encode(view.bytes())
             return enc.nbytes
-        return self.estimate(view.bytes())
+        return self._sampled(view.size, view.bytes_at)
 
     def encode_view(self, view: PlaneView) -> Encoded:
         enc = view.memo.get(self.codec_id)
@@ -118,9 +119,15 @@ class ZstdCodec(Codec):
         n = plane.size
         if n <= _SAMPLES * _SAMPLE:
             return self.encode(plane).nbytes
+        return self._sampled(n, lambda lo, hi: plane[lo:hi])
+
+    def _sampled(self, n: int, part: Callable[[int, int], np.ndarray]) -> int:
+        """:meth:`estimate` of an ``n``-byte plane above 8 samples, whose bytes [lo, hi)
+        ``part`` gives."""
         starts = np.linspace(0, n - _SAMPLE, _SAMPLES).astype(np.int64)
         coder = self._compressor(self.level_for(n))
-        stored = sum(len(coder.compress(plane[s:s + _SAMPLE].data)) for s in starts)
+        stored = sum(len(coder.compress(np.ascontiguousarray(part(s, s + _SAMPLE)).data))
+                     for s in starts.tolist())
         return n * stored // (_SAMPLES * _SAMPLE)
 
 

@@ -76,3 +76,21 @@ def test_coding_a_view_gives_the_bytes_of_coding_its_plane(codec_id: int) -> Non
         if want is not None:
             assert bytes(got.payload) == bytes(want.payload) and got.params == want.params
         assert codec.estimate_view(v) == codec.estimate(plane)
+
+
+@pytest.mark.parametrize("codec_id", [codecs.ZSTD, codecs.GDEFLATE])
+def test_a_large_plane_is_estimated_from_samples_of_its_words(codec_id: int) -> None:
+    # The LZ coders judge a large plane by samples: taken from the words, the plane is not
+    # extracted for them, and the estimate is the one its bytes give.
+    codec = codecs.get(codec_id)
+    if not getattr(codec, "available", lambda: True)():
+        pytest.skip("nvCOMP's CPU GDeflate library is not installed")
+    w = _words(3 * view.PIECE + 77, seed=4)
+    w[::3] &= 0xFFFF0000  # (an LZ coder's plane: runs of zero low bytes)
+    raw = w.view(np.uint8)
+    for k, plane in enumerate(layouts.FP32.split(raw, 4)):
+        v = layouts.FP32.views(raw, 4)[k]
+        assert v.bytes_at(1000, 5000).tobytes() == plane[1000:5000].tobytes()
+        got = codec.estimate_view(v)
+        assert v._bytes is None
+        assert got == codec.estimate(plane)
