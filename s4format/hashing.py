@@ -215,8 +215,7 @@ def _block(typingctx, data, p, rows, acc, full):  # pragma: no cover - compiled
             return builder.add(total, builder.add(
                 builder.shuffle_vector(words, words, swap), product))
 
-        start = builder.load(out, align=8)
-        total = start
+        total = builder.load(out, align=8)
         for s in range(15):
             total = stripe(total, 64 * s, s)
         with builder.if_else(full) as (then, otherwise):

@@ -292,9 +292,9 @@ def _merge_fields(planes, shifts, masks, words, lo, hi, xor=False
 
 
 # The sign and the first mantissa plane read packed, 8 words per group from one sign byte and 7
-# mantissa bytes: one pass where unpacking both planes and merging took three (bf16's merge,
-# unpacks included, 15.3 -> 8.4 ms for 11.7 M words on one core). Each case runs its own loop,
-# its flags constants (with them tested per word, 2 times slower).
+# mantissa bytes: one pass where unpacking both planes and merging took three (bf16, in cache,
+# 0.60 ns a word against 1.19). Each case runs its own loop, its flags constants (with them
+# tested per word, 2 times slower).
 @kernel()
 def _merge_packed(signs, exp, mants, low1, low2, words, lo, wide, xor
                   ):  # pragma: no cover - compiled
