@@ -116,6 +116,30 @@ def intrinsic(func: Callable[..., Any]) -> Callable[..., Any]:
     return func
 
 
+def target_has(context: Any, *features: str) -> bool:
+    """Whether numba's target in ``context`` (an intrinsic's codegen) has every CPU feature
+    named (LLVM's names: "avx512bw"), so that an intrinsic may emit what needs them."""
+    import llvmlite.binding
+
+    codegen = context.codegen()
+    found = getattr(codegen, "_tm_features", "") or ""
+    if not found and getattr(codegen, "_cpu_name", None) == "host":
+        # (ahead of time, s4format.kernelbuild, for this CPU: numba's codegen names no features)
+        found = llvmlite.binding.get_host_cpu_features().flatten()
+    have = found.split(",")
+    return all(f"+{f}" in have for f in features)
+
+
+def constant(value: Callable[[Any], bool]) -> Callable[..., Any]:
+    """An intrinsic's codegen of the boolean constant ``value(context)``."""
+    from numba.core import types
+
+    def codegen(context, builder, signature, args):
+        return context.get_constant(types.boolean, value(context))
+
+    return codegen
+
+
 def arguments_key(args: tuple) -> tuple:
     """The types of a call's arguments as numba would type them, as :mod:`s4format.kernels`
     names a built kernel's: an array as (dtype, dimensions, ``array_flags``), a scalar as

@@ -27,7 +27,7 @@ from s4format.codecs.abc import Codec, Encoded, Slicer
 from s4format.codecs.registry import RANS, register
 from s4format.codecs.view import PlaneView
 from s4format.errors import CodecError, LimitError
-from s4format.jit import intrinsic, kernel
+from s4format.jit import constant, intrinsic, kernel, target_has
 
 LANES = 32
 PROB_BITS = 12
@@ -469,7 +469,7 @@ def _vector_rows(typingctx):  # pragma: no cover - compiled
     compresses. A constant, so each kernel runs only one of its two row coders."""
     from numba.core import types
 
-    return types.boolean(), _constant(_vectors_compile)
+    return types.boolean(), constant(_vectors_compile)
 
 
 # The vector rows' intrinsics (compress among them) as named and typed from LLVM 20 on, the
@@ -484,22 +484,7 @@ def _vectors_compile(context) -> bool:
 
     if tuple(llvmlite.binding.llvm_version_info[:2]) < _LLVM_VECTORS:
         return False
-    codegen = context.codegen()
-    features = getattr(codegen, "_tm_features", "") or ""
-    if not features and getattr(codegen, "_cpu_name", None) == "host":
-        # (ahead of time, s4format.kernelbuild, for this CPU: numba's codegen names no features)
-        features = llvmlite.binding.get_host_cpu_features().flatten()
-    return all(f"+{f}" in features.split(",") for f in ("avx512f", "avx512bw", "avx512vbmi2"))
-
-
-def _constant(value):
-    """An intrinsic's codegen of the boolean constant ``value(context)``."""
-    from numba.core import types
-
-    def codegen(context, builder, signature, args):
-        return context.get_constant(types.boolean, value(context))
-
-    return codegen
+    return target_has(context, "avx512f", "avx512bw", "avx512vbmi2")
 
 
 def _plain(*arrays) -> bool:
@@ -518,7 +503,7 @@ def _decoder_arrays(typingctx, words, dtab, out):  # pragma: no cover - compiled
     from numba.core import types
 
     ok = _plain((words, "uint16"), (dtab, "uint32"), (out, "uint8"))
-    return types.boolean(words, dtab, out), _constant(lambda _context: ok)
+    return types.boolean(words, dtab, out), constant(lambda _context: ok)
 
 
 @intrinsic
@@ -527,7 +512,7 @@ def _encoder_arrays(typingctx, scratch):  # pragma: no cover - compiled
     from numba.core import types
 
     ok = _plain((scratch, "uint16"))
-    return types.boolean(scratch), _constant(lambda _context: ok)
+    return types.boolean(scratch), constant(lambda _context: ok)
 
 
 @intrinsic
