@@ -19,7 +19,7 @@ from s4format import codecs, threads
 from s4format.codecs.abc import Slicer
 from s4format.codecs.view import PIECE, PlaneView, counted, run_pieces, sampled
 from s4format.errors import FormatError, S4Error, UnsupportedFeatureError
-from s4format.jit import kernel
+from s4format.jit import constant, intrinsic, kernel, target_has
 
 # Plane kinds (spec/planes.md). The plane record's ``index`` distinguishes planes of one kind.
 KIND_RAW = 0
@@ -318,7 +318,14 @@ def _packed_words(signs, exp, mants, low1, low2, words, lo, wide, xor
                   ):  # pragma: no cover - compiled
     n = np.uint64(words.size)
     g0 = np.uint64(lo) // np.uint64(8)
-    for i in range(np.uint64(0), n // np.uint64(8)):
+    first = np.uint64(0)  # the first group the loop below merges
+    if _vector_merge(signs, exp, mants, low1, low2, words):
+        block = np.uint64(BLOCK_WORDS)
+        while first * np.uint64(8) + block <= n:
+            _merge_block(signs, exp, mants, low1, low2, words, g0 + first,
+                         first * np.uint64(8), xor)
+            first += block // np.uint64(8)
+    for i in range(first, n // np.uint64(8)):
         g = g0 + i
         sb = np.uint64(signs[g])
         at = np.uint64(7) * g
@@ -351,6 +358,111 @@ def _put_word(words, k, top, low1, low2, wide, xor):  # pragma: no cover - compi
         words[k] ^= words.dtype.type(w)
     else:
         words[k] = words.dtype.type(w)
+
+
+# Words a vector merge makes at once: 64 bytes of exponents, 56 of packed mantissas, 8 of signs.
+BLOCK_WORDS = 64
+
+
+def _vector_arrays(signs, exp, mants, low1, low2, words) -> bool:
+    """Whether these (numba types) are the C-contiguous arrays :func:`_merge_block` addresses by
+    their data pointers: uint8 planes, and uint16 (bf16) or uint32 (fp32) words."""
+    from numba.core import types
+
+    planes = (signs, exp, mants, low1, low2)
+    return all(isinstance(t, types.Array) and t.layout == "C" for t in (*planes, words)) \
+        and all(str(t.dtype) == "uint8" for t in planes) \
+        and str(words.dtype) in ("uint16", "uint32")
+
+
+@intrinsic
+def _vector_merge(typingctx, signs, exp, mants, low1, low2, words
+                  ):  # pragma: no cover - compiled
+    """True (a constant) where :func:`_merge_block` runs: AVX-512 BW and VBMI (the mantissas'
+    byte permutes and per-word shifts are then one instruction each) and arrays it takes."""
+    from numba.core import types
+
+    ok = _vector_arrays(signs, exp, mants, low1, low2, words)
+    return types.boolean(signs, exp, mants, low1, low2, words), constant(
+        lambda context: ok and target_has(context, "avx512f", "avx512bw", "avx512vbmi"))
+
+
+@intrinsic
+def _merge_block(typingctx, signs, exp, mants, low1, low2, words, g, k, xor
+                 ):  # pragma: no cover - compiled
+    """:func:`_packed_words` of the BLOCK_WORDS words from words[k] (word 8 * ``g`` of the
+    plane) as vectors: word j's 7 mantissa bits start at bit 7 * j of the block's 56 bytes, so
+    two byte shuffles fetch the bytes holding them and a shift per word aligns them."""
+    from llvmlite import ir
+    from numba.core import types
+
+    def codegen(context, builder, signature, args):
+        tw = signature.args[5]
+        *planes, words_a, g, k, xor = args
+        ptrs = [context.make_array(t)(context, builder, a).data
+                for t, a in zip(signature.args[:5], planes)]
+        sptr, eptr, mptr, l1ptr, l2ptr = ptrs
+        wptr = context.make_array(tw)(context, builder, words_a).data
+        if not (_vector_arrays(*signature.args[:6])
+                and target_has(context, "avx512f", "avx512bw", "avx512vbmi")):
+            return context.get_dummy_value()  # (never run: _vector_merge() is False here)
+        n = BLOCK_WORDS
+        i1, i8, i16, i64 = (ir.IntType(b) for b in (1, 8, 16, 64))
+        wide = str(tw.dtype) == "uint32"
+        wt = ir.IntType(32 if wide else 16)
+        vec = lambda t, m=n: ir.VectorType(t, m)  # noqa: E731
+        splat = lambda t, v: ir.Constant(vec(t), [v] * n)  # noqa: E731
+
+        def load(ptr, at, ty):
+            return builder.load(builder.bitcast(builder.gep(ptr, [at]), ir.PointerType(ty)),
+                                align=1)
+
+        def bytes_at(ptr):
+            return builder.zext(load(ptr, k, vec(i8)), vec(wt))
+
+        signs64 = builder.bitcast(load(sptr, g, i64), vec(i1))
+        top = builder.shl(builder.zext(signs64, vec(wt)), splat(wt, 15))
+        top = builder.or_(top, builder.shl(bytes_at(eptr), splat(wt, 7)))
+        m56 = load(mptr, builder.mul(g, ir.Constant(i64, 7)), vec(i8, 56))
+        zero = ir.Constant(vec(i8, 56), None)  # (index 56: the byte past the block, as 0)
+        lo_at = [7 * j // 8 for j in range(n)]
+        low = builder.shuffle_vector(m56, zero, ir.Constant(vec(ir.IntType(32)), lo_at))
+        high = builder.shuffle_vector(m56, zero,
+                                      ir.Constant(vec(ir.IntType(32)), [a + 1 for a in lo_at]))
+        pair = builder.or_(builder.zext(low, vec(i16)),
+                           builder.shl(builder.zext(high, vec(i16)), splat(i16, 8)))
+        mant = builder.and_(builder.lshr(pair, ir.Constant(vec(i16), [7 * j % 8
+                                                                      for j in range(n)])),
+                            splat(i16, 0x7F))
+        top = builder.or_(top, builder.zext(mant, vec(wt)) if wide else mant)
+        out = top
+        if wide:
+            out = builder.or_(builder.shl(top, splat(wt, 16)),
+                              builder.or_(builder.shl(bytes_at(l1ptr), splat(wt, 8)),
+                                          bytes_at(l2ptr)))
+        at = builder.bitcast(builder.gep(wptr, [k]), ir.PointerType(vec(wt)))
+        with builder.if_else(xor) as (then, otherwise):
+            with then:
+                builder.store(builder.xor(builder.load(at, align=1), out), at, align=1)
+            with otherwise:
+                builder.store(out, at, align=1)
+        return context.get_dummy_value()
+
+    return types.void(signs, exp, mants, low1, low2, words, types.uint64, types.uint64,
+                      types.boolean), codegen
+
+
+@kernel()
+def _vector_probe(signs, words):  # pragma: no cover - compiled
+    return _vector_merge(signs, signs, signs, signs, signs, words)
+
+
+def vector_merging() -> bool:
+    """Whether this process merges packed bf16 and fp32 planes as vectors (else word by word);
+    both give the same words."""
+    planes = np.zeros(8, np.uint8)
+    return bool(_vector_probe(planes, np.zeros(8, np.uint16))) and \
+        bool(_vector_probe(planes, np.zeros(8, np.uint32)))
 
 
 RAW = Layout(0, "raw", 1, (Field(KIND_RAW, 0, 0, 8),))

@@ -5,6 +5,12 @@ of the last group, and XORed into a delta's buffer."""
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -38,8 +44,8 @@ def packed_merges(monkeypatch) -> list[int]:
     return taken
 
 
-def _words(dtype: str, n: int) -> np.ndarray:
-    bits = RNG.integers(0, 1 << 32, n, dtype=np.uint64).astype(np.uint32)
+def _words(dtype: str, n: int, rng: np.random.Generator = RNG) -> np.ndarray:
+    bits = rng.integers(0, 1 << 32, n, dtype=np.uint64).astype(np.uint32)
     bits[::5] &= 0x807FFFFF  # zero and subnormal exponents, and -0.0
     bits[1::7] |= 0x7F800000  # Inf and NaN payloads
     return bits if dtype == "u4" else (bits >> 16).astype(np.uint16)
@@ -79,3 +85,46 @@ def test_other_widths_take_the_plane_by_plane_merge(packed_merges) -> None:
     assert stored[2][3] == b"\x06"
     assert layouts.merge_stored(layouts.BF16, 2, raw.size, stored).tobytes() == raw.tobytes()
     assert packed_merges == [False]
+
+
+def _digest() -> str:
+    """A hash of the words merged from packed planes: every bf16 pattern, and bf16 and fp32
+    words of lengths around a vector block, written and XORed."""
+    h = hashlib.sha256()
+    rng = np.random.default_rng(5)
+    cases = [(layouts.BF16, np.arange(1 << 16, dtype=np.uint16))]
+    for n in (63, 64, 65, 127, 128, 200, PIECE + 65):
+        for layout, dtype in ((layouts.BF16, "u2"), (layouts.FP32, "u4")):
+            cases.append((layout, _words(dtype, n, rng)))
+    for layout, words in cases:
+        raw = words.view(np.uint8)
+        stored = _stored(layout, raw, words.itemsize)
+        h.update(layouts.merge_stored(layout, words.itemsize, raw.size, stored).tobytes())
+        acc = rng.integers(0, 256, raw.size, dtype=np.uint8)
+        assert layouts.merge_stored(layout, words.itemsize, raw.size, stored, acc) is not None
+        h.update(acc.tobytes())
+    return h.hexdigest()
+
+
+def test_vector_merge_where_the_cpu_has_it():
+    # (a numba that renamed what the gate reads would fall back to the word loop silently)
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = set(next((ln for ln in f if ln.startswith("flags")), "").split())
+    except OSError:
+        flags = set()
+    assert layouts.vector_merging() == ({"avx512f", "avx512bw", "avx512vbmi"} <= flags)
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="NUMBA_CPU_NAME is exercised on Linux")
+def test_vector_and_word_merges_agree(tmp_path):
+    env = dict(os.environ, NUMBA_CPU_NAME="generic", NUMBA_CACHE_DIR=str(tmp_path),
+               S4_KERNELS="jit")
+    code = ("import json, sys; sys.path.insert(0, sys.argv[1]); import test_packed_merge as t; "
+            "from s4format import layouts; "
+            "print(json.dumps([layouts.vector_merging(), t._digest()]))")
+    child = subprocess.run([sys.executable, "-c", code, os.path.dirname(__file__)], env=env,
+                           capture_output=True, text=True, timeout=600, check=True)
+    vector, digest = json.loads(child.stdout.strip().splitlines()[-1])
+    assert vector is False  # a generic CPU has no AVX-512: the word loop ran there
+    assert _digest() == digest
