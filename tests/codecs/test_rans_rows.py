@@ -8,9 +8,6 @@ streams, intact and damaged, decode to the same bytes and errors.
 from __future__ import annotations
 
 import hashlib
-import json
-import os
-import subprocess
 import sys
 import textwrap
 
@@ -18,6 +15,7 @@ import numpy as np
 import pytest
 
 from s4format.codecs import rans
+from tests.generic_cpu import on_generic_cpu
 
 CASES = textwrap.dedent('''
     import numpy as np
@@ -145,12 +143,6 @@ def test_strided_arrays_take_the_scalar_rows():
 
 @pytest.mark.skipif(sys.platform != "linux", reason="NUMBA_CPU_NAME is exercised on Linux")
 def test_vector_and_scalar_rows_agree(tmp_path):
-    env = dict(os.environ, NUMBA_CPU_NAME="generic", NUMBA_CACHE_DIR=str(tmp_path))
-    code = ("import json, sys; sys.path.insert(0, sys.argv[1]); import test_rans_rows as t; "
-            "from s4format.codecs import rans; "
-            "print(json.dumps([rans.vector_decoding(), t._digest()]))")
-    child = subprocess.run([sys.executable, "-c", code, os.path.dirname(__file__)], env=env,
-                           capture_output=True, text=True, timeout=600, check=True)
-    vector, digest = json.loads(child.stdout.strip().splitlines()[-1])
-    assert vector is False  # a generic CPU has no AVX-512: the scalar rows ran there
-    assert _digest() == digest
+    # a generic CPU has no AVX-512: the scalar rows ran there, and gave the same bytes
+    there = on_generic_cpu(tmp_path, __name__, "[rans.vector_decoding(), _digest()]")
+    assert there == [False, _digest()]

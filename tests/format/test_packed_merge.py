@@ -6,9 +6,6 @@ of the last group, and XORed into a delta's buffer."""
 from __future__ import annotations
 
 import hashlib
-import json
-import os
-import subprocess
 import sys
 
 import numpy as np
@@ -16,6 +13,7 @@ import pytest
 
 from s4format import codecs, layouts
 from s4format.codecs.view import PIECE
+from tests.generic_cpu import on_generic_cpu
 
 RNG = np.random.default_rng(21)
 
@@ -118,13 +116,6 @@ def test_vector_merge_where_the_cpu_has_it():
 
 @pytest.mark.skipif(sys.platform != "linux", reason="NUMBA_CPU_NAME is exercised on Linux")
 def test_vector_and_word_merges_agree(tmp_path):
-    env = dict(os.environ, NUMBA_CPU_NAME="generic", NUMBA_CACHE_DIR=str(tmp_path),
-               S4_KERNELS="jit")
-    code = ("import json, sys; sys.path.insert(0, sys.argv[1]); import test_packed_merge as t; "
-            "from s4format import layouts; "
-            "print(json.dumps([layouts.vector_merging(), t._digest()]))")
-    child = subprocess.run([sys.executable, "-c", code, os.path.dirname(__file__)], env=env,
-                           capture_output=True, text=True, timeout=600, check=True)
-    vector, digest = json.loads(child.stdout.strip().splitlines()[-1])
-    assert vector is False  # a generic CPU has no AVX-512: the word loop ran there
-    assert _digest() == digest
+    # a generic CPU has no AVX-512: the word loop ran there, and gave the same bytes
+    there = on_generic_cpu(tmp_path, __name__, "[layouts.vector_merging(), _digest()]")
+    assert there == [False, _digest()]

@@ -1,0 +1,27 @@
+"""Run code in a child process whose numba compiles for a generic CPU (no AVX-512), so a test
+can compare the vector kernels this machine runs with the scalar ones every machine has."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def on_generic_cpu(tmp_path: Path, module: str, expression: str) -> Any:
+    """The value (through JSON) of ``expression`` evaluated in ``module``'s namespace (a test
+    module, as ``tests.codecs.test_rans_rows``) in a child process compiling for a generic
+    CPU, with a numba cache of its own in ``tmp_path``."""
+    env = dict(os.environ, NUMBA_CPU_NAME="generic", NUMBA_CACHE_DIR=str(tmp_path),
+               S4_KERNELS="jit")
+    code = ("import importlib, json, sys; sys.path.insert(0, sys.argv[1]); "
+            "m = importlib.import_module(sys.argv[2]); "
+            "print(json.dumps(eval(sys.argv[3], vars(m))))")
+    child = subprocess.run([sys.executable, "-c", code, str(ROOT), module, expression],
+                           env=env, capture_output=True, text=True, timeout=600, check=True)
+    return json.loads(child.stdout.strip().splitlines()[-1])
