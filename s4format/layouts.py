@@ -364,27 +364,28 @@ def _put_word(words, k, top, low1, low2, wide, xor):  # pragma: no cover - compi
 BLOCK_WORDS = 64
 
 
-def _vector_arrays(signs, exp, mants, low1, low2, words) -> bool:
-    """Whether these (numba types) are the C-contiguous arrays :func:`_merge_block` addresses by
-    their data pointers: uint8 planes, and uint16 (bf16) or uint32 (fp32) words."""
+def _vectors_take(context, signs, exp, mants, low1, low2, words) -> bool:
+    """Whether :func:`_merge_block` runs for these arrays (numba types) on ``context``'s target:
+    AVX-512 BW and VBMI (the mantissas' byte permutes and per-word shifts are then one
+    instruction each), and the C-contiguous arrays it addresses by their data pointers: uint8
+    planes, and uint16 (bf16) or uint32 (fp32) words."""
     from numba.core import types
 
     planes = (signs, exp, mants, low1, low2)
     return all(isinstance(t, types.Array) and t.layout == "C" for t in (*planes, words)) \
         and all(str(t.dtype) == "uint8" for t in planes) \
-        and str(words.dtype) in ("uint16", "uint32")
+        and str(words.dtype) in ("uint16", "uint32") \
+        and target_has(context, "avx512f", "avx512bw", "avx512vbmi")
 
 
 @intrinsic
 def _vector_merge(typingctx, signs, exp, mants, low1, low2, words
                   ):  # pragma: no cover - compiled
-    """True (a constant) where :func:`_merge_block` runs: AVX-512 BW and VBMI (the mantissas'
-    byte permutes and per-word shifts are then one instruction each) and arrays it takes."""
+    """True (a constant) where :func:`_merge_block` runs (:func:`_vectors_take`)."""
     from numba.core import types
 
-    ok = _vector_arrays(signs, exp, mants, low1, low2, words)
-    return types.boolean(signs, exp, mants, low1, low2, words), constant(
-        lambda context: ok and target_has(context, "avx512f", "avx512bw", "avx512vbmi"))
+    arrays = (signs, exp, mants, low1, low2, words)
+    return types.boolean(*arrays), constant(lambda context: _vectors_take(context, *arrays))
 
 
 @intrinsic
@@ -403,8 +404,7 @@ def _merge_block(typingctx, signs, exp, mants, low1, low2, words, g, k, xor
                 for t, a in zip(signature.args[:5], planes)]
         sptr, eptr, mptr, l1ptr, l2ptr = ptrs
         wptr = context.make_array(tw)(context, builder, words_a).data
-        if not (_vector_arrays(*signature.args[:6])
-                and target_has(context, "avx512f", "avx512bw", "avx512vbmi")):
+        if not _vectors_take(context, *signature.args[:6]):
             return context.get_dummy_value()  # (never run: _vector_merge() is False here)
         n = BLOCK_WORDS
         i1, i8, i16, i64 = (ir.IntType(b) for b in (1, 8, 16, 64))
