@@ -175,10 +175,17 @@ def rough_estimate(view: PlaneView, kind: int) -> int | None:
     than the sample says."""
     if lz_may_pay(view, kind):
         return None
+    return order0_estimate(view)
+
+
+def order0_estimate(view: PlaneView, n: int | None = None) -> int:
+    """What the order-0 coders (rANS by the plane's histogram or its sample's, bitpack-w by
+    its width) would store for the plane, at most its length; or for a plane of ``n`` bytes
+    of which ``view`` is a sample."""
+    n = view.size if n is None else n
     counts, _m, _runs = view.share()
-    rans = codecs.get(codecs.RANS).estimate_counts(counts, view.size)
-    packed = bitpackw.stored_len(view.size, view.width)
-    return min(rans, packed, view.size)
+    rans = codecs.get(codecs.RANS).estimate_counts(counts, n)
+    return min(rans, bitpackw.stored_len(n, view.width), n)
 
 
 def rank(view: PlaneView, kind: int, policy: str, available: dict[int, codecs.Codec]
@@ -283,7 +290,7 @@ def prefer_segments(ranked: list[tuple[int, int]], n: int) -> list[tuple[int, in
     return [ranked[s], *ranked[:s], *ranked[s + 1:]]
 
 
-def lz_may_pay(view: PlaneView, kind: int) -> bool:
+def lz_may_pay(view: PlaneView, kind: int, n: int | None = None) -> bool:
     """Whether an LZ coder (zstd, GDeflate) may beat the order-0 coders on this plane, judged
     from its statistics, so that a trial encode is paid only where it can win.
 
@@ -293,8 +300,9 @@ def lz_may_pay(view: PlaneView, kind: int) -> bool:
     the byte before, or exceed it by one, with probability ``sum(p[s] * (p[s] + p[s - 1]))``;
     a plane doing so more often by :data:`LZ_RUNS` of its length (an exponent plane: by
     :data:`LZ_RUNS_EXPONENT`) is tried. Other planes (integers, bytes) and planes up to
-    :data:`LZ_ALWAYS` bytes are always tried."""
-    if kind not in _FLOAT_KINDS or view.size <= LZ_ALWAYS:
+    :data:`LZ_ALWAYS` bytes are always tried. (``n``: the bytes of the plane of which ``view``
+    is a sample.)"""
+    if kind not in _FLOAT_KINDS or (view.size if n is None else n) <= LZ_ALWAYS:
         return True
     counts, m, runs = view.share()
     p = counts / m

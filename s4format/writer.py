@@ -5,8 +5,9 @@ Per tensor the writer tries the dtype's plane layout and keeps it only if the co
 no larger than the raw bytes; otherwise it stores one raw plane. So a tensor's stored payload
 never exceeds its raw size; the fixed overhead per tensor is its index record plus alignment
 padding (``spec/format.md``, "Size guarantee"). Given a parent, a tensor is stored as the XOR
-delta against the parent's bytes only when that is estimated to code smaller (the two are
-compared by the codecs' estimates from one pass over each, and only the smaller is coded).
+delta against the parent's bytes only when that is estimated to store less than
+:data:`DELTA_PAYS` of the tensor alone (the two are compared by the codecs' estimates, from
+samples where they decide, and only the one kept is coded).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from s4format import codecs, hashing, layouts, masked, objtree, policy, threads
-from s4format.codecs.view import PlaneView, run_pieces
+from s4format.codecs.view import PlaneView, run_pieces, sample_words
 from s4format.dtypes import DType
 from s4format.errors import FormatError, LimitError, StorageError, UnsupportedObjectError
 from s4format.indexwrite import build_index
@@ -52,14 +53,27 @@ SPLIT_MIN = 4096
 MAX_NAME_BYTES = 0xFFFF
 # Raw bytes of tensors Writer.code_ahead codes ahead of the one being written.
 AHEAD = 64 << 20
+# A tensor is stored as a delta only where that stores less than this share of the tensor
+# alone (delta_pays): every load of a later step decodes a delta tensor once per level of its
+# chain, which a few percent fewer bytes do not pay for. (bench/checkpoints.py's AdamW state,
+# two steps apart: fp32 weights' deltas store 0.74-0.79 of them, bf16 weights' 0.06-0.46,
+# second moments' 0.93-0.96 and first moments' 0.99-1.00.)
+DELTA_PAYS = 0.9
 # A delta estimated at most this share of the tensor alone, as a sample of it estimates that
 # (estimate_rough), is kept without estimating the tensor alone exactly: counting a tensor's
 # planes cost as much as coding its delta. (The sample's figure came within 2% of the exact
-# one on bench/checkpoints.py's weights and AdamW states, whose deltas were 0.84-1.02 of them.)
-CLEAR_DELTA = 0.9
+# one on bench/checkpoints.py's weights and AdamW states: DELTA_PAYS less a margin for that.)
+CLEAR_DELTA = 0.85
 # A delta in which at most this share of the words changed is stored masked (s4format.masked):
 # it stores and decodes only those. Past it the mask's bit per word buys little.
 MASKED_MAX = 0.5
+# estimate_pair's sample: this many evenly spaced runs of this many words. (On
+# bench/checkpoints.py's AdamW state its share of delta over alone came within 0.02 of the
+# exact one.)
+PAIR_CHUNKS, PAIR_CHUNK = 16, 1024
+# A tensor in which the sample shows more than this share of the words changed is not looked at
+# for a masked form (MASKED_MAX, with room for changes that cluster where the sample is not).
+MASK_LOOK = 0.75
 
 
 @dataclass(frozen=True)
@@ -169,6 +183,46 @@ def estimate_rough(raw: np.ndarray, dtype: DType) -> int | None:
     views = layout.views(raw, dtype.itemsize, count=False)
     planes = [policy.rough_estimate(v, f.kind) for v, f in zip(views, fields)]
     return None if None in planes else min(raw.size, sum(planes))
+
+
+def delta_pays(delta: int, alone: int) -> bool:
+    """Whether a tensor whose delta stores ``delta`` bytes and which stores ``alone`` bytes
+    coded alone is stored as the delta (:data:`DELTA_PAYS`)."""
+    return delta < DELTA_PAYS * alone
+
+
+@dataclass(frozen=True)
+class Pair:
+    """:func:`estimate_pair`'s figures, scaled to the whole tensor."""
+    alone: int  # what the tensor stores coded alone, by the order-0 coders
+    delta: int  # ... its XOR delta
+    changed: float  # the share of its words that differ from the parent's
+    lz: bool  # whether an LZ coder may shrink a plane of the tensor alone below ``alone``
+
+
+def estimate_pair(raw: np.ndarray, parent: np.ndarray, dtype: DType) -> Pair | None:
+    """The tensor ``raw`` alone and its XOR delta against ``parent`` estimated on the same
+    sample of both (the words at :func:`s4format.codecs.view.sample_starts`, each plane
+    counted there by the order-0 coders), to choose between them without counting either
+    whole; None for a tensor the sample would cover whole or that is not split (judged
+    exactly instead)."""
+    layout = layouts.preferred(dtype.name, dtype.itemsize)
+    word = layout.word_size(dtype.itemsize)
+    if not _splits(raw, dtype, layout) or not masked.supported(word):
+        return None
+    words = raw.view(masked.word_dtype(word))
+    if words.size <= PAIR_CHUNKS * PAIR_CHUNK:
+        return None
+    mine = sample_words(words, PAIR_CHUNKS, PAIR_CHUNK)
+    xor = sample_words(words, PAIR_CHUNKS, PAIR_CHUNK, parent.view(words.dtype))
+    fields = layout.planes(dtype.itemsize)
+    n = words.size
+    alone, delta = (layout.views(s.view(np.uint8), dtype.itemsize)
+                    for s in (mine, xor))
+    return Pair(sum(policy.order0_estimate(v, n) for v in alone),
+                sum(policy.order0_estimate(v, n) for v in delta),
+                np.count_nonzero(xor) / xor.size,
+                any(policy.lz_may_pay(v, f.kind, n) for v, f in zip(alone, fields)))
 
 
 @dataclass(frozen=True)
@@ -323,21 +377,39 @@ class Writer:
             if p.nbytes != t.nbytes:
                 raise ValueError(f"parent of {name!r} has {p.nbytes} bytes, tensor {t.nbytes}")
             # Only the one that will be kept is coded: the tensor alone and its delta are
-            # compared by their estimates, not by coding both; the tensor alone by a sample of
-            # it where the delta is clearly smaller (CLEAR_DELTA).
+            # compared by their estimates, not by coding both. Where most words changed, a
+            # sample of both decides when the delta does not pay (delta_pays): the tensor is
+            # coded alone, as a full save codes it, and its delta is never made. Otherwise
+            # the delta is estimated exactly and the tensor alone by the sample (exactly
+            # where the delta is not clearly smaller, or where an LZ coder may shrink the
+            # tensor below what the sample says).
+            pair = estimate_pair(t.data, p.data, t.dtype) if self.policy == "auto" else None
+            if pair is not None and pair.changed > MASK_LOOK and \
+                    not delta_pays(pair.delta, pair.alone):
+                coded = code_tensor(t.data, t.dtype, self.policy)
+                return self._coded(name, t, coded, coded.stored)
             # (the XOR is made only where the delta is not masked: a masked form is found
             # from the two tensors)
-            xor = None
-            form = masked_form(t.data, t.dtype, self.policy, parent=p.data)
+            xor = form = None
+            if pair is None or pair.changed <= MASK_LOOK:
+                form = masked_form(t.data, t.dtype, self.policy, parent=p.data)
             if form is not None:
                 est, delta_views = form.estimate, None
             else:
                 xor = _xor(t.data, p.data)
                 est, delta_views = estimate_tensor(xor, t.dtype, self.policy)
-            full, full_views = alone if alone is not None else estimate_rough(t.data, t.dtype), None
-            if full is None or est > CLEAR_DELTA * full:
+            full_views = None
+            if alone is not None:
+                full = alone
+            elif pair is not None:
+                full = None if pair.lz else pair.alone
+            else:
+                full = estimate_rough(t.data, t.dtype)
+            # (the sample of both has judged that the delta pays already)
+            clear = DELTA_PAYS if pair is not None else CLEAR_DELTA
+            if full is None or est > clear * full:
                 full, full_views = estimate_tensor(t.data, t.dtype, self.policy)
-            if est < full:
+            if delta_pays(est, full):
                 coded = code_masked(form, t.dtype, self.policy) if form is not None else None
                 if coded is None or coded.stored > t.nbytes:
                     if xor is None:
@@ -347,6 +419,12 @@ class Writer:
             else:
                 coded = code_tensor(t.data, t.dtype, self.policy, full_views)
                 full = coded.stored
+        return self._coded(name, t, coded, full, delta_of)
+
+    @staticmethod
+    def _coded(name: str, t: Tensor, coded: CodedTensor, full: int,
+               delta_of: bytes | None = None) -> dict[str, Any]:
+        """The arguments of :meth:`add_coded` for tensor ``t`` coded as ``coded``."""
         return dict(name=name, dtype=t.dtype, shape=t.shape, coded=coded,
                     content_hash=hashing.content_hash(t.data), parent_hash=delta_of,
                     full_stored=full)

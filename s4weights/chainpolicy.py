@@ -16,7 +16,7 @@ import numpy as np
 
 import s4format
 from s4format.policy import POLICIES
-from s4format.writer import estimate_tensor
+from s4format.writer import delta_pays, estimate_tensor
 
 if TYPE_CHECKING:
     from s4weights.manifests import CheckpointInfo
@@ -101,7 +101,8 @@ def sample(tensors: Sequence[tuple[str, object]], parents: Mapping[str, s4format
             mine_total += alone
             if parent is not None and parent.nbytes == _nbytes(t):
                 theirs = np.asarray(parent.data).reshape(-1).view(np.uint8)[at:at + length]
-                delta += min(alone, estimate_tensor(mine ^ theirs, dtype, policy)[0])
+                est = estimate_tensor(mine ^ theirs, dtype, policy)[0]
+                delta += est if delta_pays(est, alone) else alone
             else:
                 delta += alone
         full += mine_total

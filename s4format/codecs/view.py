@@ -161,11 +161,28 @@ def sampled(words: np.ndarray, shifts: np.ndarray, masks: np.ndarray, ors: bool 
             bits |= part
     counts = np.zeros((k, 4, 256), np.int64)
     runs = np.zeros(k, np.int64)
-    starts = np.linspace(0, n - SAMPLE_CHUNK, SAMPLE_CHUNKS).astype(np.int64)
-    _count_sample(words, starts, SAMPLE_CHUNK, shifts, masks, counts, runs)
+    _count_sample(words, sample_starts(n), SAMPLE_CHUNK, shifts, masks, counts, runs)
     sums, pairs = counts.sum(axis=1), SAMPLE_CHUNKS * (SAMPLE_CHUNK - 1)
     return [PlaneView(words, int(shifts[j]), int(masks[j]), int(bits[j]), None, 0,
                       (sums[j], int(runs[j]), pairs)) for j in range(k)]
+
+
+def sample_starts(n: int, chunks: int = SAMPLE_CHUNKS, chunk: int = SAMPLE_CHUNK
+                  ) -> np.ndarray:
+    """Where a sample of ``chunks`` evenly spaced runs of ``chunk`` of ``n`` words (more than
+    ``chunks * chunk``) starts its runs."""
+    return np.linspace(0, n - chunk, chunks).astype(np.int64)
+
+
+def sample_words(words: np.ndarray, chunks: int, chunk: int, other: np.ndarray | None = None
+                 ) -> np.ndarray:
+    """The words of the sample of :func:`sample_starts`, in order; given ``other`` (as long,
+    of the same type), XORed with its words there."""
+    runs = sample_starts(words.size, chunks, chunk)[:, None] + np.arange(chunk)
+    out = words[runs].reshape(-1)
+    if other is not None:
+        out ^= other[runs].reshape(-1)
+    return out
 
 
 def _or_of(counts: np.ndarray) -> int:

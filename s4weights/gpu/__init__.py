@@ -164,6 +164,7 @@ def _coded_stream(chosen: list, policy: str, workspace: int | None):
     buffers are made per chunk of at most half the workspace so they never hold a second copy
     of a large state at once; a tensor larger than that is XORed chunk by chunk inside the
     chunked coder (under ``nvcomp-ans``, whose codec takes whole tensors, it is XORed whole)."""
+    from s4format.writer import delta_pays
     from s4weights.gpu import plan, runtime
     from s4weights.gpu.encode import Encoder, Item
 
@@ -211,7 +212,7 @@ def _coded_stream(chosen: list, policy: str, workspace: int | None):
                 continue
             delta = next(results)
             full = alone.coded.stored
-            if delta.coded.stored < full:
+            if delta_pays(delta.coded.stored, full):
                 yield delta.coded, alone.content_hash, phash, full
             else:
                 yield alone.coded, alone.content_hash, None, full

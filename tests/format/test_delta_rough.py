@@ -1,6 +1,7 @@
-"""A delta far smaller than a sample of its tensor says the tensor alone would store is kept
-without estimating the tensor alone exactly; anything closer, or a tensor the LZ coders may
-shrink, is judged by the exact estimate, as before."""
+"""Choosing between a tensor alone and its delta without counting both: a sample of both
+decides where most words changed, a delta is kept only where it pays (writer.DELTA_PAYS), and
+a delta far smaller than the sample says the tensor alone would store is kept without
+estimating the tensor alone exactly."""
 
 from __future__ import annotations
 
@@ -76,26 +77,77 @@ def test_a_small_delta_is_kept_without_the_exact_estimate_of_the_tensor_alone(
     seen = _exact_estimates_of(monkeypatch)
     blob, result = _save({"w": _bf16(child)}, {"w": _bf16(base)}, parent_result.checkpoint_id)
     assert seen == []  # the delta is masked (estimated by masked_form), the tensor alone
-    # is estimated from a sample
+    # is estimated from the sample of both
     assert result.delta_count == 1
-    # the tensor alone, as the sample estimates it
-    rough = writer.estimate_rough(_bf16(child), BY_NAME["bfloat16"])
-    assert result.full_stored_nbytes == rough
+    pair = writer.estimate_pair(_bf16(child), _bf16(base), BY_NAME["bfloat16"])
+    assert pair is not None and pair.changed < 0.05
+    assert result.full_stored_nbytes == pair.alone
+    exact = writer.estimate_tensor(_bf16(child), BY_NAME["bfloat16"])[0]
+    assert abs(pair.alone / exact - 1) < 0.02
     with Reader(blob, parent=Reader(parent_blob)) as r:
         assert r.read_raw(0).tobytes() == _bf16(child).tobytes()
 
 
-def test_a_delta_not_clearly_smaller_is_judged_by_the_exact_estimate(monkeypatch) -> None:
+def _spy(monkeypatch, name: str) -> list:
+    calls: list = []
+    real = getattr(writer, name)
+    monkeypatch.setattr(writer, name, lambda *a, **k: calls.append(1) or real(*a, **k))
+    return calls
+
+
+def test_a_tensor_whose_delta_does_not_pay_is_coded_alone_without_making_the_delta(
+        monkeypatch) -> None:
     base, child = _weights(5), _weights(6)  # unrelated: the delta is no smaller
     _blob, parent_result = _save({"w": _bf16(base)})
     seen = _exact_estimates_of(monkeypatch)
+    xors, masks = _spy(monkeypatch, "_xor"), _spy(monkeypatch, "masked_form")
     _blob, result = _save({"w": _bf16(child)}, {"w": _bf16(base)}, parent_result.checkpoint_id)
-    assert seen == [2 * N, 2 * N]
+    # the sample of both decided: no XOR made, no plane counted but by the coder's own pass
+    assert seen == [] and xors == [] and masks == []
     assert result.delta_count == 0
     alone, _ = _save({"w": _bf16(child)})
     assert result.stored_nbytes == result.full_stored_nbytes
     with Reader(alone) as r:
         assert r.tensors[0].stored_nbytes == result.stored_nbytes
+
+
+def test_a_delta_that_saves_too_little_is_not_kept(monkeypatch) -> None:
+    # every word's low mantissa bits moved: the delta stores far less than the tensor alone,
+    # and is kept; with the bar set below that share it is not
+    base = _weights(8).astype("<f4")
+    child = base.view("<u4") ^ np.random.default_rng(9).integers(1, 4, N, dtype="<u4")
+    raw, parent = child.view(np.uint8), base.view(np.uint8)
+    f32 = BY_NAME["float32"]
+    pair = writer.estimate_pair(raw, parent, f32)
+    exact = writer.estimate_tensor(raw ^ parent, f32)[0] / writer.estimate_tensor(raw, f32)[0]
+    assert pair is not None and pair.changed == 1.0
+    assert abs(pair.delta / pair.alone - exact) < 0.02 and exact < 0.5
+
+    def save(bar: float) -> WriteResult:
+        monkeypatch.setattr(writer, "DELTA_PAYS", bar)
+        buf = io.BytesIO()
+        with Writer(buf, parent_id=b"\x01" * 16) as w:
+            w.add("w", Tensor(f32, (N,), raw), parent=Tensor(f32, (N,), parent))
+            return w.close()
+
+    assert save(0.9).delta_count == 1
+    xors = _spy(monkeypatch, "_xor")
+    result = save(exact / 2)
+    assert result.delta_count == 0 and xors == []
+
+
+def test_the_pair_is_left_to_the_exact_estimates_for_a_tensor_its_sample_covers() -> None:
+    small = _bf16(_weights(10)[:writer.PAIR_CHUNKS * writer.PAIR_CHUNK])
+    assert writer.estimate_pair(small, small, BY_NAME["bfloat16"]) is None
+    larger = _bf16(_weights(10)[:writer.PAIR_CHUNKS * writer.PAIR_CHUNK + 1])
+    assert writer.estimate_pair(larger, larger, BY_NAME["bfloat16"]) is not None
+    raw = np.zeros(1 << 20, np.uint8)  # stored whole: not split
+    assert writer.estimate_pair(raw, raw, BY_NAME["uint8"]) is None
+
+
+def test_delta_pays_below_its_share_of_the_tensor_alone() -> None:
+    assert writer.delta_pays(89, 100) and not writer.delta_pays(90, 100)
+    assert not writer.delta_pays(0, 0)
 
 
 def test_the_rough_estimate_counts_no_plane() -> None:
