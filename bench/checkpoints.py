@@ -20,6 +20,7 @@ $OUT/checkpoints.json when OUT is set.
 from __future__ import annotations
 
 import argparse
+import copy
 import io
 import json
 import os
@@ -103,9 +104,12 @@ def training(device: str, dim: int, layers: int, lr: float = 3e-4):
 
 
 def state_of(model, opt) -> dict:
+    """A snapshot of the training state: copies, not the live tensors, so that states taken
+    steps apart differ as a training loop's saves do. (Before 2026-12-04 the optimizer's
+    moments were the live tensors: every state of a chain held the last step's moments.)"""
     master = {k: v.detach().clone() for k, v in model.state_dict().items()}
     return {"weights_bf16": {k: v.to(torch.bfloat16) for k, v in master.items()},
-            "master_fp32": master, "optimizer": opt.state_dict()}
+            "master_fp32": master, "optimizer": copy.deepcopy(opt.state_dict())}
 
 
 def raw_bytes(state) -> int:
