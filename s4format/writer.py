@@ -214,7 +214,7 @@ def estimate_pair(raw: np.ndarray, parent: np.ndarray, dtype: DType) -> Pair | N
     if words.size <= PAIR_CHUNKS * PAIR_CHUNK:
         return None
     mine = sample_words(words, PAIR_CHUNKS, PAIR_CHUNK)
-    xor = sample_words(words, PAIR_CHUNKS, PAIR_CHUNK, parent.view(words.dtype))
+    xor = mine ^ sample_words(parent.view(words.dtype), PAIR_CHUNKS, PAIR_CHUNK)
     fields = layout.planes(dtype.itemsize)
     n = words.size
     alone, delta = (layout.views(s.view(np.uint8), dtype.itemsize)

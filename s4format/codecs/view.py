@@ -174,15 +174,10 @@ def sample_starts(n: int, chunks: int = SAMPLE_CHUNKS, chunk: int = SAMPLE_CHUNK
     return np.linspace(0, n - chunk, chunks).astype(np.int64)
 
 
-def sample_words(words: np.ndarray, chunks: int, chunk: int, other: np.ndarray | None = None
-                 ) -> np.ndarray:
-    """The words of the sample of :func:`sample_starts`, in order; given ``other`` (as long,
-    of the same type), XORed with its words there."""
+def sample_words(words: np.ndarray, chunks: int, chunk: int) -> np.ndarray:
+    """The words of the sample of :func:`sample_starts`, in order (a copy)."""
     runs = sample_starts(words.size, chunks, chunk)[:, None] + np.arange(chunk)
-    out = words[runs].reshape(-1)
-    if other is not None:
-        out ^= other[runs].reshape(-1)
-    return out
+    return words[runs].reshape(-1)
 
 
 def _or_of(counts: np.ndarray) -> int:
