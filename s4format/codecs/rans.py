@@ -140,26 +140,58 @@ def table_bytes(freqs: np.ndarray) -> bytes:
 
 def _parse_table(buf: np.ndarray, pos: int) -> tuple[np.ndarray, int]:
     """Read and validate the table at ``pos``; return (freqs[256], position after it)."""
-    if len(buf) < pos + BITMAP_SIZE:
-        raise CodecError("rans stream ends inside the frequency table's presence bitmap")
-    present = np.unpackbits(buf[pos:pos + BITMAP_SIZE], bitorder="little").astype(bool)
-    k = int(present.sum())
-    if k == 0:
-        raise CodecError("rans frequency table marks no symbol present")
-    body = pos + BITMAP_SIZE
-    size = BITMAP_SIZE + 2 * k
-    end = pos + size + (-size % 4)
-    if len(buf) < end:
-        raise CodecError(f"rans stream ends inside the frequency table ({k} symbols)")
     freqs = np.zeros(256, dtype=np.int64)
-    freqs[present] = buf[body:body + 2 * k].view("<u2")
-    if int(freqs[present].min()) < 1:
+    fault, k, end = _table_at(buf, pos, freqs)
+    if fault == _TAB_BITMAP:
+        raise CodecError("rans stream ends inside the frequency table's presence bitmap")
+    if fault == _TAB_EMPTY:
+        raise CodecError("rans frequency table marks no symbol present")
+    if fault == _TAB_SHORT:
+        raise CodecError(f"rans stream ends inside the frequency table ({k} symbols)")
+    if fault == _TAB_ZERO:
         raise CodecError("rans frequency table gives a present symbol frequency 0")
-    if int(freqs.sum()) != PROB_SCALE:
-        raise CodecError(f"rans frequencies sum to {int(freqs.sum())}, must sum to 4096")
-    if buf[body + 2 * k:end].any():
+    if fault == _TAB_SUM:
+        raise CodecError(f"rans frequencies sum to {k}, must sum to 4096")
+    if fault == _TAB_PAD:
         raise CodecError("rans frequency table padding is not zero")
     return freqs, end
+
+
+# What :func:`_table_at` finds wrong with a table, in the order it checks.
+_TAB_BITMAP, _TAB_EMPTY, _TAB_SHORT, _TAB_ZERO, _TAB_SUM, _TAB_PAD = 1, 2, 3, 4, 5, 6
+
+
+@kernel()
+def _table_at(buf, pos, freqs):  # pragma: no cover - compiled
+    """The table at ``pos`` into ``freqs`` (zeros): (fault, k or the frequencies' sum, end).
+    (Compiled: in numpy a table took ~40 us, a share of each small plane's decode.)"""
+    if buf.size < pos + BITMAP_SIZE:
+        return _TAB_BITMAP, 0, 0
+    k = 0
+    for s in range(256):
+        k += (buf[pos + (s >> 3)] >> (s & 7)) & 1
+    if k == 0:
+        return _TAB_EMPTY, 0, 0
+    size = BITMAP_SIZE + 2 * k
+    end = pos + size + (4 - size % 4) % 4
+    if buf.size < end:
+        return _TAB_SHORT, k, 0
+    at, total, zero = pos + BITMAP_SIZE, 0, False
+    for s in range(256):
+        if (buf[pos + (s >> 3)] >> (s & 7)) & 1:
+            f = np.int64(buf[at]) | (np.int64(buf[at + 1]) << 8)
+            freqs[s] = f
+            zero |= f == 0
+            total += f
+            at += 2
+    if zero:
+        return _TAB_ZERO, 0, 0
+    if total != PROB_SCALE:
+        return _TAB_SUM, total, 0
+    for i in range(at, end):
+        if buf[i]:
+            return _TAB_PAD, 0, 0
+    return 0, k, end
 
 
 def _encoder_table(freqs: np.ndarray) -> np.ndarray:
@@ -760,10 +792,6 @@ def _rans_stream(view: PlaneView | np.ndarray, log2_block: int, freqs: np.ndarra
     return out
 
 
-def _u32_array(buf: np.ndarray, pos: int, count: int) -> np.ndarray:
-    return buf[pos:pos + 4 * count].view("<u4").astype(np.int64)
-
-
 class RansCodec(Codec):
     """S4 rANS; ``log2_block`` is the encoder's block size (the decoder reads it per stream)."""
 
@@ -904,17 +932,14 @@ class _Blocks:
         if buf.size < words_at:
             raise CodecError(f"rans stream of {buf.size} bytes ends before the word area of "
                              f"its {nb} blocks (needs {words_at})")
-        counts = _u32_array(buf, pos, nb)
-        lengths = _block_lengths(n, log2_block)
-        over = np.flatnonzero(counts > lengths)
-        if over.size:
-            b = int(over[0])
-            raise CodecError(f"rans block {b} stores {int(counts[b])} words for "
-                             f"{int(lengths[b])} symbols (at most one word per symbol)")
-        self.offsets = np.zeros(nb + 1, dtype=np.int64)
-        np.cumsum(counts, out=self.offsets[1:])
+        self.offsets = np.empty(nb + 1, dtype=np.int64)
+        self.states = np.empty(nb * LANES, dtype=np.int64)
+        over, count = _block_index(buf, pos, n, log2_block, self.offsets, self.states)
+        if over >= 0:
+            length = min(1 << log2_block, n - (over << log2_block))
+            raise CodecError(f"rans block {over} stores {count} words for {length} symbols "
+                             "(at most one word per symbol)")
         _expect_size(buf, words_at + 2 * int(self.offsets[-1]), "RANS")
-        self.states = _u32_array(buf, pos + 4 * nb, nb * LANES)
         words = buf[words_at:].view("<u2")
         self.words = words if words.flags.aligned else words.copy()
         self.dtab = _decoder_table(freqs)
@@ -949,5 +974,27 @@ class _Blocks:
         b0, b1 = lo >> self.log2_block, _n_blocks(hi, self.log2_block)
         return None if self.decode(b0, b1, out).any() else out
 
+
+
+@kernel()
+def _block_index(buf, pos, n, log2_block, offsets, states):  # pragma: no cover - compiled
+    """The blocks' word counts at ``pos`` summed into ``offsets`` and their final states
+    into ``states`` (the caller has checked that both lie in ``buf``): (-1, 0), or the first
+    block storing more words than its symbols and its count."""
+    nb = offsets.size - 1
+    offsets[0] = 0
+    for b in range(nb):
+        at = pos + 4 * b
+        count = np.int64(buf[at]) | (np.int64(buf[at + 1]) << 8) | \
+            (np.int64(buf[at + 2]) << 16) | (np.int64(buf[at + 3]) << 24)
+        if count > min(np.int64(1) << log2_block, n - (np.int64(b) << log2_block)):
+            return b, count
+        offsets[b + 1] = offsets[b] + count
+    at = pos + 4 * nb
+    for j in range(states.size):
+        p = at + 4 * j
+        states[j] = np.int64(buf[p]) | (np.int64(buf[p + 1]) << 8) | \
+            (np.int64(buf[p + 2]) << 16) | (np.int64(buf[p + 3]) << 24)
+    return -1, 0
 
 register(RansCodec())
