@@ -23,7 +23,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from s4format import codecs, hashing, layouts, masked, objtree, policy, threads
-from s4format.codecs.view import PlaneView, run_pieces, sample_words
+from s4format.codecs.view import PlaneView, counted, run_pieces, sample_words
 from s4format.dtypes import DType
 from s4format.errors import FormatError, LimitError, StorageError, UnsupportedObjectError
 from s4format.indexwrite import build_index
@@ -217,8 +217,11 @@ def estimate_pair(raw: np.ndarray, parent: np.ndarray, dtype: DType) -> Pair | N
     xor = mine ^ sample_words(parent.view(words.dtype), PAIR_CHUNKS, PAIR_CHUNK)
     fields = layout.planes(dtype.itemsize)
     n = words.size
-    alone, delta = (layout.views(s.view(np.uint8), dtype.itemsize)
-                    for s in (mine, xor))
+    # (every field of a sample counted in one pass: the sample is small, so the calls are
+    # what costs)
+    shifts = np.array([f.shift for f in fields], dtype=np.int64)
+    masks = np.array([(1 << f.bits) - 1 for f in fields], dtype=np.int64)
+    alone, delta = (counted(s, shifts, masks) for s in (mine, xor))
     return Pair(sum(policy.order0_estimate(v, n) for v in alone),
                 sum(policy.order0_estimate(v, n) for v in delta),
                 np.count_nonzero(xor) / xor.size,
