@@ -164,7 +164,8 @@ _TAB_BITMAP, _TAB_EMPTY, _TAB_SHORT, _TAB_ZERO, _TAB_SUM, _TAB_PAD = 1, 2, 3, 4,
 @kernel()
 def _table_at(buf, pos, freqs):  # pragma: no cover - compiled
     """The table at ``pos`` into ``freqs`` (zeros): (fault, k or the frequencies' sum, end).
-    (Compiled: in numpy a table took ~40 us, a share of each small plane's decode.)"""
+    (Compiled with :func:`_block_index`: a stream's setup took 22 us in numpy, 12 us so, a
+    share of each small plane's decode.)"""
     if buf.size < pos + BITMAP_SIZE:
         return _TAB_BITMAP, 0, 0
     k = 0
@@ -973,7 +974,6 @@ class _Blocks:
         out = np.empty(hi - lo, dtype=np.uint8)
         b0, b1 = lo >> self.log2_block, _n_blocks(hi, self.log2_block)
         return None if self.decode(b0, b1, out).any() else out
-
 
 
 @kernel()
