@@ -83,7 +83,7 @@ class Layout:
             rows = raw.reshape(n, w)
             return [np.ascontiguousarray(rows[:, j]) for j in range(w)]
         out = np.empty((len(self.fields), n), dtype=np.uint8)
-        words, shifts, masks = raw.view(_UINT[w]), self._shifts, self._masks
+        words, (shifts, masks) = raw.view(_UINT[w]), self.shifts_masks(itemsize)
         run_pieces(lambda lo, hi: _split_fields(words, shifts, masks, out, lo, hi), n, PIECE)
         return list(out)
 
@@ -105,12 +105,11 @@ class Layout:
         words = raw.view(_UINT[w])
         views: list[PlaneView | None] = [None] * len(fields)
         exact = [count and f.kind in (KIND_SIGN, KIND_EXPONENT) for f in fields]
+        all_shifts, all_masks = self.shifts_masks(itemsize)
         for pick, make in ((True, counted), (False, functools.partial(sampled, ors=count))):
             ks = [k for k in range(len(fields)) if exact[k] == pick]
             if ks:
-                shifts = np.array([fields[k].shift for k in ks], dtype=np.int64)
-                masks = np.array([(1 << fields[k].bits) - 1 for k in ks], dtype=np.int64)
-                for k, v in zip(ks, make(words, shifts, masks)):
+                for k, v in zip(ks, make(words, all_shifts[ks], all_masks[ks])):
                     views[k] = v
         return views
 
@@ -213,13 +212,12 @@ class Layout:
             return None
         return _readonly(sign[0]), _readonly(mantissa[0])
 
-    @property
-    def _shifts(self) -> np.ndarray:
-        return np.array([f.shift for f in self.fields], dtype=np.int64)
-
-    @property
-    def _masks(self) -> np.ndarray:
-        return np.array([(1 << f.bits) - 1 for f in self.fields], dtype=np.int64)
+    def shifts_masks(self, itemsize: int) -> tuple[np.ndarray, np.ndarray]:
+        """Each plane's shift and mask in the word (of :meth:`planes`), as the counting and
+        splitting kernels take them."""
+        fields = self.planes(itemsize)
+        return (np.array([f.shift for f in fields], dtype=np.int64),
+                np.array([(1 << f.bits) - 1 for f in fields], dtype=np.int64))
 
 
 _UINT = {1: np.dtype("u1"), 2: np.dtype("<u2"), 4: np.dtype("<u4"), 8: np.dtype("<u8")}

@@ -219,8 +219,7 @@ def estimate_pair(raw: np.ndarray, parent: np.ndarray, dtype: DType) -> Pair | N
     n = words.size
     # (every field of a sample counted in one pass: the sample is small, so the calls are
     # what costs)
-    shifts = np.array([f.shift for f in fields], dtype=np.int64)
-    masks = np.array([(1 << f.bits) - 1 for f in fields], dtype=np.int64)
+    shifts, masks = layout.shifts_masks(dtype.itemsize)
     alone, delta = (counted(s, shifts, masks) for s in (mine, xor))
     return Pair(sum(policy.order0_estimate(v, n) for v in alone),
                 sum(policy.order0_estimate(v, n) for v in delta),
