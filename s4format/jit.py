@@ -130,6 +130,22 @@ def target_has(context: Any, *features: str) -> bool:
     return all(f"+{f}" in have for f in features)
 
 
+# The vector kernels' intrinsics (word expands and compresses among them) as named and typed
+# from LLVM 20 on, the oldest LLVM they were checked with here; an older llvmlite keeps the
+# scalar loops.
+LLVM_VECTORS = (20, 0)
+
+
+def vbmi2_vectors(context: Any) -> bool:
+    """Whether numba's target in ``context`` has AVX-512 F, BW and VBMI2 and an LLVM that knows
+    the intrinsics the vector kernels call (rANS rows, masked words)."""
+    import llvmlite.binding
+
+    if tuple(llvmlite.binding.llvm_version_info[:2]) < LLVM_VECTORS:
+        return False
+    return target_has(context, "avx512f", "avx512bw", "avx512vbmi2")
+
+
 def constant(value: Callable[[Any], bool]) -> Callable[..., Any]:
     """An intrinsic's codegen of the boolean constant ``value(context)``."""
     from numba.core import types

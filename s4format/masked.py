@@ -15,7 +15,7 @@ import numpy as np
 
 from s4format.codecs.view import PIECE, run_pieces
 from s4format.errors import FormatError
-from s4format.jit import intrinsic, kernel
+from s4format.jit import constant, intrinsic, kernel, vbmi2_vectors
 from s4format.layouts import _UINT
 
 _POPCOUNT = np.array([bin(b).count("1") for b in range(256)], dtype=np.int64)
@@ -139,6 +139,14 @@ def _mask_bytes(words, other, xor, lo, hi, mask, table):  # pragma: no cover - c
     (:func:`_other`); returns the bits set. Each bit is computed, not branched on: a branch
     on which words changed mispredicts at random."""
     c = 0
+    if _vector_blocks(words, words, other):
+        blocks = (hi - lo) >> 6
+        m64 = mask[lo >> 3:(lo >> 3) + 8 * blocks].view(np.uint64)
+        for q in range(blocks):
+            bits = _mask_block(words, other, xor, lo + 64 * q)
+            m64[q] = bits
+            c += _ctpop64(bits)
+        lo += 64 * blocks
     whole = lo + (hi - lo) // 8 * 8
     for b in range(lo >> 3, whole >> 3):
         byte = 0
@@ -191,6 +199,189 @@ def _ctz64(typingctx, x):  # pragma: no cover - compiled
     return types.uint64(types.uint64), codegen
 
 
+def _words_type(*arrays) -> int:
+    """The bits of the words of numba array types ``arrays`` where the vector blocks take them:
+    C-contiguous arrays of one unsigned integer type, addressed by their data pointers; else
+    0 (the scalar loops then run)."""
+    from numba.core import types
+
+    first = arrays[0]
+    if not all(isinstance(t, types.Array) and t.layout == "C" and t.dtype == first.dtype
+               for t in arrays) or not isinstance(first.dtype, types.Integer) \
+            or first.dtype.signed or first.dtype.bitwidth not in (8, 16, 32, 64):
+        return 0
+    return first.dtype.bitwidth
+
+
+@intrinsic
+def _vector_blocks(typingctx, dense, packed, other):  # pragma: no cover - compiled
+    """True (a constant) where the kernels here run 64 words at a time as AVX-512 vectors
+    (:func:`~s4format.jit.vbmi2_vectors`, :func:`_words_type`): masks by comparing words with
+    zero, kept words by expanding loads and compressing stores."""
+    from numba.core import types
+
+    ok = bool(_words_type(dense, packed, other))
+    return types.boolean(dense, packed, other), constant(
+        lambda context: ok and vbmi2_vectors(context))
+
+
+class _Vectors:
+    """What the block intrinsics' code generation shares: the words' vector type (512 bits of
+    words), the arrays' data pointers, and LLVM's intrinsics for them."""
+
+    def __init__(self, context, builder, signature, args, arrays: tuple[int, ...]) -> None:
+        from llvmlite import ir
+        from numba.core import cgutils
+
+        self.b = builder
+        self.bits = _words_type(*(signature.args[k] for k in arrays)) or 16
+        self.lanes = 512 // self.bits
+        self.word = ir.IntType(self.bits)
+        self.vec = ir.VectorType(self.word, self.lanes)
+        self.flags = ir.VectorType(ir.IntType(1), self.lanes)
+        self.i64 = ir.IntType(64)
+        self.ptrs = [context.make_array(signature.args[k])(context, builder, args[k]).data
+                     for k in arrays]
+        self.ok = bool(_words_type(*(signature.args[k] for k in arrays))) \
+            and vbmi2_vectors(context)
+        name = f"v{self.lanes}i{self.bits}"
+        module = builder.module
+        self.expand = cgutils.get_or_insert_function(module, ir.FunctionType(
+            self.vec, [ir.PointerType(self.word), self.flags, self.vec]),
+            f"llvm.masked.expandload.{name}")
+        self.compress = cgutils.get_or_insert_function(module, ir.FunctionType(
+            ir.VoidType(), [self.vec, ir.PointerType(self.word), self.flags]),
+            f"llvm.masked.compressstore.{name}")
+        self.ctpop = cgutils.get_or_insert_function(module, ir.FunctionType(
+            ir.IntType(self.lanes), [ir.IntType(self.lanes)]), f"llvm.ctpop.i{self.lanes}")
+
+    def at(self, ptr, index):
+        """The vector of words from word ``index`` of ``ptr``, as a pointer to load or store."""
+        return self.b.bitcast(self.b.gep(ptr, [index]), self.vec.as_pointer())
+
+    def index(self, start, chunk: int):
+        from llvmlite import ir
+
+        return self.b.add(start, ir.Constant(self.i64, chunk * self.lanes))
+
+    def chunk_bits(self, bits, chunk: int):
+        """The bits of the mask's u64 ``bits`` for chunk ``chunk`` of the block: an integer of
+        one bit per lane, and the same as a vector of flags."""
+        from llvmlite import ir
+
+        b = self.b
+        part = b.lshr(bits, ir.Constant(self.i64, chunk * self.lanes))
+        if self.lanes < 64:
+            part = b.trunc(part, ir.IntType(self.lanes))
+        return part, b.bitcast(part, self.flags)
+
+    def widen(self, value):
+        """An integer of at most 64 bits as an i64."""
+        return value if value.type.width == 64 else self.b.zext(value, self.i64)
+
+    @property
+    def chunks(self) -> range:
+        return range(64 // self.lanes)
+
+
+@intrinsic
+def _mask_block(typingctx, words, other, xor, at):  # pragma: no cover - compiled
+    """The mask bits (a u64, bit k for word ``at + k``) of the 64 words from ``at`` of
+    ``words``, of ``words ^ other`` where ``xor``: each vector of words compared with zero."""
+    from llvmlite import ir
+    from numba.core import types
+
+    def codegen(context, builder, signature, args):
+        v = _Vectors(context, builder, signature, args, (0, 1))
+        if not v.ok:
+            return ir.Constant(v.i64, 0)  # (never run: _vector_blocks() is False here)
+        words_p, other_p = v.ptrs
+        out = ir.Constant(v.i64, 0)
+        for c in v.chunks:
+            k = v.index(args[3], c)
+            w = builder.load(v.at(words_p, k), align=1)
+            x = builder.select(args[2], builder.xor(w, builder.load(v.at(other_p, k), align=1)),
+                               w)
+            set_ = builder.bitcast(builder.icmp_unsigned("!=", x, ir.Constant(v.vec, None)),
+                                   ir.IntType(v.lanes))
+            out = builder.or_(out, builder.shl(v.widen(set_),
+                                               ir.Constant(v.i64, c * v.lanes)))
+        return out
+
+    return types.uint64(words, other, xor, at), codegen
+
+
+@intrinsic
+def _expand_block(typingctx, bits, dense, packed, at, j):  # pragma: no cover - compiled
+    """XOR ``packed[j:]``'s words into the 64 words from ``at`` of ``dense`` whose bits are set
+    in the u64 ``bits``, in order (an expanding load per vector); returns the next j and
+    whether a word taken was zero (non-zero)."""
+    from llvmlite import ir
+    from numba.core import types
+
+    ret = types.UniTuple(types.int64, 2)
+
+    def codegen(context, builder, signature, args):
+        v = _Vectors(context, builder, signature, args, (1, 2))
+        bits_v, _d, _p, at_v, j_v = args
+        zero = ir.Constant(v.i64, 0)
+        if not v.ok:  # (never run: _vector_blocks() is False here)
+            return context.make_tuple(builder, ret, [j_v, zero])
+        dense_p, packed_p = v.ptrs
+        for c in v.chunks:
+            part, flags = v.chunk_bits(bits_v, c)
+            got = builder.call(v.expand, [builder.gep(packed_p, [j_v]), flags,
+                                          ir.Constant(v.vec, None)])
+            dest = v.at(dense_p, v.index(at_v, c))
+            builder.store(builder.xor(builder.load(dest, align=1), got), dest, align=1)
+            zeros = builder.and_(builder.icmp_unsigned("==", got, ir.Constant(v.vec, None)),
+                                 flags)
+            zero = builder.or_(zero, v.widen(builder.bitcast(zeros, ir.IntType(v.lanes))))
+            j_v = builder.add(j_v, v.widen(builder.call(v.ctpop, [part])))
+        return context.make_tuple(builder, ret, [j_v, zero])
+
+    return ret(bits, dense, packed, at, j), codegen
+
+
+@intrinsic
+def _compact_block(typingctx, bits, dense, packed, other, at, j, xor
+                   ):  # pragma: no cover - compiled
+    """Write the words of the 64 from ``at`` of ``dense`` (``dense ^ other`` where ``xor``)
+    whose bits are set in the u64 ``bits`` to ``packed[j:]``, in order (a compressing store
+    per vector); returns the next j."""
+    from numba.core import types
+
+    def codegen(context, builder, signature, args):
+        v = _Vectors(context, builder, signature, args, (1, 2, 3))
+        bits_v, _d, _p, _o, at_v, j_v, xor_v = args
+        if not v.ok:
+            return j_v  # (never run: _vector_blocks() is False here)
+        dense_p, packed_p, other_p = v.ptrs
+        for c in v.chunks:
+            part, flags = v.chunk_bits(bits_v, c)
+            k = v.index(at_v, c)
+            w = builder.load(v.at(dense_p, k), align=1)
+            x = builder.select(xor_v, builder.xor(w, builder.load(v.at(other_p, k), align=1)),
+                               w)
+            builder.call(v.compress, [x, builder.gep(packed_p, [j_v]), flags])
+            j_v = builder.add(j_v, v.widen(builder.call(v.ctpop, [part])))
+        return j_v
+
+    return types.int64(bits, dense, packed, other, at, j, xor), codegen
+
+
+def vector_blocks() -> bool:
+    """Whether this process finds masks and moves kept words 64 at a time as vectors (else
+    word by word); both give the same bytes and find the same zero words."""
+    w = np.zeros(64, np.uint16)
+    return bool(_vector_probe(w, w, w))
+
+
+@kernel()
+def _vector_probe(dense, packed, other):  # pragma: no cover - compiled
+    return _vector_blocks(dense, packed, other)
+
+
 @kernel(inline="always")
 def _word(words, other, xor, i):  # pragma: no cover - compiled
     return words[i] ^ other[i] if xor else words[i]
@@ -210,6 +401,19 @@ def _by_mask(mask, lo, hi, dense, packed, j, mode, other):  # pragma: no cover -
     zero = False
     whole = (hi - lo) >> 6
     m64 = mask[lo >> 3:(lo >> 3) + 8 * whole].view(np.uint64)
+    if _vector_blocks(dense, packed, other):
+        compact = mode in (_COMPACT, _COMPACT_XOR)
+        for q in range(whole):
+            bits = m64[q]
+            if not bits:  # (a sparse mask's blocks are mostly empty)
+                continue
+            if compact:
+                j = _compact_block(bits, dense, packed, other, lo + 64 * q, j,
+                                   mode == _COMPACT_XOR)
+            else:  # (_PLACE too: its words are zero, so the XOR writes the kept word)
+                j, z = _expand_block(bits, dense, packed, lo + 64 * q, j)
+                zero |= z != 0
+        lo, whole = lo + 64 * whole, 0  # (only the tail is left)
     for q in range(whole):
         bits = m64[q]
         base = lo + 64 * q

@@ -25,3 +25,12 @@ def on_generic_cpu(tmp_path: Path, module: str, expression: str) -> Any:
     child = subprocess.run([sys.executable, "-c", code, str(ROOT), module, expression],
                            env=env, capture_output=True, text=True, timeout=600, check=True)
     return json.loads(child.stdout.strip().splitlines()[-1])
+
+
+def cpu_flags() -> set[str]:
+    """This CPU's feature flags as Linux names them (empty elsewhere)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return set(next((ln for ln in f if ln.startswith("flags")), "").split())
+    except OSError:
+        return set()

@@ -27,7 +27,7 @@ from s4format.codecs.abc import Codec, Encoded, Slicer
 from s4format.codecs.registry import RANS, register
 from s4format.codecs.view import PlaneView
 from s4format.errors import CodecError, LimitError
-from s4format.jit import constant, intrinsic, kernel, target_has
+from s4format.jit import constant, intrinsic, kernel, vbmi2_vectors
 
 LANES = 32
 PROB_BITS = 12
@@ -370,7 +370,7 @@ def _encode_row_vector(typingctx, words, row, sh, mk, ctab, x, scratch, w
 
     def codegen(context, builder, signature, args):
         words_a, row, sh, mk, ctab_a, x_a, scratch_a, w = args
-        if not _vectors_compile(context):
+        if not vbmi2_vectors(context):
             return w  # (never run: _vector_rows() is False in this compile; the IR stays valid)
         tw, _, _, _, tc, tx, ts, _ = signature.args
         warr = context.make_array(tw)(context, builder, words_a)
@@ -497,27 +497,12 @@ def _decode_row_fast(words, p, x, dtab, out, row):  # pragma: no cover - compile
 
 @intrinsic
 def _vector_rows(typingctx):  # pragma: no cover - compiled
-    """True where the vector rows compile (:func:`_vectors_compile`): AVX-512 runs
+    """True where the vector rows compile (:func:`vbmi2_vectors`): AVX-512 runs
     :func:`_decode_row_vector` and :func:`_encode_row_vector` as gathers, word expands and
     compresses. A constant, so each kernel runs only one of its two row coders."""
     from numba.core import types
 
-    return types.boolean(), constant(_vectors_compile)
-
-
-# The vector rows' intrinsics (compress among them) as named and typed from LLVM 20 on, the
-# oldest LLVM they were checked with here; an older llvmlite keeps the scalar rows.
-_LLVM_VECTORS = (20, 0)
-
-
-def _vectors_compile(context) -> bool:
-    """Whether numba's target here has AVX-512 F, BW and VBMI2 and an LLVM that knows the
-    intrinsics the vector rows call."""
-    import llvmlite.binding
-
-    if tuple(llvmlite.binding.llvm_version_info[:2]) < _LLVM_VECTORS:
-        return False
-    return target_has(context, "avx512f", "avx512bw", "avx512vbmi2")
+    return types.boolean(), constant(vbmi2_vectors)
 
 
 def _plain(*arrays) -> bool:
@@ -561,7 +546,7 @@ def _decode_row_vector(typingctx, words, p, x, dtab, out, row):  # pragma: no co
 
     def codegen(context, builder, signature, args):
         words_a, p, x_a, dtab_a, out_a, row = args
-        if not _vectors_compile(context):
+        if not vbmi2_vectors(context):
             return p  # (never run: _vector_rows() is False in this compile; the IR stays valid)
         tw, _, tx, td, to, _ = signature.args
         wptr = context.make_array(tw)(context, builder, words_a).data

@@ -14,8 +14,9 @@ import textwrap
 import numpy as np
 import pytest
 
+from s4format import jit
 from s4format.codecs import rans
-from tests.generic_cpu import on_generic_cpu
+from tests.generic_cpu import cpu_flags, on_generic_cpu
 
 CASES = textwrap.dedent('''
     import numpy as np
@@ -111,13 +112,8 @@ def _cpu_has_vectors() -> bool:
     """Whether this CPU and numba's LLVM should give the vector rows (Linux flags)."""
     import llvmlite.binding
 
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next((ln for ln in f if ln.startswith("flags")), "").split()
-    except OSError:
-        return False
-    return {"avx512f", "avx512bw", "avx512_vbmi2"} <= set(flags) and \
-        tuple(llvmlite.binding.llvm_version_info[:2]) >= rans._LLVM_VECTORS
+    return {"avx512f", "avx512bw", "avx512_vbmi2"} <= cpu_flags() and \
+        tuple(llvmlite.binding.llvm_version_info[:2]) >= jit.LLVM_VECTORS
 
 
 def test_vector_rows_where_the_cpu_has_them():

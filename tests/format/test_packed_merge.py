@@ -13,7 +13,7 @@ import pytest
 
 from s4format import codecs, layouts
 from s4format.codecs.view import PIECE
-from tests.generic_cpu import on_generic_cpu
+from tests.generic_cpu import cpu_flags, on_generic_cpu
 
 RNG = np.random.default_rng(21)
 
@@ -106,12 +106,7 @@ def _digest() -> str:
 
 def test_vector_merge_where_the_cpu_has_it():
     # (a numba that renamed what the gate reads would fall back to the word loop silently)
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = set(next((ln for ln in f if ln.startswith("flags")), "").split())
-    except OSError:
-        flags = set()
-    assert layouts.vector_merging() == ({"avx512f", "avx512bw", "avx512vbmi"} <= flags)
+    assert layouts.vector_merging() == ({"avx512f", "avx512bw", "avx512vbmi"} <= cpu_flags())
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="NUMBA_CPU_NAME is exercised on Linux")

@@ -1,0 +1,101 @@
+"""The masked-word kernels run 64 words at a time as AVX-512 vectors where the CPU has them
+(masks by comparing words with zero, kept words by compressing stores and expanding loads):
+they give the bytes and find the zero words that the word-by-word loops of every other CPU
+do, at lengths around a block and a piece of work, sparse and dense, and for every dtype."""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+
+import llvmlite.binding
+import numpy as np
+import pytest
+
+from s4format import FormatError, jit, masked
+from tests.generic_cpu import cpu_flags, on_generic_cpu
+
+LENGTHS = (0, 1, 7, 63, 64, 65, 127, 128, 200, masked.PIECE - 1, masked.PIECE + 65,
+           2 * masked.PIECE + 3)
+SHARES = (0.0, 0.02, 0.3, 0.97, 1.0)
+UINT = (np.uint8, np.uint16, np.uint32, np.uint64)
+
+
+def _words(rng: np.random.Generator, dtype, n: int, share: float) -> np.ndarray:
+    top = np.iinfo(dtype).max
+    words = rng.integers(1, top, n, dtype=dtype, endpoint=True)
+    words[rng.random(n) >= share] = 0
+    return words
+
+
+def _zero_found(mask: np.ndarray, kept: np.ndarray, word: int, n: int, at: int) -> bool:
+    """Whether expand refuses the kept words with word ``at`` of them made zero."""
+    bad = kept.copy()
+    bad[at] = 0
+    try:
+        masked.expand(mask, bad.view(np.uint8), np.zeros(n * word, np.uint8), word, False)
+    except FormatError as exc:
+        assert "zero" in str(exc)
+        return True
+    return False
+
+
+def _digest() -> str:
+    """A digest of every mask, kept word and expanded tensor of the cases, and of which
+    zero words expand found."""
+    rng = np.random.default_rng(5)
+    h = hashlib.sha256()
+    for dtype in UINT:
+        word = np.dtype(dtype).itemsize
+        for n in LENGTHS:
+            for share in SHARES:
+                words = _words(rng, dtype, n, share)
+                parent = rng.integers(0, np.iinfo(dtype).max, n, dtype=dtype, endpoint=True)
+                mask, starts = masked.mask_of(words)
+                kept = masked.kept_words(words, mask, starts)
+                d_mask, d_starts = masked.mask_of(words ^ parent, parent)
+                d_kept = masked.kept_words(words ^ parent, d_mask, d_starts, parent)
+                placed = np.zeros(n * word, np.uint8)
+                masked.expand(mask, kept.view(np.uint8), placed, word, False)
+                xored = parent.copy().view(np.uint8)
+                masked.expand(mask, kept.view(np.uint8), xored, word, True)
+                for a in (mask, kept, starts, d_mask, d_kept, placed, xored):
+                    h.update(np.ascontiguousarray(a).tobytes())
+                if kept.size:  # the first, one in the middle, the last
+                    for at in {0, kept.size // 2, kept.size - 1}:
+                        h.update(bytes([_zero_found(mask, kept, word, n, at)]))
+    return h.hexdigest()
+
+
+def test_the_cases_follow_the_spec() -> None:
+    """On this machine's kernels (vectors or not), against numpy's reading of the spec."""
+    rng = np.random.default_rng(6)
+    for dtype in UINT:
+        for n in LENGTHS:
+            for share in SHARES:
+                words = _words(rng, dtype, n, share)
+                parent = rng.integers(0, np.iinfo(dtype).max, n, dtype=dtype, endpoint=True)
+                mask, starts = masked.mask_of(words ^ parent, parent)
+                nonzero = words != 0
+                assert mask.tobytes() == np.packbits(nonzero, bitorder="little").tobytes()
+                kept = masked.kept_words(words ^ parent, mask, starts, parent)
+                assert kept.tobytes() == words[nonzero].tobytes()
+                out = parent.copy().view(np.uint8)
+                masked.expand(mask, kept.view(np.uint8), out, dtype().itemsize, True)
+                assert out.tobytes() == (parent ^ words).tobytes()
+                if kept.size:
+                    assert _zero_found(mask, kept, dtype().itemsize, n, kept.size - 1)
+
+
+def test_vector_blocks_where_the_cpu_has_it() -> None:
+    # (a numba that renamed what the gate reads would fall back to the word loops silently)
+    want = {"avx512f", "avx512bw", "avx512_vbmi2"} <= cpu_flags() \
+        and llvmlite.binding.llvm_version_info[:2] >= jit.LLVM_VECTORS
+    assert masked.vector_blocks() == want
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="NUMBA_CPU_NAME is exercised on Linux")
+def test_vector_and_word_loops_agree(tmp_path) -> None:
+    # a generic CPU has no AVX-512: the word loops ran there, and gave the same bytes
+    there = on_generic_cpu(tmp_path, __name__, "[masked.vector_blocks(), _digest()]")
+    assert there == [False, _digest()]
