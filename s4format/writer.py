@@ -385,6 +385,15 @@ class Writer:
             # the delta is estimated exactly and the tensor alone by the sample (exactly
             # where the delta is not clearly smaller, or where an LZ coder may shrink the
             # tensor below what the sample says).
+            if t.nbytes < SPLIT_MIN:
+                # One plane either way (a bias, a norm): coding both costs less than
+                # estimating them (about 0.3 against 0.2 ms), and chooses exactly.
+                coded = code_tensor(t.data, t.dtype, self.policy)
+                delta = code_tensor(_xor(t.data, p.data), t.dtype, self.policy)
+                if not delta_pays(delta.stored, coded.stored):
+                    return self._coded(name, t, coded, coded.stored)
+                return self._coded(name, t, delta, coded.stored,
+                                   parent_hash or hashing.content_hash(p.data))
             pair = estimate_pair(t.data, p.data, t.dtype) if self.policy == "auto" else None
             if pair is not None and pair.changed > MASK_LOOK and \
                     not delta_pays(pair.delta, pair.alone):
