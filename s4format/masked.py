@@ -234,7 +234,8 @@ class _Vectors:
         from numba.core import cgutils
 
         self.b = builder
-        self.bits = _words_type(*(signature.args[k] for k in arrays)) or 16
+        found = _words_type(*(signature.args[k] for k in arrays))
+        self.bits = found or 16  # (16: IR that never runs, as _vector_blocks() is False)
         self.lanes = 512 // self.bits
         self.word = ir.IntType(self.bits)
         self.vec = ir.VectorType(self.word, self.lanes)
@@ -242,8 +243,7 @@ class _Vectors:
         self.i64 = ir.IntType(64)
         self.ptrs = [context.make_array(signature.args[k])(context, builder, args[k]).data
                      for k in arrays]
-        self.ok = bool(_words_type(*(signature.args[k] for k in arrays))) \
-            and vbmi2_vectors(context)
+        self.ok = bool(found) and vbmi2_vectors(context)
         name = f"v{self.lanes}i{self.bits}"
         module = builder.module
         self.expand = cgutils.get_or_insert_function(module, ir.FunctionType(
@@ -397,7 +397,8 @@ def _by_mask(mask, lo, hi, dense, packed, j, mode, other):  # pragma: no cover -
     _COMPACT copies them into ``packed`` (_COMPACT_XOR: each XORed with ``other``'s),
     _PLACE writes ``packed``'s into them, _XOR XORs them in (lo is a multiple of 64).
     Returns whether a word taken from ``packed`` was zero. Its cost follows the set bits,
-    not the words: a fine-tuning delta keeps a fifth."""
+    not the words (a fine-tuning delta keeps a fifth); on vectors, the blocks of 64 words with
+    a bit set."""
     zero = False
     whole = (hi - lo) >> 6
     m64 = mask[lo >> 3:(lo >> 3) + 8 * whole].view(np.uint64)

@@ -7,7 +7,8 @@ never exceeds its raw size; the fixed overhead per tensor is its index record pl
 padding (``spec/format.md``, "Size guarantee"). Given a parent, a tensor is stored as the XOR
 delta against the parent's bytes only when that is estimated to store less than
 :data:`DELTA_PAYS` of the tensor alone (the two are compared by the codecs' estimates, from
-samples where they decide, and only the one kept is coded).
+samples where they decide, and only the one kept is coded; a tensor under
+:data:`SPLIT_MIN` bytes is coded both ways and compared exactly).
 """
 
 from __future__ import annotations
@@ -378,22 +379,23 @@ class Writer:
             p = parent if isinstance(parent, Tensor) else Tensor.from_numpy(parent)
             if p.nbytes != t.nbytes:
                 raise ValueError(f"parent of {name!r} has {p.nbytes} bytes, tensor {t.nbytes}")
-            # Only the one that will be kept is coded: the tensor alone and its delta are
-            # compared by their estimates, not by coding both. Where most words changed, a
-            # sample of both decides when the delta does not pay (delta_pays): the tensor is
-            # coded alone, as a full save codes it, and its delta is never made. Otherwise
-            # the delta is estimated exactly and the tensor alone by the sample (exactly
-            # where the delta is not clearly smaller, or where an LZ coder may shrink the
-            # tensor below what the sample says).
             if t.nbytes < SPLIT_MIN:
-                # One plane either way (a bias, a norm): coding both costs less than
-                # estimating them (about 0.3 against 0.2 ms), and chooses exactly.
+                # One plane either way (a bias, a norm): coding it both ways takes less than
+                # sampling and estimating them (0.2 against 0.3 ms a tensor), and chooses
+                # exactly.
                 coded = code_tensor(t.data, t.dtype, self.policy)
                 delta = code_tensor(_xor(t.data, p.data), t.dtype, self.policy)
                 if not delta_pays(delta.stored, coded.stored):
                     return self._coded(name, t, coded, coded.stored)
                 return self._coded(name, t, delta, coded.stored,
                                    parent_hash or hashing.content_hash(p.data))
+            # A larger tensor: only the one kept is coded. The tensor alone and its delta are
+            # compared by their estimates, not by coding both. Where most words changed, a
+            # sample of both decides when the delta does not pay (delta_pays): the tensor is
+            # coded alone, as a full save codes it, and its delta is never made. Otherwise
+            # the delta is estimated exactly and the tensor alone by the sample (exactly
+            # where the delta is not clearly smaller, or where an LZ coder may shrink the
+            # tensor below what the sample says).
             pair = estimate_pair(t.data, p.data, t.dtype) if self.policy == "auto" else None
             if pair is not None and pair.changed > MASK_LOOK and \
                     not delta_pays(pair.delta, pair.alone):
