@@ -34,3 +34,14 @@ def cpu_flags() -> set[str]:
             return set(next((ln for ln in f if ln.startswith("flags")), "").split())
     except OSError:
         return set()
+
+
+def vbmi2_vectors_expected() -> bool:
+    """Whether this CPU and numba's LLVM should run the kernels gated by
+    :func:`s4format.jit.vbmi2_vectors` (Linux flags)."""
+    import llvmlite.binding
+
+    from s4format import jit
+
+    return {"avx512f", "avx512bw", "avx512_vbmi2"} <= cpu_flags() and \
+        tuple(llvmlite.binding.llvm_version_info[:2]) >= jit.LLVM_VECTORS

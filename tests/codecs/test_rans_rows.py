@@ -14,9 +14,8 @@ import textwrap
 import numpy as np
 import pytest
 
-from s4format import jit
 from s4format.codecs import rans
-from tests.generic_cpu import cpu_flags, on_generic_cpu
+from tests.generic_cpu import on_generic_cpu, vbmi2_vectors_expected
 
 CASES = textwrap.dedent('''
     import numpy as np
@@ -108,17 +107,9 @@ def test_round_trips_on_this_cpu():
     assert intact == 87
 
 
-def _cpu_has_vectors() -> bool:
-    """Whether this CPU and numba's LLVM should give the vector rows (Linux flags)."""
-    import llvmlite.binding
-
-    return {"avx512f", "avx512bw", "avx512_vbmi2"} <= cpu_flags() and \
-        tuple(llvmlite.binding.llvm_version_info[:2]) >= jit.LLVM_VECTORS
-
-
 def test_vector_rows_where_the_cpu_has_them():
     # (a numba that renamed what the gate reads would fall back to the scalar rows silently)
-    assert rans.vector_decoding() == _cpu_has_vectors()
+    assert rans.vector_decoding() == vbmi2_vectors_expected()
 
 
 def test_strided_arrays_take_the_scalar_rows():

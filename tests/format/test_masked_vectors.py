@@ -8,12 +8,11 @@ from __future__ import annotations
 import hashlib
 import sys
 
-import llvmlite.binding
 import numpy as np
 import pytest
 
-from s4format import FormatError, jit, masked
-from tests.generic_cpu import cpu_flags, on_generic_cpu
+from s4format import FormatError, masked
+from tests.generic_cpu import on_generic_cpu, vbmi2_vectors_expected
 
 LENGTHS = (0, 1, 7, 63, 64, 65, 127, 128, 200, masked.PIECE - 1, masked.PIECE + 65,
            2 * masked.PIECE + 3)
@@ -21,11 +20,17 @@ SHARES = (0.0, 0.02, 0.3, 0.97, 1.0)
 UINT = (np.uint8, np.uint16, np.uint32, np.uint64)
 
 
-def _words(rng: np.random.Generator, dtype, n: int, share: float) -> np.ndarray:
-    top = np.iinfo(dtype).max
-    words = rng.integers(1, top, n, dtype=dtype, endpoint=True)
-    words[rng.random(n) >= share] = 0
-    return words
+def _cases(seed: int):
+    """(dtype, n, words, parent) of every case: words of each dtype, length and share non-zero,
+    and a random parent."""
+    rng = np.random.default_rng(seed)
+    for dtype in UINT:
+        top = np.iinfo(dtype).max
+        for n in LENGTHS:
+            for share in SHARES:
+                words = rng.integers(1, top, n, dtype=dtype, endpoint=True)
+                words[rng.random(n) >= share] = 0
+                yield dtype, n, words, rng.integers(0, top, n, dtype=dtype, endpoint=True)
 
 
 def _zero_found(mask: np.ndarray, kept: np.ndarray, word: int, n: int, at: int) -> bool:
@@ -43,55 +48,43 @@ def _zero_found(mask: np.ndarray, kept: np.ndarray, word: int, n: int, at: int) 
 def _digest() -> str:
     """A digest of every mask, kept word and expanded tensor of the cases, and of which
     zero words expand found."""
-    rng = np.random.default_rng(5)
     h = hashlib.sha256()
-    for dtype in UINT:
+    for dtype, n, words, parent in _cases(5):
         word = np.dtype(dtype).itemsize
-        for n in LENGTHS:
-            for share in SHARES:
-                words = _words(rng, dtype, n, share)
-                parent = rng.integers(0, np.iinfo(dtype).max, n, dtype=dtype, endpoint=True)
-                mask, starts = masked.mask_of(words)
-                kept = masked.kept_words(words, mask, starts)
-                d_mask, d_starts = masked.mask_of(words ^ parent, parent)
-                d_kept = masked.kept_words(words ^ parent, d_mask, d_starts, parent)
-                placed = np.zeros(n * word, np.uint8)
-                masked.expand(mask, kept.view(np.uint8), placed, word, False)
-                xored = parent.copy().view(np.uint8)
-                masked.expand(mask, kept.view(np.uint8), xored, word, True)
-                for a in (mask, kept, starts, d_mask, d_kept, placed, xored):
-                    h.update(np.ascontiguousarray(a).tobytes())
-                if kept.size:  # the first, one in the middle, the last
-                    for at in {0, kept.size // 2, kept.size - 1}:
-                        h.update(bytes([_zero_found(mask, kept, word, n, at)]))
+        mask, starts = masked.mask_of(words)
+        kept = masked.kept_words(words, mask, starts)
+        d_mask, d_starts = masked.mask_of(words ^ parent, parent)
+        d_kept = masked.kept_words(words ^ parent, d_mask, d_starts, parent)
+        placed = np.zeros(n * word, np.uint8)
+        masked.expand(mask, kept.view(np.uint8), placed, word, False)
+        xored = parent.copy().view(np.uint8)
+        masked.expand(mask, kept.view(np.uint8), xored, word, True)
+        for a in (mask, kept, starts, d_mask, d_kept, placed, xored):
+            h.update(np.ascontiguousarray(a).tobytes())
+        if kept.size:  # the first, one in the middle, the last
+            for at in {0, kept.size // 2, kept.size - 1}:
+                h.update(bytes([_zero_found(mask, kept, word, n, at)]))
     return h.hexdigest()
 
 
 def test_the_cases_follow_the_spec() -> None:
     """On this machine's kernels (vectors or not), against numpy's reading of the spec."""
-    rng = np.random.default_rng(6)
-    for dtype in UINT:
-        for n in LENGTHS:
-            for share in SHARES:
-                words = _words(rng, dtype, n, share)
-                parent = rng.integers(0, np.iinfo(dtype).max, n, dtype=dtype, endpoint=True)
-                mask, starts = masked.mask_of(words ^ parent, parent)
-                nonzero = words != 0
-                assert mask.tobytes() == np.packbits(nonzero, bitorder="little").tobytes()
-                kept = masked.kept_words(words ^ parent, mask, starts, parent)
-                assert kept.tobytes() == words[nonzero].tobytes()
-                out = parent.copy().view(np.uint8)
-                masked.expand(mask, kept.view(np.uint8), out, dtype().itemsize, True)
-                assert out.tobytes() == (parent ^ words).tobytes()
-                if kept.size:
-                    assert _zero_found(mask, kept, dtype().itemsize, n, kept.size - 1)
+    for dtype, n, words, parent in _cases(6):
+        mask, starts = masked.mask_of(words ^ parent, parent)
+        nonzero = words != 0
+        assert mask.tobytes() == np.packbits(nonzero, bitorder="little").tobytes()
+        kept = masked.kept_words(words ^ parent, mask, starts, parent)
+        assert kept.tobytes() == words[nonzero].tobytes()
+        out = parent.copy().view(np.uint8)
+        masked.expand(mask, kept.view(np.uint8), out, dtype().itemsize, True)
+        assert out.tobytes() == (parent ^ words).tobytes()
+        if kept.size:
+            assert _zero_found(mask, kept, dtype().itemsize, n, kept.size - 1)
 
 
 def test_vector_blocks_where_the_cpu_has_it() -> None:
     # (a numba that renamed what the gate reads would fall back to the word loops silently)
-    want = {"avx512f", "avx512bw", "avx512_vbmi2"} <= cpu_flags() \
-        and llvmlite.binding.llvm_version_info[:2] >= jit.LLVM_VECTORS
-    assert masked.vector_blocks() == want
+    assert masked.vector_blocks() == vbmi2_vectors_expected()
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="NUMBA_CPU_NAME is exercised on Linux")
