@@ -72,8 +72,10 @@ MASKED_MAX = 0.5
 # bench/checkpoints.py's AdamW state its share of delta over alone came within 0.02 of the
 # exact one.)
 PAIR_CHUNKS, PAIR_CHUNK = 16, 1024
-# A tensor in which the sample shows more than this share of the words changed is not looked at
-# for a masked form (MASKED_MAX, with room for changes that cluster where the sample is not).
+# A tensor in which a glance (changed_glance: this many words, evenly spaced) shows more than
+# this share of the words changed is not looked at for a masked form (MASKED_MAX, with room for
+# changes that cluster where the glance does not look).
+GLANCE = 4096
 MASK_LOOK = 0.75
 
 
@@ -201,12 +203,13 @@ class Pair:
     lz: bool  # whether an LZ coder may shrink a plane of the tensor alone below ``alone``
 
 
-def estimate_pair(raw: np.ndarray, parent: np.ndarray, dtype: DType) -> Pair | None:
+def estimate_pair(raw: np.ndarray, parent: np.ndarray | None, dtype: DType) -> Pair | None:
     """The tensor ``raw`` alone and its XOR delta against ``parent`` estimated on the same
     sample of both (the words at :func:`s4format.codecs.view.sample_starts`, each plane
     counted there by the order-0 coders), to choose between them without counting either
     whole; None for a tensor the sample would cover whole or that is not split (judged
-    exactly instead)."""
+    exactly instead). With ``parent`` None, the tensor alone (``delta`` and ``changed``
+    0)."""
     layout = layouts.preferred(dtype.name, dtype.itemsize)
     word = layout.word_size(dtype.itemsize)
     if not _splits(raw, dtype, layout) or not masked.supported(word):
@@ -215,17 +218,32 @@ def estimate_pair(raw: np.ndarray, parent: np.ndarray, dtype: DType) -> Pair | N
     if words.size <= PAIR_CHUNKS * PAIR_CHUNK:
         return None
     mine = sample_words(words, PAIR_CHUNKS, PAIR_CHUNK)
-    xor = mine ^ sample_words(parent.view(words.dtype), PAIR_CHUNKS, PAIR_CHUNK)
     fields = layout.planes(dtype.itemsize)
     n = words.size
     # (every field of a sample counted in one pass: the sample is small, so the calls are
     # what costs)
     shifts, masks = layout.shifts_masks(dtype.itemsize)
-    alone, delta = (counted(s, shifts, masks) for s in (mine, xor))
-    return Pair(sum(policy.order0_estimate(v, n) for v in alone),
-                sum(policy.order0_estimate(v, n) for v in delta),
-                np.count_nonzero(xor) / xor.size,
+    alone = counted(mine, shifts, masks)
+    delta, changed = 0, 0.0
+    if parent is not None:
+        xor = mine ^ sample_words(parent.view(words.dtype), PAIR_CHUNKS, PAIR_CHUNK)
+        delta = sum(policy.order0_estimate(v, n) for v in counted(xor, shifts, masks))
+        changed = np.count_nonzero(xor) / xor.size
+    return Pair(sum(policy.order0_estimate(v, n) for v in alone), delta, changed,
                 any(policy.lz_may_pay(v, f.kind, n) for v, f in zip(alone, fields)))
+
+
+def changed_glance(raw: np.ndarray, parent: np.ndarray, dtype: DType) -> float:
+    """The share of ``raw``'s words (under the dtype's split layout) that differ from
+    ``parent``'s, judged from :data:`GLANCE` words evenly spaced (1.0 where the words are not
+    ones :mod:`s4format.masked` takes): whether a masked form is worth looking for."""
+    word = layouts.preferred(dtype.name, dtype.itemsize).word_size(dtype.itemsize)
+    if not masked.supported(word) or raw.size % word:
+        return 1.0
+    words = raw.view(masked.word_dtype(word))
+    step = max(1, words.size // GLANCE)
+    seen = words[::step]
+    return np.count_nonzero(seen != parent.view(words.dtype)[::step]) / max(1, seen.size)
 
 
 @dataclass(frozen=True)
@@ -390,35 +408,37 @@ class Writer:
                 return self._coded(name, t, delta, coded.stored,
                                    parent_hash or hashing.content_hash(p.data))
             # A larger tensor: only the one kept is coded. The tensor alone and its delta are
-            # compared by their estimates, not by coding both. Where most words changed, a
-            # sample of both decides when the delta does not pay (delta_pays): the tensor is
-            # coded alone, as a full save codes it, and its delta is never made. Otherwise
-            # the delta is estimated exactly and the tensor alone by the sample (exactly
-            # where the delta is not clearly smaller, or where an LZ coder may shrink the
-            # tensor below what the sample says).
-            pair = estimate_pair(t.data, p.data, t.dtype) if self.policy == "auto" else None
-            if pair is not None and pair.changed > MASK_LOOK and \
-                    not delta_pays(pair.delta, pair.alone):
-                coded = code_tensor(t.data, t.dtype, self.policy)
-                return self._coded(name, t, coded, coded.stored)
-            # (the XOR is made only where the delta is not masked: a masked form is found
-            # from the two tensors)
-            xor = form = None
-            if pair is None or pair.changed <= MASK_LOOK:
+            # compared by their estimates, not by coding both. Where few enough words changed
+            # (a glance at the two says so), the masked form is found, its estimate exact.
+            # Else a sample of both decides when the delta does not pay (delta_pays): the
+            # tensor is coded alone, as a full save codes it, and its delta is never made;
+            # otherwise the XOR delta is estimated exactly. The tensor alone is estimated by
+            # a sample (exactly where the delta is not clearly smaller, or where an LZ coder
+            # may shrink the tensor below what the sample says).
+            xor = form = pair = None
+            if self.policy == "auto" and changed_glance(t.data, p.data, t.dtype) <= MASK_LOOK:
+                # (from the two tensors: the XOR is never made)
                 form = masked_form(t.data, t.dtype, self.policy, parent=p.data)
+            if form is None and self.policy == "auto":
+                pair = estimate_pair(t.data, p.data, t.dtype)
+                if pair is not None and not delta_pays(pair.delta, pair.alone):
+                    coded = code_tensor(t.data, t.dtype, self.policy)
+                    return self._coded(name, t, coded, coded.stored)
             if form is not None:
                 est, delta_views = form.estimate, None
             else:
                 xor = _xor(t.data, p.data)
                 est, delta_views = estimate_tensor(xor, t.dtype, self.policy)
             full_views = None
+            if alone is None and pair is None and self.policy == "auto":
+                pair = estimate_pair(t.data, None, t.dtype)  # (the tensor alone: its half)
             if alone is not None:
                 full = alone
             elif pair is not None:
                 full = None if pair.lz else pair.alone
             else:
                 full = estimate_rough(t.data, t.dtype)
-            # (the sample of both has judged that the delta pays already)
+            # (estimate_pair's figure is taken as it is, estimate_rough's with a margin)
             clear = DELTA_PAYS if pair is not None else CLEAR_DELTA
             if full is None or est > clear * full:
                 full, full_views = estimate_tensor(t.data, t.dtype, self.policy)

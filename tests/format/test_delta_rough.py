@@ -88,6 +88,52 @@ def test_a_small_delta_is_kept_without_the_exact_estimate_of_the_tensor_alone(
         assert r.read_raw(0).tobytes() == _bf16(child).tobytes()
 
 
+def test_a_masked_delta_samples_the_tensor_alone_only(monkeypatch) -> None:
+    # a glance finds few words changed: the masked form is found from both tensors and the
+    # tensor alone is sampled, not the delta too
+    base = _weights(11)
+    child = base.copy()
+    child[np.random.default_rng(12).choice(N, N // 10, replace=False)] *= 1.001
+    parent_blob, parent_result = _save({"w": _bf16(base)})
+    parents_seen: list = []
+    real = writer.estimate_pair
+    monkeypatch.setattr(writer, "estimate_pair", lambda raw, parent, dtype: parents_seen.append(
+        parent) or real(raw, parent, dtype))
+    xors = _spy(monkeypatch, "_xor")
+    blob, result = _save({"w": _bf16(child)}, {"w": _bf16(base)}, parent_result.checkpoint_id)
+    assert parents_seen == [None] and xors == []
+    assert result.delta_count == 1
+    assert result.full_stored_nbytes == real(_bf16(child), None, BY_NAME["bfloat16"]).alone
+    with Reader(blob, parent=Reader(parent_blob)) as r:
+        assert r.tensors[0].masked and r.read_raw(0).tobytes() == _bf16(child).tobytes()
+
+
+def test_the_glance_judges_the_share_of_words_changed() -> None:
+    base = _bf16(_weights(13))
+    bf16 = BY_NAME["bfloat16"]
+    for share in (0.0, 0.1, 0.3, 0.6, 1.0):
+        child = base.view("<u2").copy()
+        at = np.random.default_rng(14).random(child.size) < share
+        child[at] ^= 1
+        glance = writer.changed_glance(child.view(np.uint8), base, bf16)
+        assert abs(glance - share) < 0.03, (share, glance)
+    # 16-byte words (complex128, split by bytes): the masked kernels take none
+    c128 = np.zeros(1 << 12, np.uint8)
+    assert writer.changed_glance(c128, c128, BY_NAME["complex128"]) == 1.0
+
+
+def test_a_delta_past_the_glance_is_not_looked_at_for_a_masked_form(monkeypatch) -> None:
+    # most words changed, by one bit each: no masked form is looked for, yet the delta pays
+    base = _bf16(_weights(15))
+    child = base.view("<u2") ^ np.uint16(1)
+    parent_blob, parent_result = _save({"w": base})
+    masks = _spy(monkeypatch, "masked_form")
+    blob, result = _save({"w": child.view(np.uint8)}, {"w": base}, parent_result.checkpoint_id)
+    assert masks == [] and result.delta_count == 1
+    with Reader(blob, parent=Reader(parent_blob)) as r:
+        assert not r.tensors[0].masked and r.read_raw(0).tobytes() == child.tobytes()
+
+
 def _spy(monkeypatch, name: str) -> list:
     calls: list = []
     real = getattr(writer, name)
