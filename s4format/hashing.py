@@ -51,23 +51,15 @@ def leaf_digests(data: np.ndarray | bytes | memoryview | Pieces,
     mask: the others are left 0), computed on the pool. A leaf across two pieces is joined
     first: at most 64 KiB copied."""
     parts = data.parts if isinstance(data, Pieces) else [memoryview(data).cast("B")]
+    if todo is None and len(parts) == 1:
+        return _every_leaf(np.frombuffer(parts[0], np.uint8))
     starts = list(itertools.accumulate((len(p) for p in parts), initial=0))
     n = starts[-1]
     count = (n + LEAF_SIZE - 1) // LEAF_SIZE
     leaves = np.zeros(count, dtype="<u8")
     which = np.arange(count) if todo is None else np.flatnonzero(todo)
     whole = n // LEAF_SIZE
-    by_kernel = whole >= KERNEL_MIN_LEAVES or (whole and jit.started())
-    if by_kernel and len(parts) == 1 and todo is None:
-        data = np.frombuffer(parts[0], np.uint8)
-        if whole <= _PIECE_LEAVES:
-            _hash_leaves(data, 0, whole, leaves, _ROWS)
-        else:
-            threads.pool().map(lambda a: _hash_leaves(data, a, min(whole, a + _PIECE_LEAVES),
-                                                      leaves, _ROWS),
-                               range(0, whole, _PIECE_LEAVES))
-        which = which[whole:]
-    elif by_kernel:
+    if whole >= KERNEL_MIN_LEAVES or (whole and jit.started()):
         which = _whole_leaves(parts, starts, which, leaves)
 
     def leaf(j: int):
@@ -84,6 +76,27 @@ def leaf_digests(data: np.ndarray | bytes | memoryview | Pieces,
 
     for j in which.tolist():  # (a leaf across pieces, a buffer's last, or a few leaves)
         leaves[j] = xxhash.xxh3_64_intdigest(leaf(j))
+    return leaves
+
+
+def _every_leaf(data: np.ndarray) -> np.ndarray:
+    """:func:`leaf_digests` of one buffer's every leaf, in fewer steps: a load or a save
+    hashes a few hundred planes and tensors, most of them a leaf or a few long."""
+    n = data.size
+    whole = n // LEAF_SIZE
+    leaves = np.empty(-(-n // LEAF_SIZE), dtype="<u8")
+    if whole >= KERNEL_MIN_LEAVES or (whole and jit.started()):
+        if whole <= _PIECE_LEAVES:
+            _hash_leaves(data, 0, whole, leaves, _ROWS)
+        else:
+            threads.pool().map(lambda a: _hash_leaves(data, a, min(whole, a + _PIECE_LEAVES),
+                                                      leaves, _ROWS),
+                               range(0, whole, _PIECE_LEAVES))
+    else:
+        for j in range(whole):
+            leaves[j] = xxhash.xxh3_64_intdigest(data[j * LEAF_SIZE:(j + 1) * LEAF_SIZE])
+    if whole < leaves.size:
+        leaves[whole] = xxhash.xxh3_64_intdigest(data[whole * LEAF_SIZE:])
     return leaves
 
 
@@ -115,8 +128,13 @@ def root_input(nbytes: int, leaves: np.ndarray) -> bytes:
 
 
 def _root_input(data: np.ndarray | bytes | memoryview | Pieces) -> bytes:
-    n = data.nbytes if isinstance(data, Pieces) else len(memoryview(data).cast("B"))
-    return root_input(n, leaf_digests(data))
+    if isinstance(data, Pieces):
+        return root_input(data.nbytes, leaf_digests(data))
+    view = memoryview(data).cast("B")
+    if len(view) <= LEAF_SIZE:  # (one leaf or none: most planes and small tensors)
+        return struct.pack("<QQ", len(view), xxhash.xxh3_64_intdigest(view)) if len(view) \
+            else struct.pack("<Q", 0)
+    return root_input(len(view), _every_leaf(np.frombuffer(view, np.uint8)))
 
 
 def content_hash(data: np.ndarray | bytes | memoryview) -> bytes:

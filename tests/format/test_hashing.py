@@ -18,8 +18,9 @@ LEAF = hashing.LEAF_SIZE
 RUN = hashing._PIECE_LEAVES  # leaves per task
 
 
-@pytest.mark.parametrize("nbytes", [0, 1, LEAF - 1, LEAF, RUN * LEAF, RUN * LEAF + 1,
-                                    2 * RUN * LEAF + 123, 3 * RUN * LEAF - LEAF + 7])
+@pytest.mark.parametrize("nbytes", [0, 1, LEAF - 1, LEAF, LEAF + 1, 3 * LEAF + 2, RUN * LEAF,
+                                    RUN * LEAF + 1, 2 * RUN * LEAF + 123,
+                                    3 * RUN * LEAF - LEAF + 7])
 def test_leaf_digests_are_each_leaf_hashed_alone(nbytes: int) -> None:
     data = np.random.default_rng(nbytes).integers(0, 256, nbytes, dtype=np.uint8)
     raw = data.tobytes()
@@ -31,6 +32,10 @@ def test_leaf_digests_are_each_leaf_hashed_alone(nbytes: int) -> None:
     root = struct.pack("<Q", nbytes) + np.array(want, dtype="<u8").tobytes()
     assert hashing.content_hash(data) == xxhash.xxh3_128_digest(root)
     assert hashing.plane_checksum(data) == xxhash.xxh3_64_intdigest(root)
+    assert hashing.content_hash(raw) == hashing.content_hash(memoryview(raw)) \
+        == xxhash.xxh3_128_digest(root)
+    if nbytes % 2 == 0:  # (a tensor's words, not bytes: hashed as their bytes)
+        assert hashing.content_hash(data.view("<u2")) == xxhash.xxh3_128_digest(root)
 
 
 def _leaves(raw: bytes) -> list[int]:
