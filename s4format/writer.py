@@ -430,8 +430,8 @@ class Writer:
                 xor = _xor(t.data, p.data)
                 est, delta_views = estimate_tensor(xor, t.dtype, self.policy)
             full_views = None
-            if alone is None and pair is None and self.policy == "auto":
-                pair = estimate_pair(t.data, None, t.dtype)  # (the tensor alone: its half)
+            if alone is None and form is not None:  # (the tensor alone: the sample's half)
+                pair = estimate_pair(t.data, None, t.dtype)
             if alone is not None:
                 full = alone
             elif pair is not None:
