@@ -10,14 +10,13 @@ exactly one meaning.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import numpy as np
 
 from s4format import codecs, threads
 from s4format.codecs.abc import Slicer
-from s4format.codecs.view import PIECE, PlaneView, counted, run_pieces, sampled
+from s4format.codecs.view import PIECE, PlaneView, counted_window, run_pieces, sampled
 from s4format.errors import FormatError, S4Error, UnsupportedFeatureError
 from s4format.jit import constant, intrinsic, kernel, target_has
 
@@ -106,11 +105,17 @@ class Layout:
         views: list[PlaneView | None] = [None] * len(fields)
         exact = [count and f.kind in (KIND_SIGN, KIND_EXPONENT) for f in fields]
         all_shifts, all_masks = self.shifts_masks(itemsize)
-        for pick, make in ((True, counted), (False, functools.partial(sampled, ors=count))):
-            ks = [k for k in range(len(fields)) if exact[k] == pick]
-            if ks:
-                for k, v in zip(ks, make(words, all_shifts[ks], all_masks[ks])):
-                    views[k] = v
+        window = None  # (the counted fields' window gives the ORs of the others inside it)
+        ks = [k for k in range(len(fields)) if exact[k]]
+        if ks:
+            made, window = counted_window(words, all_shifts[ks], all_masks[ks])
+            for k, v in zip(ks, made):
+                views[k] = v
+        ks = [k for k in range(len(fields)) if not exact[k]]
+        if ks:
+            made = sampled(words, all_shifts[ks], all_masks[ks], ors=count, window=window)
+            for k, v in zip(ks, made):
+                views[k] = v
         return views
 
     def merge(self, planes: list[np.ndarray], raw_nbytes: int, itemsize: int) -> np.ndarray:
