@@ -280,7 +280,7 @@ def window_stats(words: np.ndarray, shifts: np.ndarray, masks: np.ndarray
 # their runs, against 1.35 field by field. Below WINDOW_MIN words the sums cost more than
 # they save.
 WINDOW_BITS = 16
-WINDOW_MIN = 1 << 15
+WINDOW_MIN = 1 << 16
 # ... for two fields or more (one field of random bytes, such as a low mantissa byte, spreads
 # its own counts, and 65,536 counters then miss the first-level cache), none of them starting
 # below this bit of the 16 (the sums over the bits below take one pass then).
@@ -295,7 +295,7 @@ def _count_window(words, lo, hi, low, shifts, masks, counts, runs, units
     multiple of UNIT), counted through bits [low, low + 16) of each word; returns the OR of
     those 16 bits over the words."""
     k = shifts.size
-    hist = np.zeros(1 << WINDOW_BITS, np.int32)
+    hist = np.zeros(0, np.int32)  # (made for the first unit counted through it)
     # (the histogram summed over the bits below the lowest field, from which each field's is)
     below = np.uint64(shifts.min() - low)
     coarse = np.zeros((1 << WINDOW_BITS) >> below, np.int64)
@@ -320,6 +320,8 @@ def _count_window(words, lo, hi, low, shifts, masks, counts, runs, units
             for i in range(np.uint64(a), np.uint64(b)):
                 ors |= np.uint64(words[i])
             continue
+        if hist.size == 0:
+            hist = np.zeros(1 << WINDOW_BITS, np.int32)
         for i in range(np.uint64(a), np.uint64(b)):
             hist[(np.uint64(words[i]) >> sh) & m16] += 1
         for f in range(k):
@@ -330,30 +332,37 @@ def _count_window(words, lo, hi, low, shifts, masks, counts, runs, units
                 for s in range(256):
                     units[u, f, s] = counts[f, s] - seen[f, s]
                     seen[f, s] = counts[f, s]
-    _fields_of(hist, below, coarse, shifts - low, masks, counts)
-    counts += direct
     ors = (ors >> sh) & m16
-    for v in range(np.uint64(1 << WINDOW_BITS)):
-        ors |= v if hist[v] else np.uint64(0)
+    counts[:] = 0
+    if hist.size:
+        _fields_of(hist, below, coarse, shifts - low, masks, counts)
+        for v in range(np.uint64(1 << WINDOW_BITS)):
+            ors |= v if hist[v] else np.uint64(0)
+    counts += direct
     return ors
 
 
-# Equal words in a row increment one counter, each waiting on the one before (a constant or
-# sparse tensor counted through 65,536 counters took 2.1 times as long as field by field). A
-# unit whose first REPEATS_LOOK words repeat the 16 bits before more than REPEATS_MAX times is
-# counted field by field, into counters interleaved four ways.
-REPEATS_LOOK, REPEATS_MAX = 64, 8
+# Words of one 16-bit value increment one counter, each waiting on the one before: where one
+# value fills a good share of the words (a constant or sparse tensor, a delta's kept words
+# that mostly differ in one bit), 65,536 counters counted slower than four interleaved ones per
+# field (bf16 words 40% of one value: 1.25 times as long; a constant tensor 2.1 times). A
+# unit in whose first REPEATS_LOOK words one value appears more than REPEATS_MAX times is
+# counted field by field.
+REPEATS_LOOK, REPEATS_MAX = 64, 12
 
 
 @kernel(inline="always")
 def _repeats(words, lo, hi, sh):  # pragma: no cover - compiled
-    """How many of words[lo:hi] (from word 1 where lo is 0) repeat the 16 bits from ``sh`` of
-    the word before."""
-    m16, one = np.uint64((1 << WINDOW_BITS) - 1), np.uint64(1)
-    same = 0
-    for i in range(max(np.uint64(lo), one), np.uint64(hi)):
-        same += ((np.uint64(words[i]) ^ np.uint64(words[i - one])) >> sh) & m16 == 0
-    return same
+    """How often the most common value of the 16 bits from ``sh`` appears in words[lo:hi]."""
+    seen = np.empty(hi - lo, np.uint16)
+    for i in range(hi - lo):
+        seen[i] = (np.uint64(words[lo + i]) >> sh) & np.uint64((1 << WINDOW_BITS) - 1)
+    seen.sort()
+    top, run = 0, 0
+    for i in range(seen.size):
+        run = run + 1 if i and seen[i] == seen[i - 1] else 1
+        top = max(top, run)
+    return top
 
 
 @kernel(inline="always")

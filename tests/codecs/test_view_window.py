@@ -40,6 +40,10 @@ def _words(kind: str, n: int, layout: layouts.Layout) -> np.ndarray:
         f[5 * view.UNIT + 100:6 * view.UNIT + 7] = 0.0
     elif kind == "sparse":  # most words zero: counted field by field
         f[np.random.default_rng(4).random(n) < 0.8] = 0.0
+    elif kind == "one bit":  # a delta's kept words: 40% of them one value, counted field by field
+        f = f.view("<u4") & np.uint32(0xFFFF)
+        f[np.random.default_rng(5).random(n) < 0.4] = 1 << 16
+        f = f.view("<f4")
     elif kind == "counting":  # runs that count up, across a unit's bound
         at = min(n // 2, view.UNIT)
         f[at - 300:at + 300] = np.arange(600, dtype="<f4")
@@ -51,7 +55,7 @@ def _words(kind: str, n: int, layout: layouts.Layout) -> np.ndarray:
 
 
 @pytest.mark.parametrize("layout", [layouts.BF16, layouts.FP16, layouts.FP32])
-@pytest.mark.parametrize("kind", ["weights", "constant units", "sparse", "counting"])
+@pytest.mark.parametrize("kind", ["weights", "constant units", "sparse", "one bit", "counting"])
 @pytest.mark.parametrize("n", [view.WINDOW_MIN, 7 * view.UNIT + 5, 2 * view.PIECE + 4097])
 def test_window_counts_what_each_field_counted_apart_holds(layout, kind: str, n: int) -> None:
     words = _words(kind, n, layout)
