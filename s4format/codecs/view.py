@@ -486,13 +486,14 @@ def _extract(words, lo, hi, shift, mask, out):  # pragma: no cover - compiled
         out[i] = (np.uint64(words[i]) >> sh) & mk
 
 
+# (the OR of a field is the field of the words' OR: one pass for every field)
 @kernel()
 def _or_fields(words, lo, hi, shifts, masks, out):  # pragma: no cover - compiled
+    acc = np.uint64(0)
+    for i in range(np.uint64(lo), np.uint64(hi)):
+        acc |= np.uint64(words[i])
     for f in range(shifts.size):
-        sh, acc = np.uint64(shifts[f]), np.uint64(0)
-        for i in range(np.uint64(lo), np.uint64(hi)):
-            acc |= np.uint64(words[i]) >> sh
-        out[f] |= acc & np.uint64(masks[f])
+        out[f] |= (acc >> np.uint64(shifts[f])) & np.uint64(masks[f])
 
 
 # A vector of words and one of the words before them: numba widens every integer to 64 bits,
