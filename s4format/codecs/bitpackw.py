@@ -20,7 +20,7 @@ from s4format.codecs.abc import Codec, Encoded, Slicer
 from s4format.codecs.registry import BITPACK_W, register
 from s4format.codecs.view import PlaneView, run_pieces
 from s4format.errors import CodecError
-from s4format.jit import kernel
+from s4format.jit import constant, intrinsic, kernel
 
 
 def width_of(plane: np.ndarray) -> int:
@@ -54,6 +54,8 @@ def pack_view(view: PlaneView, w: int) -> np.ndarray:
 def _pack(words, shift, mask, w, g0, g1, out):  # pragma: no cover - compiled
     # groups [g0, g1) of eight plane bytes -> w stored bytes, as one little-endian integer;
     # group n // 8 (in the last piece) is the partial one at the end
+    if _pack_vectors(words, out) and (w == 1 or w == 7):
+        g0 = _pack_blocks(words, shift, mask, w, g0, g1, out)
     if w == 1:
         _pack_groups(words, shift, mask, 1, g0, g1, out)
     elif w == 7:
@@ -82,6 +84,127 @@ def _pack_groups(words, shift, mask, w, g0, g1, out):  # pragma: no cover - comp
             acc |= v << (ww * np.uint64(j))
         for b in range(np.uint64(out.size) - ww * g):
             out[ww * g + np.uint64(b)] = np.uint8((acc >> np.uint64(8 * b)) & np.uint64(0xFF))
+
+
+# A block of 64 words packed as vectors of the words' own width: a sign plane (w = 1) by one
+# compare per word, its 64 bits one store; a 7-bit plane by three shift-and-merge steps that
+# close the gaps between 7-bit fields within each 8 bytes, then one shuffle that drops every
+# eighth byte (bf16 mantissas: 0.41 ns a word, in cache, for the group loop above).
+BLOCK = 64
+
+
+@kernel(inline="always")
+def _pack_blocks(words, shift, mask, w, g0, g1, out):  # pragma: no cover - compiled
+    """Groups [g0, g1) up to the last whole block of BLOCK words packed as vectors; returns the
+    first group left."""
+    per = np.uint64(BLOCK // 8)  # groups a block
+    whole = np.uint64(words.size) // np.uint64(BLOCK)  # whole blocks in the plane
+    g = np.uint64(g0)
+    if g % per:  # (pieces start on block bounds; any other start takes the group loop)
+        return g
+    ww = np.uint64(w)
+    while g + per <= np.uint64(g1) and g // per < whole:
+        if w == 1:
+            _pack1_block(words, np.uint64(8) * g, shift, out, g)
+        else:
+            _pack7_block(words, np.uint64(8) * g, shift, out, ww * g)
+        g += per
+    return g
+
+
+def _vectors_take(words, out) -> bool:
+    """Whether the block packers take these numba array types: C-contiguous words of 2 or 4
+    bytes and a C-contiguous uint8 output, addressed by their data pointers."""
+    from numba.core import types
+
+    return all(isinstance(t, types.Array) and t.layout == "C" and t.ndim == 1
+               for t in (words, out)) and str(out.dtype) == "uint8" \
+        and str(words.dtype) in ("uint16", "uint32")
+
+
+@intrinsic
+def _pack_vectors(typingctx, words, out):  # pragma: no cover - compiled
+    """True (a constant) where :func:`_pack_blocks` takes ``words`` and ``out``."""
+    from numba.core import types
+
+    ok = _vectors_take(words, out)
+    return types.boolean(words, out), constant(lambda _context: ok)
+
+
+def _field_vector(context, builder, signature, args, bits):
+    """The field of ``bits`` bits at ``shift`` of the BLOCK words from ``at``, as a vector of
+    the words' width, and the output's data pointer (args: words, at, shift, out, ...)."""
+    from llvmlite import ir
+
+    tw, _, _, to = signature.args[:4]
+    words_a, at, shift, out_a = args[:4]
+    it = ir.IntType(tw.dtype.bitwidth)
+    vec = ir.VectorType(it, BLOCK)
+    wptr = context.make_array(tw)(context, builder, words_a).data
+    optr = context.make_array(to)(context, builder, out_a).data
+    v = builder.load(builder.bitcast(builder.gep(wptr, [at]), vec.as_pointer()), align=1)
+
+    def splat(value):
+        return ir.Constant(vec, [value] * BLOCK) if isinstance(value, int) else \
+            builder.shuffle_vector(
+                builder.insert_element(ir.Constant(vec, None), builder.trunc(value, it),
+                                       ir.Constant(ir.IntType(32), 0)),
+                ir.Constant(vec, None), ir.Constant(ir.VectorType(ir.IntType(32), BLOCK),
+                                                    [0] * BLOCK))
+
+    return builder.and_(builder.lshr(v, splat(shift)), splat((1 << bits) - 1)), optr
+
+
+@intrinsic
+def _pack1_block(typingctx, words, at, shift, out, g):  # pragma: no cover - compiled
+    """Bits ``shift`` of words[at:at + BLOCK] into out[g:g + 8], word j at bit j."""
+    from llvmlite import ir
+    from numba.core import types
+
+    def codegen(context, builder, signature, args):
+        if not _vectors_take(signature.args[0], signature.args[3]):
+            return context.get_dummy_value()  # (never run: _pack_vectors() is False)
+        field, optr = _field_vector(context, builder, signature, args, 1)
+        ones = builder.icmp_unsigned("!=", field, ir.Constant(field.type, [0] * BLOCK))
+        i64 = ir.IntType(64)
+        builder.store(builder.bitcast(ones, i64),
+                      builder.bitcast(builder.gep(optr, [args[4]]), i64.as_pointer()), align=1)
+        return context.get_dummy_value()
+
+    return types.none(words, at, shift, out, g), codegen
+
+
+@intrinsic
+def _pack7_block(typingctx, words, at, shift, out, o):  # pragma: no cover - compiled
+    """The 7 bits at ``shift`` of words[at:at + BLOCK] into out[o:o + 56], word j at bits
+    7j to 7j + 6."""
+    from llvmlite import ir
+    from numba.core import types
+
+    def codegen(context, builder, signature, args):
+        if not _vectors_take(signature.args[0], signature.args[3]):
+            return context.get_dummy_value()  # (never run: _pack_vectors() is False)
+        field, optr = _field_vector(context, builder, signature, args, 7)
+        i8, i64 = ir.IntType(8), ir.IntType(64)
+        q = builder.bitcast(builder.trunc(field, ir.VectorType(i8, BLOCK)),
+                            ir.VectorType(i64, BLOCK // 8))
+        # each step halves the fields' count: pairs of 7 into 14 bits, of 14 into 28, of 28
+        # into 56, the upper one of each pair shifted down over the gap below it
+        for keep, gap in ((0x00FF00FF00FF00FF, 1), (0x0000FFFF0000FFFF, 2),
+                          (0x00000000FFFFFFFF, 4)):
+            lo = builder.and_(q, ir.Constant(q.type, [keep] * (BLOCK // 8)))
+            hi = builder.and_(q, ir.Constant(q.type, [~keep & (1 << 64) - 1] * (BLOCK // 8)))
+            q = builder.or_(lo, builder.lshr(hi, ir.Constant(q.type, [gap] * (BLOCK // 8))))
+        kept = [8 * g + b for g in range(BLOCK // 8) for b in range(7)]
+        packed = builder.shuffle_vector(builder.bitcast(q, ir.VectorType(i8, BLOCK)),
+                                        ir.Constant(ir.VectorType(i8, BLOCK), None),
+                                        ir.Constant(ir.VectorType(ir.IntType(32), len(kept)),
+                                                    kept))
+        builder.store(packed, builder.bitcast(builder.gep(optr, [args[4]]),
+                                              packed.type.as_pointer()), align=1)
+        return context.get_dummy_value()
+
+    return types.none(words, at, shift, out, o), codegen
 
 
 @kernel()
