@@ -55,7 +55,7 @@ def _pack(words, shift, mask, w, g0, g1, out):  # pragma: no cover - compiled
     # groups [g0, g1) of eight plane bytes -> w stored bytes, as one little-endian integer;
     # group n // 8 (in the last piece) is the partial one at the end
     if _pack_vectors(words, out) and (w == 1 or w == 7):
-        g0 = _pack_blocks(words, shift, mask, w, g0, g1, out)
+        g0 = _pack_blocks(words, shift, w, g0, g1, out)
     if w == 1:
         _pack_groups(words, shift, mask, 1, g0, g1, out)
     elif w == 7:
@@ -94,14 +94,14 @@ BLOCK = 64
 
 
 @kernel(inline="always")
-def _pack_blocks(words, shift, mask, w, g0, g1, out):  # pragma: no cover - compiled
-    """Groups [g0, g1) up to the last whole block of BLOCK words packed as vectors; returns the
-    first group left."""
+def _pack_blocks(words, shift, w, g0, g1, out):  # pragma: no cover - compiled
+    """Groups [g0, g1) up to the last whole block of BLOCK words packed as vectors (w 1 or 7:
+    the fields' masks); returns the first group left."""
     per = np.uint64(BLOCK // 8)  # groups a block
     whole = np.uint64(words.size) // np.uint64(BLOCK)  # whole blocks in the plane
     g = np.uint64(g0)
     if g % per:  # (pieces start on block bounds; any other start takes the group loop)
-        return g
+        return np.int64(g)
     ww = np.uint64(w)
     while g + per <= np.uint64(g1) and g // per < whole:
         if w == 1:
@@ -109,7 +109,7 @@ def _pack_blocks(words, shift, mask, w, g0, g1, out):  # pragma: no cover - comp
         else:
             _pack7_block(words, np.uint64(8) * g, shift, out, ww * g)
         g += per
-    return g
+    return np.int64(g)
 
 
 def _vectors_take(words, out) -> bool:
