@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from s4format import threads
-from s4format.codecs import RANS, get
+from s4format.codecs import RANS, get, rans
 from s4format.codecs.rans import (
     HEADER_SIZE,
     LOG2_BLOCK_MAX,
@@ -466,3 +466,17 @@ def test_estimate_is_its_formula_summed_in_symbol_order(counts: list[int], n: in
                    * rans._n_blocks(n, DEFAULT.log2_block) + 2 * int(np.ceil(bits / 16)),
                    HEADER_SIZE + n)
     assert DEFAULT.estimate_counts(c, n) == want
+
+
+def test_pieces_coded_in_reused_scratch_give_the_stream_of_fresh_scratch(monkeypatch) -> None:
+    """Planes of several pieces, and smaller ones after them on the same threads, code in each
+    thread's kept scratch to the bytes that a fresh scratch per piece gives, and decode."""
+    rng = np.random.default_rng(20261205)
+    planes = [rng.integers(0, 40, n, dtype=np.uint8)
+              for n in (5 * (1 << 20) // 2 + 77, 1000, 3 * 65536 + 5, (1 << 20) + 1)]
+    codec = rans.RansCodec()
+    kept = [np.asarray(codec.encode(p).payload) for p in planes]
+    monkeypatch.setattr(rans, "_SCRATCH_KEPT", 0)  # every piece's scratch made for it
+    for plane, stream in zip(planes, kept):
+        assert np.array_equal(np.asarray(codec.encode(plane).payload), stream)
+        assert np.array_equal(codec.decode(stream, plane.size, b""), plane)
