@@ -697,34 +697,13 @@ def _decode_block(words, lo, hi, states, dtab, out, start, end):  # pragma: no c
     return _decode_rows(words, np.uint64(lo), np.uint64(hi), x, dtab, out, start, end, row)
 
 
-@kernel()
-def _decode_pair(words, lo, mid, hi, states, dtab, out, start, size
-                 ):  # pragma: no cover - compiled
-    """:func:`_decode_block` of two full blocks of ``size`` symbols at once, the first's words
-    [lo, mid) and symbols from out[start], the second's [mid, hi) right after; their error
-    codes. Vector rows wait on a gather's latency, so a second block's rows fill the gaps."""
-    xa, xb = np.empty(LANES, np.uint32), np.empty(LANES, np.uint32)
-    if not (_load_states(states[:LANES], xa) and _load_states(states[LANES:], xb)):
-        return (_decode_block(words, lo, mid, states[:LANES], dtab, out, start, start + size),
-                _decode_block(words, mid, hi, states[LANES:], dtab, out, start + size,
-                              start + 2 * size))
-    lo_a, p_a, lo_b, p_b = np.uint64(lo), np.uint64(mid), np.uint64(mid), np.uint64(hi)
-    start_a, size = np.uint64(start), np.uint64(size)
-    start_b, top, lanes = start_a + size, size, np.uint64(LANES)
-    while top > 0 and p_a - lo_a >= lanes and p_b - lo_b >= lanes:
-        top -= lanes
-        p_a = _decode_row_vector(words, p_a, xa, dtab, out, start_a + top)
-        p_b = _decode_row_vector(words, p_b, xb, dtab, out, start_b + top)
-    return (_decode_rows(words, lo_a, p_a, xa, dtab, out, start_a, start_a + size, start_a + top),
-            _decode_rows(words, lo_b, p_b, xb, dtab, out, start_b, start_b + size, start_b + top))
-
-
 @kernel(inline="always")
 def _decode_group(words, offsets, states, dtab, out, start, size, errors, group
                   ):  # pragma: no cover - compiled
-    """:func:`_decode_pair` of ``group`` full blocks at once (their words between
+    """:func:`_decode_block` of ``group`` full blocks at once (their words between
     offsets[0..group], their symbols from out[start], ``size`` each), their error codes into
-    errors[0..group]; False where a state is out of range (nothing decoded)."""
+    errors[0..group]; False where a state is out of range (nothing decoded). Vector rows wait
+    on a gather's latency, so the other blocks' rows fill the gaps."""
     x = np.empty((group, LANES), np.uint32)
     for k in range(group):
         if not _load_states(states[k * LANES:(k + 1) * LANES], x[k]):
@@ -763,18 +742,17 @@ def _decode_blocks(words, offsets, states, dtab, log2_block, n, out, errors, b0,
     b = b0
     while b < b1:
         start = (np.int64(b) << log2_block) - base
-        if _vector_rows() and _decoder_arrays(words, dtab, out) and b + GROUP - 1 < b1 \
-                and start + GROUP * size <= n - base and _decode_group(
-                    words, offsets[b:b + GROUP + 1], states[b * LANES:(b + GROUP) * LANES],
-                    dtab, out, start, size, errors[b - b0:b - b0 + GROUP], GROUP):
-            b += GROUP
-            continue
-        if _vector_rows() and _decoder_arrays(words, dtab, out) and b + 1 < b1 \
-                and start + 2 * size <= n - base:
-            errors[b - b0], errors[b + 1 - b0] = _decode_pair(
-                words, offsets[b], offsets[b + 1], offsets[b + 2],
-                states[b * LANES:(b + 2) * LANES], dtab, out, start, size)
-            b += 2
+        # (GROUP blocks at once where that many full ones remain, else two, else one)
+        done = False
+        for group in (GROUP, 2):
+            if not done and _vector_rows() and _decoder_arrays(words, dtab, out) \
+                    and b + group - 1 < b1 and start + group * size <= n - base \
+                    and _decode_group(words, offsets[b:b + group + 1],
+                                      states[b * LANES:(b + group) * LANES], dtab, out, start,
+                                      size, errors[b - b0:b - b0 + group], group):
+                b += group
+                done = True
+        if done:
             continue
         end = min(start + size, n - base)
         errors[b - b0] = _decode_block(words, offsets[b], offsets[b + 1],
