@@ -7,7 +7,8 @@ model on CUDA, a smaller one on the CPU):
   is blocked, and until the save is committed), against ``torch.save`` + fsync and against a
   plain buffered write + fsync of the same number of bytes as S4 stored;
 - ``s4weights.save``/``load`` in memory against ``torch.save``/``torch.load``;
-- two chains with the default policy: the training run saved every 10 steps (keyframe 6), and
+- two chains with the default policy (deltas against the base; ``--against base latest`` runs
+  each both ways): the training run saved every 10 steps (keyframe 6), and
   a fine-tuning run (bf16 weights, learning rate 1e-5); per kept step, ``load_checkpoint``'s
   time against one full load, and what the chain stores against bases alone. Each chain's last
   save runs as after a restart: the parent is read back from the store.
@@ -33,7 +34,7 @@ import timing
 import torch
 
 import s4weights
-from s4weights import chain, hostmem
+from s4weights import chain, chainpolicy, hostmem
 
 MIB = 1 << 20
 ROWS: list[dict] = []
@@ -202,8 +203,10 @@ def forget_parents() -> None:
     hostmem.forget()
 
 
-def chain_saves(root: Path, device: str, states) -> tuple[dict, list[dict], Path]:
-    """Save every state of ``states`` (a list of (step, state)) with the default policy, the
+def chain_saves(root: Path, device: str, states, against: str
+                ) -> tuple[dict, list[dict], Path]:
+    """Save every state of ``states`` (a list of (step, state)) with the default policy
+    (deltas against ``against``), the
     last one as a restarted process would, and the last one as one full file too, from the
     same device (a full file coded on the CPU path decodes at other speeds); the states kept on
     the CPU, each save's figures and the full file."""
@@ -212,7 +215,7 @@ def chain_saves(root: Path, device: str, states) -> tuple[dict, list[dict], Path
         if n == len(states) - 1:
             forget_parents()
         t, memory = with_memory(lambda s=state, k=step: s4weights.save_checkpoint(
-            s, root, k, keyframe_interval=6), device)
+            s, root, k, keyframe_interval=6, delta_against=against), device)
         figures.append({"save_s": t.wall, "base": t.result.is_base, **memory})
         kept[step] = _to_cpu(state)
     full = root.parent / f"{root.name}-full.s4w"
@@ -220,10 +223,12 @@ def chain_saves(root: Path, device: str, states) -> tuple[dict, list[dict], Path
     return kept, figures, full
 
 
-def chain_run(name: str, device: str, tmp: Path, states) -> None:
+def chain_run(name: str, device: str, tmp: Path, states, against: str) -> None:
     """A chain's saves, then each kept step loaded, against one full save's load."""
+    if against != chainpolicy.DELTA_AGAINST:
+        name += f", deltas against the {against}"
     root = tmp / name
-    kept_states, figures, full = chain_saves(root, device, list(states))
+    kept_states, figures, full = chain_saves(root, device, list(states), against)
     infos = chain.list_checkpoints(root)
     full_s = wall(lambda: s4weights.load(full, map_location=device), device).wall
     worst, exact = 0.0, True
@@ -273,13 +278,17 @@ def main() -> None:
     ap.add_argument("--saves", type=int, default=8, help="checkpoints per chain (default 8)")
     ap.add_argument("--dim", type=int, help="model width (default 768 on CUDA, 256 on the CPU)")
     ap.add_argument("--layers", type=int, help="layers (default 12 on CUDA, 4 on the CPU)")
+    ap.add_argument("--against", nargs="+", choices=chainpolicy.DELTA_TARGETS,
+                    default=[chainpolicy.DELTA_AGAINST],
+                    help="what the chains' deltas are taken against (save_checkpoint's "
+                    "delta_against; default: its default); several: each chain once per value")
     args = ap.parse_args()
     dev = args.device
     dim = args.dim or (768 if dev == "cuda" else 256)
     layers = args.layers or (12 if dev == "cuda" else 4)
     tmp = Path(tempfile.mkdtemp(prefix="s4ckpt"))
     try:
-        run(dev, dim, layers, args.saves, tmp)
+        run(dev, dim, layers, args.saves, tmp, args.against)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     table = ["| what | figures |", "|---|---|"]
@@ -291,7 +300,8 @@ def main() -> None:
         raise SystemExit("a load differs from the state saved")
 
 
-def run(dev: str, dim: int, layers: int, saves_per_chain: int, tmp: Path) -> None:
+def run(dev: str, dim: int, layers: int, saves_per_chain: int, tmp: Path,
+        against: list[str]) -> None:
     model, opt, step = training(dev, dim, layers)
     for _ in range(20):
         step()
@@ -305,7 +315,10 @@ def run(dev: str, dim: int, layers: int, saves_per_chain: int, tmp: Path) -> Non
             for _ in range(10):
                 step()
             yield n * 10, state_of(model, opt)
-    chain_run("training, AdamW, every 10 steps", dev, tmp, trained())
+    states = list(trained())
+    for to in against:
+        chain_run("training, AdamW, every 10 steps", dev, tmp, states, to)
+    del states
     ft_model, _ft_opt, ft_step = training(dev, dim, layers, lr=1e-5)
     ft_model.load_state_dict(model.state_dict())
 
@@ -315,7 +328,9 @@ def run(dev: str, dim: int, layers: int, saves_per_chain: int, tmp: Path) -> Non
                 ft_step()
             yield n * 10, {k: v.detach().to(torch.bfloat16)
                            for k, v in ft_model.state_dict().items()}
-    chain_run("fine-tuning, bf16 weights, lr 1e-5", dev, tmp, fine_tuned())
+    states = list(fine_tuned())
+    for to in against:
+        chain_run("fine-tuning, bf16 weights, lr 1e-5", dev, tmp, states, to)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""One process's checkpoint chains: a base and deltas against the previous checkpoint.
+"""One process's checkpoint chains: a base and deltas against it, or against the latest
+checkpoint (``delta_against``).
 
 Each save writes a file of its own name (``data/<step>-<token>.s4w``) and then its manifest
 (:mod:`s4weights.manifests`), so two saves of one step that race cannot replace each other's
@@ -6,7 +7,8 @@ file: the first manifest wins, the other save deletes its file and fails. A .s4w
 parent by checkpoint ID and the reader refuses another. A delta's parent is pinned against other
 processes' retention while the delta is saved (:mod:`s4weights.lease`); a save never writes a
 delta against a checkpoint whose chain it cannot open or read, but saves a base and warns. The
-process keeps the checkpoint it saved last in host memory as the next delta's parent.
+process keeps the next delta's parent in host memory: the base, or the checkpoint it saved
+last.
 """
 
 from __future__ import annotations
@@ -252,19 +254,27 @@ def save(store: Store, state: Any, step: int, **kw: Any) -> CheckpointInfo:
 
 
 def _save(store: Store, state: Any, step: int, *, keyframe_interval: int, delta: bool,
-          min_delta_gain: float, keep_last: int | None, nested: bool, **coding: Any
-          ) -> CheckpointInfo:
+          min_delta_gain: float, keep_last: int | None, nested: bool, delta_against: str,
+          **coding: Any) -> CheckpointInfo:
     infos = by_step(list_checkpoints(store))
     if step in infos:
         raise StorageError(f"checkpoint step {step} already exists in {store.url}")
     latest = infos[max(infos)] if infos else None
+    on_base = None
+    if latest is not None and delta_against == "base":
+        on_base = sum(1 for i in infos.values() if i.base_step == latest.base_step)
     why = chainpolicy.reason_without_parent(latest, step, delta=delta,
                                             keyframe_interval=keyframe_interval,
-                                            min_delta_gain=min_delta_gain)
+                                            min_delta_gain=min_delta_gain, on_base=on_base)
     if why is None and latest is not None and latest.rank_files is not None:
         why = f"step {latest.step} was saved with distributed=True"
-    info = _save_on(store, state, step, infos, None if why else latest, why, nested=nested,
-                    **coding)
+    parent = None if why else latest
+    if parent is not None and delta_against == "base" and not parent.is_base:
+        parent = infos.get(parent.base_step)
+        if parent is None:  # (a chain whose base is gone cannot be loaded either)
+            why = f"the base step {latest.base_step} of step {latest.step} is not listed"
+    info = _save_on(store, state, step, infos, parent, why, nested=nested,
+                    against_base=delta_against == "base", **coding)
     if keep_last is not None:
         try:
             retain_after(store, step, keep_last)
@@ -305,10 +315,12 @@ def _save_on(store: Store, state: Any, step: int, infos: dict[int, CheckpointInf
 def _code(store: Store, state: Any, step: int, infos: dict[int, CheckpointInfo],
           chain: list[CheckpointInfo] | None, *, nested: bool, policy: str,
           metadata: dict[str, str] | None, progress: bool | None, device: str,
-          workspace: int | None, read_budget: float | None,
+          workspace: int | None, read_budget: float | None, against_base: bool,
           base_reason: str | None = None) -> CheckpointInfo:
     """Code ``state`` into a new file of step ``step`` (a delta of ``chain``'s last checkpoint
-    where given) and commit it with its manifest."""
+    where given) and commit it with its manifest. ``against_base``: the next save's parent is
+    this one's base, not this one: a delta leaves the parent held as it is (reading a parent
+    from the store makes it the held one), and needs no snapshot of its CUDA tensors."""
     parent = chain[-1] if chain else None
     flat = state if isinstance(state, Flattened) else flatten(state)
     # The next delta's parent is a host snapshot of this state. Host tensors are copied as the
@@ -340,12 +352,14 @@ def _code(store: Store, state: Any, step: int, infos: dict[int, CheckpointInfo],
             parent = parents = hashes = alone = None
     # the buffer this snapshot may take over once the file is coded (on the GPU path): the
     # cached parent's, or that of the parent just read from the store (where the state is on
-    # one device)
+    # one device); none where the parent stays held (a delta against the base)
+    keeps_parent = against_base and parent is not None
     replaced = _PARENT_CACHE.get(store.url)
     reuse = replaced[3] if replaced else {}
     if read_buffer is not None and len(devices) == 1:
         reuse = {next(iter(devices)): read_buffer}
-    snap = _Snapshot(flat.tensors, reuse if on_gpu and not nested else {})
+    snap = _Snapshot(flat.tensors, reuse if on_gpu and not nested and not keeps_parent else {},
+                     devices=not (keeps_parent and on_gpu))
     try:
         if not on_gpu:  # the CPU codes every tensor: from the snapshot, not a second copy
             snap.finish()
@@ -387,9 +401,18 @@ def _code(store: Store, state: Any, step: int, infos: dict[int, CheckpointInfo],
     except BaseException:
         snap.abandon()
         raise
-    # (the CPU coder read the parent while this snapshot existed: its buffer is the next's)
-    _cache(store.url, (info.checkpoint_id, snap.tensors, result.content_hashes, snap.buffers),
-           keep_replaced=not on_gpu)
+    if keeps_parent and used is not None:
+        if replaced is None or replaced[0] != parent.checkpoint_id:  # (read from the store)
+            held = {} if read_buffer is None else {
+                next(iter(devices)) if len(devices) == 1
+                else torch.device("cuda", torch.cuda.current_device()): read_buffer}
+            _cache(store.url, (parent.checkpoint_id, parents, hashes, held), keep_replaced=True)
+    elif keeps_parent and snap.partial:  # (a base after all, its CUDA tensors not copied)
+        _cache(store.url, None)
+    else:
+        # (the CPU coder read the parent while this snapshot existed: its buffer is the next's)
+        _cache(store.url, (info.checkpoint_id, snap.tensors, result.content_hashes,
+                           snap.buffers), keep_replaced=not on_gpu)
     log.info("checkpoint step %d: %s, %d -> %d bytes in %.3f s", step,
              f"delta of step {info.parent_step}" if used else "base", info.raw_bytes,
              info.file_bytes, time.perf_counter() - t0)
@@ -456,16 +479,19 @@ class _Snapshot:
     :meth:`finish` registers it (which holds the device's other work up) and queues them."""
 
     def __init__(self, tensors: list[tuple[str, s4format.Tensor | DeviceTensor]],
-                 reuse: dict[torch.device, np.ndarray]) -> None:
+                 reuse: dict[torch.device, np.ndarray], devices: bool = True) -> None:
         self.tensors: dict[str, s4format.Tensor] = {}
         self.buffers: dict[torch.device, np.ndarray] = {}
         self.takes_over = False  # whether finish() writes into a buffer of ``reuse``
+        self.partial = False  # whether CUDA tensors were left out (``devices`` False)
         self._events: list[torch.cuda.Event] = []
         self._pending: list[tuple[torch.device, list, np.ndarray | hostmem.Populating]] = []
         by_device: dict[torch.device, list[tuple[str, DeviceTensor]]] = {}
         for name, t in tensors:
             if isinstance(t, DeviceTensor):
-                by_device.setdefault(t.device_bytes.device, []).append((name, t))
+                if devices:
+                    by_device.setdefault(t.device_bytes.device, []).append((name, t))
+                self.partial = not devices
             else:
                 self.tensors[name] = s4format.Tensor(t.dtype, t.shape, np.array(t.data, copy=True))
         try:

@@ -32,16 +32,26 @@ WINDOW = 64 << 10
 WINDOWS = 4  # at most, per tensor large enough, spread over it
 
 
+# What a delta is taken against, by default: the base of the latest checkpoint, so that every
+# step loads from two files at most (the deltas of a fine-tuning run store less that way too:
+# the words that change from the base are much the same set from one save to the next).
+DELTA_AGAINST = "base"
+DELTA_TARGETS = ("base", "latest")
+
+
 def reason_without_parent(latest: CheckpointInfo | None, step: int, *, delta: bool,
-                          keyframe_interval: int, min_delta_gain: float) -> str | None:
-    """Why checkpoint ``step`` cannot be a delta of ``latest``, or None when it can."""
+                          keyframe_interval: int, min_delta_gain: float,
+                          on_base: int | None = None) -> str | None:
+    """Why checkpoint ``step`` cannot be a delta of ``latest`` (or of its base), or None when
+    it can. ``on_base``: the saves listed on the latest's base, itself included (deltas
+    against the base); None: the files of the latest's chain (deltas against the latest)."""
     if latest is None:
         return "first checkpoint of the run"
     if not delta:
         return "saved with delta=False"
     if latest.step >= step:
         return f"not after the latest step {latest.step}"
-    if latest.depth + 2 > keyframe_interval:
+    if (latest.depth + 1 if on_base is None else on_base) + 1 > keyframe_interval:
         return f"keyframe_interval={keyframe_interval} reached"
     if not latest.is_base and latest.stored_bytes > (1.0 - min_delta_gain) * \
             latest.full_stored_bytes:

@@ -25,27 +25,34 @@ def save_checkpoint(state: Any, url_or_dir: Any, step: int, *, keyframe_interval
                     policy: str = "auto", metadata: dict[str, str] | None = None,
                     progress: bool | None = None, device: str = "auto",
                     workspace: int | None = None, distributed: bool = False,
-                    group: Any = None, blocking: bool = True
+                    group: Any = None, blocking: bool = True,
+                    delta_against: str = chainpolicy.DELTA_AGAINST
                     ) -> CheckpointInfo | Future[CheckpointInfo]:
-    """Save ``state`` as checkpoint ``step``: a delta against the latest checkpoint when allowed
-    (chain shorter than ``keyframe_interval`` files, the previous delta saved at least
-    ``min_delta_gain`` of a full save, and loading the new step would read at most
-    ``read_budget`` full saves: by default :data:`chainpolicy.READ_BUDGET`, None for no bound),
-    else a new base, whose manifest says why. Each tensor is stored as a delta only where the
-    XOR codes smaller. ``keep_last`` applies retention afterwards (docs/checkpoints.md).
+    """Save ``state`` as checkpoint ``step``: a delta when allowed, else a new base, whose
+    manifest says why. ``delta_against``: ``"base"`` (default) makes the delta against the
+    latest checkpoint's base, so every step loads from at most two files; ``"latest"`` against
+    the latest checkpoint itself, a chain that grows a file per save. A delta is allowed while
+    fewer than ``keyframe_interval`` saves share the base (listed ones; with ``"latest"``:
+    while the chain is shorter than ``keyframe_interval`` files), the previous delta saved at
+    least ``min_delta_gain`` of a full save, and loading the new step would read at most
+    ``read_budget`` full saves (by default :data:`chainpolicy.READ_BUDGET`, None for no
+    bound). Each tensor is stored as a delta only where the XOR codes smaller. ``keep_last``
+    applies retention afterwards (docs/checkpoints.md).
 
     ``device`` and ``workspace`` are as in :func:`s4weights.save`; on the GPU path the XOR with
-    the parent is made on the device too. This process keeps the checkpoint it saved last in
-    host memory as the next delta's parent (page-locked for CUDA tensors); nothing stays in GPU
-    memory between saves. A process without it (after a restart) reads the parent from the
-    store, unless it loaded it with ``load_checkpoint(..., resume=True)``.
+    the parent is made on the device too. This process keeps the next delta's parent in host
+    memory (page-locked for CUDA tensors): the base it saved or read last, or with
+    ``"latest"`` the checkpoint it saved last; nothing stays in GPU memory between saves. A
+    process without it (after a restart) reads the parent from the store, unless it loaded
+    it with ``load_checkpoint(..., resume=True)``.
     CUDA tensors must not change until the call returns. Saves to one store from several
     threads run one at a time. When the latest checkpoint cannot be read, the save still
     succeeds, as a base, and logs a warning naming it.
 
     ``distributed=True``: every rank of ``group`` (default: the default process group) calls
     this with its sharded state dict (FSDP2, DTensor); the step is a DCP checkpoint of one
-    .s4w per rank, each a delta of that rank's previous file where that pays (docs/dcp.md).
+    .s4w per rank, each a delta of that rank's previous file where that pays (docs/dcp.md),
+    whatever ``delta_against`` says.
 
     ``blocking=False`` returns a :class:`concurrent.futures.Future` of the CheckpointInfo once
     the state is captured (copied: on the device for CUDA tensors where it has room); coding,
@@ -59,6 +66,9 @@ def save_checkpoint(state: Any, url_or_dir: Any, step: int, *, keyframe_interval
                                         and read_budget >= 1):
         raise ValueError(f"read_budget must be a number >= 1 (full saves) or None, not "
                          f"{read_budget!r}")
+    if delta_against not in chainpolicy.DELTA_TARGETS:
+        raise ValueError(f"delta_against must be one of {chainpolicy.DELTA_TARGETS}, not "
+                         f"{delta_against!r}")
     if keep_last is not None and keep_last < 1:
         # steps[-0:] would keep every checkpoint, the opposite of what 0 asks.
         raise ValueError("keep_last must be >= 1 (the checkpoint being saved is kept)")
@@ -78,7 +88,7 @@ def save_checkpoint(state: Any, url_or_dir: Any, step: int, *, keyframe_interval
         from s4weights.dcp import chain as dcp_chain
         with saving(store.url):
             return dcp_chain.save(state, store.url, step, group=group, **kw)
-    kw.update(metadata=metadata, progress=progress)
+    kw.update(metadata=metadata, progress=progress, delta_against=delta_against)
     if not blocking:
         captured, streams = background_save.capture(flatten(state))
         return background_save.submit(store.url,
@@ -102,8 +112,10 @@ def load_checkpoint(url_or_dir: Any, step: int | None = None, *, map_location: A
     raw bytes, what :func:`save_checkpoint` holds during a run anyway) as the parent of the
     next delta: that save then need not read the chain back from the store, which takes
     seconds per GB and level. The copy is made as each tensor is decoded, before the caller
-    sees it, and kept only for the store's latest checkpoint (the next save's parent), with
-    ``verify`` on, and where this process does not hold it already.
+    sees it, and kept only for the store's latest checkpoint, with ``verify`` on, and where this
+    process does not hold it already. It is the next save's parent where that checkpoint is a
+    base, or where saves make deltas against the latest; with deltas against the base, the
+    next save after a delta step reads its base from the store instead.
 
     A step saved with ``distributed=True`` loads into ``into`` (a sharded state dict) on every
     rank of ``group`` with ``distributed=True``, at any world size; without it, as one whole

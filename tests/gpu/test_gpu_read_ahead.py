@@ -71,7 +71,8 @@ def test_each_batch_after_the_first_was_read_ahead(tmp_path, takes, source: str)
 def test_a_chain_reads_its_levels_ahead(tmp_path, takes) -> None:
     states = [_state(n, 1e-3 * n) for n in range(3)]
     for n, st in enumerate(states):
-        info = s4weights.save_checkpoint(st, tmp_path, n, read_budget=None, min_delta_gain=0)
+        info = s4weights.save_checkpoint(st, tmp_path, n, read_budget=None, min_delta_gain=0,
+                                         delta_against="latest")
     assert info.depth == 2
     chain._PARENT_CACHE.clear()
     takes.clear()

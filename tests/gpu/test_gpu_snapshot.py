@@ -1,8 +1,9 @@
 """save_checkpoint's host snapshots of CUDA tensors: page-locked at their exact size (not
 torch's power of two), copied into asynchronously, unregistered when the last view goes; one
 buffer per device for a run (each save overwrites the snapshot it replaces once the file is
-coded), and a buffer kept aside never reused while something still reads it. Skipped without
-CUDA."""
+coded), and a buffer kept aside never reused while something still reads it. These runs make
+each delta against the latest checkpoint, whose snapshot is the next parent; deltas against
+the base (the default) take none, and hold the base. Skipped without CUDA."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ if not torch.cuda.is_available():
 
 import s4weights  # noqa: E402
 from s4weights import chain, hostmem  # noqa: E402
+from tests.weights.common import save_on_latest  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 MIB = 1 << 20
@@ -84,7 +86,7 @@ def _snapshot_buffers(state: dict[str, torch.Tensor], root, steps: int, device: 
     url = root.resolve().as_uri()
     for step in range(steps):
         _train(state)
-        s4weights.save_checkpoint(state, root, step, device=device)
+        save_on_latest(state, root, step, device=device)
         buf = chain._PARENT_CACHE[url][3][dev]
         assert hostmem.is_page_locked(buf) and buf.size == _raw(state)
         yield buf.ctypes.data
@@ -119,11 +121,11 @@ def test_a_state_of_another_size_takes_a_new_buffer(tmp_path) -> None:
     state = _state()
     dev = state["w"].device
     url = (tmp_path / "run").resolve().as_uri()
-    s4weights.save_checkpoint(state, tmp_path / "run", 0, device="cuda")
+    save_on_latest(state, tmp_path / "run", 0, device="cuda")
     first = chain._PARENT_CACHE[url][3][dev].ctypes.data
     state["extra"] = torch.randn(1 << 20, device="cuda")  # 4 MiB more: over the slack
     _train(state)
-    s4weights.save_checkpoint(state, tmp_path / "run", 1, device="cuda")
+    save_on_latest(state, tmp_path / "run", 1, device="cuda")
     buf = chain._PARENT_CACHE[url][3][dev]
     assert buf.ctypes.data != first and buf.size == _raw(state)
     del buf
@@ -137,7 +139,7 @@ def _recovers(state: dict[str, torch.Tensor], root) -> None:
     assert root.resolve().as_uri() not in chain._PARENT_CACHE
     assert [i.step for i in s4weights.list_checkpoints(root)] == [0]
     _train(state)
-    info = s4weights.save_checkpoint(state, root, 1, device="cuda")
+    info = save_on_latest(state, root, 1, device="cuda")
     assert not info.is_base
     chain._PARENT_CACHE.clear()
     _same(s4weights.load_checkpoint(root, 1, map_location="cpu"), state)
@@ -147,7 +149,7 @@ def test_a_failed_save_after_the_snapshot_began_drops_the_parent(tmp_path, monke
     # the replaced snapshot's buffer is overwritten once the file is coded: a save failing
     # then leaves no checkpoint and no half-overwritten parent; the next save reads the store
     state = _state()
-    s4weights.save_checkpoint(state, tmp_path / "run", 0, device="cuda")
+    save_on_latest(state, tmp_path / "run", 0, device="cuda")
     _train(state)
     real = chain._wait
 
@@ -158,7 +160,7 @@ def test_a_failed_save_after_the_snapshot_began_drops_the_parent(tmp_path, monke
 
     monkeypatch.setattr(chain, "_wait", failing)
     with pytest.raises(RuntimeError, match="a test's"):
-        s4weights.save_checkpoint(state, tmp_path / "run", 1, device="cuda")
+        save_on_latest(state, tmp_path / "run", 1, device="cuda")
     monkeypatch.setattr(chain, "_wait", real)
     _recovers(state, tmp_path / "run")
 
@@ -169,20 +171,20 @@ def test_a_kept_buffer_still_read_is_not_overwritten(tmp_path) -> None:
     state = _state()
     dev = state["w"].device
     url = (tmp_path / "run").resolve().as_uri()
-    s4weights.save_checkpoint(state, tmp_path / "run", 0, device="cuda")
+    save_on_latest(state, tmp_path / "run", 0, device="cuda")
     held = chain._PARENT_CACHE[url][1]["master"].data  # a view of save 0's snapshot
     before = held.copy()
     first = chain._PARENT_CACHE[url][3][dev].ctypes.data
     chain._cache(url, None)
     state["master"].add_(1.0)
-    s4weights.save_checkpoint(state, tmp_path / "run", 1, device="cuda")
+    save_on_latest(state, tmp_path / "run", 1, device="cuda")
     assert chain._PARENT_CACHE[url][3][dev].ctypes.data != first
     assert (held == before).all()
     del held
     chain._cache(url, None)  # now nothing refers to save 1's: the next save takes it
     second = hostmem._KEPT[dev].ctypes.data
     state["master"].add_(1.0)
-    s4weights.save_checkpoint(state, tmp_path / "run", 2, device="cuda")
+    save_on_latest(state, tmp_path / "run", 2, device="cuda")
     assert chain._PARENT_CACHE[url][3][dev].ctypes.data == second
     chain._PARENT_CACHE.clear()
     _same(s4weights.load_checkpoint(tmp_path / "run", 2, map_location="cpu"), state)
@@ -200,7 +202,7 @@ def test_a_snapshot_the_host_cannot_lock_goes_to_pageable_memory(tmp_path, monke
     with caplog.at_level(logging.WARNING, logger="s4weights"):
         for step in range(3):
             state["master"].add_(1e-3)
-            info = s4weights.save_checkpoint(state, tmp_path / "run", step, device="cuda")
+            info = save_on_latest(state, tmp_path / "run", step, device="cuda")
             buf = chain._PARENT_CACHE[url][3][state["w"].device]
             assert not hostmem.is_page_locked(buf) and buf.size == _raw(state)
             del buf
@@ -234,7 +236,7 @@ def test_a_manifest_that_fails_after_the_snapshot_drops_the_parent(tmp_path,
     from s4weights.store.local import LocalStore
 
     state = _state()
-    s4weights.save_checkpoint(state, tmp_path / "run", 0, device="cuda")
+    save_on_latest(state, tmp_path / "run", 0, device="cuda")
     _train(state)
     real = LocalStore.put_atomic
 
@@ -245,7 +247,7 @@ def test_a_manifest_that_fails_after_the_snapshot_drops_the_parent(tmp_path,
 
     monkeypatch.setattr(LocalStore, "put_atomic", full)
     with pytest.raises(OSError, match="a test's"):
-        s4weights.save_checkpoint(state, tmp_path / "run", 1, device="cuda")
+        save_on_latest(state, tmp_path / "run", 1, device="cuda")
     monkeypatch.setattr(LocalStore, "put_atomic", real)
     _recovers(state, tmp_path / "run")
 
@@ -274,7 +276,7 @@ def test_a_restarted_process_reads_its_parent_on_the_gpu(tmp_path, monkeypatch) 
     url = root.resolve().as_uri()
     for step in range(3):
         _train(state)
-        s4weights.save_checkpoint(state, root, step, device="cuda", workspace=32 * MIB)
+        save_on_latest(state, root, step, device="cuda", workspace=32 * MIB)
     chain._PARENT_CACHE.clear()
     hostmem.forget()
     store = open_store(root)
@@ -311,7 +313,7 @@ def test_a_restarted_process_reads_its_parent_on_the_gpu(tmp_path, monkeypatch) 
     torch.cuda.synchronize()
     base = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
-    info = s4weights.save_checkpoint(state, root, 3, device="cuda", workspace=32 * MIB)
+    info = save_on_latest(state, root, 3, device="cuda", workspace=32 * MIB)
     torch.cuda.synchronize()
     extra = torch.cuda.max_memory_allocated() - base
     assert extra <= 32 * MIB + 4 * MIB, extra / MIB
@@ -325,7 +327,7 @@ def test_a_parent_read_that_runs_out_of_gpu_memory_is_read_on_the_cpu(tmp_path, 
                                                                       caplog) -> None:
     state = _state()
     root = tmp_path / "run"
-    s4weights.save_checkpoint(state, root, 0, device="cuda")
+    save_on_latest(state, root, 0, device="cuda")
     chain._PARENT_CACHE.clear()
 
     def full(*a):
@@ -334,7 +336,7 @@ def test_a_parent_read_that_runs_out_of_gpu_memory_is_read_on_the_cpu(tmp_path, 
     monkeypatch.setattr(chain, "_read_on_gpu", full)
     _train(state)
     with caplog.at_level(logging.WARNING, logger="s4weights"):
-        info = s4weights.save_checkpoint(state, root, 1, device="cuda")
+        info = save_on_latest(state, root, 1, device="cuda")
     assert not info.is_base and "read on the CPU instead" in caplog.text
     chain._PARENT_CACHE.clear()
     _same(s4weights.load_checkpoint(root, 1, map_location="cpu"), state)
@@ -350,7 +352,7 @@ def test_a_resumed_run_saves_its_first_delta_without_reading_the_chain(tmp_path,
     state = _state()
     for step in range(3):
         _train(state)
-        s4weights.save_checkpoint(state, root, step, device="cuda")
+        save_on_latest(state, root, step, device="cuda")
     chain._PARENT_CACHE.clear()
     hostmem.forget()
     del state
@@ -379,7 +381,7 @@ def test_a_resumed_run_saves_its_first_delta_without_reading_the_chain(tmp_path,
         no_read() if verify else real_open(store, ch, verify, device)))
     _train(state)  # in place: the copy is the file's bytes, not these
     want = {k: v.cpu().clone() for k, v in state.items()}
-    info = s4weights.save_checkpoint(state, root, 3, device="cuda")
+    info = save_on_latest(state, root, 3, device="cuda")
     assert not info.is_base and info.parent_step == 2
     assert chain._PARENT_CACHE[url][3][dev].ctypes.data == kept  # taken over
     monkeypatch.undo()
@@ -399,7 +401,7 @@ def test_into_destinations_sharing_storage_load_and_resume_exactly(tmp_path, cas
     a = torch.randn(2 * n if case == "a view of the other" else n, device="cuda", generator=g)
     b = torch.randn(n, device="cuda", generator=g)
     root = tmp_path / "run"
-    s4weights.save_checkpoint({"b": b, "a": a}, root, 0, device="cuda")
+    save_on_latest({"b": b, "a": a}, root, 0, device="cuda")
     chain._PARENT_CACHE.clear()
     x = torch.zeros_like(a)
     into = {"b": x[::2], "a": x} if case == "a view of the other" else {"b": x, "a": x}
@@ -413,6 +415,38 @@ def test_into_destinations_sharing_storage_load_and_resume_exactly(tmp_path, cas
     finally:
         r.close()
     x.add_(1.0)
-    s4weights.save_checkpoint({"b": b, "a": x}, root, 1, device="cuda")
+    save_on_latest({"b": b, "a": x}, root, 1, device="cuda")
     chain._PARENT_CACHE.clear()
     _same(s4weights.load_checkpoint(root, 1, map_location="cpu"), {"b": b, "a": x})
+
+
+def test_deltas_against_the_base_hold_the_base(tmp_path) -> None:
+    # a delta against the base takes no snapshot: the parent held stays the base, its bytes
+    # untouched; a fresh process reads the base on the GPU into a page-locked buffer it holds
+    state = _state()
+    dev = state["w"].device
+    root = tmp_path / "run"
+    url = root.resolve().as_uri()
+    saved = []
+
+    def save(step: int):
+        _train(state)
+        info = s4weights.save_checkpoint(state, root, step, device="cuda", read_budget=None,
+                                         min_delta_gain=0)
+        saved.append({k: v.cpu().clone() for k, v in state.items()})
+        assert info.parent_step == (None if step == 0 else 0)
+        held = chain._PARENT_CACHE[url]
+        assert held[0] == s4weights.list_checkpoints(root)[0].checkpoint_id
+        assert hostmem.is_page_locked(held[3][dev])
+        for k, v in held[1].items():
+            want = saved[0][k].reshape(-1).view(torch.uint8).numpy()
+            assert np.asarray(v.data).reshape(-1).view(np.uint8).tobytes() == want.tobytes(), k
+
+    for step in range(3):
+        save(step)
+    chain._PARENT_CACHE.clear()  # a restarted process
+    save(3)
+    save(4)
+    for step, want in enumerate(saved):
+        chain._PARENT_CACHE.clear()
+        _same(s4weights.load_checkpoint(root, step, map_location="cpu"), want)

@@ -3,6 +3,7 @@ training setup whose full state (model, AdamW, scheduler, scaler, RNGs) can be c
 
 from __future__ import annotations
 
+import functools
 import io
 import random
 import struct
@@ -13,6 +14,10 @@ import numpy as np
 import torch
 
 import s4weights
+
+# save_checkpoint making each delta against the latest checkpoint: a chain one file longer per
+# save, for the tests of what reads and recovers multi-file chains.
+save_on_latest = functools.partial(s4weights.save_checkpoint, delta_against="latest")
 
 
 def tensor_bytes(t: torch.Tensor) -> bytes:

@@ -34,15 +34,20 @@ def test_the_caller_may_change_the_state_right_after(tmp_path: Path) -> None:
     assert_same(s4weights.load_checkpoint(tmp_path), want)
 
 
-def test_saves_to_one_store_run_in_order_and_deltas_still_chain(tmp_path: Path) -> None:
-    futures = [s4weights.save_checkpoint(_state(float(s)), tmp_path, step=s, blocking=False)
-               for s in range(4)]
+@pytest.mark.parametrize("against", ["base", "latest"])
+def test_saves_to_one_store_run_in_order_and_deltas_still_chain(tmp_path: Path,
+                                                                against: str) -> None:
+    futures = [s4weights.save_checkpoint(_state(float(s)), tmp_path, step=s, blocking=False,
+                                         delta_against=against) for s in range(4)]
     infos = [f.result(timeout=120) for f in futures]
     assert [i.step for i in infos] == [0, 1, 2, 3]
-    assert [i.parent_step for i in infos] == [None, 0, 1, 2]
+    assert [i.parent_step for i in infos] == ([None, 0, 0, 0] if against == "base"
+                                              else [None, 0, 1, 2])
     # a blocking save waits for the ones before it
-    s4weights.save_checkpoint(_state(4.0), tmp_path, step=4, blocking=False)
-    assert s4weights.save_checkpoint(_state(5.0), tmp_path, step=5).parent_step == 4
+    s4weights.save_checkpoint(_state(4.0), tmp_path, step=4, blocking=False,
+                              delta_against=against)
+    assert s4weights.save_checkpoint(_state(5.0), tmp_path, step=5, delta_against=against
+                                     ).parent_step == (0 if against == "base" else 4)
     for s in range(6):
         assert_same(s4weights.load_checkpoint(tmp_path, step=s), _state(float(s)))
 

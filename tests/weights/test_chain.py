@@ -18,7 +18,8 @@ import torch
 import s4format
 import s4weights
 from s4weights import chain
-from tests.weights.common import assert_same, clone_tree, seed_all
+from s4weights.store import open_store
+from tests.weights.common import assert_same, clone_tree, save_on_latest, seed_all
 
 
 @pytest.fixture(autouse=True)
@@ -70,8 +71,9 @@ def _check_chain_invariants(root: Path, interval: int) -> dict[int, s4weights.Ch
     return infos
 
 
-def test_long_chain_with_random_retention_reloads_every_kept_step_exactly(tmp_path: Path
-                                                                          ) -> None:
+@pytest.mark.parametrize("against", ["base", "latest"])
+def test_long_chain_with_random_retention_reloads_every_kept_step_exactly(tmp_path: Path,
+                                                                          against: str) -> None:
     rnd = random.Random(1234)
     run = _Run()
     interval = 4
@@ -82,9 +84,11 @@ def test_long_chain_with_random_retention_reloads_every_kept_step_exactly(tmp_pa
         if rnd.random() < 0.25:
             chain._PARENT_CACHE.clear()  # another process: the parent is re-read from the store
         state = run.state(step)
-        info = s4weights.save_checkpoint(state, tmp_path, step, keyframe_interval=interval)
+        info = s4weights.save_checkpoint(state, tmp_path, step, keyframe_interval=interval,
+                                         delta_against=against)
         saved[step] = clone_tree(state)
         kinds.append("base" if info.is_base else "delta")
+        assert against == "latest" or info.depth <= 1
         assert info.raw_bytes > 0 and info.file_bytes == (tmp_path / info.file).stat().st_size
         if step % 5 == 4:
             listed = sorted(saved)
@@ -103,13 +107,16 @@ def test_long_chain_with_random_retention_reloads_every_kept_step_exactly(tmp_pa
     assert_same(s4weights.load_checkpoint(tmp_path), saved[max(saved)])
 
 
-def test_keep_last_keeps_the_newest_and_the_bases_they_need(tmp_path: Path) -> None:
+@pytest.mark.parametrize("against", ["base", "latest"])
+def test_keep_last_keeps_the_newest_and_the_bases_they_need(tmp_path: Path, against: str
+                                                            ) -> None:
     run = _Run(1)
     saved = {}
     for step in range(0, 30, 3):
         run.train()
         state = run.state(step)
-        s4weights.save_checkpoint(state, tmp_path, step, keyframe_interval=3, keep_last=2)
+        s4weights.save_checkpoint(state, tmp_path, step, keyframe_interval=3, keep_last=2,
+                                  delta_against=against)
         saved[step] = clone_tree(state)
         infos = _check_chain_invariants(tmp_path, 3)
         newest = sorted(saved)[-2:]
@@ -136,12 +143,30 @@ def test_keyframe_interval_bounds_the_depth(tmp_path: Path) -> None:
     depths = []
     for step in range(9):
         run.train()
-        depths.append(s4weights.save_checkpoint(run.state(step), tmp_path, step,
-                                                keyframe_interval=3).depth)
+        depths.append(save_on_latest(run.state(step), tmp_path, step, keyframe_interval=3).depth)
     assert depths == [0, 1, 2, 0, 1, 2, 0, 1, 2]
     one = tmp_path / "one"
-    assert [s4weights.save_checkpoint(run.state(s), one, s, keyframe_interval=1).depth
+    assert [save_on_latest(run.state(s), one, s, keyframe_interval=1).depth
             for s in range(3)] == [0, 0, 0]
+
+
+def test_keyframe_interval_bounds_the_saves_on_a_base(tmp_path: Path) -> None:
+    run = _Run(2)
+    infos = []
+    for step in range(9):
+        run.train()
+        infos.append(s4weights.save_checkpoint(run.state(step), tmp_path, step,
+                                               keyframe_interval=3))
+    assert [i.parent_step for i in infos] == [None, 0, 0, None, 3, 3, None, 6, 6]
+    assert [i.depth for i in infos] == [0, 1, 1, 0, 1, 1, 0, 1, 1]
+    assert infos[3].base_reason == "keyframe_interval=3 reached"
+    # saves dropped by retention no longer count: the base goes on taking deltas
+    s4weights.retain(tmp_path, [6, 8])
+    run.train()
+    assert s4weights.save_checkpoint(run.state(9), tmp_path, 9, keyframe_interval=3
+                                     ).parent_step == 6
+    with pytest.raises(ValueError, match="delta_against must be one of"):
+        s4weights.save_checkpoint(run.state(10), tmp_path, 10, delta_against="previous")
 
 
 def test_a_delta_that_did_not_pay_min_delta_gain_is_followed_by_a_base(tmp_path: Path) -> None:
@@ -196,15 +221,22 @@ def test_partly_changed_state_deltas_only_the_tensors_that_gain(tmp_path: Path) 
     assert_same(s4weights.load_checkpoint(tmp_path, 1), state)
 
 
-def test_parent_cache_and_store_reads_give_identical_files(tmp_path: Path) -> None:
+@pytest.mark.parametrize("against", ["base", "latest"])
+def test_parent_cache_and_store_reads_give_identical_files(tmp_path: Path, against: str
+                                                           ) -> None:
     run = _Run(5)
     for step in range(4):
         run.train()
         state = run.state(step)
-        s4weights.save_checkpoint(state, tmp_path / "cached", step)
+        s4weights.save_checkpoint(state, tmp_path / "cached", step, delta_against=against)
+        url = open_store(tmp_path / "cached").url
+        cached = chain._PARENT_CACHE.pop(url, None)
+        s4weights.save_checkpoint(state, tmp_path / "reread", step, delta_against=against)
         chain._PARENT_CACHE.clear()
-        s4weights.save_checkpoint(state, tmp_path / "reread", step)
-        chain._PARENT_CACHE.clear()
+        if cached is not None:  # (the parent held for the next save: the base, or this one)
+            chain._PARENT_CACHE[url] = cached
+        assert cached[0] == s4weights.list_checkpoints(tmp_path / "cached")[
+            0 if against == "base" else -1].checkpoint_id
     for step in range(4):
         assert _data_file(tmp_path / "cached", step).read_bytes() == \
             _data_file(tmp_path / "reread", step).read_bytes()
@@ -219,7 +251,7 @@ def test_list_checkpoints_and_file_urls(tmp_path: Path) -> None:
         s4weights.save_checkpoint(run.state(step), url, step)
     infos = s4weights.list_checkpoints(tmp_path / "store")
     assert [i.step for i in infos] == [5, 10, 20]
-    assert [i.parent_step for i in infos] == [None, 5, 10]
+    assert [i.parent_step for i in infos] == [None, 5, 5]
     assert s4weights.load_checkpoint(url)["step"] == 20
 
 
@@ -251,7 +283,7 @@ def test_retain_keeps_the_chain_of_a_kept_delta(tmp_path: Path) -> None:
     run = _Run(7)
     for step in range(5):
         run.train()
-        s4weights.save_checkpoint(run.state(step), tmp_path, step, keyframe_interval=10)
+        save_on_latest(run.state(step), tmp_path, step, keyframe_interval=10)
     files = {s: _data_file(tmp_path, s).name for s in range(5)}
     assert s4weights.retain(tmp_path, [3]) == [4]
     assert [i.step for i in s4weights.list_checkpoints(tmp_path)] == [0, 1, 2, 3]
@@ -271,7 +303,7 @@ def _template(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[int,
     saved = {}
     for step in range(3):
         run.train()
-        info = s4weights.save_checkpoint(run.state(step), root, step)
+        info = save_on_latest(run.state(step), root, step)
         assert info.depth == step
         saved[step] = clone_tree(run.state(step))
     chain._PARENT_CACHE.clear()
@@ -357,13 +389,15 @@ def test_corrupted_parent_bytes_are_caught(
         s4weights.load_checkpoint(tmp_path, 2)
 
 
+@pytest.mark.parametrize("against", ["base", "latest"])
 def test_a_fresh_process_chains_onto_an_existing_store(
-        tmp_path: Path, two_deltas: tuple[_Run, dict[int, Any]]) -> None:
+        tmp_path: Path, two_deltas: tuple[_Run, dict[int, Any]], against: str) -> None:
     run, saved = two_deltas
     run.train()
     state = run.state(3)
-    info = s4weights.save_checkpoint(state, tmp_path, 3)  # cache is empty: reads 0..2
-    assert (info.parent_step, info.depth) == (2, 3)
+    # the cache is empty: reads step 0 (the base), or 0..2
+    info = s4weights.save_checkpoint(state, tmp_path, 3, delta_against=against)
+    assert (info.parent_step, info.depth) == ((0, 1) if against == "base" else (2, 3))
     chain._PARENT_CACHE.clear()
     assert_same(s4weights.load_checkpoint(tmp_path, 3), clone_tree(state))
     assert np.array_equal(s4weights.load_checkpoint(tmp_path, 1)["rng"].numpy(),

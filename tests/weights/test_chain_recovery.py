@@ -18,7 +18,7 @@ import torch
 import s4format
 import s4weights
 from s4weights import chain
-from tests.weights.common import assert_same
+from tests.weights.common import assert_same, save_on_latest
 
 STEPS = (0, 1, 2)  # a base and two deltas on it
 
@@ -46,7 +46,7 @@ def _state(step: int) -> dict[str, Any]:
 
 def _chain_of_three(root: Path) -> None:
     for step in STEPS:
-        info = s4weights.save_checkpoint(_state(step), root, step)
+        info = save_on_latest(_state(step), root, step)
         assert info.depth == step  # the premise: 2 is a delta of 1, a delta of 0
 
 
@@ -100,7 +100,7 @@ def _save_step_3_expecting_a_base(root: Path, caplog: pytest.LogCaptureFixture,
                                   *named: str) -> s4weights.CheckpointInfo:
     """Save step 3; check it is a loadable base and that one warning named ``named``."""
     with caplog.at_level(logging.WARNING, logger="s4weights"):
-        info = s4weights.save_checkpoint(_state(3), root, 3)
+        info = save_on_latest(_state(3), root, 3)
     assert (info.is_base, info.parent_id, info.depth, info.base_step) == (True, None, 0, 3)
     with s4format.Reader(_data(root, 3)) as r:
         assert r.parent_id is None and not any(t.is_delta for t in r.tensors)
@@ -140,7 +140,7 @@ def test_unreadable_latest_checkpoint_gives_a_new_base(
     with pytest.raises(error, match=message):
         s4weights.load_checkpoint(tmp_path, 2)
     # The chain goes on from the new base.
-    assert s4weights.save_checkpoint(_state(4), tmp_path, 4).parent_step == 3
+    assert save_on_latest(_state(4), tmp_path, 4).parent_step == 3
 
 
 def test_damaged_payload_of_the_latest_gives_a_base_in_a_fresh_process(
@@ -189,7 +189,7 @@ def test_list_and_retain_with_a_missing_file(tmp_path: Path) -> None:
     assert [i.step for i in s4weights.list_checkpoints(tmp_path)] == [0, 1, 2]
     # Retention keeps what kept steps depend on, readable or not, and deletes the rest.
     assert s4weights.retain(tmp_path, [2]) == []
-    info = s4weights.save_checkpoint(_state(3), tmp_path, 3)
+    info = save_on_latest(_state(3), tmp_path, 3)
     assert s4weights.retain(tmp_path, [3]) == [0, 1, 2]
     assert re.fullmatch(r"data/000000000003-[0-9a-f]{8}\.s4w", info.file), info.file
     assert sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*.*")) == \
@@ -200,8 +200,32 @@ def test_list_and_retain_with_a_missing_file(tmp_path: Path) -> None:
 def test_keep_last_after_a_recovered_save_drops_the_damaged_chain(tmp_path: Path) -> None:
     _chain_of_three(tmp_path)
     _data(tmp_path, 2).unlink()
-    info = s4weights.save_checkpoint(_state(3), tmp_path, 3, keep_last=1)
+    info = save_on_latest(_state(3), tmp_path, 3, keep_last=1)
     assert info.is_base
     assert [i.step for i in s4weights.list_checkpoints(tmp_path)] == [3]
     assert re.fullmatch(r"data/000000000003-[0-9a-f]{8}\.s4w", info.file), info.file
     assert sorted(p.name for p in (tmp_path / "data").iterdir()) == [Path(info.file).name]
+
+
+@pytest.mark.parametrize("cold", [False, True], ids=["warm", "cold"])
+def test_deltas_against_the_base_need_only_the_base(tmp_path: Path, caplog, cold: bool) -> None:
+    for step in STEPS:
+        assert s4weights.save_checkpoint(_state(step), tmp_path, step).parent_step == \
+            (None if step == 0 else 0)
+    # the latest delta's file damaged: not read, the next delta is of the base all the same
+    _truncate(_data(tmp_path, 2))
+    if cold:
+        chain._PARENT_CACHE.clear()
+    info = s4weights.save_checkpoint(_state(3), tmp_path, 3)
+    assert info.parent_step == 0
+    if cold:
+        chain._PARENT_CACHE.clear()
+    assert_same(s4weights.load_checkpoint(tmp_path, 3), _state(3))
+    # the base's file gone: a new base, said in a warning and in its manifest
+    _delete(_data(tmp_path, 0))  # (warm: the base is still held, but checked to be there)
+    with caplog.at_level(logging.WARNING, logger="s4weights"):
+        info = s4weights.save_checkpoint(_state(4), tmp_path, 4)
+    assert info.is_base and "step 0" in info.base_reason
+    assert "saved as a base" in caplog.text
+    chain._PARENT_CACHE.clear()
+    assert_same(s4weights.load_checkpoint(tmp_path, 4), _state(4))

@@ -17,7 +17,7 @@ import s4weights
 from s4format.errors import StorageError
 from s4weights import api, chain
 from s4weights.store import LocalStore
-from tests.weights.common import assert_same, clone_tree
+from tests.weights.common import assert_same, clone_tree, save_on_latest
 
 
 def _state(k: float) -> dict:
@@ -38,7 +38,7 @@ def test_keep_last_never_deletes_the_step_just_saved(tmp_path: Path) -> None:
 def test_an_interrupted_retention_leaves_no_delta_without_its_parent(
         tmp_path: Path, monkeypatch) -> None:
     for step in range(1, 6):  # a base and four deltas
-        s4weights.save_checkpoint(_state(1) | {"x": torch.full((8,), step)}, tmp_path, step)
+        save_on_latest(_state(1) | {"x": torch.full((8,), step)}, tmp_path, step)
     infos = chain.by_step(chain.list_checkpoints(tmp_path))
     assert infos[5].parent_step == 4
     real = LocalStore.delete

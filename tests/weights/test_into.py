@@ -13,7 +13,7 @@ import torch
 import s4weights
 from s4weights import chain
 from s4weights.torchtree import IntoMismatchError
-from tests.weights.common import tensor_bytes
+from tests.weights.common import save_on_latest, tensor_bytes
 
 
 def _blob(obj) -> bytes:
@@ -139,7 +139,7 @@ def test_load_checkpoint_into_resolves_a_delta_chain(tmp_path) -> None:
     chain._PARENT_CACHE.clear()
     model, opt = _trained(0)
     for step in range(3):
-        s4weights.save_checkpoint({"model": model.state_dict(), "optimizer": opt.state_dict()},
+        save_on_latest({"model": model.state_dict(), "optimizer": opt.state_dict()},
                                   tmp_path, step)
         model(torch.randn(16, 64)).square().mean().backward()
         opt.step()

@@ -12,7 +12,7 @@ import s4format
 import s4weights
 from s4weights import chain
 from s4weights.store import open_store
-from tests.weights.common import assert_same, clone_tree
+from tests.weights.common import assert_same, clone_tree, save_on_latest
 from tests.weights.test_chain import _Run
 
 
@@ -39,7 +39,7 @@ def _reads(monkeypatch) -> list[str]:
 def _saved(run: _Run, root, steps: range) -> None:
     for step in steps:
         run.train()
-        s4weights.save_checkpoint(run.state(step), root, step, device="cpu")
+        save_on_latest(run.state(step), root, step, device="cpu")
 
 
 def _save_and_check(monkeypatch, state, root, step: int):
@@ -47,7 +47,7 @@ def _save_and_check(monkeypatch, state, root, step: int):
     it back with nothing cached and check it. Returns (those reads, the save's info)."""
     want = clone_tree(state)
     reads = _reads(monkeypatch)
-    info = s4weights.save_checkpoint(state, root, step, device="cpu")
+    info = save_on_latest(state, root, step, device="cpu")
     monkeypatch.undo()
     chain._PARENT_CACHE.clear()
     assert_same(s4weights.load_checkpoint(root, step, device="cpu"), want)
@@ -71,6 +71,44 @@ def test_the_first_save_after_resuming_reads_no_chain(tmp_path, monkeypatch, int
     assert not info.is_base and info.parent_step == 3
 
 
+def test_deltas_against_the_base_read_it_once_then_hold_it(tmp_path, monkeypatch) -> None:
+    run = _Run()
+    opened = []
+    real_open = chain.open_chain
+
+    def spy(store, files, *args, **kw):
+        opened.append([i.step for i in files])
+        return real_open(store, files, *args, **kw)
+
+    monkeypatch.setattr(chain, "open_chain", spy)
+    reads = _reads(monkeypatch)
+    saved = {}
+    for step in range(5):
+        if step == 3:
+            chain._PARENT_CACHE.clear()  # a restarted process
+        run.train()
+        saved[step] = clone_tree(run.state(step))
+        opened.clear()
+        reads.clear()
+        info = s4weights.save_checkpoint(run.state(step), tmp_path, step, device="cpu")
+        assert info.parent_step == (None if step == 0 else 0)
+        # only the base is opened (a held one too: checked to be there), never a delta; a
+        # fresh process decodes it once, and holds it after
+        assert opened == ([[0]] if step else []), step
+        if step == 3:
+            base = s4weights.list_checkpoints(tmp_path)[0]
+            with s4format.Reader(tmp_path / base.file) as r:
+                assert sorted(reads) == sorted(t.name for t in r.tensors)
+        else:
+            assert reads == [], step
+        assert chain._PARENT_CACHE[open_store(tmp_path).url][0] == \
+            s4weights.list_checkpoints(tmp_path)[0].checkpoint_id
+    monkeypatch.undo()
+    chain._PARENT_CACHE.clear()
+    for step, want in saved.items():
+        assert_same(s4weights.load_checkpoint(tmp_path, step, device="cpu"), want)
+
+
 def test_without_resume_the_first_save_reads_the_chain(tmp_path, monkeypatch) -> None:
     run = _Run()
     _saved(run, tmp_path, range(3))
@@ -78,7 +116,7 @@ def test_without_resume_the_first_save_reads_the_chain(tmp_path, monkeypatch) ->
     state = s4weights.load_checkpoint(tmp_path, device="cpu")
     assert not chain._PARENT_CACHE
     reads = _reads(monkeypatch)
-    info = s4weights.save_checkpoint(state, tmp_path, 3, device="cpu")
+    info = save_on_latest(state, tmp_path, 3, device="cpu")
     assert reads and not info.is_base
 
 
