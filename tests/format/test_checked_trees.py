@@ -13,6 +13,7 @@ from s4format import Reader, objtree, reader
 from s4format.errors import FormatError
 from s4format.objtree import Typed
 from tests.format import hostile as H
+from tests.weights.common import save_on_latest
 
 
 @pytest.fixture(autouse=True)
@@ -91,7 +92,7 @@ def test_a_chain_load_decodes_one_tree(tmp_path, monkeypatch) -> None:
         state = {k: (v.float() + 1e-3 * torch.randn_like(v.float())).to(torch.bfloat16)
                  for k, v in state.items()}
         states.append(state)
-        info = s4weights.save_checkpoint(state, tmp_path, step, read_budget=None)
+        info = save_on_latest(state, tmp_path, step, read_budget=None)
     assert info.depth == 2
     monkeypatch.setattr(reader, "_CHECKED_TREES", reader._CheckedTrees())
     calls = _decodes(monkeypatch)

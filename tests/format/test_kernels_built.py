@@ -110,7 +110,7 @@ run = tempfile.mkdtemp()
 steps = []
 for step in range(4):
     steps.append({k: v.clone() for k, v in state.items()})
-    s4weights.save_checkpoint(state, run, step, read_budget=None)
+    s4weights.save_checkpoint(state, run, step, read_budget=None, delta_against="latest")
     for k, v in state.items():
         if v.is_floating_point():  # a few elements change (masked deltas), or all of them
             flat = v.view(-1)

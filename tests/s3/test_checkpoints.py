@@ -27,6 +27,7 @@ from s4format.schema import HEADER_SIZE  # noqa: E402
 from s4weights.store.s3 import MIN_PART_SIZE, TAIL_CACHE, S3Store  # noqa: E402
 from tests.s3 import seaweed  # noqa: E402
 from tests.s3.proxy import FaultProxy  # noqa: E402
+from tests.weights.common import save_on_latest  # noqa: E402
 
 
 def _state(seed: int, n: int = 4, numel: int = 4096) -> dict:
@@ -66,14 +67,14 @@ def test_checkpoint_chain_list_and_retain(aws_env, bucket) -> None:
     states = {}
     for step in range(0, 50, 10):
         states[step] = _evolved(step)
-        s4weights.save_checkpoint(states[step], url, step, keyframe_interval=3)
+        save_on_latest(states[step], url, step, keyframe_interval=3)
     infos = s4weights.list_checkpoints(url)
     assert [i.step for i in infos] == [0, 10, 20, 30, 40]
     assert [i.parent_step for i in infos] == [None, 0, 10, None, 30]
     for step, state in states.items():
         assert _equal(s4weights.load_checkpoint(url, step), state)
     with pytest.raises(StorageError, match="already exists"):
-        s4weights.save_checkpoint(states[40], url, 40)
+        save_on_latest(states[40], url, 40)
     files = {i.step: i.file for i in infos}
     for step, name in files.items():
         assert re.fullmatch(rf"data/{step:012d}-[0-9a-f]{{8}}\.s4w", name), name
@@ -103,7 +104,7 @@ def test_chain_files_are_fetched_whole_by_loads_and_not_by_a_cached_parents_chec
         state["model"]["w0"][:step + 1] += 1.0
         states.append(state)
         sources.clear()
-        info = s4weights.save_checkpoint(state, url, step)
+        info = save_on_latest(state, url, step)
         assert info.depth == step
         # (the cached parent's chain: each file's header and tail)
         assert all(src.bytes_fetched <= HEADER_SIZE + TAIL_CACHE for src in sources), \
@@ -119,7 +120,7 @@ def test_a_chain_s_parents_open_together_and_fail_newest_first(aws_env, bucket, 
     # load, and which failure is reported when several are damaged, is as one by one.
     url = f"s3://{bucket}/runs/parallel"
     states = {step: _evolved(step) for step in range(4)}
-    infos = [s4weights.save_checkpoint(states[step], url, step, read_budget=None)
+    infos = [save_on_latest(states[step], url, step, read_budget=None)
              for step in range(4)]
     assert [i.depth for i in infos] == [0, 1, 2, 3]
     for step in range(4):
@@ -142,10 +143,10 @@ def test_checkpoint_after_the_latest_object_vanished_is_a_base(aws_env, bucket, 
     # The same path as on a local store (chain.py), through S3Source's HEAD of a missing key;
     # tests/weights/test_chain_recovery.py covers the other kinds of damage.
     url = f"s3://{bucket}/runs/lost"
-    saved = [s4weights.save_checkpoint(_evolved(step), url, step) for step in (0, 1)]
+    saved = [save_on_latest(_evolved(step), url, step) for step in (0, 1)]
     assert saved[1].parent_step == 0  # a delta, and this process still caches it
     admin.delete_object(Bucket=bucket, Key=f"runs/lost/{saved[1].file}")
-    info = s4weights.save_checkpoint(_evolved(2), url, 2)
+    info = save_on_latest(_evolved(2), url, 2)
     assert info.is_base
     assert _equal(s4weights.load_checkpoint(url), _evolved(2))
     with pytest.raises(StorageError, match=rf"checkpoint step 1 is listed in s3://{bucket}/runs/"
@@ -163,7 +164,7 @@ def test_a_resumed_run_saves_its_first_delta_from_its_copy(aws_env, bucket,
 
     url = f"s3://{bucket}/runs/resumed"
     for step in range(3):
-        s4weights.save_checkpoint(_evolved(step), url, step)
+        save_on_latest(_evolved(step), url, step)
     chain._PARENT_CACHE.clear()  # a restarted process
     state = s4weights.load_checkpoint(url, resume=True)
     assert _equal(state, _evolved(2))
@@ -171,7 +172,7 @@ def test_a_resumed_run_saves_its_first_delta_from_its_copy(aws_env, bucket,
     real = s4format.Reader.read_raw
     monkeypatch.setattr(s4format.Reader, "read_raw",
                         lambda self, i: decoded.append(i) or real(self, i))
-    info = s4weights.save_checkpoint(_evolved(3), url, 3)
+    info = save_on_latest(_evolved(3), url, 3)
     assert decoded == [] and not info.is_base and info.parent_step == 2
     monkeypatch.setattr(s4format.Reader, "read_raw", real)  # (undo() would drop aws_env too)
     chain._PARENT_CACHE.clear()
@@ -204,7 +205,7 @@ def _damage(admin, bucket: str, key: str, at: int) -> None:
 def test_registry_cli_list_and_verify_s3(aws_env, bucket, admin, capsys) -> None:
     for run in ("team/a", "team/b"):
         for step in (1, 2, 3):
-            s4weights.save_checkpoint(_evolved(step), f"s3://{bucket}/{run}", step)
+            save_on_latest(_evolved(step), f"s3://{bucket}/{run}", step)
     prefix = f"s3://{bucket}/team"
     assert s4weights.cli.main(["list", prefix]) == 0
     out = capsys.readouterr().out
