@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 import s4format
+from s4format import hashing
 from s4format.errors import ParentMismatchError, S4Error, StorageError
 from s4weights import chainpolicy, gpu, hostmem, lease
 from s4weights.api import read_tree, write_flattened
@@ -590,7 +591,15 @@ def load(store: Store, infos: dict[int, CheckpointInfo], step: int, *, map_locat
         entry = None
         if copy is not None:
             try:
-                entry = copy.entry(infos[step].checkpoint_id)
+                info = infos[step]
+                if info.depth == 1 and not copy.devices \
+                        and all(i.depth <= 1 for i in infos.values()):
+                    # a run of deltas against the base (no deeper chain listed): the next
+                    # delta's parent is this step's base, which this step's own bytes XORed
+                    # back out of the copy give
+                    entry = copy.base_entry(infos[info.base_step].checkpoint_id)
+                else:
+                    entry = copy.entry(info.checkpoint_id)
             except S4Error as exc:  # a stored tensor the tree does not use, damaged
                 log.warning("checkpoint step %d loaded, but no host copy of it is kept as the "
                             "next save's parent: %s", step, exc)
@@ -691,6 +700,44 @@ class _HostCopy:
         # (the next save's snapshot takes the buffer over where its state is on that device)
         buffers = {next(iter(self.devices)): host} if len(self.devices) == 1 else {}
         return checkpoint_id, tensors, hashes, buffers
+
+    def base_entry(self, base_id: str) -> tuple | None:
+        """:meth:`entry` of the base of this delta step (its reader's parent), made from the
+        copy: each delta tensor's own bytes XORed back out (a level's decode, not the base's),
+        checked against the base's content hash; each tensor stored whole read from the base
+        where it holds one of that name and size. None where the copy was given up or a
+        tensor does not come back to its base's hash."""
+        if not self._ready():
+            return None
+        r, base = self.reader, self.reader.parent
+        if base is None:
+            return None
+        tensors: dict[str, s4format.Tensor] = {}
+        hashes: dict[str, bytes] = {}
+        for i, t in enumerate(r.tensors):
+            h = self._buffer(i)
+            if t.is_delta:
+                if i not in self.done:
+                    h[:] = r.read_raw(i)
+                k = r._parent_index(t)
+                if not r._xor_own(t, h):
+                    return None
+            else:
+                try:
+                    k = base.index_of(t.name)
+                except KeyError:
+                    continue  # (no parent of that name: the next save codes it alone)
+                if base.tensors[k].raw_nbytes != t.raw_nbytes:
+                    continue
+                h[:] = base.read_raw(k)
+            bt = base.tensors[k]
+            if hashing.content_hash(h) != bt.content_hash:
+                log.warning("load_checkpoint(resume=True): tensor %r does not come back to its "
+                            "base; the next save reads its parent from the store", t.name)
+                return None
+            tensors[bt.name] = s4format.Tensor(bt.dtype, bt.shape, h)
+            hashes[bt.name] = bt.content_hash
+        return base_id, tensors, hashes, {}
 
     def abandon(self) -> None:
         """While an error propagates: wait for the copies queued into the buffer before it

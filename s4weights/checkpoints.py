@@ -113,9 +113,12 @@ def load_checkpoint(url_or_dir: Any, step: int | None = None, *, map_location: A
     next delta: that save then need not read the chain back from the store, which takes
     seconds per GB and level. The copy is made as each tensor is decoded, before the caller
     sees it, and kept only for the store's latest checkpoint, with ``verify`` on, and where this
-    process does not hold it already. It is the next save's parent where that checkpoint is a
-    base, or where saves make deltas against the latest; with deltas against the base, the
-    next save after a delta step reads its base from the store instead.
+    process does not hold it already. Where that checkpoint is a delta on its base and no
+    deeper chain is listed (a run of deltas against the base, the default), the copy is turned
+    into the base, the next delta's parent, by XORing the step's own bytes back out of it (a
+    level's decode, each tensor checked against the base's content hash); this on the CPU
+    path only: a step loaded onto the GPU keeps its own copy, and the next delta against the
+    base reads the base from the store.
 
     A step saved with ``distributed=True`` loads into ``into`` (a sharded state dict) on every
     rank of ``group`` with ``distributed=True``, at any world size; without it, as one whole

@@ -109,6 +109,32 @@ def test_deltas_against_the_base_read_it_once_then_hold_it(tmp_path, monkeypatch
         assert_same(s4weights.load_checkpoint(tmp_path, step, device="cpu"), want)
 
 
+@pytest.mark.parametrize("into", [False, True])
+def test_resuming_from_a_delta_on_a_base_holds_the_base(tmp_path, monkeypatch, into) -> None:
+    # deltas against the base (the default): resuming from a delta step keeps its base, made
+    # from the copy by XORing the step's own bytes back out, so the next save reads nothing
+    run = _Run()
+    for step in range(3):
+        run.train()
+        s4weights.save_checkpoint(run.state(step), tmp_path, step, device="cpu")
+    chain._PARENT_CACHE.clear()  # a restarted process
+    fresh = _Run(seed=1)
+    target = {"model": fresh.model.state_dict()} if into else None
+    state = s4weights.load_checkpoint(tmp_path, resume=True, device="cpu", into=target)
+    base = s4weights.list_checkpoints(tmp_path)[0]
+    assert chain._PARENT_CACHE[open_store(tmp_path).url][0] == base.checkpoint_id
+    fresh.model.load_state_dict(state["model"])
+    fresh.opt.load_state_dict(state["optimizer"])
+    fresh.train(2)
+    want = clone_tree(fresh.state(3))
+    reads = _reads(monkeypatch)
+    info = s4weights.save_checkpoint(fresh.state(3), tmp_path, 3, device="cpu")
+    assert reads == [] and info.parent_step == 0
+    monkeypatch.undo()
+    chain._PARENT_CACHE.clear()
+    assert_same(s4weights.load_checkpoint(tmp_path, 3, device="cpu"), want)
+
+
 def test_without_resume_the_first_save_reads_the_chain(tmp_path, monkeypatch) -> None:
     run = _Run()
     _saved(run, tmp_path, range(3))
@@ -173,12 +199,12 @@ def test_a_process_that_saved_keeps_its_own_parent(tmp_path, monkeypatch) -> Non
 def test_resume_keeps_tensors_no_part_of_the_tree_uses(tmp_path) -> None:
     # the copy holds every stored tensor, the ones read for the tree and the others
     run = _Run()
-    _saved(run, tmp_path, range(2))
+    _saved(run, tmp_path, range(3))
     chain._PARENT_CACHE.clear()
     s4weights.load_checkpoint(tmp_path, resume=True, device="cpu")
     entry = chain._PARENT_CACHE[tmp_path.resolve().as_uri()]
     r = chain.open_chain(open_store(tmp_path),
-                         chain.chain_of(1, chain.by_step(s4weights.list_checkpoints(tmp_path))),
+                         chain.chain_of(2, chain.by_step(s4weights.list_checkpoints(tmp_path))),
                          verify=True)
     try:
         assert set(entry[1]) == {t.name for t in r.tensors}
