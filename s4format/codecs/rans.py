@@ -698,12 +698,14 @@ def _decode_block(words, lo, hi, states, dtab, out, start, end):  # pragma: no c
 
 
 @kernel(inline="always")
-def _decode_group(words, offsets, states, dtab, out, start, size, errors, group
+def _decode_group(words, offsets, states, dtab, out, start, size, last, errors, group
                   ):  # pragma: no cover - compiled
-    """:func:`_decode_block` of ``group`` full blocks at once (their words between
-    offsets[0..group], their symbols from out[start], ``size`` each), their error codes into
-    errors[0..group]; False where a state is out of range (nothing decoded). Vector rows wait
-    on a gather's latency, so the other blocks' rows fill the gaps."""
+    """:func:`_decode_block` of ``group`` blocks at once (their words between
+    offsets[0..group], their symbols from out[start], ``size`` each but the last, which holds
+    ``last``), their error codes into errors[0..group]; False where a state is out of range
+    or the last block's top row runs out of words (the caller then decodes the blocks one by
+    one, which names the error). Vector rows wait on a gather's latency, so the other blocks'
+    rows fill the gaps."""
     x = np.empty((group, LANES), np.uint32)
     for k in range(group):
         if not _load_states(states[k * LANES:(k + 1) * LANES], x[k]):
@@ -711,24 +713,42 @@ def _decode_group(words, offsets, states, dtab, out, start, size, errors, group
     lo = np.empty(group, np.uint64)
     p = np.empty(group, np.uint64)
     first = np.empty(group, np.uint64)
+    ends = np.empty(group, np.uint64)  # each block's symbols
+    tops = np.empty(group, np.uint64)  # each block's rows still to decode: [0, tops[k])
     size = np.uint64(size)
+    lanes, one = np.uint64(LANES), np.uint64(1)
     for k in range(group):
         lo[k] = np.uint64(offsets[k])
         p[k] = np.uint64(offsets[k + 1])
         first[k] = np.uint64(start) + np.uint64(k) * size
-    top, lanes = size, np.uint64(LANES)
-    while top > 0:
+        ends[k] = size
+        tops[k] = size
+    g = group - 1
+    ends[g] = np.uint64(last)
+    tops[g] = (ends[g] // lanes) * lanes
+    # the last block's top row, where partial, lane by lane (rows are decoded top down)
+    m = ends[g] - tops[g]
+    for k in range(m):
+        lane = m - one - np.uint64(k)
+        xv = _decode_step(np.uint64(x[g, lane]), dtab, out, first[g] + tops[g] + lane)
+        if xv < STATE_LOW:
+            if p[g] == lo[g]:
+                return False
+            p[g] -= one
+            xv = (xv << np.uint64(WORD_BITS)) | np.uint64(words[p[g]])
+        x[g, lane] = np.uint32(xv)
+    while True:
         room = True
         for k in range(group):
-            room = room and p[k] - lo[k] >= lanes
+            room = room and tops[k] > 0 and p[k] - lo[k] >= lanes
         if not room:
             break
-        top -= lanes
         for k in range(group):
-            p[k] = _decode_row_vector(words, p[k], x[k], dtab, out, first[k] + top)
+            tops[k] -= lanes
+            p[k] = _decode_row_vector(words, p[k], x[k], dtab, out, first[k] + tops[k])
     for k in range(group):
         errors[k] = _decode_rows(words, lo[k], p[k], x[k], dtab, out, first[k],
-                                 first[k] + size, first[k] + top)
+                                 first[k] + ends[k], first[k] + tops[k])
     return True
 
 
@@ -739,19 +759,26 @@ def _decode_blocks(words, offsets, states, dtab, log2_block, n, out, errors, b0,
     out[0]; errors[b - b0] gets each block's error code."""
     base = np.int64(b0) << log2_block
     size = np.int64(1) << log2_block
+    # Blocks decoded in groups: all but the plane's last where it is under half a block (a
+    # group runs its rows together only while its shortest block has rows left).
+    grouped = b1
+    if 2 * (n - base - (np.int64(b1 - 1 - b0) << log2_block)) < size:
+        grouped = b1 - 1
     b = b0
     while b < b1:
         start = (np.int64(b) << log2_block) - base
-        # (GROUP blocks at once where that many full ones remain, else two, else one)
+        # (GROUP blocks at once where that many remain, else three, two or one; only the
+        # plane's last block may be short, and it is then the group's last)
         done = False
-        for group in (GROUP, 2):
+        for group in (GROUP, 3, 2):
             if not done and _vector_rows() and _decoder_arrays(words, dtab, out) \
-                    and b + group - 1 < b1 and start + group * size <= n - base \
-                    and _decode_group(words, offsets[b:b + group + 1],
-                                      states[b * LANES:(b + group) * LANES], dtab, out, start,
-                                      size, errors[b - b0:b - b0 + group], group):
-                b += group
-                done = True
+                    and b + group <= grouped:
+                last = min(size, n - base - start - (group - 1) * size)
+                if _decode_group(words, offsets[b:b + group + 1],
+                                 states[b * LANES:(b + group) * LANES], dtab, out, start,
+                                 size, last, errors[b - b0:b - b0 + group], group):
+                    b += group
+                    done = True
         if done:
             continue
         end = min(start + size, n - base)

@@ -50,6 +50,17 @@ CASES = textwrap.dedent('''
                         i = int(rng.integers(rans.HEADER_SIZE + 40, bad.size))
                         bad[i] ^= np.uint8(1 << int(rng.integers(0, 8)))
                     yield lg, plane, bad, True
+                nb = rans._n_blocks(plane.size, lg)
+                if nb >= 2:
+                    # every word of the last block given to the one before it: the last
+                    # block's top row runs out of words (a group then leaves its blocks to
+                    # be decoded one by one), the one before has words left over
+                    bad = payload.copy()
+                    _freqs, pos = rans._parse_table(bad, rans.HEADER_SIZE)
+                    at = pos + 4 * (nb - 2)
+                    counts = bad[at:at + 8].view("<u4").copy()
+                    bad[at:at + 8] = np.array([counts.sum(), 0], "<u4").view(np.uint8)
+                    yield lg, plane, bad, True
 
     def fields():
         """Fields of 16- and 32-bit words as the CPU path codes them, in place."""
