@@ -403,6 +403,8 @@ def _code(store: Store, state: Any, step: int, infos: dict[int, CheckpointInfo],
         snap.abandon()
         raise
     if keeps_parent and used is not None:
+        for dev, buf in snap.buffers.items():  # (CUDA tensors coded on the CPU: for the next)
+            hostmem.keep(dev, buf)
         if replaced is None or replaced[0] != parent.checkpoint_id:  # (read from the store)
             held = {} if read_buffer is None else {
                 next(iter(devices)) if len(devices) == 1
@@ -730,13 +732,15 @@ class _HostCopy:
                 if base.tensors[k].raw_nbytes != t.raw_nbytes:
                     continue
                 h[:] = base.read_raw(k)
+            # (by this tensor's name: the next save pairs tensors by name, and two of the
+            # base's may hold the same bytes)
             bt = base.tensors[k]
             if hashing.content_hash(h) != bt.content_hash:
                 log.warning("load_checkpoint(resume=True): tensor %r does not come back to its "
                             "base; the next save reads its parent from the store", t.name)
                 return None
-            tensors[bt.name] = s4format.Tensor(bt.dtype, bt.shape, h)
-            hashes[bt.name] = bt.content_hash
+            tensors[t.name] = s4format.Tensor(bt.dtype, bt.shape, h)
+            hashes[t.name] = bt.content_hash
         return base_id, tensors, hashes, {}
 
     def abandon(self) -> None:

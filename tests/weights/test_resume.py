@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 import s4format
 import s4weights
@@ -133,6 +134,39 @@ def test_resuming_from_a_delta_on_a_base_holds_the_base(tmp_path, monkeypatch, i
     monkeypatch.undo()
     chain._PARENT_CACHE.clear()
     assert_same(s4weights.load_checkpoint(tmp_path, 3, device="cpu"), want)
+
+
+def test_a_resumed_base_keeps_tensors_of_equal_bytes_apart(tmp_path, monkeypatch) -> None:
+    # two tensors of the base hold the same bytes (as the norms of a fresh model do): a
+    # delta's parent is found by content hash, yet the base made from the copy holds both,
+    # by name, and the next save codes neither alone
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(64, 64, generator=g)
+    same = torch.randn(4096, generator=g)
+
+    def state(step: int) -> dict:
+        a = same.clone()
+        a[::16] += step * 1e-3  # a few words change: "a" is a delta of the base's "a"
+        return {"w": w + step * 1e-3, "a": a, "b": same.clone()}
+
+    for step in range(2):
+        s4weights.save_checkpoint(state(step), tmp_path, step, device="cpu")
+    chain._PARENT_CACHE.clear()  # a restarted process
+    s4weights.load_checkpoint(tmp_path, resume=True, device="cpu")
+    with s4format.Reader(tmp_path / s4weights.list_checkpoints(tmp_path)[1].file) as r:
+        assert r.tensors[r.index_of("a")].is_delta
+    held = chain._PARENT_CACHE[open_store(tmp_path).url]
+    assert sorted(held[1]) == ["a", "b", "w"]
+    reads = _reads(monkeypatch)
+    warm = s4weights.save_checkpoint(state(2), tmp_path, 2, device="cpu")
+    assert reads == []
+    monkeypatch.undo()
+    cold = tmp_path / "cold"
+    for step in range(2):
+        s4weights.save_checkpoint(state(step), cold, step, device="cpu")
+    chain._PARENT_CACHE.clear()
+    assert (cold / s4weights.save_checkpoint(state(2), cold, 2, device="cpu").file
+            ).read_bytes() == (tmp_path / warm.file).read_bytes()
 
 
 def test_without_resume_the_first_save_reads_the_chain(tmp_path, monkeypatch) -> None:
