@@ -450,3 +450,27 @@ def test_deltas_against_the_base_hold_the_base(tmp_path) -> None:
     for step, want in enumerate(saved):
         chain._PARENT_CACHE.clear()
         _same(s4weights.load_checkpoint(root, step, map_location="cpu"), want)
+
+
+def test_deltas_against_the_base_coded_on_the_cpu_reuse_one_buffer(tmp_path) -> None:
+    # CUDA tensors coded on the CPU are copied to the host at each save; with deltas against
+    # the base that copy is not the next parent, and its buffer is kept for the next save's
+    state = _state()
+    dev = state["w"].device
+    root = tmp_path / "run"
+    kept, saved = [], []
+    for step in range(5):
+        _train(state)
+        info = s4weights.save_checkpoint(state, root, step, device="cpu", read_budget=None,
+                                         min_delta_gain=0)
+        saved.append({k: v.cpu().clone() for k, v in state.items()})
+        assert info.parent_step == (None if step == 0 else 0)
+        if step:
+            buf = hostmem._KEPT[dev]
+            assert hostmem.is_page_locked(buf) and buf.size == _raw(state)
+            kept.append(buf.ctypes.data)
+            del buf
+    assert len(set(kept[1:])) == 1, kept  # (the second delta's buffer, taken and kept again)
+    for step, want in enumerate(saved):
+        chain._PARENT_CACHE.clear()
+        _same(s4weights.load_checkpoint(root, step, map_location="cpu"), want)
