@@ -150,13 +150,19 @@ def test_keyframe_interval_bounds_the_depth(tmp_path: Path) -> None:
             for s in range(3)] == [0, 0, 0]
 
 
+def _trained_saves(run: _Run, root: Path, steps: range, **kw: Any
+                   ) -> list[s4weights.CheckpointInfo]:
+    """``run`` trained a step before each of ``steps``, each saved to ``root``: their infos."""
+    infos = []
+    for step in steps:
+        run.train()
+        infos.append(s4weights.save_checkpoint(run.state(step), root, step, **kw))
+    return infos
+
+
 def test_keyframe_interval_bounds_the_saves_on_a_base(tmp_path: Path) -> None:
     run = _Run(2)
-    infos = []
-    for step in range(9):
-        run.train()
-        infos.append(s4weights.save_checkpoint(run.state(step), tmp_path, step,
-                                               keyframe_interval=3))
+    infos = _trained_saves(run, tmp_path, range(9), keyframe_interval=3)
     assert [i.parent_step for i in infos] == [None, 0, 0, None, 3, 3, None, 6, 6]
     assert [i.depth for i in infos] == [0, 1, 1, 0, 1, 1, 0, 1, 1]
     assert infos[3].base_reason == "keyframe_interval=3 reached"
@@ -170,12 +176,7 @@ def test_keyframe_interval_bounds_the_saves_on_a_base(tmp_path: Path) -> None:
 
 
 def test_a_delta_that_did_not_pay_min_delta_gain_is_followed_by_a_base(tmp_path: Path) -> None:
-    run = _Run(9)
-    infos = []
-    for step in range(4):
-        run.train()
-        infos.append(s4weights.save_checkpoint(run.state(step), tmp_path, step,
-                                               min_delta_gain=0.5))
+    infos = _trained_saves(_Run(9), tmp_path, range(4), min_delta_gain=0.5)
     assert infos[1].stored_bytes > 0.5 * infos[1].full_stored_bytes
     assert [i.depth for i in infos] == [0, 1, 0, 1]
 
