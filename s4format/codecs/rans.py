@@ -641,10 +641,28 @@ def vector_decoding() -> bool:
 
 
 @kernel(inline="always")
+def _decode_lanes(words, lo, p, x, dtab, out, row, m):  # pragma: no cover - compiled
+    """Decode the row at ``row`` lane by lane, its lanes m-1 down to 0 (a row of fewer than
+    LANES symbols, or one with fewer words left than lanes); (p, False) where it would pop a
+    word below words[lo]."""
+    one = np.uint64(1)
+    for k in range(m):
+        lane = m - one - np.uint64(k)
+        xv = _decode_step(np.uint64(x[lane]), dtab, out, row + lane)
+        if xv < STATE_LOW:
+            if p == lo:
+                return p, False
+            p -= one
+            xv = (xv << np.uint64(WORD_BITS)) | np.uint64(words[p])
+        x[lane] = np.uint32(xv)
+    return p, True
+
+
+@kernel(inline="always")
 def _decode_rows(words, lo, p, x, dtab, out, start, end, row):  # pragma: no cover - compiled
     """Decode the rows of symbols [start, row) backwards from uint32 lane states ``x`` (symbols
     [row, end) already decoded), popping words[p-1] down to words[lo]; 0, or the error code."""
-    lanes, one = np.uint64(LANES), np.uint64(1)
+    lanes = np.uint64(LANES)
     while row > start:  # rows backwards
         row -= lanes
         m = min(lanes, end - row)
@@ -654,15 +672,9 @@ def _decode_rows(words, lo, p, x, dtab, out, start, end, row):  # pragma: no cov
             else:
                 p = _decode_row_fast(words, p, x, dtab, out, row)
             continue
-        for k in range(m):
-            lane = m - one - np.uint64(k)
-            xv = _decode_step(np.uint64(x[lane]), dtab, out, row + lane)
-            if xv < STATE_LOW:
-                if p == lo:
-                    return _ERR_UNDERFLOW
-                p -= one
-                xv = (xv << np.uint64(WORD_BITS)) | np.uint64(words[p])
-            x[lane] = np.uint32(xv)
+        p, ok = _decode_lanes(words, lo, p, x, dtab, out, row, m)
+        if not ok:
+            return _ERR_UNDERFLOW
     if p != lo:
         return _ERR_LEFTOVER
     for lane in range(LANES):
@@ -716,7 +728,7 @@ def _decode_group(words, offsets, states, dtab, out, start, size, last, errors, 
     ends = np.empty(group, np.uint64)  # each block's symbols
     tops = np.empty(group, np.uint64)  # each block's rows still to decode: [0, tops[k])
     size = np.uint64(size)
-    lanes, one = np.uint64(LANES), np.uint64(1)
+    lanes = np.uint64(LANES)
     for k in range(group):
         lo[k] = np.uint64(offsets[k])
         p[k] = np.uint64(offsets[k + 1])
@@ -727,16 +739,10 @@ def _decode_group(words, offsets, states, dtab, out, start, size, last, errors, 
     ends[g] = np.uint64(last)
     tops[g] = (ends[g] // lanes) * lanes
     # the last block's top row, where partial, lane by lane (rows are decoded top down)
-    m = ends[g] - tops[g]
-    for k in range(m):
-        lane = m - one - np.uint64(k)
-        xv = _decode_step(np.uint64(x[g, lane]), dtab, out, first[g] + tops[g] + lane)
-        if xv < STATE_LOW:
-            if p[g] == lo[g]:
-                return False
-            p[g] -= one
-            xv = (xv << np.uint64(WORD_BITS)) | np.uint64(words[p[g]])
-        x[g, lane] = np.uint32(xv)
+    p[g], ok = _decode_lanes(words, lo[g], p[g], x[g], dtab, out, first[g] + tops[g],
+                             ends[g] - tops[g])
+    if not ok:
+        return False
     while True:
         room = True
         for k in range(group):
