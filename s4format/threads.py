@@ -120,6 +120,9 @@ class Pool:
                     self._cond.wait()
                 task = self._queue.popleft()
             self._run(task)
+            # An idle worker holding its last task would keep the task's result alive: a view
+            # of a page-locked buffer that the next save then found still in use.
+            del task
 
 
 # Work on at least this many bytes is shared by the workers; less runs on the caller's thread
@@ -142,10 +145,9 @@ def ordered(pool: Pool, fn: Callable[[Any], Any], items: Iterable[tuple[Any, int
     pending: collections.deque[tuple[Task, int]] = collections.deque()
     held = 0
     for x, size in items:
-        while pending and held + size > limit:
-            task, n = pending.popleft()
-            held -= n
-            yield pool.wait([task])[0]
+        while pending and held + size > limit:  # (no task held while suspended: see _work)
+            held -= pending[0][1]
+            yield pool.wait([pending.popleft()[0]])[0]
         pending.append((pool.submit(fn, x), size))
         held += size
     while pending:

@@ -61,6 +61,24 @@ def test_ordered_keeps_order_and_its_bound(pool: threads.Pool) -> None:
     assert most[0] <= 3
 
 
+def test_idle_workers_hold_no_result(pool: threads.Pool) -> None:
+    # a result that is a view of a buffer must not outlive the caller's use of it: a buffer
+    # kept for reuse is taken only when nothing else refers to it (s4weights.hostmem.take)
+    buf = np.zeros(64, np.uint8)
+    alone = sys.getrefcount(buf)
+    done = threading.Barrier(pool.threads) if pool.threads > 1 else None
+
+    def piece(i: int) -> np.ndarray:
+        if done is not None and i < pool.threads:
+            done.wait(timeout=10)  # every thread runs one of the first pieces
+        return buf[i:i + 1]
+
+    got = pool.map(piece, range(4 * pool.threads))
+    assert len(got) == 4 * pool.threads
+    del got
+    assert sys.getrefcount(buf) == alone
+
+
 def test_prefetch_serves_keys_in_and_out_of_order(pool: threads.Pool) -> None:
     calls = []
 
