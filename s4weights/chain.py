@@ -39,6 +39,7 @@ from s4weights.manifests import (
     parent_gone,
     read_manifest,
     retain_after,
+    saves_on,
     saving,
 )
 from s4weights.store import Store
@@ -263,7 +264,7 @@ def _save(store: Store, state: Any, step: int, *, keyframe_interval: int, delta:
     latest = infos[max(infos)] if infos else None
     on_base = None
     if latest is not None and delta_against == "base":
-        on_base = sum(1 for i in infos.values() if i.base_step == latest.base_step)
+        on_base = saves_on(infos, latest.base_step)
     why = chainpolicy.reason_without_parent(latest, step, delta=delta,
                                             keyframe_interval=keyframe_interval,
                                             min_delta_gain=min_delta_gain, on_base=on_base)
@@ -390,7 +391,9 @@ def _code(store: Store, state: Any, step: int, infos: dict[int, CheckpointInfo],
             base_step=used.base_step if used else step, depth=used.depth + 1 if used else 0,
             raw_bytes=result.raw_nbytes, stored_bytes=result.stored_nbytes,
             file_bytes=result.file_size, full_stored_bytes=result.full_stored_nbytes,
-            created=time.time(), base_reason=None if used else base_reason)
+            created=time.time(), base_reason=None if used else base_reason,
+            saves_on_base=saves_on(infos, used.base_step) + 1 if used else 1,
+            delta_against="base" if against_base else "latest")
         if used is not None and (why := parent_gone(store, chain)):
             _drop_unclaimed(store, step, name, manifest_tried=False)
             raise _ParentGone(why)
@@ -594,11 +597,9 @@ def load(store: Store, infos: dict[int, CheckpointInfo], step: int, *, map_locat
         if copy is not None:
             try:
                 info = infos[step]
-                if info.depth == 1 and not copy.devices \
-                        and all(i.depth <= 1 for i in infos.values()):
-                    # a run of deltas against the base (no deeper chain listed): the next
-                    # delta's parent is this step's base, which this step's own bytes XORed
-                    # back out of the copy give
+                if info.depth == 1 and not copy.devices and _against_base(info, infos):
+                    # the next delta's parent is this step's base, which this step's own
+                    # bytes XORed back out of the copy give
                     entry = copy.base_entry(infos[info.base_step].checkpoint_id)
                 else:
                     entry = copy.entry(info.checkpoint_id)
@@ -618,6 +619,15 @@ def load(store: Store, infos: dict[int, CheckpointInfo], step: int, *, map_locat
         close_chain(reader)
 
 
+
+
+def _against_base(info: CheckpointInfo, infos: dict[int, CheckpointInfo]) -> bool:
+    """Whether the run that saved ``info`` takes its deltas against the base: as its
+    manifest says, else (manifests before 2026-12-05) where no chain deeper than one delta is
+    listed."""
+    if info.delta_against is not None:
+        return info.delta_against == "base"
+    return all(i.depth <= 1 for i in infos.values())
 
 
 class _HostCopy:

@@ -32,8 +32,9 @@ def save_checkpoint(state: Any, url_or_dir: Any, step: int, *, keyframe_interval
     manifest says why. ``delta_against``: ``"base"`` (default) makes the delta against the
     latest checkpoint's base, so every step loads from at most two files; ``"latest"`` against
     the latest checkpoint itself, a chain that grows a file per save. A delta is allowed while
-    fewer than ``keyframe_interval`` saves share the base (listed ones; with ``"latest"``:
-    while the chain is shorter than ``keyframe_interval`` files), the previous delta saved at
+    fewer than ``keyframe_interval`` saves share the base (retention's deletions counted; with
+    ``"latest"``: while the chain is shorter than ``keyframe_interval`` files), the previous
+    delta saved at
     least ``min_delta_gain`` of a full save, and loading the new step would read at most
     ``read_budget`` full saves (by default :data:`chainpolicy.READ_BUDGET`, None for no
     bound). Each tensor is stored as a delta only where the XOR codes smaller. ``keep_last``
@@ -113,8 +114,9 @@ def load_checkpoint(url_or_dir: Any, step: int | None = None, *, map_location: A
     next delta: that save then need not read the chain back from the store, which takes
     seconds per GB and level. The copy is made as each tensor is decoded, before the caller
     sees it, and kept only for the store's latest checkpoint, with ``verify`` on, and where this
-    process does not hold it already. Where that checkpoint is a delta on its base and no
-    deeper chain is listed (a run of deltas against the base, the default), the copy is turned
+    process does not hold it already. Where that checkpoint is a delta on its base saved with
+    ``delta_against="base"`` (the default; its manifest says so, or for manifests before
+    2026-12-05, no deeper chain is listed), the copy is turned
     into the base, the next delta's parent, by XORing the step's own bytes back out of it (a
     level's decode, each tensor checked against the base's content hash); this on the CPU
     path only: a step loaded onto the GPU keeps its own copy, and the next delta against the

@@ -61,6 +61,11 @@ class CheckpointInfo:
     base_reason: str | None = None  # why a base was started (None for deltas and old bases)
     # a step saved with distributed=True: its rank files (rank, name, checkpoint_id, parent)
     rank_files: list[dict[str, Any]] | None = None
+    # the saves on its base up to this one, the base and itself included, whatever retention
+    # deleted since (None in manifests written before 2026-12-05 and in distributed steps)
+    saves_on_base: int | None = None
+    # what the save took deltas against, "base" or "latest" (a base too: the run's choice)
+    delta_against: str | None = None
 
     @property
     def is_base(self) -> bool:
@@ -89,10 +94,15 @@ class CheckpointInfo:
             raise ValueError("base_reason must be a string or null")
         if self.rank_files is not None:
             _check_rank_files(self.rank_files)
+        if self.saves_on_base is not None and (type(self.saves_on_base) is not int
+                                               or self.saves_on_base < 1):
+            raise ValueError(f"saves_on_base must be a positive integer or null, not "
+                             f"{self.saves_on_base!r}")
+        if self.delta_against is not None and type(self.delta_against) is not str:
+            raise ValueError("delta_against must be a string or null")
 
     def to_json(self) -> bytes:
-        fields = {k: v for k, v in asdict(self).items()
-                  if k not in ("base_reason", "rank_files") or v is not None}
+        fields = {k: v for k, v in asdict(self).items() if k not in _OPTIONAL or v is not None}
         return json.dumps({"format": MANIFEST_FORMAT, "version": MANIFEST_VERSION, **fields},
                           indent=1).encode()
 
@@ -111,6 +121,18 @@ class CheckpointInfo:
 
 
 _FIELDS = frozenset(f.name for f in fields(CheckpointInfo))
+# Members written only where they hold something.
+_OPTIONAL = frozenset(("base_reason", "rank_files", "saves_on_base", "delta_against"))
+
+
+def saves_on(infos: dict[int, CheckpointInfo], base_step: int) -> int:
+    """The saves on base ``base_step`` up to the newest listed one, the base included: as
+    that one's manifest records them, else (manifests before 2026-12-05) those listed."""
+    on = [i for i in infos.values() if i.base_step == base_step]
+    if not on:
+        return 0
+    newest = max(on, key=lambda i: i.step)
+    return newest.saves_on_base if newest.saves_on_base is not None else len(on)
 
 
 def _check_rank_files(files: Any) -> None:

@@ -4,6 +4,7 @@ missing or wrong."""
 from __future__ import annotations
 
 import io
+import json
 import os
 import random
 import re
@@ -166,13 +167,52 @@ def test_keyframe_interval_bounds_the_saves_on_a_base(tmp_path: Path) -> None:
     assert [i.parent_step for i in infos] == [None, 0, 0, None, 3, 3, None, 6, 6]
     assert [i.depth for i in infos] == [0, 1, 1, 0, 1, 1, 0, 1, 1]
     assert infos[3].base_reason == "keyframe_interval=3 reached"
-    # saves dropped by retention no longer count: the base goes on taking deltas
+    assert [i.saves_on_base for i in infos] == [1, 2, 3] * 3
+    assert {i.delta_against for i in infos} == {"base"}
+    # the count is the manifests' own: saves that retention dropped still count
     s4weights.retain(tmp_path, [6, 8])
     run.train()
-    assert s4weights.save_checkpoint(run.state(9), tmp_path, 9, keyframe_interval=3
-                                     ).parent_step == 6
+    info = s4weights.save_checkpoint(run.state(9), tmp_path, 9, keyframe_interval=3)
+    assert info.is_base and info.base_reason == "keyframe_interval=3 reached"
+    run.train()
+    assert s4weights.save_checkpoint(run.state(10), tmp_path, 10, keyframe_interval=3
+                                     ).parent_step == 9
     with pytest.raises(ValueError, match="delta_against must be one of"):
-        s4weights.save_checkpoint(run.state(10), tmp_path, 10, delta_against="previous")
+        s4weights.save_checkpoint(run.state(11), tmp_path, 11, delta_against="previous")
+
+
+def test_manifests_without_a_count_count_the_saves_listed(tmp_path: Path) -> None:
+    # manifests written before the count was recorded: the saves listed on the base count
+    run = _Run(2)
+    _trained_saves(run, tmp_path, range(3), keyframe_interval=10)
+    for path in (tmp_path / "manifests").iterdir():
+        d = json.loads(path.read_bytes())
+        del d["saves_on_base"], d["delta_against"]
+        path.write_text(json.dumps(d))
+    assert [i.saves_on_base for i in s4weights.list_checkpoints(tmp_path)] == [None] * 3
+    s4weights.retain(tmp_path, [2])  # steps 0 and 2 listed on base 0
+    run.train()
+    assert s4weights.save_checkpoint(run.state(3), tmp_path, 3, keyframe_interval=3
+                                     ).parent_step == 0
+    run.train()
+    info = s4weights.save_checkpoint(run.state(4), tmp_path, 4, keyframe_interval=3)
+    assert info.is_base and info.saves_on_base == 1
+
+
+@pytest.mark.parametrize("member, value, said", [
+    ("saves_on_base", 0, "saves_on_base must be a positive integer"),
+    ("saves_on_base", "2", "saves_on_base must be a positive integer"),
+    ("delta_against", 1, "delta_against must be a string")])
+def test_a_manifest_with_a_count_or_mode_of_another_type_is_malformed(
+        tmp_path: Path, member: str, value: Any, said: str) -> None:
+    _trained_saves(_Run(2), tmp_path, range(2))
+    path = tmp_path / "manifests" / f"{1:012d}.json"
+    d = json.loads(path.read_bytes())
+    d[member] = value
+    path.write_text(json.dumps(d))
+    problems: list[str] = []
+    assert [i.step for i in chain.list_checkpoints(tmp_path, problems=problems)] == [0]
+    assert len(problems) == 1 and said in problems[0]
 
 
 def test_a_delta_that_did_not_pay_min_delta_gain_is_followed_by_a_base(tmp_path: Path) -> None:

@@ -136,6 +136,36 @@ def test_resuming_from_a_delta_on_a_base_holds_the_base(tmp_path, monkeypatch, i
     assert_same(s4weights.load_checkpoint(tmp_path, 3, device="cpu"), want)
 
 
+@pytest.mark.parametrize("against", ["base", "latest"])
+def test_resuming_a_first_delta_holds_what_its_run_saves_against(tmp_path, monkeypatch,
+                                                                  against) -> None:
+    # a chain of one delta looks the same either way; its manifest says which parent the run's
+    # next save takes: the base, or the step itself
+    run = _Run()
+    for step in range(2):
+        run.train()
+        s4weights.save_checkpoint(run.state(step), tmp_path, step, device="cpu",
+                                  delta_against=against)
+    chain._PARENT_CACHE.clear()  # a restarted process
+    state = s4weights.load_checkpoint(tmp_path, resume=True, device="cpu")
+    infos = s4weights.list_checkpoints(tmp_path)
+    assert [i.delta_against for i in infos] == [against, against]
+    held = infos[0 if against == "base" else 1].checkpoint_id
+    assert chain._PARENT_CACHE[open_store(tmp_path).url][0] == held
+    fresh = _Run(seed=1)
+    fresh.model.load_state_dict(state["model"])
+    fresh.opt.load_state_dict(state["optimizer"])
+    fresh.train(2)
+    want = clone_tree(fresh.state(2))
+    reads = _reads(monkeypatch)
+    info = s4weights.save_checkpoint(fresh.state(2), tmp_path, 2, device="cpu",
+                                     delta_against=against)
+    assert reads == [] and info.parent_step == (0 if against == "base" else 1)
+    monkeypatch.undo()
+    chain._PARENT_CACHE.clear()
+    assert_same(s4weights.load_checkpoint(tmp_path, 2, device="cpu"), want)
+
+
 def test_a_resumed_base_keeps_tensors_of_equal_bytes_apart(tmp_path, monkeypatch) -> None:
     # two tensors of the base hold the same bytes (as the norms of a fresh model do): a
     # delta's parent is found by content hash, yet the base made from the copy holds both,
