@@ -142,6 +142,28 @@ def content_hash(data: np.ndarray | bytes | memoryview) -> bytes:
     return xxhash.xxh3_128_digest(_root_input(data))
 
 
+def hash_span(data: np.ndarray, lo: int, hi: int, leaves: np.ndarray) -> None:
+    """The digests of the leaves of ``data[lo:hi]`` (uint8) into ``leaves``, ``lo`` a
+    multiple of :data:`LEAF_SIZE` and ``hi`` one or the end of ``data``: the leaves of a
+    piece hashed on its worker as it is made, while its bytes are still in cache (from memory
+    the hash runs at a third of that speed or less)."""
+    a, b = lo // LEAF_SIZE, hi // LEAF_SIZE
+    if b > a:
+        _hash_leaves(data, a, b, leaves, _ROWS)
+    if hi > b * LEAF_SIZE:
+        leaves[b] = xxhash.xxh3_64_intdigest(data[b * LEAF_SIZE:hi])
+
+
+def leaves_for(nbytes: int) -> np.ndarray:
+    """The array :func:`hash_span` fills for ``nbytes``, and :func:`content_hash_of` reads."""
+    return np.empty(-(-nbytes // LEAF_SIZE), dtype="<u8")
+
+
+def content_hash_of(nbytes: int, leaves: np.ndarray) -> bytes:
+    """:func:`content_hash` of ``nbytes`` whose leaves' digests are ``leaves``."""
+    return xxhash.xxh3_128_digest(root_input(nbytes, leaves))
+
+
 def plane_checksum(data: np.ndarray | bytes | memoryview | Pieces) -> int:
     """The u64 checksum of a plane's stored bytes."""
     return xxhash.xxh3_64_intdigest(_root_input(data))

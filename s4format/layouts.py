@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from s4format import codecs, threads
+from s4format import codecs, hashing, threads
 from s4format.codecs.abc import Slicer
 from s4format.codecs.view import PIECE, PlaneView, counted_window, run_pieces, sampled
 from s4format.errors import FormatError, S4Error, UnsupportedFeatureError
@@ -153,14 +153,17 @@ class Layout:
         return self.layout_id != RAW.layout_id and self.word_size(itemsize) in _UINT
 
     def merge_slices(self, slicers: list[Slicer], raw_nbytes: int, itemsize: int,
-                     xor_into: np.ndarray | None = None) -> np.ndarray | None:
+                     xor_into: np.ndarray | None = None, leaves: np.ndarray | None = None
+                     ) -> np.ndarray | None:
         """:meth:`merge` of planes given as slicers, a piece of every plane at a time, so that
         no plane is decoded whole; None for the raw layout, where a slice is corrupt, or where
         a plane holds values wider than its field (decoding whole planes and :meth:`merge`
         then say what is wrong). ``xor_into``: ``raw_nbytes`` bytes to XOR the merged words
         into instead of returning new ones (a delta applied as it is merged: the split is a
         permutation of bits, so merging commutes with XOR); partly XORed where None is
-        returned."""
+        returned. ``leaves`` (:func:`hashing.leaves_for` the raw bytes): filled with the leaf
+        digests of the merged (or XORed) bytes, each piece hashed as it is merged; whole
+        only where the bytes are returned."""
         w = self.word_size(itemsize)
         n = self.check_applies(raw_nbytes, itemsize)
         if not self.merges_in_pieces(itemsize):
@@ -175,6 +178,12 @@ class Layout:
         # every alignment is a power of two, so the largest is a multiple of the others
         piece = max(PIECE, *(s.align for s in slicers))
         bad = np.zeros(max(1, -(-n // piece)), dtype=bool)
+        raw = words.view(np.uint8)
+
+        def hashed(lo: int, hi: int) -> None:
+            # (a piece's bytes start on a leaf: PIECE words of any size are whole leaves)
+            if leaves is not None and not bad[lo // piece]:
+                hashing.hash_span(raw, lo * w, hi * w, leaves)
         packed = self._packed_sign_mantissa(slicers)
         if packed is not None:
             signs, mants = packed
@@ -189,9 +198,10 @@ class Layout:
                 exp, *low = (_readonly(p) for p in parts)
                 low1, low2 = low or (exp, exp)
                 _merge_packed(signs, exp, mants, low1, low2, words[lo:hi], lo, bool(low), xor)
+                hashed(lo, hi)
 
             run_pieces(merge_packed, n, piece)
-            return None if bad.any() else words.view(np.uint8)
+            return None if bad.any() else raw
 
         def merge(lo: int, hi: int) -> None:
             parts = [s.get(lo, hi) for s in slicers]
@@ -201,9 +211,10 @@ class Layout:
                 src = tuple(_readonly(p) for p in parts)
                 bad[lo // piece] = _merge_fields(src, shifts, masks, words[lo:hi], 0, hi - lo,
                                                  xor_into is not None)
+                hashed(lo, hi)
 
         run_pieces(merge, n, piece)
-        return None if bad.any() else words.view(np.uint8)
+        return None if bad.any() else raw
 
     def _packed_sign_mantissa(self, slicers: list[Slicer]
                               ) -> tuple[np.ndarray, np.ndarray] | None:
@@ -230,10 +241,12 @@ _UINT = {1: np.dtype("u1"), 2: np.dtype("<u2"), 4: np.dtype("<u4"), 8: np.dtype(
 
 def merge_stored(layout: Layout, itemsize: int, raw_nbytes: int,
                  planes: list[tuple[int, np.ndarray, int, bytes]],
-                 xor_into: np.ndarray | None = None) -> np.ndarray | None:
+                 xor_into: np.ndarray | None = None, leaves: np.ndarray | None = None
+                 ) -> np.ndarray | None:
     """A tensor's raw bytes from its stored planes, each ``(codec ID, stored bytes, decoded
     length, params)``, merged a piece at a time (:meth:`Layout.merge_slices`, which says what
-    ``xor_into`` does); a plane whose codec decodes only whole planes is decoded whole first.
+    ``xor_into`` and ``leaves`` do); a plane whose codec decodes only whole planes is decoded
+    whole first.
     None for the raw layout or where anything is wrong: decoding plane by plane then names
     it."""
     if layout.layout_id == RAW.layout_id:
@@ -253,7 +266,7 @@ def merge_stored(layout: Layout, itemsize: int, raw_nbytes: int,
         slicers = threads.map_sized(slicer, planes, raw_nbytes)
     except S4Error:
         return None
-    return layout.merge_slices(slicers, raw_nbytes, itemsize, xor_into)
+    return layout.merge_slices(slicers, raw_nbytes, itemsize, xor_into, leaves)
 
 
 def _readonly(plane: np.ndarray) -> np.ndarray:

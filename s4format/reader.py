@@ -426,12 +426,13 @@ class Reader:
         each level XORed in as it is merged and its hash checked."""
         t = self._tensor(i)
         if not t.is_delta:
-            raw, _fresh = self._own(t)
+            leaves = self._leaves(t) if self.verify_hashes else None
+            raw, fresh = self._own(t, leaves)
             if not raw.flags.writeable or (raw.base is not None
                                            and raw.nbytes != raw.base.nbytes):
                 raw = raw.copy()  # read-only, or a view that would keep a larger buffer alive
             if self.verify_hashes:
-                self._check_hash(t, raw)
+                self._check_hash(t, raw, leaves if fresh else None)
             return raw
         # From the base up, each level XORed into one buffer as it is merged: the buffer then
         # holds every level's bytes in turn, and each level's hash is checked on them (R6).
@@ -444,15 +445,17 @@ class Reader:
                 k = r._parent_index(lt)
                 levels.append((r.parent, r.parent._tensor(k)))  # type: ignore[union-attr]
             reader, base = levels.pop()
-            acc, fresh = reader._own(base)
+            leaves = reader._leaves(base) if reader.verify_hashes else None
+            acc, fresh = reader._own(base, leaves)
             if not fresh:  # (a plane as read or decoded: the caller's buffer, maybe)
                 acc = acc.copy()
             if reader.verify_hashes:
-                reader._check_hash(base, acc)
+                reader._check_hash(base, acc, leaves if fresh else None)
             for r, lt in reversed(levels):
-                if not r._xor_own(lt, acc):
+                leaves = r._leaves(lt)
+                if not r._xor_own(lt, acc, leaves):
                     break
-                r._check_hash(lt, acc)
+                r._check_hash(lt, acc, leaves)
             else:
                 return acc
         except S4Error:
@@ -469,8 +472,13 @@ class Reader:
                              "(max_tensor_bytes)")
         return t
 
-    def _check_hash(self, t: TensorInfo, raw: np.ndarray) -> None:
-        if hashing.content_hash(raw) != t.content_hash:
+    def _check_hash(self, t: TensorInfo, raw: np.ndarray, leaves: np.ndarray | None = None
+                    ) -> None:
+        """Check ``raw`` against ``t``'s content hash; ``leaves``: the digests of its leaves
+        where they were hashed as it was merged (:meth:`_leaves`), else None."""
+        got = hashing.content_hash(raw) if leaves is None else \
+            hashing.content_hash_of(raw.nbytes, leaves)
+        if got != t.content_hash:
             raise ContentHashError(f"{self.name}: tensor {t.name!r} content hash mismatch after "
                                    "decoding: the file is corrupt or its parent is wrong")
 
@@ -481,12 +489,25 @@ class Reader:
         return threads.map_sized(lambda k: self.read_stored(t, k, span),
                                  range(len(t.planes)), t.raw_nbytes)
 
+    @staticmethod
+    def _leaves(t: TensorInfo) -> np.ndarray | None:
+        """Where ``t``'s planes merge in pieces (not masked), the array its merge fills with
+        the leaf digests of its bytes (:meth:`_merged`); else None."""
+        if t.masked or not t.layout.merges_in_pieces(t.dtype.itemsize):
+            return None
+        return hashing.leaves_for(t.raw_nbytes)
+
     def _merged(self, t: TensorInfo, stored: list[np.ndarray],
-                xor_into: np.ndarray | None = None) -> np.ndarray | None:
+                xor_into: np.ndarray | None = None, leaves: np.ndarray | None = None
+                ) -> np.ndarray | None:
+        """The tensor's bytes merged from its stored planes (XORed into ``xor_into``
+        instead, where given), or None (:func:`layouts.merge_stored`); ``leaves`` from
+        :meth:`_leaves`: filled where the bytes are returned."""
         if t.masked:
             return self._expanded(t, stored, xor_into)
         return layouts.merge_stored(t.layout, t.dtype.itemsize, t.raw_nbytes, [
-            (p.codec, s, p.decoded_len, p.params) for p, s in zip(t.planes, stored)], xor_into)
+            (p.codec, s, p.decoded_len, p.params) for p, s in zip(t.planes, stored)], xor_into,
+            leaves)
 
     def _expanded(self, t: TensorInfo, stored: list[np.ndarray],
                   xor_into: np.ndarray | None = None) -> np.ndarray | None:
@@ -524,22 +545,26 @@ class Reader:
         except FormatError as exc:
             raise FormatError(f"{self.name}: tensor {t.name!r}: {exc}") from None
 
-    def _own(self, t: TensorInfo) -> tuple[np.ndarray, bool]:
+    def _own(self, t: TensorInfo, leaves: np.ndarray | None = None
+             ) -> tuple[np.ndarray, bool]:
         """The bytes ``t``'s own planes decode to (a delta's XOR against its parent), and
-        whether they are a new buffer (else a plane as decoded or read, maybe shared)."""
+        whether they are a new buffer, merged (else a plane as decoded or read, maybe shared,
+        and ``leaves`` not filled)."""
         stored = self._stored_planes(t)
-        raw = self._merged(t, stored)
+        raw = self._merged(t, stored, leaves=leaves)
         if raw is not None:
             return raw, True
         return self._plane_by_plane(t, stored), False
 
-    def _xor_own(self, t: TensorInfo, acc: np.ndarray) -> bool:
+    def _xor_own(self, t: TensorInfo, acc: np.ndarray, leaves: np.ndarray | None = None
+                 ) -> bool:
         """XOR ``t``'s own decoded bytes into ``acc``, merged straight into it where its
         layout allows; False where that merge stopped part way (``acc`` is then spoiled)
-        although the planes decode whole."""
+        although the planes decode whole. ``leaves`` (:meth:`_leaves`): filled with the leaf
+        digests of ``acc`` after the XOR."""
         stored = self._stored_planes(t)
         if t.layout.merges_in_pieces(t.dtype.itemsize):
-            if self._merged(t, stored, xor_into=acc) is not None:
+            if self._merged(t, stored, xor_into=acc, leaves=leaves) is not None:
                 return True
             self._plane_by_plane(t, stored)  # raises, naming what is wrong
             return False

@@ -58,7 +58,8 @@ def no_checksums(argv: list[str]) -> int:
     equal = _AlwaysEqual()
     reader.hashing = SimpleNamespace(  # type: ignore[assignment]
         xxhash=xxhash, bytes_checksum=lambda _data: equal, plane_checksum=lambda _data: equal,
-        content_hash=lambda _data: equal)
+        content_hash=lambda _data: equal, leaves_for=lambda _nbytes: None,
+        content_hash_of=lambda _nbytes, _leaves: equal)
     return _reference_main(argv)
 
 

@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 
-from s4format import codecs, layouts
+from s4format import codecs, hashing, layouts
 from s4format.codecs.view import PIECE
 from tests.generic_cpu import cpu_flags, on_generic_cpu
 
@@ -64,6 +64,28 @@ def test_packed_planes_merge_to_the_words(packed_merges, layout, dtype, n: int) 
     assert layouts.merge_stored(layout, itemsize, raw.size, stored, acc) is not None
     assert acc.tobytes() == want.tobytes()
     assert packed_merges == [True, True]
+
+
+@pytest.mark.parametrize("layout,dtype,packed", [
+    (layouts.BF16, "u2", True), (layouts.FP32, "u4", True), (layouts.FP16, "u2", False)])
+@pytest.mark.parametrize("n", [1000, 32768, 32769, PIECE + 1, 2 * PIECE + 7])
+def test_a_merge_hashes_its_pieces_as_the_content_hash_would(packed_merges, layout, dtype,
+                                                             packed, n: int) -> None:
+    # each piece's leaves hashed as it is merged, or XORed into a buffer: the same content
+    # hash as hashing the bytes after, however the pieces fall on the leaves (the last one cut)
+    words = _words(dtype, n)
+    raw = words.view(np.uint8)
+    stored = _stored(layout, raw, words.itemsize)
+    leaves = hashing.leaves_for(raw.size)
+    got = layouts.merge_stored(layout, words.itemsize, raw.size, stored, leaves=leaves)
+    assert got.tobytes() == raw.tobytes()
+    assert hashing.content_hash_of(raw.size, leaves) == hashing.content_hash(raw)
+    acc = RNG.integers(0, 256, raw.size, dtype=np.uint8)
+    leaves = hashing.leaves_for(raw.size)
+    assert layouts.merge_stored(layout, words.itemsize, raw.size, stored, acc, leaves) \
+        is not None
+    assert hashing.content_hash_of(raw.size, leaves) == hashing.content_hash(acc)
+    assert packed_merges == [packed, packed]
 
 
 def test_every_bf16_pattern_merges_from_packed_planes(packed_merges) -> None:

@@ -21,8 +21,8 @@ def test_valid_file_has_no_problems_and_decodes_each_plane_once(monkeypatch) -> 
         calls.append((t.name, k))
         return real(self, t, k, stored)
 
-    def merged(layout, itemsize, raw_nbytes, planes, xor_into=None):  # decoded in pieces
-        raw = real_merged(layout, itemsize, raw_nbytes, planes, xor_into)
+    def merged(layout, itemsize, raw_nbytes, planes, xor_into=None, leaves=None):  # in pieces
+        raw = real_merged(layout, itemsize, raw_nbytes, planes, xor_into, leaves)
         calls.extend([("merged", k) for k in range(len(planes))] if raw is not None else [])
         return raw
     monkeypatch.setattr(Reader, "_decode_plane", counting)
