@@ -571,6 +571,22 @@ class Reader:
         np.bitwise_xor(acc, self._plane_by_plane(t, stored), out=acc)
         return True
 
+    def undo_delta(self, i: int, raw: np.ndarray) -> int:
+        """Turn ``raw``, delta tensor i's bytes, into its parent's, in place: its own
+        decoded bytes (the XOR) XORed out of them, one level's decode. Returns the parent
+        tensor's index in :attr:`parent`; ParentMismatchError where it is not there, an
+        S4Error where the planes do not decode. ``raw`` is not checked against the parent's
+        content hash (the caller's to do)."""
+        t = self._tensor(i)
+        if not t.is_delta:
+            raise ValueError(f"tensor {t.name!r} is not a delta")
+        if raw.nbytes != t.raw_nbytes or raw.dtype != np.uint8 or not raw.flags.writeable:
+            raise ValueError(f"raw must be the {t.raw_nbytes} writable bytes of {t.name!r}")
+        k = self._parent_index(t)
+        if not self._xor_own(t, raw):
+            raise FormatError(f"{self.name}: tensor {t.name!r}: its planes do not merge")
+        return k
+
     def _read_level_by_level(self, i: int) -> np.ndarray:
         """:meth:`read_raw` of a delta one level at a time, every rule in the spec's order."""
         t = self._tensor(i)

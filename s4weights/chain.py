@@ -731,9 +731,7 @@ class _HostCopy:
             if t.is_delta:
                 if i not in self.done:
                     h[:] = r.read_raw(i)
-                k = r._parent_index(t)
-                if not r._xor_own(t, h):
-                    return None
+                k = r.undo_delta(i, h)
             else:
                 try:
                     k = base.index_of(t.name)

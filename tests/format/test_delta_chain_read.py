@@ -109,6 +109,22 @@ def test_reading_leaves_the_parents_buffers_alone(chain) -> None:
         assert first.tobytes() == states[0]["u8"].data.tobytes()
 
 
+def test_undo_delta_gives_the_parents_bytes(chain) -> None:
+    # a delta's own bytes XORed out of its tensor's: the parent's, one level down, for every
+    # layout and form (masked, plain, raw)
+    paths, states = chain
+    with _open(paths[:3]) as r:
+        for i, t in enumerate(r.tensors):
+            raw = r.read_raw(i)
+            k = r.undo_delta(i, raw)
+            assert r.parent.tensors[k].name == t.name
+            assert raw.tobytes() == states[1][t.name].data.tobytes(), t.name
+        with pytest.raises(ValueError, match="writable bytes"):
+            r.undo_delta(0, np.zeros(3, np.uint8))
+    with Reader(paths[0]) as base, pytest.raises(ValueError, match="is not a delta"):
+        base.undo_delta(0, base.read_raw(0))
+
+
 def test_a_wrong_level_in_the_middle_is_named(chain, tmp_path) -> None:
     """The middle delta's plane replaced by raw XOR bytes one bit off, with a valid plane
     checksum: the top file's hash fails, and reading level by level names the middle file."""
