@@ -580,8 +580,10 @@ class Reader:
         t = self._tensor(i)
         if not t.is_delta:
             raise ValueError(f"tensor {t.name!r} is not a delta")
-        if raw.nbytes != t.raw_nbytes or raw.dtype != np.uint8 or not raw.flags.writeable:
-            raise ValueError(f"raw must be the {t.raw_nbytes} writable bytes of {t.name!r}")
+        if raw.ndim != 1 or raw.nbytes != t.raw_nbytes or raw.dtype != np.uint8 \
+                or not raw.flags.writeable or not raw.flags.c_contiguous:
+            raise ValueError(f"raw must be the {t.raw_nbytes} writable bytes of {t.name!r}, "
+                             "contiguous, in one dimension")
         k = self._parent_index(t)
         if not self._xor_own(t, raw):
             raise FormatError(f"{self.name}: tensor {t.name!r}: its planes do not merge")

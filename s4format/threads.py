@@ -53,9 +53,12 @@ class Task:
         self._fn = self._args = None
 
     def result(self) -> Any:
+        """The task's result, handed over once (the task forgets it: the worker that ran the
+        task may still hold it a moment after it is done), or its error raised."""
         if self._error is not None:
             raise self._error
-        return self._result
+        result, self._result = self._result, None
+        return result
 
 
 class Pool:

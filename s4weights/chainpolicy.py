@@ -43,8 +43,9 @@ def reason_without_parent(latest: CheckpointInfo | None, step: int, *, delta: bo
                           keyframe_interval: int, min_delta_gain: float,
                           on_base: int | None = None) -> str | None:
     """Why checkpoint ``step`` cannot be a delta of ``latest`` (or of its base), or None when
-    it can. ``on_base``: the saves listed on the latest's base, itself included (deltas
-    against the base); None: the files of the latest's chain (deltas against the latest)."""
+    it can. ``on_base``: the saves on the latest's base up to it, itself included, as its
+    manifest records them (deltas against the base; :func:`manifests.saves_on`); None: the
+    files of the latest's chain (deltas against the latest)."""
     if latest is None:
         return "first checkpoint of the run"
     if not delta:

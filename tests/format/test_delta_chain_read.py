@@ -119,8 +119,11 @@ def test_undo_delta_gives_the_parents_bytes(chain) -> None:
             k = r.undo_delta(i, raw)
             assert r.parent.tensors[k].name == t.name
             assert raw.tobytes() == states[1][t.name].data.tobytes(), t.name
-        with pytest.raises(ValueError, match="writable bytes"):
-            r.undo_delta(0, np.zeros(3, np.uint8))
+        for wrong in (np.zeros(3, np.uint8), np.zeros((2, r.tensors[0].raw_nbytes // 2),
+                                                     np.uint8),
+                      np.zeros(2 * r.tensors[0].raw_nbytes, np.uint8)[::2]):
+            with pytest.raises(ValueError, match="writable bytes"):
+                r.undo_delta(0, wrong)
     with Reader(paths[0]) as base, pytest.raises(ValueError, match="is not a delta"):
         base.undo_delta(0, base.read_raw(0))
 
