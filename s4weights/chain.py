@@ -739,11 +739,11 @@ class _HostCopy:
                     continue  # (no parent of that name: the next save codes it alone)
                 if base.tensors[k].raw_nbytes != t.raw_nbytes:
                     continue
-                h[:] = base.read_raw(k)
+                h[:] = base.read_raw(k)  # (checked there: the copy is made only verifying)
             # (by this tensor's name: the next save pairs tensors by name, and two of the
             # base's may hold the same bytes)
             bt = base.tensors[k]
-            if hashing.content_hash(h) != bt.content_hash:
+            if t.is_delta and hashing.content_hash(h) != bt.content_hash:
                 log.warning("load_checkpoint(resume=True): tensor %r does not come back to its "
                             "base; the next save reads its parent from the store", t.name)
                 return None
