@@ -4,10 +4,13 @@ Commit = write to a temporary file in the same directory, fsync it, rename it ov
 name, fsync the directory (and the parent of every directory the writer created). A crash
 before the rename leaves only a ``.tmp-*`` file that readers never list; a crash after it leaves
 the complete object. Temporary files of dead writers are swept by :meth:`LocalStore.sweep`.
+The file a commit replaces, or ``delete`` removes, is freed on a helper thread.
 """
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import os
 import secrets
 import stat
@@ -27,14 +30,70 @@ if TYPE_CHECKING:
 TMP_PREFIX = ".tmp-"
 
 
-def _keep_mode(final: Path, tmp: Path) -> None:
+def _keep_mode(final: Path, tmp: Path, held: int | None) -> None:
     """An object replacing a file keeps that file's permission bits (as writing it in place
     would); a new one gets the temp file's (the umask's)."""
     try:
-        mode = stat.S_IMODE(os.stat(final).st_mode)
+        mode = stat.S_IMODE(os.fstat(held).st_mode if held is not None else
+                            os.stat(final).st_mode)
     except FileNotFoundError:
         return
     os.chmod(tmp, mode)
+
+
+class _Closer:
+    """Closes file descriptors on a daemon thread. The last close of a file that was replaced
+    or deleted frees its page cache (35 ms for a 220 MB file), which a save need not wait for;
+    the kernel closes whatever is left at exit all the same."""
+
+    def __init__(self) -> None:
+        self._cv = threading.Condition()
+        self._fds: collections.deque[int] = collections.deque()
+        self._thread: threading.Thread | None = None
+        self._pid = os.getpid()
+
+    def close(self, fd: int) -> None:
+        with self._cv:
+            if self._thread is None or self._pid != os.getpid():  # (a forked child has none)
+                self._fds.clear()
+                self._pid = os.getpid()
+                self._thread = threading.Thread(target=self._run, name="s4w-closer",
+                                                daemon=True)
+                self._thread.start()
+            self._fds.append(fd)
+            self._cv.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while not self._fds:
+                    self._cv.wait()
+                fd = self._fds.popleft()
+            with contextlib.suppress(OSError):  # (a file opened to be read loses nothing)
+                os.close(fd)
+
+
+_closer = _Closer()
+
+
+def _hold(path: Path) -> int | None:
+    """A read-only descriptor of the regular file at ``path`` (None if there is none or it
+    cannot be opened): holding it keeps the file's pages alive past a rename or unlink, to be
+    freed when :data:`_closer` closes it. Not on Windows, where an open file cannot be
+    replaced."""
+    if os.name != "posix":
+        return None
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return None
+    try:
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            return fd
+    except OSError:
+        pass
+    os.close(fd)
+    return None
 
 
 def _fsync_dir(path: Path) -> None:
@@ -126,8 +185,13 @@ class _LocalWriter(ObjectWriter):
                 os.link(self.tmp, self.final)
                 self.tmp.unlink()
             else:
-                _keep_mode(self.final, self.tmp)
-                os.replace(self.tmp, self.final)
+                held = _hold(self.final)
+                try:
+                    _keep_mode(self.final, self.tmp, held)
+                    os.replace(self.tmp, self.final)
+                finally:
+                    if held is not None:
+                        _closer.close(held)
         except FileExistsError:
             self.abort()
             raise StorageError(f"{self.final} already exists") from None
@@ -233,10 +297,14 @@ class LocalStore(Store):
 
     def delete(self, name: str) -> None:
         path = self._path(name)
+        held = _hold(path)
         try:
             path.unlink(missing_ok=True)
         except OSError as exc:
             raise StorageError(f"cannot delete {path}: {exc.strerror}") from exc
+        finally:
+            if held is not None:
+                _closer.close(held)
 
     def exists(self, name: str) -> bool:
         return self._path(name).is_file()

@@ -263,3 +263,78 @@ def test_write_back_starts_during_the_writes_and_its_error_fails_the_commit(
     with pytest.raises(StorageError, match=r"committing .*b\.s4w failed: Input/output error"):
         w.commit()
     assert _all_files(tmp_path) == ["a.s4w"]
+
+
+def test_a_replaced_object_keeps_its_mode_and_a_new_one_gets_the_umasks(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path)
+    store.put_atomic("a", b"1")
+    os.chmod(tmp_path / "a", 0o640)
+    with store.writer("a") as w:
+        w.write(b"2")
+    assert (tmp_path / "a").read_bytes() == b"2"
+    assert (os.stat(tmp_path / "a").st_mode & 0o777) == 0o640
+    umask = os.umask(0o022)
+    os.umask(umask)
+    store.put_atomic("b", b"3")
+    assert (os.stat(tmp_path / "b").st_mode & 0o777) == 0o666 & ~umask
+
+
+def _deleted_files_held(root: Path) -> list[str]:
+    held = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith(str(root)) and target.endswith("(deleted)"):
+            held.append(target)
+    return held
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc")
+def test_replaced_and_deleted_files_are_released_in_the_background(tmp_path: Path) -> None:
+    # The file a commit replaces, or delete() removes, is held open for a moment so that its
+    # pages are freed off the caller's thread; every such descriptor is closed soon after.
+    store = LocalStore(tmp_path)
+    reader = open(tmp_path / "x", "wb+")  # noqa: SIM115 (the old file stays readable)
+    reader.write(b"old" * 1000)
+    reader.flush()
+    for i in range(20):
+        with store.writer("x") as w:
+            w.write(b"%d" % i * 1000)
+    store.put_atomic("y", b"y")
+    store.delete("y")
+    store.delete("never-there")
+    deadline = time.monotonic() + 10
+    while len(held := _deleted_files_held(tmp_path)) > 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert held == [f"{tmp_path / 'x'} (deleted)"]  # the test's own descriptor alone
+    reader.seek(0)
+    assert reader.read(3) == b"old"
+    reader.close()
+    assert (tmp_path / "x").read_bytes() == b"19" * 1000
+    assert store.list() == ["x"]
+
+
+@pytest.mark.skipif(not hasattr(os, "fork") or not os.path.isdir("/proc/self/fd"),
+                    reason="needs fork and /proc")
+def test_a_forked_child_releases_replaced_files_on_its_own_thread(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path)
+    store.put_atomic("x", b"0")
+    with store.writer("x") as w:  # the parent's closer thread is started
+        w.write(b"1")
+    pid = os.fork()
+    if pid == 0:  # the child has no closer thread: one must start, or its files stay held
+        code = 1
+        try:
+            with store.writer("x") as w:
+                w.write(b"2")
+            deadline = time.monotonic() + 10
+            while _deleted_files_held(tmp_path) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            code = 0 if not _deleted_files_held(tmp_path) else 3
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert (tmp_path / "x").read_bytes() == b"2"
