@@ -327,11 +327,12 @@ def _code(store: Store, state: Any, step: int, infos: dict[int, CheckpointInfo],
     flat = state if isinstance(state, Flattened) else flatten(state)
     # The next delta's parent is a host snapshot of this state. Host tensors are copied as the
     # save starts and the file is coded from the copies, so a caller changing them during the
-    # save (from another thread) cannot make the file and the snapshot differ. CUDA tensors
-    # are coded in place on the GPU and copied to page-locked memory on a side stream (into
-    # the parent's buffer once the file is coded, see _Snapshot): no device copy of the
-    # state, so the save's extra GPU memory stays within the workspace; they must not change
-    # until the call returns (as for torch.save).
+    # save (from another thread) cannot make the file and the snapshot differ; a delta
+    # against the base keeps no snapshot and codes the caller's host tensors, as save does.
+    # CUDA tensors are coded in place on the GPU and copied to page-locked memory on a side
+    # stream (into the parent's buffer once the file is coded, see _Snapshot): no device copy
+    # of the state, so the save's extra GPU memory stays within the workspace; they must not
+    # change until the call returns (as for torch.save).
     on_gpu = gpu.use_gpu(device, any(isinstance(t, DeviceTensor) for _n, t in flat.tensors))
     devices = {t.device_bytes.device for _n, t in flat.tensors if isinstance(t, DeviceTensor)}
     parents = hashes = read_buffer = alone = None
@@ -361,7 +362,7 @@ def _code(store: Store, state: Any, step: int, infos: dict[int, CheckpointInfo],
     if read_buffer is not None and len(devices) == 1:
         reuse = {next(iter(devices)): read_buffer}
     snap = _Snapshot(flat.tensors, reuse if on_gpu and not nested and not keeps_parent else {},
-                     devices=not (keeps_parent and on_gpu))
+                     devices=not (keeps_parent and on_gpu), hosts=not keeps_parent)
     try:
         if not on_gpu:  # the CPU codes every tensor: from the snapshot, not a second copy
             snap.finish()
@@ -413,7 +414,7 @@ def _code(store: Store, state: Any, step: int, infos: dict[int, CheckpointInfo],
                 next(iter(devices)) if len(devices) == 1
                 else torch.device("cuda", torch.cuda.current_device()): read_buffer}
             _cache(store.url, (parent.checkpoint_id, parents, hashes, held), keep_replaced=True)
-    elif keeps_parent and snap.partial:  # (a base after all, its CUDA tensors not copied)
+    elif keeps_parent and snap.partial:  # (a base after all, its tensors not all copied)
         _cache(store.url, None)
     else:
         # (the CPU coder read the parent while this snapshot existed: its buffer is the next's)
@@ -473,9 +474,11 @@ RETAINED.append(_forget_retained)
 
 class _Snapshot:
     """A host copy of a state's tensors (the next delta's parent), by name in ``tensors``:
-    host tensors copied at once; each device's CUDA tensors copied into one buffer per device
-    (``buffers``: page-locked, or pageable where CuPy is missing or the host refuses) on a side
-    stream, after the work already queued on that device's current stream.
+    host tensors copied at once (with ``hosts`` False, taken as they are: the snapshot is
+    then only what the save codes from, and ``partial``); each device's CUDA tensors copied
+    into one buffer per device (``buffers``: page-locked, or pageable where CuPy is missing or
+    the host refuses) on a side stream, after the work already queued on that device's
+    current stream.
 
     Where this save codes CUDA tensors on the GPU, the snapshot it replaces (``reuse``: its
     buffers, by device) is no longer read once the file is coded: :meth:`finish` then copies
@@ -485,11 +488,12 @@ class _Snapshot:
     :meth:`finish` registers it (which holds the device's other work up) and queues them."""
 
     def __init__(self, tensors: list[tuple[str, s4format.Tensor | DeviceTensor]],
-                 reuse: dict[torch.device, np.ndarray], devices: bool = True) -> None:
+                 reuse: dict[torch.device, np.ndarray], devices: bool = True,
+                 hosts: bool = True) -> None:
         self.tensors: dict[str, s4format.Tensor] = {}
         self.buffers: dict[torch.device, np.ndarray] = {}
         self.takes_over = False  # whether finish() writes into a buffer of ``reuse``
-        self.partial = False  # whether CUDA tensors were left out (``devices`` False)
+        self.partial = False  # whether tensors were left out (``devices`` or ``hosts`` False)
         self._events: list[torch.cuda.Event] = []
         self._pending: list[tuple[torch.device, list, np.ndarray | hostmem.Populating]] = []
         by_device: dict[torch.device, list[tuple[str, DeviceTensor]]] = {}
@@ -498,8 +502,11 @@ class _Snapshot:
                 if devices:
                     by_device.setdefault(t.device_bytes.device, []).append((name, t))
                 self.partial = not devices
-            else:
+            elif hosts:
                 self.tensors[name] = s4format.Tensor(t.dtype, t.shape, np.array(t.data, copy=True))
+            else:  # (the caller's own tensor: coded from, never kept)
+                self.tensors[name] = t
+                self.partial = True
         try:
             for dev, run in by_device.items():
                 nbytes = sum(t.nbytes for _n, t in run)

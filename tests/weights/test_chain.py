@@ -443,3 +443,25 @@ def test_a_fresh_process_chains_onto_an_existing_store(
     assert_same(s4weights.load_checkpoint(tmp_path, 3), clone_tree(state))
     assert np.array_equal(s4weights.load_checkpoint(tmp_path, 1)["rng"].numpy(),
                           saved[1]["rng"].numpy())
+
+
+def test_a_delta_against_the_base_that_ends_a_base_is_not_held_as_the_callers_tensors(
+        tmp_path: Path) -> None:
+    # A save whose deltas go against the base codes the caller's host tensors without a copy
+    # (nobody's parent). Where it ends a base after all (no tensor smaller as a delta), the
+    # next save must not take the caller's tensors, changed since, for its parent.
+    g = torch.Generator().manual_seed(5)
+    a = {"w": torch.randn(64, 256, generator=g), "b": torch.randn(4096, generator=g)}
+    s4weights.save_checkpoint(a, tmp_path, 0, read_budget=None)
+    b = {k: torch.randn(v.shape, generator=g) for k, v in a.items()}  # nothing like a
+    info = s4weights.save_checkpoint(b, tmp_path, 1, read_budget=None)
+    assert info.is_base and info.base_reason == "no tensor coded smaller as a delta"
+    kept = clone_tree(b)
+    for v in b.values():  # the caller's next step changes its tensors in place
+        v.mul_(1 + 1e-3)
+    c = clone_tree(b)
+    info = s4weights.save_checkpoint(b, tmp_path, 2, read_budget=None)
+    assert info.parent_step == 1
+    chain._PARENT_CACHE.clear()
+    assert_same(s4weights.load_checkpoint(tmp_path, 1), kept)
+    assert_same(s4weights.load_checkpoint(tmp_path, 2), c)
