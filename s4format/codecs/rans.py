@@ -990,6 +990,12 @@ class RansCodec(Codec):
         which ``counts`` is a sample (its cross-entropy scaled to ``n``)."""
         if n == 0:
             return HEADER_SIZE
+        # Where the header and table alone reach the cap below (a small plane of many
+        # symbols: a bias, a norm), the estimate is the cap, without normalising the table.
+        k = int(np.count_nonzero(counts))
+        if k > 1 and HEADER_SIZE + table_len(k) + BLOCK_OVERHEAD * _n_blocks(
+                n, self.log2_block) >= HEADER_SIZE + n:
+            return HEADER_SIZE + n
         freqs = np.empty(256, dtype=np.int64)
         bits, k, total = _estimate_bits(np.ascontiguousarray(counts, dtype=np.int64), freqs,
                                         SYMBOL_BITS)
