@@ -142,19 +142,28 @@ def map_sized(fn: Callable[[Any], Any], items: Iterable[Any], nbytes: int) -> li
 
 
 def ordered(pool: Pool, fn: Callable[[Any], Any], items: Iterable[tuple[Any, int]],
-            limit: int) -> Iterator[Any]:
+            limit: int, inline_below: int = 0) -> Iterator[Any]:
     """``fn(x)`` for each ``(x, size)`` of ``items``, in order, computed ahead on the pool while
-    the sizes of the items in flight stay under ``limit`` (at least one is)."""
-    pending: collections.deque[tuple[Task, int]] = collections.deque()
+    the sizes of the items in flight stay under ``limit`` (at least one is); items under
+    ``inline_below`` are computed on the caller's thread as their turn comes (the later ones
+    already started on the pool meanwhile)."""
+    pending: collections.deque[tuple[Task | None, Any, int]] = collections.deque()
     held = 0
+
+    def take() -> Any:  # (no task held while suspended: see _work)
+        nonlocal held
+        task, x, size = pending.popleft()
+        held -= size
+        return fn(x) if task is None else pool.wait([task])[0]
+
     for x, size in items:
-        while pending and held + size > limit:  # (no task held while suspended: see _work)
-            held -= pending[0][1]
-            yield pool.wait([pending.popleft()[0]])[0]
-        pending.append((pool.submit(fn, x), size))
+        while pending and held + size > limit:
+            yield take()
+        inline = size < inline_below and pool.threads > 1
+        pending.append((None, x, size) if inline else (pool.submit(fn, x), None, size))
         held += size
     while pending:
-        yield pool.wait([pending.popleft()[0]])[0]
+        yield take()
 
 
 _pool: Pool | None = None
@@ -182,16 +191,17 @@ if hasattr(os, "register_at_fork"):
 
 class Prefetch:
     """``fn(key)`` for the ``(key, size)`` of ``order``, computed ahead on the pool (at most
-    ``limit`` of size in flight) for a caller that asks for them mostly in that order: ``get``
+    ``limit`` of size in flight; those under ``inline_below`` on the caller's thread, as
+    :func:`ordered` does) for a caller that asks for them mostly in that order: ``get``
     of the next key takes its result, of a later key computes the ones between too (keeping
     them), of another key calls ``fn`` on this thread."""
 
     def __init__(self, fn: Callable[[Any], Any], order: Iterable[tuple[Any, int]],
-                 limit: int) -> None:
+                 limit: int, inline_below: int = 0) -> None:
         order = list(order)
         self._fn = fn
         self._keys = collections.deque(k for k, _ in order)
-        self._ahead = ordered(pool(), fn, order, limit)
+        self._ahead = ordered(pool(), fn, order, limit, inline_below)
         self._held: dict[Any, Any] = {}
 
     def get(self, key: Any) -> Any:

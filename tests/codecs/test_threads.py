@@ -165,3 +165,59 @@ def test_a_forked_child_codes_with_a_pool_of_its_own() -> None:
         finally:
             os._exit(0 if ok else 1)
     assert os.waitpid(pid, 0)[1] == 0
+
+
+def test_ordered_computes_small_items_on_the_callers_thread_in_order(
+        pool: threads.Pool) -> None:
+    me = threading.get_ident()
+    ran_on: dict[int, int] = {}
+    held, most = [0], [0]
+    lock = threading.Lock()
+
+    def work(x: int) -> int:
+        with lock:
+            held[0] += 1
+            most[0] = max(most[0], held[0])
+        ran_on[x] = threading.get_ident()
+        if x == 37:
+            raise ValueError("item 37")
+        return x
+
+    sizes = [1 if x % 3 else 10 for x in range(60)]  # every third item large
+    got, pulled, ahead = [], [], [0]
+
+    def items():
+        for x in range(60):
+            pulled.append(x)
+            ahead[0] = max(ahead[0], sum(sizes[y] for y in pulled[len(got):]))
+            yield x, sizes[x]
+
+    with pytest.raises(ValueError, match="item 37"):
+        for x in threads.ordered(pool, work, items(), limit=30, inline_below=5):
+            got.append(x)
+            with lock:
+                held[0] -= 1
+    assert got == list(range(37))
+    # the items taken and not yet handed over (a small one's host copy, say) stay bounded:
+    # the limit, and the item just taken that waits for room
+    assert ahead[0] <= 30 + 10
+    if pool.threads > 1:  # (one thread runs everything on the caller's)
+        assert all(ran_on[x] == me for x in range(37) if sizes[x] == 1)
+    # small items count toward the bound too: computed or waiting, at most 30 of size
+    assert most[0] <= 30
+
+
+def test_prefetch_passes_small_items_to_the_callers_thread(pool: threads.Pool) -> None:
+    me = threading.get_ident()
+    ran_on: dict[int, int] = {}
+
+    def work(x: int) -> int:
+        ran_on[x] = threading.get_ident()
+        return x * 2
+
+    ahead = threads.Prefetch(work, [(x, 1 if x % 2 else 100) for x in range(20)], 250,
+                             inline_below=10)
+    assert [ahead.get(x) for x in (0, 1, 5, 2, 3, 4, *range(6, 20))] == \
+        [2 * x for x in (0, 1, 5, 2, 3, 4, *range(6, 20))]
+    if pool.threads > 1:
+        assert all(ran_on[x] == me for x in range(1, 20, 2))
