@@ -23,6 +23,9 @@ PIECE = 1 << 18
 # same pass), from which codec 9 (rans-seg) chooses where a new frequency table pays.
 UNIT = 1 << 16
 UNITS_MIN = 4 * UNIT
+# A plane of bytes up to this long is counted by numpy: the kernels' calls cost more (a small
+# tensor's one plane: 3.9 against 9.9 us for 256 bytes).
+SMALL_PLANE = 4096
 # The sample of a plane not counted yet: this many evenly spaced runs of SAMPLE_CHUNK bytes
 # (a plane that fits in them is counted whole).
 SAMPLE_CHUNKS, SAMPLE_CHUNK = 32, 2048
@@ -54,6 +57,11 @@ class PlaneView:
     def of(cls, plane: np.ndarray) -> PlaneView:
         """A plane of bytes, its statistics counted."""
         plane = np.ascontiguousarray(plane, dtype=np.uint8).reshape(-1)
+        if plane.size <= SMALL_PLANE:
+            counts = np.bincount(plane, minlength=256).astype(np.int64)
+            steps = plane[1:].astype(np.int16) - plane[:-1]
+            runs = int(np.count_nonzero(steps.view(np.uint16) <= 1))
+            return cls(plane, 0, 0xFF, _or_of(counts), counts, runs)
         return counted(plane, np.zeros(1, np.int64), np.full(1, 0xFF, np.int64))[0]
 
     @property

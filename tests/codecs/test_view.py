@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from s4format import codecs, layouts
 from s4format.codecs import view
@@ -94,3 +96,25 @@ def test_a_large_plane_is_estimated_from_samples_of_its_words(codec_id: int) -> 
         got = codec.estimate_view(v)
         assert v._bytes is None
         assert got == codec.estimate(plane)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(min_size=0, max_size=view.SMALL_PLANE + 64))
+def test_small_planes_count_as_the_kernels_do(data: bytes) -> None:
+    # PlaneView.of counts planes up to SMALL_PLANE bytes with numpy, larger ones with the
+    # kernels: histogram, runs (a byte equal to the one before or one above it) and width
+    plane = np.frombuffer(data, np.uint8)
+    got = view.PlaneView.of(plane)
+    want = view.counted(plane, np.zeros(1, np.int64), np.full(1, 0xFF, np.int64))[0]
+    assert got.counts.dtype == want.counts.dtype
+    assert (got.counts == want.counts).all()
+    assert (got.runs, got.bits, got.size) == (want.runs, want.bits, want.size)
+
+
+@pytest.mark.parametrize("pattern", ["ramp", "runs", "wrap"])
+def test_small_plane_runs_at_the_byte_range_ends(pattern: str) -> None:
+    n = view.SMALL_PLANE
+    plane = {"ramp": np.arange(n) % 256, "runs": np.repeat(np.arange(n // 16) % 256, 16),
+             "wrap": np.tile([254, 255, 0, 255, 255], n // 5)}[pattern].astype(np.uint8)
+    want = view.counted(plane, np.zeros(1, np.int64), np.full(1, 0xFF, np.int64))[0]
+    assert view.PlaneView.of(plane).runs == want.runs
