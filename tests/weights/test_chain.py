@@ -465,3 +465,19 @@ def test_a_delta_against_the_base_that_ends_a_base_is_not_held_as_the_callers_te
     chain._PARENT_CACHE.clear()
     assert_same(s4weights.load_checkpoint(tmp_path, 1), kept)
     assert_same(s4weights.load_checkpoint(tmp_path, 2), c)
+
+
+def test_a_snapshot_that_leaves_host_tensors_uncopied_is_partial_whatever_follows() -> None:
+    # A CUDA tensor flattened after an uncopied host tensor must not clear the mark: else a
+    # save that ends a base after all caches the caller's live tensors as the next parent.
+    from s4weights.torchtree import DeviceTensor, flatten
+
+    (na, ta), (nb, tb) = flatten({"a": torch.zeros(4), "b": torch.zeros(4)}).tensors
+    dev = DeviceTensor(tb.dtype, tb.shape, torch.zeros(tb.nbytes, dtype=torch.uint8))
+    for tensors in ([(na, ta), (nb, dev)], [(nb, dev), (na, ta)]):
+        snap = chain._Snapshot(tensors, {}, devices=True, hosts=False)
+        try:
+            assert snap.partial
+            assert snap.tensors[na] is ta  # (the caller's own, not a copy)
+        finally:
+            snap.abandon()
