@@ -338,9 +338,15 @@ def _retain(store: Store, keep_steps: list[int],
 def _delete_files(store: Store, info: CheckpointInfo) -> None:
     """Delete a checkpoint's file, or every object of a distributed step's folder."""
     if info.file.endswith("/"):
+        local = isinstance(store, LocalStore)
         for name in store.list(info.file):
-            store.delete(name)
-        if isinstance(store, LocalStore):
+            # (held open, a file of the folder would linger on NFS as a hidden one, and the
+            # folder could not be removed)
+            if local:
+                store.delete(name, release_later=False)
+            else:
+                store.delete(name)
+        if local:
             with contextlib.suppress(OSError):  # (a folder something else put a file in)
                 (store.root / info.file).rmdir()
     else:

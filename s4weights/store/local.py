@@ -44,24 +44,32 @@ def _keep_mode(final: Path, tmp: Path, held: int | None) -> None:
 class _Closer:
     """Closes file descriptors on a daemon thread. The last close of a file that was replaced
     or deleted frees its page cache (35 ms for a 220 MB file), which a save need not wait for;
-    the kernel closes whatever is left at exit all the same."""
+    the kernel closes whatever is left at exit all the same. At most :data:`HELD_MAX` wait:
+    past that (a retention deleting many files), or where no thread can start (at interpreter
+    shutdown), the caller closes its own."""
 
     def __init__(self) -> None:
         self._cv = threading.Condition()
         self._fds: collections.deque[int] = collections.deque()
         self._thread: threading.Thread | None = None
-        self._pid = os.getpid()
 
     def close(self, fd: int) -> None:
         with self._cv:
-            if self._thread is None or self._pid != os.getpid():  # (a forked child has none)
-                self._fds.clear()
-                self._pid = os.getpid()
-                self._thread = threading.Thread(target=self._run, name="s4w-closer",
-                                                daemon=True)
-                self._thread.start()
-            self._fds.append(fd)
-            self._cv.notify()
+            if len(self._fds) < HELD_MAX and self._started():
+                self._fds.append(fd)
+                self._cv.notify()
+                return
+        _close(fd)
+
+    def _started(self) -> bool:
+        if self._thread is None:
+            thread = threading.Thread(target=self._run, name="s4w-closer", daemon=True)
+            try:
+                thread.start()
+            except RuntimeError:  # (interpreter shutdown)
+                return False
+            self._thread = thread
+        return True
 
     def _run(self) -> None:
         while True:
@@ -69,21 +77,40 @@ class _Closer:
                 while not self._fds:
                     self._cv.wait()
                 fd = self._fds.popleft()
-            with contextlib.suppress(OSError):  # (a file opened to be read loses nothing)
-                os.close(fd)
+            _close(fd)
 
+    def after_fork(self) -> None:
+        """In a forked child: no thread, and the parent's waiting descriptors (the child's
+        copies) closed now, not held until the child exits."""
+        fds, self._fds = self._fds, collections.deque()
+        self._cv, self._thread = threading.Condition(), None
+        for fd in fds:
+            _close(fd)
+
+
+def _close(fd: int) -> None:
+    with contextlib.suppress(OSError):  # (a file opened to be read loses nothing)
+        os.close(fd)
+
+
+HELD_MAX = 16  # descriptors waiting for the closer thread, at most
+HOLD_MIN = 16 << 20  # a file's bytes, under which freeing it is not worth a thread's while
 
 _closer = _Closer()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_closer.after_fork)
 
 
 def _hold(path: Path) -> int | None:
-    """A read-only descriptor of the regular file at ``path`` (None if there is none or it
-    cannot be opened): holding it keeps the file's pages alive past a rename or unlink, to be
-    freed when :data:`_closer` closes it. Not on Windows, where an open file cannot be
-    replaced."""
+    """A read-only descriptor of the regular file at ``path`` of at least :data:`HOLD_MIN`
+    bytes (else None, or where it cannot be opened): holding it keeps the file's pages alive
+    past a rename or unlink, to be freed when :data:`_closer` closes it. Not on Windows, where
+    an open file cannot be replaced."""
     if os.name != "posix":
         return None
     try:
+        if os.stat(path).st_size < HOLD_MIN:
+            return None
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except OSError:
         return None
@@ -295,9 +322,12 @@ class LocalStore(Store):
                     out.append(name)
         return sorted(out)
 
-    def delete(self, name: str) -> None:
+    def delete(self, name: str, *, release_later: bool = True) -> None:
+        """Delete the object (none there: nothing to do). ``release_later``: its pages are
+        freed on a helper thread, and the file stays open until then (on NFS, as a hidden file
+        in its folder)."""
         path = self._path(name)
-        held = _hold(path)
+        held = _hold(path) if release_later else None
         try:
             path.unlink(missing_ok=True)
         except OSError as exc:

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import errno
 import os
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
 from s4format.errors import StorageError
-from s4weights.store import LocalStore, open_store
+from s4weights.store import LocalStore, local, open_store
 from s4weights.store.local import TMP_PREFIX
 
 
@@ -291,10 +292,15 @@ def _deleted_files_held(root: Path) -> list[str]:
     return held
 
 
-@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc")
-def test_replaced_and_deleted_files_are_released_in_the_background(tmp_path: Path) -> None:
+needs_proc = pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc")
+
+
+@needs_proc
+def test_replaced_and_deleted_files_are_released_in_the_background(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # The file a commit replaces, or delete() removes, is held open for a moment so that its
     # pages are freed off the caller's thread; every such descriptor is closed soon after.
+    monkeypatch.setattr(local, "HOLD_MIN", 0)
     store = LocalStore(tmp_path)
     reader = open(tmp_path / "x", "wb+")  # noqa: SIM115 (the old file stays readable)
     reader.write(b"old" * 1000)
@@ -305,10 +311,8 @@ def test_replaced_and_deleted_files_are_released_in_the_background(tmp_path: Pat
     store.put_atomic("y", b"y")
     store.delete("y")
     store.delete("never-there")
-    deadline = time.monotonic() + 10
-    while len(held := _deleted_files_held(tmp_path)) > 1 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert held == [f"{tmp_path / 'x'} (deleted)"]  # the test's own descriptor alone
+    _wait_released(tmp_path, 1)
+    assert _deleted_files_held(tmp_path) == [f"{tmp_path / 'x'} (deleted)"]  # the test's own
     reader.seek(0)
     assert reader.read(3) == b"old"
     reader.close()
@@ -316,25 +320,106 @@ def test_replaced_and_deleted_files_are_released_in_the_background(tmp_path: Pat
     assert store.list() == ["x"]
 
 
+def _wait_released(root: Path, left: int = 0) -> None:
+    deadline = time.monotonic() + 10
+    while len(_deleted_files_held(root)) > left and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def test_small_files_are_not_held(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    held = []
+    monkeypatch.setattr(local._closer, "close", held.append)
+    store = LocalStore(tmp_path)
+    store.put_atomic("small", b"s" * 1000)
+    store.put_atomic("small", b"t" * 1000)
+    store.delete("small")
+    assert held == []
+    monkeypatch.setattr(local, "HOLD_MIN", 1000)
+    store.put_atomic("large", b"l" * 1000)
+    store.put_atomic("large", b"m" * 1000)
+    store.delete("large")
+    assert len(held) == 2
+    for fd in held:
+        os.close(fd)
+
+
+@needs_proc
+def test_deleting_many_files_holds_a_bounded_number_open(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # (a retention deleting hundreds of steps must not run the process out of descriptors)
+    monkeypatch.setattr(local, "HOLD_MIN", 0)
+    store = LocalStore(tmp_path)
+    for i in range(300):
+        store.put_atomic(f"d/{i}", b"x" * 4096)
+    most = 0
+    for i in range(300):
+        store.delete(f"d/{i}")
+        most = max(most, len(_deleted_files_held(tmp_path)))
+    assert most <= local.HELD_MAX + 1
+    _wait_released(tmp_path)
+    assert _deleted_files_held(tmp_path) == []
+
+
+def test_without_a_thread_the_caller_closes(monkeypatch: pytest.MonkeyPatch,
+                                            tmp_path: Path) -> None:
+    # At interpreter shutdown no thread can start: the descriptor is closed at once.
+    closer = local._Closer()
+
+    def refuse(self: threading.Thread) -> None:
+        raise RuntimeError("can't create new thread at interpreter shutdown")
+
+    monkeypatch.setattr(threading.Thread, "start", refuse)
+    fd = os.open(tmp_path, os.O_RDONLY)
+    closer.close(fd)
+    with pytest.raises(OSError):
+        os.fstat(fd)
+
+
 @pytest.mark.skipif(not hasattr(os, "fork") or not os.path.isdir("/proc/self/fd"),
                     reason="needs fork and /proc")
-def test_a_forked_child_releases_replaced_files_on_its_own_thread(tmp_path: Path) -> None:
+def test_a_forked_child_closes_the_descriptors_it_inherits_waiting(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(local, "HOLD_MIN", 0)
     store = LocalStore(tmp_path)
     store.put_atomic("x", b"0")
     with store.writer("x") as w:  # the parent's closer thread is started
         w.write(b"1")
+    _wait_released(tmp_path)
+    # Descriptors waiting at the fork: queued without waking the thread (as if it were busy).
+    for i in range(3):
+        (tmp_path / f"w{i}").write_bytes(b"w")
+        local._closer._fds.append(os.open(tmp_path / f"w{i}", os.O_RDONLY))
+        (tmp_path / f"w{i}").unlink()
     pid = os.fork()
-    if pid == 0:  # the child has no closer thread: one must start, or its files stay held
+    if pid == 0:  # the child: they are closed at once, and its own replaced files too
         code = 1
         try:
-            with store.writer("x") as w:
-                w.write(b"2")
-            deadline = time.monotonic() + 10
-            while _deleted_files_held(tmp_path) and time.monotonic() < deadline:
-                time.sleep(0.01)
-            code = 0 if not _deleted_files_held(tmp_path) else 3
+            code = 3 if _deleted_files_held(tmp_path) else 0
+            if code == 0:
+                with store.writer("x") as w:
+                    w.write(b"2")
+                _wait_released(tmp_path)
+                code = 4 if _deleted_files_held(tmp_path) else 0
         finally:
             os._exit(code)
     _, status = os.waitpid(pid, 0)
+    with local._closer._cv:
+        local._closer._cv.notify()
     assert os.waitstatus_to_exitcode(status) == 0
     assert (tmp_path / "x").read_bytes() == b"2"
+    _wait_released(tmp_path)
+    assert _deleted_files_held(tmp_path) == []
+
+
+def test_delete_may_release_at_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    held = []
+    monkeypatch.setattr(local, "HOLD_MIN", 0)
+    monkeypatch.setattr(local._closer, "close", held.append)
+    store = LocalStore(tmp_path)
+    store.put_atomic("d/a", b"a")
+    store.put_atomic("d/b", b"b")
+    store.delete("d/a", release_later=False)
+    assert held == [] and not (tmp_path / "d" / "a").exists()
+    store.delete("d/b")
+    assert len(held) == 1
+    os.close(held[0])
