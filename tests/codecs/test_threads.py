@@ -42,23 +42,36 @@ def test_the_first_error_in_order_is_raised(pool: threads.Pool) -> None:
     assert pool.map(work, range(3)) == [0, 1, 2]
 
 
+class _Held:
+    """Results made and not yet taken, and the most of them at once."""
+
+    def __init__(self) -> None:
+        self.now = self.most = 0
+        self._lock = threading.Lock()
+
+    def made(self) -> None:
+        with self._lock:
+            self.now += 1
+            self.most = max(self.most, self.now)
+
+    def taken(self) -> None:
+        with self._lock:
+            self.now -= 1
+
+
 def test_ordered_keeps_order_and_its_bound(pool: threads.Pool) -> None:
-    held, most = [0], [0]
-    lock = threading.Lock()
+    held = _Held()
 
     def work(x: int) -> int:
-        with lock:
-            held[0] += 1
-            most[0] = max(most[0], held[0])
+        held.made()
         return x
 
     got = []
     for x in threads.ordered(pool, work, ((x, 10) for x in range(50)), limit=30):
         got.append(x)
-        with lock:
-            held[0] -= 1
+        held.taken()
     assert got == list(range(50))
-    assert most[0] <= 3
+    assert held.most <= 3
 
 
 def test_idle_workers_hold_no_result(pool: threads.Pool) -> None:
@@ -171,13 +184,10 @@ def test_ordered_computes_small_items_on_the_callers_thread_in_order(
         pool: threads.Pool) -> None:
     me = threading.get_ident()
     ran_on: dict[int, int] = {}
-    held, most = [0], [0]
-    lock = threading.Lock()
+    held = _Held()
 
     def work(x: int) -> int:
-        with lock:
-            held[0] += 1
-            most[0] = max(most[0], held[0])
+        held.made()
         ran_on[x] = threading.get_ident()
         if x == 37:
             raise ValueError("item 37")
@@ -195,8 +205,7 @@ def test_ordered_computes_small_items_on_the_callers_thread_in_order(
     with pytest.raises(ValueError, match="item 37"):
         for x in threads.ordered(pool, work, items(), limit=30, inline_below=5):
             got.append(x)
-            with lock:
-                held[0] -= 1
+            held.taken()
     assert got == list(range(37))
     # the items taken and not yet handed over (a small one's host copy, say) stay bounded:
     # the limit, and the item just taken that waits for room
@@ -204,7 +213,7 @@ def test_ordered_computes_small_items_on_the_callers_thread_in_order(
     if pool.threads > 1:  # (one thread runs everything on the caller's)
         assert all(ran_on[x] == me for x in range(37) if sizes[x] == 1)
     # small items count toward the bound too: computed or waiting, at most 30 of size
-    assert most[0] <= 30
+    assert held.most <= 30
 
 
 def test_prefetch_passes_small_items_to_the_callers_thread(pool: threads.Pool) -> None:
