@@ -61,7 +61,8 @@ class PlaneView:
             counts = np.bincount(plane, minlength=256).astype(np.int64)
             steps = plane[1:].astype(np.int16) - plane[:-1]
             runs = int(np.count_nonzero(steps.view(np.uint16) <= 1))
-            return cls(plane, 0, 0xFF, _or_of(counts), counts, runs)
+            bits = int(np.bitwise_or.reduce(plane)) if plane.size else 0
+            return cls(plane, 0, 0xFF, bits, counts, runs)
         return counted(plane, np.zeros(1, np.int64), np.full(1, 0xFF, np.int64))[0]
 
     @property
