@@ -501,7 +501,8 @@ class _Snapshot:
             if isinstance(t, DeviceTensor):
                 if devices:
                     by_device.setdefault(t.device_bytes.device, []).append((name, t))
-                self.partial = self.partial or not devices
+                else:
+                    self.partial = True
             elif hosts:
                 self.tensors[name] = s4format.Tensor(t.dtype, t.shape, np.array(t.data, copy=True))
             else:  # (the caller's own tensor: coded from, never kept)
