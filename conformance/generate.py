@@ -1,5 +1,5 @@
 """Generate the .s4w v1 conformance vectors: format 1.0's into ``conformance/v1/``, what each
-later minor adds into its own folder (``v1.1/`` to ``v1.4/``), or one suite into
+later minor adds into its own folder (``v1.1/`` to ``v1.5/``), or one suite into
 ``--out DIR``.
 
 Deterministic: fixed seeds (PCG64's raw bit stream, which numpy keeps stable), no timestamps,
@@ -8,7 +8,7 @@ trees are converted from the Python objects given to the writer: nothing expecte
 reader. Vectors of a released version are frozen: an existing file is never overwritten with
 different bytes unless ``--force`` is given (see ``README.md``).
 
-    python -m conformance.generate [--suite v1|v1.1|v1.2|v1.3|v1.4 [--out DIR]] [--force]
+    python -m conformance.generate [--suite v1|v1.1|v1.2|v1.3|v1.4|v1.5 [--out DIR]] [--force]
 """
 
 from __future__ import annotations
@@ -1462,15 +1462,16 @@ def flat_buffer() -> np.ndarray:
                            np.ones(SEG_UNIT, np.float32), np.zeros(SEG_UNIT, np.float32)])
 
 
-def segment_codecs(blob: bytes) -> dict[tuple[str, int], list[tuple[int, str]]]:
-    """(tensor name, plane number) of every codec-9 plane in a file -> its segments' symbols and
-    codec, read from the records as codecs.md lays them out (rANS's with its mode, bitpack-w's
-    with its width)."""
+def segment_codecs(blob: bytes, codec: int = codecs.RANS_SEG
+                   ) -> dict[tuple[str, int], list[tuple[int, str]]]:
+    """(tensor name, plane number) of every plane of ``codec`` (9 or 10) in a file -> its
+    segments' symbols and codec, read from the records as codecs.md lays them out (rANS's with
+    its mode, bitpack-w's with its width)."""
     parts = craft.parse(blob)
     out = {}
     for t, tensor in enumerate(parts.tensors):
         for k, plane in enumerate(tensor["planes"]):
-            if plane["codec"] != codecs.RANS_SEG:
+            if plane["codec"] != codec:
                 continue
             payload = craft.plane_bytes(parts, t, k)
             (count,) = struct.unpack_from("<I", payload)
@@ -1712,6 +1713,7 @@ def all_vectors_1_3() -> list[Vector]:
 # masked_flag_cleared (flags 0, refused by T9 for its extra plane).
 
 MASKED = 0x02
+MINOR_1_4 = 4
 MASKED_RULES = ["planes.md#masked-tensors-14", "format.md#41-tensorrecord"]
 
 
@@ -1772,13 +1774,13 @@ def masked_vectors() -> list[Vector]:
               TensorSpec("h", "float16", (4096,), h.view(np.uint8)),
               TensorSpec("q", "int64", (2048,), q.view(np.uint8))]
     base = valid("masked_delta_base", "a base checkpoint (parent of masked_delta)",
-                 ["format.md#10"], base_t, policy="auto")
+                 ["format.md#10"], base_t, policy="auto", minor=MINOR_1_4)
     child_t = [TensorSpec(t.name, t.dtype, t.shape, new.view(np.uint8), parent=t.raw)
                for t, new in zip(base_t, (w2, f2, h2, q2))]
     child = valid("masked_delta", "masked XOR deltas against masked_delta_base: bf16, fp32, "
                   "fp16 and bytes layouts, a fifth to a twentieth of the words changed",
                   [*MASKED_RULES, "format.md#10", "validation.md#R4", "validation.md#R6"],
-                  child_t, parent_id=checkpoint_id(base_t), policy="auto")
+                  child_t, parent_id=checkpoint_id(base_t), policy="auto", minor=MINOR_1_4)
     child.parent = "masked_delta_base.s4w"
     recs = craft.parse(child.data).tensors
     assert [(r["transform"], r["flags"]) for r in recs] == [(1, MASKED)] * 4, recs
@@ -1813,7 +1815,7 @@ def masked_vectors() -> list[Vector]:
                   "the raw layout (words of one byte), nothing kept (empty planes), every "
                   "word kept, complex128 under the bytes layout (words of 16 bytes)",
                   [*MASKED_RULES, "validation.md#P2", "validation.md#R4"], tensors,
-                  policy="auto")
+                  policy="auto", minor=MINOR_1_4)
     return [base, child, forms]
 
 
@@ -1835,7 +1837,7 @@ def masked_fail_vectors(forms: bytes, child: bytes) -> list[Vector]:
         coded = force_masked(raw, "bfloat16", layouts.BF16, codecs.RAW,
                              [codecs.RAW, codecs.RAW, codecs.RAW], mask=mask)
         return write_file([TensorSpec("t", "bfloat16", (n,), raw, coded=coded)],
-                          {"t": TensorRef(0)}, policy="auto")
+                          {"t": TensorRef(0)}, policy="auto", minor=MINOR_1_4)
 
     def kept_zero() -> bytes:
         raw = sparse_words(70, weights_bf16(71, n), 0.25).view(np.uint8)
@@ -1847,7 +1849,7 @@ def masked_fail_vectors(forms: bytes, child: bytes) -> list[Vector]:
                              mask=np.packbits(nonzero, bitorder="little"),
                              kept=rows[nonzero].reshape(-1))
         return write_file([TensorSpec("t", "bfloat16", (n,), raw, coded=coded)],
-                          {"t": TensorRef(0)}, policy="auto")
+                          {"t": TensorRef(0)}, policy="auto", minor=MINOR_1_4)
 
     def bit_past_end(mask: np.ndarray) -> None:
         mask[-1] |= 0x80  # bit 3007: past word 3000, the last
@@ -1898,6 +1900,136 @@ def all_vectors_1_4() -> list[Vector]:
     return [*good, *masked_fail_vectors(good[2].data, good[1].data)]
 
 
+# -- format 1.5 (v1.5/): codec 10, seg-lz --------------------------------------------------------
+#
+# A 1.5 reader passes v1/ to v1.5/; an older one refuses every file here at open but those
+# without a codec-10 plane (UnsupportedCodecError, rule P3): the codec-9 planes of
+# seglz_flat_moments are 1.3's.
+
+MINOR_1_5 = 5
+SEG_LZ_RULES = ["codecs.md#10--seg-lz", *RANS_SEG_RULES]
+
+
+def zstd_segment(part: np.ndarray, *, content_size: bool = True) -> Segment:
+    cctx = zstandard.ZstdCompressor(level=3, write_content_size=content_size)
+    return Segment(part.size, codecs.ZSTD, cctx.compress(part.tobytes()))
+
+
+def seg_lz(cuts: list[int], coders: list[SegmentCoder]
+           ) -> Callable[[np.ndarray], tuple[bytes, bytes, int]]:
+    """:func:`rans_seg`'s plane as codec 10."""
+    def code(plane: np.ndarray) -> tuple[bytes, bytes, int]:
+        return rans_seg(cuts, coders)(plane)[0], b"", codecs.SEG_LZ
+    return code
+
+
+def repeating(seed: int, n: int) -> np.ndarray:
+    """Bytes in runs of 64 copies of one of 16 random rows of 64 bytes: what zstd shrinks far
+    below their order-0 bound."""
+    rows = rand_bytes(seed, 16 * 64).reshape(16, 64)
+    pick = (bits(seed + 1, -(-n // 4096)) % np.uint64(16)).astype(np.int64)
+    return np.repeat(rows[pick], 64, axis=0).reshape(-1)[:n]
+
+
+def moments_buffer() -> np.ndarray:
+    """A flat fp32 buffer: N(0, 0.02) weights, then an embedding's Adam moments, 256 values a
+    row, every other run of 8 rows zero (tokens a run never saw), 65,536 values of each."""
+    rows = gaussian_f32(511, 2 * SEG_UNIT, 1e-3).reshape(-1, 256)
+    rows[(np.arange(rows.shape[0]) // 8) % 2 == 1] = 0.0
+    return np.concatenate([gaussian_f32(510, 2 * SEG_UNIT, 0.02), np.abs(rows.reshape(-1)),
+                           gaussian_f32(512, 2 * SEG_UNIT, 0.5)])
+
+
+def seglz_vectors() -> list[Vector]:
+    n_last = 2001
+    parts = [rand_bytes(701, SEG_UNIT), rand_bytes(702, SEG_UNIT) & np.uint8(1),
+             repeating(703, SEG_UNIT), skewed(704, SEG_UNIT, 40),
+             rand_bytes(705, SEG_UNIT) & np.uint8(7), repeating(706, n_last)]
+    parts[4][0] = 7  # the width is exactly 3
+    plane = np.concatenate(parts)
+    coders = [raw_segment, bitpack_segment, zstd_segment, rans_segment(MODE_RANS),
+              bitpackw_segment(3), zstd_segment]
+    cuts = [SEG_UNIT * i for i in range(1, len(parts))]
+    every_codec = valid(
+        "seglz_every_codec", "seg-lz in 6 segments, 65,536 symbols each but the last: raw "
+        "(uniform bytes), bitpack (0/1 bytes), zstd (runs of repeated 64-byte rows), rans in "
+        "RANS mode, bitpack-w at width 3, then a partial last segment of 2001 symbols in zstd",
+        SEG_LZ_RULES, [TensorSpec("flat", "uint8", (plane.size,), plane,
+                                  force(plane, "uint8", layouts.RAW, [seg_lz(cuts, coders)]))],
+        policy="auto", minor=MINOR_1_5)
+    assert [c for _n, c in segment_codecs(every_codec.data, codecs.SEG_LZ)[("flat", 0)]] == [
+        "raw", "bitpack", "zstd", "rans/RANS", "bitpack-w/3", "zstd"]
+    flat = moments_buffer()
+    moments = valid("seglz_flat_moments", "the writer's choice (policy auto) on a flat fp32 "
+                    "buffer: N(0, 0.02) weights, an embedding's Adam moments with every other "
+                    "run of 8 rows of 256 zero, N(0, 0.5), 131,072 values each: planes of "
+                    "codec 10 whose segments over the moments are zstd",
+                    [*SEG_LZ_RULES, "codecs.md#choosing-codecs-informative"],
+                    [TensorSpec("f32", "float32", (flat.size,), flat.view(np.uint8))],
+                    policy="auto", minor=MINOR_1_5)
+    chosen = segment_codecs(moments.data, codecs.SEG_LZ)
+    assert any("zstd" in {c for _n, c in segs} for segs in chosen.values()), chosen
+    return [every_codec, moments]
+
+
+def seglz_read_vectors() -> list[Vector]:
+    """Codec 10's rules beyond codec 9's, one each, made from a valid plane of two segments:
+    65,536 symbols in zstd, then 3001 in bitpack-w at width 3."""
+    lz = repeating(720, SEG_UNIT)
+    packed = rand_bytes(721, 3001) & np.uint8(7)
+    packed[0] = 7
+    plane = np.concatenate([lz, packed])
+    coders = [zstd_segment, bitpackw_segment(3)]
+    base = valid("seglz_base", "the valid file the seg-lz must-fail vectors are made from: a "
+                 "uint8 plane in two segments, 65,536 symbols in zstd and 3001 in bitpack-w at "
+                 "width 3", SEG_LZ_RULES,
+                 [TensorSpec("p", "uint8", (plane.size,), plane, force(
+                     plane, "uint8", layouts.RAW, [seg_lz([SEG_UNIT], coders)]))],
+                 policy="auto", minor=MINOR_1_5)
+    PLANE = (0, 0)
+    segs = [coders[0](lz), coders[1](packed)]
+    windowed = zstd_windowed(28)(lz)[0]
+
+    def rebuilt(*segments: Segment) -> bytes:
+        return replaced(base.data, PLANE, rans_seg_payload(list(segments)))
+
+    return [
+        base,
+        fail("seglz_params_1", "seg-lz with a parameter byte", SEG_LZ_RULES, "CodecError",
+             edited(base.data, lambda p: p.tensors[0]["planes"][0].update(params=b"\x00"))),
+        fail("seglz_codec_9", "segment 0's record names codec 9 (rans-seg), not one a segment "
+             "may take", SEG_LZ_RULES, "CodecError",
+             rebuilt(replace(segs[0], codec=codecs.RANS_SEG), segs[1])),
+        fail("seglz_codec_10", "segment 0's record names codec 10 (seg-lz itself)",
+             SEG_LZ_RULES, "CodecError",
+             rebuilt(replace(segs[0], codec=codecs.SEG_LZ), segs[1])),
+        fail("seglz_codec_5", "segment 0's record names codec 5 (gdeflate)", SEG_LZ_RULES,
+             "CodecError", rebuilt(replace(segs[0], codec=codecs.GDEFLATE), segs[1])),
+        fail("seglz_zstd_width", "segment 0, zstd, with w = 3 (a width belongs to bitpack-w "
+             "only)", SEG_LZ_RULES, "CodecError", rebuilt(replace(segs[0], w=3), segs[1])),
+        fail("seglz_zstd_content_size", "segment 0's zstd frame holds its first 65,535 bytes "
+             "(declaring that content size) and its record says 65,536 symbols",
+             SEG_LZ_RULES, "CodecError",
+             rebuilt(replace(zstd_segment(lz[:-1]), symbols=SEG_UNIT), segs[1])),
+        fail("seglz_zstd_no_content_size", "segment 0's zstd frame does not declare its "
+             "content size", ["codecs.md#3--zstd", *SEG_LZ_RULES], "CodecError",
+             rebuilt(zstd_segment(lz, content_size=False), segs[1])),
+        fail("seglz_zstd_trailing_byte", "a zero byte after segment 0's zstd frame, counted in "
+             "its stored length", ["codecs.md#3--zstd", *SEG_LZ_RULES], "CodecError",
+             rebuilt(replace(segs[0], stored=segs[0].stored + b"\x00"), segs[1])),
+        fail("seglz_zstd_truncated", "segment 0's zstd frame without its last byte",
+             SEG_LZ_RULES, "CodecError",
+             rebuilt(replace(segs[0], stored=segs[0].stored[:-1]), segs[1])),
+        fail("seglz_zstd_window_2p28", "segment 0's zstd frame declares a window of 2^28 bytes "
+             "(its data coded with a 1 KiB window)", ["codecs.md#3--zstd", *SEG_LZ_RULES],
+             "CodecError", rebuilt(Segment(SEG_UNIT, codecs.ZSTD, windowed), segs[1])),
+    ]
+
+
+def all_vectors_1_5() -> list[Vector]:
+    return seglz_vectors() + seglz_read_vectors()
+
+
 # -- writing the suite ------------------------------------------------------------------------
 
 def all_vectors_1_2() -> list[Vector]:
@@ -1934,7 +2066,7 @@ def _frozen(build: Callable[[], list[Vector]]) -> Callable[[], list[Vector]]:
 SUITES: dict[str, tuple[str, Callable[[], list[Vector]]]] = {
     "v1": ("1.0", _frozen(all_vectors)), "v1.1": ("1.1", _frozen(all_vectors_1_1)),
     "v1.2": ("1.2", _frozen(all_vectors_1_2)), "v1.3": ("1.3", _frozen(all_vectors_1_3)),
-    "v1.4": ("1.4", _frozen(all_vectors_1_4))}
+    "v1.4": ("1.4", _frozen(all_vectors_1_4)), "v1.5": ("1.5", _frozen(all_vectors_1_5))}
 
 
 def render(vectors: list[Vector], suite: str = "v1") -> dict[str, bytes]:

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
-SUITES = [REPO / "conformance" / v for v in ("v1", "v1.1", "v1.2", "v1.3", "v1.4")]
+SUITES = [REPO / "conformance" / v for v in ("v1", "v1.1", "v1.2", "v1.3", "v1.4", "v1.5")]
 EXIT_FAIL, EXIT_NO_GPU = 1, 3
 FLIP_SOURCE = r"""
 extern "C" __global__ void gate_flip_first_bit(const int* chunk_seg, const long long* chunk_start,

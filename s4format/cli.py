@@ -132,9 +132,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
                       bad=f"{args.file}: INVALID, {len(problems)} problem(s)")
 
 
-# The vectors ship inside the package (in a checkout, links to conformance/v1 ... v1.4).
+# The vectors ship inside the package (in a checkout, links to conformance/v1 ... v1.5).
 PACKAGED_SUITES = tuple(Path(__file__).resolve().parent / "vectors" / v
-                        for v in ("v1", "v1.1", "v1.2", "v1.3", "v1.4"))
+                        for v in ("v1", "v1.1", "v1.2", "v1.3", "v1.4", "v1.5"))
 
 
 def cmd_conformance(args: argparse.Namespace) -> int:
@@ -206,7 +206,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_verify)
     p = sub.add_parser("conformance", help="run the conformance vectors against a reader",
                        description="Run every vector of the conformance suites (v1, "
-                                   "v1.1 to v1.4) against this reader (default) or an "
+                                   "v1.1 to v1.5) against this reader (default) or an "
                                    "external one (protocol: spec/conformance.md); prints "
                                    "passed / failed / skipped per suite (or --json), exit "
                                    "status 1 on any failure, 2 when a suite or the error map "

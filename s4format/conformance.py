@@ -1,5 +1,5 @@
 """The conformance runner: every vector of the suites (``conformance/v1``, format 1.0, and
-``v1.1`` to ``v1.4``, what each later minor adds) against our reader in-process, or against an
+``v1.1`` to ``v1.5``, what each later minor adds) against our reader in-process, or against an
 external reader through the protocol of ``spec/conformance.md``; ``--device cuda`` adds GPU
 round trips (the AMI-build gate).
 
@@ -38,9 +38,9 @@ from s4format.errors import FormatError, S4Error, StorageError
 from s4format.objtree import TensorRef, Typed
 
 DEFAULT_SUITE = Path(__file__).resolve().parent.parent / "conformance" / "v1"
-# What a reader of format 1.4 passes: format 1.0's frozen suite and those each minor added.
+# What a reader of format 1.5 passes: format 1.0's frozen suite and those each minor added.
 DEFAULT_SUITES = (DEFAULT_SUITE, *(DEFAULT_SUITE.parent / v
-                                  for v in ("v1.1", "v1.2", "v1.3", "v1.4")))
+                                  for v in ("v1.1", "v1.2", "v1.3", "v1.4", "v1.5")))
 DEFAULT_TIMEOUT = 60.0
 # The error classes of spec/validation.md's table, the only names a rejection may give; the
 # library may have more (for its torch layer), which no reader of files raises.

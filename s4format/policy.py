@@ -40,7 +40,9 @@ _AUTO = {
 # an estimate e when 64 * s <= 65 * e. (A plane of 0s and 1s whose kind has no bitpack
 # candidate, such as an exponent plane, gets bitpack-w at w = 1: bitpack's bytes, codec 8.)
 PACKED_SLACK = (64, 65)
-_ENTROPY = frozenset((codecs.RANS, codecs.ZSTD, codecs.GDEFLATE, codecs.RANS_SEG))
+_ENTROPY = frozenset((codecs.RANS, codecs.ZSTD, codecs.GDEFLATE, codecs.RANS_SEG,
+                      codecs.SEG_LZ))
+_SEGMENTED = (codecs.RANS_SEG, codecs.SEG_LZ)
 # On the CPU GDeflate codes about 6x slower than zstd and rarely smaller (bench/RESULTS.md),
 # so auto estimates it only where zstd's estimate shows LZ-style redundancy that the order-0
 # rANS misses: zstd at least this much smaller than the best so far.
@@ -97,6 +99,10 @@ SEGMENTS_GAIN = 1 / 128
 # ... and is preferred to an LZ coder that stores at most this share of the plane less.
 SEGMENTS_SLACK = 1 / 128
 
+# Where a view's memo holds this key, codec 10 (seg-lz) tries zstd on a segment whose runs
+# pass its value rather than LZ_RUNS: the plane kind's bar, set by _add_segments.
+SEG_LZ_RUNS = "seg-lz runs"
+
 # Below this a plane is stored raw: coding cannot win back its own bookkeeping.
 MIN_CODED = 64
 
@@ -107,13 +113,14 @@ MIN_CODED = 64
 CODECS_OF_MINOR = {0: frozenset(range(1, 7)), 1: frozenset((*range(1, 7), codecs.BITPACK_W)),
                    3: frozenset((*range(1, 7), codecs.BITPACK_W, codecs.RANS_SEG))}
 CODECS_OF_MINOR[4] = CODECS_OF_MINOR[3]
+CODECS_OF_MINOR[5] = CODECS_OF_MINOR[4] | {codecs.SEG_LZ}
 # The first minor version with masked tensors (TensorRecord flag 0x02).
 MASKED_MINOR = 4
 
 
 def format_minor(policy: str) -> int:
     """The minor version a file written under ``policy`` declares: 0 for ``auto-1.0``, 1 for
-    ``seed`` (whose codecs 1.1 has), 4 for ``auto`` (codec 9, masked deltas)."""
+    ``seed`` (whose codecs 1.1 has), 5 for ``auto`` (codecs 9 and 10, masked deltas)."""
     return {"auto-1.0": 0, "seed": 1}.get(policy, MINOR)
 
 
@@ -224,7 +231,7 @@ def _rank(view: PlaneView, kind: int, policy: str, available: dict[int, codecs.C
         if est is not None and est < n:
             ranked.append((est, cid))
     if policy == "auto":
-        _add_segments(view, ranked, available)
+        _add_segments(view, ranked, available, kind)
     ranked.sort()
     if policy == "auto" and sparse(view):
         ranked = prefer_fast(ranked, view.size)
@@ -234,10 +241,11 @@ def _rank(view: PlaneView, kind: int, policy: str, available: dict[int, codecs.C
 
 
 def _add_segments(view: PlaneView, ranked: list[tuple[int, int]],
-                  available: dict[int, codecs.Codec]) -> None:
+                  available: dict[int, codecs.Codec], kind: int) -> None:
     """rans-seg's estimate added to ``ranked`` where rANS was estimated on the counted plane
     and segments store less than the best codec but the LZ ones by over
-    :data:`SEGMENTS_GAIN` (against those, :func:`prefer_segments` decides)."""
+    :data:`SEGMENTS_GAIN` (against those, :func:`prefer_segments` decides); and seg-lz's,
+    the same cut with zstd in the segments where it pays, where it stores less still."""
     seg = available.get(codecs.RANS_SEG)
     rans = any(c == codecs.RANS for _e, c in ranked)
     if seg is None or not rans or not view.counted or view.units is None:
@@ -245,8 +253,17 @@ def _add_segments(view: PlaneView, ranked: list[tuple[int, int]],
     est = seg.estimate_view(view)
     fast = min((e for e, c in ranked if c not in (codecs.ZSTD, codecs.GDEFLATE)),
                default=view.size)
-    if est is not None and est < fast * (1 - SEGMENTS_GAIN):
-        ranked.append((est, codecs.RANS_SEG))
+    if est is None or est >= fast * (1 - SEGMENTS_GAIN):
+        return
+    ranked.append((est, codecs.RANS_SEG))
+    lz = available.get(codecs.SEG_LZ)
+    if lz is not None:
+        # (segments take the plane kind's bar for LZ: an exponent's runs come from its scale)
+        view.memo[SEG_LZ_RUNS] = LZ_RUNS_EXPONENT if kind == layouts.KIND_EXPONENT \
+            else LZ_RUNS
+        lz_est = lz.estimate_view(view)
+        if lz_est is not None and lz_est < est:
+            ranked.append((lz_est, codecs.SEG_LZ))
 
 
 def _lz_tried(view: PlaneView, kind: int, policy: str) -> bool:
@@ -282,8 +299,7 @@ def prefer_segments(ranked: list[tuple[int, int]], n: int) -> list[tuple[int, in
     at most :data:`SEGMENTS_SLACK` of the plane's ``n`` bytes less: one zstd frame (or
     GDeflate stream) of a large plane codes and decodes on one core, segments on all of
     them, at memory speed where they are raw or packed."""
-    at = {c: i for i, (_e, c) in enumerate(ranked)}
-    s = at.get(codecs.RANS_SEG)
+    s = next((i for i, (_e, c) in enumerate(ranked) if c in _SEGMENTED), None)
     if s is None or s == 0 or ranked[0][1] not in (codecs.ZSTD, codecs.GDEFLATE) \
             or ranked[s][0] > ranked[0][0] + n * SEGMENTS_SLACK:
         return ranked

@@ -21,6 +21,7 @@ from s4format.codecs.registry import (
     RANS,
     RANS_SEG,
     RAW,
+    SEG_LZ,
     ZSTD,
     register,
 )
@@ -79,6 +80,7 @@ __all__ = [
     "RANS",
     "RANS_SEG",
     "RAW",
+    "SEG_LZ",
     "ZSTD",
     "Codec",
     "Encoded",

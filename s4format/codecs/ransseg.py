@@ -1,6 +1,7 @@
 """Codec 9, ``rans-seg``: a plane cut into segments, each stored by a codec of its own among
 raw, bitpack, rANS (with its own frequency table) and bitpack-w (``spec/codecs.md``,
-"9 — rans-seg"; format 1.3).
+"9 — rans-seg"; format 1.3); and codec 10, ``seg-lz``: the same, whose segments may also be
+zstd frames ("10 — seg-lz"; format 1.5).
 
 One table per plane (codec 4) fits a plane whose bytes follow one distribution. A flat buffer
 holding many parameters (FSDP1's FlatParameter, a flat optimizer partition) is many
@@ -10,6 +11,11 @@ cuts such a plane where a new table pays for itself, at multiples of 65,536 symb
 per-unit histograms counted in the writer's one pass over the words, and codes each segment as
 a plane of its own would be (bitpack-w unless rANS saves over 1/65 of it); the decoder runs
 the segments' codecs, each on its own range.
+
+Some parts of a flat buffer repeat (an embedding's optimizer moments, zero where a token never
+came, a zero-initialised block): there an LZ coder stores below the order-0 bound that rANS is
+held to, as it does for such a tensor stored alone. Codec 10 lets those segments be zstd; the
+writer tries zstd on a segment only where a sample of its bytes shows runs above chance.
 """
 
 from __future__ import annotations
@@ -25,7 +31,17 @@ from s4format import threads
 from s4format.codecs.abc import Codec, Encoded, Slicer
 from s4format.codecs.rans import HEADER_SIZE as RANS_HEADER
 from s4format.codecs.rans import LOG2_BLOCK_MAX, RansCodec
-from s4format.codecs.registry import BITPACK, BITPACK_W, RANS, RANS_SEG, RAW, register
+from s4format.codecs.registry import (
+    BITPACK,
+    BITPACK_W,
+    NAMES,
+    RANS,
+    RANS_SEG,
+    RAW,
+    SEG_LZ,
+    ZSTD,
+    register,
+)
 from s4format.codecs.view import UNIT, PlaneView
 from s4format.errors import CodecError
 from s4format.jit import kernel
@@ -35,6 +51,13 @@ COUNT = struct.Struct("<I")        # segment count k
 SEGMENT = struct.Struct("<QQHBBI")
 # The codecs a segment may take: each decodes from its bytes alone, at memory speed or rANS's.
 SEGMENT_CODECS = (RAW, BITPACK, RANS, BITPACK_W)
+# Codec 10's: those and zstd, whose frames decode at LZ speed, one per segment.
+LZ_SEGMENT_CODECS = (RAW, BITPACK, ZSTD, RANS, BITPACK_W)
+# zstd takes a segment where its estimate is below the segment's order-0 choice by this share:
+# below it the order-0 coders' speed wins.
+LZ_SEGMENT_GAIN = 1 / 64
+# Runs are taken from this many evenly spaced chunks of this many bytes of a longer segment.
+_RUN_CHUNKS, _RUN_CHUNK = 8, 2048
 # A segment other than the last holds a multiple of UNIT symbols (the writer's histogram
 # unit): it bounds the segment count by the plane's length, so no payload makes the decoder
 # loop over more segments than 65,536ths of the plane.
@@ -47,6 +70,7 @@ class RansSegCodec(Codec):
     codec_id = RANS_SEG
     name = "rans-seg"
     counts_estimate = True
+    segment_codecs = SEGMENT_CODECS
 
     def encode(self, plane: np.ndarray) -> Encoded | None:
         return self.encode_view(PlaneView.of(plane))
@@ -75,9 +99,9 @@ class RansSegCodec(Codec):
 
     def decode(self, payload: np.ndarray, decoded_len: int, params: bytes) -> np.ndarray:
         if params:
-            raise CodecError(params_error(len(params)))
+            raise CodecError(params_error(len(params), self.name))
         buf = as_bytes(payload)
-        table = read_table(buf, decoded_len)
+        table = read_table(buf, decoded_len, self.codec_id)
         out = np.empty(decoded_len, np.uint8)
 
         def one(i: int) -> None:
@@ -85,7 +109,8 @@ class RansSegCodec(Codec):
             try:
                 out[lo:lo + n] = codec.decode(buf[at:at + stored], n, sp)
             except CodecError as exc:
-                raise CodecError(segment_message(i, len(table), codec.name, str(exc))) from None
+                raise CodecError(segment_message(i, len(table), codec.name, str(exc),
+                                                 self.name)) from None
 
         if len(table) > 1:
             threads.pool().map(one, range(len(table)))
@@ -102,20 +127,29 @@ class RansSegCodec(Codec):
         if params:
             return None
         try:
-            table = read_table(buf, decoded_len)
+            table = read_table(buf, decoded_len, self.codec_id)
         except CodecError:
             return None
-        subs = []
+        subs: list[Slicer | None] = []
         for n, at, _lo, codec, sp, size in table:
-            stored = buf[at:at + size]
-            sub = codec.slicer(stored, n, sp)
-            if sub is None or sub.align > SEGMENT_UNIT:
-                try:
-                    whole = codec.decode(stored, n, sp)
-                except CodecError:
-                    return None
-                sub = Slicer(1, lambda a, b, w=whole: w[a:b])
-            subs.append(sub)
+            sub = codec.slicer(buf[at:at + size], n, sp)
+            subs.append(None if sub is None or sub.align > SEGMENT_UNIT else sub)
+        whole = [i for i, sub in enumerate(subs) if sub is None]
+
+        def decoded(i: int) -> Slicer | None:
+            n, at, _lo, codec, sp, size = table[i]
+            try:
+                out = codec.decode(buf[at:at + size], n, sp)
+            except CodecError:
+                return None
+            return Slicer(1, lambda a, b: out[a:b])
+
+        # (segments without a slicer, a zstd frame's, decode whole: on the workers, at once)
+        got = threads.pool().map(decoded, whole) if len(whole) > 1 else map(decoded, whole)
+        for i, sub in zip(whole, got):
+            if sub is None:
+                return None
+            subs[i] = sub
         starts = [row[2] for row in table]
 
         def get(lo: int, hi: int) -> np.ndarray | None:
@@ -130,7 +164,7 @@ class RansSegCodec(Codec):
                 lo, i = end, i + 1
             return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
-        return Slicer(max(s.align for s in subs), get)
+        return Slicer(max(s.align for s in subs), get)  # type: ignore[union-attr]
 
     def max_decoded_len(self, stored_len: int) -> int:
         # Densest: one segment, bitpack's 8 symbols per byte where a rANS header does not fit,
@@ -205,31 +239,33 @@ def _code_segment(view: PlaneView) -> tuple[int, int, np.ndarray | bytes]:
     return cid, (enc.params[0] if cid == BITPACK_W else 0), enc.payload
 
 
-def read_table(buf: np.ndarray, decoded_len: int) -> list[tuple]:
+def read_table(buf: np.ndarray, decoded_len: int, codec_id: int = RANS_SEG) -> list[tuple]:
     """Per segment (symbols, offset in the payload, offset in the plane, codec, its params,
-    stored bytes), checked against the payload and the plane."""
+    stored bytes), checked against the payload and the plane, for a plane of codec 9 or 10
+    (``codec_id``)."""
     from s4format import codecs
 
+    name = NAMES[codec_id]
     if buf.size < COUNT.size:
-        raise CodecError(f"rans-seg payload of {buf.size} bytes is shorter than its count")
+        raise CodecError(f"{name} payload of {buf.size} bytes is shorter than its count")
     (k,) = COUNT.unpack_from(buf[:COUNT.size].tobytes())
     if k == 0:
-        raise CodecError("rans-seg payload holds 0 segments")
+        raise CodecError(f"{name} payload holds 0 segments")
     body = COUNT.size + SEGMENT.size * k
     if body > buf.size:
-        raise CodecError(f"rans-seg segment table of {k} segments needs {body} bytes, the "
+        raise CodecError(f"{name} segment table of {k} segments needs {body} bytes, the "
                          f"payload has {buf.size}")
     rec = np.frombuffer(buf[COUNT.size:body].tobytes(), np.dtype([
         ("symbols", "<u8"), ("stored", "<u8"), ("codec", "<u2"), ("w", "u1"), ("r1", "u1"),
         ("r2", "<u4")]))
-    _check_records(rec)
+    _check_records(rec, codec_id)
     symbols = sum(int(n) for n in rec["symbols"].tolist())  # Python ints: u64 sums may wrap
     stored = sum(int(n) for n in rec["stored"].tolist())
     if symbols != decoded_len:
-        raise CodecError(f"rans-seg segments hold {symbols} symbols, plane declares "
+        raise CodecError(f"{name} segments hold {symbols} symbols, plane declares "
                          f"{decoded_len}")
     if body + stored != buf.size:
-        raise CodecError(f"rans-seg segments store {stored} bytes after a {body}-byte table, "
+        raise CodecError(f"{name} segments store {stored} bytes after a {body}-byte table, "
                          f"the payload has {buf.size}")
     rows, at, lo = [], body, 0
     for n, s, c, w in zip(rec["symbols"].tolist(), rec["stored"].tolist(),
@@ -239,19 +275,22 @@ def read_table(buf: np.ndarray, decoded_len: int) -> list[tuple]:
     return rows
 
 
-def segment_name(i: int, k: int, codec_name: str) -> str:
-    """Segment ``i`` of ``k`` as the decoder names it in its failures."""
-    return f"rans-seg segment {i} of {k} ({codec_name})"
+def segment_name(i: int, k: int, codec_name: str, plane_codec: str = "rans-seg") -> str:
+    """Segment ``i`` of ``k`` as the decoder names it in its failures (of a plane of codec
+    ``plane_codec``, by name)."""
+    return f"{plane_codec} segment {i} of {k} ({codec_name})"
 
 
-def segment_message(i: int, k: int, codec_name: str, msg: str) -> str:
+def segment_message(i: int, k: int, codec_name: str, msg: str,
+                    plane_codec: str = "rans-seg") -> str:
     """A segment's failure in the decoder's words."""
-    return f"{segment_name(i, k, codec_name)}: {msg}"
+    return f"{segment_name(i, k, codec_name, plane_codec)}: {msg}"
 
 
-def params_error(nbytes: int) -> str:
-    """The failure of a codec-9 plane given ``nbytes`` (> 0) of parameters."""
-    return f"rans-seg takes no parameters, got {nbytes} bytes"
+def params_error(nbytes: int, plane_codec: str = "rans-seg") -> str:
+    """The failure of a codec-9 (or 10: ``plane_codec``) plane given ``nbytes`` (> 0) of
+    parameters."""
+    return f"{plane_codec} takes no parameters, got {nbytes} bytes"
 
 
 def form_failure(buf: np.ndarray, table: list[tuple]) -> str | None:
@@ -270,16 +309,19 @@ def form_failure(buf: np.ndarray, table: list[tuple]) -> str | None:
     return None
 
 
-def _check_records(rec: np.ndarray) -> None:
-    """The segment records' own rules (spec/codecs.md, "9 — rans-seg"), first broken first."""
+def _check_records(rec: np.ndarray, codec_id: int) -> None:
+    """The segment records' own rules (spec/codecs.md, "9 — rans-seg" and "10 — seg-lz"),
+    first broken first."""
+    allowed = LZ_SEGMENT_CODECS if codec_id == SEG_LZ else SEGMENT_CODECS
+    takes = ", ".join(f"{NAMES[c]} ({c})" for c in allowed[:-1])
     checks = (
         (rec["symbols"] == 0, lambda i: "holds 0 symbols"),
         (np.append(rec["symbols"][:-1] % SEGMENT_UNIT != 0, False),
          lambda i: f"holds {int(rec['symbols'][i])} symbols, not a multiple of {SEGMENT_UNIT} "
                    "(only the last segment may)"),
-        (~np.isin(rec["codec"], SEGMENT_CODECS),
-         lambda i: f"names codec {int(rec['codec'][i])}; a segment takes raw (1), bitpack (2), "
-                   "rans (4) or bitpack-w (8)"),
+        (~np.isin(rec["codec"], allowed),
+         lambda i: f"names codec {int(rec['codec'][i])}; a segment takes {takes} or "
+                   f"{NAMES[allowed[-1]]} ({allowed[-1]})"),
         ((rec["codec"] == BITPACK_W) & ((rec["w"] < 1) | (rec["w"] > 7)),
          lambda i: f"is bitpack-w of width {int(rec['w'][i])}, not 1 to 7"),
         ((rec["codec"] != BITPACK_W) & (rec["w"] != 0),
@@ -289,7 +331,7 @@ def _check_records(rec: np.ndarray) -> None:
     bad = [(int(np.flatnonzero(mask)[0]), say) for mask, say in checks if mask.any()]
     if bad:
         i, say = min(bad, key=lambda b: b[0])
-        raise CodecError(f"rans-seg segment {i} {say(i)}")
+        raise CodecError(f"{NAMES[codec_id]} segment {i} {say(i)}")
 
 
 def segments(view: PlaneView) -> np.ndarray | None:
@@ -398,4 +440,92 @@ def _bits(h):  # pragma: no cover - compiled
     return acc
 
 
+class SegLzCodec(RansSegCodec):
+    """Codec 10: codec 9's segments, where a segment may also be one zstd frame."""
+
+    codec_id = SEG_LZ
+    name = "seg-lz"
+    segment_codecs = LZ_SEGMENT_CODECS
+
+    def encode_view(self, view: PlaneView) -> Encoded | None:
+        """The plane in :func:`segments`' cut, a segment zstd where :func:`_lz_plan` chose it;
+        None where it chose no zstd segment (codec 9 then codes the plane as well)."""
+        plan = _lz_plan(view)
+        if plan is None:
+            return None
+        coded = threads.pool().map(_code_lz_segment, plan)
+        return Encoded(assemble([(row[0].size, c, w, payload) for row, (c, w, payload)
+                                 in zip(plan, coded)]))
+
+    def estimate_view(self, view: PlaneView) -> int | None:
+        plan = _lz_plan(view)
+        if plan is None:
+            return None
+        return COUNT.size + sum(SEGMENT.size + est for _p, _c, est, _alt in plan)
+
+
+def _lz_plan(view: PlaneView) -> list[tuple[PlaneView, int, int, int]] | None:
+    """Per segment of :func:`segments`' cut: (its view, codec ID, estimate, estimate of its
+    order-0 choice), where zstd is estimated below that choice by :data:`LZ_SEGMENT_GAIN` on
+    a segment whose runs pass the gate; None where no segment takes zstd (memoised)."""
+    if "seg-lz" in view.memo:
+        return view.memo["seg-lz"]
+    from s4format import codecs
+    from s4format.policy import LZ_RUNS, SEG_LZ_RUNS
+
+    plan = None
+    parts = _parts(view)
+    if parts is not None:
+        gate = view.memo.get(SEG_LZ_RUNS, LZ_RUNS)  # (the plane kind's, where set)
+        zstd = codecs.get(ZSTD)
+        rows = []
+        for part in parts:
+            cid, est = _segment_choice(part)
+            row = (part, cid, est, est)
+            if _runs_above_chance(part) > gate:
+                z = zstd.estimate_view(part)
+                if z < est * (1 - LZ_SEGMENT_GAIN):
+                    row = (part, ZSTD, z, est)
+            rows.append(row)
+        if any(c == ZSTD for _p, c, _e, _a in rows):
+            plan = rows
+    view.memo["seg-lz"] = plan
+    return plan
+
+
+def _runs_above_chance(part: PlaneView) -> float:
+    """The share of a segment's bytes (of a sample of them, past _RUN_CHUNKS chunks) that
+    equal the byte before or exceed it by one, less what independent draws from its
+    histogram would give (as policy.lz_may_pay judges a plane)."""
+    n = part.size
+    if n < 2:
+        return 0.0
+    if n <= _RUN_CHUNKS * _RUN_CHUNK:
+        chunks = [part.bytes_at(0, n)]
+    else:
+        chunks = [part.bytes_at(a, a + _RUN_CHUNK) for a in
+                  np.linspace(0, n - _RUN_CHUNK, _RUN_CHUNKS).astype(np.int64).tolist()]
+    runs = pairs = 0
+    for b in chunks:
+        steps = b[1:].astype(np.int16) - b[:-1]
+        runs += int(np.count_nonzero(steps.view(np.uint16) <= 1))
+        pairs += b.size - 1
+    p = part.counts / n
+    return runs / pairs - float(np.dot(p, p) + np.dot(p[1:], p[:-1]))
+
+
+def _code_lz_segment(row: tuple[PlaneView, int, int, int]) -> tuple[int, int, np.ndarray | bytes]:
+    """(codec ID, bitpack-w's width or 0, stored bytes) of a segment of :func:`_lz_plan`: its
+    zstd frame where chosen and no larger than the order-0 choice's estimate, else that."""
+    from s4format import codecs
+
+    part, cid, _est, alt = row
+    if cid == ZSTD:
+        enc = codecs.get(ZSTD).encode_view(part)
+        if enc.nbytes < alt:
+            return ZSTD, 0, enc.payload
+    return _code_segment(part)
+
+
 register(RansSegCodec())
+register(SegLzCodec())

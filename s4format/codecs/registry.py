@@ -15,10 +15,11 @@ GDEFLATE = 5
 NVCOMP_ANS = 6
 BITPACK_W = 8
 RANS_SEG = 9  # format 1.3
+SEG_LZ = 10  # format 1.5
 
 NAMES = {RAW: "raw", BITPACK: "bitpack", ZSTD: "zstd", RANS: "rans", GDEFLATE: "gdeflate",
          NVCOMP_ANS: "nvcomp-ans", BITPACK_W: "bitpack-w",
-         RANS_SEG: "rans-seg"}
+         RANS_SEG: "rans-seg", SEG_LZ: "seg-lz"}
 
 _REGISTRY: dict[int, Codec] = {}
 

@@ -733,13 +733,13 @@ def flat_state() -> dict[str, Tensor]:
     return state
 
 
-def test_a_file_of_flat_buffers_round_trips_and_declares_format_1_4(monkeypatch) -> None:
+def test_a_file_of_flat_buffers_round_trips_and_declares_format_1_5(monkeypatch) -> None:
     state = flat_state()
     blob = s4format.dumps(state)
     with Reader(blob) as r:
-        assert r.version == (1, 4)
+        assert r.version == (1, 5)
         for t in r.tensors:
-            assert codecs.RANS_SEG in {p.codec for p in t.planes}, t.name
+            assert {codecs.RANS_SEG, codecs.SEG_LZ} & {p.codec for p in t.planes}, t.name
         got = r.load()
     assert {k: v.data.tobytes() for k, v in got.items()} == \
         {k: v.data.tobytes() for k, v in state.items()}

@@ -109,6 +109,22 @@ def test_v1_4_adds_masked_tensors(rendered) -> None:
                       "masked_forms": [True] * 7}
 
 
+def test_v1_5_adds_codec_10(rendered) -> None:
+    """Only v1.5 uses seg-lz, every vector of it does, its files declare minor 5, and its
+    valid vectors' codec-10 planes hold zstd segments, one of them of the writer's choice."""
+    earlier = [v["id"] for name in ("v1", "v1.1", "v1.2", "v1.3", "v1.4")
+               for v in json.loads(rendered[name]["manifest.json"])["vectors"]
+               if "seg-lz" in v["codecs"]]
+    assert earlier == []
+    v15 = json.loads(rendered["v1.5"]["manifest.json"])["vectors"]
+    assert all("seg-lz" in v["codecs"] for v in v15)
+    assert {rendered["v1.5"][v["file"]][10] for v in v15} == {5}
+    zstd = {v["id"] for v in v15 if v["expect"] == "valid" and any(
+        "zstd" in {c for _n, c in segs} for segs in generate.segment_codecs(
+            rendered["v1.5"][v["file"]], codecs.SEG_LZ).values())}
+    assert zstd == {"seglz_every_codec", "seglz_flat_moments", "seglz_base"}
+
+
 def test_v1_3_valid_segments_take_every_segment_codec(rendered) -> None:
     """The valid vectors' records name every codec a segment may take: raw, bitpack, rans in
     each mode and bitpack-w at two widths, and some plane ends in a partial segment."""

@@ -15,6 +15,7 @@ SUITE = conformance.DEFAULT_SUITE
 SUITE_1_1 = SUITE.parent / "v1.1"
 SUITE_1_3 = SUITE.parent / "v1.3"
 SUITE_1_4 = SUITE.parent / "v1.4"
+SUITE_1_5 = SUITE.parent / "v1.5"
 REFERENCE = f"{sys.executable} {SUITE.parent / 'reference_reader.py'}"
 
 
@@ -39,14 +40,14 @@ def test_every_vector_passes_on_the_cpu_reader(suite: Path, least: int) -> None:
     assert len(results) == len(conformance.load_manifest(suite)["vectors"]) > least
 
 
-def test_default_suites_are_v1_to_v1_4(monkeypatch) -> None:
+def test_default_suites_are_v1_to_v1_5(monkeypatch) -> None:
     ran = []
     monkeypatch.setattr(conformance, "run_suite", lambda suite, *_a, **_k: ran.append(suite) or [])
     monkeypatch.setattr(conformance, "print_table", lambda *_args: None)
     args = argparse.Namespace(reader=None, error_map=None, require=[], device="cpu", suite=None,
                               timeout=10.0, json=False, jobs=1)
     assert conformance.main(args) == 0
-    assert ran == [SUITE, SUITE_1_1, SUITE.parent / "v1.2", SUITE_1_3, SUITE_1_4]
+    assert ran == [SUITE, SUITE_1_1, SUITE.parent / "v1.2", SUITE_1_3, SUITE_1_4, SUITE_1_5]
 
 
 def test_reference_reader_through_the_protocol(tmp_path: Path) -> None:

@@ -57,7 +57,7 @@ def test_inspect(files) -> None:
     res = run("inspect", files["good"])
     assert res.returncode == 0, res.stderr
     lines = res.stdout.splitlines()
-    assert lines[0] == f"{files['good']}: .s4w 1.4, flags required=0x0 optional=0x0, alignment 64"
+    assert lines[0] == f"{files['good']}: .s4w 1.5, flags required=0x0 optional=0x0, alignment 64"
     assert lines[1].endswith(", full (no parent)")
     assert "  framework: test" in lines
     assert any(line.startswith("emb  bfloat16[2048]  bf16  raw 4096  stored ") for line in lines)
@@ -80,7 +80,7 @@ def test_inspect_json(files) -> None:
             assert got["stored_bytes"] == t.stored_nbytes == \
                 sum(p["stored_bytes"] for p in got["planes"])
             assert [p["offset"] for p in got["planes"]] == [p.offset for p in t.planes]
-    assert d["version"] == "1.4" and d["metadata"] == {"framework": "test"}
+    assert d["version"] == "1.5" and d["metadata"] == {"framework": "test"}
     assert d["totals"]["tensors"] == 4 and d["totals"]["raw_bytes"] == 4645
 
 

@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_the_reader_fuzz_target_runs_a_short_session(tmp_path: Path) -> None:
     corpus = tmp_path / "corpus"
     corpus.mkdir()
-    for version in ("v1.3", "v1.4"):
+    for version in ("v1.3", "v1.4", "v1.5"):
         for f in sorted((ROOT / "conformance" / version).glob("*.s4w"))[:12]:
             shutil.copy(f, corpus / f"{version}-{f.name}")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}

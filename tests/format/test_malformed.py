@@ -28,7 +28,7 @@ from s4format import (
     codecs,
     objtree,
 )
-from s4format.schema import FOOTER_SIZE, HEADER_SIZE, MAGIC
+from s4format.schema import FOOTER_SIZE, HEADER_SIZE, MAGIC, MINOR
 from tests.format.common import assert_same_tree, small_file, small_tree
 
 BLOB = small_file()
@@ -85,8 +85,8 @@ def test_unknown_major_version(major: int) -> None:
     def change(p: craft.Parts) -> None:
         p.header["major"] = major
     with pytest.raises(UnsupportedVersionError,
-                       match=f"format version {major}.4; this reader understands major version 1 "
-                             "only — upgrade"):
+                       match=f"format version {major}.{MINOR}; this reader understands major "
+                             "version 1 only — upgrade"):
         Reader(edited(change))
 
 

@@ -142,7 +142,7 @@ def test_sparse_deltas_are_masked_and_read_back_exactly(changed: float) -> None:
         for i, t in enumerate(r.tensors):
             assert r.read_raw(i).tobytes() == child[t.name].data.tobytes(), t.name
         assert verify(r) == []
-        assert r.version == (1, 4)
+        assert r.version >= (1, 4)
 
 
 def test_a_delta_that_changed_most_words_is_not_masked() -> None:
@@ -216,7 +216,7 @@ def test_a_writer_of_an_earlier_minor_refuses_a_masked_tensor() -> None:
         CodedPlane(layouts.KIND_RAW, 0, 1, 0, b"")), masked=True)
     with Writer(io.BytesIO(), policy="seed") as w, pytest.raises(ValueError, match="masked"):
         w.add_coded("t", dtypes.by_name("uint8"), (64,), coded, b"\0" * 16)
-    with Writer(io.BytesIO()) as w:  # auto: 1.4
+    with Writer(io.BytesIO()) as w:  # auto: 1.5
         from s4format import hashing
         w.add_coded("t", dtypes.by_name("uint8"), (64,), coded, hashing.content_hash(raw))
 

@@ -37,7 +37,7 @@ def test_the_reference_reader_reports_the_tree_through_the_protocol(tmp_path: Pa
 
 
 def test_the_cli_runs_it_by_default() -> None:
-    assert [s.name for s in PACKAGED_SUITES] == ["v1", "v1.1", "v1.2", "v1.3", "v1.4"]
+    assert [s.name for s in PACKAGED_SUITES] == ["v1", "v1.1", "v1.2", "v1.3", "v1.4", "v1.5"]
     assert (PACKAGED_SUITES[2] / "manifest.json").resolve() == (SUITE / "manifest.json")
 
 

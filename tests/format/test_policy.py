@@ -89,13 +89,13 @@ def plane_codecs(blob: bytes) -> dict[str, int]:
 def test_default_writer_declares_1_4_and_packs_the_bf16_mantissa() -> None:
     bits = bf16_weights()
     blob = s4format.dumps({"w": bits.view(np.uint8)}, policy="auto")
-    assert blob[8:12] == b"\x01\x00\x04\x00"
+    assert blob[8:12] == b"\x01\x00\x05\x00"
     buf = io.BytesIO()
     with Writer(buf) as w:
         w.add("w", s4format.Tensor(dtypes.by_name("bfloat16"), bits.shape, bits.view(np.uint8)))
     blob = buf.getvalue()
     with Reader(blob) as r:
-        assert (r.header.major, r.header.minor) == (1, 4)
+        assert (r.header.major, r.header.minor) == (1, 5)
         assert r.read_raw(0).tobytes() == bits.tobytes()
     assert plane_codecs(blob) == {"sign": BITPACK, "exponent": RANS, "mantissa0": BITPACK_W}
 
@@ -115,7 +115,7 @@ def test_auto_1_0_declares_1_0_and_never_uses_codec_8() -> None:
         assert s4format.verify(r) == []
 
 
-@pytest.mark.parametrize(("name", "minor"), [("auto", 4), ("seed", 1), ("auto-1.0", 0)])
+@pytest.mark.parametrize(("name", "minor"), [("auto", 5), ("seed", 1), ("auto-1.0", 0)])
 def test_format_minor_of_each_policy(name: str, minor: int) -> None:
     assert policy.format_minor(name) == minor
     assert s4format.dumps({}, policy=name)[10] == minor
@@ -153,7 +153,7 @@ def test_1_1_writers_accept_a_precoded_codec_8_plane(name: str) -> None:
 def test_reader_reads_1_0_and_1_1_files_alike() -> None:
     tree = {"w": bf16_weights().view(np.uint8), "x": np.linspace(-1, 1, 3000).astype("<f4")}
     blobs = [s4format.dumps(tree, policy=p) for p in ("auto", "auto-1.0")]
-    assert [b[10] for b in blobs] == [4, 0]
+    assert [b[10] for b in blobs] == [5, 0]
     for blob in blobs:
         with Reader(blob) as r:
             got = r.load()

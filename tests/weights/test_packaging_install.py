@@ -46,7 +46,7 @@ def test_s4weights_without_torch_names_the_install_command() -> None:
     assert res.stderr.startswith("error: s4weights convert needs PyTorch") and \
         "pip install 's4weights[torch]'" in res.stderr
     res = _python(_cli("s4weights", "--version"))
-    assert (res.returncode, res.stdout) == (0, "s4weights 0.1.0 (writes .s4w format 1.4)\n")
+    assert (res.returncode, res.stdout) == (0, "s4weights 0.1.0 (writes .s4w format 1.5)\n")
 
 
 def test_s4format_needs_no_torch_and_no_extra() -> None:
@@ -56,7 +56,7 @@ def test_s4format_needs_no_torch_and_no_extra() -> None:
                   "    print(r.read('w').to_numpy().tolist())\n"
                   + _cli("s4format", "--version"), hide=OPTIONAL)
     assert res.returncode == 0, res.stderr
-    assert res.stdout == "[0.0, 1.0, 2.0, 3.0, 4.0, 5.0]\ns4format 0.1.0 (.s4w format 1.4)\n"
+    assert res.stdout == "[0.0, 1.0, 2.0, 3.0, 4.0, 5.0]\ns4format 0.1.0 (.s4w format 1.5)\n"
 
 
 def test_the_namespace_is_what_all_lists() -> None:
@@ -94,7 +94,7 @@ def test_the_wheel_carries_vectors_kernels_and_scripts(tmp_path: Path) -> None:
     assert res.returncode == 0, res.stderr[-2000:]
     [wheel] = tmp_path.glob("s4weights-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    for suite in ("v1", "v1.1", "v1.2", "v1.3", "v1.4"):
+    for suite in ("v1", "v1.1", "v1.2", "v1.3", "v1.4", "v1.5"):
         want = {f"s4format/vectors/{suite}/{p.name}" for p in (ROOT / "conformance" / suite)
                 .iterdir()}
         assert want <= names, sorted(want - names)[:5]

@@ -124,9 +124,9 @@ def test_every_policy_round_trips(policy: str) -> None:
     assert_same(s4weights.load(buf.getvalue()), state)
     r = s4format.Reader(buf.getvalue())
     packed = any(p.codec == s4format.codecs.BITPACK_W for t in r.tensors for p in t.planes)
-    # auto bit-packs the 7-bit mantissa planes (format 1.1) and declares 1.4 (masked deltas);
-    # auto-1.0 writes a 1.0 file
-    assert (r.version, packed) == {"auto": ((1, 4), True), "seed": ((1, 1), False),
+    # auto bit-packs the 7-bit mantissa planes (format 1.1) and declares 1.5 (masked deltas,
+    # codec 10); auto-1.0 writes a 1.0 file
+    assert (r.version, packed) == {"auto": ((1, 5), True), "seed": ((1, 1), False),
                                    "auto-1.0": ((1, 0), False)}[policy]
 
 
