@@ -1969,7 +1969,20 @@ def seglz_vectors() -> list[Vector]:
                     policy="auto", minor=MINOR_1_5)
     chosen = segment_codecs(moments.data, codecs.SEG_LZ)
     assert any("zstd" in {c for _n, c in segs} for segs in chosen.values()), chosen
-    return [every_codec, moments]
+    n = 65_791
+    rle = b"\x28\xb5\x2f\xfd\x60" + struct.pack("<H", n - 256) + \
+        (1 | 1 << 1 | n << 3).to_bytes(3, "little") + b"\x07"  # RFC 8878: one RLE block
+    assert zstandard.ZstdDecompressor().decompress(rle) == b"\x07" * n
+    sevens = np.full(n, 7, np.uint8)
+    small = valid("seglz_rle_frame", "65,791 bytes 7 in one zstd segment, a frame of 11 bytes "
+                  "(one RLE block, a 2-byte content size): a 39-byte plane, within codec 10's "
+                  "max_decoded_len(39) = 32768 · 11 + 18 (codec 9's bound would be 88)",
+                  [*SEG_LZ_RULES, "validation.md#P4"],
+                  [TensorSpec("s", "uint8", (n,), sevens, force(
+                      sevens, "uint8", layouts.RAW,
+                      [seg_lz([], [lambda part: Segment(part.size, codecs.ZSTD, rle)])]))],
+                  policy="auto", minor=MINOR_1_5)
+    return [every_codec, moments, small]
 
 
 def seglz_read_vectors() -> list[Vector]:

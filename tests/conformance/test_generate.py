@@ -122,7 +122,7 @@ def test_v1_5_adds_codec_10(rendered) -> None:
     zstd = {v["id"] for v in v15 if v["expect"] == "valid" and any(
         "zstd" in {c for _n, c in segs} for segs in generate.segment_codecs(
             rendered["v1.5"][v["file"]], codecs.SEG_LZ).values())}
-    assert zstd == {"seglz_every_codec", "seglz_flat_moments", "seglz_base"}
+    assert zstd == {"seglz_every_codec", "seglz_flat_moments", "seglz_rle_frame", "seglz_base"}
 
 
 def test_v1_3_valid_segments_take_every_segment_codec(rendered) -> None:
