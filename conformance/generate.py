@@ -2002,6 +2002,10 @@ def seglz_read_vectors() -> list[Vector]:
     PLANE = (0, 0)
     segs = [coders[0](lz), coders[1](packed)]
     windowed = zstd_windowed(28)(lz)[0]
+    big = np.full(1 << 20, 7, np.uint8)
+    lying = rans_seg_payload([Segment(big.size, codecs.ZSTD, b"\x28\xb5\x2f\xfd\xa0" + struct.pack(
+        "<I", big.size) + (1 | 1 << 1 | SEG_UNIT << 3).to_bytes(3, "little") + b"\x07")])
+    assert len(lying) == 41
 
     def rebuilt(*segments: Segment) -> bytes:
         return replaced(base.data, PLANE, rans_seg_payload(list(segments)))
@@ -2033,6 +2037,13 @@ def seglz_read_vectors() -> list[Vector]:
         fail("seglz_zstd_truncated", "segment 0's zstd frame without its last byte",
              SEG_LZ_RULES, "CodecError",
              rebuilt(replace(segs[0], stored=segs[0].stored[:-1]), segs[1])),
+        fail("seglz_zstd_over_bound", "one zstd segment of 2^20 symbols, its frame 13 bytes (one "
+             "RLE block of 65,536, a 4-byte content size declaring 2^20): within the plane's "
+             "bound, max_decoded_len(41) = 2^20, but over codec 3's bound on the segment's 13 "
+             "bytes, 32768 · 13 + 18 (refused before decoding)", SEG_LZ_RULES, "CodecError",
+             write_file([TensorSpec("p", "uint8", (big.size,), big, force(
+                 big, "uint8", layouts.RAW, [lambda _p: (lying, b"", codecs.SEG_LZ)]))],
+                 {"p": TensorRef(0)}, policy="auto", minor=MINOR_1_5)),
         fail("seglz_zstd_window_2p28", "segment 0's zstd frame declares a window of 2^28 bytes "
              "(its data coded with a 1 KiB window)", ["codecs.md#3--zstd", *SEG_LZ_RULES],
              "CodecError", rebuilt(Segment(SEG_UNIT, codecs.ZSTD, windowed), segs[1])),

@@ -93,11 +93,14 @@ SAMPLE_MARGIN = 1 / 1024
 # Under ``auto``, a counted plane of at least view.UNITS_MIN bytes whose histogram changes along
 # it (a flat buffer of many parameters) takes rans-seg (codec 9: segments, each raw, packed or
 # rANS with a table of its own) where that is estimated to store less than the best codec of
-# the whole plane by more than this share. Below it the plane keeps that codec: the GPU
-# decodes codecs 1-8 itself, codec 9 on the host.
+# the whole plane by more than this share. Below it the plane keeps that codec: segments cost
+# a table each, and a plane of one codec is the simpler file.
 SEGMENTS_GAIN = 1 / 128
-# ... and is preferred to an LZ coder that stores at most this share of the plane less.
+# ... and is preferred to an LZ coder that stores at most this share of the plane less, and at
+# most SEGMENTS_SLACK_LZ of what the LZ coder stores: on a plane LZ shrinks far, the plane's
+# share would let the segments store several times more.
 SEGMENTS_SLACK = 1 / 128
+SEGMENTS_SLACK_LZ = 1 / 64
 
 # Where a view's memo holds this key, codec 10 (seg-lz) tries zstd on a segment whose runs
 # pass its value rather than LZ_RUNS: the plane kind's bar, set by _add_segments.
@@ -257,7 +260,10 @@ def _add_segments(view: PlaneView, ranked: list[tuple[int, int]],
         return
     ranked.append((est, codecs.RANS_SEG))
     lz = available.get(codecs.SEG_LZ)
-    if lz is not None:
+    # (not on a sign plane, as zstd is tried on a whole one only when sparse: on bench/flat.py's
+    # flat fp32 tensor its segments won back 0.03% of the tensor's bytes, for a third of the
+    # segments tried)
+    if lz is not None and kind != layouts.KIND_SIGN:
         # (segments take the plane kind's bar for LZ: an exponent's runs come from its scale)
         view.memo[SEG_LZ_RUNS] = LZ_RUNS_EXPONENT if kind == layouts.KIND_EXPONENT \
             else LZ_RUNS
@@ -295,13 +301,15 @@ def prefer_fast(ranked: list[tuple[int, int]], n: int) -> list[tuple[int, int]]:
 
 
 def prefer_segments(ranked: list[tuple[int, int]], n: int) -> list[tuple[int, int]]:
-    """``ranked`` with rans-seg moved to the front where an LZ coder ranks first and stores
-    at most :data:`SEGMENTS_SLACK` of the plane's ``n`` bytes less: one zstd frame (or
-    GDeflate stream) of a large plane codes and decodes on one core, segments on all of
-    them, at memory speed where they are raw or packed."""
+    """``ranked`` with the better of rans-seg and seg-lz moved to the front where an LZ coder
+    ranks first and stores at most :data:`SEGMENTS_SLACK` of the plane's ``n`` bytes less,
+    and at most :data:`SEGMENTS_SLACK_LZ` of its own estimate: one zstd frame (or GDeflate
+    stream) of a large plane codes and decodes on one core, segments on all of them, at
+    memory speed where they are raw or packed."""
     s = next((i for i, (_e, c) in enumerate(ranked) if c in _SEGMENTED), None)
     if s is None or s == 0 or ranked[0][1] not in (codecs.ZSTD, codecs.GDEFLATE) \
-            or ranked[s][0] > ranked[0][0] + n * SEGMENTS_SLACK:
+            or ranked[s][0] > ranked[0][0] + min(n * SEGMENTS_SLACK,
+                                                 ranked[0][0] * SEGMENTS_SLACK_LZ):
         return ranked
     return [ranked[s], *ranked[:s], *ranked[s + 1:]]
 

@@ -59,7 +59,7 @@ LZ_SEGMENT_GAIN = 1 / 64
 # codec 3's bound on a frame of s bytes: a * s + b symbols (spec/codecs.md, the registry)
 _ZSTD_BOUND = (32768, 18)
 # Runs are taken from this many evenly spaced chunks of this many bytes of a longer segment.
-_RUN_CHUNKS, _RUN_CHUNK = 8, 2048
+_RUN_CHUNKS, _RUN_CHUNK = 4, 2048
 # A segment other than the last holds a multiple of UNIT symbols (the writer's histogram
 # unit): it bounds the segment count by the plane's length, so no payload makes the decoder
 # loop over more segments than 65,536ths of the plane.
@@ -270,9 +270,16 @@ def read_table(buf: np.ndarray, decoded_len: int, codec_id: int = RANS_SEG) -> l
         raise CodecError(f"{name} segments store {stored} bytes after a {body}-byte table, "
                          f"the payload has {buf.size}")
     rows, at, lo = [], body, 0
-    for n, s, c, w in zip(rec["symbols"].tolist(), rec["stored"].tolist(),
-                          rec["codec"].tolist(), rec["w"].tolist()):
-        rows.append((n, at, lo, codecs.get(c), bytes([w]) if c == BITPACK_W else b"", s))
+    for i, (n, s, c, w) in enumerate(zip(rec["symbols"].tolist(), rec["stored"].tolist(),
+                                         rec["codec"].tolist(), rec["w"].tolist())):
+        codec = codecs.get(c)
+        # A zstd frame may declare any content size, and zstd allocates it before reading a
+        # block: codec 3's bound on the segment's bytes refuses a lying one first.
+        if c == ZSTD and n > codec.max_decoded_len(s):
+            raise CodecError(segment_message(
+                i, k, codec.name, f"declares {n} symbols from {s} stored bytes, beyond what "
+                "zstd can produce", name))
+        rows.append((n, at, lo, codec, bytes([w]) if c == BITPACK_W else b"", s))
         at, lo = at + s, lo + n
     return rows
 
@@ -489,15 +496,16 @@ def _lz_plan(view: PlaneView) -> list[tuple[PlaneView, int, int, int]] | None:
     if parts is not None:
         gate = view.memo.get(SEG_LZ_RUNS, LZ_RUNS)  # (the plane kind's, where set)
         zstd = codecs.get(ZSTD)
-        rows = []
-        for part in parts:
+
+        def row(part: PlaneView) -> tuple[PlaneView, int, int, int]:
             cid, est = _segment_choice(part)
-            row = (part, cid, est, est)
             if _runs_above_chance(part) > gate:
                 z = zstd.estimate_view(part)
                 if z < est * (1 - LZ_SEGMENT_GAIN):
-                    row = (part, ZSTD, z, est)
-            rows.append(row)
+                    return part, ZSTD, z, est
+            return part, cid, est, est
+
+        rows = threads.pool().map(row, parts)
         if any(c == ZSTD for _p, c, _e, _a in rows):
             plan = rows
     view.memo["seg-lz"] = plan

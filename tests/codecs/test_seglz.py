@@ -365,14 +365,16 @@ def test_a_window_of_exactly_2_27_is_taken() -> None:
     assert slices(CODEC, payload, len(plane), 1000) == want
 
 
-def test_a_single_segment_frame_over_2_27_is_refused_before_decoding() -> None:
-    # the frame's window is its content size, 2^27 + 65,536: refused from its header alone
+def test_a_segment_declaring_more_than_its_frame_can_hold_is_refused_before_decoding() -> None:
+    # 2^27 + 65,536 symbols from an 11-byte frame: beyond codec 3's bound on its bytes, refused
+    # from the records alone, before zstd would allocate what the frame declares
     n = (1 << 27) + UNIT
-    payload = build([(n, ZSTD, 0, rle_frame(UNIT, declared=n))])
+    frame = rle_frame(UNIT, declared=n)
+    payload = build([(n, ZSTD, 0, frame)])
     start = time.perf_counter()
     with pytest.raises(CodecError, match="^" + re.escape(
-            f"seg-lz segment 0 of 1 (zstd): zstd frame declares a window of {n} bytes, over "
-            "the format's 134217728")):
+            f"seg-lz segment 0 of 1 (zstd): declares {n} symbols from {len(frame)} stored "
+            "bytes, beyond what zstd can produce")):
         decode(payload, n)
     assert time.perf_counter() - start < 0.5
 

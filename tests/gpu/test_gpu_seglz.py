@@ -1,6 +1,7 @@
 """Codec 10 (seg-lz) on the GPU path: a flat buffer the CPU coder stores with zstd segments loads
 onto CUDA bit-exact (its tensor decoded on the host), beside tensors the GPU decodes itself, and
-the GPU coder never writes codec 10. Skipped without CUDA."""
+the GPU coder never writes codec 10 for the float tensors it codes on the device. Skipped without
+CUDA."""
 
 from __future__ import annotations
 
