@@ -1554,23 +1554,34 @@ def flat_weights_vector() -> Vector:
     return weights
 
 
+def two_segment_base(vid: str, description: str, rules: list[str], head: np.ndarray,
+                     head_coder: SegmentCoder, seed: int, plane_codec: Callable,
+                     minor: int) -> tuple[Vector, list[Segment], np.ndarray]:
+    """A valid uint8 plane of two segments, ``head`` coded by ``head_coder`` then 3001 bytes of
+    width 3 (from ``seed``) in bitpack-w, as codec 9 or 10 (``plane_codec``: rans_seg or
+    seg_lz): the file, its two segments and the second one's bytes."""
+    packed = rand_bytes(seed, 3001) & np.uint8(7)
+    packed[0] = 7
+    plane = np.concatenate([head, packed])
+    coders = [head_coder, bitpackw_segment(3)]
+    base = valid(vid, description, rules, [TensorSpec("p", "uint8", (plane.size,), plane, force(
+        plane, "uint8", layouts.RAW, [plane_codec([SEG_UNIT], coders)]))],
+        policy="auto", minor=minor)
+    return base, [coders[0](head), coders[1](packed)], packed
+
+
 def ransseg_read_vectors() -> list[Vector]:
     """The rules of codec 9 (R2), one each, made from a valid plane of two segments: 65,536
     symbols in rans (RANS mode, one block), then 3001 in bitpack-w at width 3."""
     low = np.where(rand_bytes(620, SEG_UNIT) < 16, 11, 10).astype(np.uint8)
-    packed = rand_bytes(621, 3001) & np.uint8(7)
-    packed[0] = 7
+    base, segs, packed = two_segment_base(
+        "ransseg_base", "the valid file the rans-seg must-fail vectors are made from: a uint8 "
+        "plane in two segments, 65,536 symbols in rans (RANS mode) and 3001 in bitpack-w at "
+        "width 3", RANS_SEG_RULES, low, rans_segment(MODE_RANS), 621, rans_seg, MINOR_1_3)
     plane = np.concatenate([low, packed])
     coders = [rans_segment(MODE_RANS), bitpackw_segment(3)]
-    base = valid("ransseg_base", "the valid file the rans-seg must-fail vectors are made from: "
-                 "a uint8 plane in two segments, 65,536 symbols in rans (RANS mode) and 3001 in "
-                 "bitpack-w at width 3", RANS_SEG_RULES,
-                 [TensorSpec("p", "uint8", (plane.size,), plane, force(
-                     plane, "uint8", layouts.RAW, [rans_seg([SEG_UNIT], coders)]))],
-                 policy="auto", minor=MINOR_1_3)
     PLANE = (0, 0)
     payload = craft.plane_bytes(craft.parse(base.data), *PLANE)
-    segs = [coders[0](low), coders[1](packed)]
     assert payload == rans_seg_payload(segs) == assemble(
         [(s.symbols, s.codec, s.w, s.stored) for s in segs]).tobytes()
     assert len(segs[1].stored) == -(-3 * 3001 // 8) == 1126
@@ -1989,18 +2000,11 @@ def seglz_read_vectors() -> list[Vector]:
     """Codec 10's rules beyond codec 9's, one each, made from a valid plane of two segments:
     65,536 symbols in zstd, then 3001 in bitpack-w at width 3."""
     lz = repeating(720, SEG_UNIT)
-    packed = rand_bytes(721, 3001) & np.uint8(7)
-    packed[0] = 7
-    plane = np.concatenate([lz, packed])
-    coders = [zstd_segment, bitpackw_segment(3)]
-    base = valid("seglz_base", "the valid file the seg-lz must-fail vectors are made from: a "
-                 "uint8 plane in two segments, 65,536 symbols in zstd and 3001 in bitpack-w at "
-                 "width 3", SEG_LZ_RULES,
-                 [TensorSpec("p", "uint8", (plane.size,), plane, force(
-                     plane, "uint8", layouts.RAW, [seg_lz([SEG_UNIT], coders)]))],
-                 policy="auto", minor=MINOR_1_5)
+    base, segs, _packed = two_segment_base(
+        "seglz_base", "the valid file the seg-lz must-fail vectors are made from: a uint8 plane "
+        "in two segments, 65,536 symbols in zstd and 3001 in bitpack-w at width 3",
+        SEG_LZ_RULES, lz, zstd_segment, 721, seg_lz, MINOR_1_5)
     PLANE = (0, 0)
-    segs = [coders[0](lz), coders[1](packed)]
     windowed = zstd_windowed(28)(lz)[0]
     big = np.full(1 << 20, 7, np.uint8)
     lying = rans_seg_payload([Segment(big.size, codecs.ZSTD, b"\x28\xb5\x2f\xfd\xa0" + struct.pack(
