@@ -513,8 +513,8 @@ def _lz_plan(view: PlaneView) -> list[tuple[PlaneView, int, int, int]] | None:
 
 
 def _runs_above_chance(part: PlaneView) -> float:
-    """The share of a segment's bytes (of a sample of them, past _RUN_CHUNKS chunks) that
-    equal the byte before or exceed it by one, less what independent draws from its
+    """The share of a segment's bytes (in _RUN_CHUNKS evenly spaced chunks of a longer one)
+    that equal the byte before or exceed it by one, less what independent draws from its
     histogram would give (as policy.lz_may_pay judges a plane)."""
     n = part.size
     if n < 2:
