@@ -96,9 +96,10 @@ SAMPLE_MARGIN = 1 / 1024
 # the whole plane by more than this share. Below it the plane keeps that codec: segments cost
 # a table each, and a plane of one codec is the simpler file.
 SEGMENTS_GAIN = 1 / 128
-# ... and is preferred to an LZ coder that stores at most this share of the plane less, and at
-# most SEGMENTS_SLACK_LZ of what the LZ coder stores: on a plane LZ shrinks far, the plane's
-# share would let the segments store several times more.
+# ... and is preferred to an LZ coder that stores at most this share of the plane less; seg-lz
+# (codec 10) only where that is also at most SEGMENTS_SLACK_LZ of what the LZ coder stores: on
+# a plane LZ shrinks far, the plane's share would let it store several times more, for no
+# decoder that codec 9's GPU decoding would gain.
 SEGMENTS_SLACK = 1 / 128
 SEGMENTS_SLACK_LZ = 1 / 64
 
@@ -301,15 +302,18 @@ def prefer_fast(ranked: list[tuple[int, int]], n: int) -> list[tuple[int, int]]:
 
 
 def prefer_segments(ranked: list[tuple[int, int]], n: int) -> list[tuple[int, int]]:
-    """``ranked`` with the better of rans-seg and seg-lz moved to the front where an LZ coder
-    ranks first and stores at most :data:`SEGMENTS_SLACK` of the plane's ``n`` bytes less,
-    and at most :data:`SEGMENTS_SLACK_LZ` of its own estimate: one zstd frame (or GDeflate
-    stream) of a large plane codes and decodes on one core, segments on all of them, at
-    memory speed where they are raw or packed."""
-    s = next((i for i, (_e, c) in enumerate(ranked) if c in _SEGMENTED), None)
-    if s is None or s == 0 or ranked[0][1] not in (codecs.ZSTD, codecs.GDEFLATE) \
-            or ranked[s][0] > ranked[0][0] + min(n * SEGMENTS_SLACK,
-                                                 ranked[0][0] * SEGMENTS_SLACK_LZ):
+    """``ranked`` with the better of rans-seg and seg-lz that qualifies moved to the front
+    where an LZ coder ranks first and it stores at most :data:`SEGMENTS_SLACK` of the plane's
+    ``n`` bytes more (seg-lz: and at most :data:`SEGMENTS_SLACK_LZ` of the LZ estimate): one
+    zstd frame (or GDeflate stream) of a large plane codes and decodes on one core, segments
+    on all of them, at memory speed where they are raw or packed."""
+    if not ranked or ranked[0][1] not in (codecs.ZSTD, codecs.GDEFLATE):
+        return ranked
+    lz = ranked[0][0]
+    s = next((i for i, (e, c) in enumerate(ranked) if c in _SEGMENTED and e <= lz + (
+        n * SEGMENTS_SLACK if c == codecs.RANS_SEG
+        else min(n * SEGMENTS_SLACK, lz * SEGMENTS_SLACK_LZ))), None)
+    if s is None:
         return ranked
     return [ranked[s], *ranked[:s], *ranked[s + 1:]]
 
