@@ -32,8 +32,7 @@ MAGIC = b"\x89S4W\r\n\x1a\n"
 END_MAGIC = b"\n\x1aS4WEND"
 MAJOR = 1
 # 1.1 added codec 8, bitpack-w; 1.3 codec 9, rans-seg; 1.4 masked tensors; 1.5 codec 10, seg-lz
-# (spec/README.md,
-# Versioning)
+# (spec/README.md, Versioning)
 MINOR = 5
 
 HEADER_SIZE = 32
