@@ -102,6 +102,10 @@ SEGMENTS_GAIN = 1 / 128
 # decoder that codec 9's GPU decoding would gain.
 SEGMENTS_SLACK = 1 / 128
 SEGMENTS_SLACK_LZ = 1 / 64
+# seg-lz is not tried on a plane whose one zstd frame is estimated under this share of
+# rans-seg's: the plane is mostly repeats, which one frame codes best, and the segments' zstd
+# trials added a quarter to the save of sorted int64 token IDs, changing no byte stored.
+SEG_LZ_FAR = 1 / 4
 
 # Where a view's memo holds this key, codec 10 (seg-lz) tries zstd on a segment whose runs
 # pass its value rather than LZ_RUNS: the plane kind's bar, set by _add_segments.
@@ -249,7 +253,8 @@ def _add_segments(view: PlaneView, ranked: list[tuple[int, int]],
     """rans-seg's estimate added to ``ranked`` where rANS was estimated on the counted plane
     and segments store less than the best codec but the LZ ones by over
     :data:`SEGMENTS_GAIN` (against those, :func:`prefer_segments` decides); and seg-lz's,
-    the same cut with zstd in the segments where it pays, where it stores less still."""
+    the same cut with zstd in the segments where it pays, where it stores less still (not
+    tried where one zstd frame stores far less: :data:`SEG_LZ_FAR`)."""
     seg = available.get(codecs.RANS_SEG)
     rans = any(c == codecs.RANS for _e, c in ranked)
     if seg is None or not rans or not view.counted or view.units is None:
@@ -264,7 +269,9 @@ def _add_segments(view: PlaneView, ranked: list[tuple[int, int]],
     # (not on a sign plane, as zstd is tried on a whole one only when sparse: on bench/flat.py's
     # flat fp32 tensor its segments won back 0.03% of the tensor's bytes, for a third of the
     # segments tried)
-    if lz is not None and kind != layouts.KIND_SIGN:
+    zstd = min((e for e, c in ranked if c == codecs.ZSTD), default=None)
+    if lz is not None and kind != layouts.KIND_SIGN and not (
+            zstd is not None and zstd < est * SEG_LZ_FAR):
         # (segments take the plane kind's bar for LZ: an exponent's runs come from its scale)
         view.memo[SEG_LZ_RUNS] = LZ_RUNS_EXPONENT if kind == layouts.KIND_EXPONENT \
             else LZ_RUNS

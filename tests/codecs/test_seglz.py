@@ -538,3 +538,21 @@ def test_coded_bytes_do_not_depend_on_the_thread_count(monkeypatch) -> None:
     assert codecs.SEG_LZ in {cid for cid, _ in out[0][0]}
     with Reader(out[0][1]) as r:   # decoded on two threads, segments in parallel
         assert r.read_raw(0).tobytes() == moments().tobytes()
+
+
+def test_seg_lz_is_not_tried_where_one_zstd_frame_stores_far_less(monkeypatch) -> None:
+    # Sorted token IDs: their second byte climbs in long runs, which one zstd frame stores in
+    # a thousandth of what rans-seg's segments take; seg-lz's trials there changed no byte.
+    ids = np.sort(np.random.default_rng(0).integers(0, 50_000, 2_000_000)).astype("<i8")
+    raw = ids.view(np.uint8)
+    tried = []
+    estimate = SegLzCodec.estimate_view
+    monkeypatch.setattr(SegLzCodec, "estimate_view",
+                        lambda self, view: tried.append(view.size) or estimate(self, view))
+    planes = code_tensor(raw, dtypes.by_name("int64")).planes
+    assert tried == []
+    assert planes[1].codec == codecs.ZSTD
+    assert planes[1].stored_len * 100 < ids.size
+    # where the frame does not store far less, seg-lz is still tried (and taken)
+    code_tensor(moments(), dtypes.by_name("float32"))
+    assert tried
