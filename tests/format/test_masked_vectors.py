@@ -1,5 +1,5 @@
 """The masked-word kernels run 64 words at a time as AVX-512 vectors where the CPU has them
-(masks by comparing words with zero, kept words by compressing stores and expanding loads):
+(masks by comparing words with zero, kept words by compressing and expanding loads):
 they give the bytes and find the zero words that the word-by-word loops of every other CPU
 do, at lengths around a block and a piece of work, sparse and dense, and for every dtype."""
 
@@ -92,3 +92,26 @@ def test_vector_and_word_loops_agree(tmp_path) -> None:
     # a generic CPU has no AVX-512: the word loops ran there, and gave the same bytes
     there = on_generic_cpu(tmp_path, __name__, "[masked.vector_blocks(), _digest()]")
     assert there == [False, _digest()]
+
+
+@pytest.mark.parametrize("dtype", UINT)
+def test_kept_words_are_written_within_their_array(dtype) -> None:
+    # Each vector is stored under a mask of its kept lanes: the words after the last kept one
+    # (here a sentinel in the same buffer) are never written, whatever the vector's length.
+    rng = np.random.default_rng(7)
+    top = np.iinfo(dtype).max
+    for n in (64, 100, 130, masked.PIECE + 70):
+        words = rng.integers(1, top, n, dtype=dtype, endpoint=True)
+        words[rng.random(n) < 0.5] = 0
+        words[-3:] = 1
+        mask, starts = masked.mask_of(words)
+        m = int(starts[-1])
+        guarded = np.empty(m + 64, dtype=dtype)
+        guarded.view(np.uint8)[:] = 0x5A
+        sentinel = guarded[m:].copy()
+        # (one piece at a time, as kept_words runs them, into the front of the guarded array)
+        for lo in range(0, n, masked.PIECE):
+            masked._by_mask(mask, lo, min(n, lo + masked.PIECE), words, guarded,
+                            int(starts[lo // masked.PIECE]), masked._COMPACT, words)
+        assert guarded[:m].tobytes() == words[words != 0].tobytes()
+        assert guarded[m:].tobytes() == sentinel.tobytes()
