@@ -1,7 +1,8 @@
 """The masked-word kernels run 64 words at a time as AVX-512 vectors where the CPU has them
-(masks by comparing words with zero, kept words by compressing and expanding loads):
-they give the bytes and find the zero words that the word-by-word loops of every other CPU
-do, at lengths around a block and a piece of work, sparse and dense, and for every dtype."""
+(masks by comparing words with zero, kept words by compressing in registers and expanding
+loads): they give the bytes and find the zero words that the word-by-word loops of every other
+CPU do, at lengths around a block and a piece of work, sparse and dense, and for every
+dtype."""
 
 from __future__ import annotations
 
