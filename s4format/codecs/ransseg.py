@@ -56,8 +56,6 @@ LZ_SEGMENT_CODECS = (RAW, BITPACK, ZSTD, RANS, BITPACK_W)
 # zstd takes a segment where its estimate is below the segment's order-0 choice by this share:
 # below it the order-0 coders' speed wins.
 LZ_SEGMENT_GAIN = 1 / 64
-# codec 3's bound on a frame of s bytes: a * s + b symbols (spec/codecs.md, the registry)
-_ZSTD_BOUND = (32768, 18)
 # Runs are taken from this many evenly spaced chunks of this many bytes of a longer segment.
 _RUN_CHUNKS, _RUN_CHUNK = 4, 2048
 # A segment other than the last holds a multiple of UNIT symbols (the writer's histogram
@@ -469,11 +467,12 @@ class SegLzCodec(RansSegCodec):
     def max_decoded_len(self, stored_len: int) -> int:
         # Codec 9's bound, or one zstd segment's (codec 3's bound on its bytes) where that is
         # more: a frame of one RLE block holds up to 65,791 symbols in 11 bytes.
+        from s4format import codecs
+
         body = stored_len - COUNT.size - SEGMENT.size
         if body <= 0:
             return 0
-        return max(super().max_decoded_len(stored_len),
-                   _ZSTD_BOUND[0] * body + _ZSTD_BOUND[1])
+        return max(super().max_decoded_len(stored_len), codecs.get(ZSTD).max_decoded_len(body))
 
     def estimate_view(self, view: PlaneView) -> int | None:
         plan = _lz_plan(view)
