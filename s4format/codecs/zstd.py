@@ -114,8 +114,9 @@ class ZstdCodec(Codec):
         return enc if enc is not None else self.encode(view.bytes())
 
     def estimate(self, plane: np.ndarray) -> int:
-        """Exact up to 8 samples' worth; above, 8 evenly spaced 64 KiB samples compressed on
-        their own and scaled (pessimistic: the whole plane can match across samples)."""
+        """Exact up to 8 samples' worth; above, 64 KiB samples at the middles of 8 equal
+        strips, compressed on their own and scaled (pessimistic: the whole plane can match
+        across samples)."""
         n = plane.size
         if n <= _SAMPLES * _SAMPLE:
             return self.encode(plane).nbytes
@@ -124,7 +125,10 @@ class ZstdCodec(Codec):
     def _sampled(self, n: int, part: Callable[[int, int], np.ndarray]) -> int:
         """:meth:`estimate` of an ``n``-byte plane above 8 samples, whose bytes [lo, hi)
         ``part`` gives."""
-        starts = np.linspace(0, n - _SAMPLE, _SAMPLES).astype(np.int64)
+        # (not at the plane's ends: an embedding's first and last rows, special tokens, can
+        # compress far better than the rest; MiniLM-L6's fp32 embedding sampled there was
+        # estimated 10.17 MB for a low mantissa plane that one frame codes in 11.45 MB)
+        starts = (np.arange(_SAMPLES) * 2 + 1) * (n // (2 * _SAMPLES)) - _SAMPLE // 2
         coder = self._compressor(self.level_for(n))
         stored = sum(len(coder.compress(np.ascontiguousarray(part(s, s + _SAMPLE)).data))
                      for s in starts.tolist())
