@@ -114,6 +114,11 @@ SEG_LZ_RUNS = "seg-lz runs"
 # Below this a plane is stored raw: coding cannot win back its own bookkeeping.
 MIN_CODED = 64
 
+# A codec whose encoding comes out over its estimate by more than this share (a sample that
+# misjudged the plane) does not stand untried against the next candidate: that one is coded
+# too where its estimate is smaller, and the smaller encoding kept.
+MISESTIMATE = 1 / 64
+
 
 # The codec IDs each minor version of format 1 defines (spec/README.md, "Versioning"). 7 stays
 # unassigned: the frozen conformance suite v1 uses it as its unknown codec (codec_7).
@@ -167,11 +172,18 @@ def encode_view(view: PlaneView, kind: int, policy: str = "auto") -> tuple[int, 
     if view.size < MIN_CODED:
         return codecs.RAW, Encoded(view.bytes())
     available = codecs.available()
-    for _est, cid in rank(view, kind, policy, available):
+    ranked = rank(view, kind, policy, available)
+    best: tuple[int, Encoded] | None = None
+    for i, (est, cid) in enumerate(ranked):
         enc = available[cid].encode_view(view)
-        if enc is not None and enc.nbytes < view.size:
-            return cid, enc
-    return codecs.RAW, Encoded(view.bytes())
+        if enc is None or enc.nbytes >= view.size:
+            continue
+        if best is None or enc.nbytes < best[1].nbytes:
+            best = cid, enc
+        if enc.nbytes <= est * (1 + MISESTIMATE) or i + 1 == len(ranked) \
+                or best[1].nbytes <= ranked[i + 1][0]:
+            break
+    return best if best is not None else (codecs.RAW, Encoded(view.bytes()))
 
 
 def estimate_view(view: PlaneView, kind: int, policy: str = "auto") -> int:

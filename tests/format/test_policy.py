@@ -211,3 +211,24 @@ def test_a_byte_plane_that_saves_a_little_is_counted_and_coded() -> None:
     assert view.counted and ranked[0][1] == RANS
     cid, enc = policy.encode_view(view, layouts.KIND_MANTISSA)
     assert cid == RANS and n * 0.99 < enc.nbytes < n * (1 - 1 / 1024)
+
+
+def test_a_codec_that_comes_out_far_over_its_estimate_is_tried_against_the_next(
+        monkeypatch) -> None:
+    # a sample that misjudges the plane (here zstd's, told to say a tenth of it) must not
+    # hand the plane to one frame when a segmented codec stores less
+    rng = np.random.default_rng(12)
+    plane = rng.integers(0, 256, 4 << 20, dtype=np.uint8)
+    plane[:256 << 10] = 0
+    zstd = codecs.get(ZSTD)
+    alone = zstd.encode(plane).nbytes
+    monkeypatch.setattr(type(zstd), "_sampled", lambda self, n, part: n // 10)
+    ranked = policy.rank(s4format.codecs.view.PlaneView.of(plane), layouts.KIND_MANTISSA,
+                         "auto", codecs.available())
+    assert ranked[0][1] == ZSTD
+    cid, enc = encode_plane(plane, layouts.KIND_MANTISSA, "auto")
+    assert cid in (RANS_SEG, codecs.SEG_LZ)
+    assert enc.nbytes < alone
+    back = codecs.get(cid).decode(np.frombuffer(bytes(enc.payload), np.uint8), plane.size,
+                                  enc.params)
+    assert back.tobytes() == plane.tobytes()
