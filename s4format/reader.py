@@ -21,7 +21,17 @@ from typing import Any
 import numpy as np
 from construct import ConstructError
 
-from s4format import budget, codecs, hashing, layouts, masked, objtree, threads, typedvalues
+from s4format import (
+    budget,
+    codecs,
+    hashing,
+    layouts,
+    masked,
+    objtree,
+    scratch,
+    threads,
+    typedvalues,
+)
 from s4format.errors import (
     BadMagicError,
     ChecksumError,
@@ -386,11 +396,19 @@ class Reader:
                                 f"the {p.stored_len} stored bytes at offset {p.offset} mismatch")
         return stored
 
-    def read_span(self, t: TensorInfo) -> tuple[int, np.ndarray]:
+    def read_span(self, t: TensorInfo, into: np.ndarray | None = None
+                  ) -> tuple[int, np.ndarray]:
         """All of a tensor's stored planes in one read (one ranged GET on S3): they are
-        contiguous but for alignment padding when written by our writer."""
+        contiguous but for alignment padding when written by our writer. ``into``: a buffer
+        of at least their length to read them into, where the source reads into buffers; the
+        bytes are then a read-only view of it."""
         lo, hi = _bounds(t)
-        return lo, self.source.read_at(lo, hi - lo)
+        read_into = getattr(self.source, "read_into", None)
+        if into is None or read_into is None or into.size < hi - lo:
+            return lo, self.source.read_at(lo, hi - lo)
+        span = read_into(lo, into[:hi - lo]).view()
+        span.flags.writeable = False
+        return lo, span
 
     def compact_span(self, t: TensorInfo) -> tuple[int, np.ndarray] | None:
         """:meth:`read_span` when the tensor's planes sit together (as our writer puts them),
@@ -482,10 +500,23 @@ class Reader:
             raise ContentHashError(f"{self.name}: tensor {t.name!r} content hash mismatch after "
                                    "decoding: the file is corrupt or its parent is wrong")
 
-    def _stored_planes(self, t: TensorInfo) -> list[np.ndarray]:
+    def _span_buffer(self, t: TensorInfo) -> np.ndarray | None:
+        """A reused buffer (:mod:`scratch`) to read ``t``'s stored planes into, where they sit
+        together and the source reads into buffers; else None. The caller gives it back."""
+        if not hasattr(self.source, "read_into") or not _compact(t):
+            return None
+        lo, hi = _bounds(t)
+        if hi > self.source.size():
+            return None  # (the read then says the file is truncated)
+        return scratch.take(hi - lo)
+
+    def _stored_planes(self, t: TensorInfo, into: np.ndarray | None = None
+                       ) -> list[np.ndarray]:
+        """The stored bytes of ``t``'s planes (read into ``into``, from :meth:`_span_buffer`,
+        where given)."""
+        span = self.read_span(t, into) if _compact(t) else None
         # Every plane's checksum (R1) before any decoding (R2), as the GPU decoder does: a
         # damaged plane is reported as such even when an earlier plane fails to decode.
-        span = self.compact_span(t)
         return threads.map_sized(lambda k: self.read_stored(t, k, span),
                                  range(len(t.planes)), t.raw_nbytes)
 
@@ -550,11 +581,18 @@ class Reader:
         """The bytes ``t``'s own planes decode to (a delta's XOR against its parent), and
         whether they are a new buffer, merged (else a plane as decoded or read, maybe shared,
         and ``leaves`` not filled)."""
-        stored = self._stored_planes(t)
-        raw = self._merged(t, stored, leaves=leaves)
-        if raw is not None:
-            return raw, True
-        return self._plane_by_plane(t, stored), False
+        buf = self._span_buffer(t)
+        try:
+            stored = self._stored_planes(t, buf)
+            raw = self._merged(t, stored, leaves=leaves)
+            if raw is not None:
+                return raw, True
+            raw = self._plane_by_plane(t, stored)
+            if buf is not None and np.may_share_memory(raw, buf):
+                raw = raw.copy()  # (a plane as stored: the buffer is read into again)
+            return raw, False
+        finally:
+            scratch.give(buf)
 
     def _xor_own(self, t: TensorInfo, acc: np.ndarray, leaves: np.ndarray | None = None
                  ) -> bool:
@@ -562,14 +600,18 @@ class Reader:
         layout allows; False where that merge stopped part way (``acc`` is then spoiled)
         although the planes decode whole. ``leaves`` (:meth:`_leaves`): filled with the leaf
         digests of ``acc`` after the XOR."""
-        stored = self._stored_planes(t)
-        if t.layout.merges_in_pieces(t.dtype.itemsize):
-            if self._merged(t, stored, xor_into=acc, leaves=leaves) is not None:
-                return True
-            self._plane_by_plane(t, stored)  # raises, naming what is wrong
-            return False
-        np.bitwise_xor(acc, self._plane_by_plane(t, stored), out=acc)
-        return True
+        buf = self._span_buffer(t)
+        try:
+            stored = self._stored_planes(t, buf)
+            if t.layout.merges_in_pieces(t.dtype.itemsize):
+                if self._merged(t, stored, xor_into=acc, leaves=leaves) is not None:
+                    return True
+                self._plane_by_plane(t, stored)  # raises, naming what is wrong
+                return False
+            np.bitwise_xor(acc, self._plane_by_plane(t, stored), out=acc)
+            return True
+        finally:
+            scratch.give(buf)
 
     def undo_delta(self, i: int, raw: np.ndarray) -> int:
         """Turn ``raw``, delta tensor i's bytes, into its parent's, in place: its own

@@ -78,7 +78,12 @@ class FileSource:
 
     def read_at(self, offset: int, length: int) -> np.ndarray:
         check_range(self.name, offset, length, self._size)
-        buf = np.empty(length, dtype=np.uint8)
+        return self.read_into(offset, np.empty(length, dtype=np.uint8))
+
+    def read_into(self, offset: int, buf: np.ndarray) -> np.ndarray:
+        """Fill ``buf`` (writable, contiguous uint8) with the bytes at ``offset``; ``buf``."""
+        length = buf.size
+        check_range(self.name, offset, length, self._size)
         done = 0
         while done < length:
             try:

@@ -1,0 +1,79 @@
+"""The buffers a file's stored bytes are read into and reused (s4format.scratch): what a load
+returns never shares them, they stay bounded, and a short file still reads as truncated."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import s4format
+from s4format import Reader, TruncatedError, codecs, scratch
+from s4format.tensor import Tensor
+
+
+@pytest.fixture(autouse=True)
+def _no_kept_buffers():
+    scratch.forget()
+    yield
+    scratch.forget()
+
+
+def _file(path, seed: int, n: int = 1 << 17) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    tree = {
+        # random bytes: the raw layout, one plane stored by codec raw (the decoded bytes are
+        # then the stored ones)
+        "ints": rng.integers(0, 256, n, dtype=np.uint8),
+        "floats": rng.standard_normal(n).astype(np.float32),
+    }
+    s4format.write(path, {k: Tensor.from_numpy(v) for k, v in tree.items()})
+    return tree
+
+
+def test_a_tensor_read_as_stored_does_not_share_the_reused_buffer(tmp_path) -> None:
+    first = _file(tmp_path / "a.s4w", 1)
+    second = _file(tmp_path / "b.s4w", 2)
+    with Reader(tmp_path / "a.s4w") as r:
+        ints = r.tensors[r.index_of("ints")]
+        assert [codecs.get(p.codec).name for p in ints.planes] == ["raw"]  # the case under test
+        got = {t.name: r.read(i) for i, t in enumerate(r.tensors)}
+    with Reader(tmp_path / "b.s4w") as r:  # reads into the buffers the first file used
+        again = {t.name: r.read(i) for i, t in enumerate(r.tensors)}
+    for name, want in first.items():
+        assert got[name].data.tobytes() == want.tobytes()
+        assert got[name].data.flags.writeable
+    for name, want in second.items():
+        assert again[name].data.tobytes() == want.tobytes()
+
+
+def test_a_plane_as_stored_is_copied_before_its_buffer_goes_back(tmp_path) -> None:
+    # (read level by level, a delta's parent bytes come from _own and are XORed after the
+    # buffer went back: another thread's read may be filling it by then)
+    _file(tmp_path / "a.s4w", 4)
+    with Reader(tmp_path / "a.s4w") as r:
+        raw, fresh = r._own(r.tensors[r.index_of("ints")])
+        assert not fresh and scratch._free
+        assert not any(np.may_share_memory(raw, b) for b in scratch._free)
+
+
+def test_kept_buffers_stay_under_the_bound(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(scratch, "KEEP", 1 << 20)
+    for seed, n in enumerate((1 << 16, 1 << 17, 1 << 18, 1 << 19)):
+        tree = _file(tmp_path / f"{seed}.s4w", seed, n)
+        with Reader(tmp_path / f"{seed}.s4w") as r:
+            for i, t in enumerate(r.tensors):
+                assert r.read(i).data.tobytes() == tree[t.name].tobytes()
+        assert sum(b.size for b in scratch._free) <= 1 << 20
+    assert scratch._free  # and something is kept for the next load
+
+
+def test_a_short_file_still_reads_as_truncated(tmp_path) -> None:
+    _file(tmp_path / "a.s4w", 3)
+    blob = (tmp_path / "a.s4w").read_bytes()
+    with Reader(tmp_path / "a.s4w") as r:
+        t = r.tensors[1]
+        lo = min(p.offset for p in t.planes)
+        # the planes of the float tensor cut off: the file keeps its index, loses their end
+        (tmp_path / "a.s4w").write_bytes(blob[:lo + 1000])
+        with pytest.raises(TruncatedError):
+            r.read(1)
