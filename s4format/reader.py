@@ -396,19 +396,11 @@ class Reader:
                                 f"the {p.stored_len} stored bytes at offset {p.offset} mismatch")
         return stored
 
-    def read_span(self, t: TensorInfo, into: np.ndarray | None = None
-                  ) -> tuple[int, np.ndarray]:
+    def read_span(self, t: TensorInfo) -> tuple[int, np.ndarray]:
         """All of a tensor's stored planes in one read (one ranged GET on S3): they are
-        contiguous but for alignment padding when written by our writer. ``into``: a buffer
-        of at least their length to read them into, where the source reads into buffers; the
-        bytes are then a read-only view of it."""
+        contiguous but for alignment padding when written by our writer."""
         lo, hi = _bounds(t)
-        read_into = getattr(self.source, "read_into", None)
-        if into is None or read_into is None or into.size < hi - lo:
-            return lo, self.source.read_at(lo, hi - lo)
-        span = read_into(lo, into[:hi - lo]).view()
-        span.flags.writeable = False
-        return lo, span
+        return lo, self.source.read_at(lo, hi - lo)
 
     def compact_span(self, t: TensorInfo) -> tuple[int, np.ndarray] | None:
         """:meth:`read_span` when the tensor's planes sit together (as our writer puts them),
@@ -500,21 +492,29 @@ class Reader:
             raise ContentHashError(f"{self.name}: tensor {t.name!r} content hash mismatch after "
                                    "decoding: the file is corrupt or its parent is wrong")
 
-    def _span_buffer(self, t: TensorInfo) -> np.ndarray | None:
-        """A reused buffer (:mod:`scratch`) to read ``t``'s stored planes into, where they sit
-        together and the source reads into buffers; else None. The caller gives it back."""
-        if not hasattr(self.source, "read_into") or not _compact(t):
-            return None
-        lo, hi = _bounds(t)
-        if hi > self.source.size():
-            return None  # (the read then says the file is truncated)
-        return scratch.take(hi - lo)
+    def _span_buffer(self, bounds: tuple[int, int] | None) -> np.ndarray | None:
+        """A reused buffer (:mod:`scratch`) to read a tensor's stored planes into, where they
+        sit together in ``bounds`` (:func:`_compact_bounds`) and the source reads into
+        buffers; else None. The caller gives it back."""
+        if bounds is None or bounds[1] > self.source.size() \
+                or not hasattr(self.source, "read_into"):
+            return None  # (a read past the end then says the file is truncated)
+        return scratch.take(bounds[1] - bounds[0])
 
-    def _stored_planes(self, t: TensorInfo, into: np.ndarray | None = None
-                       ) -> list[np.ndarray]:
-        """The stored bytes of ``t``'s planes (read into ``into``, from :meth:`_span_buffer`,
-        where given)."""
-        span = self.read_span(t, into) if _compact(t) else None
+    def _stored_planes(self, t: TensorInfo, bounds: tuple[int, int] | None,
+                       into: np.ndarray | None = None) -> list[np.ndarray]:
+        """The stored bytes of ``t``'s planes, read as one span where they sit together in
+        ``bounds`` (:func:`_compact_bounds`): into ``into`` where given (a read-only view of
+        it, from :meth:`_span_buffer`)."""
+        span = None
+        if bounds is not None:
+            lo, hi = bounds
+            if into is None:
+                span = lo, self.source.read_at(lo, hi - lo)
+            else:
+                view = self.source.read_into(lo, into[:hi - lo]).view()  # type: ignore
+                view.flags.writeable = False
+                span = lo, view
         # Every plane's checksum (R1) before any decoding (R2), as the GPU decoder does: a
         # damaged plane is reported as such even when an earlier plane fails to decode.
         return threads.map_sized(lambda k: self.read_stored(t, k, span),
@@ -581,9 +581,10 @@ class Reader:
         """The bytes ``t``'s own planes decode to (a delta's XOR against its parent), and
         whether they are a new buffer, merged (else a plane as decoded or read, maybe shared,
         and ``leaves`` not filled)."""
-        buf = self._span_buffer(t)
+        bounds = _compact_bounds(t)
+        buf = self._span_buffer(bounds)
         try:
-            stored = self._stored_planes(t, buf)
+            stored = self._stored_planes(t, bounds, buf)
             raw = self._merged(t, stored, leaves=leaves)
             if raw is not None:
                 return raw, True
@@ -600,9 +601,10 @@ class Reader:
         layout allows; False where that merge stopped part way (``acc`` is then spoiled)
         although the planes decode whole. ``leaves`` (:meth:`_leaves`): filled with the leaf
         digests of ``acc`` after the XOR."""
-        buf = self._span_buffer(t)
+        bounds = _compact_bounds(t)
+        buf = self._span_buffer(bounds)
         try:
-            stored = self._stored_planes(t, buf)
+            stored = self._stored_planes(t, bounds, buf)
             if t.layout.merges_in_pieces(t.dtype.itemsize):
                 if self._merged(t, stored, xor_into=acc, leaves=leaves) is not None:
                     return True
@@ -702,8 +704,16 @@ def _bounds(t: TensorInfo) -> tuple[int, int]:
 
 
 def _compact(t: TensorInfo) -> bool:
+    return _compact_bounds(t) is not None
+
+
+def _compact_bounds(t: TensorInfo) -> tuple[int, int] | None:
+    """:func:`_bounds` where the planes sit together (64 KiB of padding a plane at most),
+    else None."""
+    if not t.planes:
+        return None
     lo, hi = _bounds(t)
-    return bool(t.planes) and hi - lo <= t.stored_nbytes + 64 * len(t.planes) * 1024
+    return (lo, hi) if hi - lo <= t.stored_nbytes + 64 * len(t.planes) * 1024 else None
 
 
 def resolve_refs(obj: Any, tensor) -> Any:
