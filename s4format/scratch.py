@@ -10,12 +10,13 @@ allocator."""
 
 from __future__ import annotations
 
+import os
 import threading
 
 import numpy as np
 
-# Free buffers kept, in bytes at most; a buffer is as large as the tensors' stored bytes it
-# served, rounded up to a power of two.
+# Free buffers kept, in bytes at most; a buffer is as large as the stored bytes of the tensor
+# it was made for, rounded up to a power of two.
 KEEP = 64 << 20
 # Smaller reads come from the allocator's own reused memory, with no faults to save.
 MIN_READ = 64 << 10
@@ -51,3 +52,14 @@ def forget() -> None:
     """Let the kept buffers go (tests; a process that wants the memory back)."""
     with _lock:
         _free.clear()
+
+
+def _forget_in_child() -> None:
+    # A forked child keeps none of the parent's buffers; a lock that another of the
+    # parent's threads held stays held in the child.
+    global _lock, _free
+    _lock, _free = threading.Lock(), []
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_in_child)

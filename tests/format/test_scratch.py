@@ -3,6 +3,10 @@ returns never shares them, they stay bounded, and a short file still reads as tr
 
 from __future__ import annotations
 
+import os
+import signal
+import threading
+
 import numpy as np
 import pytest
 
@@ -77,3 +81,28 @@ def test_a_short_file_still_reads_as_truncated(tmp_path) -> None:
         (tmp_path / "a.s4w").write_bytes(blob[:lo + 1000])
         with pytest.raises(TruncatedError):
             r.read(1)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_takes_buffers_while_a_parent_thread_held_the_lock() -> None:
+    scratch.give(scratch.take(1 << 20))
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with scratch._lock:
+            held.set()
+            release.wait(10)
+    t = threading.Thread(target=hold)
+    t.start()
+    held.wait(10)
+    try:
+        pid = os.fork()
+        if pid == 0:  # the child: a take that waited on the copied lock would hang
+            signal.alarm(10)
+            ok = scratch.take(1 << 20) is not None and not scratch._free
+            os._exit(0 if ok else 1)
+    finally:
+        release.set()
+        t.join()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
