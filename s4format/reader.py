@@ -406,12 +406,12 @@ class Reader:
         """:meth:`read_span` when the tensor's planes sit together (as our writer puts them),
         else None: a hostile file whose planes lie far apart is read plane by plane instead
         of as one huge span."""
-        return self.read_span(t) if _compact(t) else None
+        return None if self.compact_bounds(t) is None else self.read_span(t)
 
     def compact_bounds(self, t: TensorInfo) -> tuple[int, int] | None:
         """The byte range :meth:`compact_span` reads (for a caller reading it its own way,
         e.g. in parallel pieces), or None when it reads none."""
-        return _bounds(t) if _compact(t) else None
+        return _compact_bounds(t)
 
     def read_plane(self, t: TensorInfo, plane_no: int,
                    span: tuple[int, np.ndarray] | None = None) -> np.ndarray:
@@ -494,7 +494,7 @@ class Reader:
 
     def _span_buffer(self, bounds: tuple[int, int] | None) -> np.ndarray | None:
         """A reused buffer (:mod:`scratch`) to read a tensor's stored planes into, where they
-        sit together in ``bounds`` (:func:`_compact_bounds`) and the source reads into
+        sit together in ``bounds`` (:meth:`compact_bounds`) and the source reads into
         buffers; else None. The caller gives it back."""
         if bounds is None or bounds[1] > self.source.size() \
                 or not hasattr(self.source, "read_into"):
@@ -504,7 +504,7 @@ class Reader:
     def _stored_planes(self, t: TensorInfo, bounds: tuple[int, int] | None,
                        into: np.ndarray | None = None) -> list[np.ndarray]:
         """The stored bytes of ``t``'s planes, read as one span where they sit together in
-        ``bounds`` (:func:`_compact_bounds`): into ``into`` where given (a read-only view of
+        ``bounds`` (:meth:`compact_bounds`): into ``into`` where given (a read-only view of
         it, from :meth:`_span_buffer`)."""
         span = None
         if bounds is not None:
@@ -581,7 +581,7 @@ class Reader:
         """The bytes ``t``'s own planes decode to (a delta's XOR against its parent), and
         whether they are a new buffer, merged (else a plane as decoded or read, maybe shared,
         and ``leaves`` not filled)."""
-        bounds = _compact_bounds(t)
+        bounds = self.compact_bounds(t)
         buf = self._span_buffer(bounds)
         try:
             stored = self._stored_planes(t, bounds, buf)
@@ -601,7 +601,7 @@ class Reader:
         layout allows; False where that merge stopped part way (``acc`` is then spoiled)
         although the planes decode whole. ``leaves`` (:meth:`_leaves`): filled with the leaf
         digests of ``acc`` after the XOR."""
-        bounds = _compact_bounds(t)
+        bounds = self.compact_bounds(t)
         buf = self._span_buffer(bounds)
         try:
             stored = self._stored_planes(t, bounds, buf)
@@ -701,10 +701,6 @@ def _bounds(t: TensorInfo) -> tuple[int, int]:
     if not t.planes:
         return 0, 0
     return (min(p.offset for p in t.planes), max(p.offset + p.stored_len for p in t.planes))
-
-
-def _compact(t: TensorInfo) -> bool:
-    return _compact_bounds(t) is not None
 
 
 def _compact_bounds(t: TensorInfo) -> tuple[int, int] | None:
