@@ -257,9 +257,16 @@ def compile_all() -> None:
         for module, name, func in _intrinsics:
             if module.get(name) is func:
                 module[name] = numba_intrinsic(func)
+        # Every kernel's dispatcher made first, then all put in place at once: a thread that
+        # calls a kernel already in place compiles it at once, outside this lock, and a kernel
+        # it calls that is still a placeholder fails its typing ("Untyped global name").
+        made: dict[int, tuple[dict[str, Any], dict[str, Any]]] = {}
         for module, name, func, options in _kernels:
             if isinstance(module.get(name), _Kernel):  # (a placeholder, or built)
                 try:
-                    module[name] = numba.njit(cache=True, nogil=True, **options)(func)
+                    kernel = numba.njit(cache=True, nogil=True, **options)(func)
                 except RuntimeError:  # no writable cache folder: compiled in each process
-                    module[name] = numba.njit(nogil=True, **options)(func)
+                    kernel = numba.njit(nogil=True, **options)(func)
+                made.setdefault(id(module), (module, {}))[1][name] = kernel
+        for module, kernels in made.values():
+            module.update(kernels)
