@@ -9,13 +9,14 @@ the tree references fit its decode budget. Deltas need their parent: pass it as 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import os
 import struct
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -501,6 +502,18 @@ class Reader:
             return None  # (a read past the end then says the file is truncated)
         return scratch.take(bounds[1] - bounds[0])
 
+    @contextlib.contextmanager
+    def _read_planes(self, t: TensorInfo
+                     ) -> Iterator[tuple[list[np.ndarray], np.ndarray | None]]:
+        """``t``'s stored planes (:meth:`_stored_planes`) and the reused buffer they were read
+        into (None where none was), given back on leaving."""
+        bounds = self.compact_bounds(t)
+        buf = self._span_buffer(bounds)
+        try:
+            yield self._stored_planes(t, bounds, buf), buf
+        finally:
+            scratch.give(buf)
+
     def _stored_planes(self, t: TensorInfo, bounds: tuple[int, int] | None,
                        into: np.ndarray | None = None) -> list[np.ndarray]:
         """The stored bytes of ``t``'s planes, read as one span where they sit together in
@@ -581,10 +594,7 @@ class Reader:
         """The bytes ``t``'s own planes decode to (a delta's XOR against its parent), and
         whether they are a new buffer, merged (else a plane as decoded or read, maybe shared,
         and ``leaves`` not filled)."""
-        bounds = self.compact_bounds(t)
-        buf = self._span_buffer(bounds)
-        try:
-            stored = self._stored_planes(t, bounds, buf)
+        with self._read_planes(t) as (stored, buf):
             raw = self._merged(t, stored, leaves=leaves)
             if raw is not None:
                 return raw, True
@@ -592,8 +602,6 @@ class Reader:
             if buf is not None and np.may_share_memory(raw, buf):
                 raw = raw.copy()  # (a plane as stored: the buffer is read into again)
             return raw, False
-        finally:
-            scratch.give(buf)
 
     def _xor_own(self, t: TensorInfo, acc: np.ndarray, leaves: np.ndarray | None = None
                  ) -> bool:
@@ -601,10 +609,7 @@ class Reader:
         layout allows; False where that merge stopped part way (``acc`` is then spoiled)
         although the planes decode whole. ``leaves`` (:meth:`_leaves`): filled with the leaf
         digests of ``acc`` after the XOR."""
-        bounds = self.compact_bounds(t)
-        buf = self._span_buffer(bounds)
-        try:
-            stored = self._stored_planes(t, bounds, buf)
+        with self._read_planes(t) as (stored, _buf):
             if t.layout.merges_in_pieces(t.dtype.itemsize):
                 if self._merged(t, stored, xor_into=acc, leaves=leaves) is not None:
                     return True
@@ -612,8 +617,6 @@ class Reader:
                 return False
             np.bitwise_xor(acc, self._plane_by_plane(t, stored), out=acc)
             return True
-        finally:
-            scratch.give(buf)
 
     def undo_delta(self, i: int, raw: np.ndarray) -> int:
         """Turn ``raw``, delta tensor i's bytes, into its parent's, in place: its own
