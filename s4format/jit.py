@@ -260,13 +260,13 @@ def compile_all() -> None:
         # Every kernel's dispatcher made first, then all put in place at once: a thread that
         # calls a kernel already in place compiles it at once, outside this lock, and a kernel
         # it calls that is still a placeholder fails its typing ("Untyped global name").
-        made: dict[int, tuple[dict[str, Any], dict[str, Any]]] = {}
+        made: list[tuple[dict[str, Any], str, Any]] = []
         for module, name, func, options in _kernels:
             if isinstance(module.get(name), _Kernel):  # (a placeholder, or built)
                 try:
                     kernel = numba.njit(cache=True, nogil=True, **options)(func)
                 except RuntimeError:  # no writable cache folder: compiled in each process
                     kernel = numba.njit(nogil=True, **options)(func)
-                made.setdefault(id(module), (module, {}))[1][name] = kernel
-        for module, kernels in made.values():
-            module.update(kernels)
+                made.append((module, name, kernel))
+        for module, name, kernel in made:
+            module[name] = kernel
