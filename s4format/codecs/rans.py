@@ -102,10 +102,11 @@ def _normalise(counts, freqs):  # pragma: no cover - compiled
         remainder[best] = -1
 
 
-def table_len(k: int) -> int:
+@kernel(inline="always")
+def table_len(k):
     """Bytes of :func:`table_bytes` for ``k`` present symbols."""
     size = BITMAP_SIZE + 2 * k
-    return size + -size % 4
+    return size + (4 - size % 4) % 4
 
 
 # Bits a symbol of frequency f costs: 12 - log2(f) (index 0 unused).
@@ -879,6 +880,63 @@ def _rans_stream(view: PlaneView | np.ndarray, log2_block: int, freqs: np.ndarra
     return out
 
 
+@kernel()
+def _rans_piece(words, shift, mask, log2_block, hist, scratch):  # pragma: no cover - compiled
+    """:func:`_rans_stream` of field (shift, mask) of ``words`` (at most one piece of blocks)
+    under the table normalised from ``hist``: (MODE_RANS, the stream), or (MODE_CONST, an
+    empty array) where every block holds one symbol; ``scratch`` holds a word a symbol."""
+    n = words.size
+    nb = (n + (1 << log2_block) - 1) >> log2_block
+    if _blocks_constant(words, shift, mask, log2_block):
+        return MODE_CONST, np.empty(0, np.uint8)
+    freqs = np.empty(256, np.int64)
+    _normalise(hist, freqs)
+    rows = np.zeros((256, 5), np.int64)
+    _encoder_rows(freqs, rows)
+    tab = np.empty(4 * 256, np.uint64)  # (as _packed_table lays it out)
+    k = 0
+    for s in range(256):
+        tab[4 * s] = rows[s, 0]
+        tab[4 * s + 1] = rows[s, 1]
+        tab[4 * s + 2] = rows[s, 3]
+        tab[4 * s + 3] = (rows[s, 4] << 8) | (rows[s, 2] + 32)
+        k += freqs[s] > 0
+    counts = np.empty(nb, np.int64)
+    states = np.empty(nb * LANES, np.int64)
+    _encode_range(words, shift, mask, log2_block, tab, scratch, counts, states, 0, nb)
+    total = 0
+    for b in range(nb):
+        total += counts[b]
+    size = BITMAP_SIZE + 2 * k
+    words_at = HEADER_SIZE + size + (4 - size % 4) % 4 + BLOCK_OVERHEAD * nb
+    out = np.empty(words_at + 2 * total, np.uint8)
+    out[0], out[1], out[2], out[3] = MODE_RANS, log2_block, 0, 0
+    for i in range(8):
+        out[4 + i] = (n >> (8 * i)) & 0xFF
+    out[HEADER_SIZE:HEADER_SIZE + BITMAP_SIZE] = 0
+    at = HEADER_SIZE + BITMAP_SIZE
+    for s in range(256):
+        if freqs[s] > 0:
+            out[HEADER_SIZE + (s >> 3)] |= 1 << (s & 7)
+            out[at], out[at + 1] = freqs[s] & 0xFF, freqs[s] >> 8
+            at += 2
+    blocks_at = words_at - BLOCK_OVERHEAD * nb
+    out[at:blocks_at] = 0  # (the table's padding)
+    # (words_at and blocks_at are multiples of 4; the stream is little-endian, as this CPU)
+    fixed = out[blocks_at:words_at].view(np.uint32)
+    for b in range(nb):
+        fixed[b] = counts[b]
+    for j in range(nb * LANES):
+        fixed[nb + j] = states[j]
+    coded = out[words_at:].view(np.uint16)
+    at = 0
+    for b in range(nb):
+        src = b << log2_block
+        coded[at:at + counts[b]] = scratch[src:src + counts[b]]
+        at += counts[b]
+    return MODE_RANS, out
+
+
 # Scratch kept per thread for the encoder, up to this many symbols (a piece's: 2 MiB); a
 # larger block's is made for the call.
 _SCRATCH_KEPT = _PIECE_SYMBOLS
@@ -918,9 +976,18 @@ class RansCodec(Codec):
             return Encoded(_raw_stream(view.bytes(), self.log2_block))
         if view.symbols == 1:
             return Encoded(_const_stream(view, LOG2_BLOCK_MAX))
-        if _blocks_constant(view.words, view.shift, view.mask, self.log2_block):
-            return Encoded(_const_stream(view, self.log2_block))
-        stream = _rans_stream(view, self.log2_block, normalise(view.counts))
+        if _n_blocks(n, self.log2_block) <= max(1, _PIECE_SYMBOLS >> self.log2_block):
+            # (one piece of work: counted, coded and laid out by one kernel, where the steps'
+            # calls took as long as the coding on a mid-size plane)
+            mode, stream = _rans_piece(view.words, view.shift, view.mask, self.log2_block,
+                                       np.ascontiguousarray(view.counts, dtype=np.int64),
+                                       _scratch(n))
+            if mode == MODE_CONST:
+                return Encoded(_const_stream(view, self.log2_block))
+        else:
+            if _blocks_constant(view.words, view.shift, view.mask, self.log2_block):
+                return Encoded(_const_stream(view, self.log2_block))
+            stream = _rans_stream(view, self.log2_block, normalise(view.counts))
         if stream.size >= HEADER_SIZE + n:
             return Encoded(_raw_stream(view.bytes(), self.log2_block))
         return Encoded(stream)
@@ -997,24 +1064,34 @@ class RansCodec(Codec):
         which ``counts`` is a sample (its cross-entropy scaled to ``n``)."""
         if n == 0:
             return HEADER_SIZE
-        # Where the header and table alone reach the cap below (a small plane of many
-        # symbols: a bias, a norm), the estimate is the cap, without normalising the table.
-        k = int(np.count_nonzero(counts))
-        if k > 1 and HEADER_SIZE + table_len(k) + BLOCK_OVERHEAD * _n_blocks(
-                n, self.log2_block) >= HEADER_SIZE + n:
-            return HEADER_SIZE + n
-        freqs = np.empty(256, dtype=np.int64)
-        bits, k, total = _estimate_bits(np.ascontiguousarray(counts, dtype=np.int64), freqs,
-                                        SYMBOL_BITS)
-        if k == 1:
-            return HEADER_SIZE + _n_blocks(n, LOG2_BLOCK_MAX)
-        if k == 0:
+        estimate = _estimate(np.ascontiguousarray(counts, dtype=np.int64), n, self.log2_block,
+                             SYMBOL_BITS)
+        if estimate < 0:
             raise ValueError("cannot estimate an empty histogram")
-        bits *= n / total
-        nb = _n_blocks(n, self.log2_block)
-        rans = (HEADER_SIZE + table_len(k) + BLOCK_OVERHEAD * nb
-                + 2 * math.ceil(bits / WORD_BITS))
-        return min(rans, HEADER_SIZE + n)
+        return estimate
+
+
+@kernel()
+def _estimate(counts, n, log2_block, symbol_bits):  # pragma: no cover - compiled
+    """:meth:`RansCodec.estimate_counts` of ``n`` > 0 symbols (-1 for an empty histogram),
+    in one call: its steps' calls took longer than their sums on a mid-size plane."""
+    k = 0
+    for s in range(256):
+        k += counts[s] > 0
+    nb = (n + (1 << log2_block) - 1) >> log2_block
+    # Where the header and table alone reach the cap below (a small plane of many symbols: a
+    # bias, a norm), the estimate is the cap, without normalising the table.
+    if k > 1 and table_len(k) + BLOCK_OVERHEAD * nb >= n:
+        return HEADER_SIZE + n
+    freqs = np.empty(256, np.int64)
+    bits, k, total = _estimate_bits(counts, freqs, symbol_bits)
+    if k == 1:
+        return HEADER_SIZE + ((n + (1 << LOG2_BLOCK_MAX) - 1) >> LOG2_BLOCK_MAX)
+    if k == 0:
+        return -1
+    bits *= n / total
+    rans = HEADER_SIZE + table_len(k) + BLOCK_OVERHEAD * nb + 2 * math.ceil(bits / WORD_BITS)
+    return min(rans, HEADER_SIZE + n)
 
 
 def _expect_size(buf: np.ndarray, size: int, mode: str) -> None:

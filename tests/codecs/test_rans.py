@@ -492,3 +492,27 @@ def test_pieces_coded_in_reused_scratch_give_the_stream_of_fresh_scratch(monkeyp
     for plane, stream in zip(planes, kept):
         assert np.array_equal(np.asarray(codec.encode(plane).payload), stream)
         assert np.array_equal(codec.decode(stream, plane.size, b""), plane)
+
+
+@pytest.mark.parametrize("dtype,shift,mask", [("<u2", 7, 0xFF), ("<u2", 0, 0x7F),
+                                               ("<u4", 23, 0xFF), ("<u4", 8, 0xFF)])
+def test_a_plane_of_one_piece_codes_as_the_stepwise_coder_does(dtype: str, shift: int,
+                                                               mask: int) -> None:
+    """A field of words coded by the one-call coder (planes of one piece of work) gives the
+    stream of the stepwise coder (normalise, tables, blocks, layout), around block edges and
+    for block sizes down to one row."""
+    from s4format.codecs.view import counted
+
+    rng = np.random.default_rng(20261205)
+    for n in (33, 4097, (1 << 16) - 1, 1 << 16, (1 << 16) + 1, 3 * (1 << 16) + 5):
+        values = (rng.standard_normal(n) * 0.02).astype("<f4").view("<u4")
+        words = (values >> 16).astype("<u2") if dtype == "<u2" else values
+        view = counted(words, np.array([shift]), np.array([mask]))[0]
+        for log2_block in (5, 10, 16):
+            mode, stream = rans._rans_piece(view.words, shift, mask, log2_block,
+                                            view.counts.astype(np.int64), rans._scratch(n))
+            assert mode == MODE_RANS
+            want = _rans_stream(view, log2_block, normalise(view.counts))
+            assert np.array_equal(stream, want), (n, log2_block)
+            assert np.array_equal(RansCodec(log2_block).decode(stream, n, b""),
+                                  ((words.astype(np.int64) >> shift) & mask).astype(np.uint8))
