@@ -26,7 +26,7 @@ import numpy as np
 from s4format import threads
 from s4format.codecs.abc import Codec, Encoded, Slicer
 from s4format.codecs.registry import RANS, register
-from s4format.codecs.view import PlaneView
+from s4format.codecs.view import PIECE, PlaneView
 from s4format.errors import CodecError, LimitError
 from s4format.jit import constant, intrinsic, kernel, vbmi2_vectors
 
@@ -1035,6 +1035,13 @@ class RansCodec(Codec):
             return Slicer(1 << log2_block, lambda lo, hi: np.repeat(
                 firsts[lo >> log2_block:_n_blocks(hi, log2_block)],
                 _block_lengths(n, log2_block)[lo >> log2_block:_n_blocks(hi, log2_block)]))
+        if mode == MODE_RANS and n <= PIECE and buf.ctypes.data % 2 == 0:
+            # (a plane a merge takes in one piece: decoded now, in one call, where the steps'
+            # calls took a good share of a mid-size plane's decode; a stream with anything
+            # wrong goes on below, which finds the corrupt blocks)
+            out = np.empty(n, np.uint8)
+            if not _decode_piece(buf, n, log2_block, out):
+                return Slicer(1 << log2_block, lambda lo, hi: out[lo:hi])
         if mode == MODE_RANS:
             try:
                 blocks = _Blocks(buf, n, log2_block)
@@ -1159,6 +1166,34 @@ class _Blocks:
         out = np.empty(hi - lo, dtype=np.uint8)
         b0, b1 = lo >> self.log2_block, _n_blocks(hi, self.log2_block)
         return None if self.decode(b0, b1, out).any() else out
+
+
+@kernel()
+def _decode_piece(buf, n, log2_block, out):  # pragma: no cover - compiled
+    """Decode the RANS-mode stream ``buf`` of ``n`` symbols (header checked, ``buf`` 2-byte
+    aligned) into ``out``, as :class:`_Blocks` checks and decodes it: 0, or 1 where anything
+    is wrong (:class:`_Blocks` then finds what)."""
+    freqs = np.zeros(256, np.int64)
+    fault, _k, pos = _table_at(buf, HEADER_SIZE, freqs)
+    if fault:
+        return 1
+    nb = (n + (1 << log2_block) - 1) >> log2_block
+    words_at = pos + BLOCK_OVERHEAD * nb
+    if buf.size < words_at:
+        return 1
+    offsets = np.empty(nb + 1, np.int64)
+    states = np.empty(nb * LANES, np.int64)
+    over, _count = _block_index(buf, pos, n, log2_block, offsets, states)
+    if over >= 0 or buf.size != words_at + 2 * offsets[nb]:
+        return 1
+    words = buf[words_at:].view(np.uint16)
+    errors = np.zeros(nb, np.int64)
+    _decode_blocks(words, offsets, states, _decoder_slots(freqs), log2_block, n, out, errors,
+                   0, nb)
+    for b in range(nb):
+        if errors[b]:
+            return 1
+    return 0
 
 
 @kernel()

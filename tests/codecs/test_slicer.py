@@ -78,3 +78,19 @@ def test_a_field_overflow_falls_back_to_whole_planes() -> None:
     stored = [(codecs.RAW, p, n, b"") for p in planes]  # mantissa 0x80: wider than 7 bits
     assert layouts.merge_stored(layouts.BF16, 2, 2 * n, stored) is None
     assert layouts.merge_stored(layouts.RAW, 1, n, stored[:1]) is None
+
+
+def test_a_plane_of_one_piece_with_a_corrupt_block_still_slices_block_by_block() -> None:
+    """A rANS plane that a merge takes in one piece is decoded whole when its slicer is made;
+    where that finds anything wrong, the slicer still gives each good block and None for the
+    corrupt ones, as for a larger plane."""
+    plane = _planes()[0][1]
+    assert plane.size <= PIECE
+    codec = codecs.get(codecs.RANS)
+    good = np.frombuffer(bytes(codec.encode(plane).payload), np.uint8)
+    assert codec.slicer(good, plane.size, b"").get(0, plane.size).tobytes() == plane.tobytes()
+    bad = good.copy()
+    bad[-3] ^= 0x5A
+    s = codec.slicer(bad, plane.size, b"")
+    assert s.get(0, 1 << 16).tobytes() == plane[:1 << 16].tobytes()
+    assert s.get(2 << 16, plane.size) is None
