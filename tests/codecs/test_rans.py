@@ -516,3 +516,17 @@ def test_a_plane_of_one_piece_codes_as_the_stepwise_coder_does(dtype: str, shift
             assert np.array_equal(stream, want), (n, log2_block)
             assert np.array_equal(RansCodec(log2_block).decode(stream, n, b""),
                                   ((words.astype(np.int64) >> shift) & mask).astype(np.uint8))
+
+
+def test_a_plane_of_one_piece_decodes_whole_in_one_call_and_names_what_is_wrong() -> None:
+    """Whole-plane decodes of one piece take the one-call decoder; a stream it finds anything
+    wrong in fails with the block-by-block decoder's message."""
+    rng = np.random.default_rng(20261205)
+    plane = (rng.standard_normal(70_000) * 2 + 100).clip(0, 255).astype(np.uint8)
+    good = as_array(DEFAULT.encode(plane).payload)
+    assert mode_of(good) == MODE_RANS
+    assert DEFAULT.decode(good, plane.size, b"").tobytes() == plane.tobytes()
+    bad = good.copy()
+    bad[-3] ^= 0x5A
+    with pytest.raises(CodecError, match="rans block 1 of 2 is corrupt"):
+        DEFAULT.decode(bad, plane.size, b"")
