@@ -907,8 +907,7 @@ def _rans_piece(words, shift, mask, log2_block, hist, scratch):  # pragma: no co
     total = 0
     for b in range(nb):
         total += counts[b]
-    size = BITMAP_SIZE + 2 * k
-    words_at = HEADER_SIZE + size + (4 - size % 4) % 4 + BLOCK_OVERHEAD * nb
+    words_at = HEADER_SIZE + table_len(k) + BLOCK_OVERHEAD * nb
     out = np.empty(words_at + 2 * total, np.uint8)
     out[0], out[1], out[2], out[3] = MODE_RANS, log2_block, 0, 0
     for i in range(8):
