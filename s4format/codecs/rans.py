@@ -280,12 +280,20 @@ def _blocks_constant(words, shift, mask, log2_block):  # pragma: no cover - comp
 
 
 def _packed_table(tab: np.ndarray) -> np.ndarray:
-    """:func:`_encoder_table` as the kernel reads it: per symbol four uint64, x_max, rcp,
-    bias and (4096 - freq) << 8 | (32 + shift)."""
-    out = np.empty((256, 4), np.uint64)
-    out[:, 0], out[:, 1], out[:, 2] = tab[:, 0], tab[:, 1], tab[:, 3]
-    out[:, 3] = (tab[:, 4] << 8) | (tab[:, 2] + 32)
-    return out.reshape(-1)
+    """:func:`_encoder_table` as the kernel reads it (:func:`_packed_rows`)."""
+    return _packed_rows(np.ascontiguousarray(tab, dtype=np.int64))
+
+
+@kernel()
+def _packed_rows(tab):  # pragma: no cover - compiled
+    """Per symbol four uint64: x_max, rcp, bias and (4096 - freq) << 8 | (32 + shift)."""
+    out = np.empty(4 * 256, np.uint64)
+    for s in range(256):
+        out[4 * s] = tab[s, 0]
+        out[4 * s + 1] = tab[s, 1]
+        out[4 * s + 2] = tab[s, 3]
+        out[4 * s + 3] = (tab[s, 4] << 8) | (tab[s, 2] + 32)
+    return out
 
 
 def _encode_blocks(plane: np.ndarray, log2_block: int, tab: np.ndarray, scratch: np.ndarray,
@@ -861,16 +869,8 @@ def _rans_stream(view: PlaneView | np.ndarray, log2_block: int, freqs: np.ndarra
         parts[b0] = words
 
     _block_pieces(nb, log2_block, piece)
-    table = table_bytes(freqs)
-    words_at = HEADER_SIZE + len(table) + BLOCK_OVERHEAD * nb
-    total = int(counts.sum())
-    out = np.empty(words_at + 2 * total, dtype=np.uint8)
-    out[:HEADER_SIZE] = np.frombuffer(HEADER.pack(MODE_RANS, log2_block, 0, n), np.uint8)
-    pos = HEADER_SIZE + len(table)
-    out[HEADER_SIZE:pos] = np.frombuffer(table, np.uint8)
-    out[pos:pos + 4 * nb] = counts.astype("<u4").view(np.uint8)
-    pos += 4 * nb
-    out[pos:words_at] = states.astype("<u4").view(np.uint8)
+    out, words_at = _laid_out(np.ascontiguousarray(freqs, dtype=np.int64), log2_block, n,
+                              counts, states)
     words = out[words_at:].view(np.uint16)
     at = 0
     for b0 in sorted(parts):
@@ -881,30 +881,14 @@ def _rans_stream(view: PlaneView | np.ndarray, log2_block: int, freqs: np.ndarra
 
 
 @kernel()
-def _rans_piece(words, shift, mask, log2_block, hist, scratch):  # pragma: no cover - compiled
-    """:func:`_rans_stream` of field (shift, mask) of ``words`` (at most one piece of blocks)
-    under the table normalised from ``hist``: (MODE_RANS, the stream), or (MODE_CONST, an
-    empty array) where every block holds one symbol; ``scratch`` holds a word a symbol."""
-    n = words.size
-    nb = (n + (1 << log2_block) - 1) >> log2_block
-    if _blocks_constant(words, shift, mask, log2_block):
-        return MODE_CONST, np.empty(0, np.uint8)
-    freqs = np.empty(256, np.int64)
-    _normalise(hist, freqs)
-    rows = np.zeros((256, 5), np.int64)
-    _encoder_rows(freqs, rows)
-    tab = np.empty(4 * 256, np.uint64)  # (as _packed_table lays it out)
-    k = 0
+def _laid_out(freqs, log2_block, n, counts, states):  # pragma: no cover - compiled
+    """A RANS-mode stream of ``n`` symbols under ``freqs`` with its header, table, block word
+    counts and final states written, and room after them for its coded words (the counts
+    summed, two bytes each): (the stream, where its words start)."""
+    nb = counts.size
+    k, total = 0, 0
     for s in range(256):
-        tab[4 * s] = rows[s, 0]
-        tab[4 * s + 1] = rows[s, 1]
-        tab[4 * s + 2] = rows[s, 3]
-        tab[4 * s + 3] = (rows[s, 4] << 8) | (rows[s, 2] + 32)
         k += freqs[s] > 0
-    counts = np.empty(nb, np.int64)
-    states = np.empty(nb * LANES, np.int64)
-    _encode_range(words, shift, mask, log2_block, tab, scratch, counts, states, 0, nb)
-    total = 0
     for b in range(nb):
         total += counts[b]
     words_at = HEADER_SIZE + table_len(k) + BLOCK_OVERHEAD * nb
@@ -927,6 +911,27 @@ def _rans_piece(words, shift, mask, log2_block, hist, scratch):  # pragma: no co
         fixed[b] = counts[b]
     for j in range(nb * LANES):
         fixed[nb + j] = states[j]
+    return out, words_at
+
+
+@kernel()
+def _rans_piece(words, shift, mask, log2_block, hist, scratch):  # pragma: no cover - compiled
+    """:func:`_rans_stream` of field (shift, mask) of ``words`` (at most one piece of blocks)
+    under the table normalised from ``hist``: (MODE_RANS, the stream), or (MODE_CONST, an
+    empty array) where every block holds one symbol; ``scratch`` holds a word a symbol."""
+    n = words.size
+    nb = (n + (1 << log2_block) - 1) >> log2_block
+    if _blocks_constant(words, shift, mask, log2_block):
+        return MODE_CONST, np.empty(0, np.uint8)
+    freqs = np.empty(256, np.int64)
+    _normalise(hist, freqs)
+    rows = np.zeros((256, 5), np.int64)
+    _encoder_rows(freqs, rows)
+    counts = np.empty(nb, np.int64)
+    states = np.empty(nb * LANES, np.int64)
+    _encode_range(words, shift, mask, log2_block, _packed_rows(rows), scratch, counts, states,
+                  0, nb)
+    out, words_at = _laid_out(freqs, log2_block, n, counts, states)
     coded = out[words_at:].view(np.uint16)
     at = 0
     for b in range(nb):
@@ -1014,13 +1019,10 @@ class RansCodec(Codec):
         if mode == MODE_CONST:
             _expect_size(buf, HEADER_SIZE + nb, "CONST")
             return np.repeat(buf[HEADER_SIZE:], _block_lengths(n, log2_block))
-        if mode == MODE_RANS and nb <= max(1, _PIECE_SYMBOLS >> log2_block) \
-                and buf.ctypes.data % 2 == 0:
-            out = np.empty(n, np.uint8)  # (one piece of work: one call, as slicer's)
-            if not _decode_piece(buf, n, log2_block, out):
-                return out
         if mode == MODE_RANS:
-            return _Blocks(buf, n, log2_block).all()
+            whole = _decoded_at_once(buf, n, log2_block) \
+                if nb <= max(1, _PIECE_SYMBOLS >> log2_block) else None  # (else in pieces)
+            return whole if whole is not None else _Blocks(buf, n, log2_block).all()
         raise CodecError(f"rans mode {mode} is not RAW (0), CONST (1) or RANS (2)")
 
     def slicer(self, payload: np.ndarray, decoded_len: int, params: bytes) -> Slicer | None:
@@ -1039,13 +1041,12 @@ class RansCodec(Codec):
             return Slicer(1 << log2_block, lambda lo, hi: np.repeat(
                 firsts[lo >> log2_block:_n_blocks(hi, log2_block)],
                 _block_lengths(n, log2_block)[lo >> log2_block:_n_blocks(hi, log2_block)]))
-        if mode == MODE_RANS and n <= PIECE and buf.ctypes.data % 2 == 0:
-            # (a plane a merge takes in one piece: decoded now, in one call, where the steps'
-            # calls took a good share of a mid-size plane's decode; a stream with anything
-            # wrong goes on below, which finds the corrupt blocks)
-            out = np.empty(n, np.uint8)
-            if not _decode_piece(buf, n, log2_block, out):
-                return Slicer(1 << log2_block, lambda lo, hi: out[lo:hi])
+        if mode == MODE_RANS and n <= PIECE:
+            # (a plane a merge takes in one piece: decoded now; a stream with anything wrong
+            # goes on below, which finds the corrupt blocks)
+            whole = _decoded_at_once(buf, n, log2_block)
+            if whole is not None:
+                return Slicer(1 << log2_block, lambda lo, hi: whole[lo:hi])
         if mode == MODE_RANS:
             try:
                 blocks = _Blocks(buf, n, log2_block)
@@ -1170,6 +1171,17 @@ class _Blocks:
         out = np.empty(hi - lo, dtype=np.uint8)
         b0, b1 = lo >> self.log2_block, _n_blocks(hi, self.log2_block)
         return None if self.decode(b0, b1, out).any() else out
+
+
+def _decoded_at_once(buf: np.ndarray, n: int, log2_block: int) -> np.ndarray | None:
+    """The ``n`` symbols of RANS-mode stream ``buf`` decoded by one kernel call, where the
+    steps' calls took a good share of a mid-size plane's decode; None where the stream is not
+    2-byte aligned or anything in it is wrong (:class:`_Blocks` then decodes it, or finds
+    what)."""
+    if buf.ctypes.data % 2:
+        return None
+    out = np.empty(n, np.uint8)
+    return None if _decode_piece(buf, n, log2_block, out) else out
 
 
 @kernel()
