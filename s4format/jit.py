@@ -47,6 +47,15 @@ def started() -> bool:
     return _built is not None or numba_started()
 
 
+def bound() -> list[tuple[dict[str, Any], str]]:
+    """``(module globals, name)`` of each kernel bound so far (built ahead of time or numba's):
+    what a profiler may wrap. Placeholders are left out: one binds on its first call, and
+    wrapped it would bind to its own wrapper."""
+    with _lock:
+        return [(module, name) for module, name, *_ in _kernels
+                if type(module.get(name)) is not _Kernel]
+
+
 def _qualname(module: dict[str, Any], name: str) -> str:
     return f"{module['__name__']}.{name}"
 

@@ -40,3 +40,25 @@ def test_no_kernel_is_in_place_before_every_one_is_made(tmp_path) -> None:
     assert made == kernels > 0
     assert most_in_place_meanwhile == 0
     assert placed == kernels
+
+
+_BOUND_PROBE = textwrap.dedent("""
+    import numpy as np
+    from s4format import jit
+    from s4format.codecs import rans
+
+    before = [name for _m, name in jit.bound()]
+    rans.normalise(np.array([3, 1] + [0] * 254))
+    after = jit.bound()
+    names = [name for _m, name in after]
+    placeholders = [name for m, name in after if type(m[name]) is jit._Kernel]
+    print(len(before), "_normalise" in names, len(placeholders))
+""")
+
+
+def test_bound_lists_the_kernels_called_and_no_placeholder(tmp_path) -> None:
+    # A profiler wraps what bound() lists: a placeholder wrapped would bind to its own wrapper.
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path))
+    out = subprocess.run([sys.executable, "-c", _BOUND_PROBE], env=env, capture_output=True,
+                         text=True, timeout=300, check=True).stdout.split()
+    assert out == ["0", "True", "0"]
