@@ -12,6 +12,8 @@ the words are cut into pieces and samples by size alone.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from s4format import threads
@@ -39,13 +41,14 @@ class PlaneView:
     first asked for."""
 
     __slots__ = ("_bytes", "_counts", "_runs", "_sample", "_units", "bits", "mask", "memo",
-                 "shift", "words")
+                 "shift", "size", "words")
 
     def __init__(self, words: np.ndarray, shift: int, mask: int, bits: int,
                  counts: np.ndarray | None, runs: int,
                  sample: tuple[np.ndarray, int, int] | None = None,
                  units: np.ndarray | None = None) -> None:
         self.words, self.shift, self.mask, self.bits = words, shift, mask, bits
+        self.size = int(words.size)  # (asked for a dozen times a plane by the policy)
         self._counts, self._runs, self._sample, self._units = counts, runs, sample, units
         # codec ID -> its encoding of this plane, where an estimate had to encode it whole
         # (a small plane's zstd trial): the encode that follows takes it instead of repeating it
@@ -64,10 +67,6 @@ class PlaneView:
             bits = int(np.bitwise_or.reduce(plane)) if plane.size else 0
             return cls(plane, 0, 0xFF, bits, counts, runs)
         return counted(plane, np.zeros(1, np.int64), np.full(1, 0xFF, np.int64))[0]
-
-    @property
-    def size(self) -> int:
-        return int(self.words.size)
 
     @property
     def width(self) -> int:
@@ -196,7 +195,14 @@ def sampled(words: np.ndarray, shifts: np.ndarray, masks: np.ndarray, ors: bool 
 def sample_starts(n: int, chunks: int = SAMPLE_CHUNKS, chunk: int = SAMPLE_CHUNK
                   ) -> np.ndarray:
     """Where a sample of ``chunks`` evenly spaced runs of ``chunk`` of ``n`` words (more than
-    ``chunks * chunk``) starts its runs."""
+    ``chunks * chunk``) starts its runs (a new array)."""
+    return _sample_starts(n, chunks, chunk).copy()
+
+
+@functools.lru_cache(maxsize=1024)
+def _sample_starts(n: int, chunks: int, chunk: int) -> np.ndarray:
+    # (a checkpoint's tensors come in a few sizes; linspace took a tenth of a small plane's
+    # Python)
     return np.linspace(0, n - chunk, chunks).astype(np.int64)
 
 
