@@ -201,8 +201,8 @@ def sample_starts(n: int, chunks: int = SAMPLE_CHUNKS, chunk: int = SAMPLE_CHUNK
 
 @functools.lru_cache(maxsize=1024)
 def _sample_starts(n: int, chunks: int, chunk: int) -> np.ndarray:
-    # (a checkpoint's tensors come in a few sizes; linspace took a tenth of a small plane's
-    # Python)
+    # (a checkpoint's tensors come in a few sizes, and linspace takes about 5 us a call: once a
+    # tensor in the writer's Python of 0.1-0.3 ms)
     return np.linspace(0, n - chunk, chunks).astype(np.int64)
 
 
