@@ -13,6 +13,9 @@ wait, while the other thread runs Python.
 
     python bench/breakdown.py [--states fp32,bf16,lora] [--reps 9]
 
+Needs the ``bench`` extra; without MiniLM-L6's package the default states are "trained" and
+"lora".
+
 Linux only (/proc). ``S4_THREADS`` sets the threads, as for every call of the CPU path. JSON to
 $OUT/breakdown.json when OUT is set.
 """
@@ -170,13 +173,15 @@ def table(results: dict[str, Any]) -> list[str]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--states", default="fp32,bf16,lora",
-                    help="comma-separated, of " + ",".join(cpu_speed.STATES))
+    ap.add_argument("--states", help="comma-separated, of " + ",".join(cpu_speed.STATES)
+                    + " (default fp32,bf16,lora; trained,lora without MiniLM-L6's package)")
     ap.add_argument("--reps", type=int, default=9)
     args = ap.parse_args()
     if not Path("/proc/self/task").is_dir():
         sys.exit("bench/breakdown.py reads /proc (Linux)")
-    results = {name: run_state(name, args.reps) for name in args.states.split(",")}
+    states = args.states or ("fp32,bf16,lora" if "fp32" in cpu_speed.default_states()
+                             else "trained,lora")
+    results = {name: run_state(name, args.reps) for name in states.split(",")}
     timing.finish("breakdown", f"Where a CPU save and load spend their time ({threads.count()} "
                   "threads)", table(results), results)
 

@@ -6,7 +6,8 @@
 #
 # Stages: tests (the GPU tests), conformance (the suite on the GPU path), gate (the image build's
 # gate), gpu, checkpoints, flat, dcp (the benches on CUDA), cpu (bench/cpu_speed.py with the GPU
-# hidden), kernels (the CPU kernels built ahead of time for the host's CPU, and their tests).
+# hidden), breakdown (bench/breakdown.py with the GPU hidden, at 8, 4 and 2 threads), kernels
+# (the CPU kernels built ahead of time for the host's CPU, and their tests).
 # Each stage's log and the benches' JSON land in $OUT; the exit status is 0 only when every
 # stage passed.
 set -o pipefail
@@ -28,6 +29,10 @@ for stage in "${stages[@]}"; do
         flat) python3 bench/flat.py --device cuda ;;
         dcp) python3 bench/dcp.py --device cuda --ranks 1 ;;
         cpu) CUDA_VISIBLE_DEVICES="" python3 bench/cpu_speed.py --reps 3 ;;
+        breakdown) for t in 8 4 2; do
+                       CUDA_VISIBLE_DEVICES="" S4_THREADS=$t OUT="$OUT/threads-$t" \
+                           python3 bench/breakdown.py --reps 5 || exit 1
+                   done ;;
         kernels) python3 -m pytest -q tests/format/test_kernels_built.py ;;
         *) echo "unknown stage $stage"; false ;;
     esac 2>&1 | tee "$OUT/$stage.log"
