@@ -1,7 +1,8 @@
 """Where a CPU save's and load's time goes, next to torch.save / torch.load of the same state.
 
 For each state of bench/cpu_speed.py, ``s4weights.save`` into memory and ``s4weights.load``
-from memory (and torch's two calls, for reference) are called ``--reps`` times after a warm-up.
+from memory (and torch's two calls, for reference) are called ``--reps`` times after a warm-up,
+the state first checked to load back bit-exact.
 Over those calls: the median wall time; each thread's CPU time, user and system, from /proc;
 the process's minor page faults and voluntary context switches. Then the same calls once more
 with every bound kernel of the CPU path wrapped in a timer: the time each thread spent inside
@@ -35,6 +36,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import checkpoints
 import cpu_speed
 import timing
 import torch
@@ -133,6 +135,8 @@ def run_state(name: str, reps: int) -> dict[str, Any]:
     buf = io.BytesIO()
     s4weights.save(state, buf)
     stored = buf.getvalue()
+    if not checkpoints.same(state, s4weights.load(io.BytesIO(stored))):
+        sys.exit(f"the {name} state did not load back bit-exact")
     buf = io.BytesIO()
     torch.save(state, buf)
     plain = buf.getvalue()
