@@ -831,9 +831,14 @@ def _const_stream(view: PlaneView | np.ndarray, log2_block: int) -> np.ndarray:
     return np.concatenate((np.frombuffer(head, np.uint8), firsts.astype(np.uint8)))
 
 
+def _piece_blocks(log2_block: int) -> int:
+    """Blocks in one piece of work: about a million symbols, at least one block."""
+    return max(1, _PIECE_SYMBOLS >> log2_block)
+
+
 def _block_pieces(nb: int, log2_block: int, fn) -> None:
-    """``fn(b0, b1)`` over the blocks ``[0, nb)`` in pieces of about a million symbols."""
-    per = max(1, _PIECE_SYMBOLS >> log2_block)
+    """``fn(b0, b1)`` over the blocks ``[0, nb)`` in pieces of :func:`_piece_blocks`."""
+    per = _piece_blocks(log2_block)
     if nb <= per:
         fn(0, nb)
     else:
@@ -980,7 +985,7 @@ class RansCodec(Codec):
             return Encoded(_raw_stream(view.bytes(), self.log2_block))
         if view.symbols == 1:
             return Encoded(_const_stream(view, LOG2_BLOCK_MAX))
-        if _n_blocks(n, self.log2_block) <= max(1, _PIECE_SYMBOLS >> self.log2_block):
+        if _n_blocks(n, self.log2_block) <= _piece_blocks(self.log2_block):
             # (one piece of work: counted, coded and laid out by one kernel, where the steps'
             # calls took as long as the coding on a mid-size plane)
             mode, stream = _rans_piece(view.words, view.shift, view.mask, self.log2_block,
@@ -1021,7 +1026,7 @@ class RansCodec(Codec):
             return np.repeat(buf[HEADER_SIZE:], _block_lengths(n, log2_block))
         if mode == MODE_RANS:
             whole = _decoded_at_once(buf, n, log2_block) \
-                if nb <= max(1, _PIECE_SYMBOLS >> log2_block) else None  # (else in pieces)
+                if nb <= _piece_blocks(log2_block) else None  # (else in pieces)
             return whole if whole is not None else _Blocks(buf, n, log2_block).all()
         raise CodecError(f"rans mode {mode} is not RAW (0), CONST (1) or RANS (2)")
 
