@@ -1411,7 +1411,7 @@ def bitpack_segment(part: np.ndarray) -> Segment:
 
 def rans_segment(mode: int, coder: RansCodec | None = None) -> SegmentCoder:
     return lambda part: Segment(part.size, codecs.RANS,
-                                rans_stream(part, mode, coder or RansCodec()))
+                                rans_stream(part, mode, coder or RansCodec(split=False)))
 
 
 def bitpackw_segment(w: int) -> SegmentCoder:

@@ -50,6 +50,10 @@ LOG2_BLOCK_DEFAULT = 16
 MAX_SYMBOLS = 1 << 48                    # keeps count * 4096 exact in int64 during normalisation
 BITMAP_SIZE = 32
 BLOCK_OVERHEAD = 4 + 4 * LANES           # word count + 32 final states per block, in bytes
+# One block decodes at about 1.0 ns a symbol on one core and two or more at about 0.6, the
+# decoder interleaving their rows: at the default size a plane of SPLIT_FROM to SPLIT_BELOW
+# symbols is cut into blocks of a quarter to a half of it (spec/rans.md, section 9).
+SPLIT_FROM, SPLIT_BELOW = 1 << 15, 1 << 17
 
 _ERR_STATE, _ERR_UNDERFLOW, _ERR_LEFTOVER, _ERR_FINAL = 1, 2, 3, 4
 _ERR_TEXT = {
@@ -962,17 +966,32 @@ def _scratch(symbols: int) -> np.ndarray:
     return have[:symbols]
 
 
+def plane_log2_block(n: int, log2_block: int = LOG2_BLOCK_DEFAULT) -> int:
+    """The block size an encoder configured with ``log2_block`` codes a plane of ``n``
+    symbols in (spec/rans.md, section 7)."""
+    if log2_block != LOG2_BLOCK_DEFAULT or not SPLIT_FROM <= n < SPLIT_BELOW:
+        return log2_block
+    return n.bit_length() - 2
+
+
 class RansCodec(Codec):
-    """S4 rANS; ``log2_block`` is the encoder's block size (the decoder reads it per stream)."""
+    """S4 rANS; ``log2_block`` is the encoder's block size (the decoder reads it per stream),
+    which at the default cuts planes of 2^15 to 2^17 symbols finer (:func:`plane_log2_block`)
+    unless ``split`` is False."""
 
     codec_id = RANS
     name = "rans"
     counts_estimate = True
 
-    def __init__(self, log2_block: int = LOG2_BLOCK_DEFAULT) -> None:
+    def __init__(self, log2_block: int = LOG2_BLOCK_DEFAULT, split: bool = True) -> None:
         if not LOG2_BLOCK_MIN <= log2_block <= LOG2_BLOCK_MAX:
             raise ValueError(f"log2_block must be in [{LOG2_BLOCK_MIN}, {LOG2_BLOCK_MAX}]")
         self.log2_block = log2_block
+        self.split = split
+
+    def block_log2(self, n: int) -> int:
+        """The block size this encoder codes a plane of ``n`` symbols in."""
+        return plane_log2_block(n, self.log2_block) if self.split else self.log2_block
 
     def encode(self, plane: np.ndarray) -> Encoded:
         return self.encode_view(PlaneView.of(plane))
@@ -981,22 +1000,23 @@ class RansCodec(Codec):
         n = view.size
         if n >= MAX_SYMBOLS:
             raise LimitError(f"rans planes hold fewer than 2^48 bytes, got {n}")
+        lb = self.block_log2(n)
         if n == 0:
             return Encoded(_raw_stream(view.bytes(), self.log2_block))
         if view.symbols == 1:
             return Encoded(_const_stream(view, LOG2_BLOCK_MAX))
-        if _n_blocks(n, self.log2_block) <= _piece_blocks(self.log2_block):
+        if _n_blocks(n, lb) <= _piece_blocks(lb):
             # (one piece of work: counted, coded and laid out by one kernel, where the steps'
             # calls took as long as the coding on a mid-size plane)
-            mode, stream = _rans_piece(view.words, view.shift, view.mask, self.log2_block,
+            mode, stream = _rans_piece(view.words, view.shift, view.mask, lb,
                                        np.ascontiguousarray(view.counts, dtype=np.int64),
                                        _scratch(n))
             if mode == MODE_CONST:
-                return Encoded(_const_stream(view, self.log2_block))
+                return Encoded(_const_stream(view, lb))
         else:
-            if _blocks_constant(view.words, view.shift, view.mask, self.log2_block):
-                return Encoded(_const_stream(view, self.log2_block))
-            stream = _rans_stream(view, self.log2_block, normalise(view.counts))
+            if _blocks_constant(view.words, view.shift, view.mask, lb):
+                return Encoded(_const_stream(view, lb))
+            stream = _rans_stream(view, lb, normalise(view.counts))
         if stream.size >= HEADER_SIZE + n:
             return Encoded(_raw_stream(view.bytes(), self.log2_block))
         return Encoded(stream)
@@ -1081,7 +1101,7 @@ class RansCodec(Codec):
         which ``counts`` is a sample (its cross-entropy scaled to ``n``)."""
         if n == 0:
             return HEADER_SIZE
-        estimate = _estimate(np.ascontiguousarray(counts, dtype=np.int64), n, self.log2_block,
+        estimate = _estimate(np.ascontiguousarray(counts, dtype=np.int64), n, self.block_log2(n),
                              SYMBOL_BITS)
         if estimate < 0:
             raise ValueError("cannot estimate an empty histogram")

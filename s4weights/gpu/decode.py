@@ -138,8 +138,8 @@ def _own_extra(reader: Reader, i: int) -> int:
         if p.codec == codecs.RANS_SEG:
             extra += _segments_extra(p.decoded_len, p.stored_len, whole)
         if p.codec == codecs.RANS:
-            extra += DECODE_RANS_PLANE + DECODE_RANS_BLOCK * -(
-                -p.decoded_len >> rans.LOG2_BLOCK_DEFAULT)
+            extra += DECODE_RANS_PLANE + DECODE_RANS_BLOCK * -(  # (the blocks ours are cut in)
+                -p.decoded_len >> rans.plane_log2_block(p.decoded_len))
         if (p.codec in (codecs.RANS, codecs.GDEFLATE) and not whole) \
                 or p.codec == codecs.NVCOMP_ANS:
             extra += runtime.align(p.decoded_len, SLOT_ALIGN)

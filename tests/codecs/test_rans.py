@@ -165,6 +165,22 @@ def test_default_block_size_round_trips(n: int) -> None:
     assert mode_of(payload) == (MODE_CONST if n == 1 else MODE_RANS)
 
 
+@pytest.mark.parametrize("n,log2_block", [
+    ((1 << 15) - 1, 16), (1 << 15, 14), ((1 << 16) - 1, 14), (1 << 16, 15), (100_000, 15),
+    ((1 << 17) - 1, 15), (1 << 17, 16), (3 << 16, 16)])
+def test_planes_of_two_to_four_default_blocks_are_cut_finer(n: int, log2_block: int) -> None:
+    # spec/rans.md, section 7: 2^15 <= n < 2^17 at the default size takes blocks of
+    # 2^(bit_length(n) - 2), at least two whole ones, which the decoder interleaves
+    payload = check_encode_decode(DEFAULT, skewed(n))
+    assert mode_of(payload) == MODE_RANS
+    assert payload[1] == log2_block == rans.plane_log2_block(n) == DEFAULT.block_log2(n)
+    whole = as_array(RansCodec(split=False).encode(skewed(n)).payload)
+    assert whole[1] == 16
+    # (at most three blocks more, 132 bytes each, less what their final states carry)
+    assert payload.size <= whole.size + 3 * rans.BLOCK_OVERHEAD
+    assert RansCodec(12).block_log2(n) == 12  # a configured size is kept as it is
+
+
 def test_modes_chosen_as_the_spec_says() -> None:
     assert mode_of(DEFAULT.encode(np.zeros(0, np.uint8)).payload) == MODE_RAW
     const = as_array(DEFAULT.encode(np.full(5000, 9, np.uint8)).payload)
@@ -441,7 +457,7 @@ def test_the_decoder_table_maps_every_slot_to_its_symbol() -> None:
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.integers(0, 1 << 20), min_size=256, max_size=256),
-       st.integers(1, 1 << 34))
+       st.one_of(st.integers(1, 1 << 34), st.integers(1 << 14, 1 << 18)))
 def test_estimate_is_its_formula_summed_in_symbol_order(counts: list[int], n: int) -> None:
     """spec/rans.md's estimate: header, table, blocks and 2 bytes per 16 bits of the counted
     symbols' cross-entropy scaled to n, the bits summed symbol by symbol (as the GPU sums
@@ -475,7 +491,7 @@ def _check_estimate(counts: list[int], n: int) -> None:
             bits += float(c[s]) * float(rans.SYMBOL_BITS[f[s]])  # 12 - log2(f)
         bits *= n / int(c.sum())
         want = min(HEADER_SIZE + len(rans.table_bytes(f)) + rans.BLOCK_OVERHEAD
-                   * rans._n_blocks(n, DEFAULT.log2_block) + 2 * int(np.ceil(bits / 16)),
+                   * rans._n_blocks(n, DEFAULT.block_log2(n)) + 2 * int(np.ceil(bits / 16)),
                    HEADER_SIZE + n)
     assert DEFAULT.estimate_counts(c, n) == want
 
@@ -528,5 +544,5 @@ def test_a_plane_of_one_piece_decodes_whole_in_one_call_and_names_what_is_wrong(
     assert DEFAULT.decode(good, plane.size, b"").tobytes() == plane.tobytes()
     bad = good.copy()
     bad[-3] ^= 0x5A
-    with pytest.raises(CodecError, match="rans block 1 of 2 is corrupt"):
+    with pytest.raises(CodecError, match="rans block 2 of 3 is corrupt"):
         DEFAULT.decode(bad, plane.size, b"")

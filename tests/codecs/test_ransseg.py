@@ -30,7 +30,7 @@ from s4format.writer import CodedPlane, CodedTensor, Writer, code_tensor
 from tests.codecs.common import as_array, check_corruption_raises, check_encode_decode
 
 CODEC = codecs.get(codecs.RANS_SEG)
-RANS = codecs.get(codecs.RANS)
+RANS = RansCodec(split=False)  # (as the writer codes its segments)
 RAW, BITPACK, RANS_ID, BITPACK_W = 1, 2, 4, 8   # the codecs a segment may take
 UNIT = 1 << 16  # a segment other than the last holds a multiple of this many symbols
 RECORD = "<QQHBBI"  # symbols, stored, codec, w, r1, r2

@@ -113,7 +113,9 @@ def test_a_delta_is_kept_by_the_estimates_and_they_match_the_coding() -> None:
     for raw in (child, child ^ parent):
         est, views = estimate_tensor(raw, bf16)
         coded = code_tensor(raw, bf16, "auto", views).stored
-        assert abs(est - coded) <= 0.002 * coded + 64, (est, coded)
+        # (the estimate counts a block's final states in full, which carry some 32 bytes of
+        # what its words would: a little over, per block)
+        assert abs(est - coded) <= 0.002 * coded + 96, (est, coded)
     buf = io.BytesIO()
     with Reader(_parent_file(parent)) as p:
         parent_id = p.checkpoint_id

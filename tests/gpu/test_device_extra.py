@@ -27,6 +27,11 @@ def _file(arrays: dict, parent=None, parent_id=None) -> bytes:
     return buf.getvalue()
 
 
+def blocks(reader, t, k: int) -> int:
+    """The blocks of rANS plane k, from its stream's header (byte 1: log2_block)."""
+    return -(-t.planes[k].decoded_len >> int(reader.read_stored(t, k)[1]))
+
+
 def _want(reader, t) -> int:
     pad = max(16, reader.alignment)
     whole = t.layout.layout_id == layouts.RAW.layout_id
@@ -34,8 +39,8 @@ def _want(reader, t) -> int:
     tables = (decode.DECODE_TENSOR + decode.DECODE_LEAF * leaves(t.raw_nbytes)
               + sum(decode.DECODE_PLANE + decode.DECODE_LEAF * leaves(p.stored_len)
                     for p in t.planes)
-              + sum(decode.DECODE_RANS_PLANE + decode.DECODE_RANS_BLOCK * leaves(p.decoded_len)
-                    for p in t.planes if p.codec == codecs.RANS))
+              + sum(decode.DECODE_RANS_PLANE + decode.DECODE_RANS_BLOCK * blocks(reader, t, k)
+                    for k, p in enumerate(t.planes) if p.codec == codecs.RANS))
     return tables + sum(p.stored_len + pad for p in t.planes) + sum(
         -(-p.decoded_len // 16) * 16 for p in t.planes
         if p.codec in (codecs.RANS, codecs.GDEFLATE) and not whole)
