@@ -159,17 +159,35 @@ def sampled(words: np.ndarray, shifts: np.ndarray, masks: np.ndarray, ors: bool 
     each field's bytes, and a sample gives their statistics meanwhile. With ``ors`` False
     there is no pass over the words: each field's width is taken as its mask's, a bound for
     a quick estimate (:func:`s4format.writer.estimate_rough`), whose views are not coded.
-    ``window``: the ``(low, ors)`` of other fields counted through 16 bits of the same words
-    (:func:`counted_window`), which give the OR of any field inside those bits."""
+    ``window``: the ``(low, ors, hist)`` of other fields counted through 16 bits of the same
+    words (:func:`counted_window`), which give the OR of any field inside those bits, and
+    where their histogram ``hist`` was kept, its histogram: such fields are counted exactly,
+    from it."""
     n = words.size
+    k = shifts.size
+    inside = np.zeros(k, bool)
+    if window is not None:
+        low, window_ors, hist = window
+        inside = (shifts >= low) & (shifts + _widths(masks) <= low + WINDOW_BITS)
+        if hist is not None and inside.any():
+            views: list[PlaneView] = [None] * k  # type: ignore[list-item]
+            at = np.flatnonzero(inside)
+            counts = np.zeros((at.size, 256), np.int64)
+            runs = np.zeros(at.size, np.int64)
+            _window_fields(hist, shifts[at] - low, masks[at], words, shifts[at], counts, runs)
+            for i, j in enumerate(at.tolist()):
+                views[j] = PlaneView(words, int(shifts[j]), int(masks[j]), _or_of(counts[i]),
+                                     counts[i], int(runs[i]))
+            rest = np.flatnonzero(~inside)
+            if rest.size:
+                for j, v in zip(rest.tolist(), sampled(words, shifts[rest], masks[rest], ors)):
+                    views[j] = v
+            return views
     if n <= SAMPLE_CHUNKS * SAMPLE_CHUNK:
         return counted(words, shifts, masks)
-    k = shifts.size
     bits = np.zeros(k, np.uint64) if ors else masks.astype(np.uint64)
     rest = np.arange(k)
     if ors and window is not None:
-        low, window_ors = window
-        inside = (shifts >= low) & (shifts + _widths(masks) <= low + WINDOW_BITS)
         for j in np.flatnonzero(inside).tolist():
             bits[j] = (window_ors >> (int(shifts[j]) - low)) & int(masks[j])
         rest = np.flatnonzero(~inside)
@@ -254,12 +272,22 @@ def window_stats(words: np.ndarray, shifts: np.ndarray, masks: np.ndarray
     low = window_of(words, shifts, masks)
     if low is not None:
         no_units = np.zeros((0, k, 256), np.int32)
+        if n <= PIECE and units is None:
+            # (one part: its histogram of the 16 bits is kept, which counts any other field
+            # inside them without another pass, :func:`sampled`)
+            counts = np.zeros((k, 256), np.int64)
+            runs = np.zeros(k, np.int64)
+            hist = np.zeros(1 << WINDOW_BITS, np.int32)
+            ors, kept = _count_window(words, 0, n, low, shifts, masks, counts, runs, no_units,
+                                      hist)
+            return counts, runs, None, (low, int(ors), hist if kept else None)
+        no_hist = np.zeros(0, np.int32)
 
         def part(lo: int, hi: int) -> tuple[np.ndarray, np.ndarray, int]:
             counts = np.zeros((k, 256), np.int64)
             runs = np.zeros(k, np.int64)
-            ors = _count_window(words, lo, hi, low, shifts, masks, counts, runs,
-                                no_units if units is None else units)
+            ors, _kept = _count_window(words, lo, hi, low, shifts, masks, counts, runs,
+                                       no_units if units is None else units, no_hist)
             return counts, runs, ors
 
         parts = [part(0, n)] if n <= PIECE else threads.pool().map(
@@ -268,7 +296,7 @@ def window_stats(words: np.ndarray, shifts: np.ndarray, masks: np.ndarray
         for p in parts:
             ors |= int(p[2])
         return (sum(p[0] for p in parts), sum(p[1] for p in parts), units,
-                (low, ors))
+                (low, ors, None))
 
     def piece(lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
         counts = np.zeros((k, 4, 256), np.int64)
@@ -303,14 +331,16 @@ WINDOW_BELOW = 6
 
 
 @kernel()
-def _count_window(words, lo, hi, low, shifts, masks, counts, runs, units
+def _count_window(words, lo, hi, low, shifts, masks, counts, runs, units, given
                   ):  # pragma: no cover - compiled
     """Histograms (into ``counts``, k x 256, zeroed) and runs (added to ``runs``) of the
     fields of words[lo:hi], and with ``units`` not empty each UNIT words' histograms (``lo`` a
     multiple of UNIT), counted through bits [low, low + 16) of each word; returns the OR of
-    those 16 bits over the words."""
+    those 16 bits over the words, and whether ``given`` (2^16 zeros, or empty) now holds
+    their histogram over every word."""
     k = shifts.size
-    hist = np.zeros(0, np.int32)  # (made for the first unit counted through it)
+    hist = given  # (else made for the first unit counted through it)
+    every = True  # (no unit counted field by field)
     # (the histogram summed over the bits below the lowest field, from which each field's is)
     below = np.uint64(shifts.min() - low)
     coarse = np.zeros((1 << WINDOW_BITS) >> below, np.int64)
@@ -324,6 +354,7 @@ def _count_window(words, lo, hi, low, shifts, masks, counts, runs, units
         b = min(hi, a + step)
         u = a // UNIT
         if _repeats(words, a, min(b, a + REPEATS_LOOK), sh) > REPEATS_MAX:
+            every = False
             four[:] = 0
             _count_fields(words, a, b, shifts, masks, four, runs)
             for f in range(k):
@@ -354,7 +385,21 @@ def _count_window(words, lo, hi, low, shifts, masks, counts, runs, units
         for v in range(np.uint64(1 << WINDOW_BITS)):
             ors |= v if hist[v] else np.uint64(0)
     counts += direct
-    return ors
+    return ors, every and given.size > 0
+
+
+@kernel()
+def _window_fields(hist, offsets, masks, words, shifts, counts, runs
+                   ):  # pragma: no cover - compiled
+    """The histograms (into ``counts``, k x 256, zeroed) of fields (offsets[f], masks[f]) of
+    the 16-bit values counted in ``hist``, and their runs in ``words`` (at (shifts[f],
+    masks[f]), added to ``runs``)."""
+    for f in range(offsets.size):
+        o, m = np.uint64(offsets[f]), np.uint64(masks[f])
+        for v in range(np.uint64(hist.size)):
+            counts[f, (v >> o) & m] += hist[v]
+        if words.size > 1:
+            runs[f] += _field_runs(words, 1, words.size, shifts[f], masks[f])
 
 
 # Words of one 16-bit value increment one counter, each waiting on the one before: where one

@@ -71,9 +71,40 @@ def test_window_counts_what_each_field_counted_apart_holds(layout, kind: str, n:
     assert (units is None) == (want_units is None)
     if units is not None:
         assert units.tolist() == want_units.tolist()
-    low, ors = window
-    assert ors == int(np.bitwise_or.reduce((words.astype(np.uint64) >> np.uint64(low))
-                                           & np.uint64(0xFFFF)))
+    low, ors, hist = window
+    sixteen = ((words.astype(np.uint64) >> np.uint64(low)) & np.uint64(0xFFFF)).astype(np.int64)
+    assert ors == int(np.bitwise_or.reduce(sixteen))
+    # kept for one part without units, unless a repeating stretch was counted field by field
+    repeats = kind in ("sparse", "one bit") or (kind == "constant units" and n > view.UNIT)
+    assert (hist is not None) == (n <= view.PIECE and units is None and not repeats)
+    if hist is not None:
+        assert hist.tolist() == np.bincount(sixteen, minlength=1 << 16).tolist()
+
+
+@pytest.mark.parametrize("layout", [layouts.BF16, layouts.FP16, layouts.FP32])
+@pytest.mark.parametrize("kind", ["weights", "sparse", "counting"])
+@pytest.mark.parametrize("n", [view.WINDOW_MIN, 3 * view.UNIT + 5, view.UNITS_MIN - 1])
+def test_fields_inside_a_kept_window_are_counted_from_it(layout, kind: str, n: int,
+                                                         monkeypatch) -> None:
+    # (the mantissa of a 16-bit float, fp32's top mantissa bits: no pass of their own)
+    words = _words(kind, n, layout)
+    passes: list[list[int]] = []
+    for name in ("_count_fields", "_count_sample"):
+        real = getattr(view, name)
+        monkeypatch.setattr(view, name, lambda w, *a, real=real, name=name: (
+            passes.append(name), real(w, *a))[1])
+    views = layout.views(words.view(np.uint8), layout.word)
+    shifts, masks = layout.shifts_masks(layout.word)
+    want_counts, want_runs, _units = _reference(words, shifts, masks)
+    for k, v in enumerate(views):
+        assert v.counts.tolist() == want_counts[k].tolist(), layout.fields[k].label
+        assert v.runs == want_runs[k]
+        assert v.bits == int(np.bitwise_or.reduce(np.flatnonzero(want_counts[k])))
+    inside = [k for k, f in enumerate(layout.fields) if f.kind == layouts.KIND_MANTISSA
+              and int(shifts[k]) >= layout.word * 8 - 16]
+    assert inside
+    if kind == "weights":  # (else counted field by field, as before)
+        assert passes == [] or layout is layouts.FP32  # (fp32's lower bytes: their own)
 
 
 def test_one_field_few_words_or_bytes_are_counted_field_by_field() -> None:
