@@ -1018,7 +1018,7 @@ class RansCodec(Codec):
                 return Encoded(_const_stream(view, lb))
             stream = _rans_stream(view, lb, normalise(view.counts))
         if stream.size >= HEADER_SIZE + n:
-            return Encoded(_raw_stream(view.bytes(), self.log2_block))
+            return Encoded(_raw_stream(view.bytes(), lb))
         return Encoded(stream)
 
     def decode(self, payload: np.ndarray, decoded_len: int, params: bytes) -> np.ndarray:
