@@ -396,8 +396,17 @@ def _window_fields(hist, offsets, masks, words, shifts, counts, runs
     masks[f]), added to ``runs``)."""
     for f in range(offsets.size):
         o, m = np.uint64(offsets[f]), np.uint64(masks[f])
-        for v in range(np.uint64(hist.size)):
-            counts[f, (v >> o) & m] += hist[v]
+        if o == 0:  # (the field in each value's low bits: rows of the histogram summed)
+            width = m + np.uint64(1)
+            acc = np.zeros(width, np.int64)
+            for r in range(np.uint64(hist.size) // width):
+                at = r * width
+                for j in range(width):
+                    acc[j] += hist[at + j]
+            counts[f, :width] = acc
+        else:
+            for v in range(np.uint64(hist.size)):
+                counts[f, (v >> o) & m] += hist[v]
         if words.size > 1:
             runs[f] += _field_runs(words, 1, words.size, shifts[f], masks[f])
 
