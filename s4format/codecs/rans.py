@@ -1002,7 +1002,7 @@ class RansCodec(Codec):
             raise LimitError(f"rans planes hold fewer than 2^48 bytes, got {n}")
         lb = self.block_log2(n)
         if n == 0:
-            return Encoded(_raw_stream(view.bytes(), self.log2_block))
+            return Encoded(_raw_stream(view.bytes(), lb))
         if view.symbols == 1:
             return Encoded(_const_stream(view, LOG2_BLOCK_MAX))
         if _n_blocks(n, lb) <= _piece_blocks(lb):

@@ -271,24 +271,22 @@ def window_stats(words: np.ndarray, shifts: np.ndarray, masks: np.ndarray
     units = np.zeros((-(-n // UNIT), k, 256), np.int32) if n >= UNITS_MIN else None
     low = window_of(words, shifts, masks)
     if low is not None:
-        no_units = np.zeros((0, k, 256), np.int32)
+        no_units, no_hist = np.zeros((0, k, 256), np.int32), np.zeros(0, np.int32)
+
+        def part(lo: int, hi: int, hist: np.ndarray = no_hist
+                 ) -> tuple[np.ndarray, np.ndarray, int, bool]:
+            counts = np.zeros((k, 256), np.int64)
+            runs = np.zeros(k, np.int64)
+            ors, kept = _count_window(words, lo, hi, low, shifts, masks, counts, runs,
+                                      no_units if units is None else units, hist)
+            return counts, runs, ors, kept
+
         if n <= PIECE and units is None:
             # (one part: its histogram of the 16 bits is kept, which counts any other field
             # inside them without another pass, :func:`sampled`)
-            counts = np.zeros((k, 256), np.int64)
-            runs = np.zeros(k, np.int64)
             hist = np.zeros(1 << WINDOW_BITS, np.int32)
-            ors, kept = _count_window(words, 0, n, low, shifts, masks, counts, runs, no_units,
-                                      hist)
+            counts, runs, ors, kept = part(0, n, hist)
             return counts, runs, None, (low, int(ors), hist if kept else None)
-        no_hist = np.zeros(0, np.int32)
-
-        def part(lo: int, hi: int) -> tuple[np.ndarray, np.ndarray, int]:
-            counts = np.zeros((k, 256), np.int64)
-            runs = np.zeros(k, np.int64)
-            ors, _kept = _count_window(words, lo, hi, low, shifts, masks, counts, runs,
-                                       no_units if units is None else units, no_hist)
-            return counts, runs, ors
 
         parts = [part(0, n)] if n <= PIECE else threads.pool().map(
             lambda lo: part(lo, min(n, lo + PIECE)), range(0, n, PIECE))
