@@ -618,6 +618,13 @@ class Reader:
             np.bitwise_xor(acc, self._plane_by_plane(t, stored), out=acc)
             return True
 
+    def read_own(self, i: int) -> np.ndarray:
+        """Tensor i's own planes decoded, writable: a delta's XOR against its parent, which
+        no content hash covers (its hash is of the bytes with every parent applied, the
+        caller's to check); a tensor stored whole, its bytes unchecked."""
+        raw, _fresh = self._own(self._tensor(i))
+        return raw if raw.flags.writeable else raw.copy()
+
     def undo_delta(self, i: int, raw: np.ndarray) -> int:
         """Turn ``raw``, delta tensor i's bytes, into its parent's, in place: its own
         decoded bytes (the XOR) XORed out of them, one level's decode. Returns the parent

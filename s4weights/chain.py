@@ -188,9 +188,10 @@ def _read_on_gpu(reader: s4format.Reader, device: str, workspace: int | None
     batches (:func:`gpu.loader_for`, each decoded tensor counted against the workspace until
     it is copied down), a tensor that alone needs more in chunks, each copied down as it is
     made (:func:`chunked.load_large`), and on the CPU where the GPU does not decode it (empty
-    tensors too: their checks). Fails as the CPU reader would, reading in order."""
+    tensors too: their checks; a delta's own level alone where its parent decodes on the GPU,
+    :func:`decode.host_level`). Fails as the CPU reader would, reading in order."""
     from s4weights.gpu import plan
-    from s4weights.gpu.decode import decodable, device_extra
+    from s4weights.gpu.decode import decodable, device_extra, host_level
     from s4weights.gpu.decode_large import chunkable, load_large
     from s4weights.gpu.ransparse import HostDecodes
 
@@ -198,7 +199,7 @@ def _read_on_gpu(reader: s4format.Reader, device: str, workspace: int | None
     ws = workspace or plan.default_workspace(total)
     dev = torch.device("cuda", torch.cuda.current_device())
     batched = [i for i, t in enumerate(reader.tensors)
-               if t.raw_nbytes > 0 and decodable(reader, i)
+               if t.raw_nbytes > 0 and (decodable(reader, i) or host_level(reader, i))
                and t.raw_nbytes + device_extra(reader, i) <= ws]
     load = gpu.loader_for(reader, device, workspace=ws, count_outputs=True, wanted=batched)
     batched_set = set(batched)

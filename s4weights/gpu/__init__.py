@@ -436,6 +436,8 @@ class _Loader:
 
         reader = self.reader
         idx, used = [i], 0
+        if decode.host_level(reader, i):  # (its parent decodes on the GPU, alone)
+            return idx, self.extra_of(i)
         if decode.decodable(reader, i):
             used, cap = self.extra_of(i), decode.limit(reader)
             for j in range(i + 1, len(self.sizes)):

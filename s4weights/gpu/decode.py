@@ -49,6 +49,23 @@ def decodable(reader: Reader, i: int) -> bool:
         or (form == _NEEDS_NVANS and nvans.available())
 
 
+def host_level(reader: Reader, i: int) -> bool:
+    """Whether tensor i is a delta the GPU does not decode (masked, or with planes of a codec
+    the GPU lacks) whose parent is attached: the CPU reader then decodes its own level, its
+    XOR bytes, which are copied up and made whole with its parent's bytes on the GPU, as a
+    delta the GPU decodes is. Its parent then decodes on the GPU where it can, not on the CPU
+    with it."""
+    t = reader.tensors[i]
+    return t.is_delta and reader.parent is not None and t.raw_nbytes > 0 \
+        and not decodable(reader, i)
+
+
+def _xor_bytes(reader: Reader, i: int) -> bool:
+    """Whether reading delta i for a batch leaves its XOR bytes, made whole with its parent's
+    on the GPU (:func:`_apply_parents`): where the GPU decodes it, or the CPU its level."""
+    return decodable(reader, i) or host_level(reader, i)
+
+
 # What a tensor's record says of its decoding on the GPU, known once per reader (a load asks
 # for each tensor several times): never, yes, or only where nvCOMP's GDeflate or ANS runs;
 # with a bit for a delta, which needs its parent attached.
@@ -66,7 +83,7 @@ def _forms(reader: Reader) -> list[int]:
 def _form(t) -> int:
     """:func:`decodable`'s answer for record ``t``, before its parent and nvCOMP are known."""
     delta = _DELTA if t.is_delta else 0
-    if t.masked:  # (masked tensors decode on the host: their kept words are few)
+    if t.masked:  # (masked tensors decode on the host, their parents on the GPU: host_level)
         return _NEVER
     c = t.planes[0].codec
     if t.layout.layout_id == layouts.RAW.layout_id:  # one plane: copied or decoded into place
@@ -119,7 +136,7 @@ def device_extra(reader: Reader, i: int) -> int:
     while True:
         pt = level.tensors[k]
         deeper = (parent_index(level, k) if pt.is_delta and level.parent is not None
-                  and decodable(level, k) else None)
+                  and _xor_bytes(level, k) else None)
         below = max(below, n + _own_extra(level, k) + (n if deeper is not None else 0))
         if deeper is None:
             return max(extra, below)
@@ -255,10 +272,11 @@ def read_tensors(reader: Reader, idx: list[int],
     return given
 
 
-def read_on_cpu(reader: Reader, i: int, out: torch.Tensor) -> None:
-    """Tensor i decoded by the CPU reader (parents applied there) and copied into ``out``."""
+def read_on_cpu(reader: Reader, i: int, out: torch.Tensor, own: bool = False) -> None:
+    """Tensor i decoded by the CPU reader (parents applied there) and copied into ``out``;
+    with ``own``, its own level alone (:func:`host_level`)."""
     try:
-        raw = reader.read_raw(i)
+        raw = reader.read_own(i) if own else reader.read_raw(i)
     except S4Error as exc:
         raise about(exc, reader, i) from None
     if raw.size:
@@ -314,14 +332,19 @@ def _decode_batch(reader: Reader, idx: list[int], outs: list[torch.Tensor],
                   ahead: staging.Ahead | None = None,
                   staged: Callable[[], None] | None = None) -> list[int]:
     """Tensors ``idx`` decoded into ``outs``: on the GPU where it decodes them, else by the
-    CPU reader and copied up. Returns the positions of the deltas the GPU decoded, which
-    hold their XOR bytes (unchecked); every other tensor's bytes are its own, checked.
-    ``staged()`` is called once the GPU's planes are read (or at once, without them)."""
+    CPU reader and copied up (a delta's own level alone where its parent is attached,
+    :func:`host_level`). Returns the positions of the deltas whose XOR bytes were decoded
+    (unchecked); every other tensor's bytes are its own, checked. ``staged()`` is called
+    once the GPU's planes are read (or at once, without them)."""
     gpu = [k for k, i in enumerate(idx) if decodable(reader, i)]
     on_gpu = set(gpu)
+    levels = []
     for k, i in enumerate(idx):
         if k not in on_gpu:
-            read_on_cpu(reader, i, outs[k])
+            own = host_level(reader, i)
+            read_on_cpu(reader, i, outs[k], own)
+            if own:
+                levels.append(k)
     st = stage(reader, [idx[k] for k in gpu], ahead) if gpu else None
     if staged is not None:
         staged()
@@ -333,14 +356,14 @@ def _decode_batch(reader: Reader, idx: list[int], outs: list[torch.Tensor],
             st = _subset(st, [h for h in range(len(gpu)) if h not in heavy])
             gpu = [k for h, k in enumerate(gpu) if h not in heavy]
         decode_staged(st, [outs[k] for k in gpu])
-    return [k for k in gpu if reader.tensors[idx[k]].is_delta]
+    return sorted(levels + [k for k in gpu if reader.tensors[idx[k]].is_delta])
 
 
 def _levels(reader: Reader, idx: list[int]) -> list[tuple[Reader, dict[int, int]]]:
     """The chains of deltas ``idx`` of ``reader``: per level below it, the level's reader and
     {position in ``idx``: tensor index there}, from the nearest parent down; a level's
-    deltas the GPU decodes go on to the next. ParentMismatchError where a parent holds no
-    tensor for a delta."""
+    deltas read as XOR bytes (:func:`_xor_bytes`) go on to the next. ParentMismatchError
+    where a parent holds no tensor for a delta."""
     levels: list[tuple[Reader, dict[int, int]]] = []
     r, cur = reader, dict(enumerate(idx))
     while cur:
@@ -355,15 +378,15 @@ def _levels(reader: Reader, idx: list[int]) -> list[tuple[Reader, dict[int, int]
             at[k] = j
         levels.append((p, at))
         cur = {k: j for k, j in at.items()
-               if p.tensors[j].is_delta and p.parent is not None and decodable(p, j)}
+               if p.tensors[j].is_delta and p.parent is not None and _xor_bytes(p, j)}
         r = p
     return levels
 
 
 def _read_levels_ahead(reader: Reader, idx: list[int], ahead: staging.Ahead) -> None:
-    """Start reading the planes of every parent level that the GPU deltas of ``idx`` will
-    stage (:func:`_apply_parents`), in its order: the deepest level first."""
-    deltas = [i for i in idx if reader.tensors[i].is_delta and decodable(reader, i)]
+    """Start reading the planes of every parent level that the deltas of ``idx`` read as
+    XOR bytes will stage (:func:`_apply_parents`), in its order: the deepest level first."""
+    deltas = [i for i in idx if reader.tensors[i].is_delta and _xor_bytes(reader, i)]
     if not deltas or reader.parent is None:
         return
     try:
@@ -415,7 +438,7 @@ def _apply_parents(reader: Reader, idx: list[int], outs: list[torch.Tensor],
     content hash checked: always, as the CPU reader does, since it is the only proof the parent
     was right. The chains are decoded one level at a time from the deepest up, each level as
     one batch, so the device holds two levels' bytes whatever the depth. A chain ends at a
-    tensor stored whole, or one the GPU does not decode (the CPU reader applies its parents).
+    tensor stored whole (or an empty one, which the CPU reader reads with its parents).
     ``ahead``: the levels' planes where they were read ahead."""
     levels = _levels(reader, idx)
     below: dict[int, torch.Tensor] = {}  # the level below's whole bytes, by position

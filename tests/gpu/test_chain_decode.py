@@ -433,8 +433,9 @@ def test_a_parent_read_fails_as_the_cpu_reader_reads_it(read_on_gpu, case: str) 
 
 def test_masked_levels_decode_on_the_host_within_a_gpu_chain() -> None:
     """Levels written by the CPU coder, whose sparse deltas are masked (format 1.4), between
-    levels the GPU coded: the GPU decoder leaves masked tensors to the CPU reader (parents
-    and all) and applies its own levels on top, byte for byte as the CPU reader reads them."""
+    levels the GPU coded: the GPU decoder leaves a masked tensor's own level to the CPU reader
+    and applies the levels below and above it on the GPU, byte for byte as the CPU reader
+    reads them."""
     levels = _levels(4, seed=2)
     blobs, parent_id = [], None
     for level, state in enumerate(levels):
@@ -464,3 +465,80 @@ def test_masked_levels_decode_on_the_host_within_a_gpu_chain() -> None:
         want = levels[-1][r.tensors[i].name][1]
         assert np.array_equal(o.numpy(), want), r.tensors[i].name
         assert np.array_equal(r.read_raw(i), want), r.tensors[i].name
+
+
+def _cpu_chain(levels, parents=None) -> list[bytes]:
+    """The files of ``levels`` (base first) written by the CPU coder, each level a delta of
+    the one before (masked where few words changed); ``parents`` (level -> {name: bytes}):
+    the parent a tensor's delta is taken against there instead (one the level below may
+    not hold)."""
+    blobs, parent_id = [], None
+    for level, state in enumerate(levels):
+        buf = io.BytesIO()
+        with Writer(buf, parent_id=parent_id) as w:
+            for name, (d, x) in state.items():
+                dt, n = dtypes.BY_NAME[d], x.size // dtypes.BY_NAME[d].itemsize
+                base = (parents or {}).get(level, {}).get(name)
+                if base is None and level:
+                    base = levels[level - 1][name][1]
+                w.add(name, s4format.Tensor(dt, (n,), x),
+                      parent=None if base is None else s4format.Tensor(dt, (n,), base))
+            w.set_tree({k: objtree.TensorRef(i) for i, k in enumerate(state)})
+        blobs.append(buf.getvalue())
+        parent_id = s4format.Reader(blobs[-1]).checkpoint_id
+    return blobs
+
+
+@pytest.mark.parametrize("depth", [1, 3])
+def test_a_delta_the_gpu_does_not_decode_has_its_parents_decoded_on_the_gpu(monkeypatch,
+                                                                             depth: int) -> None:
+    # A chain the CPU coder wrote (masked deltas, zstd planes) loaded on the GPU: the CPU
+    # reader decodes each such delta's own level, the GPU the tensors below it, stored whole.
+    levels = _levels(depth, seed=3)
+    r = _open(_cpu_chain(levels))
+    calls: list[tuple[s4format.Reader, int, bool]] = []
+    real = decode.read_on_cpu
+    monkeypatch.setattr(decode, "read_on_cpu", lambda reader, i, out, own=False: (
+        calls.append((reader, i, own)), real(reader, i, out, own))[1])
+    idx = list(range(len(r.tensors)))
+    for i, o in zip(idx, decode.read_tensors(r, idx)):
+        assert np.array_equal(o.numpy(), levels[-1][r.tensors[i].name][1]), r.tensors[i].name
+    masked = [i for i, t in enumerate(r.tensors) if t.masked]
+    assert masked and not any(decode.decodable(r, i) for i in masked)
+    assert {(r, i, True) for i in masked} <= set(calls)
+    # no delta is read whole (parents and all) by the CPU reader, and no tensor stored whole
+    # that the GPU decodes is read by it either
+    whole = [(reader.tensors[i].name, own) for reader, i, own in calls
+             if not own and reader.tensors[i].raw_nbytes
+             and (reader.tensors[i].is_delta or decode.decodable(reader, i))]
+    assert whole == []
+
+
+@pytest.mark.parametrize("level", [0, 1])
+@pytest.mark.parametrize("name", ["w", "m"])
+def test_damage_below_or_in_a_level_the_cpu_decodes_fails_as_the_cpu_reader(level: int,
+                                                                              name: str) -> None:
+    blobs = _cpu_chain(_levels(1, seed=3))
+    assert s4format.Reader(blobs[1]).tensors[0].masked
+    blobs[level] = _flip_in_place(blobs[level], name)
+    cpu = _first_cpu_failure(_open(blobs))
+    assert cpu is not None
+    r = _open(blobs)
+    with pytest.raises(s4format.S4Error) as got:
+        decode.read_tensors(r, list(range(len(r.tensors))))
+    assert type(got.value) is type(cpu) and str(got.value) == str(cpu), (cpu, got.value)
+
+
+def test_a_level_the_cpu_decodes_against_a_parent_the_base_lacks_fails_as_the_cpu_reader(
+        ) -> None:
+    levels = _levels(1, seed=3)
+    other = levels[0]["w"][1].copy()
+    other[:64] ^= np.uint8(1)  # (a "w" the base does not hold)
+    blobs = _cpu_chain(levels, parents={1: {"w": other}})
+    r = _open(blobs)
+    assert not decode.decodable(r, r.index_of("w"))
+    cpu = _first_cpu_failure(_open(blobs))
+    assert isinstance(cpu, s4format.errors.ParentMismatchError)
+    with pytest.raises(s4format.S4Error) as got:
+        decode.read_tensors(r, list(range(len(r.tensors))))
+    assert type(got.value) is type(cpu) and str(got.value) == str(cpu), (cpu, got.value)
