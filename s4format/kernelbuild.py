@@ -102,10 +102,12 @@ def _read_all(source: Any, parent: Any = None) -> None:
             r.read(i)
 
 
-def exercise(sizes: tuple[int, ...] = (300, 20_000, 600_000, 3_000_000)) -> None:
+def exercise(sizes: tuple[int, ...] = (300, 20_000, 100_000, 600_000, 3_000_000)) -> None:
     """Writes and reads that reach every kernel with the argument types the library gives it:
     each dtype, every policy, masked and unmasked deltas, reads from bytes and from a file,
-    and the conformance vectors. (s4weights gives the kernels the same types from torch's
+    and the conformance vectors. The sizes reach each way a plane is counted (100,000 words:
+    one piece through the 16-bit window, whose other fields are summed from its histogram).
+    (s4weights gives the kernels the same types from torch's
     tensors: tests/format/test_kernels_built.py checks that its save, load and chains run
     no kernel that was not built.)"""
     from s4format import policy
@@ -122,7 +124,7 @@ def exercise(sizes: tuple[int, ...] = (300, 20_000, 600_000, 3_000_000)) -> None
                 path.write_bytes(blob)
                 for source in (blob, path, bytearray(blob)):
                     _read_all(source)
-            for share in (0.01, 0.6):
+            for share in (0.01, 0.6, 0.9):  # (masked, masked, not)
                 child = {k: _changed(a, rng, share) for k, a in base.items()}
                 with Reader(blob) as parent:
                     _read_all(_written(child, parent=parent, parents=base), parent)
@@ -138,13 +140,13 @@ def samples() -> list[bytes]:
 
     rng = np.random.default_rng(1)
     files: list[bytes] = []
-    for n in (20_000, 600_000):
+    for n in (20_000, 100_000, 600_000):
         base = _tensors(n, rng)
         for pol in policy.POLICIES:
             files.append(_written(base, pol))
             _read_all(files[-1])
         whole = files[-1]
-        for share in (0.01, 0.6):
+        for share in (0.01, 0.6, 0.9):
             child = {k: _changed(a, rng, share) for k, a in base.items()}
             with Reader(whole) as parent:
                 files.append(_written(child, parent=parent, parents=base))
