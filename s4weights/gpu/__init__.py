@@ -436,8 +436,6 @@ class _Loader:
 
         reader = self.reader
         idx, used = [i], 0
-        if decode.host_level(reader, i):  # (its parent decodes on the GPU, alone)
-            return idx, self.extra_of(i)
         if decode.decodable(reader, i):
             used, cap = self.extra_of(i), decode.limit(reader)
             for j in range(i + 1, len(self.sizes)):
@@ -449,6 +447,8 @@ class _Loader:
                     break
                 idx.append(j)
                 used += self.extra_of(j)
+        elif decode.host_level(reader, i):  # (alone: its parent decodes on the GPU)
+            used = self.extra_of(i)
         return idx, used
 
     def _read_next(self, last: int, key: str, ws: int, ahead) -> None:
