@@ -338,6 +338,9 @@ def _decode_batch(reader: Reader, idx: list[int], outs: list[torch.Tensor],
     once the GPU's planes are read (or at once, without them)."""
     gpu = [k for k, i in enumerate(idx) if decodable(reader, i)]
     on_gpu = set(gpu)
+    if not gpu and staged is not None:  # (the parents' planes are read while the CPU decodes)
+        staged()
+        staged = None
     levels = []
     for k, i in enumerate(idx):
         if k not in on_gpu:
