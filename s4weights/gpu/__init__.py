@@ -242,6 +242,15 @@ def loader_for(reader, device: str, update=None, direct: dict | None = None,
                    wanted).load
 
 
+def _batched(reader, i: int) -> bool:
+    """Whether tensor i decodes in a batch: the GPU decodes it, or the CPU its own level and the
+    GPU its parents (a delta the GPU does not decode, ``decode.host_level``), which a batch's
+    levels then decode together."""
+    from s4weights.gpu import decode
+
+    return decode.decodable(reader, i) or decode.host_level(reader, i)
+
+
 def _free_bytes(dev) -> int:
     """Device ``dev``'s free memory, or 0 where it does not answer."""
     import torch
@@ -418,7 +427,7 @@ class _Loader:
             self.tried.update(chunks=False, size=len(idx), need=used)
             # (a tensor the CPU decodes may come between a batch's tensors: the batch after
             # it was read ahead already)
-            nxt = None if not decode.decodable(self.reader, i) else \
+            nxt = None if not _batched(self.reader, i) else \
                 (lambda ahead: self._read_next(idx[-1], str(dev), ws, ahead))
             outs = decode.read_tensors(
                 self.reader, idx, [self._dest(j, dev) for j in idx] if self.direct else None,
@@ -436,10 +445,10 @@ class _Loader:
 
         reader = self.reader
         idx, used = [i], 0
-        if decode.decodable(reader, i):
+        if _batched(reader, i):
             used, cap = self.extra_of(i), decode.limit(reader)
             for j in range(i + 1, len(self.sizes)):
-                if (j, key) in self.ready or not decode.decodable(reader, j):
+                if (j, key) in self.ready or not _batched(reader, j):
                     continue
                 # a tensor over the size limit (R0) starts a batch of its own, so that
                 # the tensors before it are read first, as the CPU reader reads them
@@ -447,8 +456,6 @@ class _Loader:
                     break
                 idx.append(j)
                 used += self.extra_of(j)
-        elif decode.host_level(reader, i):  # (alone: its parent decodes on the GPU)
-            used = self.extra_of(i)
         return idx, used
 
     def _read_next(self, last: int, key: str, ws: int, ahead) -> None:
@@ -463,10 +470,12 @@ class _Loader:
         if at == len(self.wanted):
             return
         reader, nxt = self.reader, self.wanted[at]
-        if not decode.decodable(reader, nxt) or not self.extra_of(nxt) \
+        if not _batched(reader, nxt) or not self.extra_of(nxt) \
                 or decode.over_limit(reader, nxt) or self._chunked(nxt, key, ws):
             return  # (the CPU reads it, or it decodes in chunks)
-        ahead.start(reader, self._batch(nxt, key, ws)[0])
+        staged = [j for j in self._batch(nxt, key, ws)[0] if decode.decodable(reader, j)]
+        if staged:  # (the planes the GPU decodes: levels the CPU decodes are read then)
+            ahead.start(reader, staged)
 
     def _dest(self, j: int, dev):
         """Where tensor j is decoded: the caller's bytes, or a new device buffer."""
