@@ -330,3 +330,22 @@ def test_a_whole_decode_past_the_default_workspace_that_runs_out_goes_to_chunks(
     assert [int(load(k, "cuda:0")[0]) for k in range(2)] == [0, 1]
     assert ran == [("cuda:0", "batch", 1), ("cuda:0", "chunks", 512 << 20),
                    ("cuda:0", "chunks", 512 << 20)]  # (the device's later tensors too)
+
+
+def test_deltas_whose_levels_the_cpu_decodes_join_the_gpus_batches(monkeypatch) -> None:
+    # the odd tensors: deltas the GPU does not decode (their own levels on the CPU, their
+    # parents on the GPU), batched with the others so that their parents decode together
+    from s4weights.gpu import decode
+
+    load, ran = _loader(monkeypatch, 6, MIB, False, lambda dev, size, ws: False)
+    monkeypatch.setattr(decode, "decodable", lambda reader, i: i % 2 == 0)
+    monkeypatch.setattr(decode, "host_level", lambda reader, i: i % 2 == 1)
+    got = [load(k, "cuda:0") for k in range(6)]
+    assert [int(g[0]) for g in got] == list(range(6))
+    assert ran == [("cuda:0", "batch", 6)]
+    # read whole by the CPU instead (each its own call of read_tensors, its own batch)
+    monkeypatch.setattr(decode, "host_level", lambda reader, i: False)
+    load, ran = _loader(monkeypatch, 6, MIB, False, lambda dev, size, ws: False)
+    monkeypatch.setattr(decode, "decodable", lambda reader, i: i % 2 == 0)
+    [load(k, "cuda:0") for k in range(6)]
+    assert ran == [("cuda:0", "batch", 3), *[("cuda:0", "batch", 1)] * 3]
