@@ -107,9 +107,9 @@ def exercise(sizes: tuple[int, ...] = (300, 20_000, 100_000, 600_000, 3_000_000)
     each dtype, every policy, masked and unmasked deltas, reads from bytes and from a file,
     and the conformance vectors. The sizes reach each way a plane is counted (100,000 words:
     one piece through the 16-bit window, whose other fields are summed from its histogram).
-    (s4weights gives the kernels the same types from torch's
-    tensors: tests/format/test_kernels_built.py checks that its save, load and chains run
-    no kernel that was not built.)"""
+    (s4weights gives the kernels the same types from torch's tensors:
+    tests/format/test_kernels_built.py checks that its save, load and chains run no kernel
+    that was not built.)"""
     from s4format import policy
     from s4format.reader import Reader
 

@@ -191,18 +191,19 @@ def _read_on_gpu(reader: s4format.Reader, device: str, workspace: int | None
     tensors too: their checks; a delta's own level alone where its parent decodes on the GPU,
     :func:`decode.host_level`). Fails as the CPU reader would, reading in order."""
     from s4weights.gpu import plan
-    from s4weights.gpu.decode import decodable, device_extra, host_level
+    from s4weights.gpu.decode import batched, decodable, device_extra
     from s4weights.gpu.decode_large import chunkable, load_large
     from s4weights.gpu.ransparse import HostDecodes
 
     total = sum(t.raw_nbytes for t in reader.tensors)
     ws = workspace or plan.default_workspace(total)
     dev = torch.device("cuda", torch.cuda.current_device())
-    batched = [i for i, t in enumerate(reader.tensors)
-               if t.raw_nbytes > 0 and (decodable(reader, i) or host_level(reader, i))
-               and t.raw_nbytes + device_extra(reader, i) <= ws]
-    load = gpu.loader_for(reader, device, workspace=ws, count_outputs=True, wanted=batched)
-    batched_set = set(batched)
+    in_batches = [i for i, t in enumerate(reader.tensors)
+                  if t.raw_nbytes > 0 and batched(reader, i)
+                  and t.raw_nbytes + device_extra(reader, i) <= ws]
+    load = gpu.loader_for(reader, device, workspace=ws, count_outputs=True,
+                          wanted=in_batches)
+    batched_set = set(in_batches)
     host = hostmem.take(dev, total)
     if host is None:
         host = hostmem.populated(total).result()

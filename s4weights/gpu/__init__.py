@@ -242,15 +242,6 @@ def loader_for(reader, device: str, update=None, direct: dict | None = None,
                    wanted).load
 
 
-def _batched(reader, i: int) -> bool:
-    """Whether tensor i decodes in a batch: the GPU decodes it, or the CPU its own level and the
-    GPU its parents (a delta the GPU does not decode, ``decode.host_level``), which a batch's
-    levels then decode together."""
-    from s4weights.gpu import decode
-
-    return decode.decodable(reader, i) or decode.host_level(reader, i)
-
-
 def _free_bytes(dev) -> int:
     """Device ``dev``'s free memory, or 0 where it does not answer."""
     import torch
@@ -415,9 +406,9 @@ class _Loader:
         return raw
 
     def _in_batch(self, i: int, dev, ws: int):
-        """Tensor i decoded in a batch with the following tensors the GPU decodes, as many as
-        the workspace holds. Once its planes are read, the next batch's are read while it
-        decodes."""
+        """Tensor i decoded in a batch with the following tensors the GPU decodes (or whose
+        own levels the CPU decodes, ``decode.host_level``), as many as the workspace holds.
+        Once its planes are read, the next batch's are read while it decodes."""
         import torch
 
         from s4weights.gpu import decode
@@ -427,7 +418,7 @@ class _Loader:
             self.tried.update(chunks=False, size=len(idx), need=used)
             # (a tensor the CPU decodes may come between a batch's tensors: the batch after
             # it was read ahead already)
-            nxt = None if not _batched(self.reader, i) else \
+            nxt = None if not decode.batched(self.reader, i) else \
                 (lambda ahead: self._read_next(idx[-1], str(dev), ws, ahead))
             outs = decode.read_tensors(
                 self.reader, idx, [self._dest(j, dev) for j in idx] if self.direct else None,
@@ -445,10 +436,10 @@ class _Loader:
 
         reader = self.reader
         idx, used = [i], 0
-        if _batched(reader, i):
+        if decode.batched(reader, i):
             used, cap = self.extra_of(i), decode.limit(reader)
             for j in range(i + 1, len(self.sizes)):
-                if (j, key) in self.ready or not _batched(reader, j):
+                if (j, key) in self.ready or not decode.batched(reader, j):
                     continue
                 # a tensor over the size limit (R0) starts a batch of its own, so that
                 # the tensors before it are read first, as the CPU reader reads them
@@ -470,7 +461,7 @@ class _Loader:
         if at == len(self.wanted):
             return
         reader, nxt = self.reader, self.wanted[at]
-        if not _batched(reader, nxt) or not self.extra_of(nxt) \
+        if not decode.batched(reader, nxt) or not self.extra_of(nxt) \
                 or decode.over_limit(reader, nxt) or self._chunked(nxt, key, ws):
             return  # (the CPU reads it, or it decodes in chunks)
         staged = [j for j in self._batch(nxt, key, ws)[0] if decode.decodable(reader, j)]

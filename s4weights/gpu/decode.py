@@ -60,9 +60,10 @@ def host_level(reader: Reader, i: int) -> bool:
         and not decodable(reader, i)
 
 
-def _xor_bytes(reader: Reader, i: int) -> bool:
-    """Whether reading delta i for a batch leaves its XOR bytes, made whole with its parent's
-    on the GPU (:func:`_apply_parents`): where the GPU decodes it, or the CPU its level."""
+def batched(reader: Reader, i: int) -> bool:
+    """Whether tensor i decodes in a batch (:func:`read_tensors`): the GPU decodes it, or the
+    CPU its own level (:func:`host_level`). A delta so read leaves its XOR bytes, made whole
+    with its parent's on the GPU (:func:`_apply_parents`), its parents in one batch a level."""
     return decodable(reader, i) or host_level(reader, i)
 
 
@@ -136,7 +137,7 @@ def device_extra(reader: Reader, i: int) -> int:
     while True:
         pt = level.tensors[k]
         deeper = (parent_index(level, k) if pt.is_delta and level.parent is not None
-                  and _xor_bytes(level, k) else None)
+                  and batched(level, k) else None)
         below = max(below, n + _own_extra(level, k) + (n if deeper is not None else 0))
         if deeper is None:
             return max(extra, below)
@@ -365,7 +366,7 @@ def _decode_batch(reader: Reader, idx: list[int], outs: list[torch.Tensor],
 def _levels(reader: Reader, idx: list[int]) -> list[tuple[Reader, dict[int, int]]]:
     """The chains of deltas ``idx`` of ``reader``: per level below it, the level's reader and
     {position in ``idx``: tensor index there}, from the nearest parent down; a level's
-    deltas read as XOR bytes (:func:`_xor_bytes`) go on to the next. ParentMismatchError
+    deltas read as XOR bytes (:func:`batched`) go on to the next. ParentMismatchError
     where a parent holds no tensor for a delta."""
     levels: list[tuple[Reader, dict[int, int]]] = []
     r, cur = reader, dict(enumerate(idx))
@@ -381,7 +382,7 @@ def _levels(reader: Reader, idx: list[int]) -> list[tuple[Reader, dict[int, int]
             at[k] = j
         levels.append((p, at))
         cur = {k: j for k, j in at.items()
-               if p.tensors[j].is_delta and p.parent is not None and _xor_bytes(p, j)}
+               if p.tensors[j].is_delta and p.parent is not None and batched(p, j)}
         r = p
     return levels
 
@@ -389,7 +390,7 @@ def _levels(reader: Reader, idx: list[int]) -> list[tuple[Reader, dict[int, int]
 def _read_levels_ahead(reader: Reader, idx: list[int], ahead: staging.Ahead) -> None:
     """Start reading the planes of every parent level that the deltas of ``idx`` read as
     XOR bytes will stage (:func:`_apply_parents`), in its order: the deepest level first."""
-    deltas = [i for i in idx if reader.tensors[i].is_delta and _xor_bytes(reader, i)]
+    deltas = [i for i in idx if reader.tensors[i].is_delta and batched(reader, i)]
     if not deltas or reader.parent is None:
         return
     try:
