@@ -175,6 +175,18 @@ def _flip_in_place(blob: bytes, name: str) -> bytes:
     return bytes(out)
 
 
+def _fails_as_the_cpu_reader(blobs: list[bytes]) -> s4format.S4Error:
+    """Assert that the chain of ``blobs`` read on the GPU fails with the CPU reader's first
+    failure, and return it."""
+    cpu = _first_cpu_failure(_open(blobs))
+    assert cpu is not None
+    r = _open(blobs)
+    with pytest.raises(s4format.S4Error) as got:
+        decode.read_tensors(r, list(range(len(r.tensors))))
+    assert type(got.value) is type(cpu) and str(got.value) == str(cpu), (cpu, got.value)
+    return cpu
+
+
 @pytest.mark.parametrize("level", [0, 2, 4])
 @pytest.mark.parametrize("how", ["decoding finds it", "its checksum finds it"])
 @pytest.mark.parametrize("name", ["w", "twin_a"])
@@ -209,12 +221,7 @@ def test_damage_at_two_levels_fails_with_the_upper_one_as_the_cpu_reader(upper: 
     # lower's raised: the files' names, all "<buffer>", could not tell the levels apart)
     blobs = _chain(_levels(5, seed=1), _full_at, damage=(upper, "w"))
     blobs[lower] = _flip_in_place(blobs[lower], "w")
-    cpu = _first_cpu_failure(_open(blobs))
-    assert cpu is not None
-    r = _open(blobs)
-    with pytest.raises(s4format.S4Error) as got:
-        decode.read_tensors(r, list(range(len(r.tensors))))
-    assert type(got.value) is type(cpu) and str(got.value) == str(cpu), (cpu, got.value)
+    _fails_as_the_cpu_reader(blobs)
 
 
 @pytest.mark.parametrize("level", [1, 2, 3])
@@ -437,24 +444,7 @@ def test_masked_levels_decode_on_the_host_within_a_gpu_chain() -> None:
     and applies the levels below and above it on the GPU, byte for byte as the CPU reader
     reads them."""
     levels = _levels(4, seed=2)
-    blobs, parent_id = [], None
-    for level, state in enumerate(levels):
-        buf = io.BytesIO()
-        with Writer(buf, parent_id=parent_id) as w:
-            for name, (d, x) in state.items():
-                dt, n = dtypes.BY_NAME[d], x.size // dtypes.BY_NAME[d].itemsize
-                base = levels[level - 1][name][1] if level else None
-                if level in (1, 2):  # the CPU coder, masking where few words changed
-                    w.add(name, s4format.Tensor(dt, (n,), x),
-                          parent=None if base is None else s4format.Tensor(dt, (n,), base))
-                    continue
-                it, c = _coded(x if base is None else np.bitwise_xor(x, base), d, n)
-                w.add_coded(name, it.dtype, (n,), c.coded, hashing.content_hash(x.tobytes()),
-                            parent_hash=None if base is None
-                            else hashing.content_hash(base.tobytes()))
-            w.set_tree({k: objtree.TensorRef(i) for i, k in enumerate(state)})
-        blobs.append(buf.getvalue())
-        parent_id = s4format.Reader(blobs[-1]).checkpoint_id
+    blobs = _mixed_chain(levels, cpu_at=(1, 2))
     r = _open(blobs)
     masked = [t.name for t in r.parent.parent.tensors if t.masked]
     assert "w" in masked and "m" in masked
@@ -467,11 +457,12 @@ def test_masked_levels_decode_on_the_host_within_a_gpu_chain() -> None:
         assert np.array_equal(r.read_raw(i), want), r.tensors[i].name
 
 
-def _cpu_chain(levels, parents=None) -> list[bytes]:
-    """The files of ``levels`` (base first) written by the CPU coder, each level a delta of
-    the one before (masked where few words changed); ``parents`` (level -> {name: bytes}):
-    the parent a tensor's delta is taken against there instead (one the level below may
-    not hold)."""
+def _mixed_chain(levels, cpu_at=None, parents=None) -> list[bytes]:
+    """The files of ``levels`` (base first), each level a delta of the one before: coded by
+    the CPU coder (masking where few words changed) at the levels ``cpu_at`` (all: None),
+    by the (emulated) GPU coder at the others. ``parents`` (level -> {name: bytes}): the
+    parent a tensor's delta is taken against there instead (one the level below may not
+    hold; CPU levels only)."""
     blobs, parent_id = [], None
     for level, state in enumerate(levels):
         buf = io.BytesIO()
@@ -481,8 +472,14 @@ def _cpu_chain(levels, parents=None) -> list[bytes]:
                 base = (parents or {}).get(level, {}).get(name)
                 if base is None and level:
                     base = levels[level - 1][name][1]
-                w.add(name, s4format.Tensor(dt, (n,), x),
-                      parent=None if base is None else s4format.Tensor(dt, (n,), base))
+                if cpu_at is None or level in cpu_at:
+                    w.add(name, s4format.Tensor(dt, (n,), x),
+                          parent=None if base is None else s4format.Tensor(dt, (n,), base))
+                    continue
+                it, c = _coded(x if base is None else np.bitwise_xor(x, base), d, n)
+                w.add_coded(name, it.dtype, (n,), c.coded, hashing.content_hash(x.tobytes()),
+                            parent_hash=None if base is None
+                            else hashing.content_hash(base.tobytes()))
             w.set_tree({k: objtree.TensorRef(i) for i, k in enumerate(state)})
         blobs.append(buf.getvalue())
         parent_id = s4format.Reader(blobs[-1]).checkpoint_id
@@ -495,7 +492,7 @@ def test_a_delta_the_gpu_does_not_decode_has_its_parents_decoded_on_the_gpu(monk
     # A chain the CPU coder wrote (masked deltas, zstd planes) loaded on the GPU: the CPU
     # reader decodes each such delta's own level, the GPU the tensors below it, stored whole.
     levels = _levels(depth, seed=3)
-    r = _open(_cpu_chain(levels))
+    r = _open(_mixed_chain(levels))
     calls: list[tuple[s4format.Reader, int, bool]] = []
     real = decode.read_on_cpu
     monkeypatch.setattr(decode, "read_on_cpu", lambda reader, i, out, own=False: (
@@ -518,15 +515,10 @@ def test_a_delta_the_gpu_does_not_decode_has_its_parents_decoded_on_the_gpu(monk
 @pytest.mark.parametrize("name", ["w", "m"])
 def test_damage_below_or_in_a_level_the_cpu_decodes_fails_as_the_cpu_reader(level: int,
                                                                               name: str) -> None:
-    blobs = _cpu_chain(_levels(1, seed=3))
+    blobs = _mixed_chain(_levels(1, seed=3))
     assert s4format.Reader(blobs[1]).tensors[0].masked
     blobs[level] = _flip_in_place(blobs[level], name)
-    cpu = _first_cpu_failure(_open(blobs))
-    assert cpu is not None
-    r = _open(blobs)
-    with pytest.raises(s4format.S4Error) as got:
-        decode.read_tensors(r, list(range(len(r.tensors))))
-    assert type(got.value) is type(cpu) and str(got.value) == str(cpu), (cpu, got.value)
+    _fails_as_the_cpu_reader(blobs)
 
 
 def test_a_level_the_cpu_decodes_against_a_parent_the_base_lacks_fails_as_the_cpu_reader(
@@ -534,11 +526,6 @@ def test_a_level_the_cpu_decodes_against_a_parent_the_base_lacks_fails_as_the_cp
     levels = _levels(1, seed=3)
     other = levels[0]["w"][1].copy()
     other[:64] ^= np.uint8(1)  # (a "w" the base does not hold)
-    blobs = _cpu_chain(levels, parents={1: {"w": other}})
-    r = _open(blobs)
-    assert not decode.decodable(r, r.index_of("w"))
-    cpu = _first_cpu_failure(_open(blobs))
-    assert isinstance(cpu, s4format.errors.ParentMismatchError)
-    with pytest.raises(s4format.S4Error) as got:
-        decode.read_tensors(r, list(range(len(r.tensors))))
-    assert type(got.value) is type(cpu) and str(got.value) == str(cpu), (cpu, got.value)
+    blobs = _mixed_chain(levels, parents={1: {"w": other}})
+    assert not decode.decodable(_open(blobs), 0)
+    assert isinstance(_fails_as_the_cpu_reader(blobs), s4format.errors.ParentMismatchError)
