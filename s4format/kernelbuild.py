@@ -79,6 +79,10 @@ def _changed(a: Any, rng: np.random.Generator, share: float) -> Any:
     return Tensor(t.dtype, t.shape, words.view(np.uint8))
 
 
+# The shares of words a delta changes in the exercise and the samples: masked, masked, not.
+_SHARES = (0.01, 0.6, 0.9)
+
+
 def _written(tensors: dict[str, Any], policy: str = "auto", parent: Any = None,
              parents: dict[str, Any] | None = None) -> bytes:
     """A file of ``tensors``, as deltas of ``parents`` (the tensors of ``parent``'s file)."""
@@ -124,7 +128,7 @@ def exercise(sizes: tuple[int, ...] = (300, 20_000, 100_000, 600_000, 3_000_000)
                 path.write_bytes(blob)
                 for source in (blob, path, bytearray(blob)):
                     _read_all(source)
-            for share in (0.01, 0.6, 0.9):  # (masked, masked, not)
+            for share in _SHARES:
                 child = {k: _changed(a, rng, share) for k, a in base.items()}
                 with Reader(blob) as parent:
                     _read_all(_written(child, parent=parent, parents=base), parent)
@@ -146,7 +150,7 @@ def samples() -> list[bytes]:
             files.append(_written(base, pol))
             _read_all(files[-1])
         whole = files[-1]
-        for share in (0.01, 0.6, 0.9):
+        for share in _SHARES:
             child = {k: _changed(a, rng, share) for k, a in base.items()}
             with Reader(whole) as parent:
                 files.append(_written(child, parent=parent, parents=base))
