@@ -48,11 +48,16 @@ def _check(root: str, step: int) -> str:
     return "ok"
 
 
-def run(root: str, parity: int, count: int, seed: int, start: float, out: Any) -> None:
+def run(root: str, parity: int, count: int, seed: int, start: float, out: Any,
+        ready: Any) -> None:
     """Save ``count`` checkpoints, their steps from the time since ``start`` (so both writers'
-    steps interleave): parity 1 as deltas, parity 0 as bases that keep one checkpoint."""
+    steps interleave): parity 1 as deltas, parity 0 as bases that keep one checkpoint. Both
+    begin once both are ready (``ready``, a barrier of two)."""
     rng = random.Random(seed)
     s4weights.save(state(0), io.BytesIO())  # compile the codecs before the race
+    # (one process may take seconds longer to start and compile: without the barrier the other
+    # once made all its saves before the first began, and no delta had the other's base)
+    ready.wait(timeout=300)
     results = []
     for _ in range(count):
         time.sleep(rng.uniform(0, 0.03))

@@ -164,8 +164,9 @@ def race(root: str, trials: int, count: int) -> list[tuple[int, int | None, str]
         out = ctx.Queue()
         start = time.monotonic()
         seed = random.randrange(1 << 30)
+        ready = ctx.Barrier(2)
         procs = [ctx.Process(target=race_worker.run, args=(run, parity, count, seed + parity,
-                                                          start, out))
+                                                          start, out, ready))
                  for parity in (0, 1)]
         for p in procs:
             p.start()
