@@ -529,3 +529,45 @@ def test_a_level_the_cpu_decodes_against_a_parent_the_base_lacks_fails_as_the_cp
     blobs = _mixed_chain(levels, parents={1: {"w": other}})
     assert not decode.decodable(_open(blobs), 0)
     assert isinstance(_fails_as_the_cpu_reader(blobs), s4format.errors.ParentMismatchError)
+
+
+@pytest.fixture
+def as_tasks(monkeypatch) -> list[str]:
+    """Every tensor the CPU decodes in a GPU batch decoded as a task of a pool of four threads
+    (a tensor under ``threads.SHARE_MIN`` is decoded at once, on the batch's thread); returns
+    the tensors submitted as tasks, by name."""
+    from s4format import threads
+
+    monkeypatch.setattr(threads, "SHARE_MIN", 0)
+    pool = threads.Pool(4)
+    monkeypatch.setattr(threads, "_pool", pool)
+    submitted: list[str] = []
+    real = pool.submit
+
+    def submit(fn, *args):
+        if fn is decode.read_on_cpu:
+            submitted.append(args[0].tensors[args[1]].name)
+        return real(fn, *args)
+    monkeypatch.setattr(pool, "submit", submit)
+    return submitted
+
+
+@pytest.mark.parametrize("depth", [1, 3])
+def test_levels_the_cpu_decodes_side_by_side_read_as_the_cpu_reader(as_tasks: list[str],
+                                                                    depth: int) -> None:
+    levels = _levels(depth, seed=3)
+    r = _open(_mixed_chain(levels, cpu_at=(depth,)))
+    idx = list(range(len(r.tensors)))
+    for i, o in zip(idx, decode.read_tensors(r, idx)):
+        assert np.array_equal(o.numpy(), levels[-1][r.tensors[i].name][1]), r.tensors[i].name
+    assert {"w", "m"} <= set(as_tasks)
+
+
+@pytest.mark.parametrize("level", [0, 1])
+@pytest.mark.parametrize("name", ["w", "m", "twin_b"])
+def test_levels_the_cpu_decodes_side_by_side_fail_as_the_cpu_reader(as_tasks: list[str],
+                                                                    level: int,
+                                                                    name: str) -> None:
+    blobs = _mixed_chain(_levels(1, seed=3))
+    blobs[level] = _flip_in_place(blobs[level], name)
+    _fails_as_the_cpu_reader(blobs)
