@@ -10,6 +10,7 @@ at the H2D, so benchmarks can time the device-to-device part alone.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import weakref
 from collections.abc import Callable
@@ -27,6 +28,7 @@ from s4format.errors import (
 )
 from s4format.hashing import LEAF_SIZE
 from s4format.reader import Reader
+from s4format.writer import AHEAD
 from s4weights.gpu import gdeflate, nvans, ransparse, runtime, segdecode, staging
 from s4weights.gpu.decode_group import decode_staged
 from s4weights.gpu.failures import about, raise_as_cpu
@@ -342,7 +344,6 @@ def _decode_batch(reader: Reader, idx: list[int], outs: list[torch.Tensor],
     on_gpu = set(gpu)
     levels = [k for k, i in enumerate(idx) if k not in on_gpu and host_level(reader, i)]
     own = set(levels)
-    on_cpu = [(k, i) for k, i in enumerate(idx) if k not in on_gpu]
     if not gpu and staged is not None:  # (the parents' planes are read while the CPU decodes)
         staged()
         staged = None
@@ -350,13 +351,17 @@ def _decode_batch(reader: Reader, idx: list[int], outs: list[torch.Tensor],
     # the GPU's planes are read and decoded (a CPU-written delta's levels are most of its
     # tensors); the small ones at once on this thread. (A CPU-written base holds 84 small
     # ones the GPU does not decode, of 147: as tasks, it loaded in 1.5 x the time.)
-    for k, i in on_cpu:
+    large = []
+    for k, i in enumerate(idx):
+        if k in on_gpu:
+            continue
         if reader.tensors[i].raw_nbytes < threads.SHARE_MIN:
             read_on_cpu(reader, i, outs[k], k in own)
-    pool = threads.pool()
-    tasks = [pool.submit(read_on_cpu, reader, i, outs[k], k in own)
-             for k, i in on_cpu if reader.tensors[i].raw_nbytes >= threads.SHARE_MIN]
+        else:
+            large.append(k)
+    host = _OnHost(reader, idx, outs, own, large)
     try:
+        host.start()
         st = stage(reader, [idx[k] for k in gpu], ahead) if gpu else None
         if staged is not None:
             staged()
@@ -368,13 +373,64 @@ def _decode_batch(reader: Reader, idx: list[int], outs: list[torch.Tensor],
                 st = _subset(st, [h for h in range(len(gpu)) if h not in heavy])
                 gpu = [k for h, k in enumerate(gpu) if h not in heavy]
             decode_staged(st, [outs[k] for k in gpu])
-    except BaseException:  # (no task left reading a file the caller may close)
-        with contextlib.suppress(BaseException):
-            pool.wait(tasks)
+        host.finish()
+    except BaseException:
+        host.settle()  # (no task left reading a file the caller may close)
         raise
-    pool.wait(tasks)  # (raises the first failure in the batch's order)
     return sorted(levels + [k for k in gpu if reader.tensors[idx[k]].is_delta])
 
+
+
+class _OnHost:
+    """Tensors ``idx[k]`` for ``k`` in ``large`` decoded by the CPU reader (their own levels
+    for ``k`` in ``own``) and copied into ``outs[k]``, as tasks of the pool, in order, at most
+    :data:`s4format.writer.AHEAD` raw bytes of them at once (and at least one), as a CPU load
+    decodes ahead. Each copy goes on the stream that was current on the calling thread, which
+    the caller's work on the destinations is ordered by."""
+
+    def __init__(self, reader: Reader, idx: list[int], outs: list[torch.Tensor], own: set[int],
+                 large: list[int]) -> None:
+        self.reader, self.idx, self.outs, self.own = reader, idx, outs, own
+        self.todo = collections.deque(large)
+        self.pool = threads.pool()
+        self.tasks: collections.deque[tuple[threads.Task, int]] = collections.deque()
+        self.held = 0
+        self.streams = {outs[k].device: torch.cuda.current_stream(outs[k].device)
+                        for k in large if outs[k].is_cuda}
+
+    def _one(self, k: int) -> None:
+        out = self.outs[k]
+        stream = self.streams.get(out.device)
+        with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+            read_on_cpu(self.reader, self.idx[k], out, k in self.own)
+
+    def start(self) -> None:
+        """Submit tasks while they stay within the bytes allowed."""
+        while self.todo:
+            n = self.reader.tensors[self.idx[self.todo[0]]].raw_nbytes
+            if self.tasks and self.held + n > AHEAD:
+                return
+            k = self.todo.popleft()
+            self.tasks.append((self.pool.submit(self._one, k), n))
+            self.held += n
+
+    def finish(self) -> None:
+        """Wait for every task in order, submitting the rest as room frees; the first failure
+        in order is raised."""
+        self.start()
+        while self.tasks:
+            task, n = self.tasks[0]
+            self.pool.wait([task])
+            self.tasks.popleft()
+            self.held -= n
+            self.start()
+
+    def settle(self) -> None:
+        """Wait for the tasks submitted, their results and failures dropped; submit no more."""
+        self.todo.clear()
+        with contextlib.suppress(BaseException):
+            self.pool.wait([task for task, _n in self.tasks])
+        self.tasks.clear()
 
 def _levels(reader: Reader, idx: list[int]) -> list[tuple[Reader, dict[int, int]]]:
     """The chains of deltas ``idx`` of ``reader``: per level below it, the level's reader and

@@ -532,21 +532,23 @@ def test_a_level_the_cpu_decodes_against_a_parent_the_base_lacks_fails_as_the_cp
 
 
 @pytest.fixture
-def as_tasks(monkeypatch) -> list[str]:
+def as_tasks(monkeypatch) -> list[tuple[str, int]]:
     """Every tensor the CPU decodes in a GPU batch decoded as a task of a pool of four threads
-    (a tensor under ``threads.SHARE_MIN`` is decoded at once, on the batch's thread); returns
-    the tensors submitted as tasks, by name."""
+    (a tensor under ``threads.SHARE_MIN`` is decoded at once, on the batch's thread); returns,
+    for each task submitted, the tensor's name and how many of the batch's tasks were in
+    flight before it."""
     from s4format import threads
 
     monkeypatch.setattr(threads, "SHARE_MIN", 0)
     pool = threads.Pool(4)
     monkeypatch.setattr(threads, "_pool", pool)
-    submitted: list[str] = []
+    submitted: list[tuple[str, int]] = []
     real = pool.submit
 
     def submit(fn, *args):
-        if fn is decode.read_on_cpu:
-            submitted.append(args[0].tensors[args[1]].name)
+        host = getattr(fn, "__self__", None)
+        if isinstance(host, decode._OnHost):
+            submitted.append((host.reader.tensors[host.idx[args[0]]].name, len(host.tasks)))
         return real(fn, *args)
     monkeypatch.setattr(pool, "submit", submit)
     return submitted
@@ -560,7 +562,20 @@ def test_levels_the_cpu_decodes_side_by_side_read_as_the_cpu_reader(as_tasks: li
     idx = list(range(len(r.tensors)))
     for i, o in zip(idx, decode.read_tensors(r, idx)):
         assert np.array_equal(o.numpy(), levels[-1][r.tensors[i].name][1]), r.tensors[i].name
-    assert {"w", "m"} <= set(as_tasks)
+    assert {"w", "m"} <= {name for name, _ in as_tasks}
+    assert max(before for _name, before in as_tasks) > 0  # (side by side)
+
+
+def test_levels_the_cpu_decodes_side_by_side_hold_at_most_the_bytes_allowed(
+        as_tasks: list[tuple[str, int]], monkeypatch) -> None:
+    # with room for one tensor's bytes, each task waits for the one before it to be taken
+    monkeypatch.setattr(decode, "AHEAD", 1)
+    levels = _levels(3, seed=3)
+    r = _open(_mixed_chain(levels))
+    idx = list(range(len(r.tensors)))
+    for i, o in zip(idx, decode.read_tensors(r, idx)):
+        assert np.array_equal(o.numpy(), levels[-1][r.tensors[i].name][1]), r.tensors[i].name
+    assert len(as_tasks) > 1 and all(before == 0 for _name, before in as_tasks)
 
 
 @pytest.mark.parametrize("level", [0, 1])
