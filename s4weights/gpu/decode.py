@@ -380,7 +380,6 @@ def _decode_batch(reader: Reader, idx: list[int], outs: list[torch.Tensor],
     return sorted(levels + [k for k in gpu if reader.tensors[idx[k]].is_delta])
 
 
-
 class _OnHost:
     """Tensors ``idx[k]`` for ``k`` in ``large`` decoded by the CPU reader (their own levels
     for ``k`` in ``own``) and copied into ``outs[k]``, as tasks of the pool, in order, at most
@@ -431,6 +430,7 @@ class _OnHost:
         with contextlib.suppress(BaseException):
             self.pool.wait([task for task, _n in self.tasks])
         self.tasks.clear()
+
 
 def _levels(reader: Reader, idx: list[int]) -> list[tuple[Reader, dict[int, int]]]:
     """The chains of deltas ``idx`` of ``reader``: per level below it, the level's reader and

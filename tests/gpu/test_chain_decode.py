@@ -555,8 +555,8 @@ def as_tasks(monkeypatch) -> list[tuple[str, int]]:
 
 
 @pytest.mark.parametrize("depth", [1, 3])
-def test_levels_the_cpu_decodes_side_by_side_read_as_the_cpu_reader(as_tasks: list[str],
-                                                                    depth: int) -> None:
+def test_levels_the_cpu_decodes_side_by_side_read_as_the_cpu_reader(
+        as_tasks: list[tuple[str, int]], depth: int) -> None:
     levels = _levels(depth, seed=3)
     r = _open(_mixed_chain(levels, cpu_at=(depth,)))
     idx = list(range(len(r.tensors)))
@@ -580,9 +580,8 @@ def test_levels_the_cpu_decodes_side_by_side_hold_at_most_the_bytes_allowed(
 
 @pytest.mark.parametrize("level", [0, 1])
 @pytest.mark.parametrize("name", ["w", "m", "twin_b"])
-def test_levels_the_cpu_decodes_side_by_side_fail_as_the_cpu_reader(as_tasks: list[str],
-                                                                    level: int,
-                                                                    name: str) -> None:
+def test_levels_the_cpu_decodes_side_by_side_fail_as_the_cpu_reader(
+        as_tasks: list[tuple[str, int]], level: int, name: str) -> None:
     blobs = _mixed_chain(_levels(1, seed=3))
     blobs[level] = _flip_in_place(blobs[level], name)
     _fails_as_the_cpu_reader(blobs)
