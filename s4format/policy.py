@@ -232,11 +232,11 @@ def _rank(view: PlaneView, kind: int, policy: str, available: dict[int, codecs.C
     n = view.size
     ranked: list[tuple[int, int]] = []
     zstd_est = None
+    best = n  # (the least estimate ranked so far)
     for cid in _TABLES[policy][kind]:
         codec = available.get(cid)
         if codec is None:
             continue
-        best = min((e for e, _ in ranked), default=n)
         if policy != "seed" and cid == codecs.GDEFLATE and not (
                 zstd_est is not None and zstd_est < _LZ_GATE * best):
             continue
@@ -250,6 +250,7 @@ def _rank(view: PlaneView, kind: int, policy: str, available: dict[int, codecs.C
             zstd_est = est
         if est is not None and est < n:
             ranked.append((est, cid))
+            best = min(best, est)
     if policy == "auto":
         _add_segments(view, ranked, available, kind)
     ranked.sort()
@@ -305,9 +306,14 @@ def sparse(view: PlaneView) -> bool:
     """Whether the plane is sparse: of two symbols or more, its most common filling
     :data:`SPARSE` of it. (A plane of one symbol is rANS's CONST form: a few bytes that
     decode at memory speed.)"""
-    counts, m, _runs = view.share()
-    top = int(counts.max()) if m else 0
-    return SPARSE * m <= top < m
+    # (asked up to three times a plane: kept with the view, for its sample or its histogram)
+    key = ("sparse", view.counted)
+    found = view.memo.get(key)
+    if found is None:
+        counts, m, _runs = view.share()
+        top = int(counts.max()) if m else 0
+        found = view.memo[key] = SPARSE * m <= top < m
+    return found
 
 
 def prefer_fast(ranked: list[tuple[int, int]], n: int) -> list[tuple[int, int]]:
@@ -351,10 +357,15 @@ def lz_may_pay(view: PlaneView, kind: int, n: int | None = None) -> bool:
     is a sample.)"""
     if kind not in _FLOAT_KINDS or (view.size if n is None else n) <= LZ_ALWAYS:
         return True
-    counts, m, runs = view.share()
-    p = counts / m
-    expected = float(np.dot(p, p) + np.dot(p[1:], p[:-1]))
-    return runs - expected > (LZ_RUNS_EXPONENT if kind == layouts.KIND_EXPONENT else LZ_RUNS)
+    # (the excess of runs over chance is the plane's or its sample's, whatever n: kept with
+    # the view, as the policy asks it once for each LZ coder)
+    key = ("runs over chance", view.counted)
+    excess = view.memo.get(key)
+    if excess is None:
+        counts, m, runs = view.share()
+        p = counts / m
+        excess = view.memo[key] = runs - float(np.dot(p, p) + np.dot(p[1:], p[:-1]))
+    return excess > (LZ_RUNS_EXPONENT if kind == layouts.KIND_EXPONENT else LZ_RUNS)
 
 
 def _sample_rules_out(rans: codecs.Codec, view: PlaneView, ranked: list[tuple[int, int]],
