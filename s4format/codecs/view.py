@@ -25,8 +25,9 @@ PIECE = 1 << 18
 # same pass), from which codec 9 (rans-seg) chooses where a new frequency table pays.
 UNIT = 1 << 16
 UNITS_MIN = 4 * UNIT
-# A plane of bytes up to this long is counted by numpy: the kernels' calls cost more (a small
-# tensor's one plane: 3.9 against 9.9 us for 256 bytes).
+# A plane of bytes up to this long is counted in one call of its own kernel: the piecewise
+# counting's calls cost more (a small tensor's one plane: 0.8 us for 256 bytes, against 4.3 by
+# numpy and 9.9 by the pieces).
 SMALL_PLANE = 4096
 # The sample of a plane not counted yet: this many evenly spaced runs of SAMPLE_CHUNK bytes
 # (a plane that fits in them is counted whole).
@@ -61,11 +62,9 @@ class PlaneView:
         """A plane of bytes, its statistics counted."""
         plane = np.ascontiguousarray(plane, dtype=np.uint8).reshape(-1)
         if plane.size <= SMALL_PLANE:
-            counts = np.bincount(plane, minlength=256).astype(np.int64)
-            steps = plane[1:].astype(np.int16) - plane[:-1]
-            runs = int(np.count_nonzero(steps.view(np.uint16) <= 1))
-            bits = int(np.bitwise_or.reduce(plane)) if plane.size else 0
-            return cls(plane, 0, 0xFF, bits, counts, runs)
+            counts = np.zeros(256, np.int64)
+            runs, bits = _small_stats(plane, counts)
+            return cls(plane, 0, 0xFF, int(bits), counts, int(runs))
         return counted(plane, np.zeros(1, np.int64), np.full(1, 0xFF, np.int64))[0]
 
     @property
@@ -326,6 +325,20 @@ WINDOW_MIN = 1 << 16
 # its own counts, and 65,536 counters then miss the first-level cache), none of them starting
 # below this bit of the 16 (the sums over the bits below take one pass then).
 WINDOW_BELOW = 6
+
+
+@kernel()
+def _small_stats(plane, counts):  # pragma: no cover - compiled
+    """The histogram of the bytes ``plane`` (added to ``counts``), and (their runs, their
+    OR): a run is a byte equal to the one before or one above it."""
+    runs, bits, before = 0, 0, -2
+    for i in range(plane.size):
+        b = np.int64(plane[i])
+        counts[b] += 1
+        bits |= b
+        runs += (b == before) | (b == before + 1)
+        before = b
+    return runs, bits
 
 
 @kernel()
