@@ -106,3 +106,24 @@ def test_a_forked_child_takes_buffers_while_a_parent_thread_held_the_lock() -> N
         t.join()
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_a_one_plane_tensor_read_from_memory_is_a_copy_of_its_own(tmp_path) -> None:
+    # (one plane in the raw layout is read without the reused buffers: what is returned must
+    # still be writable and must not be the caller's bytes, whichever codec stored it)
+    rng = np.random.default_rng(5)
+    tree = {"random": rng.integers(0, 256, 3000, dtype=np.uint8),
+            "text": np.frombuffer(b"a plane that zstd stores " * 40, np.uint8).copy(),
+            "flags": (rng.random(3000) < 0.5).astype(np.uint8)}
+    path = tmp_path / "a.s4w"
+    s4format.write(path, {k: Tensor.from_numpy(v) for k, v in tree.items()})
+    data = path.read_bytes()
+    with Reader(data) as r:
+        names = {t.name: [codecs.get(p.codec).name for p in t.planes] for t in r.tensors}
+        assert {n[0] for n in names.values()} >= {"raw", "zstd"} and \
+            all(len(n) == 1 for n in names.values())  # the cases under test
+        got = {t.name: r.read(i).data for i, t in enumerate(r.tensors)}
+    for name, want in tree.items():
+        assert got[name].tobytes() == want.tobytes()
+        assert got[name].flags.writeable
+        assert not np.may_share_memory(got[name], np.frombuffer(data, np.uint8))
