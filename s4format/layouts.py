@@ -16,7 +16,17 @@ import numpy as np
 
 from s4format import codecs, hashing, threads
 from s4format.codecs.abc import Slicer
-from s4format.codecs.view import PIECE, PlaneView, counted_window, run_pieces, sampled
+from s4format.codecs.view import (
+    PIECE,
+    SAMPLE_CHUNK,
+    SAMPLE_CHUNKS,
+    WINDOW_MIN,
+    PlaneView,
+    counted,
+    counted_window,
+    run_pieces,
+    sampled,
+)
 from s4format.errors import FormatError, S4Error, UnsupportedFeatureError
 from s4format.jit import constant, intrinsic, kernel, target_has
 
@@ -102,9 +112,13 @@ class Layout:
         if w not in _UINT:  # (16-byte elements under BYTES: complex128)
             return [sampled(p, *one, ors=count)[0] for p in self.split(raw, itemsize)]
         words = raw.view(_UINT[w])
+        all_shifts, all_masks = self.shifts_masks(itemsize)
+        if words.size <= SAMPLE_CHUNKS * SAMPLE_CHUNK and words.size < WINDOW_MIN:
+            # (every plane of a tensor this small is counted whole, sampled or not: in one
+            # call, as two would count them the same way)
+            return counted(words, all_shifts, all_masks)
         views: list[PlaneView | None] = [None] * len(fields)
         exact = [count and f.kind in (KIND_SIGN, KIND_EXPONENT) for f in fields]
-        all_shifts, all_masks = self.shifts_masks(itemsize)
         window = None  # (the counted fields' window gives the ORs of the others inside it)
         ks = [k for k in range(len(fields)) if exact[k]]
         if ks:
