@@ -269,9 +269,10 @@ def window_of(words: np.ndarray, shifts: np.ndarray, masks: np.ndarray) -> int |
     WINDOW_BELOW up."""
     if words.itemsize == 1 or words.size < WINDOW_MIN:
         return None
-    top = max(int(s) + int(m).bit_length() for s, m in zip(shifts, masks))
+    at, widths = shifts.tolist(), masks.tolist()  # (numpy's scalars cost more, one by one)
+    top = max(s + m.bit_length() for s, m in zip(at, widths))
     low = max(0, top - WINDOW_BITS)
-    return low if shifts.size > 1 and int(shifts.min()) >= low + WINDOW_BELOW else None
+    return low if len(at) > 1 and min(at) >= low + WINDOW_BELOW else None
 
 
 def window_stats(words: np.ndarray, shifts: np.ndarray, masks: np.ndarray
