@@ -189,7 +189,7 @@ class _BytesSink:
         return n
 
     def _submit(self) -> None:
-        pool = threads.pool()
+        pool = threads.copy_pool()
         batch, n = self._batch, self._batched
         self._batch, self._batched = [], 0
         self._copying.append((pool.submit(_copy_all, batch, self._obj), n))
@@ -233,7 +233,7 @@ class _BytesSink:
         end = ((self._address + min(end, self._view.size)) & ~4095) - self._address
         if not self._prefault or end - self._populated < POPULATE_STEP // 2:
             return
-        pool = threads.pool()
+        pool = threads.copy_pool()
         while self._populated < end:
             lo, hi = self._populated, min(end, self._populated + POPULATE_STEP)
             self._populating.append(pool.submit(self._fault_in, lo, hi, self._obj))
@@ -249,7 +249,7 @@ class _BytesSink:
         if self._batch:  # copied on this thread: no new task to wait for
             batch, self._batch, self._batched = self._batch, [], 0
             _copy_all(batch, self._obj)
-        threads.pool().wait([t for t, _n in self._copying] + self._populating)
+        threads.copy_pool().wait([t for t, _n in self._copying] + self._populating)
         self._copying.clear()
         self._populating, self._pending = [], 0
         self._view = None

@@ -1,5 +1,6 @@
 """The CPU path's worker threads: one pool per process, as many threads as usable cores up to
-:data:`DEFAULT_MAX` (``S4_THREADS`` overrides), running kernels that release the GIL.
+:data:`DEFAULT_MAX` (``S4_THREADS`` overrides), running kernels that release the GIL; and a
+second pool for copies into memory (:mod:`s4format.memsink`), up to :data:`COPY_MAX` threads.
 
 A thread that waits for tasks runs queued tasks itself meanwhile (newest first: most likely the
 pieces it just split its own work into), so a task may split its work into more tasks and wait
@@ -16,13 +17,28 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 # Threads by default, at most: the Python between kernels holds the GIL, and past this the
-# workers mostly wait for it (16 threads saved and loaded 10-17% slower than 8 on 16 cores).
-DEFAULT_MAX = 8
+# workers mostly wait for it (16 cores, CUDA hidden, 2026-12-06: the LoRA state saved in 228-280
+# ms on 4 threads against 319-376 on 8, loaded in 100-130 against 171-175 ms; 16 threads were
+# 10-17% slower than 8 before).
+DEFAULT_MAX = 4
+# ... for copies into memory, which hold no GIL while they run: the GPU path's saves into memory
+# copy its stored bytes on them (10-15% slower on 4 threads than on 8, bench/RESULTS.md).
+COPY_MAX = 8
 
 
 def count() -> int:
     """Threads the CPU path uses: ``S4_THREADS`` if set, else the cores this process may use,
     at most :data:`DEFAULT_MAX`."""
+    return _threads(DEFAULT_MAX)
+
+
+def copy_count() -> int:
+    """Threads the copies into memory use: ``S4_THREADS`` if set, else the cores this process
+    may use, at most :data:`COPY_MAX`."""
+    return _threads(COPY_MAX)
+
+
+def _threads(most: int) -> int:
     env = os.environ.get("S4_THREADS")
     if env:
         try:
@@ -33,7 +49,7 @@ def count() -> int:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
         cores = os.cpu_count() or 1
-    return max(1, min(cores, DEFAULT_MAX))
+    return max(1, min(cores, most))
 
 
 class Task:
@@ -167,6 +183,7 @@ def ordered(pool: Pool, fn: Callable[[Any], Any], items: Iterable[tuple[Any, int
 
 
 _pool: Pool | None = None
+_copy_pool: Pool | None = None
 _pool_lock = threading.Lock()
 
 
@@ -174,15 +191,26 @@ def pool() -> Pool:
     """The process's pool, started on first use (and again in a forked child)."""
     global _pool
     with _pool_lock:
-        if _pool is None or _pool.pid != os.getpid():
-            _pool = Pool(count())
+        _pool = _alive(_pool, count)
         return _pool
+
+
+def copy_pool() -> Pool:
+    """The process's pool for copies into memory, started as :func:`pool` is."""
+    global _copy_pool
+    with _pool_lock:
+        _copy_pool = _alive(_copy_pool, copy_count)
+        return _copy_pool
+
+
+def _alive(found: Pool | None, threads: Callable[[], int]) -> Pool:
+    return found if found is not None and found.pid == os.getpid() else Pool(threads())
 
 
 def _forget_pool() -> None:
     # A forked child has none of the parent's workers, and a lock a worker held stays held.
-    global _pool, _pool_lock
-    _pool, _pool_lock = None, threading.Lock()
+    global _pool, _copy_pool, _pool_lock
+    _pool, _copy_pool, _pool_lock = None, None, threading.Lock()
 
 
 if hasattr(os, "register_at_fork"):

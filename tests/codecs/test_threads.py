@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import s4format
-from s4format import dtypes, threads
+from s4format import dtypes, memsink, threads
 from s4format.writer import code_tensor
 
 
@@ -112,9 +112,12 @@ def test_s4_threads_is_read_and_checked(monkeypatch) -> None:
     assert threads.count() == 32
     monkeypatch.delenv("S4_THREADS")
     monkeypatch.setattr(threads.os, "sched_getaffinity", lambda pid: set(range(64)))
-    assert threads.count() == threads.DEFAULT_MAX
+    assert threads.count() == threads.DEFAULT_MAX == 4
+    assert threads.copy_count() == threads.COPY_MAX == 8
     monkeypatch.setattr(threads.os, "sched_getaffinity", lambda pid: {0, 1})
-    assert threads.count() == 2
+    assert threads.count() == threads.copy_count() == 2
+    monkeypatch.setenv("S4_THREADS", "6")  # (both, set)
+    assert threads.count() == threads.copy_count() == 6
     monkeypatch.setenv("S4_THREADS", "many")
     with pytest.raises(ValueError, match="S4_THREADS must be a positive integer, got 'many'"):
         threads.count()
@@ -230,3 +233,23 @@ def test_prefetch_passes_small_items_to_the_callers_thread(pool: threads.Pool) -
         [2 * x for x in (0, 1, 5, 2, 3, 4, *range(6, 20))]
     if pool.threads > 1:
         assert all(ran_on[x] == me for x in range(1, 20, 2))
+
+
+def test_copies_into_memory_have_a_pool_of_their_own(monkeypatch) -> None:
+    # (copies hold no GIL: the GPU path's saves into memory copy on more threads than the
+    # coder's kernels gain from)
+    monkeypatch.setattr(threads.os, "sched_getaffinity", lambda pid: set(range(16)))
+    monkeypatch.delenv("S4_THREADS", raising=False)
+    monkeypatch.setattr(threads, "_pool", None)
+    monkeypatch.setattr(threads, "_copy_pool", None)
+    assert threads.pool().threads == 4 and threads.copy_pool().threads == 8
+    assert threads.pool() is threads.pool() and threads.copy_pool() is threads.copy_pool()
+    data = np.random.default_rng(0).integers(0, 256, 16 << 20, dtype=np.uint8)
+    f = io.BytesIO()
+    with memsink.into(f, data.nbytes) as sink:
+        if sink is f:
+            pytest.skip("no memory sink on this platform")
+        sink.write(data)
+    assert f.getvalue() == data.tobytes()
+    # (the copies ran on the copy pool's workers; the coder's pool started none)
+    assert threads.copy_pool()._started > 0 and threads.pool()._started == 0
