@@ -18,7 +18,7 @@ import numpy as np
 from s4format import codecs, layouts
 from s4format.codecs import bitpackw
 from s4format.codecs.abc import Encoded
-from s4format.codecs.view import PlaneView
+from s4format.codecs.view import PlaneView, chance_runs
 from s4format.schema import MINOR
 
 POLICIES = ("auto", "seed", "auto-1.0")
@@ -363,8 +363,7 @@ def lz_may_pay(view: PlaneView, kind: int, n: int | None = None) -> bool:
     excess = view.memo.get(key)
     if excess is None:
         counts, m, runs = view.share()
-        p = counts / m
-        excess = view.memo[key] = runs - float(np.dot(p, p) + np.dot(p[1:], p[:-1]))
+        excess = view.memo[key] = runs - chance_runs(counts, m)
     return excess > (LZ_RUNS_EXPONENT if kind == layouts.KIND_EXPONENT else LZ_RUNS)
 
 

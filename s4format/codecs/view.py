@@ -236,6 +236,24 @@ def _widths(masks: np.ndarray) -> np.ndarray:
     return np.array([int(m).bit_length() for m in masks.tolist()], np.int64)
 
 
+def chance_runs(counts: np.ndarray, m: int) -> float:
+    """How often independent draws from the histogram ``counts`` of ``m`` bytes repeat the
+    byte before or exceed it by one: ``sum(p[s] * (p[s] + p[s - 1]))``, p = counts / m."""
+    return _chance_runs(counts, m)
+
+
+@kernel()
+def _chance_runs(counts, m):  # pragma: no cover - compiled
+    """:func:`chance_runs` in one call (numpy's took five: a tenth of ranking a plane)."""
+    same, up, before = 0.0, 0.0, 0.0
+    for s in range(counts.size):
+        p = counts[s] / m
+        same += p * p
+        up += p * before
+        before = p
+    return same + up
+
+
 def _ors_of(counts: np.ndarray) -> list[int]:
     """The OR of the bytes present in each histogram of ``counts`` (k x 256)."""
     ors = np.zeros(counts.shape[0], np.int64)

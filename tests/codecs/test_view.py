@@ -101,8 +101,8 @@ def test_a_large_plane_is_estimated_from_samples_of_its_words(codec_id: int) -> 
 @settings(max_examples=300, deadline=None)
 @given(st.binary(min_size=0, max_size=view.SMALL_PLANE + 64))
 def test_small_planes_count_as_the_kernels_do(data: bytes) -> None:
-    # PlaneView.of counts planes up to SMALL_PLANE bytes with numpy, larger ones with the
-    # kernels: histogram, runs (a byte equal to the one before or one above it) and width
+    # PlaneView.of counts planes up to SMALL_PLANE bytes in one kernel call, larger ones in
+    # pieces: histogram, runs (a byte equal to the one before or one above it) and width
     plane = np.frombuffer(data, np.uint8)
     got = view.PlaneView.of(plane)
     want = view.counted(plane, np.zeros(1, np.int64), np.full(1, 0xFF, np.int64))[0]
@@ -118,3 +118,15 @@ def test_small_plane_runs_at_the_byte_range_ends(pattern: str) -> None:
              "wrap": np.tile([254, 255, 0, 255, 255], n // 5)}[pattern].astype(np.uint8)
     want = view.counted(plane, np.zeros(1, np.int64), np.full(1, 0xFF, np.int64))[0]
     assert view.PlaneView.of(plane).runs == want.runs
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 1 << 40), min_size=256, max_size=256))
+def test_chance_runs_is_the_sum_over_the_histogram(counts: list[int]) -> None:
+    # (what lz_may_pay compares a plane's runs with: independent draws repeating the byte
+    # before or exceeding it by one)
+    c = np.array(counts, np.int64)
+    m = max(1, int(c.sum()))
+    p = c / m
+    want = float(np.dot(p, p) + np.dot(p[1:], p[:-1]))
+    assert view.chance_runs(c, m) == pytest.approx(want, rel=1e-12, abs=1e-15)
