@@ -436,9 +436,10 @@ class Reader:
         (a delta's always). A delta's chain is applied in one buffer: its base decoded, then
         each level XORed in as it is merged and its hash checked."""
         t = self._tensor(i)
-        if not t.is_delta and len(t.planes) == 1 and t.layout.layout_id == layouts.RAW.layout_id:
-            # One plane, whole (a bias, a norm, integers): read and decoded as below, without
-            # the reused read buffer and the merge that several planes need.
+        if not t.is_delta and len(t.planes) == 1 and t.layout.layout_id == layouts.RAW.layout_id \
+                and t.planes[0].stored_len < scratch.MIN_READ:
+            # One small plane, whole (a bias, a norm): read and decoded as below, without the
+            # merge that several planes need (and no reused buffer, which it would not get).
             raw = self._plane_by_plane(t, [self.read_stored(t, 0)])
             if not raw.flags.writeable or (raw.base is not None
                                            and raw.nbytes != raw.base.nbytes):
