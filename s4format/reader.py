@@ -436,20 +436,15 @@ class Reader:
         (a delta's always). A delta's chain is applied in one buffer: its base decoded, then
         each level XORed in as it is merged and its hash checked."""
         t = self._tensor(i)
-        if not t.is_delta and len(t.planes) == 1 and t.layout.layout_id == layouts.RAW.layout_id \
-                and t.planes[0].stored_len < scratch.MIN_READ:
-            # One small plane, whole (a bias, a norm): read and decoded as below, without the
-            # merge that several planes need (and no reused buffer, which it would not get).
-            raw = self._plane_by_plane(t, [self.read_stored(t, 0)])
-            if not raw.flags.writeable or (raw.base is not None
-                                           and raw.nbytes != raw.base.nbytes):
-                raw = raw.copy()  # read-only, or a view that would keep a larger buffer alive
-            if self.verify_hashes:
-                self._check_hash(t, raw)
-            return raw
         if not t.is_delta:
-            leaves = self._leaves(t) if self.verify_hashes else None
-            raw, fresh = self._own(t, leaves)
+            if len(t.planes) == 1 and t.layout.layout_id == layouts.RAW.layout_id \
+                    and t.planes[0].stored_len < scratch.MIN_READ:
+                # One small plane, whole (a bias, a norm): read and decoded without the merge
+                # that several planes need (and no reused buffer, which it would not get).
+                raw, fresh, leaves = self._plane_by_plane(t, [self.read_stored(t, 0)]), False, None
+            else:
+                leaves = self._leaves(t) if self.verify_hashes else None
+                raw, fresh = self._own(t, leaves)
             if not raw.flags.writeable or (raw.base is not None
                                            and raw.nbytes != raw.base.nbytes):
                 raw = raw.copy()  # read-only, or a view that would keep a larger buffer alive
