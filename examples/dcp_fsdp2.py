@@ -155,6 +155,16 @@ def worker(rank: int, world: int, args: argparse.Namespace) -> None:
     main(args)
 
 
+def _spawned(rank: int, world: int, args: argparse.Namespace) -> None:
+    """A rank in a process of its own (``--nproc``), left with ``os._exit`` once it is done, as
+    the script leaves at its end: a spawned child otherwise shuts its interpreter down, where
+    the gloo threads FSDP2 keeps alive can abort it (exit status -6 after every save)."""
+    worker(rank, world, args)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 def main(args: argparse.Namespace) -> None:
     cuda = torch.cuda.is_available()
     if cuda:
@@ -190,7 +200,7 @@ def spawn(args: argparse.Namespace) -> None:
         s.bind(("127.0.0.1", 0))
         os.environ.setdefault("MASTER_PORT", str(s.getsockname()[1]))
     ctx = mp.get_context("spawn")
-    others = [ctx.Process(target=worker, args=(r, args.nproc, args), daemon=True)
+    others = [ctx.Process(target=_spawned, args=(r, args.nproc, args), daemon=True)
               for r in range(1, args.nproc)]
     for p in others:
         p.start()
@@ -209,7 +219,7 @@ if __name__ == "__main__":
         main(arguments)
     # FSDP2's sharding caches keep the gloo group alive past destroy_process_group, and on
     # Python < 3.14 its threads can abort the interpreter's shutdown; all is saved and flushed
-    # here, so leave the way multiprocessing's children do.
+    # here, so leave without it (the spawned ranks too, _spawned).
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
