@@ -72,6 +72,12 @@ LZ_RUNS = 0.002
 # that LZ cannot use. On bench/ratio.py's rows zstd won on exponent planes only past 34% of
 # extra runs and lost on all from 0.2% to 11%.
 LZ_RUNS_EXPONENT = 0.2
+# A whole mantissa plane is tried past this. The kept words of a fine-tuning delta (changes of
+# a unit or two in the last place) pass LZ_RUNS on their mantissa planes by 0.2-0.4% of the
+# plane, where zstd stored 3-19% more than rANS; on bench/ratio.py's rows and
+# bench/cpu_speed.py's states zstd won on mantissa planes from 0.95% of extra runs up
+# (2026-12-06). (Codec 10's segments keep LZ_RUNS.)
+LZ_RUNS_MANTISSA = 0.008
 
 # A plane whose most common byte fills this share of it, but not all of it, is sparse (a
 # delta's sign and exponent planes: most elements keep theirs). There zstd codes the long runs
@@ -352,9 +358,9 @@ def lz_may_pay(view: PlaneView, kind: int, n: int | None = None) -> bool:
     its start, unchanged parts of a delta, tables of bit patterns). Independent draws repeat
     the byte before, or exceed it by one, with probability ``sum(p[s] * (p[s] + p[s - 1]))``;
     a plane doing so more often by :data:`LZ_RUNS` of its length (an exponent plane: by
-    :data:`LZ_RUNS_EXPONENT`) is tried. Other planes (integers, bytes) and planes up to
-    :data:`LZ_ALWAYS` bytes are always tried. (``n``: the bytes of the plane of which ``view``
-    is a sample.)"""
+    :data:`LZ_RUNS_EXPONENT`, a mantissa plane by :data:`LZ_RUNS_MANTISSA`) is tried. Other
+    planes (integers, bytes) and planes up to :data:`LZ_ALWAYS` bytes are always tried.
+    (``n``: the bytes of the plane of which ``view`` is a sample.)"""
     if kind not in _FLOAT_KINDS or (view.size if n is None else n) <= LZ_ALWAYS:
         return True
     # (the excess of runs over chance is the plane's or its sample's, whatever n: kept with
@@ -364,7 +370,10 @@ def lz_may_pay(view: PlaneView, kind: int, n: int | None = None) -> bool:
     if excess is None:
         counts, m, runs = view.share()
         excess = view.memo[key] = runs - chance_runs(counts, m)
-    return excess > (LZ_RUNS_EXPONENT if kind == layouts.KIND_EXPONENT else LZ_RUNS)
+    return excess > _LZ_BAR.get(kind, LZ_RUNS)
+
+
+_LZ_BAR = {layouts.KIND_EXPONENT: LZ_RUNS_EXPONENT, layouts.KIND_MANTISSA: LZ_RUNS_MANTISSA}
 
 
 def _sample_rules_out(rans: codecs.Codec, view: PlaneView, ranked: list[tuple[int, int]],

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from s4format import codecs, layouts, policy
-from s4format.codecs.view import PlaneView
+from s4format.codecs.view import PlaneView, chance_runs
 
 E, M, B = layouts.KIND_EXPONENT, layouts.KIND_MANTISSA, layouts.KIND_BYTE
 N = 1 << 18
@@ -45,6 +45,24 @@ def test_counters_open_the_trial() -> None:
     v = PlaneView.of(counter)
     assert policy.lz_may_pay(v, M)
     assert policy.encode_view(v, M)[0] == codecs.ZSTD
+
+
+def test_a_mantissa_plane_needs_more_runs_than_others() -> None:
+    # a delta's kept mantissa bits (a unit or two in the last place: runs of trailing ones),
+    # a word in a hundred repeating the one before it
+    rng = np.random.default_rng(5)
+    ones = np.array([1, 3, 7, 15, 31, 63, 127], np.uint8)
+    p = np.array([0.5, 0.25, 0.12, 0.06, 0.04, 0.02, 0.01])
+    m = rng.choice(ones, N, p=p / p.sum())
+    for i in np.flatnonzero(rng.random(N) < 0.01)[1:]:
+        m[i] = m[i - 1]
+    counts, n, runs = PlaneView.of(m).share()
+    excess = runs - chance_runs(counts, n)
+    assert policy.LZ_RUNS < excess < policy.LZ_RUNS_MANTISSA
+    assert policy.lz_may_pay(PlaneView.of(m), B)  # (a byte plane is tried: LZ_RUNS)
+    assert not policy.lz_may_pay(PlaneView.of(m), M)
+    cid, enc = policy.encode_view(PlaneView.of(m), M)
+    assert cid == codecs.RANS and enc.nbytes < codecs.get(codecs.ZSTD).encode(m).nbytes
 
 
 @pytest.mark.parametrize(("kind", "size"), [(B, N), (layouts.KIND_RAW, N), (M, 4096)])
