@@ -100,7 +100,7 @@ def _read_all(source: Any, parent: Any = None) -> None:
     from s4format.reader import Reader
 
     with Reader(source) as r:
-        if parent is not None:
+        if parent is not None and r.parent_id is not None:  # (no tensor may have paid as one)
             r.attach_parent(parent)
         for i in range(len(r.tensors)):
             r.read(i)

@@ -6,9 +6,10 @@ no larger than the raw bytes; otherwise it stores one raw plane. So a tensor's s
 never exceeds its raw size; the fixed overhead per tensor is its index record plus alignment
 padding (``spec/format.md``, "Size guarantee"). Given a parent, a tensor is stored as the XOR
 delta against the parent's bytes only when that is estimated to store less than
-:data:`DELTA_PAYS` of the tensor alone (the two are compared by the codecs' estimates, from
-samples where they decide, and only the one kept is coded; a tensor under
-:data:`SPLIT_MIN` bytes is coded both ways and compared exactly).
+:data:`DELTA_PAYS` of the tensor alone and at least :data:`DELTA_MIN_SAVED` bytes less (the
+two are compared by the codecs' estimates, from samples where they decide, and only the one
+kept is coded; a tensor under :data:`SPLIT_MIN` bytes is coded both ways and compared exactly,
+one under :data:`DELTA_MIN_SAVED` never as a delta).
 """
 
 from __future__ import annotations
@@ -60,6 +61,11 @@ AHEAD = 64 << 20
 # two steps apart: fp32 weights' deltas store 0.74-0.79 of them, bf16 weights' 0.06-0.46,
 # second moments' 0.93-0.96 and first moments' 0.99-1.00.)
 DELTA_PAYS = 0.9
+# ... and saves at least this many bytes: the delta's parent tensor is read besides it at every
+# load, a fixed cost per tensor (on the CPU 0.02-0.05 ms of work) that the few hundred bytes a
+# bias's or a norm's delta saves do not pay for. (bench/checkpoints.py's CPU fine-tuning
+# chain, 2026-12-06: its 33 tensors under 4 KiB stored whole, 0.2% more stored, steps 8% faster.)
+DELTA_MIN_SAVED = 4096
 # A delta estimated at most this share of the tensor alone, as a sample of it estimates that
 # (estimate_rough), is kept without estimating the tensor alone exactly: counting a tensor's
 # planes cost as much as coding its delta. (The sample's figure came within 2% of the exact
@@ -194,7 +200,13 @@ def estimate_rough(raw: np.ndarray, dtype: DType) -> int | None:
 
 def delta_pays(delta: int, alone: int) -> bool:
     """Whether a tensor whose delta stores ``delta`` bytes and which stores ``alone`` bytes
-    coded alone is stored as the delta (:data:`DELTA_PAYS`)."""
+    coded alone is stored as the delta (:data:`DELTA_PAYS`, :data:`DELTA_MIN_SAVED`)."""
+    return delta_share_pays(delta, alone) and alone - delta >= DELTA_MIN_SAVED
+
+
+def delta_share_pays(delta: int, alone: int) -> bool:
+    """:func:`delta_pays` by the share alone: for figures of a part of a tensor (a window of
+    it), whose saving in bytes says nothing about the whole's."""
     return delta < DELTA_PAYS * alone
 
 
@@ -392,15 +404,18 @@ class Writer:
         index says it), else computed."""
         t = tensor if isinstance(tensor, Tensor) else Tensor.from_numpy(tensor)
         delta_of = None  # the parent's content hash, where the delta is kept
-        if parent is None:
-            coded = code_tensor(t.data, t.dtype, self.policy)
-            full = coded.stored
-        else:
+        if parent is not None:
             if self._parent_id is None:
                 raise ValueError("a parent tensor needs the writer's parent_id")
             p = parent if isinstance(parent, Tensor) else Tensor.from_numpy(parent)
             if p.nbytes != t.nbytes:
                 raise ValueError(f"parent of {name!r} has {p.nbytes} bytes, tensor {t.nbytes}")
+        # (a tensor stores at most its bytes: one of fewer than DELTA_MIN_SAVED never pays as
+        # a delta)
+        if parent is None or t.nbytes < DELTA_MIN_SAVED:
+            coded = code_tensor(t.data, t.dtype, self.policy)
+            full = coded.stored
+        else:
             if t.nbytes < SPLIT_MIN:
                 # One plane either way (a bias, a norm): coding it both ways takes less than
                 # sampling and estimating them (0.2 against 0.3 ms a tensor), and chooses

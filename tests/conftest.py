@@ -35,3 +35,29 @@ def _read_budget_where_marked(request: pytest.FixtureRequest, monkeypatch: pytes
         from s4weights import chainpolicy
 
         monkeypatch.setattr(chainpolicy, "READ_BUDGET", _chains_without_read_budget)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _small_deltas_kept() -> Iterator[int]:
+    """The suite's states are small (tensors of a few hundred bytes to a few KiB, to keep it
+    fast), and their deltas save fewer bytes than the writer's DELTA_MIN_SAVED, which would
+    store them whole; the chain tests are about deltas, so the bar is lowered to none (from
+    the start of the session, as for the read budget). Yields the default."""
+    from s4format import writer
+
+    default = writer.DELTA_MIN_SAVED
+    writer.DELTA_MIN_SAVED = 0
+    yield default
+    writer.DELTA_MIN_SAVED = default
+
+
+@pytest.fixture(autouse=True)
+def _delta_min_saved_where_marked(request: pytest.FixtureRequest,
+                                  monkeypatch: pytest.MonkeyPatch,
+                                  _small_deltas_kept: int) -> None:
+    """Tests marked ``delta_min_saved`` keep the writer's default (tests/format/
+    test_delta_rough.py)."""
+    if request.node.get_closest_marker("delta_min_saved") is not None:
+        from s4format import writer
+
+        monkeypatch.setattr(writer, "DELTA_MIN_SAVED", _small_deltas_kept)

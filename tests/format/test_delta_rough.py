@@ -191,9 +191,20 @@ def test_the_pair_is_left_to_the_exact_estimates_for_a_tensor_its_sample_covers(
     assert writer.estimate_pair(raw, raw, BY_NAME["uint8"]) is None
 
 
+@pytest.mark.delta_min_saved
 def test_delta_pays_below_its_share_of_the_tensor_alone() -> None:
-    assert writer.delta_pays(89, 100) and not writer.delta_pays(90, 100)
-    assert not writer.delta_pays(0, 0)
+    assert writer.delta_share_pays(89, 100) and not writer.delta_share_pays(90, 100)
+    assert not writer.delta_share_pays(0, 0)
+    big = 100 * writer.DELTA_MIN_SAVED
+    assert writer.delta_pays(89 * big // 100, big) and not writer.delta_pays(90 * big // 100, big)
+
+
+@pytest.mark.delta_min_saved
+def test_a_delta_saves_at_least_its_fixed_bytes() -> None:
+    least = writer.DELTA_MIN_SAVED
+    assert writer.delta_pays(0, least) and not writer.delta_pays(1, least)
+    assert not writer.delta_pays(0, least - 1)  # (the share alone would keep it)
+    assert writer.delta_share_pays(0, least - 1)
 
 
 def test_the_rough_estimate_counts_no_plane() -> None:
@@ -220,3 +231,27 @@ def test_a_small_tensor_is_coded_from_its_estimate_without_coding_it_again(monke
     assert [(p.codec, bytes(p.payload)) for p in coded.planes] == \
         [(p.codec, bytes(p.payload)) for p in again.planes]
     assert coded.stored == est and coded.layout is layouts.RAW
+
+
+@pytest.mark.delta_min_saved
+def test_a_tensor_too_small_to_save_the_fixed_bytes_is_stored_whole(monkeypatch) -> None:
+    # a bias of 2 KiB whose delta would store a fraction of it: whole, its delta never made;
+    # 8 KiB of the same (a delta saving more than DELTA_MIN_SAVED) stays a delta
+    def pair(n: int) -> tuple[np.ndarray, np.ndarray]:
+        base = _bf16(_weights(11)[:n])
+        child = base.view("<u2").copy()
+        child[::7] ^= 1  # (one word in seven moves by its last bit)
+        return child.view(np.uint8), base
+    small, small_base = pair(1024)
+    large, large_base = pair(4096)
+    xors = _spy(monkeypatch, "_xor")
+    _blob, result = _save({"bias": small}, {"bias": small_base}, b"\x01" * 16)
+    assert result.delta_count == 0 and xors == []
+    assert result.stored_nbytes == result.full_stored_nbytes
+    _blob, result = _save({"w": large}, {"w": large_base}, b"\x01" * 16)
+    assert result.delta_count == 1
+    assert result.full_stored_nbytes - result.stored_nbytes >= writer.DELTA_MIN_SAVED
+    # with no fixed bytes to save, the small one's delta pays by its share
+    monkeypatch.setattr(writer, "DELTA_MIN_SAVED", 0)
+    _blob, result = _save({"bias": small}, {"bias": small_base}, b"\x01" * 16)
+    assert result.delta_count == 1
