@@ -293,13 +293,19 @@ class _ParentGone(S4Error):
     """The parent of the delta being saved was deleted or is being deleted."""
 
 
+class _OverBudget(S4Error):
+    """The delta as coded makes loading it read more than the read budget."""
+
+
 def _save_on(store: Store, state: Any, step: int, infos: dict[int, CheckpointInfo],
              parent: CheckpointInfo | None, why: str | None, **kw: Any) -> CheckpointInfo:
     """Save ``state`` as a delta of ``parent``, pinned against retention from before its chain
     is read until the manifest is committed, or as a base (for the reason ``why``) when there
-    is no parent or the pin came too late."""
+    is no parent or the pin came too late, or when the delta, coded without the read budget's
+    sample (:func:`chainpolicy.clear_by_latest`), came out over the budget."""
     if parent is None:
         return _code(store, state, step, infos, None, base_reason=why, **kw)
+    over = None  # why a delta coded without the budget's sample did not fit it
     with lease.pin(store, parent.step, parent.checkpoint_id):
         try:
             chain = chain_of(parent.step, infos)
@@ -311,6 +317,11 @@ def _save_on(store: Store, state: Any, step: int, infos: dict[int, CheckpointInf
                 return _code(store, state, step, infos, chain, **kw)
             except _ParentGone as exc:
                 why = str(exc)
+            except _OverBudget as exc:
+                over = str(exc)
+    if over is not None:
+        log.info("checkpoint step %d starts a new base: %s", step, over)
+        return _code(store, state, step, infos, None, base_reason=over, **kw)
     log.warning("checkpoint step %d is saved as a base, not as a delta of step %d: %s", step,
                 parent.step, why)
     return _code(store, state, step, infos, None, base_reason=f"parent unusable: {why}", **kw)
@@ -349,9 +360,13 @@ def _code(store: Store, state: Any, step: int, infos: dict[int, CheckpointInfo],
             log.warning("checkpoint step %d is saved as a base, not as a delta of step %d "
                         "(%s), which cannot be read: %s", step, parent.step, parent.file, exc)
             parent, base_reason = None, f"parent unreadable: {exc}"
+    check_after = False  # (the budget checked on the delta as coded, not sampled first)
     if parent is not None and read_budget is not None:
-        base_reason, alone = chainpolicy.over_budget(chain, flat.tensors, parents, read_budget,
-                                                     policy)
+        latest = infos[max(infos)] if infos else None
+        check_after = chainpolicy.clear_by_latest(chain, latest, read_budget)
+        if not check_after:
+            base_reason, alone = chainpolicy.over_budget(chain, flat.tensors, parents,
+                                                         read_budget, policy)
         if base_reason is not None:
             log.info("checkpoint step %d starts a new base: %s", step, base_reason)
             parent = parents = hashes = alone = None
@@ -400,6 +415,10 @@ def _code(store: Store, state: Any, step: int, infos: dict[int, CheckpointInfo],
         if used is not None and (why := parent_gone(store, chain)):
             _drop_unclaimed(store, step, name, manifest_tried=False)
             raise _ParentGone(why)
+        if used is not None and check_after and (why := chainpolicy.over_budget_share(
+                chainpolicy.own_share(info), chainpolicy.chain_share(chain), read_budget)):
+            _drop_unclaimed(store, step, name, manifest_tried=False)
+            raise _OverBudget(why)
         try:
             store.put_atomic(manifest_name(step), info.to_json(), if_absent=True)
         except BaseException:

@@ -195,3 +195,40 @@ def test_a_delta_save_takes_each_parents_hash_from_the_chain(tmp_path: Path,
     assert not s4weights.save_checkpoint(_fine_tuning(3), tmp_path, step=3).is_base
     assert given == [True, True]
     assert_same(s4weights.load_checkpoint(tmp_path, 3), _fine_tuning(3))
+
+
+def _sampled(monkeypatch) -> list:
+    calls: list = []
+    real = chainpolicy.sample
+    monkeypatch.setattr(chainpolicy, "sample", lambda *a: calls.append(1) or real(*a))
+    return calls
+
+
+def test_a_delta_after_a_small_one_is_not_sampled(tmp_path: Path, monkeypatch) -> None:
+    # the first delta on a base samples the budget; the next ones, with room left for twice
+    # the latest delta, are checked as coded
+    calls = _sampled(monkeypatch)
+    infos = [s4weights.save_checkpoint(_fine_tuning(s), tmp_path, step=s) for s in range(5)]
+    assert [i.is_base for i in infos] == [True] + [False] * 4
+    assert len(calls) == 1
+    for i in infos[1:]:
+        assert chainpolicy.own_share(i) < 0.25, i
+    assert_same(s4weights.load_checkpoint(tmp_path, step=4), _fine_tuning(4))
+
+
+def test_a_delta_over_the_budget_as_coded_is_saved_again_as_a_base(tmp_path: Path,
+                                                                   monkeypatch) -> None:
+    calls = _sampled(monkeypatch)
+    s4weights.save_checkpoint(_fine_tuning(0), tmp_path, step=0)
+    assert not s4weights.save_checkpoint(_fine_tuning(1), tmp_path, step=1).is_base
+    # every value moved by a tenth: the delta still codes smaller than the tensor alone (0.69
+    # of it), but loading it would read its base and most of a full save again
+    moved = {"w": (_weights(0) * (1 + 0.1 * _weights(7))).to(torch.bfloat16), "step": 2}
+    info = s4weights.save_checkpoint(moved, tmp_path, step=2)
+    assert len(calls) == 1
+    assert info.is_base and info.base_reason.startswith("read budget: as a delta"), info
+    # the delta's file was taken away: the data files are those the manifests name
+    listed = {i.file for i in chain.list_checkpoints(tmp_path)}
+    assert {f"data/{p.name}" for p in (tmp_path / "data").iterdir()} == listed
+    assert_same(s4weights.load_checkpoint(tmp_path, step=2), moved)
+    assert_same(s4weights.load_checkpoint(tmp_path, step=1), _fine_tuning(1))
