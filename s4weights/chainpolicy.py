@@ -19,7 +19,7 @@ import numpy as np
 
 import s4format
 from s4format.policy import POLICIES
-from s4format.writer import delta_share_pays, estimate_tensor
+from s4format.writer import delta_pays, delta_share_pays, estimate_tensor
 
 if TYPE_CHECKING:
     from s4weights.manifests import CheckpointInfo
@@ -145,7 +145,9 @@ def sample(tensors: Sequence[tuple[str, object]], parents: Mapping[str, s4format
             if parent is not None and parent.nbytes == _nbytes(t):
                 theirs = np.asarray(parent.data).reshape(-1).view(np.uint8)[at:at + length]
                 est = estimate_tensor(mine ^ theirs, dtype, policy)[0]
-                delta += est if delta_share_pays(est, alone) else alone
+                # (a window of the whole tensor is judged as the writer judges the tensor)
+                pays = delta_pays if length == _nbytes(t) else delta_share_pays
+                delta += est if pays(est, alone) else alone
             else:
                 delta += alone
         full += mine_total

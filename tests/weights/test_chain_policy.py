@@ -232,3 +232,22 @@ def test_a_delta_over_the_budget_as_coded_is_saved_again_as_a_base(tmp_path: Pat
     assert {f"data/{p.name}" for p in (tmp_path / "data").iterdir()} == listed
     assert_same(s4weights.load_checkpoint(tmp_path, step=2), moved)
     assert_same(s4weights.load_checkpoint(tmp_path, step=1), _fine_tuning(1))
+
+
+@pytest.mark.delta_min_saved
+def test_the_sample_counts_a_small_tensor_whole_as_the_writer_codes_it(monkeypatch) -> None:
+    # a 2 KiB tensor, sampled whole, whose delta would store a fraction of it: the writer
+    # stores it whole (writer.DELTA_MIN_SAVED), and so does the budget's estimate
+    from s4format import writer
+    from s4weights.torchtree import flatten
+
+    def state(step: int) -> dict:
+        return {"norm": _fine_tuning(step)["w"][:1024].clone()}
+
+    tensors = flatten(state(2)).tensors
+    parents = dict(flatten(state(1)).tensors)
+    s = chainpolicy.sample(tensors, parents, "auto")
+    assert s.delta == s.full
+    monkeypatch.setattr(writer, "DELTA_MIN_SAVED", 0)
+    s = chainpolicy.sample(tensors, parents, "auto")
+    assert s.delta < 0.9 * s.full
