@@ -204,6 +204,12 @@ def delta_pays(delta: int, alone: int) -> bool:
     return delta_share_pays(delta, alone) and alone - delta >= DELTA_MIN_SAVED
 
 
+def delta_can_pay(nbytes: int) -> bool:
+    """Whether a tensor of ``nbytes`` raw bytes can pay as a delta at all: it stores at most
+    its bytes, so one under :data:`DELTA_MIN_SAVED` never saves that many."""
+    return nbytes >= DELTA_MIN_SAVED
+
+
 def delta_share_pays(delta: int, alone: int) -> bool:
     """:func:`delta_pays` by the share alone: for figures of a part of a tensor (a window of
     it), whose saving in bytes says nothing about the whole's."""
@@ -410,9 +416,7 @@ class Writer:
             p = parent if isinstance(parent, Tensor) else Tensor.from_numpy(parent)
             if p.nbytes != t.nbytes:
                 raise ValueError(f"parent of {name!r} has {p.nbytes} bytes, tensor {t.nbytes}")
-        # (a tensor stores at most its bytes: one of fewer than DELTA_MIN_SAVED never pays as
-        # a delta)
-        if parent is None or t.nbytes < DELTA_MIN_SAVED:
+        if parent is None or not delta_can_pay(t.nbytes):
             coded = code_tensor(t.data, t.dtype, self.policy)
             full = coded.stored
         else:

@@ -67,7 +67,7 @@ def coded_in_order(tensors: list, policy: str, device: str,
     ``workspace`` bounds the extra device memory per device (default
     ``plan.default_save_workspace``: an eighth of the device's free memory, from 10% of the
     bytes coded up to 2 GiB); XOR buffers take at most half of it."""
-    from s4format.writer import DELTA_MIN_SAVED
+    from s4format.writer import delta_can_pay
     from s4weights.torchtree import DeviceTensor
 
     parents = parents or {}
@@ -76,8 +76,7 @@ def coded_in_order(tensors: list, policy: str, device: str,
     for name, t in tensors:
         if not isinstance(t, DeviceTensor):
             continue
-        # (no delta of fewer bytes than that can pay: writer.delta_pays)
-        p = parents.get(name) if t.nbytes >= DELTA_MIN_SAVED else None
+        p = parents.get(name) if delta_can_pay(t.nbytes) else None
         if isinstance(p, DeviceTensor):
             if p.device_bytes.device != t.device_bytes.device:
                 continue
