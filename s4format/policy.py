@@ -88,6 +88,13 @@ LZ_RUNS_MANTISSA = 0.008
 # were written with.)
 SPARSE = 0.9
 SPARSE_SLACK = 1 / 64
+# ... except on an exponent plane tried by that rule alone (no runs that lz_may_pay counts)
+# whose rANS estimate passes this share of its length: zstd must store under 1.5 x rANS there
+# to be preferred. On the kept words of bench/checkpoints.py's CPU fine-tuning deltas it
+# stored 1.18-1.79 x on the 98 such planes of 16 KiB or more in eight saves, and was
+# preferred on 25, 12 KB above rANS in all (2026-12-06): a trial encode on every plane, for a
+# faster decode of planes of a few KB.
+SPARSE_HOPELESS = 2 * SPARSE_SLACK
 
 # rANS is ruled out on a plane's sample alone (the plane not counted) when the sample's
 # estimate comes within this share of what it must beat, or above it. A sample's entropy errs
@@ -251,6 +258,8 @@ def _rank(view: PlaneView, kind: int, policy: str, available: dict[int, codecs.C
         if cid == codecs.RANS and not view.counted and _sample_rules_out(codec, view, ranked,
                                                                          policy):
             continue
+        if cid == codecs.ZSTD and policy == "auto" and _sparse_hopeless(view, kind, ranked):
+            continue
         est = codec.estimate_view(view)
         if cid == codecs.ZSTD:
             zstd_est = est
@@ -306,6 +315,15 @@ def _lz_tried(view: PlaneView, kind: int, policy: str) -> bool:
     if policy == "auto" and sparse(view):
         return True
     return kind != layouts.KIND_SIGN and lz_may_pay(view, kind)
+
+
+def _sparse_hopeless(view: PlaneView, kind: int, ranked: list[tuple[int, int]]) -> bool:
+    """Whether zstd is not worth its trial on an exponent plane that only the sparse rule
+    sends it to (:data:`SPARSE_HOPELESS`)."""
+    if kind != layouts.KIND_EXPONENT or lz_may_pay(view, kind):
+        return False
+    r = min((e for e, c in ranked if c == codecs.RANS), default=None)
+    return r is not None and r > SPARSE_HOPELESS * view.size
 
 
 def sparse(view: PlaneView) -> bool:
