@@ -63,9 +63,10 @@ _SEED = {
 
 _TABLES = {"auto": _AUTO, "seed": _SEED, "auto-1.0": _AUTO_1_0}
 
-# LZ-style coders are estimated (a trial encode of samples) on a float's planes only when
-# lz_may_pay says so; on smaller planes always.
-_FLOAT_KINDS = frozenset((layouts.KIND_SIGN, layouts.KIND_EXPONENT, layouts.KIND_MANTISSA))
+# LZ-style coders are estimated (a trial encode of samples) on a float's planes and on masks
+# only when lz_may_pay says so; on smaller planes always.
+_RUNS_KINDS = frozenset((layouts.KIND_SIGN, layouts.KIND_EXPONENT, layouts.KIND_MANTISSA,
+                         layouts.KIND_MASK))
 LZ_ALWAYS = 16 * 1024
 LZ_RUNS = 0.002
 # Exponents follow the scale of their neighbours (a row's, a channel's): runs above chance
@@ -78,6 +79,12 @@ LZ_RUNS_EXPONENT = 0.2
 # bench/cpu_speed.py's states zstd won on mantissa planes from 0.95% of extra runs up
 # (2026-12-06). (Codec 10's segments keep LZ_RUNS.)
 LZ_RUNS_MANTISSA = 0.008
+# A masked tensor's mask: where few words changed, rANS codes its bytes best (zstd stored
+# 1.25-1.54 x rANS on the embedding masks of bench/checkpoints.py's fine-tuning deltas, with
+# 0.4-1.1% of extra runs); where many did, zstd stored 0.4-3.6% less than rANS, the most
+# where the extra runs passed 2% (2026-12-06). Its trial encode is paid only there, and rANS
+# decodes a mask 1.4-2.4 x faster.
+LZ_RUNS_MASK = 0.02
 
 # A plane whose most common byte fills this share of it, but not all of it, is sparse (a
 # delta's sign and exponent planes: most elements keep theirs). There zstd codes the long runs
@@ -376,10 +383,11 @@ def lz_may_pay(view: PlaneView, kind: int, n: int | None = None) -> bool:
     its start, unchanged parts of a delta, tables of bit patterns). Independent draws repeat
     the byte before, or exceed it by one, with probability ``sum(p[s] * (p[s] + p[s - 1]))``;
     a plane doing so more often by :data:`LZ_RUNS` of its length (an exponent plane: by
-    :data:`LZ_RUNS_EXPONENT`, a mantissa plane by :data:`LZ_RUNS_MANTISSA`) is tried. Other
-    planes (integers, bytes) and planes up to :data:`LZ_ALWAYS` bytes are always tried.
+    :data:`LZ_RUNS_EXPONENT`, a mantissa plane by :data:`LZ_RUNS_MANTISSA`, a mask by
+    :data:`LZ_RUNS_MASK`) is tried. Other planes (integers, bytes) and planes up to
+    :data:`LZ_ALWAYS` bytes are always tried.
     (``n``: the bytes of the plane of which ``view`` is a sample.)"""
-    if kind not in _FLOAT_KINDS or (view.size if n is None else n) <= LZ_ALWAYS:
+    if kind not in _RUNS_KINDS or (view.size if n is None else n) <= LZ_ALWAYS:
         return True
     # (the excess of runs over chance is the plane's or its sample's, whatever n: kept with
     # the view, as the policy asks it once for each LZ coder)
@@ -391,7 +399,8 @@ def lz_may_pay(view: PlaneView, kind: int, n: int | None = None) -> bool:
     return excess > _LZ_BAR.get(kind, LZ_RUNS)
 
 
-_LZ_BAR = {layouts.KIND_EXPONENT: LZ_RUNS_EXPONENT, layouts.KIND_MANTISSA: LZ_RUNS_MANTISSA}
+_LZ_BAR = {layouts.KIND_EXPONENT: LZ_RUNS_EXPONENT, layouts.KIND_MANTISSA: LZ_RUNS_MANTISSA,
+           layouts.KIND_MASK: LZ_RUNS_MASK}
 
 
 def _sample_rules_out(rans: codecs.Codec, view: PlaneView, ranked: list[tuple[int, int]],

@@ -10,6 +10,7 @@ import pytest
 
 import s4format
 from s4format import Reader, Writer, codecs, dtypes, hashing, layouts, policy
+from s4format.codecs.view import PlaneView
 from s4format.policy import encode_plane, prefer_packed
 from s4format.writer import CodedPlane, CodedTensor
 
@@ -232,3 +233,27 @@ def test_a_codec_that_comes_out_far_over_its_estimate_is_tried_against_the_next(
     back = codecs.get(cid).decode(np.frombuffer(bytes(enc.payload), np.uint8), plane.size,
                                   enc.params)
     assert back.tobytes() == plane.tobytes()
+
+
+def _mask_bytes(bits: np.ndarray) -> np.ndarray:
+    return np.packbits(bits.astype(np.uint8), bitorder="little")
+
+
+@pytest.mark.parametrize("rows", [False, True])
+def test_zstd_is_tried_on_a_mask_only_where_its_runs_show(monkeypatch, rows: bool) -> None:
+    # a quarter of 2^20 words changed: at random, the mask's bytes are independent draws and
+    # rANS codes them; in whole rows of 256 words (an embedding's rows), zstd is tried and wins
+    rng = np.random.default_rng(8)
+    n = 1 << 20
+    bits = np.repeat(rng.random(n // 256) < 0.25, 256) if rows else rng.random(n) < 0.25
+    mask = _mask_bytes(bits)
+    view = PlaneView.of(mask)
+    assert policy.lz_may_pay(view, layouts.KIND_MASK) is rows
+    tried = []
+    real = codecs.get(codecs.ZSTD).estimate_view
+    monkeypatch.setattr(type(codecs.get(codecs.ZSTD)), "estimate_view",
+                        lambda self, v: tried.append(v) or real(v))
+    cid, enc = policy.encode_view(PlaneView.of(mask), layouts.KIND_MASK, "auto")
+    assert (len(tried) == 1) is rows
+    assert cid == (codecs.ZSTD if rows else codecs.RANS)
+    assert enc.nbytes < mask.size * (0.1 if rows else 0.85)
