@@ -517,60 +517,107 @@ def _field_runs(words, lo, hi, shift, mask):  # pragma: no cover - compiled
 # Four interleaved histograms per field: a plane of few symbols (an exponent plane) would
 # otherwise wait on the increment of the same counter, element after element. A one-bit field
 # (a sign) is counted by adding its bits instead, a loop that vectorises (4 times faster).
+# Where runs are counted by vectors, fields wider than a bit are counted two to a pass (a
+# masked delta's kept bf16 exponents and mantissas: 0.48 against 0.63 ms for 518,627 words).
 @kernel()
 def _count_fields(words, lo, hi, shifts, masks, counts, runs):  # pragma: no cover - compiled
+    start = 1 if lo == 0 and hi > 0 else lo
+    held = -1  # a field waiting for the next one, to be counted in one pass with it
     for f in range(shifts.size):
         s, m = shifts[f], masks[f]
-        h0, h1, h2, h3 = counts[f, 0], counts[f, 1], counts[f, 2], counts[f, 3]
-        i = lo
-        if i == 0 and hi > 0:
-            h0[(np.int64(words[0]) >> s) & m] += 1
-            i = 1
-        if i >= hi:
+        if lo == 0 and hi > 0:
+            counts[f, 0, (np.int64(words[0]) >> s) & m] += 1
+        if start >= hi:
             continue
         if m == 1:
-            ones, run = _count_bits(words, i, hi, s)
-            h0[1] += ones
-            h0[0] += hi - i - ones
+            ones, run = _count_bits(words, start, hi, s)
+            counts[f, 0, 1] += ones
+            counts[f, 0, 0] += hi - start - ones
             runs[f] += run
             continue
         if _runs_vectors(words):
             # (runs by vectors in a pass of their own, the loop then only counting: a byte
             # field of 11.7M fp32 words in 8.5 against 10.4 ms)
-            runs[f] += _field_runs(words, i, hi, s, m)
-            while i + 3 < hi:
-                h0[(np.int64(words[i]) >> s) & m] += 1
-                h1[(np.int64(words[i + 1]) >> s) & m] += 1
-                h2[(np.int64(words[i + 2]) >> s) & m] += 1
-                h3[(np.int64(words[i + 3]) >> s) & m] += 1
-                i += 4
-            while i < hi:
-                h0[(np.int64(words[i]) >> s) & m] += 1
-                i += 1
+            runs[f] += _field_runs(words, start, hi, s, m)
+            if held < 0:
+                held = f
+            else:
+                _count_two(words, start, hi, shifts[held], masks[held], counts[held], s, m,
+                           counts[f])
+                held = -1
             continue
-        p = (np.int64(words[i - 1]) >> s) & m
-        run = 0
-        while i + 3 < hi:
-            a = (np.int64(words[i]) >> s) & m
-            b = (np.int64(words[i + 1]) >> s) & m
-            c = (np.int64(words[i + 2]) >> s) & m
-            d = (np.int64(words[i + 3]) >> s) & m
-            h0[a] += 1
-            h1[b] += 1
-            h2[c] += 1
-            h3[d] += 1
-            # (an unsigned difference of 0 or 1: the byte repeats or counts up)
-            run += (np.uint64(a - p) <= 1) + (np.uint64(b - a) <= 1) \
-                + (np.uint64(c - b) <= 1) + (np.uint64(d - c) <= 1)
-            p = d
-            i += 4
-        while i < hi:
-            a = (np.int64(words[i]) >> s) & m
-            h0[a] += 1
-            run += np.uint64(a - p) <= 1
-            p = a
-            i += 1
-        runs[f] += run
+        runs[f] += _count_one_runs(words, start, hi, s, m, counts[f])
+    if held >= 0:
+        _count_one(words, start, hi, shifts[held], masks[held], counts[held])
+
+
+@kernel(inline="always")
+def _count_one(words, i, hi, s, m, four):  # pragma: no cover - compiled
+    """Add field (s, m) of words[i:hi] to the four histograms ``four``."""
+    h0, h1, h2, h3 = four[0], four[1], four[2], four[3]
+    while i + 3 < hi:
+        h0[(np.int64(words[i]) >> s) & m] += 1
+        h1[(np.int64(words[i + 1]) >> s) & m] += 1
+        h2[(np.int64(words[i + 2]) >> s) & m] += 1
+        h3[(np.int64(words[i + 3]) >> s) & m] += 1
+        i += 4
+    while i < hi:
+        h0[(np.int64(words[i]) >> s) & m] += 1
+        i += 1
+
+
+@kernel(inline="always")
+def _count_two(words, i, hi, s, m, four, t, n, other):  # pragma: no cover - compiled
+    """:func:`_count_one` of fields (s, m) into ``four`` and (t, n) into ``other``, in one
+    pass."""
+    h0, h1, h2, h3 = four[0], four[1], four[2], four[3]
+    g0, g1, g2, g3 = other[0], other[1], other[2], other[3]
+    while i + 3 < hi:
+        w0, w1 = np.int64(words[i]), np.int64(words[i + 1])
+        w2, w3 = np.int64(words[i + 2]), np.int64(words[i + 3])
+        h0[(w0 >> s) & m] += 1
+        h1[(w1 >> s) & m] += 1
+        h2[(w2 >> s) & m] += 1
+        h3[(w3 >> s) & m] += 1
+        g0[(w0 >> t) & n] += 1
+        g1[(w1 >> t) & n] += 1
+        g2[(w2 >> t) & n] += 1
+        g3[(w3 >> t) & n] += 1
+        i += 4
+    while i < hi:
+        w = np.int64(words[i])
+        h0[(w >> s) & m] += 1
+        g0[(w >> t) & n] += 1
+        i += 1
+
+
+@kernel(inline="always")
+def _count_one_runs(words, i, hi, s, m, four):  # pragma: no cover - compiled
+    """:func:`_count_one` (i >= 1), and the field's runs in the same loop, returned."""
+    h0, h1, h2, h3 = four[0], four[1], four[2], four[3]
+    p = (np.int64(words[i - 1]) >> s) & m
+    run = 0
+    while i + 3 < hi:
+        a = (np.int64(words[i]) >> s) & m
+        b = (np.int64(words[i + 1]) >> s) & m
+        c = (np.int64(words[i + 2]) >> s) & m
+        d = (np.int64(words[i + 3]) >> s) & m
+        h0[a] += 1
+        h1[b] += 1
+        h2[c] += 1
+        h3[d] += 1
+        # (an unsigned difference of 0 or 1: the byte repeats or counts up)
+        run += (np.uint64(a - p) <= 1) + (np.uint64(b - a) <= 1) \
+            + (np.uint64(c - b) <= 1) + (np.uint64(d - c) <= 1)
+        p = d
+        i += 4
+    while i < hi:
+        a = (np.int64(words[i]) >> s) & m
+        h0[a] += 1
+        run += np.uint64(a - p) <= 1
+        p = a
+        i += 1
+    return run
 
 
 @kernel()
