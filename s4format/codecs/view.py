@@ -227,8 +227,10 @@ def _sample_starts(n: int, chunks: int, chunk: int) -> np.ndarray:
 
 def sample_words(words: np.ndarray, chunks: int, chunk: int) -> np.ndarray:
     """The words of the sample of :func:`sample_starts`, in order (a copy)."""
-    runs = sample_starts(words.size, chunks, chunk)[:, None] + np.arange(chunk)
-    return words[runs].reshape(-1)
+    # (slices joined: an index array of the runs' words took 21 against 6 us for 16 runs of
+    # 1,024, a call per large tensor of a delta save)
+    return np.concatenate([words[s:s + chunk]
+                           for s in _sample_starts(words.size, chunks, chunk).tolist()])
 
 
 def _widths(masks: np.ndarray) -> np.ndarray:
