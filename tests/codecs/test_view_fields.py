@@ -1,6 +1,7 @@
 """Fields counted field by field (``view._count_fields``, which counts two wide fields in one
-pass where runs go by vectors): every field's histogram and runs match numpy's, whatever the
-number of fields, one-bit fields between them, the word size and the range counted."""
+pass where runs go by vectors, words of 2 and 4 bytes; one at a time with their runs for 1 and
+8): every field's histogram and runs match numpy's, whatever the number of fields, one-bit
+fields between them, the word size and the range counted."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ def _reference(words: np.ndarray, lo: int, hi: int, shifts: list[int], masks: li
 
 FIELDS = {
     1: [([0], [255]), ([0, 4], [15, 15]), ([7, 0], [1, 127])],
-    2: [([15, 7, 0], [1, 255, 127]), ([7, 0], [255, 127]), ([10, 0, 15], [31, 1023 & 255, 1]),
+    2: [([15, 7, 0], [1, 255, 127]), ([7, 0], [255, 127]), ([10, 0, 15], [31, 255, 1]),
         ([15, 10, 0], [1, 31, 255])],
     4: [([31, 23, 16, 8, 0], [1, 255, 127, 255, 255]), ([23, 16, 8], [255, 127, 255]),
         ([31, 23], [1, 255])],
