@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conformance import craft, generate
-from s4format import FormatError, Reader, Tensor, Writer, dtypes, layouts, masked, verify
-from s4format.errors import ChecksumError
+from s4format import FormatError, Reader, Tensor, Writer, dtypes, hashing, layouts, masked, verify
+from s4format.errors import ChecksumError, ContentHashError
 from s4format.writer import CodedPlane, CodedTensor
 
 UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
@@ -85,6 +85,25 @@ def test_words_of_sixteen_bytes_take_the_numpy_path() -> None:
     bad[0] = 0
     with pytest.raises(FormatError, match="keeps is zero"):
         masked.expand(mask, bad.reshape(-1), np.zeros(rows.size, np.uint8), 16, False)
+
+
+@pytest.mark.parametrize("word", [2, 16])
+def test_expand_hashes_the_bytes_it_leaves(word: int) -> None:
+    """The leaf digests that expand fills as it writes (over several pieces of work; on the
+    numpy path of 16-byte words after it) are those of the bytes it leaves, XORed in."""
+    rng = np.random.default_rng(6)
+    n = 2 * masked.PIECE + 4099 if word == 2 else 20011
+    rows = rng.integers(0, 256, (n, word), dtype=np.uint8)
+    rows[rng.random(n) < 0.7] = 0
+    keep = rows.any(axis=1)
+    mask = np.packbits(keep, bitorder="little")
+    out = rng.integers(0, 256, n * word, dtype=np.uint8)
+    want = out ^ rows.reshape(-1)
+    leaves = hashing.leaves_for(out.nbytes)
+    assert leaves.size > 1
+    masked.expand(mask, rows[keep].reshape(-1), out, word, True, leaves)
+    assert out.tobytes() == want.tobytes()
+    assert leaves.tolist() == hashing.leaf_digests(want).tolist()
 
 
 @pytest.mark.parametrize(("change", "match"), [
@@ -235,6 +254,29 @@ def test_a_damaged_mask_plane_is_named() -> None:
         with pytest.raises(ChecksumError, match="tensor 'w' plane mask: checksum"):
             r.read_raw(0)
         assert [p.plane for p in verify(r)] == ["mask"]
+
+
+@pytest.mark.parametrize("through_parent", [True, False])
+def test_a_masked_tensor_unlike_its_content_hash_is_refused(through_parent: bool) -> None:
+    """A masked delta of several leaves whose recorded content hash is not that of its bytes
+    (as a wrong parent's would leave): read through its parent, or on its own as a delta that
+    needs none (its parent's bytes taken as zero: a masked whole tensor)."""
+    parent_blob, blob, _result, child = _chain(0.2, n=100_000)
+
+    def rehash(p: craft.Parts) -> None:
+        t = p.tensors[0]
+        t["content_hash"] = bytes(a ^ 1 for a in t["content_hash"])
+        if not through_parent:  # the same masks and kept words, as whole tensors
+            for each in p.tensors:
+                each["transform"], each["parent_hash"] = 0, None
+            p.index["parent_id"] = bytes(16)
+    bad = craft.build(_edited(blob, rehash))
+    with Reader(bad, parent=parent_blob if through_parent else None) as r:
+        assert r.tensors[0].masked and r.tensors[0].raw_nbytes > 2 * hashing.LEAF_SIZE
+        with pytest.raises(ContentHashError, match="tensor 'w' content hash mismatch"):
+            r.read_raw(0)
+        if through_parent:  # (the other tensors are read as before)
+            assert r.read_raw(1).tobytes() == child["f"].data.tobytes()
 
 
 def _edited(blob: bytes, edit) -> craft.Parts:
