@@ -9,6 +9,7 @@ others, which would otherwise wait in a collective until its timeout.
 
 from __future__ import annotations
 
+import faulthandler
 import importlib
 import json
 import os
@@ -27,6 +28,9 @@ writer.DELTA_MIN_SAVED = 0
 
 
 def _rank(job, rank: int, args: list) -> None:
+    # (a rank that dies of a signal says where: a CI run once saw a rank end with SIGSEGV and
+    # nothing on its stderr)
+    faulthandler.enable(all_threads=True)
     code = 1
     try:
         job(rank, *args)
