@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from s4format import hashing
 from s4format.codecs.view import PIECE, run_pieces
 from s4format.errors import FormatError
 from s4format.jit import constant, intrinsic, kernel, vbmi2_vectors
@@ -75,11 +74,10 @@ def _other(words: np.ndarray, other: np.ndarray | None) -> tuple[np.ndarray, boo
 
 
 def expand(mask: np.ndarray, kept: np.ndarray, out: np.ndarray, word: int,
-           xor: bool, leaves: np.ndarray | None = None) -> None:
+           xor: bool) -> None:
     """Write (``xor``: XOR) the ``kept`` words (given as bytes) where ``mask`` has its bits
     into ``out``, the tensor's raw bytes of words of ``word`` bytes; with ``xor`` False,
-    ``out`` must be zero (a new buffer). ``leaves`` (:func:`hashing.leaves_for`): filled with
-    the leaf digests of ``out`` as written. FormatError where the mask breaks a rule: its bits
+    ``out`` must be zero (a new buffer). FormatError where the mask breaks a rule: its bits
     past the last word or its count of set bits (found before ``out`` is touched), or a zero
     word kept (found as the words are written: ``out`` is then spoiled)."""
     n = out.size // word
@@ -100,8 +98,6 @@ def expand(mask: np.ndarray, kept: np.ndarray, out: np.ndarray, word: int,
         def piece(lo: int, hi: int) -> None:
             zero[lo // PIECE] = _by_mask(mask, lo, hi, dest, vals, int(starts[lo // PIECE]),
                                          _XOR if xor else _PLACE, dest)
-            if leaves is not None:  # (hashed while the piece is in cache)
-                hashing.hash_span(out, lo * word, hi * word, leaves)
 
         run_pieces(piece, n, PIECE)
         bad = bool(zero.any())
@@ -114,8 +110,6 @@ def expand(mask: np.ndarray, kept: np.ndarray, out: np.ndarray, word: int,
                 out.reshape(n, word)[at] ^= rows
             else:
                 out.reshape(n, word)[at] = rows
-            if leaves is not None:
-                leaves[:] = hashing.leaf_digests(out)
     if bad:
         raise FormatError("a word the mask keeps is zero (its bit must be clear)")
 

@@ -541,9 +541,9 @@ class Reader:
 
     @staticmethod
     def _leaves(t: TensorInfo) -> np.ndarray | None:
-        """Where ``t``'s planes merge in pieces, the array its merge (a masked tensor's
-        expansion) fills with the leaf digests of its bytes (:meth:`_merged`); else None."""
-        if not t.layout.merges_in_pieces(t.dtype.itemsize):
+        """Where ``t``'s planes merge in pieces (not masked), the array its merge fills with
+        the leaf digests of its bytes (:meth:`_merged`); else None."""
+        if t.masked or not t.layout.merges_in_pieces(t.dtype.itemsize):
             return None
         return hashing.leaves_for(t.raw_nbytes)
 
@@ -554,14 +554,13 @@ class Reader:
         instead, where given), or None (:func:`layouts.merge_stored`); ``leaves`` from
         :meth:`_leaves`: filled where the bytes are returned."""
         if t.masked:
-            return self._expanded(t, stored, xor_into, leaves)
+            return self._expanded(t, stored, xor_into)
         return layouts.merge_stored(t.layout, t.dtype.itemsize, t.raw_nbytes, [
             (p.codec, s, p.decoded_len, p.params) for p, s in zip(t.planes, stored)], xor_into,
             leaves)
 
     def _expanded(self, t: TensorInfo, stored: list[np.ndarray],
-                  xor_into: np.ndarray | None = None, leaves: np.ndarray | None = None
-                  ) -> np.ndarray | None:
+                  xor_into: np.ndarray | None = None) -> np.ndarray | None:
         """A masked tensor's raw bytes (XORed into ``xor_into`` instead, where given): its
         kept words merged a piece at a time, then put in place by the mask; None where
         anything is wrong (``xor_into`` may then be spoiled), or where its layout merges only
@@ -579,7 +578,7 @@ class Reader:
                     t.layout, t.dtype.itemsize, t.layout_planes[0].decoded_len * word,
                     [(p.codec, s, p.decoded_len, p.params)
                      for p, s in zip(t.layout_planes, stored[1:])])
-            return None if kept is None else _placed(t, mask, kept, xor_into, leaves)
+            return None if kept is None else _placed(t, mask, kept, xor_into)
         except S4Error:
             return None
 
@@ -705,12 +704,11 @@ class Reader:
 
 
 def _placed(t: TensorInfo, mask: np.ndarray, kept: np.ndarray,
-            xor_into: np.ndarray | None, leaves: np.ndarray | None = None) -> np.ndarray:
+            xor_into: np.ndarray | None) -> np.ndarray:
     """Masked tensor ``t``'s kept words put in place by its decoded mask: into new zero bytes,
-    or XORed into ``xor_into`` (``leaves``: filled with the digests of the bytes placed)."""
+    or XORed into ``xor_into``."""
     out = np.zeros(t.raw_nbytes, np.uint8) if xor_into is None else xor_into
-    masked.expand(mask, kept, out, t.layout.word_size(t.dtype.itemsize), xor_into is not None,
-                  leaves)
+    masked.expand(mask, kept, out, t.layout.word_size(t.dtype.itemsize), xor_into is not None)
     return out
 
 

@@ -87,25 +87,6 @@ def test_words_of_sixteen_bytes_take_the_numpy_path() -> None:
         masked.expand(mask, bad.reshape(-1), np.zeros(rows.size, np.uint8), 16, False)
 
 
-@pytest.mark.parametrize("word", [2, 16])
-def test_expand_hashes_the_bytes_it_leaves(word: int) -> None:
-    """The leaf digests that expand fills as it writes (over several pieces of work; on the
-    numpy path of 16-byte words after it) are those of the bytes it leaves, XORed in."""
-    rng = np.random.default_rng(6)
-    n = 2 * masked.PIECE + 4099 if word == 2 else 20011
-    rows = rng.integers(0, 256, (n, word), dtype=np.uint8)
-    rows[rng.random(n) < 0.7] = 0
-    keep = rows.any(axis=1)
-    mask = np.packbits(keep, bitorder="little")
-    out = rng.integers(0, 256, n * word, dtype=np.uint8)
-    want = out ^ rows.reshape(-1)
-    leaves = hashing.leaves_for(out.nbytes)
-    assert leaves.size > 1
-    masked.expand(mask, rows[keep].reshape(-1), out, word, True, leaves)
-    assert out.tobytes() == want.tobytes()
-    assert leaves.tolist() == hashing.leaf_digests(want).tolist()
-
-
 @pytest.mark.parametrize(("change", "match"), [
     (lambda m, k: (np.concatenate([m[:-1], [m[-1] | 0x80]]), k), "past its last word"),
     (lambda m, k: (m, k[1:]), "sets .* bits, its planes hold"),
