@@ -28,8 +28,8 @@ writer.DELTA_MIN_SAVED = 0
 
 
 def _rank(job, rank: int, args: list) -> None:
-    # (a rank that dies of a signal says where: a CI run once saw a rank end with SIGSEGV and
-    # nothing on its stderr)
+    # (a rank that dies of a signal says where: a CI run on 2026-12-06 saw a rank end with
+    # SIGSEGV and nothing on its stderr)
     faulthandler.enable(all_threads=True)
     code = 1
     try:

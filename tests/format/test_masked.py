@@ -239,9 +239,9 @@ def test_a_damaged_mask_plane_is_named() -> None:
 
 @pytest.mark.parametrize("through_parent", [True, False])
 def test_a_masked_tensor_unlike_its_content_hash_is_refused(through_parent: bool) -> None:
-    """A masked delta of several leaves whose recorded content hash is not that of its bytes
-    (as a wrong parent's would leave): read through its parent, or on its own as a delta that
-    needs none (its parent's bytes taken as zero: a masked whole tensor)."""
+    """A masked tensor of several leaves whose recorded content hash is not that of its bytes
+    (as a wrong parent would leave it) is refused: a delta read through its parent, and the
+    same planes as a whole tensor (every record made whole, no parent)."""
     parent_blob, blob, _result, child = _chain(0.2, n=100_000)
 
     def rehash(p: craft.Parts) -> None:
