@@ -16,10 +16,11 @@ replaces its placeholder in its module, so kernels may call each other by their 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -274,8 +275,67 @@ def compile_all() -> None:
             if isinstance(module.get(name), _Kernel):  # (a placeholder, or built)
                 try:
                     kernel = numba.njit(cache=True, nogil=True, **options)(func)
+                    _lock_cache(kernel)
                 except RuntimeError:  # no writable cache folder: compiled in each process
                     kernel = numba.njit(nogil=True, **options)(func)
                 made.append((module, name, kernel))
         for module, name, kernel in made:
             module[name] = kernel
+
+
+# numba names the file of a signature it saves from the cache index it reads first, then writes
+# the index and the file. Two processes saving other signatures of one kernel at once (the
+# ranks of a distributed job on an empty cache, or just after an upgrade) can name theirs alike:
+# the index then gives one signature the other's code, which crashes the process that loads it
+# (numba issue 4807). Each kernel's cache is read and written under a lock of its folder.
+CACHE_LOCK = "s4format-numba.lock"
+
+
+def _lock_cache(kernel: Any) -> None:
+    """Give numba's dispatcher ``kernel`` (made with ``cache=True``) a cache whose loads and
+    saves each hold :data:`CACHE_LOCK` in its folder, across processes."""
+    from numba.core.caching import FunctionCache
+
+    global _LockedCache
+    if type(getattr(kernel, "_cache", None)) is not FunctionCache:
+        return  # (another numba's layout: its own cache is kept)
+    if _LockedCache is None:
+        class LockedCache(FunctionCache):
+            def load_overload(self, sig: Any, target_context: Any) -> Any:
+                with folder_lock(self._cache_path):
+                    return super().load_overload(sig, target_context)
+
+            def save_overload(self, sig: Any, data: Any) -> None:
+                with contextlib.suppress(OSError):  # (numba's save says why it cannot)
+                    self._impl.locator.ensure_cache_path()
+                with folder_lock(self._cache_path):
+                    super().save_overload(sig, data)
+
+        _LockedCache = LockedCache
+    kernel._cache = _LockedCache(kernel.py_func)
+
+
+_LockedCache: Any = None
+
+
+@contextlib.contextmanager
+def folder_lock(folder: str) -> Iterator[None]:
+    """An exclusive lock of ``folder`` (its file :data:`CACHE_LOCK`) across processes, held
+    while in the block; none where the folder or the lock cannot be had (a cache folder not made
+    yet holds nothing to load; a file system without locks: numba's own behaviour)."""
+    try:
+        import fcntl
+    except ImportError:  # (not on POSIX)
+        yield
+        return
+    try:
+        fd = os.open(os.path.join(folder, CACHE_LOCK), os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError:
+        yield
+        return
+    try:
+        with contextlib.suppress(OSError):
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # (which lets the lock go)
