@@ -302,13 +302,13 @@ def _lock_cache(kernel: Any) -> None:
     if _LockedCache is None:
         class LockedCache(FunctionCache):
             def load_overload(self, sig: Any, target_context: Any) -> Any:
-                with folder_lock(self._cache_path):
+                with _folder_lock(self._cache_path):
                     return super().load_overload(sig, target_context)
 
             def save_overload(self, sig: Any, data: Any) -> None:
                 with contextlib.suppress(OSError):  # (numba's save says why it cannot)
                     self._impl.locator.ensure_cache_path()
-                with folder_lock(self._cache_path):
+                with _folder_lock(self._cache_path):
                     super().save_overload(sig, data)
 
         _LockedCache = LockedCache
@@ -319,7 +319,7 @@ _LockedCache: Any = None
 
 
 @contextlib.contextmanager
-def folder_lock(folder: str) -> Iterator[None]:
+def _folder_lock(folder: str) -> Iterator[None]:
     """An exclusive lock of ``folder`` (its file :data:`CACHE_LOCK`) across processes, held
     while in the block; none where the folder or the lock cannot be had (a cache folder not made
     yet holds nothing to load; a file system without locks: numba's own behaviour)."""
