@@ -38,7 +38,7 @@ from s4format.conformance import OPTIONAL_CODECS, tree_to_json
 from s4format.layouts import Layout
 from s4format.objtree import TensorRef, Typed
 from s4format.tensor import Tensor
-from s4format.writer import CodedPlane, CodedTensor, Writer
+from s4format.writer import CodedPlane, CodedTensor, Writer, code_masked, masked_form
 
 ROOT = Path(__file__).resolve().parent
 SUITE = ROOT / "v1"  # format 1.0, frozen
@@ -149,7 +149,8 @@ def write_file(tensors: list[TensorSpec], tree: Any = None, *, align_log2: int =
     for t in tensors:
         dt = dtypes.by_name(t.dtype)
         if t.coded is not None:
-            w.add_coded(t.name, dt, t.shape, t.coded, hashing.content_hash(t.raw))
+            w.add_coded(t.name, dt, t.shape, t.coded, hashing.content_hash(t.raw),
+                        parent_hash=None if t.parent is None else hashing.content_hash(t.parent))
         else:
             parent = None if t.parent is None else Tensor(dt, t.shape, t.parent)
             w.add(t.name, Tensor(dt, t.shape, t.raw), parent=parent)
@@ -1786,15 +1787,30 @@ def masked_vectors() -> list[Vector]:
               TensorSpec("q", "int64", (2048,), q.view(np.uint8))]
     base = valid("masked_delta_base", "a base checkpoint (parent of masked_delta)",
                  ["format.md#10"], base_t, policy="auto", minor=MINOR_1_4)
-    child_t = [TensorSpec(t.name, t.dtype, t.shape, new.view(np.uint8), parent=t.raw)
-               for t, new in zip(base_t, (w2, f2, h2, q2))]
+    news = [new.view(np.uint8) for new in (w2, f2, h2, q2)]
+    # masked_delta: our writer's masked deltas as it made them when 1.4 came out, the kept
+    # words under each dtype's own layout; masked_delta_bytes: as it makes them since
+    # 2026-12-06, bf16's and fp16's kept words under the bytes layout.
+    child_t = [TensorSpec(t.name, t.dtype, t.shape, new, parent=t.raw,
+                          coded=_masked_delta(t, new))
+               for t, new in zip(base_t, news)]
     child = valid("masked_delta", "masked XOR deltas against masked_delta_base: bf16, fp32, "
                   "fp16 and bytes layouts, a fifth to a twentieth of the words changed",
                   [*MASKED_RULES, "format.md#10", "validation.md#R4", "validation.md#R6"],
                   child_t, parent_id=checkpoint_id(base_t), policy="auto", minor=MINOR_1_4)
     child.parent = "masked_delta_base.s4w"
-    recs = craft.parse(child.data).tensors
-    assert [(r["transform"], r["flags"]) for r in recs] == [(1, MASKED)] * 4, recs
+    as_bytes = valid("masked_delta_bytes", "masked_delta's tensors as our writer now stores "
+                     "them: the kept words of bf16 and fp16 under the bytes layout (two byte "
+                     "planes), of fp32 under fp32's",
+                     [*MASKED_RULES, "planes.md#4--bytes-w--itemsize", "format.md#10",
+                      "validation.md#R4", "validation.md#R6"],
+                     [replace(t, coded=None) for t in child_t],
+                     parent_id=checkpoint_id(base_t), policy="auto", minor=MINOR_1_4)
+    as_bytes.parent = "masked_delta_base.s4w"
+    for v, lays in ((child, [1, 3, 2, 4]), (as_bytes, [4, 3, 4, 4])):
+        recs = craft.parse(v.data).tensors
+        assert [(r["transform"], r["flags"], r["layout"]) for r in recs] == [
+            (1, MASKED, lay) for lay in lays], recs
 
     sparse = sparse_words(70, weights_bf16(71, 3001), 0.25)  # 3001 words: a partial byte
     mixed = np.concatenate([np.zeros(64, np.uint16), weights_bf16(72, 37)])
@@ -1827,7 +1843,17 @@ def masked_vectors() -> list[Vector]:
                   "word kept, complex128 under the bytes layout (words of 16 bytes)",
                   [*MASKED_RULES, "validation.md#P2", "validation.md#R4"], tensors,
                   policy="auto", minor=MINOR_1_4)
-    return [base, child, forms]
+    return [base, child, as_bytes, forms]
+
+
+def _masked_delta(t: TensorSpec, new: np.ndarray) -> CodedTensor:
+    """Our writer's masked form of ``new`` against ``t.raw`` (policy auto), its kept words
+    under the dtype's own layout."""
+    dt = dtypes.by_name(t.dtype)
+    form = masked_form(new, dt, "auto", parent=t.raw,
+                       layout=layouts.preferred(dt.name, dt.itemsize))
+    assert form is not None, t.name
+    return code_masked(form, dt, "auto")
 
 
 def masked_fail_vectors(forms: bytes, child: bytes) -> list[Vector]:
@@ -1908,7 +1934,7 @@ def masked_fail_vectors(forms: bytes, child: bytes) -> list[Vector]:
 
 def all_vectors_1_4() -> list[Vector]:
     good = masked_vectors()
-    return [*good, *masked_fail_vectors(good[2].data, good[1].data)]
+    return [*good, *masked_fail_vectors(good[3].data, good[1].data)]
 
 
 # -- format 1.5 (v1.5/): codec 10, seg-lz --------------------------------------------------------

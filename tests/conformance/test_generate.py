@@ -95,7 +95,8 @@ def _masked_records(blob: bytes) -> list[bool]:
 
 def test_v1_4_adds_masked_tensors(rendered) -> None:
     """Only v1.4 has masked tensor records (flag 0x02); its files declare minor 4, and its
-    valid masked files hold masked deltas of four layouts and masked tensors that are not
+    valid masked files hold masked deltas of four layouts (twice: bf16's and fp16's kept words
+    under their own layouts, then under the bytes layout) and masked tensors that are not
     deltas, seven of them."""
     earlier = [v["id"] for name in ("v1", "v1.1", "v1.2", "v1.3")
                for v in json.loads(rendered[name]["manifest.json"])["vectors"]
@@ -106,7 +107,7 @@ def test_v1_4_adds_masked_tensors(rendered) -> None:
     masked = {v["id"]: _masked_records(rendered["v1.4"][v["file"]]) for v in v14
               if v["expect"] == "valid"}
     assert masked == {"masked_delta_base": [False] * 4, "masked_delta": [True] * 4,
-                      "masked_forms": [True] * 7}
+                      "masked_delta_bytes": [True] * 4, "masked_forms": [True] * 7}
 
 
 def test_v1_5_adds_codec_10(rendered) -> None:

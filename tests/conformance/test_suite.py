@@ -70,11 +70,12 @@ def test_reference_reader_decodes_codec_8(tmp_path: Path) -> None:
 
 
 def test_reference_reader_decodes_masked_tensors(tmp_path: Path) -> None:
-    suite = _manifest_subset(tmp_path, ["masked_forms", "masked_delta", "masked_count_short"],
-                             SUITE_1_4)
+    suite = _manifest_subset(tmp_path, ["masked_forms", "masked_delta", "masked_delta_bytes",
+                                        "masked_count_short"], SUITE_1_4)
     results = conformance.run_suite(suite, REFERENCE, timeout=120)
     assert [(r.id, r.passed, r.got) for r in results] == [
-        ("masked_delta", True, "valid"), ("masked_forms", True, "valid"),
+        ("masked_delta", True, "valid"), ("masked_delta_bytes", True, "valid"),
+        ("masked_forms", True, "valid"),
         ("masked_count_short", True, "rejected FormatError")]
 
 

@@ -145,6 +145,36 @@ def test_sparse_deltas_are_masked_and_read_back_exactly(changed: float) -> None:
         assert r.version >= (1, 4)
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_every_16_bit_change_round_trips_as_kept_bytes(dtype: str) -> None:
+    """A bf16 or fp16 delta's kept words are stored as two byte planes: each of the 65,535
+    non-zero XOR patterns, among three times as many unchanged words, reads back exactly, on
+    every parent word."""
+    rng = np.random.default_rng(11)
+    n = 4 * 65536
+    parent = rng.integers(0, 1 << 16, n, dtype=np.uint16)
+    xor = np.zeros(n, np.uint16)
+    xor[rng.permutation(n)[:65536]] = np.arange(65536, dtype=np.uint16)
+    base = {"w": Tensor(dtypes.by_name(dtype), (n,), parent.view(np.uint8))}
+    child = {"w": Tensor(dtypes.by_name(dtype), (n,), (parent ^ xor).view(np.uint8))}
+    parent_blob, parent_result = _save(base)
+    blob, result = _save(child, base, parent_result.checkpoint_id)
+    with Reader(blob, parent=parent_blob) as r:
+        t = r.tensors[0]
+        assert (t.masked, t.layout, [p.label for p in t.planes]) == (
+            True, layouts.BYTES, ["mask", "byte0", "byte1"])
+        assert t.planes[1].decoded_len == 65535
+        assert r.read_raw(0).tobytes() == child["w"].data.tobytes()
+        assert verify(r) == []
+
+
+def test_fp32_kept_words_keep_their_layout() -> None:
+    _parent_blob, blob, _result, _child = _chain(0.2)
+    with Reader(blob) as r:
+        assert [(t.name, t.layout.name) for t in r.tensors] == [
+            ("w", "bytes"), ("f", "fp32"), ("h", "bytes"), ("q", "bytes")]
+
+
 def test_a_delta_that_changed_most_words_is_not_masked() -> None:
     parent_blob, blob, _result, child = _chain(0.85)
     with Reader(blob, parent=parent_blob) as r:
@@ -167,7 +197,8 @@ def test_an_unchanged_tensor_is_a_mask_and_empty_planes() -> None:
     parent_blob, blob, _result, child = _chain(0.0)
     with Reader(blob, parent=parent_blob) as r:
         t = r.tensors[0]
-        assert [p.decoded_len for p in t.planes] == [5000, 0, 0, 0]
+        assert t.layout is layouts.BYTES  # (a bf16 tensor's kept words: two byte planes)
+        assert [p.decoded_len for p in t.planes] == [5000, 0, 0]
         assert t.stored_nbytes < 64
         assert r.read_raw(0).tobytes() == child["w"].data.tobytes()
 
