@@ -158,7 +158,7 @@ def test_every_16_bit_change_round_trips_as_kept_bytes(dtype: str) -> None:
     base = {"w": Tensor(dtypes.by_name(dtype), (n,), parent.view(np.uint8))}
     child = {"w": Tensor(dtypes.by_name(dtype), (n,), (parent ^ xor).view(np.uint8))}
     parent_blob, parent_result = _save(base)
-    blob, result = _save(child, base, parent_result.checkpoint_id)
+    blob, _result = _save(child, base, parent_result.checkpoint_id)
     with Reader(blob, parent=parent_blob) as r:
         t = r.tensors[0]
         assert (t.masked, t.layout, [p.label for p in t.planes]) == (
