@@ -318,23 +318,37 @@ def masked_form(raw: np.ndarray, dtype: DType, policy_name: str = "auto",
     fields = layout.planes(dtype.itemsize)
     views = layout.views(kept.view(np.uint8), dtype.itemsize) if kept.size else []
     estimate = policy.estimate_view(mask_view, layouts.KIND_MASK, policy_name) + sum(
-        policy.estimate_view(v, f.kind, policy_name) for v, f in zip(views, fields))
+        policy.estimate_view(v, _kept_kind(layout, split, f), policy_name)
+        for v, f in zip(views, fields))
     return MaskedForm(layout, mask_view, views, estimate)
+
+
+def _kept_kind(layout: Layout, split: Layout, f: layouts.Field) -> int:
+    """The plane kind whose codec rules choose for kept plane ``f``: a float's kept words
+    under the bytes layout take its planes' rules, the top byte (sign and exponent bits) an
+    exponent's and the others a mantissa's (the rules for integers' bytes try zstd on every
+    plane, which such noise never pays for); else the field's own kind."""
+    if layout is not layouts.BYTES or split is layouts.BYTES:
+        return f.kind
+    top = f.index == split.word - 1
+    return layouts.KIND_EXPONENT if top else layouts.KIND_MANTISSA
 
 
 def code_masked(form: MaskedForm, dtype: DType, policy_name: str = "auto") -> CodedTensor:
     """Code a tensor's masked form: its mask plane, then the layout's planes of its kept
     words."""
     fields = form.layout.planes(dtype.itemsize)
-    items = [(form.mask, layouts.KIND_MASK, 0)] + [
-        (v, f.kind, f.index) for v, f in zip(form.kept, fields)]
+    split = layouts.preferred(dtype.name, dtype.itemsize)
+    items = [(form.mask, layouts.KIND_MASK, 0, layouts.KIND_MASK)] + [
+        (v, f.kind, f.index, _kept_kind(form.layout, split, f))
+        for v, f in zip(form.kept, fields)]
 
-    def code(item: tuple[PlaneView, int, int]) -> CodedPlane:
-        view, kind, index = item
-        cid, enc = policy.encode_view(view, kind, policy_name)
+    def code(item: tuple[PlaneView, int, int, int]) -> CodedPlane:
+        view, kind, index, choose_as = item
+        cid, enc = policy.encode_view(view, choose_as, policy_name)
         return CodedPlane(kind, index, cid, view.size, enc.payload, enc.params)
 
-    planes = threads.map_sized(code, items, sum(v.size for v, _k, _i in items))
+    planes = threads.map_sized(code, items, sum(item[0].size for item in items))
     if not form.kept:  # no word kept: the layout's planes are empty
         planes += [CodedPlane(f.kind, f.index, codecs.RAW, 0, b"") for f in fields]
     return CodedTensor(form.layout, tuple(planes), masked=True)
