@@ -168,6 +168,26 @@ def test_every_16_bit_change_round_trips_as_kept_bytes(dtype: str) -> None:
         assert verify(r) == []
 
 
+def test_a_kept_low_byte_of_noise_gets_no_zstd_trial(monkeypatch) -> None:
+    """A bf16 delta's kept low byte is chosen for by a mantissa's rules (zstd only where runs
+    show), not an integer byte's (zstd tried on every plane). (Here the changes stay in the
+    low byte: the top byte is all zero, one symbol, which no coder is tried on.)"""
+    from s4format.codecs.zstd import ZstdCodec
+
+    tried = []
+    original = ZstdCodec.estimate_view
+
+    def spy(self, view):
+        tried.append(view.size)
+        return original(self, view)
+    monkeypatch.setattr(ZstdCodec, "estimate_view", spy)
+    _parent_blob, blob, _result, _child = _chain(0.3, n=200_000)
+    with Reader(blob) as r:
+        w = r.tensors[r.index_of("w")]
+    assert [p.label for p in w.planes] == ["mask", "byte0", "byte1"]
+    assert w.planes[1].decoded_len not in tried
+
+
 def test_fp32_kept_words_keep_their_layout() -> None:
     _parent_blob, blob, _result, _child = _chain(0.2)
     with Reader(blob) as r:
