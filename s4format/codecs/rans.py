@@ -1065,7 +1065,8 @@ class RansCodec(Codec):
             firsts = buf[HEADER_SIZE:]
             return Slicer(1 << log2_block, lambda lo, hi: np.repeat(
                 firsts[lo >> log2_block:_n_blocks(hi, log2_block)],
-                _block_lengths(n, log2_block)[lo >> log2_block:_n_blocks(hi, log2_block)]))
+                _block_lengths(n, log2_block)[lo >> log2_block:_n_blocks(hi, log2_block)]),
+                _const_bits(firsts, n, log2_block))
         if mode == MODE_RANS and n <= PIECE:
             # (a plane a merge takes in one piece: decoded now; a stream with anything wrong
             # goes on below, which finds the corrupt blocks)
@@ -1134,6 +1135,18 @@ def _estimate(counts, n, log2_block, symbol_bits):  # pragma: no cover - compile
 def _expect_size(buf: np.ndarray, size: int, mode: str) -> None:
     if buf.size != size:
         raise CodecError(f"rans {mode} stream must be {size} bytes, is {buf.size}")
+
+
+def _const_bits(firsts: np.ndarray, n: int, log2_block: int) -> tuple[np.ndarray, int] | None:
+    """A CONST stream of 0s and 1s (a sign plane of one sign) as bitpack's bytes, which a
+    merge reads in place of the plane (:class:`Slicer`'s ``packed``); None for other
+    symbols."""
+    if n == 0 or int(firsts.max()) > 1:
+        return None
+    bits = np.repeat(firsts * np.uint8(0xFF), (_block_lengths(n, log2_block) + 7) // 8)
+    if n % 8:  # (the last block's last byte: only its n % 8 low bits are symbols)
+        bits[-1] &= np.uint8((1 << (n % 8)) - 1)
+    return bits, 1
 
 
 def _block_lengths(n: int, log2_block: int) -> np.ndarray:

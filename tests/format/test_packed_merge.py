@@ -136,3 +136,53 @@ def test_vector_and_word_merges_agree(tmp_path):
     # a generic CPU has no AVX-512: the word loop ran there, and gave the same bytes
     there = on_generic_cpu(tmp_path, __name__, "[layouts.vector_merging(), _digest()]")
     assert there == [False, _digest()]
+
+
+@pytest.mark.parametrize("layout,dtype", [(layouts.BF16, "u2"), (layouts.FP32, "u4")])
+@pytest.mark.parametrize("n,log2_block,signs", [
+    (1000, 16, "0"), (PIECE + 9, 16, "1"), (1000, 5, "blocks"), (2 * PIECE + 3, 12, "blocks")])
+def test_a_sign_plane_of_one_sign_per_block_merges_packed(packed_merges, layout, dtype,
+                                                          n: int, log2_block: int,
+                                                          signs: str) -> None:
+    """A sign plane stored as rANS's CONST form (one symbol per block: Adam's second moments,
+    all positive) merges by the packed path as a bitpacked one does, written and XORed."""
+    from s4format.codecs.rans import MODE_CONST, RansCodec
+
+    words = _words(dtype, n)
+    top = np.uint64(8 * words.itemsize - 1)
+    if signs == "blocks":
+        per_block = RNG.integers(0, 2, -(-n // (1 << log2_block)), dtype=np.uint64)
+        sign = np.repeat(per_block, 1 << log2_block)[:n]
+    else:
+        sign = np.full(n, int(signs), np.uint64)
+    words = ((words.astype(np.uint64) & ~(np.uint64(1) << top)) | (sign << top)).astype(words.dtype)
+    raw = words.view(np.uint8)
+    stored = _stored(layout, raw, words.itemsize)
+    plane = layout.split(raw, words.itemsize)[0]
+    enc = RansCodec(log2_block=log2_block, split=False).encode(plane)
+    payload = np.frombuffer(bytes(np.asarray(enc.payload, np.uint8)), np.uint8)
+    assert payload[0] == MODE_CONST
+    stored[0] = (codecs.RANS, payload, n, b"")
+    got = layouts.merge_stored(layout, words.itemsize, raw.size, stored)
+    assert got is not None and got.tobytes() == raw.tobytes()
+    acc = RNG.integers(0, 256, raw.size, dtype=np.uint8)
+    want = acc ^ raw
+    assert layouts.merge_stored(layout, words.itemsize, raw.size, stored, acc) is not None
+    assert acc.tobytes() == want.tobytes()
+    assert packed_merges == [True, True]
+
+
+def test_a_constant_sign_plane_of_another_symbol_is_refused(packed_merges) -> None:
+    """A CONST sign plane whose symbol is not 0 or 1 has no packed form: the field merge finds
+    the value wider than the sign's bit and the merge gives None (decoding the planes whole
+    then names it)."""
+    from s4format.codecs.rans import RansCodec
+
+    words = _words("u2", 5000)
+    raw = words.view(np.uint8)
+    stored = _stored(layouts.BF16, raw, 2)
+    enc = RansCodec().encode(np.full(5000, 2, np.uint8))
+    stored[0] = (codecs.RANS, np.frombuffer(bytes(np.asarray(enc.payload, np.uint8)), np.uint8),
+                 5000, b"")
+    assert layouts.merge_stored(layouts.BF16, 2, raw.size, stored) is None
+    assert packed_merges == [False]
