@@ -96,14 +96,18 @@ LZ_RUNS_MASK = 0.02
 SPARSE = 0.9
 SPARSE_SLACK = 1 / 64
 # ... except on an exponent plane tried by that rule alone (no runs that lz_may_pay counts)
-# whose rANS estimate passes this share of its length: zstd must store under 1.5 x rANS there
-# to be preferred. On the kept words of bench/checkpoints.py's CPU fine-tuning deltas it
-# stored 1.18-1.79 x on the 98 such planes of 16 KiB or more in eight saves, and was
-# preferred on 25, 12 KB above rANS in all (2026-12-06): a trial encode on every plane, for a
-# faster decode of planes of a few KB. (zstd's lead in decoding has narrowed since the rule
-# above was measured: on planes of 2^20 bytes, 0.5% of them 1 to 4 at random, it decoded in
-# 151 µs against rANS's 418; at 3% and 8%, rANS's 315 and 295 µs beat zstd's 540 and 889.)
-SPARSE_HOPELESS = 2 * SPARSE_SLACK
+# whose rANS estimate passes this share of its length: zstd would have to store under twice
+# rANS there to be preferred. On the kept words of bench/checkpoints.py's CPU fine-tuning
+# deltas it stored 1.18-1.79 x rANS (2026-12-06). At twice this share, zstd was tried on the
+# kept top bytes of every such delta (1.3-1.8% of them non-zero) and preferred on a few, for
+# 20-30 µs less decoding a plane: the trials took 2 ms of a one-thread delta save. At this
+# share the 2-core delta saves of six fine-tuning states took 18.5 against 19.1-19.3 ms, the
+# chain stored 0.4% less and its steps loaded as fast (15.95-16.60 against 15.81-16.12 ms on
+# one thread, the slowest step of three alternated rounds). (zstd's lead in decoding has
+# narrowed since the rule above was measured: on planes of 2^20 bytes, 0.5% of them 1 to 4 at
+# random, it decoded in 151 µs against rANS's 418; at 3% and 8%, rANS's 315 and 295 µs beat
+# zstd's 540 and 889.)
+SPARSE_HOPELESS = SPARSE_SLACK
 
 # rANS is ruled out on a plane's sample alone (the plane not counted) when the sample's
 # estimate comes within this share of what it must beat, or above it. A sample's entropy errs
