@@ -246,8 +246,11 @@ class Layout:
         :func:`_merge_packed` merges without unpacking them first; else None."""
         if self.layout_id not in (BF16.layout_id, FP32.layout_id):
             return None
-        sign, mantissa = slicers[0].packed, slicers[2].packed
-        if sign is None or mantissa is None or sign[1] != 1 or mantissa[1] != 7:
+        mantissa = slicers[2].packed
+        if mantissa is None or mantissa[1] != 7:
+            return None
+        sign = slicers[0].packed_form()  # (made only where the mantissa plane is packed)
+        if sign is None or sign[1] != 1:
             return None
         return _readonly(sign[0]), _readonly(mantissa[0])
 

@@ -1066,7 +1066,7 @@ class RansCodec(Codec):
             return Slicer(1 << log2_block, lambda lo, hi: np.repeat(
                 firsts[lo >> log2_block:_n_blocks(hi, log2_block)],
                 _block_lengths(n, log2_block)[lo >> log2_block:_n_blocks(hi, log2_block)]),
-                _const_bits(firsts, n, log2_block))
+                packs=lambda: _const_bits(firsts, n, log2_block))
         if mode == MODE_RANS and n <= PIECE:
             # (a plane a merge takes in one piece: decoded now; a stream with anything wrong
             # goes on below, which finds the corrupt blocks)
@@ -1139,7 +1139,7 @@ def _expect_size(buf: np.ndarray, size: int, mode: str) -> None:
 
 def _const_bits(firsts: np.ndarray, n: int, log2_block: int) -> tuple[np.ndarray, int] | None:
     """A CONST stream of 0s and 1s (a sign plane of one sign) as bitpack's bytes, which a
-    merge reads in place of the plane (:class:`Slicer`'s ``packed``); None for other
+    merge reads in place of the plane (:class:`Slicer`'s ``packs``); None for other
     symbols."""
     if n == 0 or int(firsts.max()) > 1:
         return None

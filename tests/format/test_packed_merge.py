@@ -186,3 +186,27 @@ def test_a_constant_sign_plane_of_another_symbol_is_refused(packed_merges) -> No
                  5000, b"")
     assert layouts.merge_stored(layouts.BF16, 2, raw.size, stored) is None
     assert packed_merges == [False]
+
+
+def test_constant_planes_make_their_bits_only_for_the_packed_merge(monkeypatch) -> None:
+    """fp32 words widened from bf16 have CONST low mantissa planes of 0s: their bits, which no
+    merge reads, are not made; a CONST sign plane's are, once."""
+    from s4format.codecs import rans
+
+    made = []
+    original = rans._const_bits
+
+    def spy(*args):
+        made.append(args[1])
+        return original(*args)
+    monkeypatch.setattr(rans, "_const_bits", spy)
+    words = _words("u4", 5000) & np.uint32(0x7FFF0000)  # (positive, low 16 bits zero)
+    raw = words.view(np.uint8)
+    stored = _stored(layouts.FP32, raw, 4)
+    for k in (0, 3, 4):  # sign, mantissa1, mantissa2: one symbol each
+        enc = codecs.get(codecs.RANS).encode(layouts.FP32.split(raw, 4)[k])
+        stored[k] = (codecs.RANS, np.frombuffer(bytes(np.asarray(enc.payload, np.uint8)),
+                                                np.uint8), 5000, b"")
+    got = layouts.merge_stored(layouts.FP32, 4, raw.size, stored)
+    assert got is not None and got.tobytes() == raw.tobytes()
+    assert made == [5000]
