@@ -48,9 +48,9 @@ class Slicer:
     they come: ``get(lo, hi)`` gives the decoded bytes [lo, hi) for ``lo`` a multiple of
     ``align`` and ``hi`` one or the plane's end, or None where the stream is corrupt.
     ``packed``: ``(payload, w)`` where the plane is stored as its bytes' ``w`` low bits
-    (bitpack-w's form, checked), which a merge may read in place of ``get``'s bytes; ``packs``:
-    where the plane is not stored so but its bytes are cheaply made so (a rANS CONST stream of
-    0s and 1s), what makes that form on demand (:meth:`packed_form`)."""
+    (bitpack-w's form, checked), which a merge may read in place of ``get``'s bytes. ``packs``:
+    for a plane not stored in that form but cheaply put in it (a rANS CONST stream of 0s and
+    1s), the function that makes it, called when a merge asks (:meth:`packed_form`)."""
     align: int
     get: Callable[[int, int], np.ndarray | None]
     packed: tuple[np.ndarray, int] | None = None
