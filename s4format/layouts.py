@@ -149,13 +149,9 @@ class Layout:
         shifts = tuple(f.shift for f in fields)
         masks = tuple(np.uint8((1 << f.bits) - 1) for f in fields)
         over = np.zeros(max(1, -(-n // PIECE)), dtype=np.uint8)
-        bytewise = self.layout_id == BYTES.layout_id
 
         def piece(lo: int, hi: int) -> None:
-            if bytewise:
-                _merge_bytes(src, words, lo, hi, False)
-            else:
-                over[lo // PIECE] = _merge_fields(src, shifts, masks, words, lo, hi)
+            over[lo // PIECE] = self._merge_words(src, shifts, masks, words, lo, hi, False)
 
         run_pieces(piece, n, PIECE)
         if over.any():
@@ -221,23 +217,28 @@ class Layout:
             run_pieces(merge_packed, n, piece)
             return None if bad.any() else raw
 
-        bytewise = self.layout_id == BYTES.layout_id
-
         def merge(lo: int, hi: int) -> None:
             parts = [s.get(lo, hi) for s in slicers]
             if any(p is None for p in parts):
                 bad[lo // piece] = True
             else:
                 src = tuple(_readonly(p) for p in parts)
-                if bytewise:  # (every field 8 bits wide: nothing to reject)
-                    _merge_bytes(src, words[lo:hi], 0, hi - lo, xor_into is not None)
-                else:
-                    bad[lo // piece] = _merge_fields(src, shifts, masks, words[lo:hi], 0,
+                bad[lo // piece] = self._merge_words(src, shifts, masks, words[lo:hi], 0,
                                                      hi - lo, xor_into is not None)
                 hashed(lo, hi)
 
         run_pieces(merge, n, piece)
         return None if bad.any() else raw
+
+    def _merge_words(self, src: tuple, shifts: tuple, masks: tuple, words: np.ndarray,
+                     lo: int, hi: int, xor: bool) -> int:
+        """Merge the planes ``src`` into words[lo:hi] (``xor``: XOR into them); the OR of the
+        bits found above their field's width (none under the bytes layout, whose fields are
+        whole bytes)."""
+        if self.layout_id == BYTES.layout_id:
+            _merge_bytes(src, words, lo, hi, xor)
+            return 0
+        return _merge_fields(src, shifts, masks, words, lo, hi, xor)
 
     def _packed_sign_mantissa(self, slicers: list[Slicer]
                               ) -> tuple[np.ndarray, np.ndarray] | None:
