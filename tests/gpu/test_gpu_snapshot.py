@@ -289,12 +289,12 @@ def test_a_restarted_process_reads_its_parent_on_the_gpu(tmp_path, monkeypatch) 
         return real_large(reader, i, out, ws, on_host)
 
     monkeypatch.setattr(decode_large, "load_large", large)
-    on_gpu, hashes, buf = chain._parent_tensors(store, infos[2], infos, "cuda", 32 * MIB)
+    on_gpu, hashes, buf, _whole = chain._parent_tensors(store, infos[2], infos, "cuda", 32 * MIB)
     # tensors that need more than the workspace with their bytes ("big": 24 MiB, two deltas
     # deep) are decoded in chunks within it, each copied down as it is made
     assert ("big", True, "cpu", 32 * MIB) in chunked_to_host
     assert all(c[1:] == (True, "cpu", 32 * MIB) for c in chunked_to_host), chunked_to_host
-    on_cpu, hashes_cpu, none = chain._parent_tensors(store, infos[2], infos, "cpu")
+    on_cpu, hashes_cpu, none, _whole = chain._parent_tensors(store, infos[2], infos, "cpu")
     assert none is None and hashes == hashes_cpu and set(on_gpu) == set(on_cpu)
     assert buf is not None and hostmem.is_page_locked(buf)
     for k, v in on_cpu.items():

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+import s4format
 import s4weights
 from s4weights import chain, chainpolicy, manifests
 from tests.weights.common import assert_same
@@ -140,6 +141,40 @@ def test_the_writer_takes_each_tensors_estimate_alone_from_the_sample(
     assert not info.is_base and rough == []
     assert abs(info.full_stored_bytes / s4weights.save(state, tmp_path / "alone.s4w")
                .stored_nbytes - 1) < 0.02
+
+
+def test_a_delta_takes_each_tensors_figure_alone_from_its_parents_file(
+        tmp_path: Path, monkeypatch) -> None:
+    # a delta the budget does not sample (the first on a base is sampled, the next not) weighs
+    # each tensor against what its parent's file stores it in, where that file stores it
+    # whole: the tensor is not sampled alone, from the cached parent or one read back
+    from s4format import writer
+
+    given, sampled_alone = [], []
+    real_code, real_pair = writer.Writer.code, writer.estimate_pair
+
+    def code(self, name, tensor, *, parent=None, alone=None, parent_hash=None):
+        given.append((name, alone))
+        return real_code(self, name, tensor, parent=parent, alone=alone,
+                         parent_hash=parent_hash)
+
+    monkeypatch.setattr(writer.Writer, "code", code)
+    monkeypatch.setattr(writer, "estimate_pair", lambda raw, parent, dtype: (
+        sampled_alone.append(parent is None) or real_pair(raw, parent, dtype)))
+    base = s4weights.save_checkpoint(_fine_tuning(0), tmp_path, step=0)
+    with s4format.Reader(tmp_path / base.file) as r:
+        whole = r.tensors[r.index_of("w")].stored_nbytes
+    s4weights.save_checkpoint(_fine_tuning(1), tmp_path, step=1)
+    for step, cached in ((2, True), (3, False)):
+        if not cached:
+            chain._PARENT_CACHE.clear()
+        given.clear()
+        sampled_alone.clear()
+        info = s4weights.save_checkpoint(_fine_tuning(step), tmp_path, step=step)
+        assert not info.is_base and info.parent_step == 0
+        assert given == [("w", whole)] and True not in sampled_alone
+        assert info.full_stored_bytes == whole
+        assert_same(s4weights.load_checkpoint(tmp_path, step), _fine_tuning(step))
 
 
 def test_manifests_with_members_of_a_later_version_are_read(tmp_path: Path) -> None:
