@@ -387,7 +387,8 @@ def _code(store: Store, state: Any, step: int, infos: dict[int, CheckpointInfo],
     if parent is not None and stored_whole:
         # The parent's tensors stored whole stand for this state's coded alone, where the
         # budget's sample gave no figure: sampling each tensor alone took a tenth of a
-        # fine-tuning delta's save (2 of 18 ms on 2 cores).
+        # fine-tuning delta's save (2 of 18 ms on 2 cores). A delta not clearly smaller than
+        # that figure is weighed against the tensor's own estimate (writer.CLEAR_DELTA).
         alone = {**stored_whole, **(alone or {})}
     # the buffer this snapshot may take over once the file is coded (on the GPU path): the
     # cached parent's, or that of the parent just read from the store (where the state is on
