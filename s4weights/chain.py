@@ -173,16 +173,16 @@ def _parent_tensors(store: Store, parent: CheckpointInfo, infos: dict[int, Check
     reader = open_chain(store, chain, verify=True, device=device, whole=True)
     try:
         hashes = {t.name: t.content_hash for t in reader.tensors}
+        whole = _stored_whole(reader)
         if device != "cpu" and gpu.use_gpu(device, True):
             try:
                 tensors, buffer = _read_on_gpu(reader, device, workspace)
-                return tensors, hashes, buffer, _stored_whole(reader)
+                return tensors, hashes, buffer, whole
             except gpu.out_of_memory_errors() as exc:  # (a training run may leave little)
                 log.warning("reading the parent checkpoint step %d on the GPU ran out of "
                             "memory (%s): read on the CPU instead", parent.step,
                             gpu.error_text(exc))
-        return {t.name: reader.read(i) for i, t in enumerate(reader.tensors)}, hashes, None, \
-            _stored_whole(reader)
+        return {t.name: reader.read(i) for i, t in enumerate(reader.tensors)}, hashes, None, whole
     finally:
         close_chain(reader)
 
