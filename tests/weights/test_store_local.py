@@ -266,6 +266,25 @@ def test_write_back_starts_during_the_writes_and_its_error_fails_the_commit(
     assert _all_files(tmp_path) == ["a.s4w"]
 
 
+def test_a_file_of_a_few_tens_of_mib_starts_its_write_back_before_the_commit(
+        tmp_path: Path, monkeypatch) -> None:
+    # (a 64 MiB threshold left such files, most saves on the CPU path, to commit's fsync)
+    synced = []
+    real = getattr(os, "fdatasync", os.fsync)
+    monkeypatch.setattr(os, "fdatasync", lambda fd: synced.append(os.fstat(fd).st_size)
+                        or real(fd), raising=False)
+    w = LocalStore(tmp_path).writer("a.s4w")
+    piece = b"z" * (1 << 20)
+    for _ in range(24):
+        w.write(piece)
+    deadline = time.monotonic() + 10
+    while not synced and time.monotonic() < deadline:  # (the write-back's thread, not commit)
+        time.sleep(0.01)
+    assert synced
+    w.commit()
+    assert (tmp_path / "a.s4w").stat().st_size == 24 << 20
+
+
 def test_a_replaced_object_keeps_its_mode_and_a_new_one_gets_the_umasks(tmp_path: Path) -> None:
     store = LocalStore(tmp_path)
     store.put_atomic("a", b"1")
