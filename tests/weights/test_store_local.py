@@ -237,15 +237,21 @@ def test_a_directory_sync_failure_after_the_rename_warns_and_keeps_the_file(
     assert _all_files(tmp_path) == ["a.s4w"]
 
 
+def _record_write_backs(monkeypatch) -> list[int]:
+    """The file's size at each write-back (``fdatasync``) from now on, appended as they run."""
+    synced: list[int] = []
+    real = getattr(os, "fdatasync", os.fsync)
+    monkeypatch.setattr(os, "fdatasync", lambda fd: synced.append(os.fstat(fd).st_size)
+                        or real(fd), raising=False)
+    return synced
+
+
 def test_write_back_starts_during_the_writes_and_its_error_fails_the_commit(
         tmp_path: Path, monkeypatch) -> None:
     from s4weights.store import local
 
     monkeypatch.setattr(local, "SYNC_EVERY", 1000)
-    synced = []
-    real = getattr(os, "fdatasync", os.fsync)
-    monkeypatch.setattr(os, "fdatasync", lambda fd: synced.append(os.fstat(fd).st_size)
-                        or real(fd), raising=False)
+    synced = _record_write_backs(monkeypatch)
     store = LocalStore(tmp_path)
     w = store.writer("a.s4w")
     for _ in range(20):
@@ -269,10 +275,7 @@ def test_write_back_starts_during_the_writes_and_its_error_fails_the_commit(
 def test_a_file_of_a_few_tens_of_mib_starts_its_write_back_before_the_commit(
         tmp_path: Path, monkeypatch) -> None:
     # (a 64 MiB threshold left such files, most saves on the CPU path, to commit's fsync)
-    synced = []
-    real = getattr(os, "fdatasync", os.fsync)
-    monkeypatch.setattr(os, "fdatasync", lambda fd: synced.append(os.fstat(fd).st_size)
-                        or real(fd), raising=False)
+    synced = _record_write_backs(monkeypatch)
     w = LocalStore(tmp_path).writer("a.s4w")
     piece = b"z" * (1 << 20)
     for _ in range(24):
