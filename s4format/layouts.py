@@ -430,16 +430,17 @@ BLOCK_WORDS = 64
 
 def _vectors_take(context, signs, exp, mants, low1, low2, words) -> bool:
     """Whether :func:`_merge_block` runs for these arrays (numba types) on ``context``'s target:
-    AVX-512 BW and VBMI (the mantissas' byte permutes and per-word shifts are then one
-    instruction each), and the C-contiguous arrays it addresses by their data pointers: uint8
-    planes, and uint16 (bf16) or uint32 (fp32) words."""
+    AVX2 or better, and the C-contiguous arrays it addresses by their data pointers: uint8
+    planes, and uint16 (bf16) or uint32 (fp32) words. AVX-512 BW and VBMI do the mantissas'
+    byte permutes and per-word shifts in one instruction each; AVX2 in a few (a Zen 2 core,
+    in cache: bf16 0.21 ns a word against the word loop's 0.77, fp32 0.40 against 1.23)."""
     from numba.core import types
 
     planes = (signs, exp, mants, low1, low2)
     return all(isinstance(t, types.Array) and t.layout == "C" for t in (*planes, words)) \
         and all(str(t.dtype) == "uint8" for t in planes) \
         and str(words.dtype) in ("uint16", "uint32") \
-        and target_has(context, "avx512f", "avx512bw", "avx512vbmi")
+        and target_has(context, "avx2")
 
 
 @intrinsic

@@ -1,5 +1,5 @@
-"""Run code in a child process whose numba compiles for a generic CPU (no AVX-512), so a test
-can compare the vector kernels this machine runs with the scalar ones every machine has."""
+"""Run code in a child process whose numba compiles for a generic CPU (no AVX2 nor AVX-512), so a
+test can compare the vector kernels this machine runs with the scalar ones every machine has."""
 
 from __future__ import annotations
 
