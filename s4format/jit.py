@@ -156,6 +156,16 @@ def vbmi2_vectors(context: Any) -> bool:
     return target_has(context, "avx512f", "avx512bw", "avx512vbmi2")
 
 
+def avx2_vectors(context: Any) -> bool:
+    """Whether numba's target in ``context`` has AVX2 and an LLVM that knows the intrinsics the
+    AVX2 kernels call (rANS rows by 8-lane gathers and word permutes)."""
+    import llvmlite.binding
+
+    if tuple(llvmlite.binding.llvm_version_info[:2]) < LLVM_VECTORS:
+        return False
+    return target_has(context, "avx2")
+
+
 def constant(value: Callable[[Any], bool]) -> Callable[..., Any]:
     """An intrinsic's codegen of the boolean constant ``value(context)``."""
     from numba.core import types

@@ -45,3 +45,14 @@ def vbmi2_vectors_expected() -> bool:
 
     return {"avx512f", "avx512bw", "avx512_vbmi2"} <= cpu_flags() and \
         tuple(llvmlite.binding.llvm_version_info[:2]) >= jit.LLVM_VECTORS
+
+
+def avx2_vectors_expected() -> bool:
+    """Whether this CPU and numba's LLVM should run the kernels gated by
+    :func:`s4format.jit.avx2_vectors` (Linux flags)."""
+    import llvmlite.binding
+
+    from s4format import jit
+
+    return "avx2" in cpu_flags() and \
+        tuple(llvmlite.binding.llvm_version_info[:2]) >= jit.LLVM_VECTORS

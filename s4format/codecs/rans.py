@@ -28,7 +28,7 @@ from s4format.codecs.abc import Codec, Encoded, Slicer
 from s4format.codecs.registry import RANS, register
 from s4format.codecs.view import PIECE, PlaneView
 from s4format.errors import CodecError, LimitError
-from s4format.jit import constant, intrinsic, kernel, vbmi2_vectors
+from s4format.jit import avx2_vectors, constant, intrinsic, kernel, vbmi2_vectors
 
 LANES = 32
 PROB_BITS = 12
@@ -546,12 +546,26 @@ def _decode_row_fast(words, p, x, dtab, out, row):  # pragma: no cover - compile
 
 @intrinsic
 def _vector_rows(typingctx):  # pragma: no cover - compiled
-    """True where the vector rows compile (:func:`vbmi2_vectors`): AVX-512 runs
-    :func:`_decode_row_vector` and :func:`_encode_row_vector` as gathers, word expands and
-    compresses. A constant, so each kernel runs only one of its two row coders."""
+    """True where the vector encoder rows compile (:func:`vbmi2_vectors`): AVX-512 runs
+    :func:`_encode_row_vector` as gathers and word compresses (the decoder's rows:
+    :func:`_vector_decoding`). A constant, so each kernel runs only one of its two row coders."""
     from numba.core import types
 
     return types.boolean(), constant(vbmi2_vectors)
+
+
+def _vector_decoder(context) -> bool:
+    """Whether :func:`_decode_row_vector` compiles to vectors on ``context``'s target: AVX-512's
+    16 lanes (:func:`vbmi2_vectors`) or AVX2's 8."""
+    return vbmi2_vectors(context) or avx2_vectors(context)
+
+
+@intrinsic
+def _vector_decoding(typingctx):  # pragma: no cover - compiled
+    """True (a constant) where full rows decode as vectors (:func:`_vector_decoder`)."""
+    from numba.core import types
+
+    return types.boolean(), constant(_vector_decoder)
 
 
 def _plain(*arrays) -> bool:
@@ -584,7 +598,8 @@ def _encoder_arrays(typingctx, scratch):  # pragma: no cover - compiled
 
 @intrinsic
 def _decode_row_vector(typingctx, words, p, x, dtab, out, row):  # pragma: no cover - compiled
-    """:func:`_decode_row_fast` on 16 lanes at a time: the same symbols, states and p.
+    """:func:`_decode_row_fast` on 16 lanes at a time (AVX-512; 8 on AVX2,
+    :func:`_avx2_decode_row`): the same symbols, states and p.
 
     States are below 2**31, so uint32 arithmetic is exact. Renormalisation pops lanes 31..0 in
     order, so the lanes of a half that need a word take the next popcount(need) words below p,
@@ -596,7 +611,9 @@ def _decode_row_vector(typingctx, words, p, x, dtab, out, row):  # pragma: no co
     def codegen(context, builder, signature, args):
         words_a, p, x_a, dtab_a, out_a, row = args
         if not vbmi2_vectors(context):
-            return p  # (never run: _vector_rows() is False in this compile; the IR stays valid)
+            if avx2_vectors(context):
+                return _avx2_decode_row(context, builder, signature, args)
+            return p  # (never run: _vector_decoding() is False here; the IR stays valid)
         tw, _, tx, td, to, _ = signature.args
         wptr = context.make_array(tw)(context, builder, words_a).data
         xptr = context.make_array(tx)(context, builder, x_a).data
@@ -649,14 +666,93 @@ def _decode_row_vector(typingctx, words, p, x, dtab, out, row):  # pragma: no co
     return types.uint64(words, p, x, dtab, out, row), codegen
 
 
+# For each 8-lane renormalisation mask, the lane of the 8 words below p that each renormalising
+# lane takes: the k-th of c such lanes (lowest first) takes word 8 - c + k.
+def _expand_indices() -> list[int]:
+    out = []
+    for mask in range(256):
+        c, k = bin(mask).count("1"), 0
+        for lane in range(8):
+            out.append(8 - c + k if mask >> lane & 1 else 0)
+            k += mask >> lane & 1
+    return out
+
+
+def _avx2_decode_row(context, builder, signature, args):
+    """:func:`_decode_row_vector`'s code on AVX2: eight lanes at a time, a gather of their table
+    entries, and for the lanes that renormalise a permute of the eight words below p (AVX2 has
+    no expanding load) by a table indexed by the lanes' mask."""
+    from llvmlite import ir
+    from numba.core import cgutils
+
+    words_a, p, x_a, dtab_a, out_a, row = args
+    tw, _, tx, td, to, _ = signature.args
+    wptr = context.make_array(tw)(context, builder, words_a).data
+    xptr = context.make_array(tx)(context, builder, x_a).data
+    dptr = context.make_array(td)(context, builder, dtab_a).data
+    optr = context.make_array(to)(context, builder, out_a).data
+    i8, i16, i32, i64 = (ir.IntType(b) for b in (8, 16, 32, 64))
+    v8 = lambda t: ir.VectorType(t, 8)  # noqa: E731
+    splat = lambda v: ir.Constant(v8(i32), [v] * 8)  # noqa: E731
+    gather = cgutils.get_or_insert_function(builder.module, ir.FunctionType(
+        v8(i32), [v8(i32), ir.PointerType(i8), v8(i32), v8(i32), i8]),
+        "llvm.x86.avx2.gather.d.d.256")
+    permute = cgutils.get_or_insert_function(builder.module, ir.FunctionType(
+        v8(i32), [v8(i32), v8(i32)]), "llvm.x86.avx2.permd")
+    ctpop = cgutils.get_or_insert_function(builder.module, ir.FunctionType(i8, [i8]),
+                                           "llvm.ctpop.i8")
+    lut_type = ir.ArrayType(i32, 256 * 8)
+    lut = builder.module.globals.get("s4_rans_expand8")
+    if lut is None:
+        lut = ir.GlobalVariable(builder.module, lut_type, "s4_rans_expand8")
+        lut.linkage = "internal"
+        lut.global_constant = True
+        lut.initializer = ir.Constant(lut_type, _expand_indices())
+    table = builder.bitcast(dptr, ir.PointerType(i8))
+
+    def lanes_at(q):
+        return builder.bitcast(builder.gep(xptr, [ir.Constant(i64, 8 * q)]),
+                               ir.PointerType(v8(i32)))
+
+    states, needs = [], []
+    for q in range(LANES // 8):
+        xv = builder.load(lanes_at(q), align=4)
+        slot = builder.and_(xv, splat(PROB_SCALE - 1))
+        e = builder.call(gather, [ir.Constant(v8(i32), None), table, slot, splat(-1),
+                                  ir.Constant(i8, 4)])
+        at = builder.gep(optr, [builder.add(row, ir.Constant(i64, 8 * q))])
+        builder.store(builder.trunc(e, v8(i8)), builder.bitcast(at, ir.PointerType(v8(i8))),
+                      align=1)
+        freq = builder.add(builder.lshr(e, splat(20)), splat(1))
+        bias = builder.and_(builder.lshr(e, splat(8)), splat(PROB_SCALE - 1))
+        xv = builder.add(builder.mul(freq, builder.lshr(xv, splat(PROB_BITS))), bias)
+        states.append(xv)
+        needs.append(builder.icmp_unsigned("<", xv, splat(STATE_LOW)))
+    for q in reversed(range(LANES // 8)):  # lanes 31..0 pop in turn
+        need = needs[q]
+        mask = builder.bitcast(need, i8)
+        # (the caller leaves >= 32 words above lo, so the 8 below p are this block's)
+        below = builder.gep(wptr, [builder.sub(p, ir.Constant(i64, 8))])
+        w = builder.zext(builder.load(builder.bitcast(below, ir.PointerType(v8(i16))), align=2),
+                         v8(i32))
+        idx = builder.mul(builder.zext(mask, i64), ir.Constant(i64, 8))
+        pick = builder.load(builder.bitcast(builder.gep(lut, [ir.Constant(i64, 0), idx]),
+                                            ir.PointerType(v8(i32))), align=4)
+        w = builder.call(permute, [w, pick])
+        p = builder.sub(p, builder.zext(builder.call(ctpop, [mask]), i64))
+        pushed = builder.or_(builder.shl(states[q], splat(WORD_BITS)), w)
+        builder.store(builder.select(need, pushed, states[q]), lanes_at(q), align=4)
+    return p
+
+
 @kernel()
 def _vector_probe():  # pragma: no cover - compiled
-    return _vector_rows()
+    return _vector_decoding()
 
 
 def vector_decoding() -> bool:
-    """Whether this process's coder runs its full rows on AVX-512 vectors (else the scalar
-    rows); both encode the same bytes, and decode the same bytes and find the same errors."""
+    """Whether this process's decoder runs its full rows on vectors (AVX-512 or AVX2; else the
+    scalar rows); both decode the same bytes and find the same errors."""
     return bool(_vector_probe())
 
 
@@ -687,7 +783,7 @@ def _decode_rows(words, lo, p, x, dtab, out, start, end, row):  # pragma: no cov
         row -= lanes
         m = min(lanes, end - row)
         if m == lanes and p - lo >= lanes:
-            if _vector_rows() and _decoder_arrays(words, dtab, out):
+            if _vector_decoding() and _decoder_arrays(words, dtab, out):
                 p = _decode_row_vector(words, p, x, dtab, out, row)
             else:
                 p = _decode_row_fast(words, p, x, dtab, out, row)
@@ -797,7 +893,7 @@ def _decode_blocks(words, offsets, states, dtab, log2_block, n, out, errors, b0,
         # plane's last block may be short, and it is then the group's last)
         done = False
         for group in (GROUP, 3, 2):
-            if not done and _vector_rows() and _decoder_arrays(words, dtab, out) \
+            if not done and _vector_decoding() and _decoder_arrays(words, dtab, out) \
                     and b + group <= grouped:
                 last = min(size, n - base - start - (group - 1) * size)
                 if _decode_group(words, offsets[b:b + group + 1],
