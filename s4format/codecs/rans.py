@@ -319,7 +319,7 @@ def _encode_range(words, shift, mask, log2_block, tab, scratch, counts, states, 
     # Full rows run on vectors where the table is the exact-reciprocal one that the compact
     # form reproduces; any other table (and a partial row) takes the scalar rows below.
     ctab = np.empty(256, dtype=np.uint64)
-    vector = (_vector_rows() and _encoder_arrays(scratch) and mk <= np.uint64(0xFF)
+    vector = (_vector_coding() and _encoder_arrays(scratch) and mk <= np.uint64(0xFF)
               and sh < np.uint64(8 * words.itemsize)
               and _compact_table(tab, ctab))
     lanes = np.uint64(LANES)
@@ -396,49 +396,202 @@ def _compact_table(tab, ctab):  # pragma: no cover - compiled
     return True
 
 
+def _lanes_table(builder, name: str, values: list[int]):
+    """A constant table of int32 ``values`` in the module being built (one per module)."""
+    from llvmlite import ir
+
+    found = builder.module.globals.get(name)
+    if found is not None:
+        return found
+    kind = ir.ArrayType(ir.IntType(32), len(values))
+    table = ir.GlobalVariable(builder.module, kind, name)
+    table.linkage = "internal"
+    table.global_constant = True
+    table.initializer = ir.Constant(kind, values)
+    return table
+
+
+def _lane_picks(expand: bool) -> list[int]:
+    """For each 8-lane mask, the lane each lane of a permute takes. ``expand``: of the 8 words
+    below p, the k-th of the c lanes set (lowest first) takes word 8 - c + k; else (compress)
+    lane k takes the k-th lane set."""
+    out = []
+    for mask in range(256):
+        on = [lane for lane in range(8) if mask >> lane & 1]
+        if expand:
+            picks, k = [], 0
+            for lane in range(8):
+                picks.append(8 - len(on) + k if mask >> lane & 1 else 0)
+                k += mask >> lane & 1
+        else:
+            picks = on + [0] * (8 - len(on))
+        out += picks
+    return out
+
+
+class _RowVectors:
+    """The instructions a vector row needs on ``context``'s target: AVX-512 (16 lanes a vector:
+    gathers, expanding loads and compresses) or AVX2 (8 lanes: gathers, and a permute by a
+    table indexed by the lanes' mask where AVX2 has no expand or compress)."""
+
+    def __init__(self, context, builder) -> None:
+        from llvmlite import ir
+        from numba.core import cgutils
+
+        self.b = builder
+        self.avx512 = vbmi2_vectors(context)
+        self.width = 16 if self.avx512 else 8
+        self.i1, self.i8, self.i16, self.i32, self.i64 = (
+            ir.IntType(b) for b in (1, 8, 16, 32, 64))
+        self.bits = ir.IntType(self.width)
+        self.ctpop = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(self.bits, [self.bits]), f"llvm.ctpop.i{self.width}")
+
+        def function(name, ret, *params):
+            return cgutils.get_or_insert_function(builder.module, ir.FunctionType(ret, params),
+                                                  name)
+
+        i1, i8, i16, i32, i64, vec = self.i1, self.i8, self.i16, self.i32, self.i64, self.vec
+        ptr = ir.PointerType(i8)
+        v8 = lambda t: ir.VectorType(t, 8)  # noqa: E731
+        if self.avx512:
+            # The table by 32-bit slots, 16 entries an instruction: a gather by 64-bit pointers
+            # takes two (MiniLM-L6's bf16 planes on one thread: 0.556 ns a symbol against
+            # 0.662). The encoder's 64-bit entries, eight an instruction, by 32-bit symbols: by
+            # 64-bit pointers took longer (0.82 ns a symbol against 0.99).
+            self._gather32 = function("llvm.x86.avx512.mask.gather.dpi.512", vec(i32),
+                                      vec(i32), ptr, vec(i32), vec(i1), i32)
+            self._gather64 = function("llvm.x86.avx512.mask.gather.dpq.512", v8(i64),
+                                      v8(i64), ptr, v8(i32), v8(i1), i32)
+            self._expand = function(f"llvm.masked.expandload.v{self.width}i16", vec(i16),
+                                    ir.PointerType(i16), vec(i1), vec(i16))
+            self._compress = function(f"llvm.experimental.vector.compress.v{self.width}i16",
+                                      vec(i16), vec(i16), vec(i1), vec(i16))
+        else:
+            self._gather32 = function("llvm.x86.avx2.gather.d.d.256", v8(i32),
+                                      v8(i32), ptr, v8(i32), v8(i32), i8)
+            self._gather64 = function("llvm.x86.avx2.gather.d.q.256", ir.VectorType(i64, 4),
+                                      ir.VectorType(i64, 4), ptr, ir.VectorType(i32, 4),
+                                      ir.VectorType(i64, 4), i8)
+            self._permute = function("llvm.x86.avx2.permd", v8(i32), v8(i32), v8(i32))
+
+    def vec(self, t):
+        from llvmlite import ir
+
+        return ir.VectorType(t, self.width)
+
+    def splat(self, t, value):
+        from llvmlite import ir
+
+        return ir.Constant(self.vec(t), [value] * self.width)
+
+    def count(self, need):
+        """How many lanes ``need`` sets, as an int64."""
+        return self.b.zext(self.b.call(self.ctpop, [self.b.bitcast(need, self.bits)]), self.i64)
+
+    def gather32(self, table, slots):
+        """table[slots] (uint32 entries; ``table`` an i8 pointer)."""
+        from llvmlite import ir
+
+        if self.avx512:
+            return self.b.call(self._gather32, [ir.Constant(self.vec(self.i32), None), table,
+                                                slots, self.splat(self.i1, 1),
+                                                ir.Constant(self.i32, 4)])
+        return self.b.call(self._gather32, [ir.Constant(self.vec(self.i32), None), table, slots,
+                                            self.splat(self.i32, -1), ir.Constant(self.i8, 4)])
+
+    def gather64(self, table, slots):
+        """table[slots] (uint64 entries; ``table`` an i8 pointer), 8 or 4 an instruction."""
+        from llvmlite import ir
+
+        b, part = self.b, 8 if self.avx512 else 4
+        pieces = []
+        for a in range(0, self.width, part):
+            at = b.shuffle_vector(slots, ir.Constant(self.vec(self.i32), None),
+                                  ir.Constant(ir.VectorType(self.i32, part),
+                                              list(range(a, a + part))))
+            kind = ir.VectorType(self.i64, part)
+            if self.avx512:
+                mask, scale = ir.Constant(ir.VectorType(self.i1, part), [1] * part), \
+                    ir.Constant(self.i32, 8)
+            else:
+                mask, scale = ir.Constant(kind, [-1] * part), ir.Constant(self.i8, 8)
+            pieces.append(b.call(self._gather64, [ir.Constant(kind, None), table, at, mask,
+                                                  scale]))
+        while len(pieces) > 1:
+            n = 2 * pieces[0].type.count
+            pieces = [b.shuffle_vector(pieces[k], pieces[k + 1], ir.Constant(
+                ir.VectorType(self.i32, n), list(range(n)))) for k in range(0, len(pieces), 2)]
+        return pieces[0]
+
+    def _permuted(self, words, need, expand: bool):
+        """``words`` (<8 x i16>) permuted by the lanes' table row for mask ``need``."""
+        from llvmlite import ir
+
+        b, v8 = self.b, lambda t: ir.VectorType(t, 8)
+        name = "s4_rans_expand8" if expand else "s4_rans_compress8"
+        table = _lanes_table(b, name, _lane_picks(expand))
+        at = b.mul(b.zext(b.bitcast(need, self.i8), self.i64), ir.Constant(self.i64, 8))
+        picks = b.load(b.bitcast(b.gep(table, [ir.Constant(self.i64, 0), at]),
+                                 ir.PointerType(v8(self.i32))), align=4)
+        return b.trunc(b.call(self._permute, [b.zext(words, v8(self.i32)), picks]),
+                       v8(self.i16))
+
+    def expand(self, wptr, p, need):
+        """The words the lanes of ``need`` pop below p (the lowest lane the lowest word), and
+        the new p; the caller leaves at least a vector's words above the block's first."""
+        from llvmlite import ir
+
+        b = self.b
+        new_p = b.sub(p, self.count(need))
+        if self.avx512:
+            return b.call(self._expand, [b.gep(wptr, [new_p]), need,
+                                         ir.Constant(self.vec(self.i16), None)]), new_p
+        below = b.gep(wptr, [b.sub(p, ir.Constant(self.i64, 8))])
+        words = b.load(b.bitcast(below, ir.PointerType(self.vec(self.i16))), align=2)
+        return self._permuted(words, need, True), new_p
+
+    def compress(self, words, need):
+        """The lanes of ``words`` that ``need`` sets, in lane order, from lane 0."""
+        from llvmlite import ir
+
+        if self.avx512:
+            return self.b.call(self._compress, [words, need,
+                                                ir.Constant(self.vec(self.i16), None)])
+        return self._permuted(words, need, False)
+
+
 @intrinsic
 def _encode_row_vector(typingctx, words, row, sh, mk, ctab, x, scratch, w
                        ):  # pragma: no cover - compiled
     """The scalar rows' code of one full row of symbols words[row:row + 32] on 16 lanes at a
-    time: the same states in x and words in scratch; returns the new w.
+    time (AVX-512; 8 on AVX2, :class:`_RowVectors`): the same states in x and words in
+    scratch; returns the new w.
 
-    The lanes of a half that renormalise write their low 16 bits in lane order, so the half's
-    words are its states compressed by the renormalisation mask. States stay below 2**32 and
-    the reciprocal below 2**32, so the products are 32 x 32 -> 64-bit multiplies."""
+    The lanes of a vector that renormalise write their low 16 bits in lane order, so its words
+    are its states compressed by the renormalisation mask. States stay below 2**32 and the
+    reciprocal below 2**32, so the products are 32 x 32 -> 64-bit multiplies."""
     from llvmlite import ir
     from numba.core import cgutils, types
 
     def codegen(context, builder, signature, args):
         words_a, row, sh, mk, ctab_a, x_a, scratch_a, w = args
-        if not vbmi2_vectors(context):
-            return w  # (never run: _vector_rows() is False in this compile; the IR stays valid)
+        if not _vector_coder(context):
+            return w  # (never run: _vector_coding() is False in this compile; the IR stays valid)
         tw, _, _, _, tc, tx, ts, _ = signature.args
         warr = context.make_array(tw)(context, builder, words_a)
         cptr = context.make_array(tc)(context, builder, ctab_a).data
         xptr = context.make_array(tx)(context, builder, x_a).data
         sptr = context.make_array(ts)(context, builder, scratch_a).data
-        i1, i16, i32, i64 = (ir.IntType(b) for b in (1, 16, 32, 64))
-        half = LANES // 2
-        vec = lambda t: ir.VectorType(t, half)  # noqa: E731
-        splat = lambda t, v: ir.Constant(vec(t), [v] * half)  # noqa: E731
+        rv = _RowVectors(context, builder)
+        i16, i32, i64 = rv.i16, rv.i32, rv.i64
+        width, vec, splat = rv.width, rv.vec, rv.splat
 
         def broadcast(value, t):
             v = builder.insert_element(ir.Constant(vec(t), None), value, ir.Constant(i32, 0))
             return builder.shuffle_vector(v, ir.Constant(vec(t), None),
-                                          ir.Constant(vec(i32), [0] * half))
+                                          ir.Constant(vec(i32), [0] * width))
 
-        # The table by 32-bit symbols, eight 64-bit entries an instruction: a gather by 64-bit
-        # pointers took longer (MiniLM-L6's bf16 exponents on one thread: 0.82 ns a symbol
-        # against 0.99).
-        eighth = ir.VectorType(i64, 8)
-        gather = cgutils.get_or_insert_function(builder.module, ir.FunctionType(
-            eighth, [eighth, ir.PointerType(ir.IntType(8)), ir.VectorType(i32, 8),
-                     ir.VectorType(i1, 8), i32]), "llvm.x86.avx512.mask.gather.dpq.512")
-        compress = cgutils.get_or_insert_function(builder.module, ir.FunctionType(
-            vec(i16), [vec(i16), vec(i1), vec(i16)]),
-            f"llvm.experimental.vector.compress.v{half}i16")
-        ctpop = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(i16, [i16]), "llvm.ctpop.i16")
         # Words are widened as the scalar rows' uint64 conversion does (signed words sign-
         # extended), in 32 bits where no bit above 31 can reach the field.
         wt, signed = ir.IntType(tw.dtype.bitwidth), tw.dtype.signed
@@ -449,7 +602,7 @@ def _encode_row_vector(typingctx, words, row, sh, mk, ctab, x, scratch, w
         low = splat(i64, 0xFFFFFFFF)
 
         def symbols(h):
-            at = builder.add(row, ir.Constant(i64, half * h))
+            at = builder.add(row, ir.Constant(i64, width * h))
             if tw.layout == "C":
                 ptr = builder.bitcast(builder.gep(warr.data, [at]), ir.PointerType(vec(wt)))
                 v = builder.load(ptr, align=tw.dtype.bitwidth // 8)
@@ -457,7 +610,7 @@ def _encode_row_vector(typingctx, words, row, sh, mk, ctab, x, scratch, w
                 shape = cgutils.unpack_tuple(builder, warr.shape, 1)
                 strides = cgutils.unpack_tuple(builder, warr.strides, 1)
                 v = ir.Constant(vec(wt), None)
-                for k in range(half):
+                for k in range(width):
                     ptr = cgutils.get_item_pointer2(
                         context, builder, warr.data, shape, strides, tw.layout,
                         [builder.add(at, ir.Constant(i64, k))])
@@ -469,20 +622,12 @@ def _encode_row_vector(typingctx, words, row, sh, mk, ctab, x, scratch, w
             return builder.and_(v, fmask)
 
         def lanes_at(h):
-            return builder.bitcast(builder.gep(xptr, [ir.Constant(i64, half * h)]),
+            return builder.bitcast(builder.gep(xptr, [ir.Constant(i64, width * h)]),
                                    ir.PointerType(vec(i64)))
 
         states, needs = [], []
-        for h in (0, 1):
-            slot = symbols(h)
-            parts = [builder.call(gather, [
-                ir.Constant(eighth, None), table,
-                builder.shuffle_vector(slot, ir.Constant(vec(i32), None),
-                                       ir.Constant(ir.VectorType(i32, 8), list(range(a, a + 8)))),
-                ir.Constant(ir.VectorType(i1, 8), [1] * 8), ir.Constant(i32, 8)])
-                for a in (0, 8)]
-            e = builder.shuffle_vector(parts[0], parts[1],
-                                       ir.Constant(vec(i32), list(range(half))))
+        for h in range(LANES // width):
+            e = rv.gather64(table, symbols(h))
             rcp = builder.and_(e, low)
             bias = builder.and_(builder.lshr(e, splat(i64, 32)), splat(i64, (1 << 13) - 1))
             f = builder.and_(builder.lshr(e, splat(i64, 45)), splat(i64, (1 << 13) - 1))
@@ -495,15 +640,14 @@ def _encode_row_vector(typingctx, words, row, sh, mk, ctab, x, scratch, w
             cmpl = builder.and_(builder.sub(splat(i64, PROB_SCALE), f), low)
             states.append(builder.add(builder.add(xv, bias),
                                       builder.mul(builder.and_(q, low), cmpl)))
-        for h in (0, 1):  # lanes 0..15 write before lanes 16..31
+        for h in range(LANES // width):  # lanes 0..31 write in turn
             need, low16 = needs[h]
-            packed = builder.call(compress, [low16, need, ir.Constant(vec(i16), None)])
-            # All 16 words are stored: w + 16 <= row + 32, still inside this block's region,
-            # and the words past the new w are overwritten later or never read.
+            packed = rv.compress(low16, need)
+            # All the vector's words are stored: w + width <= row + 32, still inside this
+            # block's region, and the words past the new w are overwritten later or never read.
             ptr = builder.bitcast(builder.gep(sptr, [w]), ir.PointerType(vec(i16)))
             builder.store(packed, ptr, align=2)
-            w = builder.add(w, builder.zext(builder.call(ctpop, [builder.bitcast(need, i16)]),
-                                            i64))
+            w = builder.add(w, rv.count(need))
             builder.store(states[h], lanes_at(h), align=8)
         return w
 
@@ -544,28 +688,20 @@ def _decode_row_fast(words, p, x, dtab, out, row):  # pragma: no cover - compile
     return p
 
 
-@intrinsic
-def _vector_rows(typingctx):  # pragma: no cover - compiled
-    """True where the vector encoder rows compile (:func:`vbmi2_vectors`): AVX-512 runs
-    :func:`_encode_row_vector` as gathers and word compresses (the decoder's rows:
-    :func:`_vector_decoding`). A constant, so each kernel runs only one of its two row coders."""
-    from numba.core import types
-
-    return types.boolean(), constant(vbmi2_vectors)
-
-
-def _vector_decoder(context) -> bool:
-    """Whether :func:`_decode_row_vector` compiles to vectors on ``context``'s target: AVX-512's
-    16 lanes (:func:`vbmi2_vectors`) or AVX2's 8."""
+def _vector_coder(context) -> bool:
+    """Whether the vector rows compile on ``context``'s target: AVX-512's 16 lanes a vector
+    (:func:`vbmi2_vectors`) or AVX2's 8 (:class:`_RowVectors`)."""
     return vbmi2_vectors(context) or avx2_vectors(context)
 
 
 @intrinsic
-def _vector_decoding(typingctx):  # pragma: no cover - compiled
-    """True (a constant) where full rows decode as vectors (:func:`_vector_decoder`)."""
+def _vector_coding(typingctx):  # pragma: no cover - compiled
+    """True where the vector rows compile (:func:`_vector_coder`): :func:`_decode_row_vector`
+    and :func:`_encode_row_vector` run as gathers, word expands and compresses. A constant, so
+    each kernel runs only one of its two row coders."""
     from numba.core import types
 
-    return types.boolean(), constant(_vector_decoder)
+    return types.boolean(), constant(_vector_coder)
 
 
 def _plain(*arrays) -> bool:
@@ -599,53 +735,37 @@ def _encoder_arrays(typingctx, scratch):  # pragma: no cover - compiled
 @intrinsic
 def _decode_row_vector(typingctx, words, p, x, dtab, out, row):  # pragma: no cover - compiled
     """:func:`_decode_row_fast` on 16 lanes at a time (AVX-512; 8 on AVX2,
-    :func:`_avx2_decode_row`): the same symbols, states and p.
+    :class:`_RowVectors`): the same symbols, states and p.
 
     States are below 2**31, so uint32 arithmetic is exact. Renormalisation pops lanes 31..0 in
-    order, so the lanes of a half that need a word take the next popcount(need) words below p,
-    the lowest lane the lowest word: exactly an expanding load from words[p - popcount].
+    order, so the lanes of a vector that need a word take the next popcount(need) words below
+    p, the lowest lane the lowest word: exactly an expanding load from words[p - popcount].
     """
     from llvmlite import ir
-    from numba.core import cgutils, types
+    from numba.core import types
 
     def codegen(context, builder, signature, args):
         words_a, p, x_a, dtab_a, out_a, row = args
-        if not vbmi2_vectors(context):
-            if avx2_vectors(context):
-                return _avx2_decode_row(context, builder, signature, args)
-            return p  # (never run: _vector_decoding() is False here; the IR stays valid)
+        if not _vector_coder(context):
+            return p  # (never run: _vector_coding() is False in this compile; the IR stays valid)
         tw, _, tx, td, to, _ = signature.args
         wptr = context.make_array(tw)(context, builder, words_a).data
         xptr = context.make_array(tx)(context, builder, x_a).data
         dptr = context.make_array(td)(context, builder, dtab_a).data
         optr = context.make_array(to)(context, builder, out_a).data
-        i1, i8, i16, i32, i64 = (ir.IntType(b) for b in (1, 8, 16, 32, 64))
-        half = LANES // 2
-        vec = lambda t: ir.VectorType(t, half)  # noqa: E731
-        splat = lambda t, v: ir.Constant(vec(t), [v] * half)  # noqa: E731
-        # The table by 32-bit slots, 16 entries an instruction: a gather by 64-bit pointers
-        # takes two (MiniLM-L6's bf16 planes on one thread: 0.556 ns a symbol against 0.662).
-        gather = cgutils.get_or_insert_function(builder.module, ir.FunctionType(
-            vec(i32), [vec(i32), ir.PointerType(i8), vec(i32), vec(i1), i32]),
-            f"llvm.x86.avx512.mask.gather.dpi.{32 * half}")
-        expand = cgutils.get_or_insert_function(builder.module, ir.FunctionType(
-            vec(i16), [ir.PointerType(i16), vec(i1), vec(i16)]),
-            f"llvm.masked.expandload.v{half}i16")
-        ctpop = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(i16, [i16]), "llvm.ctpop.i16")
+        rv = _RowVectors(context, builder)
+        i8, i32, i64, width, vec, splat = rv.i8, rv.i32, rv.i64, rv.width, rv.vec, rv.splat
         table = builder.bitcast(dptr, ir.PointerType(i8))
 
         def lanes_at(h):
-            return builder.bitcast(builder.gep(xptr, [ir.Constant(i64, half * h)]),
+            return builder.bitcast(builder.gep(xptr, [ir.Constant(i64, width * h)]),
                                    ir.PointerType(vec(i32)))
 
         states, needs = [], []
-        for h in (0, 1):
+        for h in range(LANES // width):
             xv = builder.load(lanes_at(h), align=4)
-            slot = builder.and_(xv, splat(i32, PROB_SCALE - 1))
-            e = builder.call(gather, [ir.Constant(vec(i32), None), table, slot,
-                                      ir.Constant(vec(i1), [1] * half), ir.Constant(i32, 4)])
-            at = builder.gep(optr, [builder.add(row, ir.Constant(i64, half * h))])
+            e = rv.gather32(table, builder.and_(xv, splat(i32, PROB_SCALE - 1)))
+            at = builder.gep(optr, [builder.add(row, ir.Constant(i64, width * h))])
             builder.store(builder.trunc(e, vec(i8)), builder.bitcast(at, ir.PointerType(vec(i8))),
                           align=1)
             freq = builder.add(builder.lshr(e, splat(i32, 20)), splat(i32, 1))
@@ -653,106 +773,25 @@ def _decode_row_vector(typingctx, words, p, x, dtab, out, row):  # pragma: no co
             xv = builder.add(builder.mul(freq, builder.lshr(xv, splat(i32, PROB_BITS))), bias)
             states.append(xv)
             needs.append(builder.icmp_unsigned("<", xv, splat(i32, STATE_LOW)))
-        for h in (1, 0):  # lanes 31..16 pop before lanes 15..0
-            need = needs[h]
-            p = builder.sub(p, builder.zext(builder.call(ctpop, [builder.bitcast(need, i16)]),
-                                            i64))
-            w = builder.call(expand, [builder.gep(wptr, [p]), need, ir.Constant(vec(i16), None)])
+        for h in reversed(range(LANES // width)):  # lanes 31..0 pop in turn
+            w, p = rv.expand(wptr, p, needs[h])
             pushed = builder.or_(builder.shl(states[h], splat(i32, WORD_BITS)),
                                  builder.zext(w, vec(i32)))
-            builder.store(builder.select(need, pushed, states[h]), lanes_at(h), align=4)
+            builder.store(builder.select(needs[h], pushed, states[h]), lanes_at(h), align=4)
         return p
 
     return types.uint64(words, p, x, dtab, out, row), codegen
 
 
-# For each 8-lane renormalisation mask, the lane of the 8 words below p that each renormalising
-# lane takes: the k-th of c such lanes (lowest first) takes word 8 - c + k.
-def _expand_indices() -> list[int]:
-    out = []
-    for mask in range(256):
-        c, k = bin(mask).count("1"), 0
-        for lane in range(8):
-            out.append(8 - c + k if mask >> lane & 1 else 0)
-            k += mask >> lane & 1
-    return out
-
-
-def _avx2_decode_row(context, builder, signature, args):
-    """:func:`_decode_row_vector`'s code on AVX2: eight lanes at a time, a gather of their table
-    entries, and for the lanes that renormalise a permute of the eight words below p (AVX2 has
-    no expanding load) by a table indexed by the lanes' mask."""
-    from llvmlite import ir
-    from numba.core import cgutils
-
-    words_a, p, x_a, dtab_a, out_a, row = args
-    tw, _, tx, td, to, _ = signature.args
-    wptr = context.make_array(tw)(context, builder, words_a).data
-    xptr = context.make_array(tx)(context, builder, x_a).data
-    dptr = context.make_array(td)(context, builder, dtab_a).data
-    optr = context.make_array(to)(context, builder, out_a).data
-    i8, i16, i32, i64 = (ir.IntType(b) for b in (8, 16, 32, 64))
-    v8 = lambda t: ir.VectorType(t, 8)  # noqa: E731
-    splat = lambda v: ir.Constant(v8(i32), [v] * 8)  # noqa: E731
-    gather = cgutils.get_or_insert_function(builder.module, ir.FunctionType(
-        v8(i32), [v8(i32), ir.PointerType(i8), v8(i32), v8(i32), i8]),
-        "llvm.x86.avx2.gather.d.d.256")
-    permute = cgutils.get_or_insert_function(builder.module, ir.FunctionType(
-        v8(i32), [v8(i32), v8(i32)]), "llvm.x86.avx2.permd")
-    ctpop = cgutils.get_or_insert_function(builder.module, ir.FunctionType(i8, [i8]),
-                                           "llvm.ctpop.i8")
-    lut_type = ir.ArrayType(i32, 256 * 8)
-    lut = builder.module.globals.get("s4_rans_expand8")
-    if lut is None:
-        lut = ir.GlobalVariable(builder.module, lut_type, "s4_rans_expand8")
-        lut.linkage = "internal"
-        lut.global_constant = True
-        lut.initializer = ir.Constant(lut_type, _expand_indices())
-    table = builder.bitcast(dptr, ir.PointerType(i8))
-
-    def lanes_at(q):
-        return builder.bitcast(builder.gep(xptr, [ir.Constant(i64, 8 * q)]),
-                               ir.PointerType(v8(i32)))
-
-    states, needs = [], []
-    for q in range(LANES // 8):
-        xv = builder.load(lanes_at(q), align=4)
-        slot = builder.and_(xv, splat(PROB_SCALE - 1))
-        e = builder.call(gather, [ir.Constant(v8(i32), None), table, slot, splat(-1),
-                                  ir.Constant(i8, 4)])
-        at = builder.gep(optr, [builder.add(row, ir.Constant(i64, 8 * q))])
-        builder.store(builder.trunc(e, v8(i8)), builder.bitcast(at, ir.PointerType(v8(i8))),
-                      align=1)
-        freq = builder.add(builder.lshr(e, splat(20)), splat(1))
-        bias = builder.and_(builder.lshr(e, splat(8)), splat(PROB_SCALE - 1))
-        xv = builder.add(builder.mul(freq, builder.lshr(xv, splat(PROB_BITS))), bias)
-        states.append(xv)
-        needs.append(builder.icmp_unsigned("<", xv, splat(STATE_LOW)))
-    for q in reversed(range(LANES // 8)):  # lanes 31..0 pop in turn
-        need = needs[q]
-        mask = builder.bitcast(need, i8)
-        # (the caller leaves >= 32 words above lo, so the 8 below p are this block's)
-        below = builder.gep(wptr, [builder.sub(p, ir.Constant(i64, 8))])
-        w = builder.zext(builder.load(builder.bitcast(below, ir.PointerType(v8(i16))), align=2),
-                         v8(i32))
-        idx = builder.mul(builder.zext(mask, i64), ir.Constant(i64, 8))
-        pick = builder.load(builder.bitcast(builder.gep(lut, [ir.Constant(i64, 0), idx]),
-                                            ir.PointerType(v8(i32))), align=4)
-        w = builder.call(permute, [w, pick])
-        p = builder.sub(p, builder.zext(builder.call(ctpop, [mask]), i64))
-        pushed = builder.or_(builder.shl(states[q], splat(WORD_BITS)), w)
-        builder.store(builder.select(need, pushed, states[q]), lanes_at(q), align=4)
-    return p
-
-
 @kernel()
 def _vector_probe():  # pragma: no cover - compiled
-    return _vector_decoding()
+    return _vector_coding()
 
 
 def vector_decoding() -> bool:
-    """Whether this process's decoder runs its full rows on vectors (AVX-512 or AVX2; else the
-    scalar rows); both decode the same bytes and find the same errors."""
+    """Whether this process's coder runs its full rows on vectors (AVX-512 or AVX2; else the
+    scalar rows); both encode the same bytes, and decode the same bytes and find the same
+    errors."""
     return bool(_vector_probe())
 
 
@@ -783,7 +822,7 @@ def _decode_rows(words, lo, p, x, dtab, out, start, end, row):  # pragma: no cov
         row -= lanes
         m = min(lanes, end - row)
         if m == lanes and p - lo >= lanes:
-            if _vector_decoding() and _decoder_arrays(words, dtab, out):
+            if _vector_coding() and _decoder_arrays(words, dtab, out):
                 p = _decode_row_vector(words, p, x, dtab, out, row)
             else:
                 p = _decode_row_fast(words, p, x, dtab, out, row)
@@ -893,7 +932,7 @@ def _decode_blocks(words, offsets, states, dtab, log2_block, n, out, errors, b0,
         # plane's last block may be short, and it is then the group's last)
         done = False
         for group in (GROUP, 3, 2):
-            if not done and _vector_decoding() and _decoder_arrays(words, dtab, out) \
+            if not done and _vector_coding() and _decoder_arrays(words, dtab, out) \
                     and b + group <= grouped:
                 last = min(size, n - base - start - (group - 1) * size)
                 if _decode_group(words, offsets[b:b + group + 1],
