@@ -166,6 +166,50 @@ def avx2_vectors(context: Any) -> bool:
     return target_has(context, "avx2")
 
 
+def lane_picks(kind: str) -> list[int]:
+    """For each 8-lane mask, the lane of the source each lane of a permute takes (0 where the
+    mask clears it): "compress", lane k takes the k-th lane set (lowest first); "expand", the
+    k-th lane set takes lane k; "below", the k-th of the c lanes set takes lane 8 - c + k (the
+    words just below a pointer, the lowest lane the lowest word)."""
+    out = []
+    for mask in range(256):
+        on = [lane for lane in range(8) if mask >> lane & 1]
+        picks = [0] * 8
+        if kind == "compress":
+            picks[:len(on)] = on
+        else:
+            for k, lane in enumerate(on):
+                picks[lane] = k if kind == "expand" else 8 - len(on) + k
+        out += picks
+    return out
+
+
+def permute8(builder: Any, words: Any, mask: Any, kind: str) -> Any:
+    """``words`` (<8 x i32>) permuted by the 8-lane ``mask`` (<8 x i1>) as :func:`lane_picks`
+    says for ``kind``: AVX2's expand and compress, which it has no instruction for, as one
+    permute by a row of a constant table (8 KiB) in the module being built."""
+    from llvmlite import ir
+    from numba.core import cgutils
+
+    i32, i64 = ir.IntType(32), ir.IntType(64)
+    v8 = ir.VectorType(i32, 8)
+    name = f"s4_lanes_{kind}"
+    table = builder.module.globals.get(name)
+    if table is None:
+        kind_type = ir.ArrayType(i32, 256 * 8)
+        table = ir.GlobalVariable(builder.module, kind_type, name)
+        table.linkage = "internal"
+        table.global_constant = True
+        table.initializer = ir.Constant(kind_type, lane_picks(kind))
+    row = builder.mul(builder.zext(builder.bitcast(mask, ir.IntType(8)), i64),
+                      ir.Constant(i64, 8))
+    picks = builder.load(builder.bitcast(builder.gep(table, [ir.Constant(i64, 0), row]),
+                                         ir.PointerType(v8)), align=4)
+    permute = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v8, [v8, v8]),
+                                             "llvm.x86.avx2.permd")
+    return builder.call(permute, [words, picks])
+
+
 def constant(value: Callable[[Any], bool]) -> Callable[..., Any]:
     """An intrinsic's codegen of the boolean constant ``value(context)``."""
     from numba.core import types

@@ -28,7 +28,7 @@ from s4format.codecs.abc import Codec, Encoded, Slicer
 from s4format.codecs.registry import RANS, register
 from s4format.codecs.view import PIECE, PlaneView
 from s4format.errors import CodecError, LimitError
-from s4format.jit import avx2_vectors, constant, intrinsic, kernel, vbmi2_vectors
+from s4format.jit import avx2_vectors, constant, intrinsic, kernel, permute8, vbmi2_vectors
 
 LANES = 32
 PROB_BITS = 12
@@ -396,39 +396,6 @@ def _compact_table(tab, ctab):  # pragma: no cover - compiled
     return True
 
 
-def _lanes_table(builder, name: str, values: list[int]):
-    """A constant table of int32 ``values`` in the module being built (one per module)."""
-    from llvmlite import ir
-
-    found = builder.module.globals.get(name)
-    if found is not None:
-        return found
-    kind = ir.ArrayType(ir.IntType(32), len(values))
-    table = ir.GlobalVariable(builder.module, kind, name)
-    table.linkage = "internal"
-    table.global_constant = True
-    table.initializer = ir.Constant(kind, values)
-    return table
-
-
-def _lane_picks(expand: bool) -> list[int]:
-    """For each 8-lane mask, the lane each lane of a permute takes. ``expand``: of the 8 words
-    below p, the k-th of the c lanes set (lowest first) takes word 8 - c + k; else (compress)
-    lane k takes the k-th lane set."""
-    out = []
-    for mask in range(256):
-        on = [lane for lane in range(8) if mask >> lane & 1]
-        if expand:
-            picks, k = [], 0
-            for lane in range(8):
-                picks.append(8 - len(on) + k if mask >> lane & 1 else 0)
-                k += mask >> lane & 1
-        else:
-            picks = on + [0] * (8 - len(on))
-        out += picks
-    return out
-
-
 class _RowVectors:
     """The instructions a vector row needs on ``context``'s target: AVX-512 (16 lanes a vector:
     gathers, expanding loads and compresses) or AVX2 (8 lanes: gathers, and a permute by a
@@ -473,7 +440,6 @@ class _RowVectors:
             self._gather64 = function("llvm.x86.avx2.gather.d.q.256", ir.VectorType(i64, 4),
                                       ir.VectorType(i64, 4), ptr, ir.VectorType(i32, 4),
                                       ir.VectorType(i64, 4), i8)
-            self._permute = function("llvm.x86.avx2.permd", v8(i32), v8(i32), v8(i32))
 
     def vec(self, t):
         from llvmlite import ir
@@ -524,18 +490,12 @@ class _RowVectors:
                 ir.VectorType(self.i32, n), list(range(n)))) for k in range(0, len(pieces), 2)]
         return pieces[0]
 
-    def _permuted(self, words, need, expand: bool):
-        """``words`` (<8 x i16>) permuted by the lanes' table row for mask ``need``."""
+    def _permuted(self, words, need, kind: str):
+        """``words`` (<8 x i16>) permuted by mask ``need`` (:func:`permute8`)."""
         from llvmlite import ir
 
         b, v8 = self.b, lambda t: ir.VectorType(t, 8)
-        name = "s4_rans_expand8" if expand else "s4_rans_compress8"
-        table = _lanes_table(b, name, _lane_picks(expand))
-        at = b.mul(b.zext(b.bitcast(need, self.i8), self.i64), ir.Constant(self.i64, 8))
-        picks = b.load(b.bitcast(b.gep(table, [ir.Constant(self.i64, 0), at]),
-                                 ir.PointerType(v8(self.i32))), align=4)
-        return b.trunc(b.call(self._permute, [b.zext(words, v8(self.i32)), picks]),
-                       v8(self.i16))
+        return b.trunc(permute8(b, b.zext(words, v8(self.i32)), need, kind), v8(self.i16))
 
     def expand(self, wptr, p, need):
         """The words the lanes of ``need`` pop below p (the lowest lane the lowest word), and
@@ -549,7 +509,7 @@ class _RowVectors:
                                          ir.Constant(self.vec(self.i16), None)]), new_p
         below = b.gep(wptr, [b.sub(p, ir.Constant(self.i64, 8))])
         words = b.load(b.bitcast(below, ir.PointerType(self.vec(self.i16))), align=2)
-        return self._permuted(words, need, True), new_p
+        return self._permuted(words, need, "below"), new_p
 
     def compress(self, words, need):
         """The lanes of ``words`` that ``need`` sets, in lane order, from lane 0."""
@@ -558,7 +518,7 @@ class _RowVectors:
         if self.avx512:
             return self.b.call(self._compress, [words, need,
                                                 ir.Constant(self.vec(self.i16), None)])
-        return self._permuted(words, need, False)
+        return self._permuted(words, need, "compress")
 
 
 @intrinsic
