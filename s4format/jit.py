@@ -168,9 +168,9 @@ def avx2_vectors(context: Any) -> bool:
 
 def lane_picks(kind: str) -> list[int]:
     """For each 8-lane mask, the lane of the source each lane of a permute takes (0 where the
-    mask clears it): "compress", lane k takes the k-th lane set (lowest first); "expand", the
-    k-th lane set takes lane k; "below", the k-th of the c lanes set takes lane 8 - c + k (the
-    words just below a pointer, the lowest lane the lowest word)."""
+    mask clears it): "compress", lane k takes the k-th lane set (lowest first); "below", the
+    k-th of the c lanes set takes lane 8 - c + k (of the 8 words just below a pointer, the
+    lowest lane the lowest of the c words a lane takes)."""
     out = []
     for mask in range(256):
         on = [lane for lane in range(8) if mask >> lane & 1]
@@ -179,7 +179,7 @@ def lane_picks(kind: str) -> list[int]:
             picks[:len(on)] = on
         else:
             for k, lane in enumerate(on):
-                picks[lane] = k if kind == "expand" else 8 - len(on) + k
+                picks[lane] = 8 - len(on) + k
         out += picks
     return out
 
