@@ -3,7 +3,9 @@
 Writes stream: an object writer buffers one part, uploads full parts on a small thread pool
 (at most ``max_concurrency`` in flight, so memory stays near ``part_size * (max_concurrency + 1)``)
 and completes the multipart upload only after every part succeeded; any failure, or ``abort()``,
-aborts the upload so no parts are left behind. An object smaller than one part at commit is sent
+aborts the upload so no parts are left behind; once its upload completes or aborts, a writer
+lists its key's uploads and aborts any other (a start whose answer was lost, then retried,
+leaves one). An object smaller than one part at commit is sent
 with a single PutObject. ``put_atomic(if_absent=True)`` is a conditional PutObject
 (``If-None-Match: *``), which AWS S3 and SeaweedFS (>= 4.x, checked by the tests) enforce
 atomically. Reads are ranged GETs, split across threads when large, pinned to the ETag seen at
@@ -364,6 +366,7 @@ class _S3Writer(ObjectWriter):
         self._pool: ThreadPoolExecutor | None = None
         self._done = False
         self._aborted = False
+        self._started = False  # (a multipart upload was asked for)
         self.parts_uploaded = 0
         # write/commit and abort's clean-up never overlap (an interrupted save may abort from
         # the caller's thread while the writer thread is still inside write()); the flags are
@@ -403,6 +406,7 @@ class _S3Writer(ObjectWriter):
         if self._aborted:
             raise StorageError(f"{self.store._where(self.key)}: aborted during a write")
         if self._upload_id is None:
+            self._started = True
             self._upload_id = self.store.call(
                 "start upload", self.key, lambda: self.store.client.create_multipart_upload(
                     Bucket=self.store.bucket, Key=self.key, ChecksumAlgorithm="CRC32",
@@ -479,7 +483,26 @@ class _S3Writer(ObjectWriter):
             # object's multipart ETag (MD5 of the part MD5s, "-N") tells whether it is ours.
             if not s._is_code(exc, "NoSuchUpload") or self._etag_now() != _multipart_etag(parts):
                 raise
+        self._abort_strays()
         self._upload_id = None
+
+    def _abort_strays(self) -> None:
+        """Abort this key's uploads other than the writer's own: a start of the upload whose
+        answer was lost, and which was retried, left one that only a listing finds (the key
+        is this save's alone)."""
+        s = self.store
+        try:
+            found = s.call("list uploads", self.key, lambda: s.client.list_multipart_uploads(
+                Bucket=s.bucket, Prefix=self.key).get("Uploads", []))
+            for u in found:
+                if u["Key"] == self.key and u["UploadId"] != self._upload_id:
+                    s.call("abort upload", self.key,
+                           lambda u=u: s.client.abort_multipart_upload(
+                               Bucket=s.bucket, Key=self.key, UploadId=u["UploadId"]))
+        except StorageError as exc:
+            # (a role without s3:ListBucketMultipartUploads: nothing to do but the sweep)
+            (log.debug if s._is_code(exc, "AccessDenied") else log.warning)(
+                "%s; S3Store.sweep() or a bucket lifecycle rule will remove its parts", exc)
 
     def _etag_now(self) -> str | None:
         s = self.store
@@ -512,9 +535,10 @@ class _S3Writer(ObjectWriter):
                     Bucket=s.bucket, Key=self.key, UploadId=self._upload_id))
             except StorageError as exc:
                 if not s._is_code(exc, "NoSuchUpload"):
-                    log.warning("%s; S3Store.sweep() or a bucket lifecycle rule will remove "
-                                "its parts", exc)
+                    log.warning("%s; looking for the upload to abort it again", exc)
             self._upload_id = None
+        if self._started:  # (this upload again if its abort failed, and any other start's)
+            self._abort_strays()
 
     def _shutdown(self) -> None:
         if self._pool is not None:

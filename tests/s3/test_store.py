@@ -83,6 +83,35 @@ def test_failed_part_aborts_upload_and_raises_storage_error(admin, bucket, monke
     assert store.pending_uploads() == []
 
 
+def _start_answered_lost(admin, monkeypatch) -> None:
+    """The first start of a multipart upload reaches the server, and its answer is lost (the
+    connection reset): the writer retries, and the first upload is one it never knew of."""
+    real = admin.create_multipart_upload
+    starts = []
+
+    def lost(**kw):
+        starts.append(real(**kw))
+        if len(starts) == 1:
+            raise OSError("injected: connection reset before the answer")
+        return starts[-1]
+
+    monkeypatch.setattr(admin, "create_multipart_upload", lost)
+
+
+@pytest.mark.parametrize("end", ["commit", "abort"])
+def test_an_upload_whose_start_answer_was_lost_is_not_left(admin, bucket, monkeypatch,
+                                                          end: str) -> None:
+    store = _store(admin, bucket)
+    admin.create_multipart_upload(Bucket=bucket, Key="run/data/x.s4w.other")  # (not this key's)
+    _start_answered_lost(admin, monkeypatch)
+    w = store.writer("data/x.s4w")
+    w.write(os.urandom(2 * PART + 5))
+    assert len([u for u in store.pending_uploads() if u["Key"] == "run/data/x.s4w"]) == 2
+    w.commit() if end == "commit" else w.abort()
+    assert [u["Key"] for u in store.pending_uploads()] == ["run/data/x.s4w.other"]
+    assert store.list() == (["data/x.s4w"] if end == "commit" else [])
+
+
 def test_commit_replaces_existing_object_whole(admin, bucket) -> None:
     store = _store(admin, bucket)
     _write(store, "x", b"old")
