@@ -149,21 +149,19 @@ LLVM_VECTORS = (20, 0)
 def vbmi2_vectors(context: Any) -> bool:
     """Whether numba's target in ``context`` has AVX-512 F, BW and VBMI2 and an LLVM that knows
     the intrinsics the vector kernels call (rANS rows, masked words)."""
-    import llvmlite.binding
-
-    if tuple(llvmlite.binding.llvm_version_info[:2]) < LLVM_VECTORS:
-        return False
-    return target_has(context, "avx512f", "avx512bw", "avx512vbmi2")
+    return _llvm_vectors() and target_has(context, "avx512f", "avx512bw", "avx512vbmi2")
 
 
 def avx2_vectors(context: Any) -> bool:
     """Whether numba's target in ``context`` has AVX2 and an LLVM that knows the intrinsics the
     AVX2 kernels call (rANS rows by 8-lane gathers and word permutes)."""
+    return _llvm_vectors() and target_has(context, "avx2")
+
+
+def _llvm_vectors() -> bool:
     import llvmlite.binding
 
-    if tuple(llvmlite.binding.llvm_version_info[:2]) < LLVM_VECTORS:
-        return False
-    return target_has(context, "avx2")
+    return tuple(llvmlite.binding.llvm_version_info[:2]) >= LLVM_VECTORS
 
 
 def lane_picks(kind: str) -> list[int]:

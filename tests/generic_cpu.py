@@ -39,20 +39,19 @@ def cpu_flags() -> set[str]:
 def vbmi2_vectors_expected() -> bool:
     """Whether this CPU and numba's LLVM should run the kernels gated by
     :func:`s4format.jit.vbmi2_vectors` (Linux flags)."""
-    import llvmlite.binding
-
-    from s4format import jit
-
-    return {"avx512f", "avx512bw", "avx512_vbmi2"} <= cpu_flags() and \
-        tuple(llvmlite.binding.llvm_version_info[:2]) >= jit.LLVM_VECTORS
+    return _vectors_expected({"avx512f", "avx512bw", "avx512_vbmi2"})
 
 
 def avx2_vectors_expected() -> bool:
     """Whether this CPU and numba's LLVM should run the kernels gated by
     :func:`s4format.jit.avx2_vectors` (Linux flags)."""
+    return _vectors_expected({"avx2"})
+
+
+def _vectors_expected(flags: set[str]) -> bool:
     import llvmlite.binding
 
     from s4format import jit
 
-    return "avx2" in cpu_flags() and \
+    return flags <= cpu_flags() and \
         tuple(llvmlite.binding.llvm_version_info[:2]) >= jit.LLVM_VECTORS
