@@ -109,6 +109,10 @@ class _FakeS3:
     def abort_multipart_upload(self, UploadId, **kw):
         self.live.discard(UploadId)
 
+    def list_multipart_uploads(self, Prefix, **kw):  # (one writer's key: Prefix is that key)
+        with self.lock:
+            return {"Uploads": [{"Key": Prefix, "UploadId": u} for u in sorted(self.live)]}
+
 
 def test_an_s3_upload_aborted_during_a_write_stops_it_and_leaves_no_upload() -> None:
     from s4weights.store.s3 import MiB, S3Store
