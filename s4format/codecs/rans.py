@@ -455,40 +455,39 @@ class _RowVectors:
         """How many lanes ``need`` sets, as an int64."""
         return self.b.zext(self.b.call(self.ctpop, [self.b.bitcast(need, self.bits)]), self.i64)
 
+    def _every_lane(self, n: int, entry, size: int) -> tuple:
+        """A gather's mask taking all ``n`` lanes and its scale of ``size`` bytes an entry:
+        AVX-512 masks by bits and scales by an i32, AVX2 by lanes of the entry's type and an
+        i8."""
+        from llvmlite import ir
+
+        if self.avx512:
+            return ir.Constant(ir.VectorType(self.i1, n), [1] * n), ir.Constant(self.i32, size)
+        return ir.Constant(ir.VectorType(entry, n), [-1] * n), ir.Constant(self.i8, size)
+
     def gather32(self, table, slots):
         """table[slots] (uint32 entries; ``table`` an i8 pointer)."""
         from llvmlite import ir
 
-        if self.avx512:
-            return self.b.call(self._gather32, [ir.Constant(self.vec(self.i32), None), table,
-                                                slots, self.splat(self.i1, 1),
-                                                ir.Constant(self.i32, 4)])
+        mask, scale = self._every_lane(self.width, self.i32, 4)
         return self.b.call(self._gather32, [ir.Constant(self.vec(self.i32), None), table, slots,
-                                            self.splat(self.i32, -1), ir.Constant(self.i8, 4)])
+                                            mask, scale])
 
     def gather64(self, table, slots):
-        """table[slots] (uint64 entries; ``table`` an i8 pointer), 8 or 4 an instruction."""
+        """table[slots] (uint64 entries; ``table`` an i8 pointer), half the lanes an
+        instruction."""
         from llvmlite import ir
 
-        b, part = self.b, 8 if self.avx512 else 4
-        pieces = []
-        for a in range(0, self.width, part):
-            at = b.shuffle_vector(slots, ir.Constant(self.vec(self.i32), None),
-                                  ir.Constant(ir.VectorType(self.i32, part),
-                                              list(range(a, a + part))))
-            kind = ir.VectorType(self.i64, part)
-            if self.avx512:
-                mask, scale = ir.Constant(ir.VectorType(self.i1, part), [1] * part), \
-                    ir.Constant(self.i32, 8)
-            else:
-                mask, scale = ir.Constant(kind, [-1] * part), ir.Constant(self.i8, 8)
-            pieces.append(b.call(self._gather64, [ir.Constant(kind, None), table, at, mask,
-                                                  scale]))
-        while len(pieces) > 1:
-            n = 2 * pieces[0].type.count
-            pieces = [b.shuffle_vector(pieces[k], pieces[k + 1], ir.Constant(
-                ir.VectorType(self.i32, n), list(range(n)))) for k in range(0, len(pieces), 2)]
-        return pieces[0]
+        b, half = self.b, self.width // 2
+        kind = ir.VectorType(self.i64, half)
+        mask, scale = self._every_lane(half, self.i64, 8)
+        halves = [b.call(self._gather64, [
+            ir.Constant(kind, None), table,
+            b.shuffle_vector(slots, ir.Constant(self.vec(self.i32), None), ir.Constant(
+                ir.VectorType(self.i32, half), list(range(a, a + half)))), mask, scale])
+            for a in (0, half)]
+        return b.shuffle_vector(halves[0], halves[1],
+                                ir.Constant(self.vec(self.i32), list(range(self.width))))
 
     def _permuted(self, words, need, kind: str):
         """``words`` (<8 x i16>) permuted by mask ``need`` (:func:`permute8`)."""
