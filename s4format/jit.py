@@ -166,9 +166,9 @@ def _llvm_vectors() -> bool:
 
 def lane_picks(kind: str) -> list[int]:
     """For each 8-lane mask, the lane of the source each lane of a permute takes (0 where the
-    mask clears it): "compress", lane k takes the k-th lane set (lowest first); "below", the
-    k-th of the c lanes set takes lane 8 - c + k (of the 8 words just below a pointer, the
-    lowest lane the lowest of the c words a lane takes)."""
+    mask clears it): "compress", lane k takes the k-th lane set (lowest first); "expand", the
+    k-th lane set takes lane k; "below", the k-th of the c lanes set takes lane 8 - c + k (of
+    the 8 words just below a pointer, the lowest lane the lowest of the c words a lane takes)."""
     out = []
     for mask in range(256):
         on = [lane for lane in range(8) if mask >> lane & 1]
@@ -177,9 +177,29 @@ def lane_picks(kind: str) -> list[int]:
             picks[:len(on)] = on
         else:
             for k, lane in enumerate(on):
-                picks[lane] = 8 - len(on) + k
+                picks[lane] = k if kind == "expand" else 8 - len(on) + k
         out += picks
     return out
+
+
+def _table_row(builder: Any, name: str, values: list[int], width: int, mask: Any) -> Any:
+    """Row ``mask`` (an i8) of the constant table ``name`` of 256 rows of ``values``' ints of
+    ``width`` bits (made in the module being built on first use), as one vector."""
+    from llvmlite import ir
+
+    item, i64 = ir.IntType(width), ir.IntType(64)
+    lanes = len(values) // 256
+    table = builder.module.globals.get(name)
+    if table is None:
+        kind_type = ir.ArrayType(item, len(values))
+        table = ir.GlobalVariable(builder.module, kind_type, name)
+        table.linkage = "internal"
+        table.global_constant = True
+        table.initializer = ir.Constant(kind_type, values)
+    row = builder.mul(builder.zext(mask, i64), ir.Constant(i64, lanes))
+    return builder.load(builder.bitcast(builder.gep(table, [ir.Constant(i64, 0), row]),
+                                        ir.PointerType(ir.VectorType(item, lanes))),
+                        align=width // 8)
 
 
 def permute8(builder: Any, words: Any, mask: Any, kind: str) -> Any:
@@ -189,23 +209,32 @@ def permute8(builder: Any, words: Any, mask: Any, kind: str) -> Any:
     from llvmlite import ir
     from numba.core import cgutils
 
-    i32, i64 = ir.IntType(32), ir.IntType(64)
-    v8 = ir.VectorType(i32, 8)
-    name = f"s4_lanes_{kind}"
-    table = builder.module.globals.get(name)
-    if table is None:
-        kind_type = ir.ArrayType(i32, 256 * 8)
-        table = ir.GlobalVariable(builder.module, kind_type, name)
-        table.linkage = "internal"
-        table.global_constant = True
-        table.initializer = ir.Constant(kind_type, lane_picks(kind))
-    row = builder.mul(builder.zext(builder.bitcast(mask, ir.IntType(8)), i64),
-                      ir.Constant(i64, 8))
-    picks = builder.load(builder.bitcast(builder.gep(table, [ir.Constant(i64, 0), row]),
-                                         ir.PointerType(v8)), align=4)
+    v8 = ir.VectorType(ir.IntType(32), 8)
+    picks = _table_row(builder, f"s4_lanes_{kind}", lane_picks(kind), 32,
+                       builder.bitcast(mask, ir.IntType(8)))
     permute = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v8, [v8, v8]),
                                              "llvm.x86.avx2.permd")
     return builder.call(permute, [words, picks])
+
+
+def shuffle8x16(builder: Any, words: Any, mask: Any, kind: str) -> Any:
+    """:func:`permute8` of 8 words of 16 bits (<8 x i16>) by the i8 ``mask``, as one byte
+    shuffle (SSSE3's pshufb) by a row of a constant table (4 KiB); with "expand", the lanes
+    the mask clears are zero."""
+    from llvmlite import ir
+    from numba.core import cgutils
+
+    v16 = ir.VectorType(ir.IntType(8), 16)
+    picks = lane_picks(kind)
+    cleared = [not (m >> lane & 1) and kind == "expand" for m in range(256) for lane in range(8)]
+    # (a pshufb index with its top bit set writes a zero byte)
+    values = [0x80 if off else 2 * pick + half
+              for pick, off in zip(picks, cleared) for half in (0, 1)]
+    row = _table_row(builder, f"s4_bytes_{kind}", values, 8, mask)
+    shuffle = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v16, [v16, v16]),
+                                             "llvm.x86.ssse3.pshuf.b.128")
+    got = builder.call(shuffle, [builder.bitcast(words, v16), row])
+    return builder.bitcast(got, words.type)
 
 
 def constant(value: Callable[[Any], bool]) -> Callable[..., Any]:
