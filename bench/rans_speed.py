@@ -1,8 +1,9 @@
 """Single-core speed and ratio of the S4 rANS CPU codec on a synthetic bf16 exponent plane.
 
-Not a test: prints encode/decode MB/s (one numba thread) and the stored size against the plane's
-order-0 entropy. The plane is the exponent byte of bf16 values (float32 from N(0, 0.02)
-truncated to their top 16 bits): ``((u32 >> 16) >> 7) & 0xFF``.
+Not a test: prints encode/decode MB/s (on one thread unless ``--threads``, which sets both
+numba's threads and S4's pool) and the stored size against the plane's order-0 entropy. The
+plane is the exponent byte of bf16 values (float32 from N(0, 0.02) truncated to their top 16
+bits): ``((u32 >> 16) >> 7) & 0xFF``.
 
     python bench/rans_speed.py [--symbols 64M] [--log2-block 16] [--repeat 3]
 """
@@ -10,11 +11,13 @@ truncated to their top 16 bits): ``((u32 >> 16) >> 7) & 0xFF``.
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 import numba
 import numpy as np
 
+from s4format import threads
 from s4format.codecs.rans import LOG2_BLOCK_DEFAULT, RansCodec
 
 
@@ -52,6 +55,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
     numba.set_num_threads(args.threads)
+    # (the codec cuts a plane of over a million symbols into pieces that S4's own pool codes,
+    # whose size S4_THREADS sets: without it, "one thread" ran on every core)
+    os.environ["S4_THREADS"] = str(args.threads)
 
     plane = exponent_plane(args.symbols)
     codec = RansCodec(args.log2_block)
@@ -65,7 +71,7 @@ def main() -> None:
     mb = plane.size / 1e6
     h = entropy_bytes(plane)
     print(f"plane: {plane.size:,} symbols, log2_block {args.log2_block}, "
-          f"{numba.get_num_threads()} thread(s)")
+          f"{threads.count()} thread(s)")
     print(f"encode   {mb / t_enc:8.1f} MB/s")
     print(f"decode   {mb / t_dec:8.1f} MB/s")
     print(f"estimate {mb / t_est:8.1f} MB/s  ({est:,} bytes, "
