@@ -26,9 +26,16 @@ CASES = textwrap.dedent('''
         for n in (1, 31, 33, 4095, 65536, 65537, 3 * 65536 + 17):
             yield (rng.standard_normal(n).astype(np.float32).view(np.uint32) >> 23
                    ).astype(np.uint8)
-            for zeros in (0.8, 0.99):  # (at 99% zeros, the dominant symbol's vectors)
-                p = rng.integers(1, 256, n, dtype=np.uint8)
-                p[rng.random(n) < zeros] = 0
+            p = rng.integers(1, 256, n, dtype=np.uint8)
+            p[rng.random(n) < 0.8] = 0
+            yield p
+            # a dominant symbol (at least DOMINANT of the 4096 slots: the AVX2 rows then
+            # skip the gather of a vector whose slots all fall in its range), first and
+            # among others
+            for top in (0, 200):
+                p = np.full(n, top, np.uint8)
+                rare = rng.random(n) < 0.015
+                p[rare] = rng.choice(np.array([3, 199, 201, 250], np.uint8), int(rare.sum()))
                 yield p
             yield rng.integers(0, 256, n, dtype=np.uint8)
             yield np.minimum(rng.geometric(0.3, n), 255).astype(np.uint8)
@@ -62,6 +69,20 @@ CASES = textwrap.dedent('''
                     counts = bad[at:at + 8].view("<u4").copy()
                     bad[at:at + 8] = np.array([counts.sum(), 0], "<u4").view(np.uint8)
                     yield lg, plane, bad, True
+        yield from edges()
+
+    def edges():
+        """Streams coded with a table whose top frequency is DOMINANT, and one less."""
+        rng = np.random.default_rng(13)
+        n = 3 * 65536 + 17
+        for top in (rans.DOMINANT, rans.DOMINANT - 1):
+            freqs = np.zeros(256, np.int64)
+            freqs[[5, 99, 101, 180]] = (rans.PROB_SCALE - top) // 4
+            freqs[5] += (rans.PROB_SCALE - top) % 4
+            freqs[100] = top
+            plane = rng.choice(256, n, p=freqs / rans.PROB_SCALE).astype(np.uint8)
+            for lg in (8, 16):
+                yield lg, plane, rans._rans_stream(plane, lg, freqs), False
 
     def fields():
         """Fields of 16- and 32-bit words as the CPU path codes them, in place."""
@@ -116,7 +137,7 @@ def test_round_trips_on_this_cpu():
         if not damaged:
             assert np.array_equal(rans.RansCodec(lg).decode(payload, plane.size, b""), plane)
             intact += 1
-    assert intact == 108
+    assert intact == 133
 
 
 def test_vector_rows_where_the_cpu_has_them():
@@ -145,3 +166,24 @@ def test_vector_and_scalar_rows_agree(tmp_path):
     # a generic CPU has no AVX2 nor AVX-512: the scalar rows ran there, and gave the same bytes
     there = on_generic_cpu(tmp_path, __name__, "[rans.vector_decoding(), _digest()]")
     assert there == [False, _digest()]
+
+
+
+@pytest.mark.parametrize("f", [rans.DOMINANT - 1, rans.DOMINANT, rans.PROB_SCALE - 1,
+                               rans.PROB_SCALE])
+@pytest.mark.parametrize("symbol", [0, 100, 255])
+def test_the_dominant_symbol_is_found_from_its_bar(f, symbol) -> None:
+    # (its entry with a bias of 0, its first slot and its frequency, as the AVX2 rows unpack
+    # them; below the bar, none)
+    freqs = np.zeros(256, np.int64)
+    freqs[symbol] = f
+    rest = rans.PROB_SCALE - f
+    below = rest if symbol == 255 else rest // 2 if symbol else 0
+    freqs[symbol // 2] += below
+    freqs[(symbol + 256) // 2] += rest - below
+    dom = int(rans._dominant(rans._decoder_table(freqs)))
+    if f < rans.DOMINANT:
+        assert dom == 0
+        return
+    assert dom & 0xFFFFFFFF == ((f - 1) << 20) | symbol
+    assert (dom >> 32) & 0xFFF == freqs[:symbol].sum() and dom >> 44 == f

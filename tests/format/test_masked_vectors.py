@@ -17,7 +17,7 @@ from tests.generic_cpu import avx2_vectors_expected, on_generic_cpu, vbmi2_vecto
 
 LENGTHS = (0, 1, 7, 63, 64, 65, 127, 128, 200, masked.PIECE - 1, masked.PIECE + 65,
            2 * masked.PIECE + 3)
-SHARES = (0.0, 0.02, 0.3, 0.97, 1.0)
+SHARES = (0.0, 0.02, 0.07, 0.3, 0.97, 1.0)
 UINT = (np.uint8, np.uint16, np.uint32, np.uint64)
 
 
@@ -111,8 +111,9 @@ def test_kept_words_are_written_within_their_array(dtype) -> None:
         guarded = np.empty(m + 64, dtype=dtype)
         guarded.view(np.uint8)[:] = 0x5A
         sentinel = guarded[m:].copy()
-        # (one piece at a time, as kept_words runs them, into the front of the guarded array)
-        for lo in range(0, n, masked.PIECE):
+        # (one piece at a time, as kept_words runs them, into the front of the guarded array;
+        # last first, so that words a piece wrote past its own would not be written again)
+        for lo in reversed(range(0, n, masked.PIECE)):
             masked._by_mask(mask, lo, min(n, lo + masked.PIECE), words, guarded,
                             int(starts[lo // masked.PIECE]), masked._COMPACT, words)
         assert guarded[:m].tobytes() == words[words != 0].tobytes()
