@@ -158,6 +158,12 @@ def avx2_vectors(context: Any) -> bool:
     return _llvm_vectors() and target_has(context, "avx2")
 
 
+def any_vectors(context: Any) -> bool:
+    """Whether numba's target in ``context`` runs either kind of vector kernel:
+    :func:`vbmi2_vectors` or :func:`avx2_vectors`."""
+    return vbmi2_vectors(context) or avx2_vectors(context)
+
+
 def _llvm_vectors() -> bool:
     import llvmlite.binding
 

@@ -16,6 +16,7 @@ import numpy as np
 from s4format.codecs.view import PIECE, run_pieces
 from s4format.errors import FormatError
 from s4format.jit import (
+    any_vectors,
     avx2_vectors,
     constant,
     intrinsic,
@@ -252,7 +253,7 @@ def _vector_masks(typingctx, words, other):  # pragma: no cover - compiled
 
     ok = bool(_words_type(words, other))
     return types.boolean(words, other), constant(
-        lambda context: ok and (vbmi2_vectors(context) or avx2_vectors(context)))
+        lambda context: ok and any_vectors(context))
 
 
 class _Vectors:
@@ -366,7 +367,7 @@ def _mask_block(typingctx, words, other, xor, at):  # pragma: no cover - compile
 
     def codegen(context, builder, signature, args):
         v = _Vectors(context, builder, signature, args, (0, 1))
-        if not (vbmi2_vectors(context) or avx2_vectors(context)):
+        if not any_vectors(context):
             return ir.Constant(v.i64, 0)  # (never run: _vector_masks() is False here)
         words_p, other_p = v.ptrs
         out = ir.Constant(v.i64, 0)
@@ -521,7 +522,8 @@ def _by_mask(mask, lo, hi, dense, packed, j, mode, other):  # pragma: no cover -
     vector = _vector_blocks(dense, packed, other)
     compact = mode in (_COMPACT, _COMPACT_XOR)
     stop = packed.size
-    if vector and _blocks_overrun(dense, packed, other):
+    overrun = _blocks_overrun(dense, packed, other)
+    if vector and overrun:
         # A block then touches 64 words from j: it takes the word loop once fewer lie before
         # ``stop``, the end of packed or of this piece's kept words (another thread's piece
         # follows them). Its 8 steps of 8 words cost what about 4 words do one by one, so
@@ -539,7 +541,7 @@ def _by_mask(mask, lo, hi, dense, packed, j, mode, other):  # pragma: no cover -
         if not bits:  # (a sparse mask's blocks are mostly empty)
             continue
         base = lo + 64 * q
-        if vector and (j + 64 <= stop or not _blocks_overrun(dense, packed, other)):
+        if vector and (j + 64 <= stop or not overrun):
             if compact:
                 j = _compact_block(bits, dense, packed, other, base, j, mode == _COMPACT_XOR)
             else:  # (_PLACE too: its words are zero, so the XOR writes the kept word)

@@ -28,7 +28,7 @@ from s4format.codecs.abc import Codec, Encoded, Slicer
 from s4format.codecs.registry import RANS, register
 from s4format.codecs.view import PIECE, PlaneView
 from s4format.errors import CodecError, LimitError
-from s4format.jit import avx2_vectors, constant, intrinsic, kernel, permute8, vbmi2_vectors
+from s4format.jit import any_vectors, constant, intrinsic, kernel, permute8, vbmi2_vectors
 
 LANES = 32
 PROB_BITS = 12
@@ -446,6 +446,15 @@ class _RowVectors:
 
         return ir.VectorType(t, self.width)
 
+    def broadcast(self, value, t):
+        """The scalar ``value`` (of type ``t``) in every lane."""
+        from llvmlite import ir
+
+        vec = self.vec(t)
+        v = self.b.insert_element(ir.Constant(vec, None), value, ir.Constant(self.i32, 0))
+        return self.b.shuffle_vector(v, ir.Constant(vec, None),
+                                     ir.Constant(self.vec(self.i32), [0] * self.width))
+
     def splat(self, t, value):
         from llvmlite import ir
 
@@ -486,10 +495,7 @@ class _RowVectors:
 
         def field(at: int, bits: int):
             value = b.and_(b.lshr(dom, ir.Constant(i64, at)), ir.Constant(i64, (1 << bits) - 1))
-            v = b.insert_element(ir.Constant(vec, None), b.trunc(value, i32),
-                                 ir.Constant(i32, 0))
-            return b.shuffle_vector(v, ir.Constant(vec, None),
-                                    ir.Constant(vec, [0] * self.width))
+            return self.broadcast(b.trunc(value, i32), i32)
 
         bias = b.sub(slots, field(32, 12))
         inside = b.bitcast(b.icmp_unsigned("<", bias, field(44, 13)), self.bits)
@@ -578,12 +584,7 @@ def _encode_row_vector(typingctx, words, row, sh, mk, ctab, x, scratch, w
         sptr = context.make_array(ts)(context, builder, scratch_a).data
         rv = _RowVectors(context, builder)
         i16, i32, i64 = rv.i16, rv.i32, rv.i64
-        width, vec, splat = rv.width, rv.vec, rv.splat
-
-        def broadcast(value, t):
-            v = builder.insert_element(ir.Constant(vec(t), None), value, ir.Constant(i32, 0))
-            return builder.shuffle_vector(v, ir.Constant(vec(t), None),
-                                          ir.Constant(vec(i32), [0] * width))
+        width, vec, splat, broadcast = rv.width, rv.vec, rv.splat, rv.broadcast
 
         # Words are widened as the scalar rows' uint64 conversion does (signed words sign-
         # extended), in 32 bits where no bit above 31 can reach the field.
@@ -684,7 +685,7 @@ def _decode_row_fast(words, p, x, dtab, out, row):  # pragma: no cover - compile
 def _vector_coder(context) -> bool:
     """Whether the vector rows compile on ``context``'s target: AVX-512's 16 lanes a vector
     (:func:`vbmi2_vectors`) or AVX2's 8 (:class:`_RowVectors`)."""
-    return vbmi2_vectors(context) or avx2_vectors(context)
+    return any_vectors(context)
 
 
 @intrinsic
