@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from s4format import hashing
 from s4format.codecs.view import PIECE, run_pieces
 from s4format.errors import FormatError
 from s4format.jit import (
@@ -83,12 +84,15 @@ def _other(words: np.ndarray, other: np.ndarray | None) -> tuple[np.ndarray, boo
 
 
 def expand(mask: np.ndarray, kept: np.ndarray, out: np.ndarray, word: int,
-           xor: bool) -> None:
+           xor: bool, leaves: np.ndarray | None = None) -> None:
     """Write (``xor``: XOR) the ``kept`` words (given as bytes) where ``mask`` has its bits
     into ``out``, the tensor's raw bytes of words of ``word`` bytes; with ``xor`` False,
     ``out`` must be zero (a new buffer). FormatError where the mask breaks a rule: its bits
     past the last word or its count of set bits (found before ``out`` is touched), or a zero
-    word kept (found as the words are written: ``out`` is then spoiled)."""
+    word kept (found as the words are written: ``out`` is then spoiled). ``leaves``
+    (:func:`hashing.leaves_for` of ``out``, where given): filled with the digests of ``out``'s
+    leaves, as each piece is written where the words are :func:`supported` (its bytes are
+    then in cache), else after."""
     n = out.size // word
     if mask.size != mask_len(n) or kept.size % word:
         raise FormatError(f"mask of {mask.size} bytes for {n} words, or kept words of "
@@ -107,6 +111,8 @@ def expand(mask: np.ndarray, kept: np.ndarray, out: np.ndarray, word: int,
         def piece(lo: int, hi: int) -> None:
             zero[lo // PIECE] = _by_mask(mask, lo, hi, dest, vals, int(starts[lo // PIECE]),
                                          _XOR if xor else _PLACE, dest)
+            if leaves is not None:  # (a piece is a multiple of 64 KiB but the last)
+                hashing.hash_span(out, lo * word, hi * word, leaves)
 
         run_pieces(piece, n, PIECE)
         bad = bool(zero.any())
@@ -121,6 +127,8 @@ def expand(mask: np.ndarray, kept: np.ndarray, out: np.ndarray, word: int,
                 out.reshape(n, word)[at] = rows
     if bad:
         raise FormatError("a word the mask keeps is zero (its bit must be clear)")
+    if leaves is not None and not supported(word):
+        leaves[:] = hashing.leaf_digests(out)
 
 
 def _writable(a: np.ndarray) -> np.ndarray:

@@ -541,9 +541,10 @@ class Reader:
 
     @staticmethod
     def _leaves(t: TensorInfo) -> np.ndarray | None:
-        """Where ``t``'s planes merge in pieces (not masked), the array its merge fills with
-        the leaf digests of its bytes (:meth:`_merged`); else None."""
-        if t.masked or not t.layout.merges_in_pieces(t.dtype.itemsize):
+        """Where ``t``'s planes merge in pieces (a masked tensor's, where its words are put
+        in place in pieces), the array its merge fills with the leaf digests of its bytes
+        (:meth:`_merged`); else None."""
+        if not t.layout.merges_in_pieces(t.dtype.itemsize):
             return None
         return hashing.leaves_for(t.raw_nbytes)
 
@@ -554,17 +555,19 @@ class Reader:
         instead, where given), or None (:func:`layouts.merge_stored`); ``leaves`` from
         :meth:`_leaves`: filled where the bytes are returned."""
         if t.masked:
-            return self._expanded(t, stored, xor_into)
+            return self._expanded(t, stored, xor_into, leaves)
         return layouts.merge_stored(t.layout, t.dtype.itemsize, t.raw_nbytes, [
             (p.codec, s, p.decoded_len, p.params) for p, s in zip(t.planes, stored)], xor_into,
             leaves)
 
     def _expanded(self, t: TensorInfo, stored: list[np.ndarray],
-                  xor_into: np.ndarray | None = None) -> np.ndarray | None:
+                  xor_into: np.ndarray | None = None, leaves: np.ndarray | None = None
+                  ) -> np.ndarray | None:
         """A masked tensor's raw bytes (XORed into ``xor_into`` instead, where given): its
-        kept words merged a piece at a time, then put in place by the mask; None where
-        anything is wrong (``xor_into`` may then be spoiled), or where its layout merges only
-        whole planes (:meth:`_plane_by_plane` then decodes them)."""
+        kept words merged a piece at a time, then put in place by the mask (``leaves``, where
+        given, filled with the digests of the bytes put in place); None where anything is
+        wrong (``xor_into`` may then be spoiled), or where its layout merges only whole planes
+        (:meth:`_plane_by_plane` then decodes them)."""
         word = t.layout.word_size(t.dtype.itemsize)
         raw_layout = t.layout is layouts.RAW
         if not (raw_layout or t.layout.merges_in_pieces(t.dtype.itemsize)):
@@ -578,7 +581,7 @@ class Reader:
                     t.layout, t.dtype.itemsize, t.layout_planes[0].decoded_len * word,
                     [(p.codec, s, p.decoded_len, p.params)
                      for p, s in zip(t.layout_planes, stored[1:])])
-            return None if kept is None else _placed(t, mask, kept, xor_into)
+            return None if kept is None else _placed(t, mask, kept, xor_into, leaves)
         except S4Error:
             return None
 
@@ -704,11 +707,12 @@ class Reader:
 
 
 def _placed(t: TensorInfo, mask: np.ndarray, kept: np.ndarray,
-            xor_into: np.ndarray | None) -> np.ndarray:
+            xor_into: np.ndarray | None, leaves: np.ndarray | None = None) -> np.ndarray:
     """Masked tensor ``t``'s kept words put in place by its decoded mask: into new zero bytes,
-    or XORed into ``xor_into``."""
+    or XORed into ``xor_into``; ``leaves``: filled with the leaf digests of the result."""
     out = np.zeros(t.raw_nbytes, np.uint8) if xor_into is None else xor_into
-    masked.expand(mask, kept, out, t.layout.word_size(t.dtype.itemsize), xor_into is not None)
+    masked.expand(mask, kept, out, t.layout.word_size(t.dtype.itemsize), xor_into is not None,
+                  leaves)
     return out
 
 

@@ -72,6 +72,28 @@ def test_pieces_cut_the_mask_at_whole_words() -> None:
     assert out.tobytes() == words.tobytes()
 
 
+@pytest.mark.parametrize("word", [1, 2, 4, 8, 16])
+@pytest.mark.parametrize("xor", [False, True])
+def test_expand_hashes_the_leaves_it_writes(word: int, xor: bool) -> None:
+    """The leaf digests ``expand`` fills as it puts words in place (a piece's leaves while its
+    bytes are in cache; words of 16 bytes after) are those of the bytes it leaves, over several
+    pieces and a partial last leaf."""
+    n = (2 * masked.PIECE + 4099) // max(1, word // 4)
+    rng = np.random.default_rng(word)
+    rows = rng.integers(1, 256, (n, word), dtype=np.uint8)
+    rows[rng.random(n) < 0.7] = 0
+    keep = rows.any(axis=1)
+    mask = np.packbits(keep, bitorder="little")
+    base = rng.integers(0, 256, n * word, dtype=np.uint8) if xor else np.zeros(n * word,
+                                                                                 np.uint8)
+    out = base.copy()
+    leaves = hashing.leaves_for(out.size)
+    masked.expand(mask, rows[keep].reshape(-1), out, word, xor, leaves)
+    assert out.tobytes() == (base ^ rows.reshape(-1)).tobytes()
+    assert leaves.tolist() == hashing.leaf_digests(out).tolist()
+    assert hashing.content_hash_of(out.size, leaves) == hashing.content_hash(out)
+
+
 def test_words_of_sixteen_bytes_take_the_numpy_path() -> None:
     rng = np.random.default_rng(2)
     rows = rng.integers(0, 256, (501, 16), dtype=np.uint8)
