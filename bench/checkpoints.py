@@ -7,11 +7,12 @@ model on CUDA, a smaller one on the CPU):
   is blocked, and until the save is committed), against ``torch.save`` + fsync and against a
   plain buffered write + fsync of the same number of bytes as S4 stored;
 - ``s4weights.save``/``load`` in memory against ``torch.save``/``torch.load``;
-- two chains with the default policy (deltas against the base; ``--against base latest`` runs
-  each both ways): the training run saved every 10 steps (keyframe 6), and
-  a fine-tuning run (bf16 weights, learning rate 1e-5); per kept step, ``load_checkpoint``'s
-  time against one full load, and what the chain stores against bases alone. Each chain's last
-  save runs as after a restart: the parent is read back from the store.
+- three chains with the default policy (deltas against the base; ``--against base latest``
+  runs each both ways): the training run saved every 10 steps (keyframe 6), a fine-tuning run
+  (bf16 weights, learning rate 1e-5), and the same training only the last layer and the head;
+  per kept step, ``load_checkpoint``'s time against one full load, and what the chain stores
+  against bases alone. Each chain's last save runs as after a restart: the parent is read back
+  from the store.
 On CUDA, every save also reports the peak GPU memory it took over the state, what it left
 held, and the page-locked host memory the process then holds for its snapshots. Every load is
 compared bit for bit. Medians by bench/timing.py; the table is printed last; JSON to
@@ -331,6 +332,18 @@ def run(dev: str, dim: int, layers: int, saves_per_chain: int, tmp: Path,
     states = list(fine_tuned())
     for to in against:
         chain_run("fine-tuning, bf16 weights, lr 1e-5", dev, tmp, states, to)
+    del states
+    # The same with the embedding and every layer but the last frozen (a backbone kept as it
+    # is, as adapters and classifier heads are trained): most tensors of each delta unchanged.
+    ft_model, _ft_opt, ft_step = training(dev, dim, layers, lr=1e-5)
+    ft_model.load_state_dict(model.state_dict())
+    for name, p in ft_model.named_parameters():
+        if not name.startswith((f"body.layers.{layers - 1}.", "head.")):
+            p.requires_grad_(False)
+    states = list(fine_tuned())
+    for to in against:
+        chain_run("fine-tuning the last layer and head, bf16 weights, lr 1e-5", dev, tmp,
+                  states, to)
 
 
 if __name__ == "__main__":

@@ -466,13 +466,24 @@ class Reader:
             acc, fresh = reader._own(base, leaves)
             if not fresh:  # (a plane as read or decoded: the caller's buffer, maybe)
                 acc = acc.copy()
+            checked = None  # the content hash acc's bytes were found to have
             if reader.verify_hashes:
                 reader._check_hash(base, acc, leaves if fresh else None)
+                checked = base.content_hash
             for r, lt in reversed(levels):
-                leaves = r._leaves(lt)
-                if not r._xor_own(lt, acc, leaves):
-                    break
-                r._check_hash(lt, acc, leaves)
+                if r._keeps_nothing(lt):
+                    # An unchanged tensor (a frozen layer's): the bytes stay as checked below
+                    # it, so a hash equal to theirs needs no second pass over them.
+                    if not r._mask_clear(lt):
+                        break
+                    if lt.content_hash != checked:
+                        r._check_hash(lt, acc)
+                else:
+                    leaves = r._leaves(lt)
+                    if not r._xor_own(lt, acc, leaves):
+                        break
+                    r._check_hash(lt, acc, leaves)
+                checked = lt.content_hash
             else:
                 return acc
         except S4Error:
@@ -611,6 +622,20 @@ class Reader:
             if buf is not None and np.may_share_memory(raw, buf):
                 raw = raw.copy()  # (a plane as stored: the buffer is read into again)
             return raw, False
+
+    @staticmethod
+    def _keeps_nothing(t: TensorInfo) -> bool:
+        """Whether ``t`` is masked and its planes keep no word (its own bytes all zero, as a
+        tensor unchanged since its parent stores them)."""
+        return t.masked and all(p.decoded_len == 0 for p in t.layout_planes)
+
+    def _mask_clear(self, t: TensorInfo) -> bool:
+        """Whether the mask of ``t`` (:meth:`_keeps_nothing`) sets no bit, its planes past
+        their checksums (R1); False where it sets one (the rules then name it)."""
+        with self._read_planes(t) as (stored, _buf):
+            mask = self._decode_plane(t, 0, stored[0])
+        word = t.layout.word_size(t.dtype.itemsize)
+        return mask.size == masked.mask_len(t.raw_nbytes // word) and not mask.any()
 
     def _xor_own(self, t: TensorInfo, acc: np.ndarray, leaves: np.ndarray | None = None
                  ) -> bool:

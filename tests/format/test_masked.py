@@ -369,3 +369,65 @@ def test_a_bad_mask_in_the_middle_of_a_chain_is_named() -> None:
         r.read_raw(0)
     with Reader(blob_c, parent=Reader(blob_b, parent=blob_a)) as r:
         assert r.read_raw(0).tobytes() == c.tobytes()
+
+
+def _unchanged_chain(n: int = 200_000):
+    """A base and a delta on it of one bf16 tensor "x" unchanged (several leaves) and one
+    "y" changed: the base's blob and reader, the delta's blob, and the bytes of x."""
+    rng = np.random.default_rng(11)
+    dt = dtypes.by_name("bfloat16")
+    x, y = _bf16(rng.standard_normal(n)), _bf16(rng.standard_normal(n))
+    y2 = y.copy()
+    y2[::3] ^= 1
+    base = {"x": Tensor(dt, (n,), x.view(np.uint8)), "y": Tensor(dt, (n,), y.view(np.uint8))}
+    child = {"x": base["x"], "y": Tensor(dt, (n,), y2.view(np.uint8))}
+    blob_a, ra = _save(base)
+    blob_b, _rb = _save(child, base, ra.checkpoint_id)
+    return blob_a, ra, blob_b, x, y2
+
+
+@pytest.mark.parametrize("verify", [True, False])
+def test_an_unchanged_level_is_not_hashed_again(monkeypatch, verify: bool) -> None:
+    """A delta that keeps no word leaves its parent's bytes, checked as they were merged: its
+    own hash, equal to theirs, is taken as checked without another pass over them. With the
+    base read unchecked (verify=False), the delta's hash is still computed (R6)."""
+    blob_a, _ra, blob_b, x, y2 = _unchanged_chain()
+    hashes = []  # the content hashes computed, of bytes hashed whole or leaf by leaf
+    whole, of_leaves = hashing.content_hash, hashing.content_hash_of
+    monkeypatch.setattr(hashing, "content_hash", lambda raw: hashes.append("whole")
+                        or whole(raw))
+    monkeypatch.setattr(hashing, "content_hash_of", lambda nbytes, leaves: hashes.append(
+        "leaves") or of_leaves(nbytes, leaves))
+    with Reader(blob_b, parent=Reader(blob_a, verify=verify), verify=verify) as r:
+        assert r.tensors[0].masked and r.tensors[0].stored_nbytes < 64
+        assert r.read_raw(0).tobytes() == x.tobytes()
+        # the base's, as it was merged; or the delta's alone
+        assert hashes == (["leaves"] if verify else ["whole"])
+        assert r.read_raw(1).tobytes() == y2.tobytes()
+
+
+@pytest.mark.parametrize("change", ["mask bit", "content hash"])
+def test_an_unchanged_level_that_breaks_a_rule_is_named(change: str) -> None:
+    """A delta that keeps no word but whose mask sets a bit (its checksum made right), or whose
+    content hash is not its parent's: the fault is named as level by level."""
+    blob_a, ra, _blob_b, x, _y2 = _unchanged_chain()
+    dt = dtypes.by_name("bfloat16")
+    mask = np.zeros(masked.mask_len(x.size), np.uint8)
+    content = hashing.content_hash(x.view(np.uint8))
+    if change == "mask bit":
+        mask[7] = 0x10
+    else:
+        content = bytes(a ^ 1 for a in content)
+    coded = generate.force_masked(np.zeros(x.nbytes, np.uint8), "bfloat16", layouts.BYTES, 1,
+                                  [1, 1], mask=mask, kept=np.zeros(0, np.uint8))
+    bad = io.BytesIO()
+    with Writer(bad, parent_id=ra.checkpoint_id) as w:
+        w.add_coded("x", dt, (x.size,), coded, content,
+                    parent_hash=hashing.content_hash(x.view(np.uint8)))
+        w.close()
+    error, match = (FormatError, "tensor 'x': the mask sets 1 bits, its planes hold 0") \
+        if change == "mask bit" else (ContentHashError, "tensor 'x' content hash mismatch")
+    with Reader(bad.getvalue(), parent=blob_a) as r:
+        assert r.tensors[0].planes[1].decoded_len == 0
+        with pytest.raises(error, match=match):
+            r.read_raw(0)
