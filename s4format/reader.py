@@ -632,10 +632,11 @@ class Reader:
     def _mask_clear(self, t: TensorInfo) -> bool:
         """Whether the mask of ``t`` (:meth:`_keeps_nothing`) sets no bit, its planes past
         their checksums (R1); False where it sets one (the rules then name it)."""
+        n = t.raw_nbytes // t.layout.word_size(t.dtype.itemsize)
         with self._read_planes(t) as (stored, _buf):
+            # (read while the buffer is held: a mask stored raw is a view of it)
             mask = self._decode_plane(t, 0, stored[0])
-        word = t.layout.word_size(t.dtype.itemsize)
-        return mask.size == masked.mask_len(t.raw_nbytes // word) and not mask.any()
+            return mask.size == masked.mask_len(n) and not mask.any()
 
     def _xor_own(self, t: TensorInfo, acc: np.ndarray, leaves: np.ndarray | None = None
                  ) -> bool:
