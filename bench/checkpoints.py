@@ -10,9 +10,9 @@ model on CUDA, a smaller one on the CPU):
 - three chains with the default policy (deltas against the base; ``--against base latest``
   runs each both ways): the training run saved every 10 steps (keyframe 6), a fine-tuning run
   (bf16 weights, learning rate 1e-5), and the same training only the last layer and the head;
-  per kept step, ``load_checkpoint``'s time against one full load, and what the chain stores
-  against bases alone. Each chain's last save runs as after a restart: the parent is read back
-  from the store.
+  per kept step, ``load_checkpoint``'s time against one full load (the two alternated in
+  rounds), and what the chain stores against bases alone. Each chain's last save runs as after
+  a restart: the parent is read back from the store.
 On CUDA, every save also reports the peak GPU memory it took over the state, what it left
 held, and the page-locked host memory the process then holds for its snapshots. Every load is
 compared bit for bit. Medians by bench/timing.py; the table is printed last; JSON to
@@ -39,6 +39,10 @@ from s4weights import chain, chainpolicy, hostmem
 
 MIB = 1 << 20
 ROWS: list[dict] = []
+# Rounds of a chain's loads: each a full load and one load of every kept step. (Three loads of
+# each step in turn, after the full load's three, moved the slowest step's figure on the GPU by
+# a third from run to run: 1.54 and 2.01 on one H100 on 2026-12-07.)
+CHAIN_ROUNDS = 9
 
 
 def wall(fn, device: str, reps: int = 3) -> timing.Timing:
@@ -231,18 +235,21 @@ def chain_run(name: str, device: str, tmp: Path, states, against: str) -> None:
     root = tmp / name
     kept_states, figures, full = chain_saves(root, device, list(states), against)
     infos = chain.list_checkpoints(root)
-    full_s = wall(lambda: s4weights.load(full, map_location=device), device).wall
-    worst, exact = 0.0, True
-    steps: dict[int, tuple[int, float]] = {}  # step -> (files read, load seconds)
     by = {i.step: i for i in infos}
-    for info in infos:
-        # (three timed loads of each step: the slowest step's median, not one slow call, is
-        # what the figure reports)
-        t = timing.measure(lambda i=info: s4weights.load_checkpoint(
-            root, i.step, map_location=device), 3, device=device, before=chain._PARENT_CACHE.clear)
-        exact &= same(kept_states[info.step], t.result)
-        worst = max(worst, t.wall / full_s)
-        steps[info.step] = (len(chain.chain_of(info.step, by)), round(t.wall, 4))
+    exact = all(same(kept_states[i.step], s4weights.load_checkpoint(root, i.step,
+                                                                    map_location=device))
+                for i in infos)
+    # The full load and every step's, one call of each a round (the slowest step's median
+    # against the full load's, both taken over the same minutes).
+    loads = {"full": lambda: s4weights.load(full, map_location=device)}
+    loads.update({i.step: lambda s=i.step: s4weights.load_checkpoint(root, s,
+                                                                      map_location=device)
+                  for i in infos})
+    t = timing.alternated(loads, CHAIN_ROUNDS, device=device, before=chain._PARENT_CACHE.clear)
+    full_s = t["full"].wall
+    worst = max(t[i.step].wall for i in infos) / full_s
+    # step -> (files read, load seconds)
+    steps = {i.step: (len(chain.chain_of(i.step, by)), round(t[i.step].wall, 4)) for i in infos}
     stored = sum(i.file_bytes for i in infos)
     bases = sum(i.full_stored_bytes + i.file_bytes - i.stored_bytes for i in infos)
     memory = {k: max(f[k] for f in figures) for k in figures[0] if k.endswith("MiB")}

@@ -76,6 +76,37 @@ def measure(fn: Callable[[], Any], reps: int = 5, *, warmup: int = 1,
                   out)
 
 
+def alternated(fns: dict[Any, Callable[[], Any]], rounds: int = 9, *, warmup: int = 1,
+               device: str | None = None, before: Callable[[], None] | None = None
+               ) -> dict[Any, Timing]:
+    """:func:`measure` of several functions called in turn, one call of each a round, so that
+    the machine's drift over the run (clocks, caches, other tenants) falls on all of them
+    alike and their medians compare. ``warmup`` untimed rounds first; ``before`` and
+    ``device`` as :func:`measure` takes them. Results are dropped as they come (no Timing
+    holds one): a caller that checks them makes a call of its own."""
+    sync = _synchroniser(device)
+    for _ in range(warmup):
+        for fn in fns.values():
+            if before is not None:
+                before()
+            fn()
+    walls: dict[Any, list[float]] = {k: [] for k in fns}
+    cpus: dict[Any, list[float]] = {k: [] for k in fns}
+    for _ in range(rounds):
+        for k, fn in fns.items():
+            if before is not None:
+                before()
+            sync()
+            c0, w0 = time.process_time(), time.perf_counter()
+            out = fn()
+            sync()
+            walls[k].append(time.perf_counter() - w0)
+            cpus[k].append(time.process_time() - c0)
+            del out  # (freed off the clock, as measure frees it)
+    return {k: Timing(statistics.median(walls[k]), statistics.median(cpus[k]), tuple(walls[k]),
+                      tuple(cpus[k])) for k in fns}
+
+
 def _synchroniser(device: str | None) -> Callable[[], None]:
     if device is None or not str(device).startswith("cuda"):
         return lambda: None
