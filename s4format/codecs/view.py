@@ -19,8 +19,10 @@ import numpy as np
 from s4format import threads
 from s4format.jit import constant, intrinsic, kernel
 
-# Words per piece of work on a worker (about 1 MiB of fp32 words).
-PIECE = 1 << 18
+# Words per piece of work on a worker (4 MiB of fp32 words). Each piece costs Python between
+# its kernels: on 2 cores, pieces of 2^20 words loaded MiniLM-L6 fp32 in 0.042-0.043 s against
+# 0.045-0.047 s with pieces of 2^18 (bench/cpu_speed.py, 2026-12-07).
+PIECE = 1 << 20
 # A plane of at least UNITS_MIN words keeps its histogram per UNIT words too (counted in the
 # same pass), from which codec 9 (rans-seg) chooses where a new frequency table pays.
 UNIT = 1 << 16
