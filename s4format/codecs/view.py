@@ -126,7 +126,7 @@ class PlaneView:
         if self._bytes is None:
             out = np.empty(self.size, np.uint8)
             run_pieces(lambda lo, hi: _extract(self.words, lo, hi, self.shift, self.mask, out),
-                       self.size, 4 * PIECE)
+                       self.size, PIECE)
             self._bytes = out
         return self._bytes
 
