@@ -758,18 +758,25 @@ def _decode_row_vector(typingctx, words, p, x, dtab, out, row, dom
             return builder.bitcast(builder.gep(xptr, [ir.Constant(i64, width * h)]),
                                    ir.PointerType(vec(i32)))
 
-        states, needs = [], []
+        states, needs, symbols = [], [], []
         for h in range(LANES // width):
             xv = builder.load(lanes_at(h), align=4)
             e = rv.entries(table, builder.and_(xv, splat(i32, PROB_SCALE - 1)), dom)
-            at = builder.gep(optr, [builder.add(row, ir.Constant(i64, width * h))])
-            builder.store(builder.trunc(e, vec(i8)), builder.bitcast(at, ir.PointerType(vec(i8))),
-                          align=1)
+            symbols.append(e)
             freq = builder.add(builder.lshr(e, splat(i32, 20)), splat(i32, 1))
             bias = builder.and_(builder.lshr(e, splat(i32, 8)), splat(i32, PROB_SCALE - 1))
             xv = builder.add(builder.mul(freq, builder.lshr(xv, splat(i32, PROB_BITS))), bias)
             states.append(xv)
             needs.append(builder.icmp_unsigned("<", xv, splat(i32, STATE_LOW)))
+        # the row's 32 symbols in one store: truncating the lanes a vector at a time took
+        # five instructions a vector on AVX2
+        while len(symbols) > 1:
+            n = len(symbols[0].type)
+            symbols = [builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(i32, 2 * n),
+                                                                list(range(2 * n))))
+                       for a, b in zip(symbols[::2], symbols[1::2])]
+        builder.store(builder.trunc(symbols[0], ir.VectorType(i8, LANES)), builder.bitcast(
+            builder.gep(optr, [row]), ir.PointerType(ir.VectorType(i8, LANES))), align=1)
         for h in reversed(range(LANES // width)):  # lanes 31..0 pop in turn
             w, p = rv.expand(wptr, p, needs[h])
             pushed = builder.or_(builder.shl(states[h], splat(i32, WORD_BITS)),
