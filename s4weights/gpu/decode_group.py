@@ -7,8 +7,7 @@ their decode queued at once (``ransdecode``); the host checks the other planes' 
 while the device decodes. One merge launch per layout writes the destinations and digests
 their full 64 KiB leaves. The checksums, error codes, flags and content hashes then come back
 in one copy, and the failure raised is the one the CPU reader would meet first; by then the
-destinations may hold bytes decoded from a damaged plane. ``queue_staged`` leaves that copy to
-its caller, which may queue more work first (a chain's next level).
+destinations may hold bytes decoded from a damaged plane.
 """
 
 from __future__ import annotations
