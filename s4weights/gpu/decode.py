@@ -30,7 +30,7 @@ from s4format.hashing import LEAF_SIZE
 from s4format.reader import Reader
 from s4format.writer import AHEAD
 from s4weights.gpu import gdeflate, nvans, ransparse, runtime, segdecode, staging
-from s4weights.gpu.decode_group import decode_staged, queue_staged
+from s4weights.gpu.decode_group import decode_staged
 from s4weights.gpu.failures import about, raise_as_cpu
 from s4weights.gpu.plan import GPU_LAYOUTS
 from s4weights.gpu.staging import SLOT_ALIGN, Staged
@@ -316,44 +316,30 @@ def _read_batch(reader: Reader, idx: list[int], outs: list[torch.Tensor],
                 staged: Callable[[staging.Ahead], None] | None = None) -> list[torch.Tensor]:
     """:func:`read_tensors` into checked, 16-byte aligned destinations. Once the batch's own
     planes are read, those of its deltas' parents, every level, are read ahead while it
-    decodes, then what ``staged`` starts. The parents' batch is queued while the device still
-    decodes this one, whose failures are raised first."""
+    decodes, then what ``staged`` starts."""
     levels = staging.Ahead()
 
     def then() -> None:
         _read_levels_ahead(reader, idx, levels)
         if staged is not None:
             staged(ahead or levels)
-    pending: list[Callable[[], None]] = []
     try:
-        deltas = _decode_batch(reader, idx, outs, ahead, then, pending)
-        if deltas:
-            _apply_parents(reader, [idx[k] for k in deltas], [outs[k] for k in deltas], levels,
-                           pending)
-        _settle(pending)
+        deltas = _decode_batch(reader, idx, outs, ahead, then)
+        if deltas:  # (the batch's staged planes are freed by now)
+            _apply_parents(reader, [idx[k] for k in deltas], [outs[k] for k in deltas], levels)
     finally:
         levels.drop()
     return outs
 
 
-def _settle(pending: list[Callable[[], None]]) -> None:
-    """Run the device checks of the batches queued (:func:`queue_staged`), in order; the
-    first failure is raised."""
-    while pending:
-        pending.pop(0)()
-
-
 def _decode_batch(reader: Reader, idx: list[int], outs: list[torch.Tensor],
                   ahead: staging.Ahead | None = None,
-                  staged: Callable[[], None] | None = None,
-                  pending: list[Callable[[], None]] | None = None) -> list[int]:
+                  staged: Callable[[], None] | None = None) -> list[int]:
     """Tensors ``idx`` decoded into ``outs``: on the GPU where it decodes them, else by the
     CPU reader and copied up (a delta's own level alone where its parent is attached,
     :func:`host_level`). Returns the positions of the deltas whose XOR bytes were decoded
     (unchecked); every other tensor's bytes are its own, checked. ``staged()`` is called
-    once the GPU's planes are read (or at once, without them). With ``pending``, the GPU's
-    decode is queued and its device checks appended there (:func:`_settle` runs them), not
-    waited for."""
+    once the GPU's planes are read (or at once, without them)."""
     gpu = [k for k, i in enumerate(idx) if decodable(reader, i)]
     on_gpu = set(gpu)
     levels = [k for k, i in enumerate(idx) if k not in on_gpu and host_level(reader, i)]
@@ -386,16 +372,8 @@ def _decode_batch(reader: Reader, idx: list[int], outs: list[torch.Tensor],
                     read_on_cpu(reader, idx[gpu[h]], outs[gpu[h]])
                 st = _subset(st, [h for h in range(len(gpu)) if h not in heavy])
                 gpu = [k for h, k in enumerate(gpu) if h not in heavy]
-            if pending is None:
-                decode_staged(st, [outs[k] for k in gpu])
-            else:
-                pending.append(queue_staged(st, [outs[k] for k in gpu]))
-        try:
-            host.finish()
-        except BaseException:
-            if pending:  # (a failure the GPU found is raised first, as when it was waited for)
-                _settle(pending)
-            raise
+            decode_staged(st, [outs[k] for k in gpu])
+        host.finish()
     except BaseException:
         host.settle()  # (no task left reading a file the caller may close)
         raise
@@ -528,27 +506,13 @@ def _subset(st: Staged, keep: list[int]) -> Staged:
 
 
 def _apply_parents(reader: Reader, idx: list[int], outs: list[torch.Tensor],
-                   ahead: staging.Ahead | None = None,
-                   pending: list[Callable[[], None]] | None = None) -> None:
+                   ahead: staging.Ahead | None = None) -> None:
     """Each delta's decoded XOR bytes in ``outs`` made whole with its parent's bytes, then its
     content hash checked: always, as the CPU reader does, since it is the only proof the parent
     was right. The chains are decoded one level at a time from the deepest up, each level as
     one batch, so the device holds two levels' bytes whatever the depth. A chain ends at a
     tensor stored whole (or an empty one, which the CPU reader reads with its parents).
-    ``ahead``: the levels' planes where they were read ahead. ``pending``: the device checks
-    of the batch that decoded ``outs``, run (:func:`_settle`) once the first level's batch is
-    queued, or before any failure of the parents is raised: the deltas' own failures first."""
-    pending = [] if pending is None else pending
-    try:
-        _apply_levels(reader, idx, outs, ahead, pending)
-    except BaseException:
-        _settle(pending)
-        raise
-
-
-def _apply_levels(reader: Reader, idx: list[int], outs: list[torch.Tensor],
-                  ahead: staging.Ahead | None, pending: list[Callable[[], None]]) -> None:
-    """:func:`_apply_parents`' levels."""
+    ``ahead``: the levels' planes where they were read ahead."""
     levels = _levels(reader, idx)
     below: dict[int, torch.Tensor] = {}  # the level below's whole bytes, by position
     for p, at in reversed(levels):
@@ -557,10 +521,7 @@ def _apply_levels(reader: Reader, idx: list[int], outs: list[torch.Tensor],
             _check_limits(p, uniq)
             got = [runtime.device_bytes(p.tensors[j].raw_nbytes)
                    for j in uniq]
-            level: list[Callable[[], None]] = []
-            xored = {uniq[h] for h in _decode_batch(p, uniq, got, ahead, None, level)}
-            _settle(pending)
-            _settle(level)
+            xored = {uniq[h] for h in _decode_batch(p, uniq, got, ahead)}
             mine = dict(zip(uniq, got))
             del got
             done, pairs = set(), []
@@ -572,7 +533,6 @@ def _apply_levels(reader: Reader, idx: list[int], outs: list[torch.Tensor],
             del pairs  # (it holds the level below, which must go when ``below`` moves up)
             _check_hashes(p, sorted(xored), [mine[j] for j in sorted(xored)])
         except S4Error as exc:  # about the first delta (in order) whose chain failed
-            _settle(pending)  # (the deltas' own failures first)
             a = getattr(exc, "s4_tensor", None)
             if a is None or a[0] is not p or a[1] not in uniq:
                 raise

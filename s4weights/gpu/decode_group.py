@@ -12,8 +12,6 @@ destinations may hold bytes decoded from a damaged plane.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import numpy as np
 import torch
 
@@ -36,15 +34,6 @@ def decode_staged(st: Staged, outs: list[torch.Tensor]) -> None:
     """Check every plane, decode, merge into ``outs``, and check the content hashes. A delta
     tensor comes out as its XOR bytes, unchecked: ``decode.read_tensors`` applies its parent
     and checks it."""
-    queue_staged(st, outs)()
-
-
-def queue_staged(st: Staged, outs: list[torch.Tensor]) -> Callable[[], None]:
-    """:func:`decode_staged` up to its synchronisation: the failures the host finds before the
-    decode is queued are raised here, and the call returned waits for the device and raises
-    the first failure (as :func:`decode_staged` would). Meanwhile the host may queue other
-    work, such as the next level's batch; the group's buffers are dropped at once (the stream
-    orders their reuse), the plane records and the flags to read back kept."""
     reader = st.reader
     prof = runtime.Profile("decode")
     prof.mark("staged")  # (profiling only) the H2D that stage() started, if still in flight
@@ -77,17 +66,14 @@ def queue_staged(st: Staged, outs: list[torch.Tensor]) -> Callable[[], None]:
     if merged.checked:
         parts.append(merged.content_hashes())
     parts = [x for x in parts if x is not None]
+    back = torch.cat(parts).cpu().numpy() if parts else np.zeros(0, np.uint8)  # sync
+    found = _failures(st, back, 0 if early else nsum, rb, merged)
+    if found:
+        k, _rank, exc = min(found, key=lambda f: f[:2])
+        raise about(exc, reader, st.idx[k])
+    prof.mark("content hash")
+    prof.report()
     del keep, scratch
-
-    def finish() -> None:
-        back = torch.cat(parts).cpu().numpy() if parts else np.zeros(0, np.uint8)  # sync
-        found = _failures(st, back, 0 if early else nsum, rb, merged)
-        if found:
-            k, _rank, exc = min(found, key=lambda f: f[:2])
-            raise about(exc, reader, st.idx[k])
-        prof.mark("content hash")
-        prof.report()
-    return finish
 
 
 def _checksum_failure(st: Staged, d: np.ndarray) -> tuple[int, Exception] | None:

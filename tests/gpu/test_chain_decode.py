@@ -224,61 +224,6 @@ def test_damage_at_two_levels_fails_with_the_upper_one_as_the_cpu_reader(upper: 
     _fails_as_the_cpu_reader(blobs)
 
 
-def test_the_parents_batch_is_queued_before_the_deltas_batch_is_waited_for(monkeypatch
-                                                                           ) -> None:
-    # the device decodes a delta level while the host stages and checks its parents' level:
-    # the delta batch's checks are waited for only once the parents' batch is queued
-    from s4weights.gpu import decode_group
-
-    events: list[tuple[str, int]] = []
-    real = decode_group.queue_staged
-
-    def queued(st, outs):
-        depth = _depth(st.reader)
-        events.append(("queued", depth))
-        finish = real(st, outs)
-
-        def waited() -> None:
-            events.append(("waited", depth))
-            finish()
-        return waited
-    monkeypatch.setattr(decode, "queue_staged", queued)
-    levels = _levels(1)
-    r = _open(_chain(levels))
-    idx = list(range(len(r.tensors)))
-    for i, o in zip(idx, decode.read_tensors(r, idx)):
-        assert np.array_equal(o.numpy(), levels[-1][r.tensors[i].name][1])
-    assert events == [("queued", 1), ("queued", 0), ("waited", 1), ("waited", 0)]
-
-
-def _depth(r: s4format.Reader) -> int:
-    n = 0
-    while r.parent is not None:
-        r, n = r.parent, n + 1
-    return n
-
-
-def test_a_deltas_damage_the_device_finds_comes_before_its_parents_the_host_finds() -> None:
-    # the delta level's bitstream is damaged (found once its batch is waited for) and a stream
-    # header of its parent's is too (found by the host while the delta's batch is still
-    # pending): the CPU reader meets the delta's first, and the GPU path raises it too
-    from tests.gpu.test_decode_host import _rans_plane, _rewrite
-
-    blobs = _chain(_levels(1, seed=3), damage=(1, "w"))
-
-    def reserved(stored: np.ndarray) -> np.ndarray:
-        stored[2] = 1
-        return stored
-    base = s4format.Reader(blobs[0])
-    blobs[0] = _rewrite(blobs[0], "w", _rans_plane(base, "w"), reserved)
-    cpu = _fails_as_the_cpu_reader(blobs)
-    assert "reserved" not in str(cpu)
-    # (each damage alone fails too: the parent's where the delta's is not there)
-    alone = _chain(_levels(1, seed=3))
-    alone[0] = blobs[0]
-    assert str(_fails_as_the_cpu_reader(alone)) != str(cpu)
-
-
 @pytest.mark.parametrize("level", [1, 2, 3])
 def test_a_wrong_hash_partway_up_is_found_at_its_level(level: int) -> None:
     # a tensor partway up whose content hash is not its bytes' (and the next delta names that
