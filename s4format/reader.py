@@ -78,39 +78,50 @@ MIN_TENSOR_RECORD = 32  # bytes of the smallest tensor record (empty name, no di
 MIN_INDEX = 34  # bytes of an index besides its records (magic, counts, parent ID, prefixes)
 
 
-class _CheckedTrees:
+class _Checked:
+    """What this process found valid (the rules checked passed), by the bytes it was found in,
+    the last :attr:`KEPT` of at most :attr:`LARGEST` bytes each."""
+
+    KEPT = 16              # entries remembered
+    LARGEST = 4 << 20      # bytes of the largest entry remembered
+
+    def __init__(self) -> None:
+        self._known: OrderedDict[tuple, Any] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def after_fork(self) -> None:
+        self._lock = threading.Lock()  # (a thread of the parent may have held it)
+
+    def get(self, key: tuple | None) -> Any:
+        if key is None:
+            return None
+        with self._lock:
+            found = self._known.get(key)
+            if found is not None:
+                self._known.move_to_end(key)
+            return found
+
+    def add(self, key: tuple | None, value: Any) -> None:
+        if key is None:
+            return
+        with self._lock:
+            self._known[key] = value
+            while len(self._known) > self.KEPT:
+                self._known.popitem(last=False)
+
+
+class _CheckedTrees(_Checked):
     """Object trees this process has decoded and found valid (rule X4), with their tensor
     reference counts, by their bytes and a digest of the shapes and sizes of the tensors they
     were checked against (all that the typed-value checks read). The files of a delta chain
     hold one tree byte for byte, and a chain load uses only the newest file's: the others are
     checked by a lookup instead of a decode that costs milliseconds per file."""
 
-    KEPT = 16              # trees remembered
-    LARGEST = 4 << 20      # bytes of the largest tree remembered
-
-    def __init__(self) -> None:
-        self._known: OrderedDict[tuple, tuple[int, ...]] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def after_fork(self) -> None:
-        self._lock = threading.Lock()  # (a thread of the parent may have held it)
-
     def uses(self, key: tuple | None) -> tuple[int, ...] | None:
-        if key is None:
-            return None
-        with self._lock:
-            uses = self._known.get(key)
-            if uses is not None:
-                self._known.move_to_end(key)
-            return uses
+        return self.get(key)
 
     def add(self, key: tuple | None, uses: list[int]) -> None:
-        if key is None:
-            return
-        with self._lock:
-            self._known[key] = tuple(uses)
-            while len(self._known) > self.KEPT:
-                self._known.popitem(last=False)
+        super().add(key, tuple(uses))
 
     @classmethod
     def key(cls, raw: bytes, tensors: list[TensorInfo]) -> tuple | None:
@@ -121,10 +132,36 @@ class _CheckedTrees:
         return bytes(raw), len(tensors), hashlib.blake2b(shapes, digest_size=32).digest()
 
 
+class _CheckedIndexes(_Checked):
+    """Indexes this process has parsed and found valid, by their bytes and all else their
+    rules read (the data area's end, the alignment, the tensor limit): the tensors' records,
+    the parent ID, the object tree's and the metadata's bytes, and the codec IDs the planes
+    use. A chain's base is opened by every load and delta save of its steps, and an index of
+    147 tensors takes about 2 ms to parse and check (13 µs a tensor)."""
+
+    @classmethod
+    def key(cls, raw: bytes, data_end: int, alignment: int, max_tensors: int) -> tuple | None:
+        if len(raw) > cls.LARGEST:
+            return None
+        return bytes(raw), data_end, alignment, max_tensors
+
+
 _CHECKED_TREES = _CheckedTrees()
+_CHECKED_INDEXES = _CheckedIndexes()
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=lambda: _CHECKED_TREES.after_fork())
+    os.register_at_fork(after_in_child=lambda: (_CHECKED_TREES.after_fork(),
+                                                _CHECKED_INDEXES.after_fork()))
 _UNDECODED = object()  # a tree found valid by its bytes, decoded when first asked for
+
+
+def _codecs_load(ids) -> bool:
+    """Whether this process decodes every codec of ``ids`` (their libraries load)."""
+    try:
+        for c in ids:
+            decodable_codec(c)
+    except S4Error:
+        return False
+    return True
 
 
 def checkpoint_id(content_hashes: list[bytes]) -> bytes:
@@ -275,6 +312,35 @@ class Reader:
         if hashing.bytes_checksum(raw) != f.index_checksum:
             raise ChecksumError(f"{self.name}: index checksum mismatch (bytes "
                                 f"{f.index_offset}..{f.index_offset + f.index_length})")
+        key = _CheckedIndexes.key(raw, self.data_end, self.alignment, self.max_tensors)
+        known = _CHECKED_INDEXES.get(key)
+        if known is not None and _codecs_load(known[4]):
+            tensors, self.parent_id, tree, metadata = list(known[0]), *known[1:4]
+        else:  # (a codec whose library no longer loads: the parse says which)
+            tensors, self.parent_id, tree, metadata = self._parse_index(raw)
+            _CHECKED_INDEXES.add(key, (tuple(tensors), self.parent_id, tree, metadata, {
+                p.codec for t in tensors for p in t.planes}))
+        self.tensors: list[TensorInfo] = tensors
+        # how many references each tensor has: a load decodes each once and keeps it only
+        # while references to it remain
+        key = _CheckedTrees.key(tree, tensors)
+        uses = _CHECKED_TREES.uses(key)
+        if uses is not None:
+            self.tensor_uses = list(uses)
+            self._tree, self._tree_raw = _UNDECODED, tree
+        else:
+            self.tensor_uses = [0] * len(tensors)
+            self._tree = self._decode_tree(tree, len(tensors), "object tree", self.tensor_uses)
+            _CHECKED_TREES.add(key, self.tensor_uses)
+        meta = self._decode_tree(metadata, 0, "metadata")
+        if not isinstance(meta, dict) or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in meta.items()):
+            raise FormatError(f"{self.name}: metadata must be a dict of str to str")
+        self.metadata: dict[str, str] = meta
+
+    def _parse_index(self, raw: bytes) -> tuple[list[TensorInfo], bytes | None, bytes, bytes]:
+        """The index's tensors, each record checked, the parent checkpoint ID (None for a
+        base), and the object tree's and the metadata's bytes, not yet decoded."""
         codec_of = functools.cache(decodable_codec)  # (the few codec IDs of many planes)
         data_end, alignment = self.data_end, self.alignment
 
@@ -295,27 +361,10 @@ class Reader:
                 raise FormatError(f"{self.name}: tensor name {t.name!r} appears twice")
             names.add(t.name)
         check_no_overlap(tensors, self.name)
-        self.tensors: list[TensorInfo] = tensors
-        self.parent_id: bytes | None = None if idx.parent_id == NO_PARENT else bytes(idx.parent_id)
-        if self.parent_id is None and any(t.is_delta for t in tensors):
+        parent_id = None if idx.parent_id == NO_PARENT else bytes(idx.parent_id)
+        if parent_id is None and any(t.is_delta for t in tensors):
             raise FormatError(f"{self.name}: delta tensors but no parent checkpoint ID")
-        # how many references each tensor has: a load decodes each once and keeps it only
-        # while references to it remain
-        key = _CheckedTrees.key(idx.tree, tensors)
-        uses = _CHECKED_TREES.uses(key)
-        if uses is not None:
-            self.tensor_uses = list(uses)
-            self._tree, self._tree_raw = _UNDECODED, bytes(idx.tree)
-        else:
-            self.tensor_uses = [0] * len(tensors)
-            self._tree = self._decode_tree(idx.tree, len(tensors), "object tree",
-                                           self.tensor_uses)
-            _CHECKED_TREES.add(key, self.tensor_uses)
-        meta = self._decode_tree(idx.metadata, 0, "metadata")
-        if not isinstance(meta, dict) or not all(
-                isinstance(k, str) and isinstance(v, str) for k, v in meta.items()):
-            raise FormatError(f"{self.name}: metadata must be a dict of str to str")
-        self.metadata: dict[str, str] = meta
+        return tensors, parent_id, bytes(idx.tree), bytes(idx.metadata)
 
     @property
     def tree(self) -> Any:
