@@ -17,7 +17,7 @@ import struct
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from construct import ConstructError
@@ -117,9 +117,6 @@ class _CheckedTrees(_Checked):
     hold one tree byte for byte, and a chain load uses only the newest file's: the others are
     checked by a lookup instead of a decode that costs milliseconds per file."""
 
-    def uses(self, key: tuple | None) -> tuple[int, ...] | None:
-        return self.get(key)
-
     def add(self, key: tuple | None, uses: list[int]) -> None:
         super().add(key, tuple(uses))
 
@@ -130,6 +127,15 @@ class _CheckedTrees(_Checked):
         # (a cryptographic digest: a file cannot be made to match another file's tensors)
         shapes = repr([(t.shape, t.raw_nbytes) for t in tensors]).encode()
         return bytes(raw), len(tensors), hashlib.blake2b(shapes, digest_size=32).digest()
+
+
+class _Index(NamedTuple):
+    """A parsed index found valid, as :class:`_CheckedIndexes` remembers it."""
+    tensors: tuple[TensorInfo, ...]
+    parent_id: bytes | None
+    tree: bytes
+    metadata: bytes
+    codecs: frozenset[int]  # the codec IDs its planes use
 
 
 class _CheckedIndexes(_Checked):
@@ -314,17 +320,19 @@ class Reader:
                                 f"{f.index_offset}..{f.index_offset + f.index_length})")
         key = _CheckedIndexes.key(raw, self.data_end, self.alignment, self.max_tensors)
         known = _CHECKED_INDEXES.get(key)
-        if known is not None and _codecs_load(known[4]):
-            tensors, self.parent_id, tree, metadata = list(known[0]), *known[1:4]
+        if known is not None and _codecs_load(known.codecs):
+            tensors, self.parent_id = list(known.tensors), known.parent_id
+            tree, metadata = known.tree, known.metadata
         else:  # (a codec whose library no longer loads: the parse says which)
             tensors, self.parent_id, tree, metadata = self._parse_index(raw)
-            _CHECKED_INDEXES.add(key, (tuple(tensors), self.parent_id, tree, metadata, {
-                p.codec for t in tensors for p in t.planes}))
+            _CHECKED_INDEXES.add(key, _Index(tuple(tensors), self.parent_id, tree, metadata,
+                                             frozenset(p.codec for t in tensors
+                                                       for p in t.planes)))
         self.tensors: list[TensorInfo] = tensors
         # how many references each tensor has: a load decodes each once and keeps it only
         # while references to it remain
         key = _CheckedTrees.key(tree, tensors)
-        uses = _CHECKED_TREES.uses(key)
+        uses = _CHECKED_TREES.get(key)
         if uses is not None:
             self.tensor_uses = list(uses)
             self._tree, self._tree_raw = _UNDECODED, tree
