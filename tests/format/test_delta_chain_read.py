@@ -146,6 +146,22 @@ def test_a_wrong_level_in_the_middle_is_named(chain, tmp_path) -> None:
         assert r.read("bf16").data.tobytes() == _states[3]["bf16"].data.tobytes()
 
 
+def test_a_wrong_base_is_named(chain, tmp_path) -> None:
+    """The base's plane replaced by raw bytes one bit off, with a valid plane checksum: the
+    base's hash fails as the chain is applied, and reading level by level names the base."""
+    paths, states = chain
+    parts = craft.parse(paths[0].read_bytes())
+    raw = np.array(states[0]["fp32"].data, copy=True)
+    raw[3] ^= 4
+    _raw_plane(parts, "fp32", raw)
+    bad = tmp_path / "step0-bad.s4w"
+    bad.write_bytes(craft.build(parts))
+    with _open([bad, *paths[1:]]) as r:
+        with pytest.raises(ContentHashError, match=r"step0-bad\.s4w: tensor 'fp32' content hash"):
+            r.read("fp32")
+        assert r.read("u8").data.tobytes() == states[DEPTH]["u8"].data.tobytes()
+
+
 def _raw_plane(parts, name: str, xor: np.ndarray) -> None:
     """Store tensor ``name`` of ``parts`` as one raw plane holding ``xor`` (layout raw)."""
     i = next(i for i, t in enumerate(parts.tensors) if t["name"] == name)
