@@ -33,6 +33,7 @@ from s4format import (
     threads,
     typedvalues,
 )
+from s4format.codecs.view import PIECE
 from s4format.errors import (
     BadMagicError,
     ChecksumError,
@@ -640,6 +641,9 @@ class Reader:
         raw_layout = t.layout is layouts.RAW
         if not (raw_layout or t.layout.merges_in_pieces(t.dtype.itemsize)):
             return None
+        if word == 2 and t.layout is layouts.BYTES and len(stored) == 3 \
+                and t.raw_nbytes <= 2 * PIECE:
+            return self._expanded_bytes(t, stored, xor_into, leaves)
         try:
             mask = self._decode_plane(t, 0, stored[0])
             if raw_layout:
@@ -652,6 +656,20 @@ class Reader:
             return None if kept is None else _placed(t, mask, kept, xor_into, leaves)
         except S4Error:
             return None
+
+    def _expanded_bytes(self, t: TensorInfo, stored: list[np.ndarray],
+                        xor_into: np.ndarray | None, leaves: np.ndarray | None
+                        ) -> np.ndarray | None:
+        """:meth:`_expanded` of a tensor of 2-byte words kept under the bytes layout, in one
+        piece: its three planes decoded whole, then put in place by one kernel call."""
+        try:
+            mask, low, high = threads.map_sized(
+                lambda k: self._decode_plane(t, k, stored[k]), range(3), t.raw_nbytes)
+        except S4Error:
+            return None
+        out = np.zeros(t.raw_nbytes, np.uint8) if xor_into is None else xor_into
+        return out if masked.expand_bytes(mask, low, high, out, xor_into is not None,
+                                          leaves) else None
 
     def _plane_by_plane(self, t: TensorInfo, stored: list[np.ndarray]) -> np.ndarray:
         """The tensor's own raw bytes from whole decoded planes, which names what is wrong."""

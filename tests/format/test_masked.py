@@ -121,6 +121,62 @@ def test_expand_refuses_a_mask_that_breaks_a_rule(change, match: str) -> None:
         masked.expand(mask, kept.view(np.uint8), np.zeros(22, np.uint8), 2, False)
 
 
+@settings(max_examples=150, deadline=None)
+@given(n=st.integers(0, 5000), share=st.floats(0.0, 1.0), seed=st.integers(0, 2**32 - 1),
+       xor=st.booleans())
+def test_expand_bytes_equals_expand(n: int, share: float, seed: int, xor: bool) -> None:
+    """The one-call form for 2-byte words kept as two byte planes writes what ``expand`` does
+    with their words, and the same leaf digests."""
+    rng = np.random.default_rng(seed)
+    words = rng.integers(1, 2**16, n).astype(np.uint16)
+    words[rng.random(n) >= share] = 0
+    mask, kept = spec_mask(words)
+    base = rng.integers(0, 256, 2 * n, dtype=np.uint8) if xor else np.zeros(2 * n, np.uint8)
+    want, got = base.copy(), base.copy()
+    want_leaves, leaves = hashing.leaves_for(2 * n), hashing.leaves_for(2 * n)
+    masked.expand(mask, kept.view(np.uint8), want, 2, xor, want_leaves)
+    low, high = kept.view(np.uint8)[0::2].copy(), kept.view(np.uint8)[1::2].copy()
+    assert masked.expand_bytes(mask, low, high, got, xor, leaves)
+    assert got.tobytes() == want.tobytes() == (base ^ words.view(np.uint8)).tobytes()
+    assert leaves.tolist() == want_leaves.tolist()
+
+
+def test_expand_bytes_through_a_reused_buffer() -> None:
+    """Kept words past 32K (their buffer reused from :mod:`s4format.scratch`), every mask
+    byte's bits, a partial last byte."""
+    n = 200_003
+    rng = np.random.default_rng(4)
+    words = np.where(rng.random(n) < 0.4, rng.integers(1, 2**16, n), 0).astype(np.uint16)
+    words[-1] = 3
+    mask, kept = spec_mask(words)
+    out = np.zeros(2 * n, np.uint8)
+    for _ in range(2):  # (the second call takes the first one's buffer)
+        out[:] = 0
+        assert masked.expand_bytes(mask, kept.view(np.uint8)[0::2].copy(),
+                                   kept.view(np.uint8)[1::2].copy(), out, False)
+        assert out.tobytes() == words.tobytes()
+
+
+@pytest.mark.parametrize("change", [
+    lambda m, lo, hi: (np.concatenate([m[:-1], [m[-1] | 0x80]]), lo, hi),  # past the last word
+    lambda m, lo, hi: (m, lo[1:], hi[1:]),  # fewer kept words than set bits
+    lambda m, lo, hi: (m, lo, hi[1:]),  # planes of two lengths
+    lambda m, lo, hi: (m[:-1], lo, hi),  # a mask of another length
+    lambda m, lo, hi: (m, np.concatenate([[0], lo[1:]]).astype(np.uint8),
+                       np.concatenate([[0], hi[1:]]).astype(np.uint8)),  # a zero word kept
+])
+def test_expand_bytes_refuses_what_expand_refuses(change) -> None:
+    """False where ``expand`` raises (the reader then decodes plane by plane, which names the
+    rule), and nothing written where the count is wrong."""
+    words = np.array([0, 5, 0, 0, 9, 1, 0, 0, 0, 4, 0], np.uint16)  # 11 words
+    mask, kept = spec_mask(words)
+    m, lo, hi = change(mask, kept.view(np.uint8)[0::2].copy(), kept.view(np.uint8)[1::2].copy())
+    out = np.full(22, 0xAB, np.uint8)
+    assert not masked.expand_bytes(m, lo, hi, out, True)
+    if lo.size == hi.size and lo.size != kept.size:
+        assert (out == 0xAB).all()
+
+
 # -- the writer --------------------------------------------------------------------------------
 
 def _bf16(x: np.ndarray) -> np.ndarray:
