@@ -633,8 +633,9 @@ class Reader:
                   xor_into: np.ndarray | None = None, leaves: np.ndarray | None = None
                   ) -> np.ndarray | None:
         """A masked tensor's raw bytes (XORed into ``xor_into`` instead, where given): its
-        kept words merged a piece at a time, then put in place by the mask (``leaves``, where
-        given, filled with the digests of the bytes put in place); None where anything is
+        kept words merged a piece at a time, then put in place by the mask, or both at once
+        by :meth:`_expanded_bytes` for 2-byte words kept as bytes, in one piece (``leaves``,
+        where given, filled with the digests of the bytes put in place); None where anything is
         wrong (``xor_into`` may then be spoiled), or where its layout merges only whole planes
         (:meth:`_plane_by_plane` then decodes them)."""
         word = t.layout.word_size(t.dtype.itemsize)
