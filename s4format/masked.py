@@ -138,7 +138,6 @@ def expand_bytes(mask: np.ndarray, low: np.ndarray, high: np.ndarray, out: np.nd
     words made in a reused buffer, then put in place (``xor``: XORed into ``out``). False
     where the mask or a kept word breaks a rule (:func:`expand` then names it; ``out`` may be
     spoiled where ``xor``). ``leaves``: filled with the digests of ``out``."""
-    n = out.size // 2
     buf = scratch.take(2 * low.size)
     packed = (np.empty(low.size, np.uint16) if buf is None
               else buf[:2 * low.size].view(np.uint16))
@@ -151,7 +150,7 @@ def expand_bytes(mask: np.ndarray, low: np.ndarray, high: np.ndarray, out: np.nd
     if got != 0:
         return False
     if leaves is not None:
-        hashing.hash_span(out, 0, 2 * n, leaves)
+        hashing.hash_span(out, 0, out.size, leaves)
     return True
 
 

@@ -643,7 +643,7 @@ class Reader:
         if not (raw_layout or t.layout.merges_in_pieces(t.dtype.itemsize)):
             return None
         if word == 2 and t.layout is layouts.BYTES and len(stored) == 3 \
-                and t.raw_nbytes <= 2 * PIECE:
+                and t.raw_nbytes <= word * PIECE:
             return self._expanded_bytes(t, stored, xor_into, leaves)
         try:
             mask = self._decode_plane(t, 0, stored[0])
