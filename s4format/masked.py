@@ -131,13 +131,22 @@ def expand(mask: np.ndarray, kept: np.ndarray, out: np.ndarray, word: int,
         leaves[:] = hashing.leaf_digests(out)
 
 
+# Words of a tensor whose kept bytes a reader decodes whole and puts in place in one call
+# (:func:`expand_bytes`), past which it merges them a piece at a time: the planes then take at
+# most twice the tensor's bytes besides it. The 2-core fine-tuning chain of
+# bench/checkpoints.py, whose head of 2,048,000 words kept half of them, loaded its slowest
+# step in 1.65-1.68 × a full load with this bound against 1.77-1.80 × at 2^20 (2026-12-07).
+ONE_CALL_WORDS = 1 << 22
+
+
 def expand_bytes(mask: np.ndarray, low: np.ndarray, high: np.ndarray, out: np.ndarray,
                  xor: bool, leaves: np.ndarray | None = None) -> bool:
     """:func:`expand` of 2-byte words kept as two byte planes (the bytes layout's, ``low``
-    then ``high``) in one kernel call, for a tensor of at most :data:`PIECE` words: their
-    words made in a reused buffer, then put in place (``xor``: XORed into ``out``). False
-    where the mask or a kept word breaks a rule (:func:`expand` then names it; ``out`` may be
-    spoiled where ``xor``). ``leaves``: filled with the digests of ``out``."""
+    then ``high``) in one kernel call (for a tensor of at most :data:`ONE_CALL_WORDS` words:
+    the caller's to bound): their words made in a reused buffer, then put in place (``xor``:
+    XORed into ``out``). False where the mask or a kept word breaks a rule (:func:`expand`
+    then names it; ``out`` may be spoiled where ``xor``). ``leaves``: filled with the digests
+    of ``out``."""
     buf = scratch.take(2 * low.size)
     packed = (np.empty(low.size, np.uint16) if buf is None
               else buf[:2 * low.size].view(np.uint16))

@@ -33,7 +33,6 @@ from s4format import (
     threads,
     typedvalues,
 )
-from s4format.codecs.view import PIECE
 from s4format.errors import (
     BadMagicError,
     ChecksumError,
@@ -634,16 +633,17 @@ class Reader:
                   ) -> np.ndarray | None:
         """A masked tensor's raw bytes (XORed into ``xor_into`` instead, where given): its
         kept words merged a piece at a time, then put in place by the mask, or both at once
-        by :meth:`_expanded_bytes` for 2-byte words kept as bytes, in one piece (``leaves``,
-        where given, filled with the digests of the bytes put in place); None where anything is
-        wrong (``xor_into`` may then be spoiled), or where its layout merges only whole planes
-        (:meth:`_plane_by_plane` then decodes them)."""
+        by :meth:`_expanded_bytes` for 2-byte words kept as bytes, up to
+        :data:`masked.ONE_CALL_WORDS` words (``leaves``, where given, filled with the digests of
+        the bytes put in place); None where anything is wrong (``xor_into`` may then be
+        spoiled), or where its layout merges only whole planes (:meth:`_plane_by_plane` then
+        decodes them)."""
         word = t.layout.word_size(t.dtype.itemsize)
         raw_layout = t.layout is layouts.RAW
         if not (raw_layout or t.layout.merges_in_pieces(t.dtype.itemsize)):
             return None
         if word == 2 and t.layout is layouts.BYTES and len(stored) == 3 \
-                and t.raw_nbytes <= word * PIECE:
+                and t.raw_nbytes <= word * masked.ONE_CALL_WORDS:
             return self._expanded_bytes(t, stored, xor_into, leaves)
         try:
             mask = self._decode_plane(t, 0, stored[0])
@@ -661,8 +661,8 @@ class Reader:
     def _expanded_bytes(self, t: TensorInfo, stored: list[np.ndarray],
                         xor_into: np.ndarray | None, leaves: np.ndarray | None
                         ) -> np.ndarray | None:
-        """:meth:`_expanded` of a tensor of 2-byte words kept under the bytes layout, in one
-        piece: its three planes decoded whole, then put in place by one kernel call."""
+        """:meth:`_expanded` of a tensor of 2-byte words kept under the bytes layout: its
+        three planes decoded whole, then put in place by one kernel call."""
         try:
             mask, low, high = threads.map_sized(
                 lambda k: self._decode_plane(t, k, stored[k]), range(3), t.raw_nbytes)

@@ -177,6 +177,35 @@ def test_expand_bytes_refuses_what_expand_refuses(change) -> None:
         assert (out == 0xAB).all()
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_a_level_past_a_piece_is_placed_in_one_call_up_to_its_bound(monkeypatch,
+                                                                    dtype: str) -> None:
+    """A masked level of more than a piece's words but at most ``ONE_CALL_WORDS`` goes
+    through ``expand_bytes``; past the bound, a piece at a time: the same bytes both ways,
+    read whole and as the level alone."""
+    n = masked.PIECE + 4099
+    rng = np.random.default_rng(8)
+    parent = rng.integers(0, 1 << 16, n, dtype=np.uint16)
+    xor = np.where(rng.random(n) < 0.45, rng.integers(1, 1 << 16, n), 0).astype(np.uint16)
+    dt = dtypes.by_name(dtype)
+    base = {"w": Tensor(dt, (n,), parent.view(np.uint8))}
+    child = {"w": Tensor(dt, (n,), (parent ^ xor).view(np.uint8))}
+    parent_blob, parent_result = _save(base)
+    blob, _result = _save(child, base, parent_result.checkpoint_id)
+    calls = []
+    one_call = masked.expand_bytes
+    monkeypatch.setattr(masked, "expand_bytes", lambda *a: calls.append(1) or one_call(*a))
+    got = {}
+    for bound in (masked.ONE_CALL_WORDS, n - 1):
+        monkeypatch.setattr(masked, "ONE_CALL_WORDS", bound)
+        calls.clear()
+        with Reader(blob, parent=parent_blob) as r:
+            assert r.tensors[0].masked and r.tensors[0].layout is layouts.BYTES
+            got[bound] = r.read_raw(0).tobytes(), r.read_own(0).tobytes()
+        assert len(calls) == (2 if bound >= n else 0)
+    assert set(got.values()) == {(child["w"].data.tobytes(), xor.tobytes())}
+
+
 # -- the writer --------------------------------------------------------------------------------
 
 def _bf16(x: np.ndarray) -> np.ndarray:
