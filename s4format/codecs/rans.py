@@ -90,20 +90,24 @@ def _normalise(counts, freqs):  # pragma: no cover - compiled
         total += counts[s]
         k += counts[s] > 0
     spare = PROB_SCALE - k
-    remainder = np.empty(256, dtype=np.int64)
     left = PROB_SCALE
+    # Each present symbol's remainder as a key that sorts the largest first, the lowest symbol
+    # of equals first, with the symbol in its low byte. The units left are fewer than the
+    # symbols present, so they go to that many symbols, one each. (A scan of all 256 for each
+    # unit took up to 34 us a table, 3.5% of a CPU save of weights and AdamW state.)
+    keys = np.empty(k, dtype=np.int64)
+    m = 0
     for s in range(256):
         share = counts[s] * spare
         freqs[s] = share // total + (counts[s] > 0)
-        remainder[s] = share % total if counts[s] > 0 else -1
         left -= freqs[s]
-    for _ in range(left):  # the largest remainder left, the lowest symbol of equals
-        best = 0
-        for s in range(1, 256):
-            if remainder[s] > remainder[best]:
-                best = s
-        freqs[best] += 1
-        remainder[best] = -1
+        if counts[s] > 0:
+            keys[m] = (total - 1 - share % total) * 256 + s
+            m += 1
+    if left > 0:
+        keys.sort()
+        for j in range(left):
+            freqs[keys[j] & 255] += 1
 
 
 @kernel(inline="always")
