@@ -664,18 +664,21 @@ class Reader:
         """:meth:`_expanded` of a tensor of 2-byte words kept under the bytes layout: its
         three planes decoded whole, then put in place by one kernel call."""
         try:
-            mask, low, high = threads.map_sized(
-                lambda k: self._decode_plane(t, k, stored[k]), range(3), t.raw_nbytes)
+            mask, low, high = self._decoded_planes(t, stored)
         except S4Error:
             return None
         out = np.zeros(t.raw_nbytes, np.uint8) if xor_into is None else xor_into
         return out if masked.expand_bytes(mask, low, high, out, xor_into is not None,
                                           leaves) else None
 
+    def _decoded_planes(self, t: TensorInfo, stored: list[np.ndarray]) -> list[np.ndarray]:
+        """Every plane of ``t`` decoded whole from its stored bytes ``stored``."""
+        return threads.map_sized(lambda k: self._decode_plane(t, k, stored[k]),
+                                 range(len(t.planes)), t.raw_nbytes)
+
     def _plane_by_plane(self, t: TensorInfo, stored: list[np.ndarray]) -> np.ndarray:
         """The tensor's own raw bytes from whole decoded planes, which names what is wrong."""
-        planes = threads.map_sized(lambda k: self._decode_plane(t, k, stored[k]),
-                                   range(len(t.planes)), t.raw_nbytes)
+        planes = self._decoded_planes(t, stored)
         try:
             if not t.masked:
                 return t.layout.merge(planes, t.raw_nbytes, t.dtype.itemsize)

@@ -25,6 +25,12 @@ def spec_mask(words: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.packbits(nonzero, bitorder="little"), words[nonzero]
 
 
+def byte_planes(kept: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """2-byte kept words as the bytes layout's two planes: low bytes, then high bytes."""
+    b = kept.view(np.uint8)
+    return b[0::2].copy(), b[1::2].copy()
+
+
 @settings(max_examples=150, deadline=None)
 @given(word=st.sampled_from([1, 2, 4, 8]), n=st.integers(0, 3000),
        share=st.floats(0.0, 1.0), seed=st.integers(0, 2**32 - 1), xor=st.booleans())
@@ -135,8 +141,7 @@ def test_expand_bytes_equals_expand(n: int, share: float, seed: int, xor: bool) 
     want, got = base.copy(), base.copy()
     want_leaves, leaves = hashing.leaves_for(2 * n), hashing.leaves_for(2 * n)
     masked.expand(mask, kept.view(np.uint8), want, 2, xor, want_leaves)
-    low, high = kept.view(np.uint8)[0::2].copy(), kept.view(np.uint8)[1::2].copy()
-    assert masked.expand_bytes(mask, low, high, got, xor, leaves)
+    assert masked.expand_bytes(mask, *byte_planes(kept), got, xor, leaves)
     assert got.tobytes() == want.tobytes() == (base ^ words.view(np.uint8)).tobytes()
     assert leaves.tolist() == want_leaves.tolist()
 
@@ -152,8 +157,7 @@ def test_expand_bytes_through_a_reused_buffer() -> None:
     out = np.zeros(2 * n, np.uint8)
     for _ in range(2):  # (the second call takes the first one's buffer)
         out[:] = 0
-        assert masked.expand_bytes(mask, kept.view(np.uint8)[0::2].copy(),
-                                   kept.view(np.uint8)[1::2].copy(), out, False)
+        assert masked.expand_bytes(mask, *byte_planes(kept), out, False)
         assert out.tobytes() == words.tobytes()
 
 
@@ -170,7 +174,7 @@ def test_expand_bytes_refuses_what_expand_refuses(change) -> None:
     rule), and nothing written where the count is wrong."""
     words = np.array([0, 5, 0, 0, 9, 1, 0, 0, 0, 4, 0], np.uint16)  # 11 words
     mask, kept = spec_mask(words)
-    m, lo, hi = change(mask, kept.view(np.uint8)[0::2].copy(), kept.view(np.uint8)[1::2].copy())
+    m, lo, hi = change(mask, *byte_planes(kept))
     out = np.full(22, 0xAB, np.uint8)
     assert not masked.expand_bytes(m, lo, hi, out, True)
     if lo.size == hi.size and lo.size != kept.size:
