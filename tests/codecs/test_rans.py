@@ -455,6 +455,21 @@ def test_the_decoder_table_maps_every_slot_to_its_symbol() -> None:
         assert got.dtype == np.uint32 and (got.astype(np.int64) == want).all()
 
 
+
+def test_a_stream_at_an_odd_address_decodes_the_same() -> None:
+    # the one-call decoder reads the coded words as u16 and refuses a stream at an odd
+    # address (found in the kernel); the block decoder then takes a copy
+    rng = np.random.default_rng(5)
+    plane = (rng.geometric(0.2, 50_000) % 256).astype(np.uint8)
+    stream = as_array(get(RANS).encode(plane).payload)
+    held = np.zeros(stream.size + 1, np.uint8)
+    odd = held[1:]
+    odd[:] = stream
+    assert odd.ctypes.data % 2 == 1 and stream[0] == rans.MODE_RANS
+    assert rans._decode_piece(odd, plane.size, int(stream[1]), np.empty(plane.size, np.uint8))
+    assert (get(RANS).decode(odd, plane.size, b"") == plane).all()
+    assert (get(RANS).decode(stream, plane.size, b"") == plane).all()
+
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.integers(0, 1 << 20), min_size=256, max_size=256),
        st.one_of(st.integers(1, 1 << 34), st.integers(1 << 14, 1 << 18)))
