@@ -455,7 +455,6 @@ def test_the_decoder_table_maps_every_slot_to_its_symbol() -> None:
         assert got.dtype == np.uint32 and (got.astype(np.int64) == want).all()
 
 
-
 def test_a_stream_at_an_odd_address_decodes_the_same() -> None:
     # the one-call decoder reads the coded words as u16 and refuses a stream at an odd
     # address (found in the kernel); the block decoder then takes a copy
@@ -469,6 +468,7 @@ def test_a_stream_at_an_odd_address_decodes_the_same() -> None:
     assert rans._decode_piece(odd, plane.size, int(stream[1]), np.empty(plane.size, np.uint8))
     assert (get(RANS).decode(odd, plane.size, b"") == plane).all()
     assert (get(RANS).decode(stream, plane.size, b"") == plane).all()
+
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.integers(0, 1 << 20), min_size=256, max_size=256),
